@@ -1,0 +1,124 @@
+"""sglang.Engine: the offline API with SGLang's shape, running the scheduler in-process.
+
+    engine = sglang.Engine(model_path="tiny-deepseek-v4", device="cpu", dtype="float32")
+    out = engine.generate(prompt="Hello", sampling_params={"temperature": 0, "max_new_tokens": 8},
+                          return_logprob=True, logprob_start_len=0)
+    out["text"], out["output_ids"], out["meta_info"]["output_token_logprobs"]
+    engine.shutdown()
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import time
+from typing import Optional, Union
+
+from sglang.srt.managers.schedule_batch import Req
+from sglang.srt.managers.scheduler import Scheduler
+from sglang.srt.model_executor.model_runner import ModelRunner
+from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+
+def load_tokenizer(path: str):
+    """The checkpoint's tokenizer.json (the DeepSeek-V4 tokenizer), or None if the directory has none."""
+    from tokenizers import Tokenizer
+
+    file = os.path.join(path, "tokenizer.json")
+    return Tokenizer.from_file(file) if os.path.exists(file) else None
+
+
+class Engine:
+    def __init__(self, **kwargs) -> None:
+        self.server_args = ServerArgs(**kwargs).resolve()
+        logging.basicConfig(level=self.server_args.log_level.upper(),
+                            format="[%(asctime)s] %(levelname)s %(name)s: %(message)s")
+        self.model_runner = ModelRunner(self.server_args)
+        self.scheduler = Scheduler(self.model_runner)
+        self.tokenizer = load_tokenizer(self.server_args.tokenizer_path or self.model_runner.model_path)
+        self._rid = itertools.count()
+
+    # ---- generation ---------------------------------------------------------------------------------
+    def generate(self, prompt: Union[str, list, None] = None, sampling_params: Union[dict, list, None] = None,
+                 input_ids: Optional[list] = None, return_logprob: Union[bool, list] = False,
+                 logprob_start_len: Union[int, list, None] = None) -> Union[dict, list]:
+        """One request (prompt str or input_ids list of ints) or a batch (lists); returns dict(s) with
+        `text`, `output_ids` and `meta_info` as SGLang does."""
+        if (prompt is None) == (input_ids is None):
+            raise ValueError("give exactly one of 'prompt' or 'input_ids'")
+        single = isinstance(prompt, str) or (input_ids is not None and (not input_ids or isinstance(input_ids[0], int)))
+        prompts = [prompt] if isinstance(prompt, str) else prompt
+        ids_list = [input_ids] if single and input_ids is not None else input_ids
+        n = len(prompts if prompts is not None else ids_list)
+
+        def per_req(value, i):
+            return value[i] if isinstance(value, list) else value
+
+        reqs = []
+        for i in range(n):
+            ids = self._tokenize(prompts[i]) if prompts is not None else list(ids_list[i])
+            start = per_req(logprob_start_len, i)
+            reqs.append(Req(rid=str(next(self._rid)), origin_input_ids=ids,
+                            sampling_params=SamplingParams.from_dict(per_req(sampling_params, i)),
+                            return_logprob=bool(per_req(return_logprob, i)),
+                            logprob_start_len=-1 if start is None else start))
+        outputs = self._run(reqs)
+        return outputs[0] if single else outputs
+
+    def _tokenize(self, text: str) -> list:
+        if self.tokenizer is None:
+            raise ValueError("this checkpoint has no tokenizer.json: pass input_ids instead of a prompt")
+        return self.tokenizer.encode(text).ids
+
+    def _run(self, reqs: list) -> list:
+        start = time.perf_counter()
+        added = []
+        try:
+            for req in reqs:
+                self.scheduler.add_request(req)
+                added.append(req)
+            while any(not r.finished for r in reqs):
+                self.scheduler.step()
+        except BaseException:
+            for req in added:  # never leak pool slots, whatever failed
+                if not req.finished:
+                    if req in self.scheduler.waiting:
+                        self.scheduler.waiting.remove(req)
+                    self.scheduler.free_request(req)
+            raise
+        latency = time.perf_counter() - start
+        return [self._output(r, latency) for r in reqs]
+
+    def _output(self, req: Req, latency: float) -> dict:
+        meta = {
+            "id": req.rid,
+            "prompt_tokens": len(req.origin_input_ids),
+            "completion_tokens": len(req.output_ids),
+            "cached_tokens": 0,
+            "finish_reason": req.finished_reason.to_json(),
+            "e2e_latency": latency,
+        }
+        if req.return_logprob:
+            values = dict(req.input_token_logprobs)
+            meta["input_token_logprobs"] = [
+                (None if p == 0 else values[p], req.origin_input_ids[p], None)
+                for p in range(req.logprob_start, len(req.origin_input_ids))]
+            meta["output_token_logprobs"] = [(lp, t, None) for lp, t in zip(req.output_token_logprobs,
+                                                                              req.output_ids)]
+        text = self.tokenizer.decode(req.output_ids, skip_special_tokens=True) if self.tokenizer else ""
+        return {"text": text, "output_ids": list(req.output_ids), "meta_info": meta}
+
+    def shutdown(self) -> None:
+        """Release the model and pools."""
+        self.scheduler = None
+        self.model_runner = None
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()

@@ -1,0 +1,82 @@
+"""Every SGLANG_* environment variable the engine reads, typed, with its default and meaning.
+
+Read them only here (`envs.NAME.get()`); tests use `envs.NAME.override(value)`. Prefer a ServerArgs flag over a
+new variable. A test fails if `os.environ` / `os.getenv` appears elsewhere under python/sglang.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"not a boolean: {text!r}")
+
+
+@dataclass
+class EnvVar:
+    name: str
+    default: Any
+    parse: Callable[[str], Any]
+    doc: str
+
+    def get(self) -> Any:
+        raw = os.environ.get(self.name)
+        if raw is None:
+            return self.default
+        try:
+            return self.parse(raw)
+        except ValueError as e:
+            raise ValueError(f"environment variable {self.name}={raw!r} is invalid: {e}") from None
+
+    def is_set(self) -> bool:
+        return self.name in os.environ
+
+    @contextmanager
+    def override(self, value):
+        old = os.environ.get(self.name)
+        os.environ[self.name] = str(value)
+        try:
+            yield
+        finally:
+            if old is None:
+                os.environ.pop(self.name, None)
+            else:
+                os.environ[self.name] = old
+
+    def __bool__(self) -> bool:  # catch `if envs.X:` (always true) instead of `if envs.X.get():`
+        raise TypeError(f"use envs.{self.name}.get() to read {self.name}")
+
+
+class Envs:
+    # Built-in model and caches
+    SGLANG_CACHE_DIR = EnvVar("SGLANG_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "sglang"),
+                              str, "where the built-in tiny model and other generated files are kept")
+    SGLANG_CPU_NUM_THREADS = EnvVar("SGLANG_CPU_NUM_THREADS", 1, int,
+                                    "torch intra-op threads when running on CPU (1: OpenMP fork-join costs more "
+                                    "than it saves on the small shapes the CPU path runs)")
+    # Chat encoding (serving issue); declared here so there is one place to look
+    SGLANG_DEFAULT_THINKING = EnvVar("SGLANG_DEFAULT_THINKING", False, _bool,
+                                     "default of chat_template_kwargs.thinking for DeepSeek-V4 chats")
+    # Indexer logits budgets (GPU backends)
+    SGLANG_DSV4_FP4_LOGITS_BUDGET_MB = EnvVar("SGLANG_DSV4_FP4_LOGITS_BUDGET_MB", 2048, int,
+                                              "pooled prefill-logits block of the FP4 indexer, MiB")
+    SGLANG_DSV4_INDEXER_LOGITS_BUDGET_MB = EnvVar("SGLANG_DSV4_INDEXER_LOGITS_BUDGET_MB", 512, int,
+                                                  "pooled prefill-logits block of the FP8 indexer, MiB")
+    SGLANG_DSV4_COMPRESS_STATE_DTYPE = EnvVar("SGLANG_DSV4_COMPRESS_STATE_DTYPE", "float32", str,
+                                              "dtype of the compressor staging rings (float32 only for now)")
+
+    @classmethod
+    def all(cls) -> list:
+        return [v for v in vars(cls).values() if isinstance(v, EnvVar)]
+
+
+envs = Envs

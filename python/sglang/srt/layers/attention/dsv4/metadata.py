@@ -1,0 +1,112 @@
+"""Per-forward metadata of the DeepSeek-V4 attention, built once for all layers (DESIGN section 5).
+
+Letters: T rows (packed tokens), B requests, W window, m compress ratio, N new compressed entries,
+E_max most entries any request holds after this forward, S source rows of one entry (2m CSA, m HCA).
+
+- Window: row t of request r sees positions max(0, t-W+1)..t; `window_slots` [T, W] are their window-pool
+  slots (-1 for positions < 0).
+- Compressed entries of ratio m: request b's entry w lives at `entry_slots[b, w]` (-1 past its entries);
+  row t sees entries w < floor((t+1)/m) (`row_visible`).
+- Compression plan of ratio m: the windows completed by this forward. Entry w pools source positions
+  [(w-1)m, (w+1)m) (CSA: A halves of window w-1, B halves of window w) or [wm, (w+1)m) (HCA). A source row
+  is an index into cat(staging ring rows, this forward's fresh rows); -1 = empty (before position 0).
+  Fresh rows among the last `ring` positions of each request are then written back to the ring.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from sglang.srt.mem_cache.deepseek_v4_pool import ring_size
+
+
+@dataclass
+class CompressPlan:
+    ratio: int
+    overlap: bool
+    ring: int  # ring rows per request
+    num_new: int  # N (host int)
+    entry_slots: torch.Tensor  # [N] compressed-pool slot of each new entry
+    entry_positions: torch.Tensor  # [N] RoPE position w*m of each new entry
+    source_rows: torch.Tensor  # [N, S] rows of cat(ring, fresh), -1 = empty
+    ring_dst: torch.Tensor  # [R] ring rows written after pooling
+    ring_src: torch.Tensor  # [R] fresh rows written there
+
+
+@dataclass
+class RatioMetadata:
+    ratio: int
+    entry_slots: torch.Tensor  # [B, E_max]
+    row_visible: torch.Tensor  # [T]
+    plan: CompressPlan
+
+
+@dataclass
+class DSV4Metadata:
+    window_slots: torch.Tensor  # [T, W]
+    out_swa_loc: torch.Tensor  # [T] window slot of each row's own token
+    ratios: dict  # ratio -> RatioMetadata
+
+
+def build_window_slots(fb, window: int, full_to_swa: torch.Tensor) -> torch.Tensor:
+    req_rows = fb.req_to_token_pool.req_to_token[fb.req_pool_indices[fb.row_req]]  # [T, ctx]
+    pos = fb.positions[:, None] - (window - 1) + torch.arange(window, device=fb.positions.device)[None, :]
+    full = req_rows.gather(1, pos.clamp(min=0)).to(torch.int64)
+    return torch.where(pos >= 0, full_to_swa[full], torch.full_like(full, -1))
+
+
+def build_entry_slots(fb, ratio: int, page_size: int) -> torch.Tensor:
+    """[B, E_max] compressed-pool slot of entry w of each request (-1 past its floor(seq_len/m) entries)."""
+    counts = [n // ratio for n in fb.seq_lens_cpu]
+    e_max = max(counts, default=0)
+    device = fb.positions.device
+    w = torch.arange(e_max, device=device)
+    req_rows = fb.req_to_token_pool.req_to_token[fb.req_pool_indices]  # [B, ctx]
+    first_pos = (w * ratio)[None, :].expand(fb.batch_size, -1)
+    full = req_rows.gather(1, first_pos).to(torch.int64)
+    per_page = page_size // ratio
+    slots = (full // page_size) * per_page + (w % per_page)[None, :]
+    valid = w[None, :] < torch.tensor(counts, device=device)[:, None]
+    return torch.where(valid, slots, torch.full_like(slots, -1))
+
+
+def build_compress_plan(fb, ratio: int, overlap: bool, page_size: int, num_draft_tokens: int,
+                        num_ring_rows: int) -> CompressPlan:
+    """Host-side planning over requests (sizes are data-dependent); tensors go to the device once."""
+    ring = ring_size(ratio, overlap, num_draft_tokens)
+    span = 2 * ratio if overlap else ratio
+    offsets = torch.arange(span) - (ratio if overlap else 0)
+    rows, req_idx, windows, dst, src = [], [], [], [], []
+    row0 = 0
+    for b in range(fb.batch_size):
+        s, e, r = fb.extend_prefix_lens_cpu[b], fb.extend_seq_lens_cpu[b], fb.req_pool_indices_cpu[b]
+        n = s + e
+        w = torch.arange(s // ratio, n // ratio)
+        if len(w):
+            p = w[:, None] * ratio + offsets[None, :]  # [n_w, S] source positions
+            from_ring = r * ring + p % ring
+            fresh = num_ring_rows + row0 + (p - s)
+            rows.append(torch.where(p < 0, -1, torch.where(p >= s, fresh, from_ring)))
+            req_idx.append(torch.full_like(w, b))
+            windows.append(w)
+        keep = torch.arange(max(s, n - ring), n)
+        dst.append(r * ring + keep % ring)
+        src.append(row0 + keep - s)
+        row0 += e
+    device = fb.positions.device
+    if rows:
+        source_rows = torch.cat(rows).to(device)
+        w = torch.cat(windows).to(device)
+        b = torch.cat(req_idx).to(device)
+        first_full = fb.req_to_token_pool.req_to_token[fb.req_pool_indices[b], w * ratio].to(torch.int64)
+        per_page = page_size // ratio
+        entry_slots = (first_full // page_size) * per_page + w % per_page
+        entry_positions = w * ratio
+    else:
+        source_rows = torch.empty(0, span, dtype=torch.int64, device=device)
+        entry_slots = entry_positions = torch.empty(0, dtype=torch.int64, device=device)
+    return CompressPlan(ratio=ratio, overlap=overlap, ring=ring, num_new=int(source_rows.shape[0]),
+                        entry_slots=entry_slots, entry_positions=entry_positions, source_rows=source_rows,
+                        ring_dst=torch.cat(dst).to(device), ring_src=torch.cat(src).to(device))

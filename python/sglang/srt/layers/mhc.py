@@ -1,0 +1,59 @@
+"""Manifold-constrained hyper-connections (mHC), arch section 4.
+
+Streams S [T, n, D] (n = hc_mult). Per sub-layer, `hc_pre` derives from the flattened, RMS-normalised streams:
+pre [T, n] (sigmoid + eps), post [T, n] (2 * sigmoid) and comb [T, n, n] (Sinkhorn-projected, rows = input
+stream j, columns = output stream k); it returns the sub-layer input u = sum_j pre_j S_j. `hc_post` then
+forms S'_k = post_k * o + sum_j comb[j, k] * S_j. `hc_head` collapses the streams with sigmoid weights only.
+All mixing weights are computed in fp32.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _mixes(streams: torch.Tensor, fn: torch.Tensor, norm_eps: float) -> torch.Tensor:
+    """(fn . f) / rms(f) for the flattened streams f [T, n*D] -> [T, rows(fn)] fp32."""
+    flat = streams.flatten(1).float()
+    inv_rms = torch.rsqrt(flat.square().mean(-1, keepdim=True) + norm_eps)
+    return (flat * inv_rms) @ fn.float().t()
+
+
+def sinkhorn(logits: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
+    """Row softmax (+eps), then alternate column/row normalisation, ending on a column normalisation."""
+    comb = logits.softmax(dim=-1) + eps
+    comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
+    for _ in range(iters - 1):
+        comb = comb / (comb.sum(dim=-1, keepdim=True) + eps)
+        comb = comb / (comb.sum(dim=-2, keepdim=True) + eps)
+    return comb
+
+
+def hc_pre(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,
+           sinkhorn_iters: int, hc_eps: float, norm_eps: float) -> tuple:
+    """streams [T, n, D] -> (u [T, D], post [T, n] fp32, comb [T, n, n] fp32)."""
+    n = streams.shape[1]
+    z = _mixes(streams, fn, norm_eps)
+    z_pre, z_post, z_comb = z.split([n, n, n * n], dim=-1)
+    b_pre, b_post, b_comb = base.float().split([n, n, n * n])
+    scale = scale.float()
+    pre = torch.sigmoid(z_pre * scale[0] + b_pre) + hc_eps
+    post = 2 * torch.sigmoid(z_post * scale[1] + b_post)
+    comb = sinkhorn((z_comb * scale[2] + b_comb).view(-1, n, n), sinkhorn_iters, hc_eps)
+    u = (pre.unsqueeze(-1) * streams).sum(dim=1).to(streams.dtype)
+    return u, post, comb
+
+
+def hc_post(out: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+    """out [T, D], streams [T, n, D] -> new streams [T, n, D]: post (x) out + comb^T . streams."""
+    dtype = streams.dtype
+    mixed = torch.matmul(comb.to(dtype).transpose(-1, -2), streams)
+    return post.to(dtype).unsqueeze(-1) * out.unsqueeze(-2) + mixed
+
+
+def hc_head(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,
+            hc_eps: float, norm_eps: float) -> torch.Tensor:
+    """Collapse streams [T, n, D] -> [T, D] with w_j = sigmoid(a_j * scale + base_j) + eps (no Sinkhorn)."""
+    a = _mixes(streams, fn, norm_eps)
+    w = torch.sigmoid(a * scale.float() + base.float()) + hc_eps
+    return (w.unsqueeze(-1) * streams).sum(dim=1).to(streams.dtype)

@@ -1,0 +1,64 @@
+"""Interleaved partial RoPE on the trailing `rope_dim` dims of a head, with optional YaRN (arch section 5.3).
+
+Pairs are (2i, 2i+1) of the rotary slice, rotated by pos * w_i, w_i = theta^(-2i/Dr). Compressed layers use
+compress_rope_theta with YaRN frequency interpolation and no magnitude factor; sliding-only layers and MTP use
+rope_theta without YaRN. The same table serves queries, window KV, compressed entries and indexer q/k.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from sglang.srt.configs.deepseek_v4 import YarnScaling, yarn_ramp_bounds
+
+
+def rope_inv_freq(rope_dim: int, theta: float, yarn: Optional[YarnScaling]) -> torch.Tensor:
+    """[rope_dim / 2] fp32 angular frequencies, YaRN-blended when `yarn` is given."""
+    idx = torch.arange(0, rope_dim, 2, dtype=torch.float32)
+    inv_freq = 1.0 / (theta ** (idx / rope_dim))
+    if yarn is None:
+        return inv_freq
+    lo, hi = yarn_ramp_bounds(rope_dim, theta, yarn)
+    if lo == hi:
+        hi += 0.001
+    ramp = ((torch.arange(rope_dim // 2, dtype=torch.float32) - lo) / (hi - lo)).clamp(0, 1)
+    return inv_freq * (1 - ramp) + (inv_freq / yarn.factor) * ramp
+
+
+class RotaryEmbedding(nn.Module):
+    """cos/sin at absolute positions; `apply` rotates (or de-rotates) the trailing rotary slice."""
+
+    def __init__(self, rope_dim: int, theta: float, yarn: Optional[YarnScaling]) -> None:
+        super().__init__()
+        self.rope_dim, self.theta, self.yarn = rope_dim, theta, yarn
+        self.register_buffer("inv_freq", rope_inv_freq(rope_dim, theta, yarn), persistent=False)
+
+    def reset_buffers(self) -> None:
+        """Recompute the table after the module was materialised from the meta device."""
+        self.inv_freq = rope_inv_freq(self.rope_dim, self.theta, self.yarn).to(self.inv_freq.device)
+
+    def cos_sin(self, positions: torch.Tensor) -> tuple:
+        """positions [T] -> (cos, sin), each [T, rope_dim/2] fp32."""
+        freqs = positions.to(torch.float32)[:, None] * self.inv_freq.to(positions.device)[None, :]
+        return freqs.cos(), freqs.sin()
+
+    def apply(self, x: torch.Tensor, positions: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+        """x [T, ..., D]: rotate x[..., D-rope_dim:] by +pos (or -pos when `inverse`) at each row's position."""
+        cos, sin = self.cos_sin(positions)
+        return apply_rotary(x, cos, sin, inverse)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+    """Interleaved-pair rotation of the trailing 2*cos.shape[-1] dims of x; cos/sin are [T, R/2]."""
+    rope_dim = 2 * cos.shape[-1]
+    shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (cos.shape[-1],)
+    cos, sin = cos.view(shape), sin.view(shape)
+    if inverse:
+        sin = -sin
+    nope, rope = x[..., :-rope_dim], x[..., -rope_dim:].float()
+    even, odd = rope[..., 0::2], rope[..., 1::2]
+    rotated = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
+    return torch.cat((nope, rotated.to(x.dtype)), dim=-1)

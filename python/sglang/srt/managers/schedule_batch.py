@@ -1,0 +1,92 @@
+"""Req (one request's host-side state) and ScheduleBatch (the requests of one forward, turned into a ForwardBatch).
+
+Owner and residence: the Scheduler creates and mutates Req / ScheduleBatch on the host; ScheduleBatch builds
+the ForwardBatch (device tensors) for the ModelRunner. A Req's pool slots are held in `alloc` and returned
+by the scheduler when the request finishes, aborts or fails.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from sglang.srt.mem_cache.deepseek_v4_allocator import ReqAllocation
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang.srt.sampling.sampling_params import SamplingParams
+
+
+@dataclass
+class FinishReason:
+    type: str  # "length" | "stop" | "abort"
+    length: Optional[int] = None
+    matched: Optional[int] = None
+    message: Optional[str] = None
+
+    def to_json(self) -> dict:
+        out = {"type": self.type}
+        for key in ("length", "matched", "message"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        return out
+
+
+@dataclass
+class Req:
+    rid: str
+    origin_input_ids: list
+    sampling_params: SamplingParams
+    return_logprob: bool = False
+    logprob_start_len: int = -1  # first prompt position whose logprob is returned; -1: the last one
+    output_ids: list = field(default_factory=list)
+    alloc: Optional[ReqAllocation] = None
+    num_computed: int = 0  # tokens already in the pools (the prefix of fill_ids)
+    input_token_logprobs: list = field(default_factory=list)  # (position, logprob)
+    output_token_logprobs: list = field(default_factory=list)
+    finished_reason: Optional[FinishReason] = None
+    generator: Optional[torch.Generator] = None
+
+    @property
+    def fill_ids(self) -> list:
+        return self.origin_input_ids + self.output_ids
+
+    @property
+    def finished(self) -> bool:
+        return self.finished_reason is not None
+
+    @property
+    def prefill_done(self) -> bool:
+        return self.num_computed >= len(self.origin_input_ids)
+
+    @property
+    def logprob_start(self) -> int:
+        n = len(self.origin_input_ids)
+        return n - 1 if self.logprob_start_len < 0 else min(self.logprob_start_len, n - 1)
+
+
+@dataclass
+class ScheduleBatch:
+    """Requests of one forward and how many new tokens each contributes."""
+
+    forward_mode: ForwardMode
+    reqs: list
+    extend_lens: list  # new tokens of each request
+
+    def to_forward_batch(self, out_cache_loc: torch.Tensor, device) -> ForwardBatch:
+        input_ids, targets = [], []
+        want_logprobs = any(r.return_logprob for r in self.reqs) and self.forward_mode.is_extend()
+        for req, n in zip(self.reqs, self.extend_lens):
+            ids = req.fill_ids
+            s = req.num_computed
+            input_ids.extend(ids[s:s + n])
+            if want_logprobs:
+                prompt_len = len(req.origin_input_ids)
+                for p in range(s, s + n):
+                    # row p predicts token p+1; only prompt tokens at or after logprob_start are reported
+                    ok = req.return_logprob and req.logprob_start <= p + 1 < prompt_len
+                    targets.append(ids[p + 1] if ok else -1)
+        return ForwardBatch.build(
+            self.forward_mode, input_ids, [r.alloc.req_pool_idx for r in self.reqs],
+            [r.num_computed for r in self.reqs], self.extend_lens, out_cache_loc, device,
+            logprob_target_ids=targets if want_logprobs else None)

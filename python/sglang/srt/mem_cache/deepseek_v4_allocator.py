@@ -1,0 +1,121 @@
+"""DeepSeekV4TokenAllocator: pages of virtual full-token slots plus live window slots, per request.
+
+- Pages (`page_size` raw tokens): a request's positions [0, n) map to `req_to_token[req, p] =
+  page * page_size + p % page_size`. A page also owns `page_size / m` compressed entries in every ratio-m
+  layer, so this one allocator serves all compressed pools and the indexer-key pool.
+- Window slots (one per token, own pool sized by --swa-full-tokens-ratio): held only while a token can still
+  be in some query's window; `release_window` frees them as the window slides. `full_to_swa` maps a full
+  slot to its window slot (-1 once released).
+All bookkeeping is host-side; `full_to_swa` and `req_to_token` are device tensors updated in small batches.
+An allocation either succeeds completely or raises PoolExhaustedError with nothing changed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from sglang.srt.mem_cache.allocator import PageAllocator, PoolExhaustedError
+from sglang.srt.mem_cache.req_to_token_pool import ReqToTokenPool
+
+
+@dataclass
+class ReqAllocation:
+    """What one request holds. Filled and emptied only by DeepSeekV4TokenAllocator."""
+
+    req_pool_idx: int
+    pages: list = field(default_factory=list)
+    num_tokens: int = 0  # positions [0, num_tokens) have full slots
+    window_start: int = 0  # positions [window_start, num_tokens) hold window slots
+    window_slots: list = field(default_factory=list)  # window slot of position window_start + i
+
+
+class DeepSeekV4TokenAllocator:
+    def __init__(self, req_to_token_pool: ReqToTokenPool, num_pages: int, page_size: int, num_swa_slots: int,
+                 device) -> None:
+        self.req_to_token_pool = req_to_token_pool
+        self.page_size = page_size
+        self.pages = PageAllocator(num_pages, "KV page")
+        self.swa_slots = PageAllocator(num_swa_slots, "window KV")
+        self.full_to_swa = torch.full((num_pages * page_size,), -1, dtype=torch.int64, device=device)
+        self.device = device
+
+    # ---- capacity -------------------------------------------------------------------------------
+    def pages_needed(self, alloc: ReqAllocation | None, new_num_tokens: int) -> int:
+        have = len(alloc.pages) if alloc else 0
+        return max(0, -(-new_num_tokens // self.page_size) - have)
+
+    def can_extend(self, alloc: ReqAllocation | None, new_num_tokens: int) -> bool:
+        current = alloc.num_tokens if alloc else 0
+        return (self.pages_needed(alloc, new_num_tokens) <= self.pages.available()
+                and new_num_tokens - current <= self.swa_slots.available())
+
+    # ---- request lifecycle --------------------------------------------------------------------
+    def alloc_req(self) -> ReqAllocation:
+        if self.req_to_token_pool.available_size() == 0:
+            raise PoolExhaustedError("request", 1, 0)
+        return ReqAllocation(req_pool_idx=self.req_to_token_pool.alloc())
+
+    def extend(self, alloc: ReqAllocation, new_num_tokens: int) -> torch.Tensor:
+        """Give positions [alloc.num_tokens, new_num_tokens) full and window slots; returns their full slots."""
+        start = alloc.num_tokens
+        if new_num_tokens > self.req_to_token_pool.max_context_len:
+            raise ValueError(f"sequence length {new_num_tokens} exceeds the context length "
+                             f"{self.req_to_token_pool.max_context_len}")
+        n_new = new_num_tokens - start
+        n_pages = self.pages_needed(alloc, new_num_tokens)
+        if n_pages > self.pages.available():
+            raise PoolExhaustedError(self.pages.name, n_pages, self.pages.available())
+        if n_new > self.swa_slots.available():
+            raise PoolExhaustedError(self.swa_slots.name, n_new, self.swa_slots.available())
+        if n_new <= 0:
+            return torch.empty(0, dtype=torch.int64, device=self.device)
+        alloc.pages.extend(self.pages.alloc(n_pages))
+        swa = self.swa_slots.alloc(n_new)
+        pos = torch.arange(start, new_num_tokens)
+        page_ids = torch.tensor(alloc.pages, dtype=torch.int64)[pos // self.page_size]
+        full = (page_ids * self.page_size + pos % self.page_size).to(self.device)
+        self.req_to_token_pool.req_to_token[alloc.req_pool_idx, start:new_num_tokens] = full.to(torch.int32)
+        self.full_to_swa[full] = torch.tensor(swa, dtype=torch.int64, device=self.device)
+        if not alloc.window_slots:
+            alloc.window_start = start
+        alloc.window_slots.extend(swa)
+        alloc.num_tokens = new_num_tokens
+        return full
+
+    def release_window(self, alloc: ReqAllocation, keep_from: int) -> None:
+        """Free the window slots of positions < keep_from (they can no longer be in any query's window)."""
+        drop = min(keep_from, alloc.num_tokens) - alloc.window_start
+        if drop <= 0:
+            return
+        row = self.req_to_token_pool.req_to_token[alloc.req_pool_idx]
+        full = row[alloc.window_start:alloc.window_start + drop].to(torch.int64)
+        self.full_to_swa[full] = -1
+        self.swa_slots.free(alloc.window_slots[:drop])
+        del alloc.window_slots[:drop]
+        alloc.window_start += drop
+
+    def free_req(self, alloc: ReqAllocation) -> None:
+        """Return every page, window slot and the request slot."""
+        self.release_window(alloc, alloc.num_tokens)
+        self.pages.free(alloc.pages)
+        alloc.pages = []
+        alloc.num_tokens = alloc.window_start = 0
+        self.req_to_token_pool.free(alloc.req_pool_idx)
+
+    # ---- integrity --------------------------------------------------------------------------------
+    def check_all_free(self) -> None:
+        """Raise if any page, window slot or request slot is still held (call when idle)."""
+        problems = []
+        if not self.pages.is_full():
+            problems.append(f"{self.pages.size - 1 - self.pages.available()} KV pages held")
+        if not self.swa_slots.is_full():
+            problems.append(f"{self.swa_slots.size - 1 - self.swa_slots.available()} window slots held")
+        if not self.req_to_token_pool.is_full():
+            problems.append(f"{self.req_to_token_pool.size - self.req_to_token_pool.available_size()} "
+                            f"request slots held")
+        if bool((self.full_to_swa != -1).any()):
+            problems.append("full_to_swa still maps some slots")
+        if problems:
+            raise AssertionError("memory pool leak: " + "; ".join(problems))

@@ -1,0 +1,117 @@
+"""DeepSeekV4TokenToKVPool: the per-layer buffers of DeepSeek-V4's cache (DESIGN section 4, arch section 9).
+
+There is no per-raw-token KV. Per layer the pool holds:
+- window KV: every layer (main and MTP), one entry per live window token, addressed by a *window slot*
+  (`full_to_swa[full_slot]`, owned by DeepSeekV4TokenAllocator);
+- compressed KV: compressed layers, entry `w` of a request at
+  `page_table[req, w // epp] * epp + w % epp` with `epp = page_size // ratio` entries per page;
+- indexer keys: CSA layers, same addressing as the ratio-4 compressed KV;
+- compressor staging rings: compressed layers (attention compressor) and CSA layers (indexer compressor),
+  fp32 rows `(content, gate logit)` with `ape` already added, at `req_pool_idx * ring + position % ring`.
+Entries are stored through an `EntryFormat` (dense, FP8 main KV, FP8/FP4 index keys); reads dequantize.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from sglang.srt.configs.deepseek_v4 import DeepseekV4Config
+from sglang.srt.mem_cache.kv_formats import EntryFormat
+
+
+@dataclass(frozen=True)
+class PoolShape:
+    """Sizes chosen by pool sizing (mem_cache/pool_sizing.py)."""
+
+    page_size: int
+    num_pages: int  # including the reserved page 0
+    num_swa_slots: int  # including the reserved slot 0
+    max_num_reqs: int  # request slots, excluding the reserved slot 0
+    num_draft_tokens: int = 0  # speculative drafts per step; grows the rings so rejected drafts never clobber state
+
+
+def ring_size(ratio: int, overlap: bool, num_draft_tokens: int = 0) -> int:
+    """Staging ring rows: CSA keeps the previous window plus the pending one (2m), HCA the pending one (m);
+    doubled under speculative decoding so rejected draft rows never overwrite rows still needed."""
+    base = 2 * ratio if overlap else ratio
+    return base * 2 if num_draft_tokens > 0 else base
+
+
+class CompressorState:
+    """Staging ring of one compressor: fp32 [(max_reqs + 1) * ring, 2, width] holding (content, gate logit)."""
+
+    def __init__(self, ratio: int, overlap: bool, width: int, shape: PoolShape, device) -> None:
+        self.ratio, self.overlap, self.width = ratio, overlap, width
+        self.ring = ring_size(ratio, overlap, shape.num_draft_tokens)
+        self.buf = torch.zeros((shape.max_num_reqs + 1) * self.ring, 2, width, dtype=torch.float32, device=device)
+
+    @property
+    def nbytes(self) -> int:
+        return self.buf.numel() * self.buf.element_size()
+
+
+class DeepSeekV4TokenToKVPool:
+    def __init__(self, config: DeepseekV4Config, num_layers: int, shape: PoolShape, kv_format: EntryFormat,
+                 index_format: EntryFormat, index_keys_rotated: bool, device) -> None:
+        """`num_layers` = main layers plus the MTP layers that are served (each MTP layer is window-only)."""
+        self.config, self.shape, self.device = config, shape, device
+        self.num_layers = num_layers
+        self.kv_format, self.index_format = kv_format, index_format
+        self.index_keys_rotated = index_keys_rotated
+        page = shape.page_size
+        self.window_kv = [kv_format.allocate(shape.num_swa_slots, device) for _ in range(num_layers)]
+        self.compressed_kv: dict = {}
+        self.index_k: dict = {}
+        self.attn_state: dict = {}
+        self.index_state: dict = {}
+        for layer_id in range(min(num_layers, config.num_hidden_layers)):
+            ratio = config.compress_ratio(layer_id)
+            if ratio == 0:
+                continue
+            entries = shape.num_pages * (page // ratio)
+            overlap = config.is_csa(layer_id)
+            coeff = 2 if overlap else 1
+            self.compressed_kv[layer_id] = kv_format.allocate(entries, device)
+            self.attn_state[layer_id] = CompressorState(ratio, overlap, coeff * config.head_dim, shape, device)
+            if overlap:
+                self.index_k[layer_id] = index_format.allocate(entries, device)
+                self.index_state[layer_id] = CompressorState(ratio, True, 2 * config.index_head_dim, shape, device)
+
+    # ---- window KV ------------------------------------------------------------------------------
+    def set_window_kv(self, layer_id: int, slots: torch.Tensor, values: torch.Tensor) -> None:
+        self.kv_format.store(self.window_kv[layer_id], slots, values)
+
+    def get_window_kv(self, layer_id: int, slots: torch.Tensor) -> torch.Tensor:
+        return self.kv_format.load(self.window_kv[layer_id], slots)
+
+    # ---- compressed KV and indexer keys --------------------------------------------------------
+    def set_compressed_kv(self, layer_id: int, slots: torch.Tensor, values: torch.Tensor) -> None:
+        self.kv_format.store(self.compressed_kv[layer_id], slots, values)
+
+    def get_compressed_kv(self, layer_id: int, slots: torch.Tensor) -> torch.Tensor:
+        return self.kv_format.load(self.compressed_kv[layer_id], slots)
+
+    def set_index_k(self, layer_id: int, slots: torch.Tensor, values: torch.Tensor) -> None:
+        self.index_format.store(self.index_k[layer_id], slots, values)
+
+    def get_index_k(self, layer_id: int, slots: torch.Tensor) -> torch.Tensor:
+        return self.index_format.load(self.index_k[layer_id], slots)
+
+    def compressor_state(self, layer_id: int, is_indexer: bool) -> CompressorState:
+        return (self.index_state if is_indexer else self.attn_state)[layer_id]
+
+    # ---- accounting -----------------------------------------------------------------------------
+    def nbytes(self) -> dict:
+        """Bytes held by each pool kind (for the start-up table and tests)."""
+        def total(buffers) -> int:
+            return sum(b.numel() * b.element_size() for b in buffers)
+
+        return {
+            "window_kv": total(self.window_kv),
+            "compressed_kv": total(self.compressed_kv.values()),
+            "index_k": total(self.index_k.values()),
+            "compressor_state": sum(s.nbytes for s in self.attn_state.values())
+            + sum(s.nbytes for s in self.index_state.values()),
+        }

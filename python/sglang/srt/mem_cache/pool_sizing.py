@@ -1,0 +1,147 @@
+"""Pool sizing and the bytes-per-token report (DESIGN section 4, arch section 9.5).
+
+Per context token a request grows by one compressed entry per `m` tokens in every ratio-m layer and one
+indexer key per 4 tokens in every CSA layer ("growth", the published 3,514 B Flash / 5,031 B Pro in FP8+FP4).
+Window KV is held only for live windows: it costs `--swa-full-tokens-ratio` x its per-token bytes in the
+sizing. Staging rings are fixed per request slot.
+
+    python -m sglang.srt.mem_cache.pool_sizing CONFIG_JSON [--kv-cache-dtype fp8_e4m3] [--index fp4]
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from sglang.srt.configs.deepseek_v4 import DeepseekV4Config
+from sglang.srt.mem_cache.deepseek_v4_pool import PoolShape, ring_size
+
+
+@dataclass(frozen=True)
+class PoolBytes:
+    pool: str
+    layers: int
+    entry_bytes: int
+    entries_per_token: float  # per context token (window: per live window token)
+
+    @property
+    def per_token(self) -> float:
+        return self.layers * self.entry_bytes * self.entries_per_token
+
+
+@dataclass(frozen=True)
+class BytesPerToken:
+    compressed: tuple  # PoolBytes rows that grow with the context
+    window: PoolBytes
+
+    @property
+    def growth(self) -> float:
+        return sum(r.per_token for r in self.compressed)
+
+    def format(self) -> str:
+        lines = [f"{'pool':<22}{'layers':>7}{'entry B':>9}{'entries/token':>15}{'B/token':>11}"]
+        for r in (*self.compressed, self.window):
+            lines.append(f"{r.pool:<22}{r.layers:>7}{r.entry_bytes:>9}{r.entries_per_token:>15.5g}"
+                         f"{r.per_token:>11.2f}")
+        lines.append(f"{'growth per token':<22}{'':>31}{self.growth:>11.2f}")
+        return "\n".join(lines)
+
+
+def bytes_per_token(config: DeepseekV4Config, kv_entry_bytes: int, index_entry_bytes: int,
+                    num_window_layers: int) -> BytesPerToken:
+    rows = []
+    for ratio in config.distinct_ratios:
+        layers = sum(1 for i in range(config.num_hidden_layers) if config.compress_ratio(i) == ratio)
+        rows.append(PoolBytes(f"c{ratio} kv", layers, kv_entry_bytes, 1 / ratio))
+    if config.csa_layers:
+        rows.append(PoolBytes("c4 indexer keys", len(config.csa_layers), index_entry_bytes, 1 / 4))
+    return BytesPerToken(tuple(rows), PoolBytes("window kv (live)", num_window_layers, kv_entry_bytes, 1.0))
+
+
+def state_bytes_per_request(config: DeepseekV4Config, num_draft_tokens: int = 0) -> int:
+    """fp32 (content, gate) staging rows of every compressor of one request slot."""
+    total = 0
+    for i in range(config.num_hidden_layers):
+        ratio = config.compress_ratio(i)
+        if ratio == 0:
+            continue
+        overlap = config.is_csa(i)
+        width = (2 if overlap else 1) * config.head_dim
+        total += ring_size(ratio, overlap, num_draft_tokens) * 2 * width * 4
+        if overlap:
+            total += ring_size(ratio, True, num_draft_tokens) * 2 * 2 * config.index_head_dim * 4
+    return total
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    shape: PoolShape
+    max_total_tokens: int
+    context_length: int
+    per_token: BytesPerToken
+    state_bytes: int
+    total_bytes: int
+
+    def format(self) -> str:
+        s = self.shape
+        return "\n".join([
+            "DeepSeek-V4 memory pool",
+            self.per_token.format(),
+            f"page size {s.page_size}, pages {s.num_pages - 1}, full tokens {self.max_total_tokens}, "
+            f"window slots {s.num_swa_slots - 1}, request slots {s.max_num_reqs}",
+            f"staging state {self.state_bytes / 2**20:.1f} MiB, pools total {self.total_bytes / 2**20:.1f} MiB",
+            f"max context {min(self.context_length, self.max_total_tokens)} tokens; at {s.max_num_reqs} "
+            f"concurrent requests {self.max_total_tokens // max(1, s.max_num_reqs)} tokens each",
+        ])
+
+
+def plan_pools(config: DeepseekV4Config, *, page_size: int, max_running_requests: int, context_length: int,
+               chunked_prefill_size: int, swa_full_tokens_ratio: float, budget_bytes: int, kv_entry_bytes: int,
+               index_entry_bytes: int, num_window_layers: int, max_total_tokens: int | None = None,
+               num_draft_tokens: int = 0) -> PoolPlan:
+    """Split `budget_bytes` between the pools; raises ValueError when not even one full context fits."""
+    per_token = bytes_per_token(config, kv_entry_bytes, index_entry_bytes, num_window_layers)
+    state = (max_running_requests + 1) * state_bytes_per_request(config, num_draft_tokens)
+    req_to_token = (max_running_requests + 1) * context_length * 4
+    # Each full slot also costs its full_to_swa entry (8 B); live windows cost swa_ratio of the window bytes.
+    cost = per_token.growth + 8 + swa_full_tokens_ratio * per_token.window.per_token
+    tokens = int((budget_bytes - state - req_to_token) / cost)
+    tokens = min(tokens, max_running_requests * context_length)
+    if max_total_tokens is not None:
+        tokens = min(tokens, max_total_tokens)
+    tokens = tokens // page_size * page_size
+    if tokens < page_size:
+        raise ValueError(f"memory budget {budget_bytes / 2**20:.0f} MiB holds no full page of {page_size} tokens "
+                         f"after {(state + req_to_token) / 2**20:.0f} MiB of fixed state; lower "
+                         f"--max-running-requests or raise --mem-fraction-static / --max-total-tokens")
+    chunk = chunked_prefill_size if chunked_prefill_size > 0 else context_length
+    min_window = max_running_requests * config.sliding_window + chunk
+    swa_slots = max(int(tokens * swa_full_tokens_ratio), min_window)
+    shape = PoolShape(page_size=page_size, num_pages=tokens // page_size + 1, num_swa_slots=swa_slots + 1,
+                      max_num_reqs=max_running_requests, num_draft_tokens=num_draft_tokens)
+    total = (tokens * (per_token.growth + 8) + swa_slots * per_token.window.per_token + state + req_to_token)
+    return PoolPlan(shape=shape, max_total_tokens=tokens, context_length=context_length, per_token=per_token,
+                    state_bytes=state, total_bytes=int(total))
+
+
+def main() -> None:
+    from sglang.srt.mem_cache.kv_formats import make_index_key_format, make_kv_format
+
+    import torch
+
+    ap = argparse.ArgumentParser(description="bytes per token of the DeepSeek-V4 pools for a config.json")
+    ap.add_argument("config")
+    ap.add_argument("--kv-cache-dtype", default="fp8_e4m3", choices=("fp8_e4m3", "bfloat16", "float32"))
+    ap.add_argument("--index", default="fp4", choices=("fp4", "fp8", "bfloat16", "float32"))
+    args = ap.parse_args()
+    config = DeepseekV4Config.from_json_file(args.config)
+    kv = make_kv_format(args.kv_cache_dtype, config.head_dim, config.qk_rope_head_dim, torch.bfloat16)
+    index_kind = args.index if args.index in ("fp4", "fp8") else "auto"
+    index_dtype = torch.float32 if args.index == "float32" else torch.bfloat16
+    idx = make_index_key_format(index_kind, config.index_head_dim, index_dtype)
+    n_window = config.num_hidden_layers + config.num_nextn_predict_layers
+    print(bytes_per_token(config, kv.bytes_per_entry, idx.bytes_per_entry, n_window).format())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""ForwardBatch: everything one model forward needs, built by the scheduler side, read by the model and backend.
+
+Data flow: Scheduler (host: requests, allocation) -> ForwardBatch (device tensors + the few host ints the
+backend needs to size its metadata) -> ModelRunner.forward -> attn_backend.init_forward_metadata (once per
+forward, for all layers) -> model -> LogitsProcessorOutput.
+
+Tokens are packed: row i of `input_ids` / `positions` / `out_cache_loc` belongs to request `row_req[i]`;
+request b owns rows [extend_start_loc[b], extend_start_loc[b] + extend_seq_lens[b]). A prefill chunk of a
+request is a run of consecutive positions; decode is the one-row case.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum, auto
+from typing import TYPE_CHECKING, Any, Optional
+
+import torch
+
+if TYPE_CHECKING:
+    from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+    from sglang.srt.mem_cache.deepseek_v4_allocator import DeepSeekV4TokenAllocator
+    from sglang.srt.mem_cache.deepseek_v4_pool import DeepSeekV4TokenToKVPool
+    from sglang.srt.mem_cache.req_to_token_pool import ReqToTokenPool
+
+
+class ForwardMode(IntEnum):
+    EXTEND = auto()  # prefill, chunked prefill, prefill after a prefix hit
+    DECODE = auto()  # one new token per request
+    TARGET_VERIFY = auto()  # score k draft tokens per request (speculative decoding)
+    DRAFT_EXTEND = auto()  # MTP draft over accepted tokens (speculative decoding)
+    IDLE = auto()  # no tokens on this rank
+
+    def is_extend(self) -> bool:
+        return self in (ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND)
+
+    def is_decode(self) -> bool:
+        return self == ForwardMode.DECODE
+
+
+@dataclass
+class ForwardBatch:
+    forward_mode: ForwardMode
+    batch_size: int
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64, absolute position of each row
+    out_cache_loc: torch.Tensor  # [T] int64, virtual full-token slot of each row
+    req_pool_indices: torch.Tensor  # [B] int64
+    seq_lens: torch.Tensor  # [B] int64, tokens of each request after this forward
+    extend_seq_lens: torch.Tensor  # [B] int64, rows of each request in this forward (1 in decode)
+    extend_prefix_lens: torch.Tensor  # [B] int64, tokens processed before this forward
+    extend_start_loc: torch.Tensor  # [B] int64, first row of each request
+    row_req: torch.Tensor  # [T] int64, batch index of each row
+    # Host copies (the scheduler knows them without a device sync).
+    seq_lens_cpu: list = field(default_factory=list)
+    extend_seq_lens_cpu: list = field(default_factory=list)
+    extend_prefix_lens_cpu: list = field(default_factory=list)
+    req_pool_indices_cpu: list = field(default_factory=list)
+    # Logprobs: for each row, the token whose logprob is wanted (the next prompt token), -1 for none.
+    return_logprob: bool = False
+    logprob_target_ids: Optional[torch.Tensor] = None  # [T] int64
+    # Return the pre-HC-head residual streams of every row (the MTP draft consumes them).
+    capture_hidden: bool = False
+    # Speculative decoding input of the draft model (pre-HC-head streams [T, n_hc, D]).
+    spec_hidden_states: Optional[torch.Tensor] = None
+    # Set by the ModelRunner.
+    req_to_token_pool: Optional["ReqToTokenPool"] = None
+    token_to_kv_pool: Optional["DeepSeekV4TokenToKVPool"] = None
+    token_allocator: Optional["DeepSeekV4TokenAllocator"] = None
+    attn_backend: Optional["AttentionBackend"] = None
+    # Set by attn_backend.init_forward_metadata.
+    attn_metadata: Any = None
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @classmethod
+    def build(cls, forward_mode: ForwardMode, input_ids: list, req_pool_indices: list, prefix_lens: list,
+              extend_lens: list, out_cache_loc: torch.Tensor, device, logprob_target_ids: Optional[list] = None,
+              capture_hidden: bool = False) -> "ForwardBatch":
+        """Pack a batch from host lists: `input_ids` is the flat list of new tokens of every request in order."""
+        bs = len(req_pool_indices)
+        starts, acc = [], 0
+        for n in extend_lens:
+            starts.append(acc)
+            acc += n
+        if acc != len(input_ids):
+            raise ValueError(f"{len(input_ids)} input ids for {acc} extend rows")
+        positions = [p for s, n in zip(prefix_lens, extend_lens) for p in range(s, s + n)]
+        row_req = [b for b, n in enumerate(extend_lens) for _ in range(n)]
+        seq_lens = [s + n for s, n in zip(prefix_lens, extend_lens)]
+
+        def t(values) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int64, device=device)
+
+        return cls(
+            forward_mode=forward_mode, batch_size=bs, input_ids=t(input_ids), positions=t(positions),
+            out_cache_loc=out_cache_loc.to(device=device, dtype=torch.int64), req_pool_indices=t(req_pool_indices),
+            seq_lens=t(seq_lens), extend_seq_lens=t(extend_lens), extend_prefix_lens=t(prefix_lens),
+            extend_start_loc=t(starts), row_req=t(row_req), seq_lens_cpu=seq_lens,
+            extend_seq_lens_cpu=list(extend_lens), extend_prefix_lens_cpu=list(prefix_lens),
+            req_pool_indices_cpu=list(req_pool_indices),
+            return_logprob=logprob_target_ids is not None,
+            logprob_target_ids=None if logprob_target_ids is None else t(logprob_target_ids),
+            capture_hidden=capture_hidden,
+        )

@@ -1,0 +1,121 @@
+"""ModelRunner: loads the model (and optionally the MTP draft), sizes and owns the pools, runs forwards."""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Optional
+
+import torch
+from torch import nn
+
+from sglang.srt.configs.deepseek_v4 import DeepseekV4Config
+from sglang.srt.environ import envs
+from sglang.srt.layers.attention.dsv4.torch_backend import TorchAttnBackend
+from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+from sglang.srt.layers.rotary import RotaryEmbedding
+from sglang.srt.mem_cache.deepseek_v4_allocator import DeepSeekV4TokenAllocator
+from sglang.srt.mem_cache.deepseek_v4_pool import DeepSeekV4TokenToKVPool
+from sglang.srt.mem_cache.kv_formats import make_index_key_format, make_kv_format
+from sglang.srt.mem_cache.pool_sizing import PoolPlan, plan_pools
+from sglang.srt.mem_cache.req_to_token_pool import ReqToTokenPool
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+from sglang.srt.model_loader.loader import iter_checkpoint
+from sglang.srt.model_loader.model_path import resolve_model_path
+from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
+from sglang.srt.models.deepseek_v4_nextn import DeepseekV4ForCausalLMNextN
+from sglang.srt.platform import memory_budget_bytes
+from sglang.srt.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+# Parameters kept in fp32 whatever the compute dtype (mHC mixes, sinks, compressor position biases, router
+# bias, norm weights): small, and precision-sensitive.
+_FP32_PARAM = re.compile(r"(hc_\w+|attn_sink|\.ape|gate\.bias|norm\.weight)$")
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def build_model(cls, config: DeepseekV4Config, dtype: torch.dtype, device) -> nn.Module:
+    """Construct without initialising weights (meta), then materialise on `device` in the right dtypes."""
+    with torch.device("meta"):
+        model = cls(config)
+    for name, param in model.named_parameters():
+        if param.is_floating_point() and not _FP32_PARAM.search(name):
+            param.data = param.data.to(dtype)
+    model = model.to_empty(device=device)
+    for module in model.modules():  # non-persistent buffers are not in the checkpoint: recompute them
+        if isinstance(module, RotaryEmbedding):
+            module.reset_buffers()
+    return model.eval()
+
+
+class ModelRunner:
+    def __init__(self, server_args: ServerArgs) -> None:
+        self.server_args = args = server_args
+        self.device = torch.device(args.device)
+        self.dtype = _DTYPES[args.dtype]
+        self.model_path = resolve_model_path(args.model_path)
+        self.model_config = config = DeepseekV4Config.from_pretrained(self.model_path)
+        torch.manual_seed(args.random_seed)
+        if self.device.type == "cpu":
+            torch.set_num_threads(envs.SGLANG_CPU_NUM_THREADS.get())
+
+        self.model = build_model(DeepseekV4ForCausalLM, config, self.dtype, self.device)
+        self.model.load_weights(iter_checkpoint(self.model_path, config, dtype=self.dtype, part="main",
+                                                device=self.device))
+        self.draft_model: Optional[DeepseekV4ForCausalLMNextN] = None
+        if args.speculative_algorithm is not None:
+            self.draft_model = build_model(DeepseekV4ForCausalLMNextN, config, self.dtype, self.device)
+            self.draft_model.load_weights(iter_checkpoint(self.model_path, config, dtype=self.dtype, part="mtp",
+                                                          device=self.device))
+            self.draft_model.set_embed_and_head(self.model.embed, self.model.head)
+        self.init_memory_pool()
+        self.attn_backend = TorchAttnBackend(config, self.token_to_kv_pool, self.token_allocator,
+                                             args.page_size, self.pool_plan.shape.num_draft_tokens)
+
+    # ---- memory pool ------------------------------------------------------------------------------
+    def init_memory_pool(self) -> None:
+        args, config = self.server_args, self.model_config
+        kv_format = make_kv_format(args.kv_cache_dtype, config.head_dim, config.qk_rope_head_dim, self.dtype)
+        index_kind = "fp4" if args.enable_deepseek_v4_fp4_indexer else (
+            "fp8" if args.kv_cache_dtype == "fp8_e4m3" else "auto")
+        index_format = make_index_key_format(index_kind, config.index_head_dim, self.dtype)
+        num_layers = config.num_hidden_layers + (config.num_nextn_predict_layers if self.draft_model else 0)
+        free, total = memory_budget_bytes(args.device)
+        budget = int(free - (1 - args.mem_fraction_static) * total) if self.device.type == "cuda" \
+            else int(free * args.mem_fraction_static)
+        self.pool_plan: PoolPlan = plan_pools(
+            config, page_size=args.page_size, max_running_requests=args.max_running_requests,
+            context_length=args.context_length, chunked_prefill_size=args.chunked_prefill_size,
+            swa_full_tokens_ratio=args.swa_full_tokens_ratio, budget_bytes=budget,
+            kv_entry_bytes=kv_format.bytes_per_entry, index_entry_bytes=index_format.bytes_per_entry,
+            num_window_layers=num_layers, max_total_tokens=args.max_total_tokens)
+        shape = self.pool_plan.shape
+        self.req_to_token_pool = ReqToTokenPool(shape.max_num_reqs, args.context_length, self.device)
+        self.token_allocator = DeepSeekV4TokenAllocator(self.req_to_token_pool, shape.num_pages, shape.page_size,
+                                                        shape.num_swa_slots, self.device)
+        self.token_to_kv_pool = DeepSeekV4TokenToKVPool(config, num_layers, shape, kv_format, index_format,
+                                                        index_keys_rotated=index_kind in ("fp4", "fp8"),
+                                                        device=self.device)
+        logger.info("%s", self.pool_plan.format())
+
+    # ---- forward ----------------------------------------------------------------------------------
+    def _attach(self, forward_batch: ForwardBatch) -> None:
+        forward_batch.req_to_token_pool = self.req_to_token_pool
+        forward_batch.token_to_kv_pool = self.token_to_kv_pool
+        forward_batch.token_allocator = self.token_allocator
+        forward_batch.attn_backend = self.attn_backend
+        self.attn_backend.init_forward_metadata(forward_batch)
+
+    @torch.inference_mode()
+    def forward(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
+        self._attach(forward_batch)
+        return self.model(forward_batch.input_ids, forward_batch.positions, forward_batch)
+
+    @torch.inference_mode()
+    def forward_draft(self, forward_batch: ForwardBatch, step: int = 0) -> LogitsProcessorOutput:
+        """One MTP step over rows (Hs_p, x_{p+1}) at positions p; see models/deepseek_v4_nextn.py."""
+        if self.draft_model is None:
+            raise RuntimeError("the draft model is not loaded (start with --speculative-algorithm EAGLE)")
+        self._attach(forward_batch)
+        return self.draft_model(forward_batch.input_ids, forward_batch.positions, forward_batch, step)

@@ -1,0 +1,217 @@
+"""DeepSeek-V4 (Flash / Pro), written to read like docs/dsv4-architecture.md sections 3 to 7.
+
+Letters: T packed token rows, D hidden, n hc streams, H heads, Dh head dim (K = V), Dr rotary dims,
+G output groups, Ro o_lora_rank, nI/dI indexer heads/dim, E experts, k experts per token.
+Parameter names are the hub checkpoint's native names (`layers.N.attn.wq_a.weight`, `hc_head_fn`, ...);
+routed experts are stacked per layer (`ffn.experts.w1` [E, I, D]). Everything that touches the cache goes
+through `forward_batch.attn_backend`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sglang.srt.configs.deepseek_v4 import DeepseekV4Config
+from sglang.srt.layers.attention.dsv4.hadamard import hadamard_rotate
+from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
+from sglang.srt.layers.mhc import hc_head, hc_post, hc_pre
+from sglang.srt.layers.moe.experts import RoutedExperts, SharedExpert
+from sglang.srt.layers.moe.router import Gate
+from sglang.srt.layers.norm import RMSNorm, rms_normalize
+from sglang.srt.layers.rotary import RotaryEmbedding
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+
+def make_rotary(config: DeepseekV4Config, compressed: bool) -> RotaryEmbedding:
+    """Compressed layers: compress_rope_theta + YaRN; sliding-only and MTP layers: rope_theta, no YaRN."""
+    if compressed:
+        return RotaryEmbedding(config.qk_rope_head_dim, config.compress_rope_theta, config.rope_scaling)
+    return RotaryEmbedding(config.qk_rope_head_dim, config.rope_theta, None)
+
+
+class Compressor(nn.Module):
+    """Gated channel-wise pooling of windows of `ratio` tokens into one entry of `head_dim` (arch 5.4).
+
+    CSA (ratio 4) overlaps: each token projects 2*head_dim values, the A half feeding the next window's entry
+    and the B half its own. The pooling itself runs in the backend (it reads the staging ring).
+    """
+
+    def __init__(self, config: DeepseekV4Config, layer_id: int, ratio: int, head_dim: int,
+                 rotary: RotaryEmbedding, is_indexer: bool) -> None:
+        super().__init__()
+        self.layer_id, self.ratio, self.head_dim, self.is_indexer = layer_id, ratio, head_dim, is_indexer
+        self.overlap = ratio == 4
+        width = (2 if self.overlap else 1) * head_dim
+        self.wkv = nn.Linear(config.hidden_size, width, bias=False)
+        self.wgate = nn.Linear(config.hidden_size, width, bias=False)
+        self.ape = nn.Parameter(torch.zeros(ratio, width, dtype=torch.float32))
+        self.norm = RMSNorm(head_dim, config.rms_norm_eps)
+        self.rotary = rotary
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch) -> None:
+        # The reference computes both projections in fp32; ape is the bias of the token's slot in its window.
+        xf = x.float()
+        kv = F.linear(xf, self.wkv.weight.float())
+        gate = F.linear(xf, self.wgate.weight.float()) + self.ape[positions % self.ratio]
+        forward_batch.attn_backend.forward_compressor(self, kv, gate, forward_batch)
+
+    def finish(self, pooled: torch.Tensor, entry_positions: torch.Tensor) -> torch.Tensor:
+        """Post-process pooled windows [N, d]: RMSNorm, RoPE at the window's first position w*m."""
+        dtype = self.wkv.weight.dtype
+        return self.rotary.apply(self.norm(pooled.to(dtype)), entry_positions)
+
+
+class Indexer(nn.Module):
+    """Lightning indexer of a CSA layer: picks the top-k visible compressed entries per query (arch 5.5)."""
+
+    def __init__(self, config: DeepseekV4Config, layer_id: int, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.layer_id, self.ratio = layer_id, 4
+        self.n_heads, self.head_dim, self.index_topk = config.index_n_heads, config.index_head_dim, config.index_topk
+        self.wq_b = nn.Linear(config.q_lora_rank, self.n_heads * self.head_dim, bias=False)
+        self.weights_proj = nn.Linear(config.hidden_size, self.n_heads, bias=False)
+        self.compressor = Compressor(config, layer_id, 4, self.head_dim, rotary, is_indexer=True)
+        self.rotary = rotary
+        self.weight_scale = self.head_dim ** -0.5 * self.n_heads ** -0.5
+
+    def forward(self, x: torch.Tensor, qr: torch.Tensor, positions: torch.Tensor,
+                forward_batch: ForwardBatch) -> torch.Tensor:
+        """-> physical slots [T, index_topk] of the chosen compressed entries, -1 padded."""
+        self.compressor(x, positions, forward_batch)  # the current token may complete a window
+        q = self.rotary.apply(self.wq_b(qr).view(-1, self.n_heads, self.head_dim), positions)
+        weights = self.weights_proj(x).float() * self.weight_scale  # from x, not from q
+        return forward_batch.attn_backend.forward_indexer(self, q, weights, forward_batch)
+
+    def rotate(self, x: torch.Tensor) -> torch.Tensor:
+        """Hadamard rotation applied to queries when the stored keys are quantized after rotation."""
+        return hadamard_rotate(x)
+
+
+class Attention(nn.Module):
+    """Shared-KV MQA over window + compressed entries, with sink and grouped low-rank output (arch 5)."""
+
+    def __init__(self, config: DeepseekV4Config, layer_id: int) -> None:
+        super().__init__()
+        c = config
+        self.layer_id = layer_id
+        self.ratio = c.compress_ratio(layer_id)
+        self.n_heads, self.head_dim, self.groups = c.num_attention_heads, c.head_dim, c.o_groups
+        self.softmax_scale = c.head_dim ** -0.5
+        self.eps = c.rms_norm_eps
+        self.wq_a = nn.Linear(c.hidden_size, c.q_lora_rank, bias=False)
+        self.q_norm = RMSNorm(c.q_lora_rank, c.rms_norm_eps)
+        self.wq_b = nn.Linear(c.q_lora_rank, c.num_attention_heads * c.head_dim, bias=False)
+        self.wkv = nn.Linear(c.hidden_size, c.head_dim, bias=False)
+        self.kv_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
+        self.wo_a = nn.Linear(c.num_attention_heads * c.head_dim // c.o_groups, c.o_groups * c.o_lora_rank,
+                              bias=False)
+        self.wo_b = nn.Linear(c.o_groups * c.o_lora_rank, c.hidden_size, bias=False)
+        self.attn_sink = nn.Parameter(torch.zeros(c.num_attention_heads, dtype=torch.float32))
+        self.rotary = make_rotary(c, compressed=self.ratio > 0)
+        self.compressor = Compressor(c, layer_id, self.ratio, c.head_dim, self.rotary, False) if self.ratio else None
+        self.indexer = Indexer(c, layer_id, self.rotary) if c.is_csa(layer_id) else None
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch) -> torch.Tensor:
+        # Query: low-rank, normed latent qr (also the indexer's input), per-head unweighted RMSNorm, RoPE.
+        qr = self.q_norm(self.wq_a(x))
+        q = rms_normalize(self.wq_b(qr).view(-1, self.n_heads, self.head_dim), self.eps)
+        q = self.rotary.apply(q, positions)
+        # One shared key = value vector per token.
+        kv = self.rotary.apply(self.kv_norm(self.wkv(x)), positions)
+        # Compressed entries completed by these rows must exist before any row attends.
+        topk_slots = None
+        if self.compressor is not None:
+            self.compressor(x, positions, forward_batch)
+        if self.indexer is not None:
+            topk_slots = self.indexer(x, qr, positions, forward_batch)
+        o = forward_batch.attn_backend.forward(self, q, kv, forward_batch, topk_slots)
+        # V carries RoPE in its last Dr dims: undo it at the query position, then the grouped output.
+        o = self.rotary.apply(o, positions, inverse=True)
+        o = o.reshape(-1, self.groups, self.n_heads * self.head_dim // self.groups)  # [T, G, H*Dh/G]
+        wo_a = self.wo_a.weight.view(self.groups, -1, o.shape[-1])  # [G, Ro, H*Dh/G]
+        return self.wo_b(torch.einsum("tgi,goi->tgo", o, wo_a).flatten(1))
+
+
+class MoE(nn.Module):
+    """Routed experts (hash or score routed) plus the always-on shared expert (arch 6)."""
+
+    def __init__(self, config: DeepseekV4Config, layer_id: int) -> None:
+        super().__init__()
+        c = config
+        self.gate = Gate(c.hidden_size, c.n_routed_experts, c.num_experts_per_tok, c.vocab_size,
+                         c.routed_scaling_factor, use_hash=c.is_hash_layer(layer_id))
+        self.experts = RoutedExperts(c.n_routed_experts, c.hidden_size, c.moe_intermediate_size, c.swiglu_limit)
+        self.shared_experts = SharedExpert(c.hidden_size, c.moe_intermediate_size, c.swiglu_limit)
+
+    def forward(self, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+        weights, ids = self.gate(x, input_ids)
+        return self.experts(x, ids, weights) + self.shared_experts(x)
+
+
+class DeepseekV4DecoderLayer(nn.Module):
+    """mHC pre -> attention -> mHC post -> mHC pre -> MoE -> mHC post (arch 3.1)."""
+
+    def __init__(self, config: DeepseekV4Config, layer_id: int) -> None:
+        super().__init__()
+        c = config
+        self.config = c
+        self.attn_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.ffn_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        for part in ("attn", "ffn"):
+            setattr(self, f"hc_{part}_fn", nn.Parameter(torch.zeros(c.hc_mix_dim, c.hc_mult * c.hidden_size,
+                                                                    dtype=torch.float32)))
+            setattr(self, f"hc_{part}_base", nn.Parameter(torch.zeros(c.hc_mix_dim, dtype=torch.float32)))
+            setattr(self, f"hc_{part}_scale", nn.Parameter(torch.ones(3, dtype=torch.float32)))
+        self.attn = Attention(c, layer_id)
+        self.ffn = MoE(c, layer_id)
+
+    def _pre(self, streams: torch.Tensor, part: str) -> tuple:
+        c = self.config
+        return hc_pre(streams, getattr(self, f"hc_{part}_fn"), getattr(self, f"hc_{part}_scale"),
+                      getattr(self, f"hc_{part}_base"), c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps)
+
+    def forward(self, streams: torch.Tensor, positions: torch.Tensor, input_ids: torch.Tensor,
+                forward_batch: ForwardBatch) -> torch.Tensor:
+        u, post, comb = self._pre(streams, "attn")
+        streams = hc_post(self.attn(self.attn_norm(u), positions, forward_batch), streams, post, comb)
+        u, post, comb = self._pre(streams, "ffn")
+        return hc_post(self.ffn(self.ffn_norm(u), input_ids), streams, post, comb)
+
+
+class DeepseekV4ForCausalLM(nn.Module):
+    """embed -> n streams -> decoder layers -> HC head -> norm -> head (arch 3)."""
+
+    def __init__(self, config: DeepseekV4Config) -> None:
+        super().__init__()
+        c = config
+        self.config = c
+        self.embed = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.layers = nn.ModuleList(DeepseekV4DecoderLayer(c, i) for i in range(c.num_hidden_layers))
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+        self.hc_head_fn = nn.Parameter(torch.zeros(c.hc_mult, c.hc_mult * c.hidden_size, dtype=torch.float32))
+        self.hc_head_base = nn.Parameter(torch.zeros(c.hc_mult, dtype=torch.float32))
+        self.hc_head_scale = nn.Parameter(torch.ones(1, dtype=torch.float32))
+        self.logits_processor = LogitsProcessor(c)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                forward_batch: ForwardBatch) -> LogitsProcessorOutput:
+        c = self.config
+        streams = self.embed(input_ids).unsqueeze(1).repeat(1, c.hc_mult, 1)  # [T, n, D]
+        for layer in self.layers:
+            streams = layer(streams, positions, input_ids, forward_batch)
+        hidden = self.norm(hc_head(streams, self.hc_head_fn, self.hc_head_scale, self.hc_head_base,
+                                   c.hc_eps, c.rms_norm_eps))
+        return self.logits_processor(hidden, self.head, forward_batch,
+                                     pre_hc_streams=streams if forward_batch.capture_hidden else None)
+
+    def load_weights(self, weights) -> None:
+        """Copy (native name, tensor) pairs into parameters; per-expert tensors fill the stacked slices."""
+        from sglang.srt.models.weight_loading import load_native_weights
+
+        load_native_weights(self, weights)
+
+
+EntryClass = DeepseekV4ForCausalLM

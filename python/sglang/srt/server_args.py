@@ -1,0 +1,109 @@
+"""ServerArgs: the engine's options under SGLang's flag names, parsing and validation.
+
+DeepSeek-V4 defaults and checks live in one hook (arg_groups/deepseek_v4_hook.py), applied by `resolve()`.
+Only the options the engine implements are accepted; unknown flags are rejected by argparse.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass
+from typing import Optional
+
+ATTENTION_BACKENDS = ("torch", "dsv4")
+KV_CACHE_DTYPES = ("auto", "bfloat16", "float32", "fp8_e4m3")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass
+class ServerArgs:
+    model_path: str
+    tokenizer_path: Optional[str] = None
+    served_model_name: Optional[str] = None
+    trust_remote_code: bool = False
+    device: Optional[str] = None  # None: cuda when available, else cpu
+    dtype: str = "auto"  # auto: bfloat16 on GPU, float32 on CPU
+    context_length: Optional[int] = None  # None: the model's max_position_embeddings
+    # Memory pool
+    mem_fraction_static: Optional[float] = None
+    max_running_requests: Optional[int] = None
+    max_total_tokens: Optional[int] = None
+    page_size: Optional[int] = None
+    swa_full_tokens_ratio: float = 0.1
+    kv_cache_dtype: str = "auto"
+    enable_deepseek_v4_fp4_indexer: bool = False
+    # Scheduling
+    chunked_prefill_size: Optional[int] = None
+    # Kernels
+    attention_backend: Optional[str] = None
+    disable_cuda_graph: bool = False
+    # Speculative decoding (MTP draft); only the draft model's loading exists so far
+    speculative_algorithm: Optional[str] = None
+    # Misc
+    random_seed: int = 42
+    log_level: str = "info"
+    host: str = "127.0.0.1"
+    port: int = 30000
+
+    def resolve(self) -> "ServerArgs":
+        """Fill platform and model defaults, validate; returns self. Raises ValueError naming the option."""
+        from sglang.srt.arg_groups.deepseek_v4_hook import apply_deepseek_v4_defaults
+        from sglang.srt.platform import default_device
+
+        if self.device is None:
+            self.device = default_device()
+        if self.dtype not in DTYPES:
+            raise ValueError(f"--dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.dtype == "auto":
+            self.dtype = "float32" if self.device == "cpu" else "bfloat16"
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"--kv-cache-dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
+        if self.attention_backend is not None and self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"--attention-backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
+        if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static < 1:
+            raise ValueError(f"--mem-fraction-static must be in (0, 1), got {self.mem_fraction_static}")
+        if not 0 < self.swa_full_tokens_ratio <= 1:
+            raise ValueError(f"--swa-full-tokens-ratio must be in (0, 1], got {self.swa_full_tokens_ratio}")
+        for name in ("max_running_requests", "max_total_tokens", "page_size", "context_length"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
+        if self.chunked_prefill_size is not None and self.chunked_prefill_size == 0:
+            raise ValueError("--chunked-prefill-size must be positive, or -1 to disable chunking")
+        if self.speculative_algorithm not in (None, "EAGLE", "NEXTN"):
+            raise ValueError(f"--speculative-algorithm must be EAGLE or NEXTN, got {self.speculative_algorithm!r}")
+        apply_deepseek_v4_defaults(self)
+        return self
+
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser) -> None:
+        p = parser
+        p.add_argument("--model-path", required=True,
+                       help="checkpoint directory, HF hub id, or 'tiny-deepseek-v4' (the built-in tiny model)")
+        p.add_argument("--tokenizer-path")
+        p.add_argument("--served-model-name")
+        p.add_argument("--trust-remote-code", action="store_true")
+        p.add_argument("--device", choices=("cpu", "cuda"))
+        p.add_argument("--dtype", default="auto", choices=DTYPES)
+        p.add_argument("--context-length", type=int)
+        p.add_argument("--mem-fraction-static", type=float)
+        p.add_argument("--max-running-requests", type=int)
+        p.add_argument("--max-total-tokens", type=int)
+        p.add_argument("--page-size", type=int)
+        p.add_argument("--swa-full-tokens-ratio", type=float, default=0.1)
+        p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES)
+        p.add_argument("--enable-deepseek-v4-fp4-indexer", action="store_true")
+        p.add_argument("--chunked-prefill-size", type=int)
+        p.add_argument("--attention-backend", choices=ATTENTION_BACKENDS)
+        p.add_argument("--disable-cuda-graph", action="store_true")
+        p.add_argument("--speculative-algorithm", choices=("EAGLE", "NEXTN"))
+        p.add_argument("--random-seed", type=int, default=42)
+        p.add_argument("--log-level", default="info")
+        p.add_argument("--host", default="127.0.0.1")
+        p.add_argument("--port", type=int, default=30000)
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> "ServerArgs":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in vars(args).items() if k in names})
