@@ -193,6 +193,10 @@ class DeepseekV4Config:
         bad = [t for t in self.mlp_layer_types if t not in MLP_TYPES]
         if bad:
             raise ConfigError(f"config field 'mlp_layer_types' has unknown entries {bad}; allowed {MLP_TYPES}")
+        n_hash = self.num_hash_layers
+        if self.mlp_layer_types != ["hash_moe"] * n_hash + ["moe"] * (n - n_hash):
+            raise ConfigError(f"config field 'mlp_layer_types' must be hash_moe layers first, then moe "
+                              f"(num_hash_layers), got {self.mlp_layer_types}")
         if len(self.compress_ratios) != n + self.num_nextn_predict_layers:
             raise ConfigError(f"config field 'compress_ratios' has {len(self.compress_ratios)} entries, expected "
                               f"num_hidden_layers + num_nextn_predict_layers = {n + self.num_nextn_predict_layers}")
@@ -363,11 +367,15 @@ def _parse_layers(raw: dict, n: int, n_mtp: int) -> tuple:
     else:
         raise ConfigError("config field 'compress_ratios' (native) or 'layer_types' (HF) is missing")
 
+    if raw.get("compress_ratios") is not None and raw.get("layer_types") is not None:
+        hf_types, _, _ = _parse_layers({k: v for k, v in raw.items() if k != "compress_ratios"}, n, n_mtp)
+        if hf_types != types:
+            raise ConfigError(f"config fields 'compress_ratios' and 'layer_types' disagree: {types} vs {hf_types}")
     if raw.get("mlp_layer_types") is not None:
         mlp = raw["mlp_layer_types"]
         if not isinstance(mlp, list):
             raise ConfigError(f"config field 'mlp_layer_types' must be a list, got {mlp!r}")
-        mlp = list(mlp)
+        mlp = list(mlp[:n]) if len(mlp) >= n else list(mlp)  # HF keeps the first num_hidden_layers
     else:
         n_hash = _req(raw, "num_hash_layers", int)
         if not 0 <= n_hash <= n:

@@ -67,8 +67,10 @@ class Scheduler:
         """Run one forward; returns the requests that finished in it."""
         self._admit()
         batch = self._next_batch()
-        if batch is None:
-            return []
+        return [] if batch is None else self.run_batch(batch)
+
+    def run_batch(self, batch: ScheduleBatch) -> list:
+        """Allocate, run and sample one batch of admitted requests; returns those that finished."""
         out_cache_loc = torch.cat([self.allocator.extend(r.alloc, r.num_computed + n)
                                    for r, n in zip(batch.reqs, batch.extend_lens)])
         fb = batch.to_forward_batch(out_cache_loc, self.runner.device)

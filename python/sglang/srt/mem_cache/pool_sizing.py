@@ -5,7 +5,7 @@ indexer key per 4 tokens in every CSA layer ("growth", the published 3,514 B Fla
 Window KV is held only for live windows: it costs `--swa-full-tokens-ratio` x its per-token bytes in the
 sizing. Staging rings are fixed per request slot.
 
-    python -m sglang.srt.mem_cache.pool_sizing CONFIG_JSON [--kv-cache-dtype fp8_e4m3] [--index fp4]
+    python -m sglang.srt.mem_cache.pool_sizing flash|pro|CONFIG_JSON [--kv-cache-dtype fp8_e4m3] [--index fp4]
 """
 
 from __future__ import annotations
@@ -125,16 +125,19 @@ def plan_pools(config: DeepseekV4Config, *, page_size: int, max_running_requests
 
 
 def main() -> None:
+    from sglang.srt.configs.hub_configs import FLASH, PRO
     from sglang.srt.mem_cache.kv_formats import make_index_key_format, make_kv_format
 
     import torch
 
     ap = argparse.ArgumentParser(description="bytes per token of the DeepSeek-V4 pools for a config.json")
-    ap.add_argument("config")
+    ap.add_argument("config", help="flash, pro, or a config.json path")
     ap.add_argument("--kv-cache-dtype", default="fp8_e4m3", choices=("fp8_e4m3", "bfloat16", "float32"))
     ap.add_argument("--index", default="fp4", choices=("fp4", "fp8", "bfloat16", "float32"))
     args = ap.parse_args()
-    config = DeepseekV4Config.from_json_file(args.config)
+    presets = {"flash": FLASH, "pro": PRO}
+    config = (DeepseekV4Config.from_dict(presets[args.config]) if args.config in presets
+              else DeepseekV4Config.from_json_file(args.config))
     kv = make_kv_format(args.kv_cache_dtype, config.head_dim, config.qk_rope_head_dim, torch.bfloat16)
     index_kind = args.index if args.index in ("fp4", "fp8") else "auto"
     index_dtype = torch.float32 if args.index == "float32" else torch.bfloat16

@@ -1,0 +1,111 @@
+"""Run one static batch through the engine without a server: prefill, then decode; report latency/throughput.
+
+    python -m sglang.bench_one_batch --model-path tiny-deepseek-v4 --batch-size 1 8 --input-len 256 --output-len 32
+    python -m sglang.bench_one_batch --model-path tiny-deepseek-v4 --correctness-test   # print completions
+
+Every request of the batch is prefilled in one forward, then all decode together for --output-len steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import statistics
+import time
+
+import torch
+
+from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
+from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.server_args import ServerArgs
+
+PROMPTS = ["The capital of France is", "DeepSeek-V4 compresses its KV cache by", "1, 2, 3, 4,"]
+
+
+@dataclasses.dataclass
+class BenchResult:
+    batch_size: int
+    input_len: int
+    output_len: int
+    prefill_latency_s: float
+    prefill_throughput_tok_s: float
+    median_decode_latency_s: float
+    decode_throughput_tok_s: float
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_once(engine, batch_size: int, input_len: int, output_len: int, seed: int) -> BenchResult:
+    sched, runner = engine.scheduler, engine.model_runner
+    vocab = runner.model_config.vocab_size
+    g = torch.Generator().manual_seed(seed)
+    params = SamplingParams(max_new_tokens=output_len, temperature=0, ignore_eos=True)
+    reqs = [Req(rid=f"bench-{i}", origin_input_ids=torch.randint(2, vocab, (input_len,), generator=g).tolist(),
+                sampling_params=params) for i in range(batch_size)]
+    for req in reqs:
+        sched.add_request(req)
+    sched._admit()
+    if len(sched.running) != batch_size:
+        raise ValueError(f"only {len(sched.running)} of {batch_size} requests fit the pool; "
+                         f"raise --max-total-tokens or lower the batch")
+    _sync(runner.device)
+    start = time.perf_counter()
+    sched.run_batch(ScheduleBatch(ForwardMode.EXTEND, list(reqs), [input_len] * batch_size))
+    _sync(runner.device)
+    prefill = time.perf_counter() - start
+    steps = []
+    while sched.running:
+        t = time.perf_counter()
+        sched.step()
+        _sync(runner.device)
+        steps.append(time.perf_counter() - t)
+    median = statistics.median(steps) if steps else float("nan")
+    return BenchResult(batch_size, input_len, output_len, prefill, batch_size * input_len / prefill, median,
+                       batch_size / median if steps else float("nan"))
+
+
+def correctness_test(engine) -> None:
+    outs = engine.generate(prompt=PROMPTS, sampling_params={"temperature": 0, "max_new_tokens": 16})
+    for prompt, out in zip(PROMPTS, outs):
+        print(f"prompt: {prompt!r}\ncompletion ({out['meta_info']['completion_tokens']} tokens): {out['text']!r}\n")
+
+
+def main() -> None:
+    import sglang
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ServerArgs.add_cli_args(parser)
+    parser.add_argument("--batch-size", type=int, nargs="+", default=[1])
+    parser.add_argument("--input-len", type=int, nargs="+", default=[256])
+    parser.add_argument("--output-len", type=int, default=32)
+    parser.add_argument("--correctness-test", action="store_true", help="print completions of a few prompts")
+    parser.add_argument("--result-filename", help="append one JSON line per run")
+    args = parser.parse_args()
+    server_args = ServerArgs.from_cli_args(args)
+    if server_args.log_level == "info":
+        server_args.log_level = "warning"
+    engine = sglang.Engine(**dataclasses.asdict(server_args))
+    if args.correctness_test:
+        correctness_test(engine)
+        return
+    run_once(engine, 1, min(args.input_len), 2, seed=0)  # warm-up
+    logging.getLogger().setLevel(logging.WARNING)
+    for bs in args.batch_size:
+        for input_len in args.input_len:
+            r = run_once(engine, bs, input_len, args.output_len, seed=1)
+            print(f"batch {r.batch_size:4d} input {r.input_len:6d} | prefill {r.prefill_latency_s * 1e3:9.1f} ms "
+                  f"{r.prefill_throughput_tok_s:10.1f} tok/s | decode median {r.median_decode_latency_s * 1e3:8.2f} ms "
+                  f"{r.decode_throughput_tok_s:9.1f} tok/s")
+            if args.result_filename:
+                with open(args.result_filename, "a") as f:
+                    f.write(json.dumps(dataclasses.asdict(r)) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""sglang.Engine's offline API: SGLang's generate() shapes, batches, logprob windows, sampling, bad input."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+import sglang
+from oracle import engine, random_ids
+
+
+@functools.lru_cache(maxsize=None)
+def tiny():
+    return engine("tiny", chunked_prefill_size=32)
+
+
+def test_single_and_batch_shapes():
+    eng = tiny()
+    out = eng.generate(input_ids=random_ids(20, 1), sampling_params={"temperature": 0, "max_new_tokens": 5,
+                                                                     "ignore_eos": True})
+    assert set(out) == {"text", "output_ids", "meta_info"} and len(out["output_ids"]) == 5
+    meta = out["meta_info"]
+    assert meta["prompt_tokens"] == 20 and meta["completion_tokens"] == 5
+    assert meta["finish_reason"] == {"type": "length", "length": 5}
+    outs = eng.generate(input_ids=[random_ids(9, 2), random_ids(33, 3)],
+                        sampling_params=[{"temperature": 0, "max_new_tokens": 3, "ignore_eos": True},
+                                         {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}])
+    assert [len(o["output_ids"]) for o in outs] == [3, 6]
+    # A batch gives each request what it gets alone.
+    alone = eng.generate(input_ids=random_ids(33, 3), sampling_params={"temperature": 0, "max_new_tokens": 6,
+                                                                       "ignore_eos": True})
+    assert alone["output_ids"] == outs[1]["output_ids"]
+    eng.model_runner.token_allocator.check_all_free()
+
+
+def test_logprob_windows():
+    eng = tiny()
+    ids = random_ids(12, 4)
+    full = eng.generate(input_ids=ids, sampling_params={"temperature": 0, "max_new_tokens": 2},
+                        return_logprob=True, logprob_start_len=0)["meta_info"]
+    assert [t for _, t, _ in full["input_token_logprobs"]] == ids and full["input_token_logprobs"][0][0] is None
+    part = eng.generate(input_ids=ids, sampling_params={"temperature": 0, "max_new_tokens": 2},
+                        return_logprob=True, logprob_start_len=7)["meta_info"]
+    assert part["input_token_logprobs"] == full["input_token_logprobs"][7:]
+    last = eng.generate(input_ids=ids, sampling_params={"temperature": 0, "max_new_tokens": 2},
+                        return_logprob=True)["meta_info"]
+    assert last["input_token_logprobs"] == full["input_token_logprobs"][-1:]
+    assert len(full["output_token_logprobs"]) == 2 and all(lp <= 0 for lp, _, _ in full["output_token_logprobs"])
+
+
+def test_sampling_seed_and_stop_tokens():
+    eng = tiny()
+    ids = random_ids(15, 5)
+    params = {"temperature": 1.0, "top_p": 0.9, "top_k": 50, "max_new_tokens": 8, "seed": 7, "ignore_eos": True}
+    a = eng.generate(input_ids=ids, sampling_params=params)["output_ids"]
+    b = eng.generate(input_ids=ids, sampling_params=params)["output_ids"]
+    c = eng.generate(input_ids=ids, sampling_params={**params, "seed": 8})["output_ids"]
+    assert a == b and a != c
+    greedy = eng.generate(input_ids=ids, sampling_params={"temperature": 0, "max_new_tokens": 8,
+                                                          "ignore_eos": True})["output_ids"]
+    stop = greedy[3]
+    out = eng.generate(input_ids=ids, sampling_params={"temperature": 0, "max_new_tokens": 8, "ignore_eos": True,
+                                                       "stop_token_ids": [stop]})
+    assert out["output_ids"] == greedy[:greedy.index(stop) + 1]
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+    zero = eng.generate(input_ids=ids, sampling_params={"max_new_tokens": 0})
+    assert zero["output_ids"] == [] and zero["meta_info"]["finish_reason"]["type"] == "length"
+    eng.model_runner.token_allocator.check_all_free()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(input_ids=[]), "empty"),
+    (dict(input_ids=[5, 600]), "outside the vocabulary"),
+    (dict(input_ids=[5, 6], sampling_params={"max_new_tokens": -1}), "max_new_tokens"),
+    (dict(input_ids=[5, 6], sampling_params={"temperature": -0.5}), "temperature"),
+    (dict(input_ids=[5, 6], sampling_params={"top_p": 0}), "top_p"),
+    (dict(input_ids=[5, 6], sampling_params={"top_k": 0}), "top_k"),
+    (dict(input_ids=[5, 6], sampling_params={"bogus": 1}), "unknown sampling parameter"),
+    (dict(input_ids=[5, 6], sampling_params={"max_new_tokens": 5000}), "context length"),
+    (dict(), "exactly one of"),
+])
+def test_bad_requests_raise_named_errors(kwargs, message):
+    eng = tiny()
+    with pytest.raises(ValueError, match=message):
+        eng.generate(**kwargs)
+    eng.model_runner.token_allocator.check_all_free()
+    assert not eng.scheduler.waiting and not eng.scheduler.running
+
+
+def test_builtin_model_prompt_roundtrip():
+    eng = sglang.Engine(model_path="tiny-deepseek-v4", device="cpu", dtype="float32", log_level="warning",
+                        max_running_requests=4, max_total_tokens=4096)
+    out = eng.generate(prompt="Hello, DeepSeek", sampling_params={"temperature": 0, "max_new_tokens": 4,
+                                                                  "ignore_eos": True})
+    assert isinstance(out["text"], str) and len(out["output_ids"]) == 4
+    assert out["meta_info"]["prompt_tokens"] == len(eng.tokenizer.encode("Hello, DeepSeek").ids)
+    eng.shutdown()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(page_size=24), "multiple of"),
+    (dict(kv_cache_dtype="int4"), "kv-cache-dtype"),
+    (dict(swa_full_tokens_ratio=0), "swa-full-tokens-ratio"),
+    (dict(context_length=4096), "max_position_embeddings"),
+])
+def test_bad_server_args(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        engine("tiny", **kwargs)
