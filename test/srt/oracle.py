@@ -23,6 +23,9 @@ ORACLE_CONFIGS = {"tiny": TINY, "hca128": TINY_HCA128, "pro_like": TINY_PRO_LIKE
 PAGE_SIZES = {"tiny": 16, "hca128": 128, "pro_like": 16}
 
 _ROOT = tempfile.mkdtemp(prefix="sglang-test-ckpt-")
+# Device of the engine under test: cpu in CI; `SGLANG_TEST_DEVICE=cuda` runs the same suite on a GPU (the HF
+# oracle stays on the CPU in fp32).
+DEVICE = os.environ.get("SGLANG_TEST_DEVICE", "cpu")
 
 
 @functools.lru_cache(maxsize=None)
@@ -84,7 +87,7 @@ def hf_greedy(model, ids: list, n: int) -> tuple:
 def engine(name: str, quantize: bool = False, **kwargs):
     import sglang
 
-    args = dict(model_path=checkpoint(name, quantize), device="cpu", dtype="float32", page_size=PAGE_SIZES[name],
+    args = dict(model_path=checkpoint(name, quantize), device=DEVICE, dtype="float32", page_size=PAGE_SIZES[name],
                 log_level="warning", max_running_requests=8, max_total_tokens=8192)
     args.update(kwargs)
     return sglang.Engine(**args)

@@ -1,0 +1,48 @@
+"""The torch reference backend on a GPU (skipped without CUDA; run through the device tool).
+
+fp32 on the GPU must match the HF oracle (CPU, fp32) exactly as on the CPU; bf16 (the serving dtype) must stay
+close to it. The whole CPU suite can also run on the GPU with SGLANG_TEST_DEVICE=cuda.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from oracle import engine, hf_greedy, hf_model, hf_prompt_logprobs, max_abs_diff, random_ids
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (device tool)")]
+
+NAMES = ["tiny", "hca128", "pro_like"]
+LENS = {"tiny": 77, "hca128": 321, "pro_like": 101}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_fp32_on_gpu_matches_hf(name):
+    ids = random_ids(LENS[name], seed=1)
+    hf = hf_model(name)
+    tokens, token_lps = hf_greedy(hf, ids, 64)
+    eng = engine(name, device="cuda", dtype="float32")
+    assert eng.model_runner.device.type == "cuda"
+    out = eng.generate(input_ids=ids, sampling_params={"temperature": 0, "max_new_tokens": 64, "ignore_eos": True},
+                       return_logprob=True, logprob_start_len=0)
+    got = [lp for lp, _, _ in out["meta_info"]["input_token_logprobs"]][1:]
+    assert max_abs_diff(got, hf_prompt_logprobs(hf, ids)) <= 1e-4
+    assert out["output_ids"] == tokens
+    assert max_abs_diff([lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]], token_lps) <= 1e-4
+    eng.model_runner.token_allocator.check_all_free()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_bf16_on_gpu_close_to_hf(name):
+    ids = random_ids(LENS[name], seed=3)
+    ref = hf_prompt_logprobs(hf_model(name), ids)
+    eng = engine(name, device="cuda", dtype="bfloat16")
+    out = eng.generate(input_ids=ids, sampling_params={"temperature": 0, "max_new_tokens": 8, "ignore_eos": True},
+                       return_logprob=True, logprob_start_len=0)
+    got = [lp for lp, _, _ in out["meta_info"]["input_token_logprobs"]][1:]
+    diffs = [abs(a - b) for a, b in zip(got, ref)]
+    print(f"{name}: bf16 prompt logprob |diff| mean {sum(diffs) / len(diffs):.4f} max {max(diffs):.4f}")
+    assert sum(diffs) / len(diffs) < 0.05 and max(diffs) < 0.5
+    eng.model_runner.token_allocator.check_all_free()
