@@ -51,9 +51,9 @@ class DSV4Metadata:
 
 
 def build_window_slots(fb, window: int, full_to_swa: torch.Tensor) -> torch.Tensor:
-    req_rows = fb.req_to_token_pool.req_to_token[fb.req_pool_indices[fb.row_req]]  # [T, ctx]
+    req = fb.req_pool_indices[fb.row_req][:, None]  # [T, 1]
     pos = fb.positions[:, None] - (window - 1) + torch.arange(window, device=fb.positions.device)[None, :]
-    full = req_rows.gather(1, pos.clamp(min=0)).to(torch.int64)
+    full = fb.req_to_token_pool.req_to_token[req, pos.clamp(min=0)].to(torch.int64)  # [T, W]
     return torch.where(pos >= 0, full_to_swa[full], torch.full_like(full, -1))
 
 
@@ -63,9 +63,8 @@ def build_entry_slots(fb, ratio: int, page_size: int) -> torch.Tensor:
     e_max = max(counts, default=0)
     device = fb.positions.device
     w = torch.arange(e_max, device=device)
-    req_rows = fb.req_to_token_pool.req_to_token[fb.req_pool_indices]  # [B, ctx]
-    first_pos = (w * ratio)[None, :].expand(fb.batch_size, -1)
-    full = req_rows.gather(1, first_pos).to(torch.int64)
+    # The first position w*m of each window addresses its page: entry w shares the page of that token.
+    full = fb.req_to_token_pool.req_to_token[fb.req_pool_indices[:, None], (w * ratio)[None, :]].to(torch.int64)
     per_page = page_size // ratio
     slots = (full // page_size) * per_page + (w % per_page)[None, :]
     valid = w[None, :] < torch.tensor(counts, device=device)[:, None]
