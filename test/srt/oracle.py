@@ -96,3 +96,27 @@ def engine(name: str, quantize: bool = False, **kwargs):
 def max_abs_diff(a: list, b: list) -> float:
     assert len(a) == len(b), (len(a), len(b))
     return max((abs(x - y) for x, y in zip(a, b)), default=0.0)
+
+
+@functools.lru_cache(maxsize=None)
+def hf_reference(name: str, ids: tuple, new_tokens: int, quantize: bool = False) -> tuple:
+    """(ids, HF prompt logprobs, HF greedy tokens, their logprobs)."""
+    model = hf_model(name, quantize)
+    tokens, token_lps = hf_greedy(model, list(ids), new_tokens)
+    return list(ids), hf_prompt_logprobs(model, list(ids)), tokens, token_lps
+
+
+def greedy_run(eng, ids: list, new_tokens: int) -> dict:
+    return eng.generate(input_ids=list(ids), return_logprob=True, logprob_start_len=0,
+                        sampling_params={"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True})
+
+
+def assert_matches_hf(out: dict, ref: tuple, tol: float = 1e-4) -> None:
+    """Prompt logprobs and output logprobs within `tol`, greedy tokens identical; pools all free afterwards
+    is checked by the caller."""
+    ids, prompt_lps, tokens, token_lps = ref
+    got_prompt = [lp for lp, _, _ in out["meta_info"]["input_token_logprobs"]]
+    assert got_prompt[0] is None and len(got_prompt) == len(ids)
+    assert max_abs_diff(got_prompt[1:], prompt_lps) <= tol
+    assert out["output_ids"] == tokens
+    assert max_abs_diff([lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]], token_lps) <= tol

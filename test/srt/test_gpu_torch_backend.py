@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from oracle import engine, hf_greedy, hf_model, hf_prompt_logprobs, max_abs_diff, random_ids
+from oracle import assert_matches_hf, engine, greedy_run, hf_model, hf_prompt_logprobs, hf_reference, random_ids
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (device tool)")]
@@ -20,17 +20,10 @@ LENS = {"tiny": 77, "hca128": 321, "pro_like": 101}
 
 @pytest.mark.parametrize("name", NAMES)
 def test_fp32_on_gpu_matches_hf(name):
-    ids = random_ids(LENS[name], seed=1)
-    hf = hf_model(name)
-    tokens, token_lps = hf_greedy(hf, ids, 64)
+    ref = hf_reference(name, tuple(random_ids(LENS[name], seed=1)), 64)
     eng = engine(name, device="cuda", dtype="float32")
     assert eng.model_runner.device.type == "cuda"
-    out = eng.generate(input_ids=ids, sampling_params={"temperature": 0, "max_new_tokens": 64, "ignore_eos": True},
-                       return_logprob=True, logprob_start_len=0)
-    got = [lp for lp, _, _ in out["meta_info"]["input_token_logprobs"]][1:]
-    assert max_abs_diff(got, hf_prompt_logprobs(hf, ids)) <= 1e-4
-    assert out["output_ids"] == tokens
-    assert max_abs_diff([lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]], token_lps) <= 1e-4
+    assert_matches_hf(greedy_run(eng, ref[0], 64), ref)
     eng.model_runner.token_allocator.check_all_free()
 
 

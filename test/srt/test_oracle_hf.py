@@ -12,38 +12,24 @@ import functools
 
 import pytest
 
-from oracle import ORACLE_CONFIGS, engine, hf_greedy, hf_model, hf_prompt_logprobs, max_abs_diff, random_ids
+from oracle import ORACLE_CONFIGS, assert_matches_hf, engine, greedy_run, hf_reference, random_ids
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.sampling.sampling_params import SamplingParams
 
 NEW_TOKENS = 64
-TOL = 1e-4
 PROMPT_LENS = {"tiny": 77, "hca128": 321, "pro_like": 101}
 CONFIGS = list(ORACLE_CONFIGS)
 
 
-@functools.lru_cache(maxsize=None)
 def reference(name: str, n: int, seed: int) -> tuple:
     """(ids, HF prompt logprobs, HF greedy tokens, their logprobs) for a random prompt."""
-    ids = random_ids(n, seed)
-    model = hf_model(name)
-    tokens, token_lps = hf_greedy(model, ids, NEW_TOKENS)
-    return ids, hf_prompt_logprobs(model, ids), tokens, token_lps
+    return hf_reference(name, tuple(random_ids(n, seed)), NEW_TOKENS)
 
 
 @functools.lru_cache(maxsize=None)
 def shared_engine(name: str):
     return engine(name, chunked_prefill_size=-1)
-
-
-def check_output(out: dict, ref: tuple) -> None:
-    ids, prompt_lps, tokens, token_lps = ref
-    got_prompt = [lp for lp, _, _ in out["meta_info"]["input_token_logprobs"]]
-    assert got_prompt[0] is None and len(got_prompt) == len(ids)
-    assert max_abs_diff(got_prompt[1:], prompt_lps) <= TOL
-    assert out["output_ids"] == tokens
-    assert max_abs_diff([lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]], token_lps) <= TOL
 
 
 def greedy_params() -> dict:
@@ -54,8 +40,8 @@ def greedy_params() -> dict:
 def test_full_prefill_then_decode(name):
     ref = reference(name, PROMPT_LENS[name], seed=1)
     eng = shared_engine(name)
-    out = eng.generate(input_ids=ref[0], sampling_params=greedy_params(), return_logprob=True, logprob_start_len=0)
-    check_output(out, ref)
+    out = greedy_run(eng, ref[0], NEW_TOKENS)
+    assert_matches_hf(out, ref)
     assert out["meta_info"]["finish_reason"] == {"type": "length", "length": NEW_TOKENS}
     eng.model_runner.token_allocator.check_all_free()
 
@@ -78,7 +64,7 @@ def test_uneven_chunked_prefill(name):
         sched.run_batch(ScheduleBatch(ForwardMode.EXTEND, [req], [n]))
     while not req.finished:
         sched.step()
-    check_output(eng._output(req, 0.0), ref)
+    assert_matches_hf(eng._output(req, 0.0), ref)
     eng.model_runner.token_allocator.check_all_free()
 
 
@@ -87,8 +73,8 @@ def test_engine_chunked_prefill_size(name):
     """The scheduler's own chunking (--chunked-prefill-size 7) gives the same result."""
     ref = reference(name, PROMPT_LENS[name], seed=1)
     eng = engine(name, chunked_prefill_size=7)
-    out = eng.generate(input_ids=ref[0], sampling_params=greedy_params(), return_logprob=True, logprob_start_len=0)
-    check_output(out, ref)
+    out = greedy_run(eng, ref[0], NEW_TOKENS)
+    assert_matches_hf(out, ref)
     eng.model_runner.token_allocator.check_all_free()
 
 
@@ -110,5 +96,5 @@ def test_staggered_batch(name):
         sched.step()
         step += 1
     for req, ref in zip(reqs, refs):
-        check_output(eng._output(req, 0.0), ref)
+        assert_matches_hf(eng._output(req, 0.0), ref)
     eng.model_runner.token_allocator.check_all_free()

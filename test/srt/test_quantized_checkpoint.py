@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from oracle import checkpoint, engine, hf_greedy, hf_model, hf_prompt_logprobs, max_abs_diff, random_ids
+from oracle import assert_matches_hf, checkpoint, engine, greedy_run, hf_reference, random_ids
 from sglang.srt.model_loader.loader import iter_checkpoint
 from sglang.srt.model_loader.loader import load_config
 
@@ -25,16 +25,9 @@ def test_quantized_checkpoint_is_stored_quantized():
 
 
 def test_quantized_matches_hf_on_dequantized_weights():
-    ids = random_ids(77, seed=5)
-    hf = hf_model("tiny", quantize=True)
-    tokens, token_lps = hf_greedy(hf, ids, 32)
+    ref = hf_reference("tiny", tuple(random_ids(77, seed=5)), 32, quantize=True)
     eng = engine("tiny", quantize=True)
-    out = eng.generate(input_ids=ids, sampling_params={"temperature": 0, "max_new_tokens": 32, "ignore_eos": True},
-                       return_logprob=True, logprob_start_len=0)
-    got = [lp for lp, _, _ in out["meta_info"]["input_token_logprobs"]][1:]
-    assert max_abs_diff(got, hf_prompt_logprobs(hf, ids)) <= 1e-4
-    assert out["output_ids"] == tokens
-    assert max_abs_diff([lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]], token_lps) <= 1e-4
+    assert_matches_hf(greedy_run(eng, ref[0], 32), ref)
     eng.model_runner.token_allocator.check_all_free()
 
 
