@@ -120,12 +120,12 @@ def snapshot(runner, alloc, n: int, live: int) -> dict:
     for layer in compressed:
         m = config.compress_ratio(layer)
         per_page = page // m
-        w = torch.arange(n // m)
+        w = torch.arange(n // m, device=row.device)
         slots = page_table[w // per_page] * per_page + w % per_page
         out["kv", layer] = (pool.get_compressed_kv(layer, slots), pool.compressed_kv[layer][slots].clone())
         if layer in pool.index_k:
             out["index", layer] = (pool.get_index_k(layer, slots), pool.index_k[layer][slots].clone())
-    pos = torch.arange(max(0, n - live), n)
+    pos = torch.arange(max(0, n - live), n, device=row.device)
     swa = allocator.full_to_swa[row[pos]]
     assert (swa > 0).all()
     for layer in range(pool.num_layers):

@@ -143,7 +143,7 @@ def run_draft(runner, alloc, ids: list, full: torch.Tensor, hs: torch.Tensor, lo
         logits = (captured["hidden"] @ runner.model.head.weight.T).float()
     # The captured rows are what the logits processor turns into logits: its own last row agrees.
     assert (logits[-1] - out.next_token_logits[0]).abs().max().item() <= 1e-5
-    return logits
+    return logits.cpu()  # the spec side is computed on the CPU
 
 
 def test_mtp_draft_matches_spec():
