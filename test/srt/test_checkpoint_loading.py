@@ -297,6 +297,28 @@ def test_hf_fp8_spelling_with_float_scales(ckpts, tmp_path):
     assert set(got) == set(want) and all(torch.equal(got[n], want[n]) for n in want)
 
 
+def test_fp8_converted_experts_detected_by_dtype(ckpts, tmp_path):
+    """Routed experts stored FP8 e4m3 + 128x128 ue8m0 scales (the FP8 checkpoints) load like FP4 ones."""
+    from sglang.srt.model_loader.quant_formats import dequantize_fp8_block, quantize_fp8_block
+
+    want = {}
+
+    def edit(t):
+        for name in [n for n in t if ".experts." in n and n.endswith(".weight")]:
+            fp32 = t[name]
+            w8, s8 = quantize_fp8_block(fp32)
+            t[name], t[name[: -len("weight")] + "scale"] = w8, s8
+            want[name] = dequantize_fp8_block(w8, s8)
+
+    fp8 = _rewrite(ckpts["f32"], str(tmp_path / "fp8x"), edit)
+    assert want and load_file(os.path.join(fp8, "model.safetensors"))["layers.0.ffn.experts.0.w1.weight"].dtype \
+        == torch.float8_e4m3fn
+    got = _load_all(fp8)
+    assert all(torch.equal(got[n], w) for n, w in want.items())
+    plain = _load_all(ckpts["f32"])
+    assert all(torch.equal(got[n], plain[n]) for n in plain if n not in want)
+
+
 def test_export_then_hf_from_pretrained(ckpts, tmp_path):
     out = export_hf_checkpoint(ckpts["quant"], str(tmp_path / "export"))
     with open(os.path.join(out, "config.json")) as f:
