@@ -24,6 +24,17 @@ from sglang.srt.server_args import ServerArgs
 logger = logging.getLogger(__name__)
 
 
+def output_text(tokenizer, req: Req) -> str:
+    """The decoded output, cut before a matched stop string (SGLang does not emit it unless no_stop_trim)."""
+    params = req.sampling_params
+    text = tokenizer.decode(req.output_ids, skip_special_tokens=params.skip_special_tokens)
+    matched = req.finished_reason.matched if req.finished_reason else None
+    if isinstance(matched, str) and not params.no_stop_trim:
+        cut = text.find(matched)
+        text = text[:cut] if cut >= 0 else text
+    return text
+
+
 def load_tokenizer(path: str):
     """The checkpoint's tokenizer.json (the DeepSeek-V4 tokenizer), or None if the directory has none."""
     from tokenizers import Tokenizer
@@ -38,14 +49,15 @@ class Engine:
         logging.basicConfig(level=self.server_args.log_level.upper(),
                             format="[%(asctime)s] %(levelname)s %(name)s: %(message)s")
         self.model_runner = ModelRunner(self.server_args)
-        self.scheduler = Scheduler(self.model_runner)
         self.tokenizer = load_tokenizer(self.server_args.tokenizer_path or self.model_runner.model_path)
+        self.scheduler = Scheduler(self.model_runner, self.tokenizer)
         self._rid = itertools.count()
 
     # ---- generation ---------------------------------------------------------------------------------
     def generate(self, prompt: Union[str, list, None] = None, sampling_params: Union[dict, list, None] = None,
                  input_ids: Optional[list] = None, return_logprob: Union[bool, list] = False,
-                 logprob_start_len: Union[int, list, None] = None) -> Union[dict, list]:
+                 logprob_start_len: Union[int, list, None] = None,
+                 top_logprobs_num: Union[int, list, None] = None) -> Union[dict, list]:
         """One request (prompt str or input_ids list of ints) or a batch (lists); returns dict(s) with
         `text`, `output_ids` and `meta_info` as SGLang does."""
         if (prompt is None) == (input_ids is None):
@@ -65,7 +77,8 @@ class Engine:
             reqs.append(Req(rid=str(next(self._rid)), origin_input_ids=ids,
                             sampling_params=SamplingParams.from_dict(per_req(sampling_params, i)),
                             return_logprob=bool(per_req(return_logprob, i)),
-                            logprob_start_len=-1 if start is None else start))
+                            logprob_start_len=-1 if start is None else start,
+                            top_logprobs_num=per_req(top_logprobs_num, i) or 0))
         outputs = self._run(reqs)
         return outputs[0] if single else outputs
 
@@ -109,7 +122,9 @@ class Engine:
                 for p in range(req.logprob_start, len(req.origin_input_ids))]
             meta["output_token_logprobs"] = [(lp, t, None) for lp, t in zip(req.output_token_logprobs,
                                                                               req.output_ids)]
-        text = self.tokenizer.decode(req.output_ids, skip_special_tokens=True) if self.tokenizer else ""
+            if req.top_logprobs_num:
+                meta["output_top_logprobs"] = [[(lp, t, None) for lp, t in top] for top in req.output_top_logprobs]
+        text = output_text(self.tokenizer, req) if self.tokenizer else ""
         return {"text": text, "output_ids": list(req.output_ids), "meta_info": meta}
 
     def shutdown(self) -> None:

@@ -1,20 +1,62 @@
-"""Sampler: greedy, or temperature / top-k / top-p / min-p sampling with optional per-request seeds."""
+"""Sampler: penalties, then greedy or temperature / top-k / top-p / min-p sampling with per-request seeds.
+
+Logprobs (and top logprobs) are those of the model's raw distribution (before penalties and temperature), as
+SGLang reports them. Penalties follow OpenAI / common practice: frequency and presence on the tokens generated so
+far; repetition (divide positive logits, multiply negative ones) on prompt and generated tokens.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
 
-def sample(logits: torch.Tensor, params: list, generators: list) -> tuple:
-    """logits [B, V] fp32 -> (next ids [B], logprobs of those ids under the raw distribution [B])."""
+@dataclass
+class SampleOutput:
+    ids: list  # [B] chosen token ids
+    logprobs: list  # [B] their logprobs
+    top_logprobs: list  # [B] list of (logprob, id) pairs, or None for requests that asked for none
+
+
+def sample(logits: torch.Tensor, reqs: list) -> SampleOutput:
+    """logits [B, V] fp32 at each request's last row; reqs carry sampling_params, generator, token history."""
     logprobs = torch.log_softmax(logits, dim=-1)
-    ids = torch.argmax(logits, dim=-1)
-    for b, p in enumerate(params):
-        if not p.is_greedy:
-            ids[b] = _sample_one(logits[b], p, generators[b])
-    return ids, logprobs.gather(1, ids[:, None]).squeeze(1)
+    adjusted = _apply_penalties(logits, reqs)
+    ids = torch.argmax(adjusted, dim=-1)
+    for b, req in enumerate(reqs):
+        if not req.sampling_params.is_greedy:
+            ids[b] = _sample_one(adjusted[b], req.sampling_params, req.generator)
+    chosen = logprobs.gather(1, ids[:, None]).squeeze(1)
+    top = [None] * len(reqs)
+    k_max = max((r.top_logprobs_num for r in reqs), default=0)
+    if k_max > 0:
+        values, indices = logprobs.topk(min(k_max, logprobs.shape[-1]), dim=-1)
+        values, indices = values.tolist(), indices.tolist()
+        for b, req in enumerate(reqs):
+            if req.top_logprobs_num:
+                top[b] = list(zip(values[b][:req.top_logprobs_num], indices[b][:req.top_logprobs_num]))
+    return SampleOutput(ids.tolist(), chosen.tolist(), top)
+
+
+def _apply_penalties(logits: torch.Tensor, reqs: list) -> torch.Tensor:
+    if not any(r.sampling_params.has_penalties for r in reqs):
+        return logits
+    logits = logits.clone()
+    vocab = logits.shape[-1]
+    for b, req in enumerate(reqs):
+        p = req.sampling_params
+        if not p.has_penalties:
+            continue
+        out = torch.tensor(req.output_ids, dtype=torch.int64, device=logits.device)
+        counts = torch.bincount(out, minlength=vocab)[:vocab].to(logits.dtype)
+        logits[b] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
+        if p.repetition_penalty != 1:
+            seen = torch.tensor(req.origin_input_ids + req.output_ids, dtype=torch.int64, device=logits.device)
+            row = logits[b, seen]
+            logits[b, seen] = torch.where(row > 0, row / p.repetition_penalty, row * p.repetition_penalty)
+    return logits
 
 
 def _sample_one(logits: torch.Tensor, p, generator: Optional[torch.Generator]) -> torch.Tensor:

@@ -7,8 +7,9 @@ by the scheduler when the request finishes, aborts or fails.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
@@ -21,8 +22,9 @@ from sglang.srt.sampling.sampling_params import SamplingParams
 class FinishReason:
     type: str  # "length" | "stop" | "abort"
     length: Optional[int] = None
-    matched: Optional[int] = None
+    matched: Union[int, str, None] = None  # the stop token id or stop string
     message: Optional[str] = None
+    status_code: Optional[int] = None  # for aborts caused by a bad request (4xx)
 
     def to_json(self) -> dict:
         out = {"type": self.type}
@@ -42,10 +44,14 @@ class Req:
     output_ids: list = field(default_factory=list)
     alloc: Optional[ReqAllocation] = None
     num_computed: int = 0  # tokens already in the pools (the prefix of fill_ids)
+    top_logprobs_num: int = 0  # top logprobs returned with each output token
     input_token_logprobs: list = field(default_factory=list)  # (position, logprob)
     output_token_logprobs: list = field(default_factory=list)
+    output_top_logprobs: list = field(default_factory=list)  # per output token: [(logprob, id)] or None
     finished_reason: Optional[FinishReason] = None
     generator: Optional[torch.Generator] = None
+    created_time: float = field(default_factory=time.perf_counter)
+    first_token_time: Optional[float] = None
 
     @property
     def fill_ids(self) -> list:

@@ -1,15 +1,19 @@
-"""Scheduler: continuous batching over the ModelRunner (in-process form).
+"""Scheduler: continuous batching over the ModelRunner.
 
-Each step runs one forward: an EXTEND batch when some request still has prompt tokens to prefill (chunks
-within --chunked-prefill-size tokens), otherwise a DECODE batch of every running request. Admission reserves
-the pages a request can ever need (prompt + max_new_tokens), so a running request never finds the pools
-full; the window pool is sized for every request's live window plus one chunk. A finished request returns
+Each step runs one forward. While some request still has prompt tokens to prefill, the step is a mixed EXTEND
+batch: every decoding request contributes its one row and prefill chunks fill the rest of the
+--chunked-prefill-size budget, so a long prompt never stalls running decodes. Otherwise it is a DECODE batch.
+
+Admission reserves the pages a request can ever need (prompt + max_new_tokens), so a running request never finds
+the pools full: under pressure new requests wait in the queue instead of failing (no retraction is needed). The
+window pool is sized for every request's live window plus one chunk. A finished, aborted or failed request returns
 every slot it held.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from typing import Optional
 
@@ -24,36 +28,56 @@ logger = logging.getLogger(__name__)
 
 
 class Scheduler:
-    def __init__(self, model_runner: ModelRunner) -> None:
+    def __init__(self, model_runner: ModelRunner, tokenizer=None) -> None:
         self.runner = model_runner
         args = model_runner.server_args
         self.config = model_runner.model_config
         self.allocator = model_runner.token_allocator
+        self.tokenizer = tokenizer  # for stop strings; None: stop strings are refused at admission
         self.chunk_budget = args.chunked_prefill_size if args.chunked_prefill_size > 0 else args.context_length
         self.max_running = args.max_running_requests
         self.context_length = args.context_length
         self.waiting: deque = deque()
         self.running: list = []
         self.eos_ids = set(self.config.eos_token_ids)
+        self.num_generated_tokens = 0  # since start, for throughput metrics
 
     # ---- requests ---------------------------------------------------------------------------------
     def add_request(self, req: Req) -> None:
-        total = len(req.origin_input_ids) + req.sampling_params.max_new_tokens
-        if not req.origin_input_ids:
+        """Queue a request; raises ValueError (nothing queued) when it can never be served."""
+        n = len(req.origin_input_ids)
+        if n == 0:
             raise ValueError("the prompt is empty: give at least one input token")
-        if total > self.context_length:
-            raise ValueError(f"prompt ({len(req.origin_input_ids)} tokens) + max_new_tokens "
-                             f"({req.sampling_params.max_new_tokens}) exceeds the context length "
-                             f"{self.context_length}")
-        bad = [t for t in req.origin_input_ids if not 0 <= t < self.config.vocab_size]
-        if bad:
-            raise ValueError(f"input token id {bad[0]} is outside the vocabulary [0, {self.config.vocab_size})")
+        if n + req.sampling_params.max_new_tokens > self.context_length:
+            raise ValueError(f"prompt ({n} tokens) + max_new_tokens ({req.sampling_params.max_new_tokens}) "
+                             f"exceeds the context length {self.context_length}")
+        bad = next((t for t in req.origin_input_ids if not 0 <= t < self.config.vocab_size), None)
+        if bad is not None:
+            raise ValueError(f"input token id {bad} is outside the vocabulary [0, {self.config.vocab_size})")
         if self._pages_for(req) > self.allocator.pages.size - 1:
             raise ValueError(f"request needs {self._pages_for(req)} KV pages, the pool has "
                              f"{self.allocator.pages.size - 1}")
+        if req.sampling_params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer; this checkpoint has none (use stop_token_ids)")
+        if not 0 <= req.top_logprobs_num <= 20:
+            raise ValueError(f"top_logprobs must be in [0, 20], got {req.top_logprobs_num}")
         if req.sampling_params.seed is not None:
             req.generator = torch.Generator(device=self.runner.device).manual_seed(req.sampling_params.seed)
         self.waiting.append(req)
+
+    def abort_request(self, rid: str) -> Optional[Req]:
+        """Finish a waiting or running request as aborted and free its slots; None if unknown."""
+        for req in list(self.waiting):
+            if req.rid == rid:
+                self.waiting.remove(req)
+                req.finished_reason = FinishReason("abort", message="request aborted")
+                return req
+        for req in self.running:
+            if req.rid == rid:
+                req.finished_reason = FinishReason("abort", message="request aborted")
+                self.free_request(req)
+                return req
+        return None
 
     def _pages_for(self, req: Req) -> int:
         total = len(req.origin_input_ids) + req.sampling_params.max_new_tokens
@@ -62,28 +86,29 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def token_usage(self) -> float:
+        pages = self.allocator.pages
+        return 1 - pages.available() / (pages.size - 1)
+
     # ---- one step -----------------------------------------------------------------------------------
     def step(self) -> list:
-        """Run one forward; returns the requests that finished in it."""
+        """Run one forward; returns the requests that got a token or finished in it."""
         self._admit()
         batch = self._next_batch()
         return [] if batch is None else self.run_batch(batch)
 
     def run_batch(self, batch: ScheduleBatch) -> list:
-        """Allocate, run and sample one batch of admitted requests; returns those that finished."""
+        """Allocate, run and sample one batch of admitted requests."""
         out_cache_loc = torch.cat([self.allocator.extend(r.alloc, r.num_computed + n)
                                    for r, n in zip(batch.reqs, batch.extend_lens)])
         fb = batch.to_forward_batch(out_cache_loc, self.runner.device)
         output = self.runner.forward(fb)
-        ids, logprobs = sample(output.next_token_logits, [r.sampling_params for r in batch.reqs],
-                               [r.generator for r in batch.reqs])
-        return self._process_results(batch, fb, output, ids.tolist(), logprobs.tolist())
+        return self._process_results(batch, fb, output, sample(output.next_token_logits, batch.reqs))
 
     def _admit(self) -> None:
         while self.waiting and len(self.running) < self.max_running:
             req = self.waiting[0]
-            need = self._pages_for(req)
-            if need > self.allocator.pages.available() - self._outstanding_pages() \
+            if self._pages_for(req) > self.allocator.pages.available() - self._outstanding_pages() \
                     or self.allocator.req_to_token_pool.available_size() == 0:
                 break
             self.waiting.popleft()
@@ -95,31 +120,29 @@ class Scheduler:
         return sum(self._pages_for(r) - len(r.alloc.pages) for r in self.running)
 
     def _next_batch(self) -> Optional[ScheduleBatch]:
-        prefilling = [r for r in self.running if not r.prefill_done]
-        if prefilling:
-            reqs, lens, budget = [], [], self.chunk_budget
-            window_free = self.allocator.swa_slots.available()
-            for req in prefilling:
-                n = min(len(req.origin_input_ids) - req.num_computed, budget, window_free)
-                if n <= 0:
-                    break
-                reqs.append(req)
-                lens.append(n)
-                budget -= n
-                window_free -= n
-            if reqs:
-                return ScheduleBatch(ForwardMode.EXTEND, reqs, lens)
         decoding = [r for r in self.running if r.prefill_done]
-        if decoding:
-            return ScheduleBatch(ForwardMode.DECODE, decoding, [1] * len(decoding))
-        return None
+        reqs, lens = list(decoding), [1] * len(decoding)
+        budget = self.chunk_budget - len(decoding)
+        window_free = self.allocator.swa_slots.available() - len(decoding)
+        for req in (r for r in self.running if not r.prefill_done):
+            n = min(len(req.origin_input_ids) - req.num_computed, budget, window_free)
+            if n <= 0:
+                break
+            reqs.append(req)
+            lens.append(n)
+            budget -= n
+            window_free -= n
+        if not reqs:
+            return None
+        mode = ForwardMode.DECODE if len(reqs) == len(decoding) else ForwardMode.EXTEND
+        return ScheduleBatch(mode, reqs, lens)
 
     # ---- results ------------------------------------------------------------------------------------
-    def _process_results(self, batch: ScheduleBatch, fb, output, ids: list, logprobs: list) -> list:
+    def _process_results(self, batch: ScheduleBatch, fb, output, sampled) -> list:
         if output.input_token_logprobs is not None:
             values = output.input_token_logprobs.tolist()
             targets = fb.logprob_target_ids.tolist()
-        row, finished = 0, []
+        row, updated = 0, []
         for b, (req, n) in enumerate(zip(batch.reqs, batch.extend_lens)):
             if output.input_token_logprobs is not None:
                 for i in range(n):
@@ -133,14 +156,18 @@ class Scheduler:
             if req.sampling_params.max_new_tokens == 0:
                 req.finished_reason = FinishReason("length", length=0)
             else:
-                req.output_ids.append(ids[b])
-                req.output_token_logprobs.append(logprobs[b])
+                req.output_ids.append(sampled.ids[b])
+                req.output_token_logprobs.append(sampled.logprobs[b])
+                req.output_top_logprobs.append(sampled.top_logprobs[b])
+                self.num_generated_tokens += 1
+                if req.first_token_time is None:
+                    req.first_token_time = time.perf_counter()
                 self._check_finished(req)
+            updated.append(req)
+        for req in updated:
             if req.finished:
-                finished.append(req)
-        for req in finished:
-            self.free_request(req)
-        return finished
+                self.free_request(req)
+        return updated
 
     def _check_finished(self, req: Req) -> None:
         token, params = req.output_ids[-1], req.sampling_params
@@ -148,8 +175,17 @@ class Scheduler:
             req.finished_reason = FinishReason("stop", matched=token)
         elif token in params.stop_token_ids:
             req.finished_reason = FinishReason("stop", matched=token)
+        elif params.stop and (matched := self._matched_stop_string(req)) is not None:
+            req.finished_reason = FinishReason("stop", matched=matched)
         elif len(req.output_ids) >= params.max_new_tokens:
             req.finished_reason = FinishReason("length", length=params.max_new_tokens)
+
+    def _matched_stop_string(self, req: Req) -> Optional[str]:
+        """A stop string now present in the tail of the output text (it can span token boundaries)."""
+        longest = max(len(s) for s in req.sampling_params.stop)
+        tail = self.tokenizer.decode(req.output_ids[-(longest + 8):],
+                                     skip_special_tokens=req.sampling_params.skip_special_tokens)
+        return next((s for s in req.sampling_params.stop if s in tail), None)
 
     def free_request(self, req: Req) -> None:
         """Return every slot of a running request (finished, aborted or failed)."""
