@@ -66,6 +66,9 @@ class Envs:
     # Chat encoding (serving issue); declared here so there is one place to look
     SGLANG_DEFAULT_THINKING = EnvVar("SGLANG_DEFAULT_THINKING", False, _bool,
                                      "default of chat_template_kwargs.thinking for DeepSeek-V4 chats")
+    SGLANG_DSV4_REASONING_EFFORT = EnvVar("SGLANG_DSV4_REASONING_EFFORT", "", str,
+                                          "reasoning_effort used when a DeepSeek-V4 thinking request gives none "
+                                          "(minimal|low|medium|high|max; empty: the encoder's default tier)")
     # Indexer logits budgets (GPU backends)
     SGLANG_DSV4_FP4_LOGITS_BUDGET_MB = EnvVar("SGLANG_DSV4_FP4_LOGITS_BUDGET_MB", 2048, int,
                                               "pooled prefill-logits block of the FP4 indexer, MiB")

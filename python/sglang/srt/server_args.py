@@ -40,6 +40,12 @@ class ServerArgs:
     disable_cuda_graph: bool = False
     # Speculative decoding (MTP draft); only the draft model's loading exists so far
     speculative_algorithm: Optional[str] = None
+    # Serving
+    tp_size: int = 1
+    reasoning_parser: Optional[str] = None
+    tool_call_parser: Optional[str] = None
+    api_key: Optional[str] = None
+    enable_metrics: bool = False
     # Misc
     random_seed: int = 42
     log_level: str = "info"
@@ -71,6 +77,12 @@ class ServerArgs:
                 raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
         if self.chunked_prefill_size is not None and self.chunked_prefill_size == 0:
             raise ValueError("--chunked-prefill-size must be positive, or -1 to disable chunking")
+        if self.tp_size != 1:
+            raise ValueError(f"--tp {self.tp_size}: tensor parallelism is not implemented yet; use --tp 1")
+        if self.reasoning_parser not in (None, "deepseek-v4"):
+            raise ValueError(f"--reasoning-parser must be deepseek-v4, got {self.reasoning_parser!r}")
+        if self.tool_call_parser not in (None, "deepseekv4"):
+            raise ValueError(f"--tool-call-parser must be deepseekv4, got {self.tool_call_parser!r}")
         if self.speculative_algorithm not in (None, "EAGLE", "NEXTN"):
             raise ValueError(f"--speculative-algorithm must be EAGLE or NEXTN, got {self.speculative_algorithm!r}")
         apply_deepseek_v4_defaults(self)
@@ -98,8 +110,13 @@ class ServerArgs:
         p.add_argument("--attention-backend", choices=ATTENTION_BACKENDS)
         p.add_argument("--disable-cuda-graph", action="store_true")
         p.add_argument("--speculative-algorithm", choices=("EAGLE", "NEXTN"))
+        p.add_argument("--tp", "--tp-size", dest="tp_size", type=int, default=1)
+        p.add_argument("--reasoning-parser", choices=("deepseek-v4",))
+        p.add_argument("--tool-call-parser", choices=("deepseekv4",))
+        p.add_argument("--api-key", help="require 'Authorization: Bearer <key>' on every endpoint but /health")
+        p.add_argument("--enable-metrics", action="store_true", help="serve Prometheus metrics at /metrics")
         p.add_argument("--random-seed", type=int, default=42)
-        p.add_argument("--log-level", default="info")
+        p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error", "critical"))
         p.add_argument("--host", default="127.0.0.1")
         p.add_argument("--port", type=int, default=30000)
 

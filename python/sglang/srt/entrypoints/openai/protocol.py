@@ -1,0 +1,150 @@
+"""OpenAI-compatible request models (pydantic) with SGLang's extensions; validation errors name the field.
+
+Unknown fields are ignored (clients send vendor fields freely); known fields are type- and range-checked.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class SamplingFields(BaseModel):
+    """Sampling options shared by completions and chat (OpenAI names plus SGLang's extensions)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    temperature: Optional[float] = Field(default=None, ge=0, le=2)
+    top_p: Optional[float] = Field(default=None, gt=0, le=1)
+    n: int = Field(default=1, ge=1, le=16)
+    stream: bool = False
+    stream_options: Optional[StreamOptions] = None
+    stop: Optional[Union[str, list[str]]] = None
+    presence_penalty: float = Field(default=0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(default=0.0, ge=-2, le=2)
+    seed: Optional[int] = None
+    user: Optional[str] = None
+    # SGLang extensions
+    top_k: int = -1
+    min_p: float = Field(default=0.0, ge=0, le=1)
+    repetition_penalty: float = Field(default=1.0, gt=0, le=2)
+    stop_token_ids: Optional[list[int]] = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    no_stop_trim: bool = False
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, v):
+        if isinstance(v, list) and (len(v) > 16 or not all(v)):
+            raise ValueError("stop must hold 1 to 16 non-empty strings")
+        if v == "":
+            raise ValueError("stop must be a non-empty string")
+        return v
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, v):
+        if v != -1 and v < 1:
+            raise ValueError("top_k must be -1 (off) or >= 1")
+        return v
+
+
+class CompletionRequest(SamplingFields):
+    prompt: Union[str, list[str], list[int], list[list[int]]]
+    max_tokens: Optional[int] = Field(default=16, ge=1)
+    logprobs: Optional[int] = Field(default=None, ge=0, le=20)
+    echo: bool = False
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, v):
+        if isinstance(v, list) and len(v) == 0:
+            raise ValueError("prompt must not be empty")
+        return v
+
+
+class FunctionDef(BaseModel):
+    name: str
+    description: Optional[str] = None
+    parameters: Optional[dict] = None
+    strict: Optional[bool] = None
+
+
+class Tool(BaseModel):
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+class FunctionCall(BaseModel):
+    name: str
+    arguments: Union[str, dict]
+
+
+class ToolCall(BaseModel):
+    id: Optional[str] = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant", "tool", "latest_reminder"]
+    content: Optional[Union[str, list[dict]]] = None
+    reasoning_content: Optional[str] = None
+    tool_calls: Optional[list[ToolCall]] = None
+    tool_call_id: Optional[str] = None
+    name: Optional[str] = None
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: Optional[int] = Field(default=None, ge=1)
+    max_completion_tokens: Optional[int] = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: Optional[int] = Field(default=None, ge=0, le=20)
+    tools: Optional[list[Tool]] = None
+    tool_choice: Union[str, dict] = "auto"
+    response_format: Optional[dict] = None
+    reasoning_effort: Optional[str] = None
+    chat_template_kwargs: Optional[dict] = None
+    separate_reasoning: bool = True
+
+
+class GenerateRequest(BaseModel):
+    """Native /generate: one prompt or a batch, as text or token ids."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    text: Optional[Union[str, list[str]]] = None
+    input_ids: Optional[Union[list[int], list[list[int]]]] = None
+    sampling_params: Optional[Union[dict, list[dict]]] = None
+    stream: bool = False
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = Field(default=0, ge=0, le=20)
+    rid: Optional[Union[str, list[str]]] = None
+
+
+class TokenizeRequest(BaseModel):
+    prompt: Union[str, list[str]]
+    model: Optional[str] = None
+
+
+class DetokenizeRequest(BaseModel):
+    tokens: list[Any]
+    model: Optional[str] = None
+
+
+def error_body(message: str, status_code: int, param: Optional[str] = None) -> dict:
+    kind = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
+            503: "ServiceUnavailableError"}.get(status_code, "InternalServerError")
+    return {"object": "error", "message": message, "type": kind, "param": param, "code": status_code}

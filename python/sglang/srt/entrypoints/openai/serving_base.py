@@ -1,0 +1,177 @@
+"""Pieces shared by the OpenAI completions and chat endpoints: sampling params, SSE, fan-in of n choices,
+disconnect handling, logprob formatting."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from typing import AsyncIterator, Optional
+
+from fastapi import Request
+
+from sglang.srt.managers.tokenizer_manager import GenerationChunk, RequestError, TokenizerManager
+from sglang.srt.sampling.sampling_params import SamplingParams
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def sse(obj) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"
+
+
+def sampling_params(req, max_new_tokens: int, choice: int) -> SamplingParams:
+    """SamplingParams of choice `choice` of an OpenAI request (n > 1 with a seed: seed + choice per choice)."""
+    stop = req.stop if isinstance(req.stop, list) else ([req.stop] if req.stop else [])
+    params = SamplingParams(
+        max_new_tokens=max_new_tokens, temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p, top_k=req.top_k, min_p=req.min_p,
+        frequency_penalty=req.frequency_penalty, presence_penalty=req.presence_penalty,
+        repetition_penalty=req.repetition_penalty, stop=stop, stop_token_ids=list(req.stop_token_ids or []),
+        ignore_eos=req.ignore_eos, skip_special_tokens=req.skip_special_tokens, no_stop_trim=req.no_stop_trim,
+        seed=None if req.seed is None else req.seed + choice)
+    try:
+        params.verify()
+    except ValueError as e:
+        raise RequestError(str(e)) from None
+    return params
+
+
+def finish_reason(reason: Optional[dict]) -> Optional[str]:
+    if reason is None:
+        return None
+    return {"stop": "stop", "length": "length"}.get(reason.get("type"), "abort")
+
+
+def matched_stop(reason: Optional[dict]):
+    return None if reason is None else reason.get("matched")
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+async def merge(streams: list) -> AsyncIterator[tuple]:
+    """Interleave several async iterators, yielding (index, item); cancelling this cancels (and so aborts) all."""
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def pump(i, stream):
+        try:
+            async for item in stream:
+                await queue.put((i, item))
+        except BaseException as e:  # re-raised in the consumer
+            await queue.put((i, e))
+        finally:
+            await queue.put((i, done))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    remaining = len(tasks)
+    try:
+        while remaining:
+            i, item = await queue.get()
+            if item is done:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def start_streams(streams: list) -> list:
+    """Wait for every stream's first chunk, so a refused request is answered with its 4xx before a streaming
+    response has started; returns streams that replay that chunk first. On failure all streams are closed
+    (which aborts them in the scheduler)."""
+    results = await asyncio.gather(*(s.__anext__() for s in streams), return_exceptions=True)
+    failure = next((r for r in results if isinstance(r, BaseException)), None)
+    if failure is not None:
+        await asyncio.gather(*(s.aclose() for s in streams), return_exceptions=True)
+        if isinstance(failure, StopAsyncIteration):
+            raise RequestError("the request ended without output", 500)
+        raise failure
+
+    async def replay(first, stream):
+        try:
+            yield first
+            if not first.finished:
+                async for item in stream:
+                    yield item
+        finally:
+            await stream.aclose()  # closing the replay must close (and so abort) the request too
+
+    return [replay(first, s) for first, s in zip(results, streams)]
+
+
+async def collect(streams: list, raw: Request) -> list:
+    """Run every stream to its final chunk; if the client disconnects first, abort them all (slots freed)."""
+    async def run(stream) -> GenerationChunk:
+        last = None
+        async for last in stream:
+            pass
+        return last
+
+    tasks = [asyncio.create_task(run(s)) for s in streams]
+    gathered = asyncio.gather(*tasks)
+    try:
+        while True:
+            done, _ = await asyncio.wait({gathered}, timeout=0.5)
+            if done:
+                return gathered.result()
+            if await raw.is_disconnected():
+                raise RequestError("client disconnected", 499)
+    finally:
+        if not gathered.done():
+            gathered.cancel()
+            await asyncio.gather(gathered, return_exceptions=True)
+
+
+def token_text(tm: TokenizerManager, token_id: int) -> str:
+    return tm.tokenizer.decode([token_id], skip_special_tokens=False) if tm.tokenizer else str(token_id)
+
+
+def chat_logprobs(tm: TokenizerManager, chunk: GenerationChunk, start: int, end: int) -> dict:
+    """OpenAI chat `logprobs.content` entries for output tokens [start, end)."""
+    items = []
+    lps = chunk.meta_info.get("output_token_logprobs", [])
+    tops = chunk.meta_info.get("output_top_logprobs")
+    for i in range(start, min(end, len(lps))):
+        lp, tid, _ = lps[i]
+        text = token_text(tm, tid)
+        entry = {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8"))}
+        entry["top_logprobs"] = [{"token": token_text(tm, t), "logprob": v,
+                                  "bytes": list(token_text(tm, t).encode("utf-8"))} for v, t, _ in tops[i]] \
+            if tops else []
+        items.append(entry)
+    return {"content": items}
+
+
+def completion_logprobs(tm: TokenizerManager, chunk: GenerationChunk, start: int, end: int,
+                        text_offset: int) -> dict:
+    """Legacy completions `logprobs` object for output tokens [start, end)."""
+    tokens, token_lps, tops, offsets = [], [], [], []
+    lps = chunk.meta_info.get("output_token_logprobs", [])
+    top = chunk.meta_info.get("output_top_logprobs")
+    for i in range(start, min(end, len(lps))):
+        lp, tid, _ = lps[i]
+        text = token_text(tm, tid)
+        tokens.append(text)
+        token_lps.append(lp)
+        offsets.append(text_offset)
+        text_offset += len(text)
+        tops.append({token_text(tm, t): v for v, t, _ in top[i]} if top else None)
+    return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}

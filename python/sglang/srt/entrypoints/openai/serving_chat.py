@@ -1,0 +1,170 @@
+"""POST /v1/chat/completions: DeepSeek-V4 message encoding, reasoning split and DSML tool calls, streaming or not.
+
+Thinking vs chat mode comes from `chat_template_kwargs.thinking` (or SGLANG_DEFAULT_THINKING) and
+`reasoning_effort`; with `--reasoning-parser deepseek-v4` the reasoning goes to `reasoning_content`; with
+`--tool-call-parser deepseekv4` and request tools, DSML blocks become OpenAI `tool_calls`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from sglang.srt.entrypoints.openai.encoding_dsv4 import encode_messages, resolve_thinking
+from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
+from sglang.srt.entrypoints.openai.serving_base import (
+    SSE_DONE, chat_logprobs, collect, finish_reason, matched_stop, merge, new_id, now, sampling_params, sse,
+    start_streams, usage)
+from sglang.srt.managers.tokenizer_manager import RequestError, TokenizerManager
+
+
+@dataclass
+class ChoiceParsers:
+    """Per-choice output parsers (they hold streaming state)."""
+
+    reasoning: Optional[object] = None
+    tools: Optional[object] = None
+    tool_ids: dict = field(default_factory=dict)  # tool-call index -> id
+    num_calls: int = 0
+
+
+def _prompt(req: ChatCompletionRequest) -> tuple:
+    """-> (prompt text, thinking mode)."""
+    try:
+        thinking, effort = resolve_thinking(req.chat_template_kwargs, req.reasoning_effort)
+        messages = [m.model_dump(exclude_none=True) for m in req.messages]
+        tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+        return encode_messages(messages, tools=tools, thinking=thinking, reasoning_effort=effort,
+                               response_format=req.response_format), thinking
+    except ValueError as e:
+        raise RequestError(str(e)) from None
+
+
+def _parsers(req: ChatCompletionRequest, args, thinking: bool) -> ChoiceParsers:
+    from sglang.srt.function_call import get_tool_call_parser
+    from sglang.srt.parser import get_reasoning_parser
+
+    p = ChoiceParsers()
+    if args.reasoning_parser and req.separate_reasoning:
+        p.reasoning = get_reasoning_parser(args.reasoning_parser)(thinking=thinking)
+    if args.tool_call_parser and req.tools and req.tool_choice != "none":
+        p.tools = get_tool_call_parser(args.tool_call_parser)()
+    return p
+
+
+def _tools_json(req: ChatCompletionRequest) -> Optional[list]:
+    return [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+
+
+async def create_chat_completion(req: ChatCompletionRequest, raw: Request, tm: TokenizerManager, model_name: str,
+                                 args):
+    if not (req.tool_choice in ("auto", "none") or req.tool_choice is None):
+        raise RequestError("tool_choice must be 'auto' or 'none' (forced tool calls need constrained decoding, "
+                           "which this server does not offer)")
+    prompt, thinking = _prompt(req)
+    ids = tm.encode(prompt)
+    max_new = req.max_completion_tokens or req.max_tokens or max(1, tm.ready.context_length - len(ids))
+    top_n = (req.top_logprobs or 0) if req.logprobs else 0
+    streams = [tm.generate(ids, sampling_params(req, max_new, c), return_logprob=req.logprobs, top_logprobs_num=top_n)
+               for c in range(req.n)]
+    parsers = [_parsers(req, args, thinking) for _ in range(req.n)]
+    rid, created = new_id("chatcmpl"), now()
+    if req.stream:
+        streams = await start_streams(streams)
+        return StreamingResponse(_stream(req, tm, streams, parsers, len(ids), rid, created, model_name),
+                                 media_type="text/event-stream")
+    finals = await collect(streams, raw)
+    choices, completion_tokens = [], 0
+    for i, (chunk, p) in enumerate(zip(finals, parsers)):
+        completion_tokens += chunk.meta_info["completion_tokens"]
+        reasoning, content = (p.reasoning.parse_non_stream(chunk.text) if p.reasoning else (None, chunk.text))
+        message = {"role": "assistant", "content": content, "reasoning_content": reasoning, "tool_calls": None}
+        reason = finish_reason(chunk.meta_info["finish_reason"])
+        if p.tools is not None:
+            normal, calls = p.tools.detect_and_parse(content, _tools_json(req))
+            if calls:
+                message["content"] = normal or None
+                message["tool_calls"] = [{"id": new_id("call"), "type": "function", "index": c.index,
+                                          "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
+                reason = "tool_calls" if reason == "stop" else reason
+        choices.append({"index": i, "message": message, "finish_reason": reason,
+                        "matched_stop": matched_stop(chunk.meta_info["finish_reason"]),
+                        "logprobs": chat_logprobs(tm, chunk, 0, len(chunk.output_ids)) if req.logprobs else None})
+    return JSONResponse({"id": rid, "object": "chat.completion", "created": created, "model": model_name,
+                         "choices": choices, "usage": usage(len(ids) * req.n, completion_tokens)})
+
+
+def _deltas(p: ChoiceParsers, text: str, final: bool, tools: Optional[list]) -> list:
+    """Turn new output text into OpenAI delta dicts through the reasoning and tool-call parsers."""
+    out = []
+    if p.reasoning is not None:
+        r, content = p.reasoning.parse_stream_chunk(text)
+        if final:
+            r2, c2 = p.reasoning.flush()
+            r, content = r + r2, content + c2
+        if r:
+            out.append({"reasoning_content": r})
+    else:
+        content = text
+    if p.tools is not None:
+        result = p.tools.parse_streaming_increment(content, tools)
+        calls = list(result.calls)
+        normal = result.normal_text
+        if final:
+            tail = p.tools.flush(tools)
+            normal += tail.normal_text
+            calls += tail.calls
+        if normal:
+            out.append({"content": normal})
+        for c in calls:
+            entry = {"index": c.index, "function": {"arguments": c.arguments}}
+            if c.name is not None:
+                p.tool_ids[c.index] = new_id("call")
+                entry.update(id=p.tool_ids[c.index], type="function")
+                entry["function"]["name"] = c.name
+                p.num_calls += 1
+            out.append({"tool_calls": [entry]})
+    elif content:
+        out.append({"content": content})
+    return out
+
+
+async def _stream(req, tm, streams, parsers, prompt_tokens, rid, created, model_name):
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    sent_text = [0] * len(streams)
+    sent_tokens = [0] * len(streams)
+    completion_tokens = 0
+    tools = _tools_json(req)
+
+    def frame(i, delta, reason=None, logprobs=None, matched=None):
+        return sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model_name,
+                    "choices": [{"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": reason,
+                                 "matched_stop": matched}]})
+
+    try:
+        for i in range(len(streams)):
+            yield frame(i, {"role": "assistant", "content": ""})
+        async for i, chunk in merge(streams):
+            new_text = chunk.text[sent_text[i]:]
+            logprobs = chat_logprobs(tm, chunk, sent_tokens[i], len(chunk.output_ids)) if req.logprobs else None
+            sent_text[i], sent_tokens[i] = len(chunk.text), len(chunk.output_ids)
+            deltas = _deltas(parsers[i], new_text, chunk.finished, tools)
+            for j, delta in enumerate(deltas):
+                yield frame(i, delta, logprobs=logprobs if j == 0 else None)
+            if not deltas and logprobs and logprobs["content"]:
+                yield frame(i, {}, logprobs=logprobs)
+            if chunk.finished:
+                completion_tokens += chunk.meta_info["completion_tokens"]
+                reason = finish_reason(chunk.meta_info["finish_reason"])
+                if parsers[i].num_calls and reason == "stop":
+                    reason = "tool_calls"
+                yield frame(i, {}, reason, matched=matched_stop(chunk.meta_info["finish_reason"]))
+        if include_usage:
+            yield sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model_name,
+                       "choices": [], "usage": usage(prompt_tokens * req.n, completion_tokens)})
+    except RequestError as e:
+        yield sse({"error": {"message": e.message, "code": e.status_code}})
+    yield SSE_DONE

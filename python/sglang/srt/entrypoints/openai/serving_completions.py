@@ -1,0 +1,93 @@
+"""POST /v1/completions: prompt as a string, a list of strings, token ids or a list of token-id lists."""
+
+from __future__ import annotations
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from sglang.srt.entrypoints.openai.protocol import CompletionRequest
+from sglang.srt.entrypoints.openai.serving_base import (
+    SSE_DONE, collect, completion_logprobs, finish_reason, matched_stop, merge, new_id, now, sampling_params, sse,
+    start_streams, usage)
+from sglang.srt.managers.tokenizer_manager import RequestError, TokenizerManager
+
+
+def _prompts(tm: TokenizerManager, prompt) -> list:
+    """-> list of (prompt text or None, token ids)."""
+    if isinstance(prompt, str):
+        return [(prompt, tm.encode(prompt))]
+    if all(isinstance(p, int) for p in prompt):
+        return [(None, list(prompt))]
+    if all(isinstance(p, str) for p in prompt):
+        return [(p, tm.encode(p)) for p in prompt]
+    if all(isinstance(p, list) and p and all(isinstance(t, int) for t in p) for p in prompt):
+        return [(None, list(p)) for p in prompt]
+    raise RequestError("prompt must be a string, a list of strings, a list of token ids or a list of such lists",
+                       400)
+
+
+async def create_completion(req: CompletionRequest, raw: Request, tm: TokenizerManager, model_name: str):
+    prompts = _prompts(tm, req.prompt)
+    if any(not ids for _, ids in prompts):
+        raise RequestError("a prompt is empty", 400)
+    top_n = req.logprobs or 0
+    choices = []  # (prompt index, choice index) -> stream
+    for p_index, (_, ids) in enumerate(prompts):
+        for c in range(req.n):
+            params = sampling_params(req, req.max_tokens, c)
+            choices.append(tm.generate(ids, params, return_logprob=req.logprobs is not None,
+                                       top_logprobs_num=top_n))
+    rid, created = new_id("cmpl"), now()
+    echo = [(text if text is not None else tm.decode(ids)) if req.echo else "" for text, ids in prompts]
+    if req.stream:
+        choices = await start_streams(choices)
+        return StreamingResponse(_stream(req, tm, choices, prompts, echo, rid, created, model_name),
+                                 media_type="text/event-stream")
+    finals = await collect(choices, raw)
+    out_choices, completion_tokens = [], 0
+    for i, chunk in enumerate(finals):
+        p_index = i // req.n
+        completion_tokens += chunk.meta_info["completion_tokens"]
+        reason = chunk.meta_info["finish_reason"]
+        out_choices.append({
+            "index": i, "text": echo[p_index] + chunk.text,
+            "logprobs": completion_logprobs(tm, chunk, 0, len(chunk.output_ids), len(echo[p_index]))
+            if req.logprobs is not None else None,
+            "finish_reason": finish_reason(reason), "matched_stop": matched_stop(reason)})
+    prompt_tokens = sum(len(ids) for _, ids in prompts) * req.n
+    return JSONResponse({"id": rid, "object": "text_completion", "created": created, "model": model_name,
+                         "choices": out_choices, "usage": usage(prompt_tokens, completion_tokens)})
+
+
+async def _stream(req, tm, choices, prompts, echo, rid, created, model_name):
+    sent_text = [0] * len(choices)
+    sent_tokens = [0] * len(choices)
+    completion_tokens = 0
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+
+    def frame(i, text, logprobs=None, reason=None):
+        return sse({"id": rid, "object": "text_completion", "created": created, "model": model_name,
+                    "choices": [{"index": i, "text": text, "logprobs": logprobs,
+                                 "finish_reason": finish_reason(reason), "matched_stop": matched_stop(reason)}]})
+
+    try:
+        for i in range(len(choices)):
+            if echo[i // req.n]:
+                yield frame(i, echo[i // req.n])
+        async for i, chunk in merge(choices):
+            delta = chunk.text[sent_text[i]:]
+            logprobs = completion_logprobs(tm, chunk, sent_tokens[i], len(chunk.output_ids), sent_text[i]) \
+                if req.logprobs is not None else None
+            sent_text[i], sent_tokens[i] = len(chunk.text), len(chunk.output_ids)
+            if chunk.finished:
+                completion_tokens += chunk.meta_info["completion_tokens"]
+                yield frame(i, delta, logprobs, chunk.meta_info["finish_reason"])
+            elif delta:
+                yield frame(i, delta, logprobs)
+        if include_usage:
+            prompt_tokens = sum(len(ids) for _, ids in prompts) * req.n
+            yield sse({"id": rid, "object": "text_completion", "created": created, "model": model_name,
+                       "choices": [], "usage": usage(prompt_tokens, completion_tokens)})
+    except RequestError as e:
+        yield sse({"error": {"message": e.message, "code": e.status_code}})
+    yield SSE_DONE

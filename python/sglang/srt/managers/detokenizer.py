@@ -1,0 +1,64 @@
+"""Incremental detokenization with stop-string hold-back (runs in the HTTP process).
+
+Decoding token by token breaks multi-byte characters, so each step decodes a short window of recent tokens and
+only extends the text once the window no longer ends in a partial character (U+FFFD). While a request runs, text
+that could be the start of one of its stop strings is held back, so a stop string is never emitted, even in part;
+once the scheduler reports the matched stop string, the text is cut before it.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer, skip_special_tokens: bool = True, stop: Optional[list] = None,
+                 no_stop_trim: bool = False) -> None:
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        self.stop = list(stop or [])
+        self.no_stop_trim = no_stop_trim
+        self.ids: list = []
+        self.text = ""  # settled text of ids[:read_offset]
+        self.prefix_offset = 0  # window start: tokens before it never change the text
+        self.read_offset = 0
+
+    def _decode(self, ids: list) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+
+    def add(self, new_ids: list) -> None:
+        self.ids.extend(new_ids)
+        prefix = self._decode(self.ids[self.prefix_offset:self.read_offset])
+        window = self._decode(self.ids[self.prefix_offset:])
+        if len(window) > len(prefix) and not window.endswith("\ufffd"):
+            self.text += window[len(prefix):]
+            self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+
+    def visible_text(self, finished_reason: Optional[dict]) -> str:
+        """Text safe to show now: all of it once finished (cut before a matched stop string), else without a
+        trailing piece that could still grow into a stop string."""
+        if finished_reason is not None:
+            text = self.text
+            if self.read_offset < len(self.ids):  # a trailing partial character: flush what decodes
+                text += self._decode(self.ids[self.prefix_offset:])[len(self._decode(
+                    self.ids[self.prefix_offset:self.read_offset])):]
+            matched = finished_reason.get("matched")
+            if isinstance(matched, str) and not self.no_stop_trim:
+                cut = text.find(matched)
+                text = text[:cut] if cut >= 0 else text
+            return text
+        if not self.no_stop_trim:  # a complete stop string is never shown, even before the finish arrives
+            cuts = [i for i in (self.text.find(stop) for stop in self.stop) if i >= 0]
+            if cuts:
+                return self.text[:min(cuts)]
+        return self.text[:len(self.text) - self._held_back()]
+
+    def _held_back(self) -> int:
+        """Length of the longest suffix of the text that is a proper prefix of some stop string."""
+        best = 0
+        for stop in self.stop:
+            for n in range(min(len(stop) - 1, len(self.text)), best, -1):
+                if self.text.endswith(stop[:n]):
+                    best = n
+                    break
+        return best

@@ -1,0 +1,79 @@
+"""Messages between the HTTP process (TokenizerManager) and the scheduler process, grouped by direction.
+
+Tokenizer -> scheduler: TokenizedGenerateReqInput, AbortReq, FlushCacheReq.
+Scheduler -> tokenizer: SchedulerReady (once, over the start-up pipe), BatchOutput (after every step, and to answer
+a request that was rejected or aborted). All are plain dataclasses sent with pickle over ZMQ.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from sglang.srt.sampling.sampling_params import SamplingParams
+
+
+# ---- tokenizer -> scheduler ---------------------------------------------------------------------------------
+@dataclass
+class TokenizedGenerateReqInput:
+    rid: str
+    input_ids: list
+    sampling_params: SamplingParams
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+
+
+@dataclass
+class AbortReq:
+    rid: str
+
+
+@dataclass
+class FlushCacheReq:
+    pass
+
+
+# ---- scheduler -> tokenizer ---------------------------------------------------------------------------------
+@dataclass
+class ReqOutput:
+    """One request's progress since the last message about it."""
+
+    rid: str
+    new_token_ids: list
+    new_logprobs: list
+    new_top_logprobs: list  # per new token: [(logprob, id)] or None
+    prompt_tokens: int
+    completion_tokens: int
+    finished_reason: Optional[dict] = None  # FinishReason.to_json() once finished
+    input_token_logprobs: Optional[list] = None  # [(position, logprob)], sent with the first token
+    error: Optional[str] = None  # set when the request was rejected (the HTTP side answers 400)
+
+
+@dataclass
+class SchedulerStats:
+    num_running_reqs: int
+    num_waiting_reqs: int
+    token_usage: float  # fraction of KV pages in use
+    num_generated_tokens: int  # since start
+    pools_all_free: bool = False  # no page, window slot or request slot is held (idle and leak-free)
+
+
+@dataclass
+class BatchOutput:
+    outputs: list
+    stats: SchedulerStats
+
+
+@dataclass
+class SchedulerReady:
+    """Sent once the model is loaded and the pools are sized."""
+
+    model_path: str
+    context_length: int
+    vocab_size: int
+    max_total_tokens: int
+    max_running_requests: int
+    eos_token_ids: list
+    pool_report: str
+    effective_args: dict = field(default_factory=dict)

@@ -1,0 +1,166 @@
+"""The scheduler process: owns the ModelRunner and Scheduler, talks to the HTTP process over ZMQ.
+
+Loop: drain incoming messages (blocking only when idle), then run one scheduler step and send every request's
+progress. A failure inside a step aborts the requests of that step (their slots are freed) and the loop goes on;
+a request rejected at admission is answered with its error, so the HTTP side can return a 4xx.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import traceback
+
+import zmq
+
+from sglang.srt.managers.io_struct import (
+    AbortReq, BatchOutput, FlushCacheReq, ReqOutput, SchedulerReady, SchedulerStats, TokenizedGenerateReqInput)
+from sglang.srt.managers.schedule_batch import FinishReason, Req
+from sglang.srt.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class PortArgs:
+    """ZMQ endpoints: the scheduler pulls requests from one and pushes outputs to the other."""
+
+    scheduler_input: str
+    tokenizer_input: str
+
+
+class SchedulerProcess:
+    def __init__(self, server_args: ServerArgs, port_args: PortArgs) -> None:
+        from sglang.srt.entrypoints.engine import load_tokenizer
+        from sglang.srt.managers.scheduler import Scheduler
+        from sglang.srt.model_executor.model_runner import ModelRunner
+
+        self.runner = ModelRunner(server_args)
+        self.tokenizer = load_tokenizer(server_args.tokenizer_path or self.runner.model_path)
+        self.scheduler = Scheduler(self.runner, self.tokenizer)
+        self.sent: dict = {}  # rid -> output tokens already sent
+        ctx = zmq.Context()
+        self.recv = ctx.socket(zmq.PULL)
+        self.recv.bind(port_args.scheduler_input)
+        self.send = ctx.socket(zmq.PUSH)
+        self.send.connect(port_args.tokenizer_input)
+
+    def ready_message(self) -> SchedulerReady:
+        r = self.runner
+        return SchedulerReady(
+            model_path=r.model_path, context_length=r.server_args.context_length,
+            vocab_size=r.model_config.vocab_size, max_total_tokens=r.pool_plan.max_total_tokens,
+            max_running_requests=r.server_args.max_running_requests, eos_token_ids=r.model_config.eos_token_ids,
+            pool_report=r.pool_plan.format(), effective_args=dataclasses.asdict(r.server_args))
+
+    # ---- loop -----------------------------------------------------------------------------------------
+    def run_forever(self) -> None:
+        parent = os.getppid()
+        while True:
+            if os.getppid() != parent:  # the HTTP process is gone (reparented): nothing can reach us
+                logger.warning("the server process exited; the scheduler stops")
+                return
+            answers = self._handle_messages(block=not self.scheduler.has_work())
+            updated = []
+            if self.scheduler.has_work():
+                try:
+                    updated = self.scheduler.step()
+                except Exception:  # a bug must not take the server down: fail this step's requests
+                    logger.error("scheduler step failed:\n%s", traceback.format_exc())
+                    updated = self._abort_all("internal error in the model step; see the server log")
+            outputs = answers + [self._progress(req) for req in updated]
+            if outputs:
+                self.send.send_pyobj(BatchOutput(outputs, self._stats()))
+
+    def _handle_messages(self, block: bool) -> list:
+        answers = []
+        timeout = 1000 if block else 0
+        while self.recv.poll(timeout):
+            timeout = 0
+            msg = self.recv.recv_pyobj()
+            if isinstance(msg, TokenizedGenerateReqInput):
+                answer = self._add(msg)
+                if answer is not None:
+                    answers.append(answer)
+            elif isinstance(msg, AbortReq):
+                req = self.scheduler.abort_request(msg.rid)
+                if req is not None:
+                    answers.append(self._progress(req))
+            elif isinstance(msg, FlushCacheReq):
+                pass  # no prefix cache yet: nothing is cached across requests
+            else:
+                logger.error("unknown message %r", type(msg).__name__)
+        return answers
+
+    def _add(self, msg: TokenizedGenerateReqInput):
+        req = Req(rid=msg.rid, origin_input_ids=list(msg.input_ids), sampling_params=msg.sampling_params,
+                  return_logprob=msg.return_logprob, logprob_start_len=msg.logprob_start_len,
+                  top_logprobs_num=msg.top_logprobs_num)
+        try:
+            self.scheduler.add_request(req)
+        except ValueError as e:
+            return ReqOutput(rid=msg.rid, new_token_ids=[], new_logprobs=[], new_top_logprobs=[],
+                             prompt_tokens=len(msg.input_ids), completion_tokens=0,
+                             finished_reason=FinishReason("abort", message=str(e), status_code=400).to_json(),
+                             error=str(e))
+        self.sent[msg.rid] = 0
+        return None
+
+    def _abort_all(self, message: str) -> list:
+        reqs = list(self.scheduler.running) + list(self.scheduler.waiting)
+        self.scheduler.waiting.clear()
+        for req in reqs:
+            req.finished_reason = FinishReason("abort", message=message, status_code=500)
+            self.scheduler.free_request(req)
+        return reqs
+
+    def _progress(self, req: Req) -> ReqOutput:
+        start = self.sent.get(req.rid, 0)
+        first = start == 0 and bool(req.output_ids)
+        out = ReqOutput(
+            rid=req.rid, new_token_ids=req.output_ids[start:], new_logprobs=req.output_token_logprobs[start:],
+            new_top_logprobs=req.output_top_logprobs[start:], prompt_tokens=len(req.origin_input_ids),
+            completion_tokens=len(req.output_ids),
+            finished_reason=req.finished_reason.to_json() if req.finished else None,
+            input_token_logprobs=list(req.input_token_logprobs) if (first or req.finished) and req.return_logprob
+            else None)
+        if req.finished:
+            self.sent.pop(req.rid, None)
+        else:
+            self.sent[req.rid] = len(req.output_ids)
+        return out
+
+    def _stats(self) -> SchedulerStats:
+        s = self.scheduler
+        a = s.allocator
+        all_free = a.pages.is_full() and a.swa_slots.is_full() and a.req_to_token_pool.is_full()
+        return SchedulerStats(num_running_reqs=len(s.running), num_waiting_reqs=len(s.waiting),
+                              token_usage=s.token_usage(), num_generated_tokens=s.num_generated_tokens,
+                              pools_all_free=all_free)
+
+
+def _exit_with_parent() -> None:
+    """Die with the HTTP process however it ends (uvicorn re-raises SIGTERM after its graceful shutdown, so the
+    parent's cleanup code may never run): PR_SET_PDEATHSIG on Linux, and the loop also checks the parent."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, pipe) -> None:
+    """Entry point of the spawned scheduler process; reports readiness (or the start-up error) on `pipe`."""
+    _exit_with_parent()
+    logging.basicConfig(level=server_args.log_level.upper(),
+                        format="[%(asctime)s scheduler] %(levelname)s %(name)s: %(message)s")
+    try:
+        proc = SchedulerProcess(server_args, port_args)
+    except Exception as e:
+        pipe.send(f"{type(e).__name__}: {e}")
+        raise
+    pipe.send(proc.ready_message())
+    proc.run_forever()

