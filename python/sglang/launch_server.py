@@ -52,9 +52,10 @@ def launch_server(server_args: ServerArgs) -> None:
 
     logging.basicConfig(level=server_args.log_level.upper(),
                         format="[%(asctime)s] %(levelname)s %(name)s: %(message)s")
-    logger.info("server args: %s", dataclasses.asdict(server_args))
+    logger.info("DeepSeek-V4 defaults applied: %s", ", ".join(server_args.applied_defaults) or "none")
+    shown = {k: ("***" if k == "api_key" and v else v) for k, v in dataclasses.asdict(server_args).items()}
+    logger.info("server args: %s", shown)
     proc, ready, ports = start_scheduler(server_args)
-    logger.info("\n%s", ready.pool_report)
     tokenizer = load_tokenizer(server_args.tokenizer_path or resolve_model_path(server_args.model_path))
     metrics = None
     if server_args.enable_metrics:

@@ -141,6 +141,8 @@ BAD = [
                               "reasoning_effort": "extreme"}, "reasoning_effort"),
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}],
                               "tool_choice": "required"}, "tool_choice"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "logit_bias": {"5": 10}}, "logit_bias"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "best_of": 3}, "best_of"),
     ("/generate", {"sampling_params": {"max_new_tokens": 2}}, "text"),
     ("/generate", {"text": "x", "sampling_params": {"max_new_tokens": 2, "bogus": 1}}, "unknown sampling"),
     ("/generate", {"text": "x", "sampling_params": {"temperature": -1}}, "temperature"),
@@ -232,3 +234,28 @@ def test_api_key(tmp_path):
             openai.OpenAI(base_url=f"{base}/v1", api_key="nope").models.list()
     finally:
         handle.stop()
+
+
+def test_eval_scripts_and_bench_serving_against_the_server(server, tmp_path):
+    """The accuracy scripts and bench_serving run end to end against our server (the tiny model's answers are
+    random, so only the plumbing is checked here; scoring is proven against a stub in test_bench_clients)."""
+    from sglang import bench_serving
+    from test_bench_clients import _write_gsm8k, _write_mmlu, gsm8k, mmlu
+
+    port = ["--port", server.base_url.rsplit(":", 1)[1], "--disable-tqdm"]
+    _write_gsm8k(tmp_path / "test.jsonl")
+    g = gsm8k.main(["--data-path", str(tmp_path / "test.jsonl"), "--num-questions", "4", "--max-tokens", "8",
+                    "--result-file", str(tmp_path / "g.json"), *port])
+    assert g.num_questions == 4 and 0 <= g.accuracy <= 1 and (tmp_path / "g.json").exists()
+    _write_mmlu(tmp_path / "mmlu")
+    m = mmlu.main(["--data-dir", str(tmp_path / "mmlu"), "--ntrain", "2", "--result-file", str(tmp_path / "m.json"),
+                   *port])
+    assert m.num_questions > 0 and 0 <= m.accuracy <= 1
+    args = bench_serving.parse_args(["--backend", "sglang", "--dataset-name", "random", "--num-prompts", "16",
+                                     "--random-input-len", "64", "--random-output-len", "16",
+                                     "--random-range-ratio", "1.0", "--output-file", str(tmp_path / "b.jsonl"),
+                                     *port])
+    result = bench_serving.run_benchmark(args)
+    assert result.completed == 16 and result.total_output_tokens == 16 * 16
+    print(f"bench_serving (tiny model, CPU, 16 x 64->16): {result.output_throughput:.1f} output tok/s")
+    server.wait_pools_free()

@@ -107,3 +107,30 @@ def test_builtin_model_prompt_roundtrip():
 def test_bad_server_args(kwargs, message):
     with pytest.raises(ValueError, match=message):
         engine("tiny", **kwargs)
+
+
+def test_subprocess_engine_matches_in_process():
+    """Engine(launch_subprocess=True) runs the server's scheduler process; same outputs, and shutdown stops it."""
+    ids = [random_ids(14, 20), random_ids(31, 21)]
+    params = {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}
+    local = tiny().generate(input_ids=ids, sampling_params=params, return_logprob=True, logprob_start_len=0)
+    from oracle import checkpoint
+
+    eng = sglang.Engine(launch_subprocess=True, model_path=checkpoint("tiny"), device="cpu", dtype="float32",
+                        page_size=16, log_level="warning", max_running_requests=8, max_total_tokens=8192,
+                        chunked_prefill_size=32)
+    try:
+        remote = eng.generate(input_ids=ids, sampling_params=params, return_logprob=True, logprob_start_len=0)
+        assert [r["output_ids"] for r in remote] == [r["output_ids"] for r in local]
+        for r, l in zip(remote, local):
+            assert [t for _, t, _ in r["meta_info"]["input_token_logprobs"]] == \
+                [t for _, t, _ in l["meta_info"]["input_token_logprobs"]]
+            lp_r = [lp for lp, _, _ in r["meta_info"]["input_token_logprobs"][1:]]
+            lp_l = [lp for lp, _, _ in l["meta_info"]["input_token_logprobs"][1:]]
+            assert max(abs(a - b) for a, b in zip(lp_r, lp_l)) < 1e-5
+        with pytest.raises(ValueError, match="context length"):
+            eng.generate(input_ids=[5, 6], sampling_params={"max_new_tokens": 5000})
+        proc = eng._remote.proc
+    finally:
+        eng.shutdown()
+    assert not proc.is_alive()

@@ -14,6 +14,7 @@ from typing import Optional
 ATTENTION_BACKENDS = ("torch", "dsv4")
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float32", "fp8_e4m3")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
 @dataclass
@@ -85,7 +86,9 @@ class ServerArgs:
             raise ValueError(f"--tool-call-parser must be deepseekv4, got {self.tool_call_parser!r}")
         if self.speculative_algorithm not in (None, "EAGLE", "NEXTN"):
             raise ValueError(f"--speculative-algorithm must be EAGLE or NEXTN, got {self.speculative_algorithm!r}")
-        apply_deepseek_v4_defaults(self)
+        if self.log_level not in LOG_LEVELS:
+            raise ValueError(f"--log-level must be one of {LOG_LEVELS}, got {self.log_level!r}")
+        self.applied_defaults = apply_deepseek_v4_defaults(self)  # not a field: shown at start only
         return self
 
     @staticmethod
@@ -116,7 +119,7 @@ class ServerArgs:
         p.add_argument("--api-key", help="require 'Authorization: Bearer <key>' on every endpoint but /health")
         p.add_argument("--enable-metrics", action="store_true", help="serve Prometheus metrics at /metrics")
         p.add_argument("--random-seed", type=int, default=42)
-        p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error", "critical"))
+        p.add_argument("--log-level", default="info", choices=LOG_LEVELS)
         p.add_argument("--host", default="127.0.0.1")
         p.add_argument("--port", type=int, default=30000)
 

@@ -23,31 +23,37 @@ def validate_page_size(page_size: int, config: DeepseekV4Config) -> None:
                          f"{config.sliding_window}")
 
 
-def apply_deepseek_v4_defaults(args: "ServerArgs") -> None:
+def apply_deepseek_v4_defaults(args: "ServerArgs") -> list:
+    """Fill the options left unset with DeepSeek-V4 defaults and validate; returns 'name=value' of each default
+    applied (printed at start)."""
     from sglang.srt.model_loader.model_path import resolve_model_path
 
     model_dir = resolve_model_path(args.model_path)
     config = DeepseekV4Config.from_pretrained(model_dir)
     on_cpu = args.device == "cpu"
-    if args.page_size is None:
-        args.page_size = DEFAULT_PAGE_SIZE
+    applied = []
+
+    def default(name: str, value) -> None:
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+            applied.append(f"{name}={value}")
+
+    default("page_size", DEFAULT_PAGE_SIZE)
     validate_page_size(args.page_size, config)
-    if args.attention_backend in (None, "dsv4"):
-        args.attention_backend = "torch"  # the best (and only) backend so far; Triton/AITER arrive later
-    if args.context_length is None:
-        args.context_length = config.max_position_embeddings
-    elif args.context_length > config.max_position_embeddings:
+    if args.attention_backend == "dsv4":
+        args.attention_backend = None
+    default("attention_backend", "torch")  # the best (and only) backend so far; Triton/AITER arrive later
+    if args.context_length is not None and args.context_length > config.max_position_embeddings:
         raise ValueError(f"--context-length {args.context_length} exceeds the model's max_position_embeddings "
                          f"{config.max_position_embeddings}")
-    if args.max_running_requests is None:
-        args.max_running_requests = 256
-    if args.chunked_prefill_size is None:
-        args.chunked_prefill_size = 1024 if on_cpu else 8192
-    if args.mem_fraction_static is None:
-        args.mem_fraction_static = 0.25 if on_cpu else 0.85
+    default("context_length", config.max_position_embeddings)
+    default("max_running_requests", 256)
+    default("chunked_prefill_size", 1024 if on_cpu else 8192)
+    default("mem_fraction_static", 0.25 if on_cpu else 0.85)
     if args.kv_cache_dtype == "fp8_e4m3" and config.nope_head_dim % 64:
         raise ValueError(f"--kv-cache-dtype fp8_e4m3 needs head_dim - qk_rope_head_dim ({config.nope_head_dim}) "
                          f"to be a multiple of 64")
     if args.enable_deepseek_v4_fp4_indexer and config.index_head_dim % 32:
         raise ValueError(f"--enable-deepseek-v4-fp4-indexer needs index_head_dim ({config.index_head_dim}) to be "
                          f"a multiple of 32")
+    return applied

@@ -44,13 +44,25 @@ def load_tokenizer(path: str):
 
 
 class Engine:
-    def __init__(self, **kwargs) -> None:
+    """`launch_subprocess=False` (default): the scheduler and model run in this process (what tests drive step by
+    step). `launch_subprocess=True`: they run in a scheduler process, exactly as behind the HTTP server."""
+
+    def __init__(self, launch_subprocess: bool = False, **kwargs) -> None:
+        from sglang.srt.model_loader.model_path import resolve_model_path
+
         self.server_args = ServerArgs(**kwargs).resolve()
         logging.basicConfig(level=self.server_args.log_level.upper(),
                             format="[%(asctime)s] %(levelname)s %(name)s: %(message)s")
-        self.model_runner = ModelRunner(self.server_args)
-        self.tokenizer = load_tokenizer(self.server_args.tokenizer_path or self.model_runner.model_path)
-        self.scheduler = Scheduler(self.model_runner, self.tokenizer)
+        logger.info("DeepSeek-V4 defaults applied: %s", ", ".join(self.server_args.applied_defaults) or "none")
+        self.tokenizer = load_tokenizer(self.server_args.tokenizer_path or resolve_model_path(self.server_args.model_path))
+        self.model_runner = self.scheduler = self._remote = None
+        if launch_subprocess:
+            from sglang.srt.entrypoints.engine_subprocess import SubprocessScheduler
+
+            self._remote = SubprocessScheduler(self.server_args, self.tokenizer)
+        else:
+            self.model_runner = ModelRunner(self.server_args)
+            self.scheduler = Scheduler(self.model_runner, self.tokenizer)
         self._rid = itertools.count()
 
     # ---- generation ---------------------------------------------------------------------------------
@@ -88,6 +100,8 @@ class Engine:
         return self.tokenizer.encode(text).ids
 
     def _run(self, reqs: list) -> list:
+        if self._remote is not None:
+            return self._remote.run(reqs)
         start = time.perf_counter()
         added = []
         try:
@@ -128,7 +142,10 @@ class Engine:
         return {"text": text, "output_ids": list(req.output_ids), "meta_info": meta}
 
     def shutdown(self) -> None:
-        """Release the model and pools."""
+        """Release the model and pools (and stop the scheduler process, if any)."""
+        if self._remote is not None:
+            self._remote.shutdown()
+            self._remote = None
         self.scheduler = None
         self.model_runner = None
 

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ValidationError
 from sglang.srt.entrypoints.openai.protocol import (
     ChatCompletionRequest, CompletionRequest, DetokenizeRequest, GenerateRequest, TokenizeRequest, error_body)
 from sglang.srt.entrypoints.openai.serving_base import SSE_DONE, sse, start_streams
-from sglang.srt.managers.tokenizer_manager import RequestError, TokenizerManager
+from sglang.srt.managers.tokenizer_manager import RequestError, TokenizerManager, input_logprobs_entries
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
 
@@ -205,11 +205,7 @@ async def native_generate(req: GenerateRequest, raw: Request, tm: TokenizerManag
         meta = dict(chunk.meta_info)
         by_pos = meta.pop("input_token_logprobs_by_position", None)
         if req.return_logprob:
-            ids = ids_list[i]
-            start = len(ids) - 1 if req.logprob_start_len < 0 else min(req.logprob_start_len, len(ids) - 1)
-            values = dict(by_pos or [])
-            meta["input_token_logprobs"] = [(None if p == 0 else values.get(p), ids[p], None)
-                                            for p in range(start, len(ids))]
+            meta["input_token_logprobs"] = input_logprobs_entries(ids_list[i], by_pos, req.logprob_start_len)
         out = {"text": chunk.text, "output_ids": chunk.output_ids, "meta_info": meta}
         if not single:
             out["index"] = i

@@ -42,8 +42,10 @@ class SchedulerProcess:
         self.sent: dict = {}  # rid -> output tokens already sent
         ctx = zmq.Context()
         self.recv = ctx.socket(zmq.PULL)
+        self.recv.setsockopt(zmq.LINGER, 0)
         self.recv.bind(port_args.scheduler_input)
         self.send = ctx.socket(zmq.PUSH)
+        self.send.setsockopt(zmq.LINGER, 0)
         self.send.connect(port_args.tokenizer_input)
 
     def ready_message(self) -> SchedulerReady:

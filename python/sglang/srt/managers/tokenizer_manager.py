@@ -25,6 +25,14 @@ from sglang.srt.sampling.sampling_params import SamplingParams
 logger = logging.getLogger(__name__)
 
 
+def input_logprobs_entries(input_ids: list, by_position, logprob_start_len: int) -> list:
+    """SGLang's `input_token_logprobs`: (logprob, token id, None) for prompt positions from logprob_start_len
+    (-1: the last one); position 0 has no logprob."""
+    start = len(input_ids) - 1 if logprob_start_len < 0 else min(logprob_start_len, len(input_ids) - 1)
+    values = dict(by_position or [])
+    return [(None if p == 0 else values.get(p), input_ids[p], None) for p in range(start, len(input_ids))]
+
+
 class RequestError(Exception):
     """A request the scheduler refused or could not finish; carries the HTTP status to answer with."""
 
@@ -63,10 +71,12 @@ class TokenizerManager:
         self.tokenizer = tokenizer
         self.ready = ready
         self.metrics = metrics
-        ctx = zmq.asyncio.Context()
+        self.ctx = ctx = zmq.asyncio.Context()
         self.send = ctx.socket(zmq.PUSH)
+        self.send.setsockopt(zmq.LINGER, 0)  # never block process exit on messages to a dead scheduler
         self.send.connect(scheduler_input)
         self.recv = ctx.socket(zmq.PULL)
+        self.recv.setsockopt(zmq.LINGER, 0)
         self.recv.bind(tokenizer_input)
         self.states: dict = {}
         self.dead_reason: Optional[str] = None
@@ -178,6 +188,14 @@ class TokenizerManager:
                 state = self.states.get(out.rid)
                 if state is not None:
                     state.queue.put_nowait(out)
+
+    def close(self) -> None:
+        """Stop receiving and release the ZMQ sockets (call from the event loop's thread)."""
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+        self.send.close(linger=0)
+        self.recv.close(linger=0)
+        self.ctx.term()
 
     def fail_all(self, reason: str) -> None:
         """The scheduler process died: answer every waiting request with a 503."""

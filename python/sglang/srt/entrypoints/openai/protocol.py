@@ -40,6 +40,15 @@ class SamplingFields(BaseModel):
     skip_special_tokens: bool = True
     no_stop_trim: bool = False
 
+    logit_bias: Optional[dict] = None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, v):
+        if v:
+            raise ValueError("logit_bias is not supported by this server")
+        return v
+
     @field_validator("stop")
     @classmethod
     def _stop(cls, v):
@@ -62,6 +71,22 @@ class CompletionRequest(SamplingFields):
     max_tokens: Optional[int] = Field(default=16, ge=1)
     logprobs: Optional[int] = Field(default=None, ge=0, le=20)
     echo: bool = False
+    suffix: Optional[str] = None
+    best_of: Optional[int] = None
+
+    @field_validator("suffix")
+    @classmethod
+    def _suffix(cls, v):
+        if v:
+            raise ValueError("suffix (insertion) is not supported by this server")
+        return v
+
+    @field_validator("best_of")
+    @classmethod
+    def _best_of(cls, v):
+        if v is not None and v != 1:
+            raise ValueError("best_of other than 1 is not supported; use n")
+        return v
 
     @field_validator("prompt")
     @classmethod

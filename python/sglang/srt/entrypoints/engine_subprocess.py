@@ -1,0 +1,57 @@
+"""The scheduler of `sglang.Engine(launch_subprocess=True)`: the same scheduler process and TokenizerManager the
+server uses, driven from a private event loop in a background thread."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from sglang.srt.managers.tokenizer_manager import RequestError, TokenizerManager, input_logprobs_entries
+from sglang.srt.server_args import ServerArgs
+
+
+class SubprocessScheduler:
+    def __init__(self, server_args: ServerArgs, tokenizer) -> None:
+        from sglang.launch_server import start_scheduler
+
+        self.proc, self.ready, ports = start_scheduler(server_args)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="sglang-engine-loop", daemon=True)
+        self.thread.start()
+
+        async def make() -> TokenizerManager:  # ZMQ asyncio sockets bind to the loop they are made in
+            return TokenizerManager(tokenizer, self.ready, ports.scheduler_input, ports.tokenizer_input)
+
+        self.tm = asyncio.run_coroutine_threadsafe(make(), self.loop).result()
+
+    def run(self, reqs: list) -> list:
+        """Generate every Req to completion in the scheduler process; returns Engine-shaped output dicts."""
+        async def one(req):
+            last = None
+            async for last in self.tm.generate(req.origin_input_ids, req.sampling_params, req.return_logprob,
+                                               req.logprob_start_len, req.top_logprobs_num, rid=req.rid):
+                pass
+            meta = dict(last.meta_info)
+            by_pos = meta.pop("input_token_logprobs_by_position", None)
+            if req.return_logprob:
+                meta["input_token_logprobs"] = input_logprobs_entries(req.origin_input_ids, by_pos,
+                                                                      req.logprob_start_len)
+            return {"text": last.text, "output_ids": last.output_ids, "meta_info": meta}
+
+        async def all_of():
+            return await asyncio.gather(*(one(r) for r in reqs))
+
+        try:
+            return asyncio.run_coroutine_threadsafe(all_of(), self.loop).result()
+        except RequestError as e:
+            raise ValueError(e.message) from None
+
+    def shutdown(self) -> None:
+        async def close():
+            self.tm.close()
+
+        asyncio.run_coroutine_threadsafe(close(), self.loop).result(timeout=10)
+        self.proc.kill()
+        self.proc.join(timeout=10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
