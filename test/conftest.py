@@ -1,9 +1,15 @@
 """Shared pytest setup: one intra-op thread on CPU (OpenMP fork-join costs more than it saves on small
 shapes and small VMs: index_add_ went from 0.006 ms to 58 ms with 2 threads on the 2-core CI machine)."""
 
+import os
+
 import torch
 
 torch.set_num_threads(1)
+# Triton kernels run under the interpreter on machines without a GPU (the flag is read when kernels are defined,
+# so it must be set before any sgl_kernel module is imported).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def pytest_configure(config):

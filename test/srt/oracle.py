@@ -26,6 +26,8 @@ _ROOT = tempfile.mkdtemp(prefix="sglang-test-ckpt-")
 # Device of the engine under test: cpu in CI; `SGLANG_TEST_DEVICE=cuda` runs the same suite on a GPU (the HF
 # oracle stays on the CPU in fp32).
 DEVICE = os.environ.get("SGLANG_TEST_DEVICE", "cpu")
+# Attention backend of the engine under test (None: the platform's best, torch on CPU, triton on a GPU).
+ATTENTION_BACKEND = os.environ.get("SGLANG_TEST_ATTENTION_BACKEND")
 
 
 @functools.lru_cache(maxsize=None)
@@ -88,7 +90,8 @@ def engine(name: str, quantize: bool = False, **kwargs):
     import sglang
 
     args = dict(model_path=checkpoint(name, quantize), device=DEVICE, dtype="float32", page_size=PAGE_SIZES[name],
-                log_level="warning", max_running_requests=8, max_total_tokens=8192)
+                log_level="warning", max_running_requests=8, max_total_tokens=8192,
+                attention_backend=ATTENTION_BACKEND)
     args.update(kwargs)
     return sglang.Engine(**args)
 

@@ -74,6 +74,9 @@ class Envs:
                                               "pooled prefill-logits block of the FP4 indexer, MiB")
     SGLANG_DSV4_INDEXER_LOGITS_BUDGET_MB = EnvVar("SGLANG_DSV4_INDEXER_LOGITS_BUDGET_MB", 512, int,
                                                   "pooled prefill-logits block of the FP8 indexer, MiB")
+    SGLANG_DSV4_DISABLE_LOGITS_POOL = EnvVar("SGLANG_DSV4_DISABLE_LOGITS_POOL", False, _bool,
+                                             "benchmark switch: allocate prefill indexer logits fresh per call "
+                                             "instead of viewing the pooled block")
     SGLANG_DSV4_COMPRESS_STATE_DTYPE = EnvVar("SGLANG_DSV4_COMPRESS_STATE_DTYPE", "float32", str,
                                               "dtype of the compressor staging rings (float32 only for now)")
 

@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
-ATTENTION_BACKENDS = ("torch", "dsv4")
+ATTENTION_BACKENDS = ("torch", "triton", "dsv4")
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float32", "fp8_e4m3")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")

@@ -23,6 +23,13 @@ def validate_page_size(page_size: int, config: DeepseekV4Config) -> None:
                          f"{config.sliding_window}")
 
 
+def best_attention_backend(device: str) -> str:
+    """`dsv4` (or unset): Triton kernels on a GPU when Triton imports, else the torch reference."""
+    from sglang.srt.platform import has_library
+
+    return "triton" if device != "cpu" and has_library("triton") else "torch"
+
+
 def apply_deepseek_v4_defaults(args: "ServerArgs") -> list:
     """Fill the options left unset with DeepSeek-V4 defaults and validate; returns 'name=value' of each default
     applied (printed at start)."""
@@ -42,7 +49,7 @@ def apply_deepseek_v4_defaults(args: "ServerArgs") -> list:
     validate_page_size(args.page_size, config)
     if args.attention_backend == "dsv4":
         args.attention_backend = None
-    default("attention_backend", "torch")  # the best (and only) backend so far; Triton/AITER arrive later
+    default("attention_backend", best_attention_backend(args.device))
     if args.context_length is not None and args.context_length > config.max_position_embeddings:
         raise ValueError(f"--context-length {args.context_length} exceeds the model's max_position_embeddings "
                          f"{config.max_position_embeddings}")

@@ -41,7 +41,9 @@ class PageAllocator:
         return out
 
     def free(self, ids) -> None:
-        for i in ids:
+        # Pushed back in reverse, so freeing then allocating the same count returns the same ids in the same
+        # order (identical runs see identical slots).
+        for i in reversed(list(ids)):
             if not 0 < i < self.size or self._is_free[i]:
                 raise RuntimeError(f"{self.name} pool: double free or invalid id {i}")
             self._is_free[i] = 1

@@ -70,8 +70,13 @@ class ModelRunner:
                                                           device=self.device))
             self.draft_model.set_embed_and_head(self.model.embed, self.model.head)
         self.init_memory_pool()
-        self.attn_backend = TorchAttnBackend(config, self.token_to_kv_pool, self.token_allocator,
-                                             args.page_size, self.pool_plan.shape.num_draft_tokens)
+        backend_cls = TorchAttnBackend
+        if args.attention_backend == "triton":
+            from sglang.srt.layers.attention.dsv4.triton_backend import TritonAttnBackend
+
+            backend_cls = TritonAttnBackend
+        self.attn_backend = backend_cls(config, self.token_to_kv_pool, self.token_allocator, args.page_size,
+                                        self.pool_plan.shape.num_draft_tokens)
 
     # ---- memory pool ------------------------------------------------------------------------------
     def init_memory_pool(self) -> None:

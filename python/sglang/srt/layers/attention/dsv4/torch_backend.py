@@ -11,6 +11,7 @@ from typing import Optional
 import torch
 
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+from sglang.srt.layers.attention.dsv4.logits_workspace import IndexerLogitsWorkspace, logits_budget_bytes
 from sglang.srt.layers.attention.dsv4.metadata import (
     DSV4Metadata, RatioMetadata, build_compress_plan, build_entry_slots, build_window_slots)
 
@@ -24,6 +25,7 @@ class TorchAttnBackend(AttentionBackend):
         self.page_size = page_size
         self.num_draft_tokens = num_draft_tokens
         self.row_block = row_block
+        self.logits_workspace = IndexerLogitsWorkspace(logits_budget_bytes(pool.index_format.name), pool.device)
 
     # ---- metadata ------------------------------------------------------------------------------
     def init_forward_metadata(self, fb) -> None:
@@ -75,6 +77,8 @@ class TorchAttnBackend(AttentionBackend):
 
     # ---- indexer -------------------------------------------------------------------------------
     def forward_indexer(self, indexer, q: torch.Tensor, weights: torch.Tensor, fb) -> torch.Tensor:
+        """Per request: score its rows against its visible index keys, then top-k. Prefill logits live in the
+        pooled workspace, a chunk of rows at a time, each chunk's top-k finished before the block is reused."""
         md: DSV4Metadata = fb.attn_metadata
         rm: RatioMetadata = md.ratios[indexer.ratio]
         top_k = indexer.index_topk
@@ -84,18 +88,33 @@ class TorchAttnBackend(AttentionBackend):
             return out
         if self.pool.index_keys_rotated:
             q = indexer.rotate(q)
-        k = min(top_k, e_max)
-        for lo, hi in self._row_blocks(q.shape[0]):
-            cand = rm.entry_slots[fb.row_req[lo:hi]]  # [t, E_max]
-            visible = torch.arange(e_max, device=q.device)[None, :] < rm.row_visible[lo:hi, None]
-            keys = self.pool.get_index_k(indexer.layer_id, cand.clamp(min=0))  # [t, E_max, dI]
-            scores = torch.einsum("thd,ted->the", q[lo:hi].float(), keys).relu()
-            index_scores = torch.einsum("the,th->te", scores, weights[lo:hi].float())
-            index_scores = index_scores.masked_fill(~visible, float("-inf"))
-            top = index_scores.topk(k, dim=-1).indices
-            chosen = cand.gather(1, top)
-            out[lo:hi, :k] = torch.where(visible.gather(1, top), chosen, torch.full_like(chosen, -1))
+        decode = fb.forward_mode.is_decode()
+        row = 0
+        for b, n in enumerate(fb.extend_seq_lens_cpu):
+            lo, hi, row = row, row + n, row + n
+            cand = rm.entry_slots[b]
+            keys = self.pool.get_index_k(indexer.layer_id, cand.clamp(min=0))  # [E_max, dI], read once
+            step = n if decode else self.logits_workspace.rows_per_chunk(e_max)
+            for r0 in range(lo, hi, step):
+                r1 = min(hi, r0 + step)
+                logits = (torch.empty(r1 - r0, e_max, dtype=torch.float32, device=q.device) if decode
+                          else self.logits_workspace.view(r1 - r0, e_max))
+                self._index_logits(q[r0:r1], weights[r0:r1], keys, rm.row_visible[r0:r1], logits)
+                k = min(top_k, e_max)
+                top = logits.topk(k, dim=-1).indices
+                visible = top < rm.row_visible[r0:r1, None]
+                out[r0:r1, :k] = torch.where(visible, cand[top], torch.full_like(top, -1))
         return out
+
+    @staticmethod
+    def _index_logits(q, weights, keys, visible, out: torch.Tensor) -> None:
+        """out[t, e] = sum_h w[t,h] relu(q[t,h].k[e]) for e < visible[t], else -inf. One row at a time, so a
+        row's logits never depend on which rows share its chunk (chunked prefill is elementwise one pass)."""
+        entry = torch.arange(keys.shape[0], device=q.device)
+        for t in range(q.shape[0]):
+            scores = torch.einsum("hd,ed->he", q[t].float(), keys).relu()
+            logits = torch.einsum("he,h->e", scores, weights[t].float())
+            out[t] = logits.masked_fill(entry >= visible[t], float("-inf"))
 
     # ---- attention -----------------------------------------------------------------------------
     def forward(self, layer, q: torch.Tensor, kv: torch.Tensor, fb,

@@ -1,0 +1,60 @@
+"""Run every kernel benchmark in one GPU process: copy bandwidth first, then each kernel's rows as a fraction of it.
+
+    python benchmark/kernels/run_all.py [--out results.json] [--only sparse_attention indexer ...]
+
+Writes a markdown table to stdout (paste into benchmark/RESULTS.md) and all rows as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from common import copy_bandwidth_gbps  # noqa: E402
+
+MODULES = ["bench_dsv4_store_kv", "bench_dsv4_sparse_attention", "bench_dsv4_compress", "bench_dsv4_indexer"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    ap.add_argument("--only", nargs="*", help="substrings of module names to run")
+    args = ap.parse_args()
+    copy = copy_bandwidth_gbps()
+    gpu = torch.cuda.get_device_name()
+    print(f"# {gpu}, torch {torch.__version__}, copy bandwidth {copy:.0f} GB/s (read + write), "
+          f"{time.strftime('%Y-%m-%d')}\n")
+    print("| kernel | case | time us | GB/s | fraction of copy bw | torch ref us | note |")
+    print("|---|---|---|---|---|---|---|")
+    rows = []
+    for name in MODULES:
+        if args.only and not any(o in name for o in args.only):
+            continue
+        try:
+            module = importlib.import_module(name)
+            results = module.bench()
+        except Exception as e:  # one broken benchmark must not hide the others
+            print(f"| {name} | FAILED | | | | | {type(e).__name__}: {e} |")
+            continue
+        for r in results:
+            d = r.to_dict(copy)
+            rows.append(d)
+            base = f"{r.baseline_us:.1f}" if r.baseline_us else ""
+            print(f"| {r.kernel} | {r.case} | {r.time_us:.1f} | {d['achieved_GBps']:.0f} | "
+                  f"{d['fraction_of_copy_bw']:.2f} | {base} | {r.note} |")
+        sys.stdout.flush()
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"gpu": gpu, "copy_GBps": copy, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""IndexerLogitsWorkspace: one fixed-size block for the lightning indexer's prefill logits, reused by every layer
+and every forward of the process.
+
+A fresh [rows, context/4] fp32 tensor per layer per forward grows with the context and strands blocks in the
+caching allocator (on MI355X it ends in HSA_STATUS_ERROR_OUT_OF_RESOURCES under long agentic workloads). Instead
+the prefill logits are views into one block of `budget` bytes, allocated once; prefill processes query rows in
+chunks of `rows_per_chunk(width)` and finishes each chunk's top-k before the block is reused. Decode keeps a
+plain allocation (its size is bounded by the batch and, under CUDA graphs, lives in the graph pool).
+Budget: SGLANG_DSV4_FP4_LOGITS_BUDGET_MB (FP4 keys, default 2048) or SGLANG_DSV4_INDEXER_LOGITS_BUDGET_MB
+(otherwise, default 512).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from sglang.srt.environ import envs
+
+
+def logits_budget_bytes(index_format_name: str) -> int:
+    mb = (envs.SGLANG_DSV4_FP4_LOGITS_BUDGET_MB if "fp4" in index_format_name
+          else envs.SGLANG_DSV4_INDEXER_LOGITS_BUDGET_MB).get()
+    if mb <= 0:
+        raise ValueError(f"indexer logits budget must be positive, got {mb} MiB")
+    return mb << 20
+
+
+class IndexerLogitsWorkspace:
+    def __init__(self, budget_bytes: int, device, pooled: Optional[bool] = None) -> None:
+        self.budget_bytes = budget_bytes
+        self.device = device
+        self.pooled = (not envs.SGLANG_DSV4_DISABLE_LOGITS_POOL.get()) if pooled is None else pooled
+        self._block: Optional[torch.Tensor] = None
+        self.num_allocations = 0  # of the pooled block (stays 1; tests check it)
+
+    def rows_per_chunk(self, width: int) -> int:
+        """Query rows whose fp32 logits over `width` candidates fit the block (at least 1)."""
+        return max(1, self.budget_bytes // (4 * max(width, 1)))
+
+    def view(self, rows: int, width: int) -> torch.Tensor:
+        """A [rows, width] fp32 view of the pooled block (rows <= rows_per_chunk(width))."""
+        if not self.pooled:
+            return torch.empty(rows, width, dtype=torch.float32, device=self.device)
+        need = rows * width
+        if self._block is None:
+            # One row must always fit, even when a single row is wider than the budget.
+            self._block = torch.empty(max(self.budget_bytes // 4, width), dtype=torch.float32, device=self.device)
+            self.num_allocations += 1
+        if need > self._block.numel():
+            raise ValueError(f"{rows} rows x {width} candidates exceed the logits block; "
+                             f"use rows_per_chunk({width}) = {self.rows_per_chunk(width)} rows at a time")
+        return self._block[:need].view(rows, width)

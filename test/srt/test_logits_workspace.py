@@ -1,0 +1,71 @@
+"""Pooled, fixed-size indexer logits: prefill in row chunks that fit the block gives elementwise the same top-k
+as one pass; the block is allocated once per process and reused; decode keeps a plain allocation."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from oracle import engine, random_ids
+from sglang.srt.layers.attention.dsv4.logits_workspace import IndexerLogitsWorkspace, logits_budget_bytes
+from sglang.srt.environ import envs
+
+
+@functools.lru_cache(maxsize=None)
+def eng():
+    return engine("tiny", chunked_prefill_size=-1)
+
+
+def run_recording(e, ids, budget_bytes=None, pooled=True) -> tuple:
+    backend = e.model_runner.attn_backend
+    saved = backend.logits_workspace
+    if budget_bytes is not None:
+        backend.logits_workspace = IndexerLogitsWorkspace(budget_bytes, saved.device, pooled=pooled)
+    chosen = []
+    original = backend.forward_indexer
+
+    def record(indexer, q, weights, fb):
+        out = original(indexer, q, weights, fb)
+        chosen.append(out.clone())
+        return out
+
+    backend.forward_indexer = record
+    try:
+        out = e.generate(input_ids=ids, sampling_params={"temperature": 0, "max_new_tokens": 4, "ignore_eos": True},
+                         return_logprob=True, logprob_start_len=0)
+    finally:
+        backend.forward_indexer = original
+        used = backend.logits_workspace
+        backend.logits_workspace = saved
+    return chosen, out, used
+
+
+def test_many_chunks_equal_one_pass():
+    e = eng()
+    ids = random_ids(200, seed=9)
+    one, out_one, ws_one = run_recording(e, ids)
+    width = 200 // 4
+    many, out_many, ws_many = run_recording(e, ids, budget_bytes=4 * width * 3)  # 3 rows per chunk
+    assert ws_many.rows_per_chunk(width) == 3 and ws_one.rows_per_chunk(width) >= 200
+    assert len(one) == len(many) > 0
+    assert all(torch.equal(a, b) for a, b in zip(one, many))
+    assert out_one["output_ids"] == out_many["output_ids"]
+    assert out_one["meta_info"]["input_token_logprobs"] == out_many["meta_info"]["input_token_logprobs"]
+    assert ws_many.num_allocations == 1  # one block, reused by every layer, chunk and forward
+    unpooled, _, ws_off = run_recording(e, ids, budget_bytes=4 * width * 3, pooled=False)
+    assert all(torch.equal(a, b) for a, b in zip(one, unpooled)) and ws_off.num_allocations == 0
+    e.model_runner.token_allocator.check_all_free()
+
+
+def test_workspace_views_and_budgets():
+    ws = IndexerLogitsWorkspace(4096, "cpu")
+    assert ws.rows_per_chunk(100) == 10 and ws.rows_per_chunk(5000) == 1
+    a = ws.view(10, 100)
+    b = ws.view(3, 50)
+    assert a.data_ptr() == b.data_ptr() and ws.num_allocations == 1
+    wide = IndexerLogitsWorkspace(4096, "cpu")
+    assert wide.view(1, 5000).shape == (1, 5000)  # one row always fits
+    with envs.SGLANG_DSV4_FP4_LOGITS_BUDGET_MB.override(7), envs.SGLANG_DSV4_INDEXER_LOGITS_BUDGET_MB.override(3):
+        assert logits_budget_bytes("fp4_index") == 7 << 20 and logits_budget_bytes("fp8_index") == 3 << 20
+        assert logits_budget_bytes("dense_float32") == 3 << 20
