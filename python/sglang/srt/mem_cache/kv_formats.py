@@ -300,7 +300,7 @@ class Fp8IndexKeyFormat(EntryFormat):
         q = _from_bytes(rows[..., : self.dim], torch.float8_e4m3fn).to(torch.float32)
         scale = _from_bytes(rows[..., self.dim : self.bytes_per_entry], torch.float32)
         blocks = self._blocks(q) * scale.unsqueeze(-1)
-        return blocks.reshape(*rows.shape[:-1], -1)[..., : self.dim]
+        return blocks.reshape(*rows.shape[:-1], self.num_blocks * self.block)[..., : self.dim]
 
 
 @dataclass(frozen=True)
