@@ -69,3 +69,23 @@ def test_workspace_views_and_budgets():
     with envs.SGLANG_DSV4_FP4_LOGITS_BUDGET_MB.override(7), envs.SGLANG_DSV4_INDEXER_LOGITS_BUDGET_MB.override(3):
         assert logits_budget_bytes("fp4_index") == 7 << 20 and logits_budget_bytes("fp8_index") == 3 << 20
         assert logits_budget_bytes("dense_float32") == 3 << 20
+
+
+def test_quantized_index_keys_select_like_exact_keys():
+    """FP8 and FP4 index keys (Hadamard-rotated on both sides) pick nearly the same entries as exact keys; a
+    rotation applied on one side only would make the choice close to random."""
+    ids = random_ids(240, seed=4)
+    exact, _, _ = run_recording(eng(), ids)
+    for index in ("fp8", "fp4"):
+        kwargs = {"kv_cache_dtype": "fp8_e4m3"} if index == "fp8" else {"enable_deepseek_v4_fp4_indexer": True}
+        quant_eng = engine("tiny", chunked_prefill_size=-1, **kwargs)
+        assert quant_eng.model_runner.token_to_kv_pool.index_keys_rotated
+        quant, _, _ = run_recording(quant_eng, ids)
+        overlaps = []
+        for a, b in zip(exact[:1], quant[:1]):  # the first CSA layer of the prefill: same inputs up to FP8 noise
+            for ra, rb in zip(a.tolist(), b.tolist()):
+                sa, sb = {x for x in ra if x >= 0}, {x for x in rb if x >= 0}
+                if sa:
+                    overlaps.append(len(sa & sb) / len(sa))
+        mean = sum(overlaps) / len(overlaps)
+        assert mean > 0.8, (index, mean)

@@ -11,6 +11,7 @@ from typing import Optional
 import torch
 
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+from sglang.srt.layers.attention.dsv4.hadamard import hadamard_rotate
 from sglang.srt.layers.attention.dsv4.logits_workspace import IndexerLogitsWorkspace, logits_budget_bytes
 from sglang.srt.layers.attention.dsv4.metadata import (
     DSV4Metadata, RatioMetadata, build_compress_plan, build_entry_slots, build_window_slots)
@@ -70,6 +71,8 @@ class TorchAttnBackend(AttentionBackend):
             pooled = (content * logits.softmax(dim=1)).sum(dim=1)  # [N, d]: channel-wise softmax pool
             entries = compressor.finish(pooled, plan.entry_positions)
             if compressor.is_indexer:
+                if self.pool.index_keys_rotated:  # quantized keys are stored Hadamard-rotated (queries too)
+                    entries = hadamard_rotate(entries)
                 self.pool.set_index_k(compressor.layer_id, plan.entry_slots, entries)
             else:
                 self.pool.set_compressed_kv(compressor.layer_id, plan.entry_slots, entries)

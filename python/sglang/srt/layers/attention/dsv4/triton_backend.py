@@ -72,7 +72,8 @@ class TritonAttnBackend(TorchAttnBackend):
                           head_dim=compressor.head_dim, norm_weight=compressor.norm.weight, eps=compressor.norm.eps,
                           positions=plan.entry_positions, inv_freq=compressor.rotary.inv_freq,
                           rope_dim=compressor.rotary.rope_dim, out_cache=cache, out_slots=plan.entry_slots,
-                          out_format=fmt, hadamard=compressor.is_indexer and self.pool.index_keys_rotated)
+                          out_format=fmt, hadamard=compressor.is_indexer and self.pool.index_keys_rotated,
+                          compute_dtype=compressor.wkv.weight.dtype)
         dsv4_update_ring(state.buf, plan.ring_dst, fresh, plan.ring_src)
 
     # ---- indexer -------------------------------------------------------------------------------
