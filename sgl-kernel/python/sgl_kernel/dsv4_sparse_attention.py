@@ -1,0 +1,398 @@
+"""dsv4_sparse_attention: DeepSeek-V4 core attention over window + compressed KV entries, with the sink.
+
+For query row t and head h (docs/dsv4-architecture.md 5.6), over the union J of its valid window keys
+(`window_slots[t, :] >= 0`) and valid compressed entries (`extra_slots[r, j] >= 0` with r = extra_row_map[t]
+and j < extra_len[t]), K = V (MQA, one shared 512-dim key/value head):
+
+    s_j = softmax_scale * q_h . k_j                     M = max(max_j s_j, sink_h)
+    o_h = sum_j exp(s_j - M) k_j / (sum_j exp(s_j - M) + exp(sink_h - M))      (0 when J is empty)
+
+The sink is one extra logit with a zero value: it is only in the denominator (and is not scaled).
+Caches are dense [N, D] (float32/bfloat16/float16) or, with `fp8_rope_dim = R > 0`, uint8 rows of the
+"MODEL1_FP8Sparse" layout written by `dsv4_store_kv` (e4m3 nope * 2^(scale_byte - 127) per 64-block, bf16
+rope), dequantized in the kernel.
+
+Design (decode is the hot path: a few rows, 128 window + up to 8192 compressed keys each, H = 64, D = 512):
+* One program = (row t, block of BH heads, key split s). It streams its keys in blocks of BN: loads BN slots,
+  gathers the BN key rows once (dequantizing FP8 in registers), computes S = Q K^T (tl.dot, [BH, D] x [D, BN])
+  and the online-softmax update acc = acc * alpha + P K ([BH, BN] x [BN, D]); the value tile is the key tile
+  (K = V), so a key row is read from memory once per head block.
+* BH = 64 for H > 16 (all heads of a DeepSeek-V4 rank in one program): each key is gathered and dequantized
+  once per row, and M = 64 lets sm_90 use wgmma with q and k read from shared memory. The full D stays in
+  one program (acc [64, 512] fp32 = 128 registers a thread at 8 warps): splitting D across programs would
+  recompute S for every part, and with FP8 at H = 64, D = 512 the loop is already near the H200 ridge point
+  (4 H D = 131 kflop per 584-byte row = 224 flop/byte), so flops are not spent twice. Small H (TP shards,
+  tests) use BH = 16 (mma.sync). See `_launch_config` for the measured register budgets.
+* Split-K (flash-decoding): when rows x head blocks do not fill the GPU (batch 1-64 at H = 64), the key list
+  (window then extra, one index space of W + K) is cut into `num_splits` contiguous chunks of >= 128 keys;
+  each writes an unnormalized partial (acc [H, D], running max m, sum l; fp32) and a combine kernel merges
+  them with the sink: M = max(m_s, sink), o = sum_s 2^(m_s - M) acc_s / (sum_s 2^(m_s - M) l_s + 2^(sink - M)).
+  `num_splits` (None = `pick_num_splits`) is a runtime int: any value reuses the same compiled kernels.
+* Scores are kept in the log2 domain (scale * log2 e folded into S, exp2). Dots run in bf16 when q is bf16
+  and the cache is bf16 or FP8 (e4m3 * 2^e is exact in bf16), fp16 for fp16 q with an fp16 cache, else
+  fp32 ("ieee"); softmax statistics and accumulators are fp32.
+
+Bytes moved (the roofline numerator, per call): q T*H*D*q.itemsize + keys sum_t |J_t| * row_bytes
+(584 FP8 / 1024 bf16 for D = 512; invalid -1 keys are skipped by masking, not read) + slots
+T*(W + K)*idx.itemsize + out T*H*D*out.itemsize; with splits add 2 * T*num_splits*H*(D + 2)*4 for the
+partials (written then read back, mostly from L2). E.g. batch 1, HCA at 1M context, FP8: 8320 keys * 584 B
+= 4.9 MB of keys; its 65 splits of 128 keys write 8.5 MB of partials, read back at once from the H200's 50 MB L2
+(MIN_KEYS_PER_SPLIT trades that traffic against idle SMs; batch >= 132 rows runs without splits).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from sgl_kernel.dsv4_store_kv import check_fp8_kv_dims, fp8_kv_dequantize_ref, fp8_kv_row_bytes
+
+_LOG2E = tl.constexpr(1.4426950408889634)
+_NEG_BIG = tl.constexpr(-1.0e30)  # finite "-inf" for running maxima: exp2 of differences never makes NaN
+_DENSE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_INDEX_DTYPES = (torch.int32, torch.int64)
+MIN_KEYS_PER_SPLIT = 128  # a split smaller than this costs more in partial traffic than it gains
+_COMBINE_BD, _COMBINE_BS = 128, 16  # combine: D columns and splits per program step
+
+
+# ----------------------------------------------------------------------------- kernels
+
+
+@triton.jit
+def _load_keys(cache_ptr, slot, valid, D: tl.constexpr, D_PAD: tl.constexpr, ROPE: tl.constexpr,
+               ROW: tl.constexpr, BN: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """Key rows `slot` [BN] -> [BN, D_PAD] in DOT_DTYPE (zeros for invalid rows and padding columns)."""
+    cols = tl.arange(0, D_PAD)
+    rows = cache_ptr + slot.to(tl.int64)[:, None] * ROW  # [BN, 1] row pointers
+    if ROPE == 0:
+        k = tl.load(rows + cols[None, :], mask=valid[:, None] & (cols < D)[None, :], other=0.0)
+        k = k.to(tl.float32).to(DOT_DTYPE)  # explicit fp32 hop (a no-op pair when the dtypes already match)
+    else:
+        NOPE = D - ROPE
+        nope_mask = valid[:, None] & (cols < NOPE)[None, :]
+        raw = tl.load(rows + cols[None, :], mask=nope_mask, other=0)
+        nope = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        blk = tl.arange(0, D_PAD // 64)
+        sbyte = tl.load(rows + (NOPE + 2 * ROPE) + blk[None, :], mask=valid[:, None] & (blk < NOPE // 64)[None, :],
+                        other=0)
+        scale = (sbyte.to(tl.int32) << 23).to(tl.float32, bitcast=True)  # 2^(byte - 127); byte 0 -> 0
+        nope = tl.reshape(tl.reshape(nope, (BN, D_PAD // 64, 64)) * scale[:, :, None], (BN, D_PAD))
+        rope_rows = (rows + NOPE).to(tl.pointer_type(tl.bfloat16))
+        rope_mask = valid[:, None] & ((cols >= NOPE) & (cols < D))[None, :]
+        rope = tl.load(rope_rows + (cols - NOPE)[None, :], mask=rope_mask, other=0.0)
+        k = tl.where((cols < NOPE)[None, :], nope.to(DOT_DTYPE), rope.to(tl.float32).to(DOT_DTYPE))
+    return k
+
+
+@triton.jit
+def _attend(acc, m_i, l_i, q, cache_ptr, slots_ptr, start, end, qk_scale,
+            D: tl.constexpr, D_PAD: tl.constexpr, ROPE: tl.constexpr, ROW: tl.constexpr, BN: tl.constexpr,
+            DOT_DTYPE: tl.constexpr, DOT_IEEE: tl.constexpr):
+    """Online-softmax pass over list entries [start, end) of `slots_ptr` (log2-domain scores)."""
+    for j0 in range(start, end, BN):
+        offs = j0 + tl.arange(0, BN)
+        slot = tl.load(slots_ptr + offs, mask=offs < end, other=-1)
+        valid = slot >= 0
+        k = _load_keys(cache_ptr, slot, valid, D, D_PAD, ROPE, ROW, BN, DOT_DTYPE)
+        if DOT_IEEE:
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+        s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if DOT_IEEE:
+            acc = tl.dot(p.to(DOT_DTYPE), k, acc * alpha[:, None], input_precision="ieee")
+        else:
+            acc = tl.dot(p.to(DOT_DTYPE), k, acc * alpha[:, None])
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit(do_not_specialize=["W", "K", "chunk", "num_splits"])
+def _dsv4_sparse_attention_kernel(
+    q_ptr, out_ptr, sink_ptr,
+    win_cache, win_slots, ext_cache, ext_slots, ext_row_map, ext_len,
+    acc_part, m_part, l_part,
+    H, W, K, chunk, num_splits, qk_scale,
+    stride_qt, stride_qh, stride_ot, stride_oh,
+    D: tl.constexpr, D_PAD: tl.constexpr, ROPE: tl.constexpr, ROW: tl.constexpr,
+    HAS_EXTRA: tl.constexpr, HAS_ROW_MAP: tl.constexpr, HAS_LEN: tl.constexpr, SPLIT: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, DOT_IEEE: tl.constexpr, BH: tl.constexpr, BN: tl.constexpr,
+):
+    # flat grid, head blocks fastest: the programs sharing one (row, split) key range run side by side
+    pid = tl.program_id(0)
+    num_hb = tl.cdiv(H, BH)
+    hb = pid % num_hb
+    rest = pid // num_hb  # = t * num_splits + split
+    split = rest % num_splits
+    t = rest // num_splits
+    heads = hb * BH + tl.arange(0, BH)
+    cols = tl.arange(0, D_PAD)
+    hmask = heads < H
+    qmask = hmask[:, None] & (cols < D)[None, :]
+    q = tl.load(q_ptr + t.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + cols[None, :], mask=qmask,
+                other=0.0)
+    q = q.to(tl.float32).to(DOT_DTYPE)
+    m_i = tl.full([BH], _NEG_BIG, tl.float32)
+    l_i = tl.zeros([BH], tl.float32)
+    acc = tl.zeros([BH, D_PAD], tl.float32)
+    lo = split * chunk
+    hi = lo + chunk
+    # window keys: list indices [lo, hi) of [0, W)
+    acc, m_i, l_i = _attend(acc, m_i, l_i, q, win_cache, win_slots + t.to(tl.int64) * W, lo, tl.minimum(hi, W),
+                            qk_scale, D, D_PAD, ROPE, ROW, BN, DOT_DTYPE, DOT_IEEE)
+    if HAS_EXTRA:  # compressed entries: list indices [lo - W, hi - W) of [0, min(K, extra_len[t]))
+        r = t
+        if HAS_ROW_MAP:
+            r = tl.load(ext_row_map + t).to(tl.int32)
+        n_ext = K
+        if HAS_LEN:
+            n_ext = tl.minimum(tl.load(ext_len + t).to(tl.int32), K)
+        acc, m_i, l_i = _attend(acc, m_i, l_i, q, ext_cache, ext_slots + r.to(tl.int64) * K,
+                                tl.maximum(lo - W, 0), tl.minimum(hi - W, n_ext), qk_scale,
+                                D, D_PAD, ROPE, ROW, BN, DOT_DTYPE, DOT_IEEE)
+    if SPLIT:
+        base = rest.to(tl.int64) * H + heads  # partial index (t * num_splits + split) * H + h
+        tl.store(m_part + base, m_i, mask=hmask)
+        tl.store(l_part + base, l_i, mask=hmask)
+        tl.store(acc_part + base[:, None] * D + cols[None, :], acc, mask=qmask)
+    else:
+        sink = tl.load(sink_ptr + heads, mask=hmask, other=0.0).to(tl.float32) * _LOG2E
+        m_all = tl.maximum(m_i, sink)
+        keep = tl.exp2(m_i - m_all)
+        inv = keep / (l_i * keep + tl.exp2(sink - m_all))
+        o = acc * inv[:, None]
+        tl.store(out_ptr + t.to(tl.int64) * stride_ot + heads[:, None] * stride_oh + cols[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=qmask)
+
+
+@triton.jit(do_not_specialize=["num_splits"])
+def _dsv4_attention_combine_kernel(
+    acc_part, m_part, l_part, sink_ptr, out_ptr, H, num_splits, stride_ot, stride_oh,
+    D: tl.constexpr, BD: tl.constexpr, BS: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_db = tl.cdiv(D, BD)
+    db = pid % num_db
+    rest = pid // num_db  # = t * H + h
+    h = rest % H
+    t = rest // H
+    cols = db * BD + tl.arange(0, BD)
+    cmask = cols < D
+    sink = tl.load(sink_ptr + h).to(tl.float32) * _LOG2E
+    m_all = sink
+    for s0 in range(0, num_splits, BS):
+        s = s0 + tl.arange(0, BS)
+        m = tl.load(m_part + (t.to(tl.int64) * num_splits + s) * H + h, mask=s < num_splits, other=_NEG_BIG)
+        m_all = tl.maximum(m_all, tl.max(m, axis=0))
+    den = tl.exp2(sink - m_all)
+    num = tl.zeros([BD], tl.float32)
+    for s0 in range(0, num_splits, BS):
+        s = s0 + tl.arange(0, BS)
+        smask = s < num_splits
+        idx = (t.to(tl.int64) * num_splits + s) * H + h
+        m = tl.load(m_part + idx, mask=smask, other=_NEG_BIG)
+        w = tl.exp2(m - m_all)
+        den += tl.sum(tl.load(l_part + idx, mask=smask, other=0.0) * w, axis=0)
+        a = tl.load(acc_part + idx[:, None] * D + cols[None, :], mask=smask[:, None] & cmask[None, :], other=0.0)
+        num += tl.sum(a * w[:, None], axis=0)
+    tl.store(out_ptr + t.to(tl.int64) * stride_ot + h * stride_oh + cols, (num / den).to(out_ptr.dtype.element_ty),
+             mask=cmask)
+
+
+# ----------------------------------------------------------------------------- launch
+
+
+def _launch_config(num_heads: int, dot_dtype) -> dict:
+    """Static launch settings, keyed on the head count and dot dtype only (never on token or key counts).
+
+    Register budget, from ptxas -v on sm_90a (Triton 3.9, D = 512, FP8 cache): BH = 64 / BN = 16 / 8 warps uses
+    255 registers with ~72 B of spill (acc [64, 512] fp32 is 128 registers a thread; the dots are wgmma with q
+    and k read from shared memory) and dequantizes each key once per row; BH = 16 / BN = 32 / 8 warps uses
+    218 registers without spill but runs mma.sync with all of q held in registers and dequantizes each key
+    once per head block (4x at H = 64). fp32 dots (tests, fp32 models) are FMA loops: keep them small.
+    """
+    if dot_dtype == tl.float32:
+        return dict(BH=16, BN=16, num_warps=4, num_stages=1)
+    if num_heads > 16:
+        return dict(BH=64, BN=16, num_warps=8, num_stages=2)
+    return dict(BH=16, BN=32, num_warps=8, num_stages=2)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 132  # H200 / H100 SXM: CPU runs (the interpreter) pick the same splits as the target GPU
+
+
+def pick_num_splits(num_rows: int, num_heads: int, num_keys: int, device: torch.device, block_heads: int = 64) -> int:
+    """Key splits so that rows x head blocks x splits fills about one wave of SMs, each split >= 128 keys.
+
+    Depends on the row count, so outputs may differ in the last bits between batch sizes; pass
+    `num_splits` explicitly for batch-invariant results. The value is a runtime argument (no recompile).
+    """
+    programs = num_rows * triton.cdiv(num_heads, block_heads)
+    sms = _sm_count(device)
+    if num_keys <= MIN_KEYS_PER_SPLIT or programs >= sms:
+        return 1
+    return max(1, min(triton.cdiv(sms, programs), triton.cdiv(num_keys, MIN_KEYS_PER_SPLIT)))
+
+
+def _dot_dtype(q_dtype: torch.dtype, cache_dtype: torch.dtype, fp8: bool):
+    """(triton dtype of the tl.dot inputs, use ieee fp32) for q and the cache's key dtype."""
+    if q_dtype == torch.bfloat16 and (fp8 or cache_dtype == torch.bfloat16):
+        return tl.bfloat16, False
+    if q_dtype == torch.float16 and not fp8 and cache_dtype == torch.float16:
+        return tl.float16, False
+    return tl.float32, True
+
+
+def _check_cache(name: str, cache: torch.Tensor, d: int, rope: int) -> None:
+    assert cache.dim() == 2 and cache.is_contiguous(), f"{name} must be a contiguous 2-D tensor"
+    if rope > 0:
+        row = fp8_kv_row_bytes(d, rope)
+        assert cache.dtype == torch.uint8 and cache.shape[1] == row, (
+            f"{name}: FP8 cache must be uint8 [N, {row}] for D={d} rope={rope}, got {cache.dtype} {tuple(cache.shape)}")
+    else:
+        assert cache.dtype in _DENSE_DTYPES and cache.shape[1] == d, (
+            f"{name}: dense cache must be float32/bfloat16/float16 [N, {d}], got {cache.dtype} {tuple(cache.shape)}")
+
+
+def _check_index(name: str, x: torch.Tensor, ndim: int, rows=None) -> None:
+    assert x.dtype in _INDEX_DTYPES and x.is_contiguous(), f"{name} must be contiguous int32/int64, got {x.dtype}"
+    assert x.dim() == ndim and (rows is None or x.shape[0] == rows), (
+        f"{name}: expected {ndim}-D with {rows} rows, got shape {tuple(x.shape)}")
+
+
+def _check_args(q, window_cache, window_slots, extra_cache, extra_slots, extra_row_map, extra_len, sink,
+                softmax_scale, fp8_rope_dim, out) -> None:
+    assert q.dim() == 3 and q.dtype in _DENSE_DTYPES and q.stride(-1) == 1, (
+        f"q must be [T, H, D] float32/bfloat16/float16 with unit stride on D, got {tuple(q.shape)} {q.dtype}")
+    t, h, d = q.shape
+    if fp8_rope_dim > 0:
+        check_fp8_kv_dims(d, fp8_rope_dim)
+    _check_cache("window_cache", window_cache, d, fp8_rope_dim)
+    _check_index("window_slots", window_slots, 2, t)
+    assert (extra_cache is None) == (extra_slots is None), "pass extra_cache and extra_slots together"
+    if extra_cache is not None:
+        _check_cache("extra_cache", extra_cache, d, fp8_rope_dim)
+        assert extra_cache.dtype == window_cache.dtype, "window and extra caches must share one format"
+        _check_index("extra_slots", extra_slots, 2)
+        if extra_row_map is None:
+            assert extra_slots.shape[0] == t, f"without extra_row_map, extra_slots needs one list per row (R == T={t})"
+        else:
+            _check_index("extra_row_map", extra_row_map, 1, t)
+        if extra_len is not None:
+            _check_index("extra_len", extra_len, 1, t)
+    else:
+        assert extra_row_map is None and extra_len is None, "extra_row_map / extra_len need extra_slots"
+    assert sink is not None and softmax_scale is not None, "sink and softmax_scale are required"
+    assert sink.shape == (h,) and sink.is_floating_point() and sink.is_contiguous(), f"sink must be [H={h}] float"
+    if out is not None:
+        assert out.shape == q.shape and out.dtype == q.dtype and out.stride(-1) == 1, (
+            f"out must be {tuple(q.shape)} {q.dtype} with unit stride on D")
+    devices = {x.device for x in (q, window_cache, window_slots, extra_cache, extra_slots, extra_row_map, extra_len,
+                                  sink, out) if x is not None}
+    assert len(devices) == 1, f"all tensors must be on one device, got {devices}"
+
+
+def dsv4_sparse_attention(q, window_cache, window_slots, extra_cache=None, extra_slots=None, extra_row_map=None,
+                          extra_len=None, sink=None, softmax_scale=None, fp8_rope_dim=0, out=None,
+                          num_splits=None) -> torch.Tensor:
+    """Attention of q [T, H, D] over window keys + compressed entries with the sink; returns [T, H, D] (q.dtype).
+
+    window_slots [T, W] / extra_slots [R, K] (int32/int64, -1 = no key) index rows of window_cache /
+    extra_cache. extra_row_map [T] picks the list row of each query row (None: row t uses list t);
+    extra_len [T] limits row t to the first extra_len[t] entries (None: all). sink [H] (fp32 logits).
+    fp8_rope_dim > 0 selects the FP8 cache layout. num_splits: key splits (None: `pick_num_splits`).
+    """
+    _check_args(q, window_cache, window_slots, extra_cache, extra_slots, extra_row_map, extra_len, sink,
+                softmax_scale, fp8_rope_dim, out)
+    t, h, d = q.shape
+    out = torch.empty_like(q) if out is None else out
+    if t == 0:
+        return out
+    rope = max(fp8_rope_dim, 0)
+    has_extra = extra_slots is not None and extra_slots.shape[1] > 0
+    w = window_slots.shape[1]
+    k = extra_slots.shape[1] if has_extra else 0
+    d_pad = triton.next_power_of_2(max(d, 64))
+    dot_dtype, dot_ieee = _dot_dtype(q.dtype, window_cache.dtype, rope > 0)
+    cfg = _launch_config(h, dot_dtype)
+    bh, bn = cfg["BH"], cfg["BN"]
+    splits = num_splits if num_splits is not None else pick_num_splits(t, h, w + k, q.device, bh)
+    chunk = triton.cdiv(triton.cdiv(max(w + k, 1), max(splits, 1)), bn) * bn
+    splits = triton.cdiv(max(w + k, 1), chunk)
+    if splits > 1:
+        acc_part = torch.empty(t * splits * h * d, dtype=torch.float32, device=q.device)
+        m_part = torch.empty(t * splits * h, dtype=torch.float32, device=q.device)
+        l_part = torch.empty_like(m_part)
+    else:
+        acc_part = m_part = l_part = out  # unused
+    grid = (t * splits * triton.cdiv(h, bh),)
+    _dsv4_sparse_attention_kernel[grid](
+        q, out, sink, window_cache, window_slots,
+        extra_cache if has_extra else window_cache, extra_slots if has_extra else window_slots,
+        extra_row_map if extra_row_map is not None else window_slots,
+        extra_len if extra_len is not None else window_slots,
+        acc_part, m_part, l_part,
+        h, w, k, chunk, splits, softmax_scale * math.log2(math.e),
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        D=d, D_PAD=d_pad, ROPE=rope, ROW=window_cache.shape[1],
+        HAS_EXTRA=has_extra, HAS_ROW_MAP=has_extra and extra_row_map is not None,
+        HAS_LEN=has_extra and extra_len is not None, SPLIT=splits > 1,
+        DOT_DTYPE=dot_dtype, DOT_IEEE=dot_ieee, BH=bh, BN=bn,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+    if splits > 1:
+        bd = min(_COMBINE_BD, triton.next_power_of_2(d))
+        _dsv4_attention_combine_kernel[(t * h * triton.cdiv(d, bd),)](
+            acc_part, m_part, l_part, sink, out, h, splits, out.stride(0), out.stride(1),
+            D=d, BD=bd, BS=_COMBINE_BS, num_warps=4,
+        )
+    return out
+
+
+# ----------------------------------------------------------------------------- reference
+
+
+def _gather(cache: torch.Tensor, slots: torch.Tensor, d: int, rope: int) -> torch.Tensor:
+    rows = cache[slots.clamp(min=0).long()]
+    return fp8_kv_dequantize_ref(rows, d, rope) if rope > 0 else rows.to(torch.float32)
+
+
+def dsv4_sparse_attention_ref(q, window_cache, window_slots, extra_cache=None, extra_slots=None,
+                              extra_row_map=None, extra_len=None, sink=None, softmax_scale=None, fp8_rope_dim=0,
+                              out=None, num_splits=None, row_block: int = 64) -> torch.Tensor:
+    """Torch reference of `dsv4_sparse_attention`: gathers keys, computes in fp32 (num_splits is ignored)."""
+    _check_args(q, window_cache, window_slots, extra_cache, extra_slots, extra_row_map, extra_len, sink,
+                softmax_scale, fp8_rope_dim, out)
+    t, h, d = q.shape
+    rope = max(fp8_rope_dim, 0)
+    out = torch.empty_like(q) if out is None else out
+    for lo in range(0, t, row_block):
+        hi = min(lo + row_block, t)
+        win = window_slots[lo:hi]
+        keys, valid = [_gather(window_cache, win, d, rope)], [win >= 0]
+        if extra_slots is not None:
+            lists = extra_slots[extra_row_map[lo:hi].long()] if extra_row_map is not None else extra_slots[lo:hi]
+            ok = lists >= 0
+            if extra_len is not None:
+                ok &= torch.arange(lists.shape[1], device=q.device)[None, :] < extra_len[lo:hi, None]
+            keys.append(_gather(extra_cache, lists, d, rope))
+            valid.append(ok)
+        keys, valid = torch.cat(keys, dim=1), torch.cat(valid, dim=1)  # [t, J, D], [t, J]
+        scores = torch.einsum("thd,tjd->thj", q[lo:hi].float(), keys) * softmax_scale
+        scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
+        sinks = sink.float()[None, :, None].expand(hi - lo, h, 1)
+        lse = torch.logsumexp(torch.cat((scores, sinks), dim=-1), dim=-1, keepdim=True)
+        out[lo:hi] = torch.einsum("thj,tjd->thd", torch.exp(scores - lse), keys).to(q.dtype)
+    return out
