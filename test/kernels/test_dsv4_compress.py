@@ -1,7 +1,7 @@
 """dsv4_compress / dsv4_update_ring against the torch reference and against the engine's own path:
 TorchAttnBackend.forward_compressor + Compressor.finish + kv_formats on a stub pool, run on plans from the engine's
-build_compress_plan. With `hadamard` the stub pool rotates index keys by the engine's hadamard_rotate before
-storing them (arch 5.5); the engine's own pool does not rotate keys yet (only queries are rotated).
+build_compress_plan. With `hadamard` the engine backend rotates index keys by hadamard_rotate before
+storing them (arch 5.5), as it rotates queries before scoring.
 
 Tolerances (kernel vs reference / engine; reference vs engine is byte-identical):
 * Exact inputs (one-hot gates, +-1 contents, eps = 0, zero RoPE frequencies): every stage is exact in fp32, so the
@@ -108,7 +108,6 @@ def _engine_format(out_format: str, d: int, rope: int, dense_dtype: torch.dtype)
 
 def _engine_store(plan, ring, kv, gate, d, rope, inv_freq, weight, eps, compute_dtype, fmt, hadamard, num_slots):
     """Run TorchAttnBackend.forward_compressor + Compressor.finish on a stub pool; -> (entry rows, ring after)."""
-    from sglang.srt.layers.attention.dsv4.hadamard import hadamard_rotate
     from sglang.srt.layers.attention.dsv4.torch_backend import TorchAttnBackend
     from sglang.srt.layers.rotary import RotaryEmbedding
     from sglang.srt.models.deepseek_v4 import Compressor
@@ -120,10 +119,9 @@ def _engine_store(plan, ring, kv, gate, d, rope, inv_freq, weight, eps, compute_
     buf = fmt.allocate(num_slots)
     state = SimpleNamespace(buf=ring.clone())
 
-    def set_index_k(layer_id, slots, values):  # the pool rotates keys before quantizing them (arch 5.5)
-        fmt.store(buf, slots, hadamard_rotate(values))
-
-    pool = SimpleNamespace(compressor_state=lambda layer_id, is_indexer: state, set_index_k=set_index_k,
+    # The backend rotates index keys itself when the pool's index keys are quantized (arch 5.5).
+    pool = SimpleNamespace(compressor_state=lambda layer_id, is_indexer: state, index_keys_rotated=hadamard,
+                           set_index_k=lambda layer_id, slots, values: fmt.store(buf, slots, values),
                            set_compressed_kv=lambda layer_id, slots, values: fmt.store(buf, slots, values))
     fb = SimpleNamespace(attn_metadata=SimpleNamespace(ratios={plan.ratio: SimpleNamespace(plan=plan)}))
     TorchAttnBackend.forward_compressor(SimpleNamespace(pool=pool), comp, kv, gate, fb)
