@@ -15,8 +15,10 @@ export PYTHONUNBUFFERED=1 SGLANG_CACHE_DIR=/tmp/sgcache
 nvidia-smi -L
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name())'
 step() { echo "=== $1"; shift; ( "$@" ) 2>&1 | tee -a "$OUT/log.txt" | tail -${TAIL:-25}; }
-step "kernel tests (GPU-marked)" python3 -m pytest -q -m gpu test/kernels -x -rs -p no:cacheprovider
-step "triton backend tests" python3 -m pytest -q -s test/srt/test_gpu_triton_backend.py -p no:cacheprovider
+if [ "${1:-}" != rest ]; then
+  step "kernel tests (GPU-marked)" python3 -m pytest -q -m gpu test/kernels -x -rs -p no:cacheprovider
+  step "triton backend tests" python3 -m pytest -q -s test/srt/test_gpu_triton_backend.py -p no:cacheprovider
+fi
 [ "${1:-}" = quick ] && exit 0
 step "engine suite on the triton backend" env SGLANG_TEST_DEVICE=cuda SGLANG_TEST_ATTENTION_BACKEND=triton \
   python3 -m pytest -q test/srt/test_oracle_hf.py test/srt/test_mtp.py test/srt/test_quantized_checkpoint.py \
