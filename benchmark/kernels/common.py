@@ -32,8 +32,9 @@ class BenchRow:
         return d
 
 
-def time_cuda_us(fn: Callable[[], object], iters: int = 50, warmup: int = 5) -> float:
-    """Median wall time of fn() in microseconds, by CUDA events (one event pair per call)."""
+def time_eager_us(fn: Callable[[], object], iters: int = 50, warmup: int = 5) -> float:
+    """Median wall time of fn() in microseconds by CUDA events around each eager call. For small kernels this is the
+    host launch path (Python + Triton launcher), not the GPU."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -49,10 +50,32 @@ def time_cuda_us(fn: Callable[[], object], iters: int = 50, warmup: int = 5) -> 
     return times[len(times) // 2]
 
 
-def copy_bandwidth_gbps(num_bytes: int = 1 << 30) -> float:
-    """Device-to-device copy bandwidth, counting bytes read plus bytes written."""
-    a = torch.empty(num_bytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
+def time_cuda_us(fn: Callable[[], object], iters: int = 20, warmup: int = 3) -> float:
+    """GPU time of one fn() call in microseconds: the sum of the device times of every kernel it launches, from the
+    CUDA profiler (CUPTI), averaged over `iters` calls. Host launch overhead and gaps are excluded, as they are when
+    serving under CUDA graphs; `time_eager_us` gives the wall time with launches."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    total = 0.0
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:  # a kernel or memcpy on the GPU
+            total += event.time_range.elapsed_us()
+    return total / iters if total > 0 else time_eager_us(fn, iters=iters, warmup=0)
+
+
+def copy_bandwidth_gbps(num_elements: int = 1 << 30) -> float:
+    """Device-to-device copy bandwidth of two 2 GiB bf16 buffers (as shared/bench/hf_peer.py measures it),
+    counting bytes read plus bytes written."""
+    a = torch.empty(num_elements, dtype=torch.bfloat16, device="cuda").normal_()
     b = torch.empty_like(a)
-    us = time_cuda_us(lambda: b.copy_(a), iters=20)
+    num_bytes = a.numel() * a.element_size()
+    us = time_eager_us(lambda: b.copy_(a), iters=20)
     del a, b
     return 2 * num_bytes / (us * 1e-6) / 1e9

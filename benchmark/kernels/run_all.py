@@ -32,6 +32,12 @@ def main() -> None:
     gpu = torch.cuda.get_device_name()
     print(f"# {gpu}, torch {torch.__version__}, copy bandwidth {copy:.0f} GB/s (read + write), "
           f"{time.strftime('%Y-%m-%d')}\n")
+    from common import time_eager_us
+
+    empty = torch.empty(1, device="cuda")
+    launch = time_eager_us(lambda: empty.add_(1))
+    print(f"Times are GPU kernel times from the CUDA profiler (host launch excluded, as under CUDA graphs); an "
+          f"eager torch launch costs {launch:.1f} us of wall time here.\n")
     print("| kernel | case | time us | GB/s | fraction of copy bw | torch ref us | note |")
     print("|---|---|---|---|---|---|---|")
     rows = []
