@@ -39,8 +39,11 @@ class ServerArgs:
     # Kernels
     attention_backend: Optional[str] = None
     disable_cuda_graph: bool = False
-    # Speculative decoding (MTP draft); only the draft model's loading exists so far
+    # Speculative decoding with the checkpoint's MTP (NextN) layer, EAGLE-style with top-k 1
     speculative_algorithm: Optional[str] = None
+    speculative_num_steps: Optional[int] = None
+    speculative_eagle_topk: Optional[int] = None
+    speculative_num_draft_tokens: Optional[int] = None
     # Serving
     tp_size: int = 1
     reasoning_parser: Optional[str] = None
@@ -113,6 +116,9 @@ class ServerArgs:
         p.add_argument("--attention-backend", choices=ATTENTION_BACKENDS)
         p.add_argument("--disable-cuda-graph", action="store_true")
         p.add_argument("--speculative-algorithm", choices=("EAGLE", "NEXTN"))
+        p.add_argument("--speculative-num-steps", type=int)
+        p.add_argument("--speculative-eagle-topk", type=int)
+        p.add_argument("--speculative-num-draft-tokens", type=int)
         p.add_argument("--tp", "--tp-size", dest="tp_size", type=int, default=1)
         p.add_argument("--reasoning-parser", choices=("deepseek-v4",))
         p.add_argument("--tool-call-parser", choices=("deepseekv4",))

@@ -30,6 +30,39 @@ def best_attention_backend(device: str) -> str:
     return "triton" if device != "cpu" and has_library("triton") else "torch"
 
 
+def apply_speculative_defaults(args: "ServerArgs", config: DeepseekV4Config) -> list:
+    """EAGLE / NEXTN on the MTP layer: top-k 1 only; draft tokens = steps + 1 (the survey's 3-1-4 / 1-1-2)."""
+    spec = (args.speculative_num_steps, args.speculative_eagle_topk, args.speculative_num_draft_tokens)
+    if args.speculative_algorithm is None:
+        if any(v is not None for v in spec):
+            raise ValueError("--speculative-num-steps / --speculative-eagle-topk / --speculative-num-draft-tokens "
+                             "need --speculative-algorithm EAGLE")
+        return []
+    if args.speculative_algorithm == "NEXTN":
+        args.speculative_algorithm = "EAGLE"
+    if config.num_nextn_predict_layers < 1:
+        raise ValueError("--speculative-algorithm EAGLE needs the checkpoint's MTP layer "
+                         "(num_nextn_predict_layers is 0)")
+    applied = []
+    if args.speculative_num_steps is None:
+        args.speculative_num_steps = 3
+        applied.append("speculative_num_steps=3")
+    if not 1 <= args.speculative_num_steps <= 8:
+        raise ValueError(f"--speculative-num-steps must be in [1, 8], got {args.speculative_num_steps}")
+    if args.speculative_eagle_topk is None:
+        args.speculative_eagle_topk = 1
+    if args.speculative_eagle_topk != 1:
+        raise ValueError(f"--speculative-eagle-topk {args.speculative_eagle_topk}: DeepSeek-V4's MTP draft supports "
+                         f"top-k 1 only")
+    if args.speculative_num_draft_tokens is None:
+        args.speculative_num_draft_tokens = args.speculative_num_steps + 1
+        applied.append(f"speculative_num_draft_tokens={args.speculative_num_draft_tokens}")
+    if args.speculative_num_draft_tokens != args.speculative_num_steps + 1:
+        raise ValueError(f"--speculative-num-draft-tokens must equal --speculative-num-steps + 1 "
+                         f"({args.speculative_num_steps + 1}) with top-k 1, got {args.speculative_num_draft_tokens}")
+    return applied
+
+
 def apply_deepseek_v4_defaults(args: "ServerArgs") -> list:
     """Fill the options left unset with DeepSeek-V4 defaults and validate; returns 'name=value' of each default
     applied (printed at start)."""
@@ -57,6 +90,7 @@ def apply_deepseek_v4_defaults(args: "ServerArgs") -> list:
     default("max_running_requests", 256)
     default("chunked_prefill_size", 1024 if on_cpu else 8192)
     default("mem_fraction_static", 0.25 if on_cpu else 0.85)
+    applied += apply_speculative_defaults(args, config)
     if args.kv_cache_dtype == "fp8_e4m3" and config.nope_head_dim % 64:
         raise ValueError(f"--kv-cache-dtype fp8_e4m3 needs head_dim - qk_rope_head_dim ({config.nope_head_dim}) "
                          f"to be a multiple of 64")

@@ -129,6 +129,8 @@ class Engine:
             "finish_reason": req.finished_reason.to_json(),
             "e2e_latency": latency,
         }
+        if req.spec_accept_length is not None:
+            meta["spec_accept_length"] = req.spec_accept_length
         if req.return_logprob:
             values = dict(req.input_token_logprobs)
             meta["input_token_logprobs"] = [

@@ -16,6 +16,8 @@ class LogitsProcessorOutput:
     input_token_logprobs: Optional[torch.Tensor] = None
     # [T, n_hc, D] residual streams before the HC head (for the MTP draft), or None.
     hidden_states: Optional[torch.Tensor] = None
+    # [T, V] fp32 logits of every row when forward_batch.return_all_logits (speculative verification), or None.
+    all_logits: Optional[torch.Tensor] = None
 
 
 class LogitsProcessor(nn.Module):
@@ -28,6 +30,10 @@ class LogitsProcessor(nn.Module):
         fb = forward_batch
         last_rows = fb.extend_start_loc + fb.extend_seq_lens - 1
         input_logprobs = None
+        if fb.return_all_logits:
+            logits = head(hidden).float()
+            return LogitsProcessorOutput(next_token_logits=logits[last_rows], hidden_states=pre_hc_streams,
+                                         all_logits=logits)
         if fb.return_logprob:
             logits = head(hidden).float()
             targets = fb.logprob_target_ids

@@ -59,7 +59,9 @@ def _apply_penalties(logits: torch.Tensor, reqs: list) -> torch.Tensor:
     return logits
 
 
-def _sample_one(logits: torch.Tensor, p, generator: Optional[torch.Generator]) -> torch.Tensor:
+def filtered_probs(logits: torch.Tensor, p) -> torch.Tensor:
+    """The sampling distribution of one row [V]: softmax(logits / temperature) restricted by top-k, top-p, min-p
+    and renormalised (speculative acceptance uses the same distribution for draft and target)."""
     probs = torch.softmax(logits / p.temperature, dim=-1)
     if p.top_k > 0:
         kth = torch.topk(probs, min(p.top_k, probs.shape[-1])).values[-1]
@@ -70,4 +72,8 @@ def _sample_one(logits: torch.Tensor, p, generator: Optional[torch.Generator]) -
         probs = probs.scatter(0, order, sorted_probs.masked_fill(outside, 0.0))
     if p.min_p > 0:
         probs = torch.where(probs >= p.min_p * probs.max(), probs, torch.zeros_like(probs))
-    return torch.multinomial(probs / probs.sum(), 1, generator=generator)[0]
+    return probs / probs.sum()
+
+
+def _sample_one(logits: torch.Tensor, p, generator: Optional[torch.Generator]) -> torch.Tensor:
+    return torch.multinomial(filtered_probs(logits, p), 1, generator=generator)[0]

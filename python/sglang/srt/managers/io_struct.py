@@ -48,6 +48,7 @@ class ReqOutput:
     finished_reason: Optional[dict] = None  # FinishReason.to_json() once finished
     input_token_logprobs: Optional[list] = None  # [(position, logprob)], sent with the first token
     error: Optional[str] = None  # set when the request was rejected (the HTTP side answers 400)
+    spec_accept_length: Optional[float] = None  # tokens per verification so far (speculative decoding)
 
 
 @dataclass
@@ -57,6 +58,7 @@ class SchedulerStats:
     token_usage: float  # fraction of KV pages in use
     num_generated_tokens: int  # since start
     pools_all_free: bool = False  # no page, window slot or request slot is held (idle and leak-free)
+    spec_accept_length: Optional[float] = None  # mean tokens per verification since start (speculative decoding)
 
 
 @dataclass

@@ -66,6 +66,12 @@ class Req:
         return self.num_computed >= len(self.origin_input_ids)
 
     @property
+    def spec_accept_length(self) -> Optional[float]:
+        """Tokens committed per verification (speculative decoding), None otherwise."""
+        spec = getattr(self, "spec", None)
+        return spec.num_accepted_tokens / spec.num_verify if spec is not None and spec.num_verify else None
+
+    @property
     def logprob_start(self) -> int:
         n = len(self.origin_input_ids)
         return n - 1 if self.logprob_start_len < 0 else min(self.logprob_start_len, n - 1)

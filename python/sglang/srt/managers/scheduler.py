@@ -41,6 +41,13 @@ class Scheduler:
         self.running: list = []
         self.eos_ids = set(self.config.eos_token_ids)
         self.num_generated_tokens = 0  # since start, for throughput metrics
+        self.spec = None
+        self.num_draft_tokens = 0
+        if args.speculative_algorithm is not None:
+            from sglang.srt.speculative.eagle_worker import EagleWorker
+
+            self.spec = EagleWorker(model_runner, self)
+            self.num_draft_tokens = args.speculative_num_draft_tokens
 
     # ---- requests ---------------------------------------------------------------------------------
     def add_request(self, req: Req) -> None:
@@ -48,9 +55,12 @@ class Scheduler:
         n = len(req.origin_input_ids)
         if n == 0:
             raise ValueError("the prompt is empty: give at least one input token")
-        if n + req.sampling_params.max_new_tokens > self.context_length:
-            raise ValueError(f"prompt ({n} tokens) + max_new_tokens ({req.sampling_params.max_new_tokens}) "
+        if n + req.sampling_params.max_new_tokens + self.num_draft_tokens > self.context_length:
+            extra = f" + {self.num_draft_tokens} draft tokens" if self.num_draft_tokens else ""
+            raise ValueError(f"prompt ({n} tokens) + max_new_tokens ({req.sampling_params.max_new_tokens}){extra} "
                              f"exceeds the context length {self.context_length}")
+        if self.spec is not None and req.sampling_params.has_penalties:
+            raise ValueError("frequency/presence/repetition penalties are not supported with speculative decoding")
         bad = next((t for t in req.origin_input_ids if not 0 <= t < self.config.vocab_size), None)
         if bad is not None:
             raise ValueError(f"input token id {bad} is outside the vocabulary [0, {self.config.vocab_size})")
@@ -80,7 +90,7 @@ class Scheduler:
         return None
 
     def _pages_for(self, req: Req) -> int:
-        total = len(req.origin_input_ids) + req.sampling_params.max_new_tokens
+        total = len(req.origin_input_ids) + req.sampling_params.max_new_tokens + self.num_draft_tokens
         return -(-total // self.allocator.page_size)
 
     def has_work(self) -> bool:
@@ -99,11 +109,18 @@ class Scheduler:
 
     def run_batch(self, batch: ScheduleBatch) -> list:
         """Allocate, run and sample one batch of admitted requests."""
+        if self.spec is not None and batch.forward_mode.is_decode():
+            return self.spec.decode(batch.reqs)  # draft, verify, accept, roll back
         out_cache_loc = torch.cat([self.allocator.extend(r.alloc, r.num_computed + n)
                                    for r, n in zip(batch.reqs, batch.extend_lens)])
         fb = batch.to_forward_batch(out_cache_loc, self.runner.device)
+        fb.capture_hidden = self.spec is not None  # the draft consumes the target's streams of every row
         output = self.runner.forward(fb)
-        return self._process_results(batch, fb, output, sample(output.next_token_logits, batch.reqs))
+        updated = self._process_results(batch, fb, output, sample(output.next_token_logits, batch.reqs))
+        if self.spec is not None:
+            self.spec.after_extend(batch, output)  # fill the draft's window over the same rows, first drafts
+        self.finish_step(batch.reqs)
+        return updated
 
     def _admit(self) -> None:
         while self.waiting and len(self.running) < self.max_running:
@@ -121,6 +138,8 @@ class Scheduler:
 
     def _next_batch(self) -> Optional[ScheduleBatch]:
         decoding = [r for r in self.running if r.prefill_done]
+        if self.spec is not None and any(not r.prefill_done for r in self.running):
+            decoding = []  # speculative cycles run on their own; prefill chunks first
         reqs, lens = list(decoding), [1] * len(decoding)
         budget = self.chunk_budget - len(decoding)
         window_free = self.allocator.swa_slots.available() - len(decoding)
@@ -150,24 +169,32 @@ class Scheduler:
                         req.input_token_logprobs.append((req.num_computed + i + 1, values[row + i]))
             row += n
             req.num_computed += n
-            self.allocator.release_window(req.alloc, req.num_computed - (self.config.sliding_window - 1))
             if not req.prefill_done:
                 continue  # a chunk in the middle of the prompt: its sample is not a token
             if req.sampling_params.max_new_tokens == 0:
                 req.finished_reason = FinishReason("length", length=0)
             else:
-                req.output_ids.append(sampled.ids[b])
-                req.output_token_logprobs.append(sampled.logprobs[b])
-                req.output_top_logprobs.append(sampled.top_logprobs[b])
-                self.num_generated_tokens += 1
-                if req.first_token_time is None:
-                    req.first_token_time = time.perf_counter()
-                self._check_finished(req)
+                self.append_token(req, sampled.ids[b], sampled.logprobs[b], sampled.top_logprobs[b])
             updated.append(req)
-        for req in updated:
+        return updated
+
+    def finish_step(self, reqs: list) -> None:
+        """After a step: release window slots that slid out of every window; free finished requests."""
+        for req in reqs:
             if req.finished:
                 self.free_request(req)
-        return updated
+            elif req.alloc is not None:
+                self.allocator.release_window(req.alloc, req.num_computed - (self.config.sliding_window - 1))
+
+    def append_token(self, req: Req, token: int, logprob: float, top=None) -> None:
+        """Record one generated token and check the stop conditions."""
+        req.output_ids.append(token)
+        req.output_token_logprobs.append(logprob)
+        req.output_top_logprobs.append(top)
+        self.num_generated_tokens += 1
+        if req.first_token_time is None:
+            req.first_token_time = time.perf_counter()
+        self._check_finished(req)
 
     def _check_finished(self, req: Req) -> None:
         token, params = req.output_ids[-1], req.sampling_params

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import time
 import traceback
 
 import zmq
@@ -40,6 +41,7 @@ class SchedulerProcess:
         self.tokenizer = load_tokenizer(server_args.tokenizer_path or self.runner.model_path)
         self.scheduler = Scheduler(self.runner, self.tokenizer)
         self.sent: dict = {}  # rid -> output tokens already sent
+        self._last_log = (time.perf_counter(), 0)
         ctx = zmq.Context()
         self.recv = ctx.socket(zmq.PULL)
         self.recv.setsockopt(zmq.LINGER, 0)
@@ -74,6 +76,7 @@ class SchedulerProcess:
             outputs = answers + [self._progress(req) for req in updated]
             if outputs:
                 self.send.send_pyobj(BatchOutput(outputs, self._stats()))
+            self._log_progress()
 
     def _handle_messages(self, block: bool) -> list:
         answers = []
@@ -126,12 +129,26 @@ class SchedulerProcess:
             completion_tokens=len(req.output_ids),
             finished_reason=req.finished_reason.to_json() if req.finished else None,
             input_token_logprobs=list(req.input_token_logprobs) if (first or req.finished) and req.return_logprob
-            else None)
+            else None, spec_accept_length=req.spec_accept_length)
         if req.finished:
             self.sent.pop(req.rid, None)
         else:
             self.sent[req.rid] = len(req.output_ids)
         return out
+
+    def _log_progress(self, every_s: float = 10.0) -> None:
+        """A periodic decode log line: running/queued requests, token usage, throughput, accept length."""
+        now = time.perf_counter()
+        last_time, last_tokens = self._last_log
+        if now - last_time < every_s:
+            return
+        s = self.scheduler
+        rate = (s.num_generated_tokens - last_tokens) / (now - last_time)
+        accept = f", accept len {s.spec.mean_accept_length:.2f}" if s.spec is not None else ""
+        if s.has_work() or rate > 0:
+            logger.info("running %d, queued %d, token usage %.2f, gen throughput %.1f tok/s%s", len(s.running),
+                        len(s.waiting), s.token_usage(), rate, accept)
+        self._last_log = (now, s.num_generated_tokens)
 
     def _stats(self) -> SchedulerStats:
         s = self.scheduler
@@ -139,7 +156,8 @@ class SchedulerProcess:
         all_free = a.pages.is_full() and a.swa_slots.is_full() and a.req_to_token_pool.is_full()
         return SchedulerStats(num_running_reqs=len(s.running), num_waiting_reqs=len(s.waiting),
                               token_usage=s.token_usage(), num_generated_tokens=s.num_generated_tokens,
-                              pools_all_free=all_free)
+                              pools_all_free=all_free,
+                              spec_accept_length=s.spec.mean_accept_length if s.spec is not None else None)
 
 
 def _exit_with_parent() -> None:

@@ -161,6 +161,8 @@ class TokenizerManager:
         text = state.detok.visible_text(out.finished_reason) if state.detok else ""
         meta = {"id": rid, "prompt_tokens": state.prompt_tokens, "completion_tokens": len(state.output_ids),
                 "cached_tokens": 0, "finish_reason": out.finished_reason, "e2e_latency": now - state.created}
+        if out.spec_accept_length is not None:
+            meta["spec_accept_length"] = out.spec_accept_length
         if state.return_logprob:
             meta["output_token_logprobs"] = [(lp, t, None) for lp, t in zip(state.logprobs, state.output_ids)]
             if state.top_logprobs_num:

@@ -96,6 +96,23 @@ class DeepSeekV4TokenAllocator:
         del alloc.window_slots[:drop]
         alloc.window_start += drop
 
+    def truncate(self, alloc: ReqAllocation, num_tokens: int) -> None:
+        """Roll back to positions [0, num_tokens): rejected draft positions give their window slots back and lose
+        their full-slot mapping; pages stay (they were reserved at admission). What rejected rows wrote elsewhere
+        (compressed entries, staging rows) is position-addressed and rewritten before it is read again."""
+        drop = alloc.num_tokens - num_tokens
+        if drop <= 0:
+            return
+        row = self.req_to_token_pool.req_to_token[alloc.req_pool_idx]
+        full = row[num_tokens:alloc.num_tokens].to(torch.int64)
+        self.full_to_swa[full] = -1
+        keep = max(0, num_tokens - alloc.window_start)
+        self.swa_slots.free(alloc.window_slots[keep:])
+        del alloc.window_slots[keep:]
+        alloc.num_tokens = num_tokens
+        if not alloc.window_slots:
+            alloc.window_start = num_tokens
+
     def free_req(self, alloc: ReqAllocation) -> None:
         """Return every page, window slot and the request slot."""
         self.release_window(alloc, alloc.num_tokens)

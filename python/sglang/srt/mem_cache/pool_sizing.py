@@ -115,7 +115,8 @@ def plan_pools(config: DeepseekV4Config, *, page_size: int, max_running_requests
                          f"after {(state + req_to_token) / 2**20:.0f} MiB of fixed state; lower "
                          f"--max-running-requests or raise --mem-fraction-static / --max-total-tokens")
     chunk = chunked_prefill_size if chunked_prefill_size > 0 else context_length
-    min_window = max_running_requests * config.sliding_window + chunk
+    # Live windows of every request, plus its draft rows when speculating, plus one prefill chunk.
+    min_window = max_running_requests * (config.sliding_window + num_draft_tokens) + chunk
     swa_slots = max(int(tokens * swa_full_tokens_ratio), min_window)
     shape = PoolShape(page_size=page_size, num_pages=tokens // page_size + 1, num_swa_slots=swa_slots + 1,
                       max_num_reqs=max_running_requests, num_draft_tokens=num_draft_tokens)

@@ -29,6 +29,8 @@ class MetricsCollector:
                               labels, buckets=_TPOT_BUCKETS, registry=r)
         self.e2e = Histogram("sglang:e2e_request_latency_seconds", "request latency", labels,
                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.spec_accept_length = Gauge("sglang:spec_accept_length", "mean tokens per speculative verification",
+                                        labels, registry=r)
         self.model_name = model_name
         self._last = None  # (time, generated tokens) of the previous stats message
 
@@ -39,6 +41,8 @@ class MetricsCollector:
         self.num_running.labels(m).set(stats.num_running_reqs)
         self.num_queue.labels(m).set(stats.num_waiting_reqs)
         self.token_usage.labels(m).set(stats.token_usage)
+        if stats.spec_accept_length is not None:
+            self.spec_accept_length.labels(m).set(stats.spec_accept_length)
         now = time.perf_counter()
         if self._last is not None and now - self._last[0] >= 0.5:
             self.gen_throughput.labels(m).set((stats.num_generated_tokens - self._last[1]) / (now - self._last[0]))

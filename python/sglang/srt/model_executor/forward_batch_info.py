@@ -61,6 +61,8 @@ class ForwardBatch:
     logprob_target_ids: Optional[torch.Tensor] = None  # [T] int64
     # Return the pre-HC-head residual streams of every row (the MTP draft consumes them).
     capture_hidden: bool = False
+    # Return the logits of every row, not only each request's last (speculative verification).
+    return_all_logits: bool = False
     # Speculative decoding input of the draft model (pre-HC-head streams [T, n_hc, D]).
     spec_hidden_states: Optional[torch.Tensor] = None
     # Set by the ModelRunner.
@@ -78,7 +80,7 @@ class ForwardBatch:
     @classmethod
     def build(cls, forward_mode: ForwardMode, input_ids: list, req_pool_indices: list, prefix_lens: list,
               extend_lens: list, out_cache_loc: torch.Tensor, device, logprob_target_ids: Optional[list] = None,
-              capture_hidden: bool = False) -> "ForwardBatch":
+              capture_hidden: bool = False, return_all_logits: bool = False) -> "ForwardBatch":
         """Pack a batch from host lists: `input_ids` is the flat list of new tokens of every request in order."""
         bs = len(req_pool_indices)
         starts, acc = [], 0
@@ -103,5 +105,5 @@ class ForwardBatch:
             req_pool_indices_cpu=list(req_pool_indices),
             return_logprob=logprob_target_ids is not None,
             logprob_target_ids=None if logprob_target_ids is None else t(logprob_target_ids),
-            capture_hidden=capture_hidden,
+            capture_hidden=capture_hidden, return_all_logits=return_all_logits,
         )

@@ -94,7 +94,8 @@ class ModelRunner:
             context_length=args.context_length, chunked_prefill_size=args.chunked_prefill_size,
             swa_full_tokens_ratio=args.swa_full_tokens_ratio, budget_bytes=budget,
             kv_entry_bytes=kv_format.bytes_per_entry, index_entry_bytes=index_format.bytes_per_entry,
-            num_window_layers=num_layers, max_total_tokens=args.max_total_tokens)
+            num_window_layers=num_layers, max_total_tokens=args.max_total_tokens,
+            num_draft_tokens=args.speculative_num_draft_tokens or 0)
         shape = self.pool_plan.shape
         self.req_to_token_pool = ReqToTokenPool(shape.max_num_reqs, args.context_length, self.device)
         self.token_allocator = DeepSeekV4TokenAllocator(self.req_to_token_pool, shape.num_pages, shape.page_size,
@@ -118,9 +119,12 @@ class ModelRunner:
         return self.model(forward_batch.input_ids, forward_batch.positions, forward_batch)
 
     @torch.inference_mode()
-    def forward_draft(self, forward_batch: ForwardBatch, step: int = 0) -> LogitsProcessorOutput:
-        """One MTP step over rows (Hs_p, x_{p+1}) at positions p; see models/deepseek_v4_nextn.py."""
+    def forward_draft(self, forward_batch: ForwardBatch, step: int = 0,
+                      metadata_ready: bool = False) -> LogitsProcessorOutput:
+        """One MTP pass over rows (Hs_p, x_{p+1}) at positions p; see models/deepseek_v4_nextn.py.
+        `metadata_ready`: the multi-step draft backend already attached pools and built this step's metadata."""
         if self.draft_model is None:
             raise RuntimeError("the draft model is not loaded (start with --speculative-algorithm EAGLE)")
-        self._attach(forward_batch)
+        if not metadata_ready:
+            self._attach(forward_batch)
         return self.draft_model(forward_batch.input_ids, forward_batch.positions, forward_batch, step)

@@ -1,0 +1,186 @@
+"""EagleWorker: speculative decoding with DeepSeek-V4's MTP layer (EAGLE-style, top-k 1).
+
+Positions: after the target has processed [0, c) and sampled x_c, the draft row (Hs_{c-1}, x_c) at position c-1
+gave d_1 (in the previous draft-extend). One decode cycle then:
+  1. allocates target slots for the k+1 verify positions c..c+k;
+  2. drafts d_2..d_k: row (S_{i-1}, d_{i-1}) at position c+i-2, S = the MTP's own output streams (all step
+     metadata is built up front by the multi-step backend);
+  3. verifies rows [x_c, d_1..d_k] through the target (TARGET_VERIFY, every row its own window and visible
+     compressed entries), accepting drafts against the target's argmax (or by speculative sampling);
+  4. rolls the target back to the accepted length (window slots of rejected positions return; compressed entries
+     and staging rows they touched are position-addressed and rewritten before being read again);
+  5. draft-extends over the accepted rows (Hs_p from the verify, x_{p+1} the committed tokens), which fills the
+     draft's window with real rows and yields the next d_1.
+After every prefill chunk the draft extends over the same rows, so its window is always complete.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from sglang.srt.layers.attention.dsv4.multi_step_backend import DeepseekV4MultiStepBackend
+from sglang.srt.layers.sampler import filtered_probs
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang.srt.speculative.acceptance import accept_greedy, accept_sampling
+
+
+@dataclass
+class SpecState:
+    """A request's pending draft (set by draft-extend, consumed by the next cycle) and its acceptance counters."""
+
+    draft_token: int  # d_1
+    draft_streams: torch.Tensor  # S_1 [n_hc, D], the MTP output streams of the row that produced d_1
+    draft_probs: Optional[torch.Tensor]  # q_1 [V] when sampling (None for greedy)
+    num_verify: int = 0
+    num_accepted_tokens: int = 0  # tokens committed by verifications (accepted drafts + bonus)
+
+
+class EagleWorker:
+    def __init__(self, runner, scheduler) -> None:
+        self.runner, self.scheduler = runner, scheduler
+        self.allocator = runner.token_allocator
+        self.num_steps = runner.server_args.speculative_num_steps
+        self.window = runner.model_config.sliding_window
+        self.draft_backend = DeepseekV4MultiStepBackend(runner.attn_backend, max(1, self.num_steps - 1))
+        self.total_verify = 0
+        self.total_accepted = 0
+
+    @property
+    def mean_accept_length(self) -> float:
+        return self.total_accepted / self.total_verify if self.total_verify else 0.0
+
+    # ---- draft passes -----------------------------------------------------------------------------------------
+    def _draft_forward(self, reqs: list, starts: list, lens: list, input_ids: list,
+                       hidden: torch.Tensor) -> tuple:
+        """MTP rows [starts[b], starts[b] + lens[b]) of each request -> (last-row logits [B, V], streams [B, n, D])."""
+        rtt = self.runner.req_to_token_pool.req_to_token
+        loc = torch.cat([rtt[r.alloc.req_pool_idx, s:s + n] for r, s, n in zip(reqs, starts, lens)])
+        fb = ForwardBatch.build(ForwardMode.DRAFT_EXTEND, input_ids, [r.alloc.req_pool_idx for r in reqs], starts,
+                                lens, loc, self.runner.device, capture_hidden=True)
+        fb.spec_hidden_states = hidden
+        out = self.runner.forward_draft(fb)
+        last = fb.extend_start_loc + fb.extend_seq_lens - 1
+        return out.next_token_logits, out.hidden_states[last]
+
+    def _set_draft(self, req, logits: torch.Tensor, streams: torch.Tensor) -> None:
+        params = req.sampling_params
+        if params.is_greedy:
+            token, probs = int(logits.argmax()), None
+        else:
+            probs = filtered_probs(logits, params)
+            token = int(torch.multinomial(probs, 1, generator=req.generator))
+        counts = (req.spec.num_verify, req.spec.num_accepted_tokens) if getattr(req, "spec", None) else (0, 0)
+        req.spec = SpecState(token, streams, probs, *counts)
+
+    def after_extend(self, batch, output) -> None:
+        """Draft-extend over the rows a target EXTEND batch just processed (before their window slots are released).
+        A row at position p feeds (Hs_p, x_{p+1}); the last prompt position feeds the token sampled from it."""
+        reqs, starts, lens, ids, rows = [], [], [], [], []
+        row = 0
+        for req, n in zip(batch.reqs, batch.extend_lens):
+            start = req.num_computed - n
+            fill = req.fill_ids
+            if not req.finished and start + n < len(fill):  # x_{p+1} known for every row
+                reqs.append(req)
+                starts.append(start)
+                lens.append(n)
+                ids.extend(fill[start + 1:start + n + 1])
+                rows.append(torch.arange(row, row + n))
+            row += n
+        if not reqs:
+            return
+        hidden = output.hidden_states[torch.cat(rows).to(output.hidden_states.device)]
+        logits, streams = self._draft_forward(reqs, starts, lens, ids, hidden)
+        for b, req in enumerate(reqs):
+            if req.prefill_done:
+                self._set_draft(req, logits[b], streams[b])
+
+    # ---- one speculative decode cycle ---------------------------------------------------------------------
+    def decode(self, reqs: list) -> list:
+        k = self.num_steps
+        starts = [r.num_computed for r in reqs]
+        for req, c in zip(reqs, starts):  # verify positions c..c+k
+            self.allocator.extend(req.alloc, c + k + 1)
+        drafts, draft_probs = self._draft_steps(reqs, starts, k)
+        accepted = self._verify(reqs, starts, drafts, draft_probs)
+        self.scheduler.finish_step(reqs)
+        return accepted
+
+    def _draft_steps(self, reqs: list, starts: list, k: int) -> tuple:
+        """d_1 from the last draft-extend, then d_2..d_k (one MTP row per request per step)."""
+        drafts = [[r.spec.draft_token] for r in reqs]
+        probs = [[r.spec.draft_probs] for r in reqs]
+        streams = torch.stack([r.spec.draft_streams for r in reqs])
+        if k < 2:
+            return drafts, probs
+        rtt = self.runner.req_to_token_pool.req_to_token
+        steps = []
+        for i in range(2, k + 1):  # every step's metadata is built before the first step runs
+            pos = [c + i - 2 for c in starts]
+            loc = torch.stack([rtt[r.alloc.req_pool_idx, p] for r, p in zip(reqs, pos)])
+            steps.append(ForwardBatch.build(ForwardMode.DRAFT_EXTEND, [0] * len(reqs),
+                                            [r.alloc.req_pool_idx for r in reqs], pos, [1] * len(reqs), loc,
+                                            self.runner.device, capture_hidden=True))
+        self.draft_backend.init_forward_metadata(steps, self.runner)
+        for fb in steps:
+            fb.input_ids = torch.tensor([d[-1] for d in drafts], dtype=torch.int64, device=self.runner.device)
+            fb.spec_hidden_states = streams
+            out = self.runner.forward_draft(fb, metadata_ready=True)
+            streams = out.hidden_states
+            for b, req in enumerate(reqs):
+                params = req.sampling_params
+                if params.is_greedy:
+                    drafts[b].append(int(out.next_token_logits[b].argmax()))
+                    probs[b].append(None)
+                else:
+                    q = filtered_probs(out.next_token_logits[b], params)
+                    drafts[b].append(int(torch.multinomial(q, 1, generator=req.generator)))
+                    probs[b].append(q)
+        return drafts, probs
+
+    def _verify(self, reqs: list, starts: list, drafts: list, draft_probs: list) -> list:
+        k = self.num_steps
+        rtt = self.runner.req_to_token_pool.req_to_token
+        ids = [t for r, d in zip(reqs, drafts) for t in [r.output_ids[-1]] + d]
+        loc = torch.cat([rtt[r.alloc.req_pool_idx, c:c + k + 1] for r, c in zip(reqs, starts)])
+        fb = ForwardBatch.build(ForwardMode.TARGET_VERIFY, ids, [r.alloc.req_pool_idx for r in reqs], starts,
+                                [k + 1] * len(reqs), loc, self.runner.device, capture_hidden=True,
+                                return_all_logits=True)
+        out = self.runner.forward(fb)
+        logprobs = torch.log_softmax(out.all_logits, dim=-1)
+        ext_reqs, ext_starts, ext_lens, ext_ids, ext_rows = [], [], [], [], []
+        for b, (req, c) in enumerate(zip(reqs, starts)):
+            rows = slice(b * (k + 1), (b + 1) * (k + 1))
+            if req.sampling_params.is_greedy:
+                acc = accept_greedy(drafts[b], out.all_logits[rows])
+            else:
+                acc = accept_sampling(drafts[b], torch.stack(draft_probs[b]), out.all_logits[rows],
+                                      req.sampling_params, req.generator)
+            self.total_verify += 1
+            req.spec.num_verify += 1
+            committed = 0
+            for i, token in enumerate(acc.tokens):
+                self.scheduler.append_token(req, token, float(logprobs[b * (k + 1) + i, token]))
+                committed += 1
+                if req.finished:
+                    break
+            self.total_accepted += committed
+            req.spec.num_accepted_tokens += committed
+            req.num_computed = c + 1 + acc.num_accepted_drafts  # x_c and the accepted drafts are real rows
+            if req.finished:
+                continue
+            self.allocator.truncate(req.alloc, req.num_computed)
+            ext_reqs.append(req)
+            ext_starts.append(c)
+            ext_lens.append(acc.num_accepted_drafts + 1)
+            ext_ids.extend(acc.tokens)
+            ext_rows.append(torch.arange(b * (k + 1), b * (k + 1) + acc.num_accepted_drafts + 1))
+        if ext_reqs:
+            hidden = out.hidden_states[torch.cat(ext_rows).to(out.hidden_states.device)]
+            logits, streams = self._draft_forward(ext_reqs, ext_starts, ext_lens, ext_ids, hidden)
+            for b, req in enumerate(ext_reqs):
+                self._set_draft(req, logits[b], streams[b])
+        return list(reqs)
