@@ -1,0 +1,99 @@
+"""Decode speed with and without MTP speculative decoding, on a checkpoint whose draft predicts the target.
+
+    python benchmark/bench_speculative.py [--config shared/bench/flash-slice-4l32e.config.json] [--steps 3]
+        [--batch 1 16] [--new-tokens 64] [--out result.json]
+
+Builds (once, under --work-dir) a random native checkpoint of the config, then the "predictable" variant of
+test/srt/spec_checkpoint.py (attention outputs and expert w2 zeroed, head = shifted embedding, MTP = identity on the
+next token's embedding), so the draft's tokens are always accepted: the accept length is steps + 1 and the speed-up
+is the best the engine's speculative path can give. Reports decode tokens/s per batch size, both ways.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "test", "srt"))
+
+
+def build_checkpoint(config_path: str, work_dir: str) -> str:
+    from sglang.srt.model_loader.tiny_checkpoint import make_tiny_checkpoint
+    from spec_checkpoint import make_predictable
+
+    with open(config_path) as f:
+        config = json.load(f)
+    config.pop("quantization_config", None)
+    config.pop("expert_dtype", None)
+    base = os.path.join(work_dir, "base")
+    if not os.path.exists(base):
+        make_tiny_checkpoint(base, config, seed=0, dtype="float32" if not torch.cuda.is_available() else "bfloat16")
+    return make_predictable(base, os.path.join(work_dir, "predictable"))
+
+
+def engine_ctx(path: str) -> int:
+    with open(os.path.join(path, "config.json")) as f:
+        return json.load(f)["max_position_embeddings"]
+
+
+def decode_tok_s(engine, batch: int, prompt_len: int, new_tokens: int) -> tuple:
+    vocab = engine.model_runner.model_config.vocab_size
+    g = torch.Generator().manual_seed(0)
+    ids = [torch.randint(2, vocab, (prompt_len,), generator=g).tolist() for _ in range(batch)]
+    params = {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True}
+    engine.generate(input_ids=ids, sampling_params={**params, "max_new_tokens": 2})  # warm-up
+    prefill_only = {**params, "max_new_tokens": 1}
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    sync()
+    t = time.perf_counter()
+    engine.generate(input_ids=ids, sampling_params=prefill_only)
+    sync()
+    prefill = time.perf_counter() - t
+    t = time.perf_counter()
+    outs = engine.generate(input_ids=ids, sampling_params=params)
+    sync()
+    total = time.perf_counter() - t
+    tokens = sum(len(o["output_ids"]) for o in outs)
+    accept = outs[0]["meta_info"].get("spec_accept_length")
+    return batch * (new_tokens - 1) / max(total - prefill, 1e-9), accept, tokens
+
+
+def main() -> None:
+    import sglang
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--config", default=os.path.join(ROOT, "..", "shared", "bench", "flash-slice-4l32e.config.json"))
+    ap.add_argument("--work-dir", default="/tmp/sglang-bench-spec")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 16])
+    ap.add_argument("--prompt-len", type=int, default=256)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    path = build_checkpoint(args.config, args.work_dir)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    rows = []
+    for spec in (False, True):
+        kwargs = dict(speculative_algorithm="EAGLE", speculative_num_steps=args.steps) if spec else {}
+        engine = sglang.Engine(model_path=path, device=device, log_level="warning", max_running_requests=max(args.batch),
+                               context_length=min(4096, engine_ctx(path)), **kwargs)
+        for bs in args.batch:
+            tok_s, accept, _ = decode_tok_s(engine, bs, args.prompt_len, args.new_tokens)
+            rows.append({"speculative": spec, "batch": bs, "decode_tok_s": tok_s, "accept_length": accept})
+            print(f"speculative={spec!s:5} batch {bs:3d}: decode {tok_s:9.1f} tok/s"
+                  + (f", accept length {accept:.2f}" if accept else ""))
+        engine.shutdown()
+        del engine
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
