@@ -1,8 +1,8 @@
 """Accepting draft tokens against the target's distributions.
 
-Greedy (temperature 0): accept the longest prefix of drafts equal to the target's argmax, then one bonus token
-(the target's argmax after it), so the output is token for token the non-speculative greedy output.
-Sampling: standard speculative sampling: draft i is kept with probability min(1, p_i(d)/q_i(d)); on the first
+Greedy (temperature 0) acceptance is vectorised in EagleWorker._verify: the longest prefix of drafts equal to the
+target's argmax, then one bonus token (the target's argmax after it), so the output is token for token the
+non-speculative greedy output. Sampling, here: standard speculative sampling: draft i is kept with probability min(1, p_i(d)/q_i(d)); on the first
 rejection a token is drawn from normalise(max(p_i - q_i, 0)) instead; if every draft is kept, a bonus token is drawn
 from p_{k+1}. The output distribution then equals sampling from the target alone.
 """
@@ -21,15 +21,6 @@ from sglang.srt.layers.sampler import filtered_probs
 class Acceptance:
     tokens: list  # accepted drafts, then the bonus / correction token
     num_accepted_drafts: int
-
-
-def accept_greedy(drafts: list, target_logits: torch.Tensor) -> Acceptance:
-    """drafts d_1..d_k, target_logits [k+1, V] (row i predicts the token after d_i; row 0 after the last real one)."""
-    best = target_logits.argmax(dim=-1).tolist()
-    j = 0
-    while j < len(drafts) and drafts[j] == best[j]:
-        j += 1
-    return Acceptance(tokens=drafts[:j] + [best[j]], num_accepted_drafts=j)
 
 
 def accept_sampling(drafts: list, draft_probs: torch.Tensor, target_logits: torch.Tensor, params,

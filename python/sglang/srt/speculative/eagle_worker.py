@@ -24,14 +24,14 @@ import torch
 from sglang.srt.layers.attention.dsv4.multi_step_backend import DeepseekV4MultiStepBackend
 from sglang.srt.layers.sampler import filtered_probs
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
-from sglang.srt.speculative.acceptance import accept_greedy, accept_sampling
+from sglang.srt.speculative.acceptance import accept_sampling
 
 
 @dataclass
 class SpecState:
     """A request's pending draft (set by draft-extend, consumed by the next cycle) and its acceptance counters."""
 
-    draft_token: int  # d_1
+    draft_token: torch.Tensor  # d_1, a 0-d int64 tensor on the device (no host round trip between passes)
     draft_streams: torch.Tensor  # S_1 [n_hc, D], the MTP output streams of the row that produced d_1
     draft_probs: Optional[torch.Tensor]  # q_1 [V] when sampling (None for greedy)
     num_verify: int = 0
@@ -65,15 +65,22 @@ class EagleWorker:
         last = fb.extend_start_loc + fb.extend_seq_lens - 1
         return out.next_token_logits, out.hidden_states[last]
 
-    def _set_draft(self, req, logits: torch.Tensor, streams: torch.Tensor) -> None:
-        params = req.sampling_params
-        if params.is_greedy:
-            token, probs = int(logits.argmax()), None
-        else:
-            probs = filtered_probs(logits, params)
-            token = int(torch.multinomial(probs, 1, generator=req.generator))
-        counts = (req.spec.num_verify, req.spec.num_accepted_tokens) if getattr(req, "spec", None) else (0, 0)
-        req.spec = SpecState(token, streams, probs, *counts)
+    def _next_tokens(self, reqs: list, logits: torch.Tensor) -> tuple:
+        """Draft tokens [B] on the device: argmax for greedy requests, a draw from the request's sampling
+        distribution otherwise (its probabilities are kept for the acceptance test). No host synchronisation."""
+        tokens = logits.argmax(dim=-1)
+        probs = [None] * len(reqs)
+        for b, req in enumerate(reqs):
+            if not req.sampling_params.is_greedy:
+                probs[b] = filtered_probs(logits[b], req.sampling_params)
+                tokens[b] = torch.multinomial(probs[b], 1, generator=req.generator)[0]
+        return tokens, probs
+
+    def _set_drafts(self, reqs: list, logits: torch.Tensor, streams: torch.Tensor) -> None:
+        tokens, probs = self._next_tokens(reqs, logits)
+        for b, req in enumerate(reqs):
+            counts = (req.spec.num_verify, req.spec.num_accepted_tokens) if getattr(req, "spec", None) else (0, 0)
+            req.spec = SpecState(tokens[b], streams[b], probs[b], *counts)
 
     def after_extend(self, batch, output) -> None:
         """Draft-extend over the rows a target EXTEND batch just processed (before their window slots are released).
@@ -94,9 +101,10 @@ class EagleWorker:
             return
         hidden = output.hidden_states[torch.cat(rows).to(output.hidden_states.device)]
         logits, streams = self._draft_forward(reqs, starts, lens, ids, hidden)
-        for b, req in enumerate(reqs):
-            if req.prefill_done:
-                self._set_draft(req, logits[b], streams[b])
+        done = [b for b, req in enumerate(reqs) if req.prefill_done]
+        if done:
+            index = torch.tensor(done, device=logits.device)
+            self._set_drafts([reqs[b] for b in done], logits[index], streams[index])
 
     # ---- one speculative decode cycle ---------------------------------------------------------------------
     def decode(self, reqs: list) -> list:
@@ -110,8 +118,9 @@ class EagleWorker:
         return accepted
 
     def _draft_steps(self, reqs: list, starts: list, k: int) -> tuple:
-        """d_1 from the last draft-extend, then d_2..d_k (one MTP row per request per step)."""
-        drafts = [[r.spec.draft_token] for r in reqs]
+        """d_1 from the last draft-extend, then d_2..d_k (one MTP row per request per step) -> (drafts [B, k] on the
+        device, per-request lists of draft distributions for sampled requests)."""
+        drafts = torch.stack([r.spec.draft_token for r in reqs]).unsqueeze(1)
         probs = [[r.spec.draft_probs] for r in reqs]
         streams = torch.stack([r.spec.draft_streams for r in reqs])
         if k < 2:
@@ -125,62 +134,75 @@ class EagleWorker:
                                             [r.alloc.req_pool_idx for r in reqs], pos, [1] * len(reqs), loc,
                                             self.runner.device, capture_hidden=True))
         self.draft_backend.init_forward_metadata(steps, self.runner)
+        columns = [drafts[:, 0]]
         for fb in steps:
-            fb.input_ids = torch.tensor([d[-1] for d in drafts], dtype=torch.int64, device=self.runner.device)
+            fb.input_ids = columns[-1]
             fb.spec_hidden_states = streams
             out = self.runner.forward_draft(fb, metadata_ready=True)
             streams = out.hidden_states
-            for b, req in enumerate(reqs):
-                params = req.sampling_params
-                if params.is_greedy:
-                    drafts[b].append(int(out.next_token_logits[b].argmax()))
-                    probs[b].append(None)
-                else:
-                    q = filtered_probs(out.next_token_logits[b], params)
-                    drafts[b].append(int(torch.multinomial(q, 1, generator=req.generator)))
-                    probs[b].append(q)
-        return drafts, probs
+            tokens, step_probs = self._next_tokens(reqs, out.next_token_logits)
+            columns.append(tokens)
+            for b in range(len(reqs)):
+                probs[b].append(step_probs[b])
+        return torch.stack(columns, dim=1), probs
 
-    def _verify(self, reqs: list, starts: list, drafts: list, draft_probs: list) -> list:
+    def _verify(self, reqs: list, starts: list, drafts: torch.Tensor, draft_probs: list) -> list:
+        """drafts [B, k] on the device. Greedy acceptance is computed for the whole batch on the device and read
+        back in one transfer; sampled requests run the speculative-sampling test row by row."""
         k = self.num_steps
+        device = self.runner.device
         rtt = self.runner.req_to_token_pool.req_to_token
-        ids = [t for r, d in zip(reqs, drafts) for t in [r.output_ids[-1]] + d]
+        last = torch.tensor([r.output_ids[-1] for r in reqs], dtype=torch.int64, device=device)
         loc = torch.cat([rtt[r.alloc.req_pool_idx, c:c + k + 1] for r, c in zip(reqs, starts)])
-        fb = ForwardBatch.build(ForwardMode.TARGET_VERIFY, ids, [r.alloc.req_pool_idx for r in reqs], starts,
-                                [k + 1] * len(reqs), loc, self.runner.device, capture_hidden=True,
-                                return_all_logits=True)
+        fb = ForwardBatch.build(ForwardMode.TARGET_VERIFY, [0] * (len(reqs) * (k + 1)),
+                                [r.alloc.req_pool_idx for r in reqs], starts, [k + 1] * len(reqs), loc, device,
+                                capture_hidden=True, return_all_logits=True)
+        fb.input_ids = torch.cat((last[:, None], drafts), dim=1).flatten()
         out = self.runner.forward(fb)
-        logprobs = torch.log_softmax(out.all_logits, dim=-1)
-        ext_reqs, ext_starts, ext_lens, ext_ids, ext_rows = [], [], [], [], []
+        logits = out.all_logits.view(len(reqs), k + 1, -1)
+        logprobs = torch.log_softmax(logits, dim=-1)
+        best = logits.argmax(dim=-1)  # [B, k+1]
+        num_acc = (drafts == best[:, :k]).int().cumprod(dim=1).sum(dim=1)
+        best_lp = logprobs.gather(2, best[:, :, None]).squeeze(2)
+        draft_lp = logprobs[:, :k].gather(2, drafts[:, :, None]).squeeze(2)
+        host = torch.cat((best, drafts, num_acc[:, None]), dim=1).tolist()  # the one sync of the cycle
+        host_lp = torch.cat((best_lp, draft_lp), dim=1).tolist()
+        ext_reqs, ext_starts, ext_lens, ext_ids, ext_rows = [], [], [], [], []  # the draft-extend rows
         for b, (req, c) in enumerate(zip(reqs, starts)):
-            rows = slice(b * (k + 1), (b + 1) * (k + 1))
+            row_best, row_drafts, j = host[b][:k + 1], host[b][k + 1:2 * k + 1], host[b][2 * k + 1]
             if req.sampling_params.is_greedy:
-                acc = accept_greedy(drafts[b], out.all_logits[rows])
+                tokens = row_drafts[:j] + [row_best[j]]
+                lps = host_lp[b][k + 1:k + 1 + j] + [host_lp[b][j]]
             else:
-                acc = accept_sampling(drafts[b], torch.stack(draft_probs[b]), out.all_logits[rows],
-                                      req.sampling_params, req.generator)
-            self.total_verify += 1
-            req.spec.num_verify += 1
-            committed = 0
-            for i, token in enumerate(acc.tokens):
-                self.scheduler.append_token(req, token, float(logprobs[b * (k + 1) + i, token]))
-                committed += 1
-                if req.finished:
-                    break
-            self.total_accepted += committed
-            req.spec.num_accepted_tokens += committed
-            req.num_computed = c + 1 + acc.num_accepted_drafts  # x_c and the accepted drafts are real rows
+                acc = accept_sampling(row_drafts, torch.stack(draft_probs[b]), logits[b], req.sampling_params,
+                                      req.generator)
+                tokens, j = acc.tokens, acc.num_accepted_drafts
+                lps = [float(logprobs[b, i, t]) for i, t in enumerate(tokens)]
+            self._commit(req, tokens, lps)
+            req.num_computed = c + 1 + j  # x_c and the accepted drafts are real rows
             if req.finished:
                 continue
             self.allocator.truncate(req.alloc, req.num_computed)
             ext_reqs.append(req)
             ext_starts.append(c)
-            ext_lens.append(acc.num_accepted_drafts + 1)
-            ext_ids.extend(acc.tokens)
-            ext_rows.append(torch.arange(b * (k + 1), b * (k + 1) + acc.num_accepted_drafts + 1))
+            ext_lens.append(j + 1)
+            ext_ids.extend(tokens)
+            ext_rows.append(torch.arange(b * (k + 1), b * (k + 1) + j + 1))
         if ext_reqs:
             hidden = out.hidden_states[torch.cat(ext_rows).to(out.hidden_states.device)]
-            logits, streams = self._draft_forward(ext_reqs, ext_starts, ext_lens, ext_ids, hidden)
-            for b, req in enumerate(ext_reqs):
-                self._set_draft(req, logits[b], streams[b])
+            logits_d, streams = self._draft_forward(ext_reqs, ext_starts, ext_lens, ext_ids, hidden)
+            self._set_drafts(ext_reqs, logits_d, streams)
         return list(reqs)
+
+    def _commit(self, req, tokens: list, logprobs: list) -> None:
+        """Append accepted tokens in order, stopping at the first that finishes the request."""
+        self.total_verify += 1
+        req.spec.num_verify += 1
+        committed = 0
+        for token, lp in zip(tokens, logprobs):
+            self.scheduler.append_token(req, token, lp)
+            committed += 1
+            if req.finished:
+                break
+        self.total_accepted += committed
+        req.spec.num_accepted_tokens += committed
