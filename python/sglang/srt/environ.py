@@ -21,6 +21,24 @@ def _bool(text: str) -> bool:
     raise ValueError(f"not a boolean: {text!r}")
 
 
+def _tristate(text: str):
+    """'auto' (or empty) -> None: the platform decides; otherwise a boolean."""
+    return None if text.strip().lower() in ("auto", "") else _bool(text)
+
+
+def _choice(*allowed: str, aliases: dict = None) -> Callable[[str], str]:
+    aliases = aliases or {}
+
+    def parse(text: str) -> str:
+        value = text.strip().lower()
+        value = aliases.get(value, value)
+        if value not in allowed:
+            raise ValueError(f"must be one of {'|'.join(allowed + tuple(aliases))}")
+        return value
+
+    return parse
+
+
 @dataclass
 class EnvVar:
     name: str
@@ -79,6 +97,22 @@ class Envs:
                                              "instead of viewing the pooled block")
     SGLANG_DSV4_COMPRESS_STATE_DTYPE = EnvVar("SGLANG_DSV4_COMPRESS_STATE_DTYPE", "float32", str,
                                               "dtype of the compressor staging rings (float32 only for now)")
+
+    # Platform (ROCm / AMD); decided in arg_groups/platform_defaults.py, documented in docs/platforms.md
+    SGLANG_USE_AITER = EnvVar("SGLANG_USE_AITER", None, _tristate,
+                              "use AMD's AITER kernels where they are a drop-in swap (auto: on ROCm when `aiter` "
+                              "is installed; 0: never; ignored off ROCm)")
+    SGLANG_HACK_FLASHMLA_BACKEND = EnvVar(
+        "SGLANG_HACK_FLASHMLA_BACKEND", "auto",
+        _choice("auto", "triton", "torch", aliases={"unified_kv_triton": "triton"}),
+        "kernel of `--attention-backend dsv4` (or unset): auto = triton on a GPU when Triton imports, else torch; "
+        "triton|torch force one (upstream's unified_kv_triton, used by the AMD recipes, is read as triton: ours is "
+        "one Triton kernel over window + compressed KV). An explicit --attention-backend triton|torch wins")
+    SGLANG_OPT_FLASHMLA_SPARSE_PREFILL = EnvVar(
+        "SGLANG_OPT_FLASHMLA_SPARSE_PREFILL", None, _tristate,
+        "sparse-prefill attention variant (auto: on for CUDA, off for ROCm; forced off on ROCm, where upstream's "
+        "variant returns wrong output on MI355X). Recorded decision only: prefill and decode share one sparse "
+        "kernel here, no separate sparse-prefill kernel exists yet")
 
     @classmethod
     def all(cls) -> list:

@@ -39,6 +39,9 @@ class ServerArgs:
     # Kernels
     attention_backend: Optional[str] = None
     disable_cuda_graph: bool = False
+    # Shared expert run as routed expert E (weight 1 for every token); default: on for ROCm, off elsewhere
+    enforce_shared_experts_fusion: bool = False
+    disable_shared_experts_fusion: bool = False
     # Speculative decoding with the checkpoint's MTP (NextN) layer, EAGLE-style with top-k 1
     speculative_algorithm: Optional[str] = None
     speculative_num_steps: Optional[int] = None
@@ -91,7 +94,8 @@ class ServerArgs:
             raise ValueError(f"--speculative-algorithm must be EAGLE or NEXTN, got {self.speculative_algorithm!r}")
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"--log-level must be one of {LOG_LEVELS}, got {self.log_level!r}")
-        self.applied_defaults = apply_deepseek_v4_defaults(self)  # not a field: shown at start only
+        # Not fields: shown at start; the hook also sets self.platform_decisions (arg_groups/platform_defaults.py)
+        self.applied_defaults = apply_deepseek_v4_defaults(self)
         return self
 
     @staticmethod
@@ -115,6 +119,10 @@ class ServerArgs:
         p.add_argument("--chunked-prefill-size", type=int)
         p.add_argument("--attention-backend", choices=ATTENTION_BACKENDS)
         p.add_argument("--disable-cuda-graph", action="store_true")
+        p.add_argument("--enforce-shared-experts-fusion", action="store_true",
+                       help="run the shared expert as one more routed expert (default: on for ROCm only)")
+        p.add_argument("--disable-shared-experts-fusion", action="store_true",
+                       help="run the shared expert separately (exclusive with --enforce-shared-experts-fusion)")
         p.add_argument("--speculative-algorithm", choices=("EAGLE", "NEXTN"))
         p.add_argument("--speculative-num-steps", type=int)
         p.add_argument("--speculative-eagle-topk", type=int)

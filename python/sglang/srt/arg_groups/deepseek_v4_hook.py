@@ -1,9 +1,14 @@
-"""DeepSeek-V4 defaults and validation of ServerArgs, in one place (printed at start by the ModelRunner)."""
+"""DeepSeek-V4 defaults and validation of ServerArgs, in one place (printed at start by launch_server / Engine).
+
+Platform-dependent defaults (attention kernel, sparse prefill, shared-experts fusion, logits budget, AITER) are
+decided by arg_groups/platform_defaults.py, called from here; `best_attention_backend` is re-exported from it.
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from sglang.srt.arg_groups.platform_defaults import apply_platform_defaults, best_attention_backend  # noqa: F401
 from sglang.srt.configs.deepseek_v4 import DeepseekV4Config
 
 if TYPE_CHECKING:
@@ -21,13 +26,6 @@ def validate_page_size(page_size: int, config: DeepseekV4Config) -> None:
     if page_size % config.sliding_window:
         raise ValueError(f"--page-size {page_size} must be a multiple of the sliding window "
                          f"{config.sliding_window}")
-
-
-def best_attention_backend(device: str) -> str:
-    """`dsv4` (or unset): Triton kernels on a GPU when Triton imports, else the torch reference."""
-    from sglang.srt.platform import has_library
-
-    return "triton" if device != "cpu" and has_library("triton") else "torch"
 
 
 def apply_speculative_defaults(args: "ServerArgs", config: DeepseekV4Config) -> list:
@@ -80,9 +78,7 @@ def apply_deepseek_v4_defaults(args: "ServerArgs") -> list:
 
     default("page_size", DEFAULT_PAGE_SIZE)
     validate_page_size(args.page_size, config)
-    if args.attention_backend == "dsv4":
-        args.attention_backend = None
-    default("attention_backend", best_attention_backend(args.device))
+    applied += apply_platform_defaults(args)  # attention backend, sparse prefill, fusion, budgets, AITER
     if args.context_length is not None and args.context_length > config.max_position_embeddings:
         raise ValueError(f"--context-length {args.context_length} exceeds the model's max_position_embeddings "
                          f"{config.max_position_embeddings}")

@@ -1,13 +1,20 @@
-"""RMSNorm (weighted, fp32 math) and the unweighted variant used on query heads and before the mHC mixes."""
+"""RMSNorm (weighted, fp32 math) and the unweighted variant used on query heads and before the mHC mixes.
+
+On ROCm with AITER both run AITER's RMSNorm (layers/aiter_ops.py; same function), elsewhere the torch code here.
+"""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from sglang.srt.layers import aiter_ops
+
 
 def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
     """x / sqrt(mean(x^2) + eps) over the last dim, computed in fp32, returned in x's dtype."""
+    if aiter_ops.use_aiter(x):
+        return aiter_ops.rms_norm(x, None, eps)
     xf = x.float()
     return (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)).to(x.dtype)
 
@@ -19,8 +26,11 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self._aiter_weights: dict = {}  # dtype -> the weight cast exactly to it (AITER path only)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if aiter_ops.use_aiter(x):
+            return aiter_ops.rms_norm(x, self.weight, self.eps, self._aiter_weights)
         xf = x.float()
         xf = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + self.eps)
         return (self.weight.float() * xf).to(x.dtype)

@@ -370,6 +370,11 @@ def make_kv_format(kv_cache_dtype: str, dim: int, rope_dim: int, compute_dtype: 
     raise ValueError(f"unknown kv_cache_dtype {kv_cache_dtype!r}; allowed: {', '.join(KV_CACHE_DTYPES)}")
 
 
+def index_key_kind(kv_cache_dtype: str, fp4_indexer: bool) -> str:
+    """Index keys: FP4 with --enable-deepseek-v4-fp4-indexer, FP8 with an FP8 KV cache, else unquantized."""
+    return "fp4" if fp4_indexer else "fp8" if kv_cache_dtype == "fp8_e4m3" else "auto"
+
+
 def make_index_key_format(kind: str, dim: int, compute_dtype: torch.dtype) -> EntryFormat:
     """Indexer key format ("auto"/"exact" = unquantized in the compute dtype)."""
     if kind in ("auto", "exact"):

@@ -16,13 +16,13 @@ from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.layers.rotary import RotaryEmbedding
 from sglang.srt.mem_cache.deepseek_v4_allocator import DeepSeekV4TokenAllocator
 from sglang.srt.mem_cache.deepseek_v4_pool import DeepSeekV4TokenToKVPool
-from sglang.srt.mem_cache.kv_formats import make_index_key_format, make_kv_format
+from sglang.srt.mem_cache.kv_formats import index_key_kind, make_index_key_format, make_kv_format
 from sglang.srt.mem_cache.pool_sizing import PoolPlan, plan_pools
 from sglang.srt.mem_cache.req_to_token_pool import ReqToTokenPool
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.model_loader.loader import iter_checkpoint
 from sglang.srt.model_loader.model_path import resolve_model_path
-from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
+from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM, fuse_shared_experts
 from sglang.srt.models.deepseek_v4_nextn import DeepseekV4ForCausalLMNextN
 from sglang.srt.platform import memory_budget_bytes
 from sglang.srt.server_args import ServerArgs
@@ -69,6 +69,10 @@ class ModelRunner:
             self.draft_model.load_weights(iter_checkpoint(self.model_path, config, dtype=self.dtype, part="mtp",
                                                           device=self.device))
             self.draft_model.set_embed_and_head(self.model.embed, self.model.head)
+        if args.platform_decisions.shared_experts_fusion:
+            fused = sum(fuse_shared_experts(m) for m in (self.model, self.draft_model) if m is not None)
+            logger.info("shared-experts fusion: the shared expert is routed expert %d in %d MoE layers",
+                        config.n_routed_experts, fused)
         self.init_memory_pool()
         backend_cls = TorchAttnBackend
         if args.attention_backend == "triton":
@@ -82,8 +86,7 @@ class ModelRunner:
     def init_memory_pool(self) -> None:
         args, config = self.server_args, self.model_config
         kv_format = make_kv_format(args.kv_cache_dtype, config.head_dim, config.qk_rope_head_dim, self.dtype)
-        index_kind = "fp4" if args.enable_deepseek_v4_fp4_indexer else (
-            "fp8" if args.kv_cache_dtype == "fp8_e4m3" else "auto")
+        index_kind = index_key_kind(args.kv_cache_dtype, args.enable_deepseek_v4_fp4_indexer)
         index_format = make_index_key_format(index_kind, config.index_head_dim, self.dtype)
         num_layers = config.num_hidden_layers + (config.num_nextn_predict_layers if self.draft_model else 0)
         free, total = memory_budget_bytes(args.device)

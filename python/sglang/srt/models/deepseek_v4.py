@@ -17,7 +17,7 @@ from sglang.srt.configs.deepseek_v4 import DeepseekV4Config
 from sglang.srt.layers.attention.dsv4.hadamard import hadamard_rotate
 from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
 from sglang.srt.layers.mhc import hc_head, hc_post, hc_pre
-from sglang.srt.layers.moe.experts import RoutedExperts, SharedExpert
+from sglang.srt.layers.moe.experts import RoutedExperts, SharedExpert, append_shared_expert
 from sglang.srt.layers.moe.router import Gate
 from sglang.srt.layers.norm import RMSNorm, rms_normalize
 from sglang.srt.layers.rotary import RotaryEmbedding
@@ -135,7 +135,9 @@ class Attention(nn.Module):
 
 
 class MoE(nn.Module):
-    """Routed experts (hash or score routed) plus the always-on shared expert (arch 6)."""
+    """Routed experts (hash or score routed) plus the always-on shared expert (arch 6).
+
+    After `fuse_shared_experts()` the shared expert is routed expert E, picked by every token with weight 1."""
 
     def __init__(self, config: DeepseekV4Config, layer_id: int) -> None:
         super().__init__()
@@ -144,10 +146,29 @@ class MoE(nn.Module):
                          c.routed_scaling_factor, use_hash=c.is_hash_layer(layer_id))
         self.experts = RoutedExperts(c.n_routed_experts, c.hidden_size, c.moe_intermediate_size, c.swiglu_limit)
         self.shared_experts = SharedExpert(c.hidden_size, c.moe_intermediate_size, c.swiglu_limit)
+        self.shared_expert_id = None  # set when fused
+
+    def fuse_shared_experts(self) -> None:
+        self.shared_expert_id = append_shared_expert(self.experts, self.shared_experts)
+        self.shared_experts = None
 
     def forward(self, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
         weights, ids = self.gate(x, input_ids)
-        return self.experts(x, ids, weights) + self.shared_experts(x)
+        if self.shared_experts is not None:
+            return self.experts(x, ids, weights) + self.shared_experts(x)
+        # Fused: one more column per token, expert E at weight 1. The grouped pass adds it after the routed
+        # experts, in the unfused order, so the sum is the same.
+        ids = torch.cat((ids, ids.new_full((ids.shape[0], 1), self.shared_expert_id)), dim=1)
+        weights = torch.cat((weights, weights.new_ones(weights.shape[0], 1)), dim=1)
+        return self.experts(x, ids, weights)
+
+
+def fuse_shared_experts(model: nn.Module) -> int:
+    """Fuse the shared expert into the routed experts of every MoE of `model` (after loading); returns how many."""
+    layers = [m for m in model.modules() if isinstance(m, MoE) and m.shared_experts is not None]
+    for moe in layers:
+        moe.fuse_shared_experts()
+    return len(layers)
 
 
 class DeepseekV4DecoderLayer(nn.Module):

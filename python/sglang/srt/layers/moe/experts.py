@@ -3,6 +3,11 @@
 Expert(x) = w2 . (silu(min(w1 x, L)) * clamp(w3 x, -L, L)), L = swiglu_limit; the clamp is asymmetric and applies
 to routed and shared experts alike (arch section 6). Routed weights are stored stacked [E, ...] under the
 names `experts.w1|w2|w3`; the loader maps the checkpoint's per-expert tensors into slices.
+
+Shared-experts fusion (`append_shared_expert`, after loading): the shared expert becomes routed expert E, which
+every token selects with weight 1, so one grouped pass computes both. Because DeepSeek-V4 clamps shared and
+routed experts with the same swiglu_limit, the fused result equals the unfused one (upstream keeps fusion off by
+default on CUDA because some fused implementations clamp the shared expert differently).
 """
 
 from __future__ import annotations
@@ -60,3 +65,17 @@ class RoutedExperts(nn.Module):
             y = F.linear(h, self.w2[expert]) * topk_weights.flatten()[sel, None].to(x.dtype)
             out.index_add_(0, tok, y)
         return out
+
+
+def append_shared_expert(routed: RoutedExperts, shared: SharedExpert) -> int:
+    """Append the shared expert's weights to the routed stacks as expert E; returns E (its id)."""
+    if routed.limit != shared.limit:  # the fused pass applies the routed clamp to it
+        raise ValueError(f"shared-experts fusion needs one swiglu_limit, got routed {routed.limit} and shared "
+                         f"{shared.limit}")
+    shared_id = routed.w1.shape[0]
+    with torch.no_grad():
+        for name in ("w1", "w3", "w2"):
+            stacked, extra = getattr(routed, name), getattr(shared, name).weight
+            fused = torch.cat((stacked.data, extra.data.to(stacked.dtype).unsqueeze(0)), dim=0)
+            setattr(routed, name, nn.Parameter(fused, requires_grad=stacked.requires_grad))
+    return shared_id

@@ -19,9 +19,15 @@ import torch
 from sglang.srt.environ import envs
 
 
+def logits_budget_var(index_format_name: str):
+    """The budget variable for index keys in this format ("fp4" keys: the FP4 budget; "fp8" or dense: the other).
+    arg_groups/platform_defaults.py prints the same choice at start."""
+    return envs.SGLANG_DSV4_FP4_LOGITS_BUDGET_MB if "fp4" in index_format_name \
+        else envs.SGLANG_DSV4_INDEXER_LOGITS_BUDGET_MB
+
+
 def logits_budget_bytes(index_format_name: str) -> int:
-    mb = (envs.SGLANG_DSV4_FP4_LOGITS_BUDGET_MB if "fp4" in index_format_name
-          else envs.SGLANG_DSV4_INDEXER_LOGITS_BUDGET_MB).get()
+    mb = logits_budget_var(index_format_name).get()
     if mb <= 0:
         raise ValueError(f"indexer logits budget must be positive, got {mb} MiB")
     return mb << 20
