@@ -12,6 +12,8 @@ default on CUDA because some fused implementations clamp the shared expert diffe
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -47,24 +49,70 @@ class RoutedExperts(nn.Module):
         self.limit = limit
 
     def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
-        """x [T, D], topk_ids/topk_weights [T, k] -> [T, D]."""
-        out = torch.zeros_like(x)
+        """x [T, D], topk_ids/topk_weights [T, k] -> [T, D]. Rows are sorted by expert; one grouped GEMM per
+        projection when torch offers it for this device and dtype (no host sync), else a loop over the experts."""
         flat_ids = topk_ids.flatten()
         order = torch.argsort(flat_ids, stable=True)
-        counts = torch.bincount(flat_ids, minlength=self.w1.shape[0]).tolist()
-        rows = order // topk_ids.shape[1]
+        rows = order // topk_ids.shape[1]  # the token of each sorted (token, expert) pair
+        weights = topk_weights.flatten()[order, None].to(x.dtype)
+        if grouped_mm_supported(x):
+            return self._forward_grouped(x, flat_ids, rows, weights)
+        out = torch.zeros_like(x)
+        counts = torch.bincount(flat_ids, minlength=self.w1.shape[0]).tolist()  # host sync (fallback path only)
         start = 0
         for expert, count in enumerate(counts):
             if count == 0:
                 continue
-            sel = order[start:start + count]
             tok = rows[start:start + count]
-            start += count
             xe = x[tok]
             h = clamped_swiglu(F.linear(xe, self.w1[expert]), F.linear(xe, self.w3[expert]), self.limit)
-            y = F.linear(h, self.w2[expert]) * topk_weights.flatten()[sel, None].to(x.dtype)
-            out.index_add_(0, tok, y)
+            out.index_add_(0, tok, F.linear(h, self.w2[expert]) * weights[start:start + count])
+            start += count
         return out
+
+    def _forward_grouped(self, x, flat_ids, rows, weights) -> torch.Tensor:
+        num_experts = self.w1.shape[0]
+        counts = torch.zeros(num_experts, dtype=torch.int32, device=x.device)
+        counts.scatter_add_(0, flat_ids, torch.ones_like(flat_ids, dtype=torch.int32))  # bincount would sync
+        offs = torch.cumsum(counts, dim=0, dtype=torch.int32)  # end row of each expert's group
+        xs = x[rows]
+        h = clamped_swiglu(torch._grouped_mm(xs, self.w1.transpose(1, 2), offs=offs),
+                           torch._grouped_mm(xs, self.w3.transpose(1, 2), offs=offs), self.limit)
+        y = torch._grouped_mm(h, self.w2.transpose(1, 2), offs=offs) * weights
+        return torch.zeros_like(x).index_add_(0, rows, y)
+
+
+def grouped_mm_supported(x: torch.Tensor) -> bool:
+    """torch._grouped_mm runs on CPU (torch >= 2.9) and on NVIDIA Hopper or newer for bf16; elsewhere (fp32 on a
+    GPU, older GPUs, ROCm without support) the expert loop is used."""
+    if not hasattr(torch, "_grouped_mm"):
+        return False
+    if x.device.type == "cpu":
+        return _cpu_grouped_mm_works()
+    return x.dtype == torch.bfloat16 and _cuda_grouped_mm_works(x.device)
+
+
+@functools.lru_cache(maxsize=None)
+def _cpu_grouped_mm_works() -> bool:
+    return _probe(torch.device("cpu"), torch.float32)
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_grouped_mm_works(device: torch.device) -> bool:
+    if torch.version.hip is None and torch.cuda.get_device_capability(device)[0] < 9:
+        return False
+    return _probe(device, torch.bfloat16)
+
+
+def _probe(device, dtype) -> bool:
+    """One tiny grouped GEMM against the plain product: the op exists in many builds but not on every backend."""
+    try:
+        a = torch.ones(4, 16, dtype=dtype, device=device)
+        b = torch.ones(2, 16, 8, dtype=dtype, device=device)
+        out = torch._grouped_mm(a, b, offs=torch.tensor([1, 4], dtype=torch.int32, device=device))
+        return bool((out == 16).all())
+    except (RuntimeError, NotImplementedError):
+        return False
 
 
 def append_shared_expert(routed: RoutedExperts, shared: SharedExpert) -> int:
