@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 
@@ -50,6 +50,7 @@ class Req:
     output_top_logprobs: list = field(default_factory=list)  # per output token: [(logprob, id)] or None
     finished_reason: Optional[FinishReason] = None
     generator: Optional[torch.Generator] = None
+    spec: Optional[Any] = None  # SpecState of speculative decoding, set by EagleWorker
     created_time: float = field(default_factory=time.perf_counter)
     first_token_time: Optional[float] = None
 
@@ -68,7 +69,7 @@ class Req:
     @property
     def spec_accept_length(self) -> Optional[float]:
         """Tokens committed per verification (speculative decoding), None otherwise."""
-        spec = getattr(self, "spec", None)
+        spec = self.spec
         return spec.num_accepted_tokens / spec.num_verify if spec is not None and spec.num_verify else None
 
     @property

@@ -101,17 +101,3 @@ class DeepSeekV4TokenToKVPool:
 
     def compressor_state(self, layer_id: int, is_indexer: bool) -> CompressorState:
         return (self.index_state if is_indexer else self.attn_state)[layer_id]
-
-    # ---- accounting -----------------------------------------------------------------------------
-    def nbytes(self) -> dict:
-        """Bytes held by each pool kind (for the start-up table and tests)."""
-        def total(buffers) -> int:
-            return sum(b.numel() * b.element_size() for b in buffers)
-
-        return {
-            "window_kv": total(self.window_kv),
-            "compressed_kv": total(self.compressed_kv.values()),
-            "index_k": total(self.index_k.values()),
-            "compressor_state": sum(s.nbytes for s in self.attn_state.values())
-            + sum(s.nbytes for s in self.index_state.values()),
-        }

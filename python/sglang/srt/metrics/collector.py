@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
@@ -35,8 +37,6 @@ class MetricsCollector:
         self._last = None  # (time, generated tokens) of the previous stats message
 
     def observe_stats(self, stats) -> None:
-        import time
-
         m = self.model_name
         self.num_running.labels(m).set(stats.num_running_reqs)
         self.num_queue.labels(m).set(stats.num_waiting_reqs)

@@ -79,7 +79,7 @@ class EagleWorker:
     def _set_drafts(self, reqs: list, logits: torch.Tensor, streams: torch.Tensor) -> None:
         tokens, probs = self._next_tokens(reqs, logits)
         for b, req in enumerate(reqs):
-            counts = (req.spec.num_verify, req.spec.num_accepted_tokens) if getattr(req, "spec", None) else (0, 0)
+            counts = (req.spec.num_verify, req.spec.num_accepted_tokens) if req.spec else (0, 0)
             req.spec = SpecState(tokens[b], streams[b], probs[b], *counts)
 
     def after_extend(self, batch, output) -> None:
