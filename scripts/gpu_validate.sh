@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One batched GPU validation run (through the device tool): kernel tests at real shapes, the engine suite on the
 # Triton backend, the kernel benchmarks and the agentic memory benchmark. Logs and results go to $OUT.
-#   bash scripts/gpu_validate.sh [quick]
+#   bash scripts/gpu_validate.sh [quick | rest | tests | bench]   (tests: no benchmarks; bench: only the kernel benchmarks)
 set -u
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
@@ -15,15 +15,17 @@ export PYTHONUNBUFFERED=1 SGLANG_CACHE_DIR=/tmp/sgcache
 nvidia-smi -L
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name())'
 step() { echo "=== $1"; shift; ( "$@" ) 2>&1 | tee -a "$OUT/log.txt" | tail -${TAIL:-25}; }
-if [ "${1:-}" != rest ]; then
+if [ "${1:-}" != rest ] && [ "${1:-}" != bench ]; then
   step "kernel tests (GPU-marked)" python3 -m pytest -q -m gpu test/kernels -x -rs -p no:cacheprovider
   step "triton backend tests" python3 -m pytest -q -s test/srt/test_gpu_triton_backend.py -p no:cacheprovider
 fi
 [ "${1:-}" = quick ] && exit 0
-step "engine suite on the triton backend" env SGLANG_TEST_DEVICE=cuda SGLANG_TEST_ATTENTION_BACKEND=triton \
+[ "${1:-}" != bench ] && step "engine suite on the triton backend" env SGLANG_TEST_DEVICE=cuda SGLANG_TEST_ATTENTION_BACKEND=triton \
   python3 -m pytest -q test/srt/test_oracle_hf.py test/srt/test_mtp.py test/srt/test_quantized_checkpoint.py \
   test/srt/test_memory_pool.py test/srt/test_engine_api.py -p no:cacheprovider
+[ "${1:-}" = tests ] && exit 0
 TAIL=80 step "kernel benchmarks" python3 benchmark/kernels/run_all.py --out "$OUT/kernels.json"
+[ "${1:-}" = bench ] && exit 0
 for idx in fp4 fp8; do
   step "agentic memory $idx pooled" python3 benchmark/agentic_memory.py --index $idx --out "$OUT/agentic_${idx}_pooled.json"
   step "agentic memory $idx unpooled" python3 benchmark/agentic_memory.py --index $idx --no-pool \

@@ -115,6 +115,20 @@ def test_matches_engine_formats(kind, layout, T, H, D, E, q_dtype):
     assert_close("reference", case["expected"], run(dsv4_index_logits_ref, case), 1e-5)
 
 
+@pytest.mark.parametrize("layout", ["rows", "mixed"])
+@pytest.mark.parametrize("kind", ["fp8", "fp4"])
+def test_other_launch_configs(kind, layout):
+    """Every tiling the benchmark sweep may pick computes the same logits (FP4 gather decode, 4-row tiles,
+    32-candidate blocks, one block per program)."""
+    case = make_case(kind, layout, 9, 6, 64, 150, seed=11)
+    for cfg in (dict(BLOCK_T=1 if layout == "rows" else 4, BLOCK_E=32, E_BLOCKS=1, FP4_GATHER=True, num_warps=4,
+                     num_stages=2),
+                dict(BLOCK_T=1 if layout == "rows" else 2, BLOCK_E=64, E_BLOCKS=2, FP4_GATHER=True, num_warps=8,
+                     num_stages=3)):
+        out = run(lambda **kw: dsv4_index_logits(**kw, launch_config=cfg), case)
+        assert_close(f"{cfg}", case["expected"], out, 1e-5)
+
+
 @pytest.mark.parametrize("kind", ["dense", "fp8", "fp4"])
 def test_writes_every_element_of_a_strided_out(kind):
     case = make_case(kind, "requests", 7, 4, 64, 100, seed=3)

@@ -67,8 +67,8 @@ def _inputs(t, h, d, w, k, *, rope=0, q_dtype=torch.float32, cache_dtype=torch.f
                 extra_slots=lists.to(device), sink=sink, softmax_scale=d ** -0.5, fp8_rope_dim=rope, **ext_kw)
 
 
-def _check(name, args, num_splits=None, **tol):
-    out = dsv4_sparse_attention(**args, num_splits=num_splits)
+def _check(name, args, num_splits=None, launch_config=None, **tol):
+    out = dsv4_sparse_attention(**args, num_splits=num_splits, launch_config=launch_config)
     ref = dsv4_sparse_attention_ref(**args)
     atol, rtol = TOL.get(args["q"].dtype, (None, None))
     assert_close(name, ref, out, **({"atol": atol, "rtol": rtol} | tol))
@@ -111,22 +111,27 @@ def test_window_only_and_bf16_cache():
     _check("window-only bf16 cache", args)
 
 
-@pytest.mark.parametrize("fp8", [True, False], ids=["fp8", "fp16"])
-def test_many_heads_block_of_64(fp8, monkeypatch):
-    """H = 40 > 16: one 64-head block with 24 masked heads, the production (bf16 on GPU) tiling.
+@pytest.mark.parametrize("fp8,dv_split,loader", [(True, 1, 0), (True, 2, 0), (True, 1, 1), (True, 2, 1), (False, 1, 0)],
+                         ids=["fp8", "fp8-dv2", "fp8-blockscale", "fp8-dv2-blockscale", "fp16"])
+def test_many_heads_block_of_64(fp8, dv_split, loader):
+    """H = 40 > 16: one 64-head block with 24 masked heads, the production (bf16 on GPU) tiling; DV_SPLIT = 2 gives
+    each value half its own program (both recompute S and write the same statistics).
 
-    The interpreter cannot run bf16 dots, so the FP8 case keeps fp32 dots but forces the BH = 64 launch config;
+    The interpreter cannot run bf16 dots, so the FP8 cases keep fp32 dots but force the BH = 64 launch config;
     fp16 q with an fp16 cache picks it by itself.
     """
     import sgl_kernel.dsv4_sparse_attention as mod
 
     if fp8:
-        monkeypatch.setattr(mod, "_launch_config", lambda h, dot: dict(BH=64, BN=16, num_warps=8, num_stages=2))
+        cfg = dict(BH=64, BN=32, DV_SPLIT=dv_split, LOADER=loader, num_warps=8, num_stages=2)
         args = _inputs(t=3, h=40, d=96, w=16, k=24, rope=32, seed=5)
+        for splits in (1, 2):
+            _check(f"H=40 fp8 DV_SPLIT={dv_split} LOADER={loader} splits={splits}", args, num_splits=splits,
+                   launch_config=cfg)
     else:
         assert mod._launch_config(40, mod.tl.float16)["BH"] == 64
         args = _inputs(t=3, h=40, d=96, w=16, k=24, q_dtype=torch.float16, cache_dtype=torch.float16, seed=5)
-    _check(f"H=40 {'fp8' if fp8 else 'fp16'}", args, num_splits=2)
+        _check("H=40 fp16", args, num_splits=2)
 
 
 def test_out_buffer_and_strided_q():

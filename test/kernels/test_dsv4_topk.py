@@ -60,10 +60,14 @@ CASES = [  # T, E, k, layout: chunk = max(256, 8 * next_pow2(k)), so small k run
 ]
 
 
+SELECT = {"chunk8k": dict(CHUNK_PER_K=8), "chunk4k": dict(CHUNK_PER_K=4), "chunk16k": dict(CHUNK_PER_K=16)}
+
+
+@pytest.mark.parametrize("select", list(SELECT))
 @pytest.mark.parametrize("T,E,k,layout", CASES, ids=[f"T{c[0]}-E{c[1]}-k{c[2]}-{c[3]}" for c in CASES])
-def test_distinct_logits_same_set_as_topk(T, E, k, layout):
+def test_distinct_logits_same_set_as_topk(T, E, k, layout, select):
     logits, cand, row_map, visible = distinct_case(T, E, layout, seed=T * E + k)
-    got = dsv4_topk_slots(logits, cand, row_map, k)
+    got = dsv4_topk_slots(logits, cand, row_map, k, launch_config=SELECT[select])
     ref = dsv4_topk_slots_ref(logits, cand, row_map, k)
     assert got.shape == (T, k) and got.dtype == torch.int64
     assert row_sets(got) == row_sets(ref)
@@ -82,20 +86,22 @@ def test_nothing_to_pick_gives_all_minus_one(E):
     assert (dsv4_topk_slots_ref(logits, cand, None, 8) == -1).all()
 
 
-def test_nan_and_inf_are_never_picked():
+@pytest.mark.parametrize("select", list(SELECT))
+def test_nan_and_inf_are_never_picked(select):
     logits = torch.tensor([[1.0, float("nan"), float("inf"), -2.0, NEG_INF, 0.5, -0.25]])
     cand = torch.arange(10, 17)[None, :]
-    got = dsv4_topk_slots(logits, cand, None, 6)
+    got = dsv4_topk_slots(logits, cand, None, 6, launch_config=SELECT[select])
     assert row_sets(got) == row_sets(dsv4_topk_slots_ref(logits, cand, None, 6)) == [{10, 13, 15, 16}]
 
 
+@pytest.mark.parametrize("select", list(SELECT))
 @pytest.mark.parametrize("E,k", [(700, 16), (120, 7)])
-def test_ties_keep_lowest_columns_deterministically(E, k):
+def test_ties_keep_lowest_columns_deterministically(E, k, select):
     g = torch.Generator().manual_seed(E)
     logits = torch.randint(-3, 4, (4, E), generator=g).float()  # heavy ties
     cand = torch.arange(4 * E).view(4, E)
-    got = dsv4_topk_slots(logits, cand, None, k)
-    assert torch.equal(got, dsv4_topk_slots(logits, cand, None, k))
+    got = dsv4_topk_slots(logits, cand, None, k, launch_config=SELECT[select])
+    assert torch.equal(got, dsv4_topk_slots(logits, cand, None, k, launch_config=SELECT[select]))
     # top-k by (value desc, column asc): a stable sort of -value
     order = torch.sort(-logits, dim=1, stable=True).indices[:, :k]
     assert row_sets(got) == row_sets(cand.gather(1, order))

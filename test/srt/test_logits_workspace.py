@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 
+import pytest
 import torch
 
 from oracle import engine, random_ids
@@ -89,3 +90,15 @@ def test_quantized_index_keys_select_like_exact_keys():
                     overlaps.append(len(sa & sb) / len(sa))
         mean = sum(overlaps) / len(overlaps)
         assert mean > 0.8, (index, mean)
+
+
+def test_pooled_block_is_never_created_during_graph_capture(monkeypatch):
+    ws = IndexerLogitsWorkspace(1 << 12, "cpu", pooled=True)
+    monkeypatch.setattr(IndexerLogitsWorkspace, "device_is_capturing", lambda self: True)
+    with pytest.raises(RuntimeError, match="outside CUDA graph capture"):
+        ws.view(2, 8)
+    assert ws.num_allocations == 0
+    monkeypatch.setattr(IndexerLogitsWorkspace, "device_is_capturing", lambda self: False)
+    assert ws.view(2, 8).shape == (2, 8) and ws.num_allocations == 1
+    monkeypatch.setattr(IndexerLogitsWorkspace, "device_is_capturing", lambda self: True)
+    assert ws.view(4, 8).shape == (4, 8) and ws.num_allocations == 1  # reuse of the existing block is fine

@@ -13,16 +13,17 @@ Caches are dense [N, D] (float32/bfloat16/float16) or, with `fp8_rope_dim = R > 
 rope), dequantized in the kernel.
 
 Design (decode is the hot path: a few rows, 128 window + up to 8192 compressed keys each, H = 64, D = 512):
-* One program = (row t, block of BH heads, key split s). It streams its keys in blocks of BN: loads BN slots,
-  gathers the BN key rows once (dequantizing FP8 in registers), computes S = Q K^T (tl.dot, [BH, D] x [D, BN])
-  and the online-softmax update acc = acc * alpha + P K ([BH, BN] x [BN, D]); the value tile is the key tile
-  (K = V), so a key row is read from memory once per head block.
-* BH = 64 for H > 16 (all heads of a DeepSeek-V4 rank in one program): each key is gathered and dequantized
-  once per row, and M = 64 lets sm_90 use wgmma with q and k read from shared memory. The full D stays in
-  one program (acc [64, 512] fp32 = 128 registers a thread at 8 warps): splitting D across programs would
-  recompute S for every part, and with FP8 at H = 64, D = 512 the loop is already near the H200 ridge point
-  (4 H D = 131 kflop per 584-byte row = 224 flop/byte), so flops are not spent twice. Small H (TP shards,
-  tests) use BH = 16 (mma.sync). See `_launch_config` for the measured register budgets.
+* One program = (row t, block of BH heads, key split s, value half). It streams its keys in blocks of BN: loads
+  BN slots, gathers the BN key rows as two column halves (dequantizing FP8 in registers), computes
+  S = Q_a K_a^T + Q_b K_b^T (tl.dot, [BH, D/2] x [D/2, BN] twice) and the online-softmax update
+  acc = acc * alpha + P K ([BH, BN] x [BN, D/2]); the value tile is the key tile (K = V), so a key row is read
+  from memory once per program.
+* BH = 64 for H > 16 (all heads of a DeepSeek-V4 rank in one program): M = 64 lets sm_90 use wgmma with q and k
+  from shared memory. The [64, 512] fp32 accumulator (128 registers a thread even over 8 warps) does not fit next
+  to the rest, so with DV_SPLIT = 2 two programs share each (row, split), each accumulating one value half
+  ([64, 256]) and both computing S: the MMA work grows 1.5x, which the H200 sweep found cheaper than the spills of
+  one program holding all of D (the kernel is compute-bound: 4 H D = 131 kflop per 584-byte FP8 row, above the
+  H200 ridge). Small H (TP shards, tests) use BH = 16 and DV_SPLIT = 1. See `_launch_config`.
 * Split-K (flash-decoding): when rows x head blocks do not fill the GPU (batch 1-64 at H = 64), the key list
   (window then extra, one index space of W + K) is cut into `num_splits` contiguous chunks of >= 128 keys;
   each writes an unnormalized partial (acc [H, D], running max m, sum l; fp32) and a combine kernel merges
@@ -63,56 +64,82 @@ _COMBINE_BD, _COMBINE_BS = 128, 16  # combine: D columns and splits per program 
 
 
 @triton.jit
-def _load_keys(cache_ptr, slot, valid, D: tl.constexpr, D_PAD: tl.constexpr, ROPE: tl.constexpr,
-               ROW: tl.constexpr, BN: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    """Key rows `slot` [BN] -> [BN, D_PAD] in DOT_DTYPE (zeros for invalid rows and padding columns)."""
-    cols = tl.arange(0, D_PAD)
-    rows = cache_ptr + slot.to(tl.int64)[:, None] * ROW  # [BN, 1] row pointers
+def _load_key_cols(rows, valid, c0, D: tl.constexpr, NCOL: tl.constexpr, ROPE: tl.constexpr,
+                   DOT_DTYPE: tl.constexpr, BN: tl.constexpr, LOADER: tl.constexpr):
+    """Columns [c0, c0 + NCOL) of the key rows at byte pointers `rows` [BN] -> [BN, NCOL] in DOT_DTYPE (zeros for
+    invalid rows and columns >= D). FP8 rows: e4m3 nope * 2^(scale byte - 127) per 64 columns, bf16 rope.
+    LOADER 0 reads the scale byte of every column (an L1 hit); 1 reads the NCOL / 64 scale bytes of each row once
+    and broadcasts them over [BN, NCOL / 64, 64] (c0 is a multiple of 64)."""
+    cols = c0 + tl.arange(0, NCOL)
     if ROPE == 0:
-        k = tl.load(rows + cols[None, :], mask=valid[:, None] & (cols < D)[None, :], other=0.0)
-        k = k.to(tl.float32).to(DOT_DTYPE)  # explicit fp32 hop (a no-op pair when the dtypes already match)
+        k = tl.load(rows[:, None] + cols[None, :], mask=valid[:, None] & (cols < D)[None, :], other=0.0)
+        k = k.to(tl.float32)  # explicit fp32 hop (a no-op pair when the dtypes already match)
     else:
-        NOPE = D - ROPE
+        NOPE: tl.constexpr = D - ROPE
         nope_mask = valid[:, None] & (cols < NOPE)[None, :]
-        raw = tl.load(rows + cols[None, :], mask=nope_mask, other=0)
-        nope = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-        blk = tl.arange(0, D_PAD // 64)
-        sbyte = tl.load(rows + (NOPE + 2 * ROPE) + blk[None, :], mask=valid[:, None] & (blk < NOPE // 64)[None, :],
-                        other=0)
-        scale = (sbyte.to(tl.int32) << 23).to(tl.float32, bitcast=True)  # 2^(byte - 127); byte 0 -> 0
-        nope = tl.reshape(tl.reshape(nope, (BN, D_PAD // 64, 64)) * scale[:, :, None], (BN, D_PAD))
+        raw = tl.load(rows[:, None] + cols[None, :], mask=nope_mask, other=0)
+        vals = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        if LOADER == 0:
+            sbyte = tl.load(rows[:, None] + (NOPE + 2 * ROPE) + (cols // 64)[None, :], mask=nope_mask, other=0)
+            nope = vals * (sbyte.to(tl.int32) << 23).to(tl.float32, bitcast=True)  # 2^(byte - 127); 0 -> 0
+        else:
+            NB: tl.constexpr = NCOL // 64
+            blk = c0 // 64 + tl.arange(0, NB)
+            sbyte = tl.load(rows[:, None] + (NOPE + 2 * ROPE) + blk[None, :],
+                            mask=valid[:, None] & (blk < NOPE // 64)[None, :], other=0)
+            scale = (sbyte.to(tl.int32) << 23).to(tl.float32, bitcast=True)
+            nope = tl.reshape(tl.reshape(vals, [BN, NB, 64]) * scale[:, :, None], [BN, NCOL])
         rope_rows = (rows + NOPE).to(tl.pointer_type(tl.bfloat16))
         rope_mask = valid[:, None] & ((cols >= NOPE) & (cols < D))[None, :]
-        rope = tl.load(rope_rows + (cols - NOPE)[None, :], mask=rope_mask, other=0.0)
-        k = tl.where((cols < NOPE)[None, :], nope.to(DOT_DTYPE), rope.to(tl.float32).to(DOT_DTYPE))
-    return k
+        rope = tl.load(rope_rows[:, None] + (cols - NOPE)[None, :], mask=rope_mask, other=0.0)
+        k = tl.where((cols < NOPE)[None, :], nope, rope.to(tl.float32))
+    return k.to(DOT_DTYPE)
 
 
 @triton.jit
-def _attend(acc, m_i, l_i, q, cache_ptr, slots_ptr, start, end, qk_scale,
-            D: tl.constexpr, D_PAD: tl.constexpr, ROPE: tl.constexpr, ROW: tl.constexpr, BN: tl.constexpr,
-            DOT_DTYPE: tl.constexpr, DOT_IEEE: tl.constexpr):
-    """Online-softmax pass over list entries [start, end) of `slots_ptr` (log2-domain scores)."""
+def _dot(a, b, acc, DOT_IEEE: tl.constexpr):
+    if DOT_IEEE:
+        acc = tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a, b, acc)
+    return acc
+
+
+@triton.jit
+def _attend(acc_a, acc_b, m_i, l_i, q_a, q_b, ca, cb, cache_ptr, slots_ptr, start, end, qk_scale,
+            D: tl.constexpr, HALF: tl.constexpr, ROPE: tl.constexpr, ROW: tl.constexpr, BN: tl.constexpr,
+            DV_SPLIT: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_IEEE: tl.constexpr, LOADER: tl.constexpr):
+    """Online-softmax pass over list entries [start, end) of `slots_ptr` (log2-domain scores).
+
+    The key tile is loaded as two column halves a = [ca, ca + HALF), b = [cb, cb + HALF): S = q_a k_a^T + q_b k_b^T.
+    acc_a gathers P k_a; acc_b gathers P k_b when this program owns both halves (DV_SPLIT = 1), else it is unused.
+    """
     for j0 in range(start, end, BN):
         offs = j0 + tl.arange(0, BN)
         slot = tl.load(slots_ptr + offs, mask=offs < end, other=-1)
         valid = slot >= 0
-        k = _load_keys(cache_ptr, slot, valid, D, D_PAD, ROPE, ROW, BN, DOT_DTYPE)
-        if DOT_IEEE:
-            s = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
+        rows = cache_ptr + slot.to(tl.int64) * ROW
+        k_a = _load_key_cols(rows, valid, ca, D, HALF, ROPE, DOT_DTYPE, BN, LOADER)
+        k_b = _load_key_cols(rows, valid, cb, D, HALF, ROPE, DOT_DTYPE, BN, LOADER)
+        s = _dot(q_a, tl.trans(k_a), tl.zeros([q_a.shape[0], BN], tl.float32), DOT_IEEE)
+        s = _dot(q_b, tl.trans(k_b), s, DOT_IEEE)
         s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        if DOT_IEEE:
-            acc = tl.dot(p.to(DOT_DTYPE), k, acc * alpha[:, None], input_precision="ieee")
-        else:
-            acc = tl.dot(p.to(DOT_DTYPE), k, acc * alpha[:, None])
+        p = p.to(DOT_DTYPE)
+        acc_a = _dot(p, k_a, acc_a * alpha[:, None], DOT_IEEE)
+        if DV_SPLIT == 1:
+            acc_b = _dot(p, k_b, acc_b * alpha[:, None], DOT_IEEE)
         m_i = m_new
-    return acc, m_i, l_i
+    return acc_a, acc_b, m_i, l_i
+
+
+@triton.jit
+def _store_rows(ptr, heads, cols, hmask, D: tl.constexpr, stride_h, x):
+    tl.store(ptr + heads[:, None] * stride_h + cols[None, :], x.to(ptr.dtype.element_ty),
+             mask=hmask[:, None] & (cols < D)[None, :])
 
 
 @triton.jit(do_not_specialize=["W", "K", "chunk", "num_splits"])
@@ -122,32 +149,41 @@ def _dsv4_sparse_attention_kernel(
     acc_part, m_part, l_part,
     H, W, K, chunk, num_splits, qk_scale,
     stride_qt, stride_qh, stride_ot, stride_oh,
-    D: tl.constexpr, D_PAD: tl.constexpr, ROPE: tl.constexpr, ROW: tl.constexpr,
+    D: tl.constexpr, HALF: tl.constexpr, ROPE: tl.constexpr, ROW: tl.constexpr,
     HAS_EXTRA: tl.constexpr, HAS_ROW_MAP: tl.constexpr, HAS_LEN: tl.constexpr, SPLIT: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, DOT_IEEE: tl.constexpr, BH: tl.constexpr, BN: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, DOT_IEEE: tl.constexpr, BH: tl.constexpr, BN: tl.constexpr, DV_SPLIT: tl.constexpr,
+    LOADER: tl.constexpr,
 ):
-    # flat grid, head blocks fastest: the programs sharing one (row, split) key range run side by side
+    # flat grid, (value half, head block) fastest: the programs sharing one (row, split) key range run side by side
     pid = tl.program_id(0)
+    dh = pid % DV_SPLIT
+    pid = pid // DV_SPLIT
     num_hb = tl.cdiv(H, BH)
     hb = pid % num_hb
     rest = pid // num_hb  # = t * num_splits + split
     split = rest % num_splits
     t = rest // num_splits
     heads = hb * BH + tl.arange(0, BH)
-    cols = tl.arange(0, D_PAD)
     hmask = heads < H
-    qmask = hmask[:, None] & (cols < D)[None, :]
-    q = tl.load(q_ptr + t.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + cols[None, :], mask=qmask,
-                other=0.0)
-    q = q.to(tl.float32).to(DOT_DTYPE)
+    ca = dh * HALF  # the value half this program outputs (DV_SPLIT = 1: both, a then b)
+    cb = (1 - dh) * HALF if DV_SPLIT == 2 else HALF
+    cols_a = ca + tl.arange(0, HALF)
+    cols_b = cb + tl.arange(0, HALF)
+    q_rows = q_ptr + t.to(tl.int64) * stride_qt + heads[:, None] * stride_qh
+    q_a = tl.load(q_rows + cols_a[None, :], mask=hmask[:, None] & (cols_a < D)[None, :], other=0.0)
+    q_b = tl.load(q_rows + cols_b[None, :], mask=hmask[:, None] & (cols_b < D)[None, :], other=0.0)
+    q_a = q_a.to(tl.float32).to(DOT_DTYPE)
+    q_b = q_b.to(tl.float32).to(DOT_DTYPE)
     m_i = tl.full([BH], _NEG_BIG, tl.float32)
     l_i = tl.zeros([BH], tl.float32)
-    acc = tl.zeros([BH, D_PAD], tl.float32)
+    acc_a = tl.zeros([BH, HALF], tl.float32)
+    acc_b = tl.zeros([BH, HALF if DV_SPLIT == 1 else 16], tl.float32)  # unused with DV_SPLIT = 2
     lo = split * chunk
     hi = lo + chunk
     # window keys: list indices [lo, hi) of [0, W)
-    acc, m_i, l_i = _attend(acc, m_i, l_i, q, win_cache, win_slots + t.to(tl.int64) * W, lo, tl.minimum(hi, W),
-                            qk_scale, D, D_PAD, ROPE, ROW, BN, DOT_DTYPE, DOT_IEEE)
+    acc_a, acc_b, m_i, l_i = _attend(acc_a, acc_b, m_i, l_i, q_a, q_b, ca, cb, win_cache,
+                                     win_slots + t.to(tl.int64) * W, lo, tl.minimum(hi, W), qk_scale,
+                                     D, HALF, ROPE, ROW, BN, DV_SPLIT, DOT_DTYPE, DOT_IEEE, LOADER)
     if HAS_EXTRA:  # compressed entries: list indices [lo - W, hi - W) of [0, min(K, extra_len[t]))
         r = t
         if HAS_ROW_MAP:
@@ -155,22 +191,28 @@ def _dsv4_sparse_attention_kernel(
         n_ext = K
         if HAS_LEN:
             n_ext = tl.minimum(tl.load(ext_len + t).to(tl.int32), K)
-        acc, m_i, l_i = _attend(acc, m_i, l_i, q, ext_cache, ext_slots + r.to(tl.int64) * K,
-                                tl.maximum(lo - W, 0), tl.minimum(hi - W, n_ext), qk_scale,
-                                D, D_PAD, ROPE, ROW, BN, DOT_DTYPE, DOT_IEEE)
+        acc_a, acc_b, m_i, l_i = _attend(acc_a, acc_b, m_i, l_i, q_a, q_b, ca, cb, ext_cache,
+                                         ext_slots + r.to(tl.int64) * K, tl.maximum(lo - W, 0),
+                                         tl.minimum(hi - W, n_ext), qk_scale,
+                                         D, HALF, ROPE, ROW, BN, DV_SPLIT, DOT_DTYPE, DOT_IEEE, LOADER)
     if SPLIT:
         base = rest.to(tl.int64) * H + heads  # partial index (t * num_splits + split) * H + h
-        tl.store(m_part + base, m_i, mask=hmask)
-        tl.store(l_part + base, l_i, mask=hmask)
-        tl.store(acc_part + base[:, None] * D + cols[None, :], acc, mask=qmask)
+        if dh == 0:  # both value halves computed the same statistics
+            tl.store(m_part + base, m_i, mask=hmask)
+            tl.store(l_part + base, l_i, mask=hmask)
+        part = acc_part + rest.to(tl.int64) * H * D
+        _store_rows(part, heads, cols_a, hmask, D, D, acc_a)
+        if DV_SPLIT == 1:
+            _store_rows(part, heads, cols_b, hmask, D, D, acc_b)
     else:
         sink = tl.load(sink_ptr + heads, mask=hmask, other=0.0).to(tl.float32) * _LOG2E
         m_all = tl.maximum(m_i, sink)
         keep = tl.exp2(m_i - m_all)
         inv = keep / (l_i * keep + tl.exp2(sink - m_all))
-        o = acc * inv[:, None]
-        tl.store(out_ptr + t.to(tl.int64) * stride_ot + heads[:, None] * stride_oh + cols[None, :],
-                 o.to(out_ptr.dtype.element_ty), mask=qmask)
+        o_rows = out_ptr + t.to(tl.int64) * stride_ot
+        _store_rows(o_rows, heads, cols_a, hmask, D, stride_oh, acc_a * inv[:, None])
+        if DV_SPLIT == 1:
+            _store_rows(o_rows, heads, cols_b, hmask, D, stride_oh, acc_b * inv[:, None])
 
 
 @triton.jit(do_not_specialize=["num_splits"])
@@ -213,17 +255,20 @@ def _dsv4_attention_combine_kernel(
 def _launch_config(num_heads: int, dot_dtype) -> dict:
     """Static launch settings, keyed on the head count and dot dtype only (never on token or key counts).
 
-    Register budget, from ptxas -v on sm_90a (Triton 3.9, D = 512, FP8 cache): BH = 64 / BN = 16 / 8 warps uses
-    255 registers with ~72 B of spill (acc [64, 512] fp32 is 128 registers a thread; the dots are wgmma with q
-    and k read from shared memory) and dequantizes each key once per row; BH = 16 / BN = 32 / 8 warps uses
-    218 registers without spill but runs mma.sync with all of q held in registers and dequantizes each key
-    once per head block (4x at H = 64). fp32 dots (tests, fp32 models) are FMA loops: keep them small.
+    BH: heads per program (64 = every head of a DeepSeek-V4 rank: each key is gathered and dequantized once per
+    row; 16 for small H). BN: keys per step. DV_SPLIT: programs sharing one (row, head block), each owning half of
+    the value columns (half the accumulator registers, at the cost of computing S and dequantizing twice).
+    LOADER 1: one scale byte per 64 columns, broadcast (LOADER 0, a scale byte per column, makes Triton pick
+    byte-wise uncoalesced gathers). From the H200 sweep (benchmark/kernels/sweep_dsv4.py, benchmark/RESULTS.md):
+    at H = 64, D = 512, FP8, BH 64 / BN 32 / DV_SPLIT 2 / 4 warps / 1 stage is the fastest of 23 tilings (2.4x the
+    BN 16 / DV_SPLIT 1 / 8 warps of before at batch 128); every tiling still spills (255 registers: the [64, 256]
+    fp32 accumulator is 128 a thread). fp32 dots (tests, fp32 models) are FMA loops: keep them small.
     """
     if dot_dtype == tl.float32:
-        return dict(BH=16, BN=16, num_warps=4, num_stages=1)
+        return dict(BH=16, BN=16, DV_SPLIT=1, LOADER=1, num_warps=4, num_stages=1)
     if num_heads > 16:
-        return dict(BH=64, BN=16, num_warps=8, num_stages=2)
-    return dict(BH=16, BN=32, num_warps=8, num_stages=2)
+        return dict(BH=64, BN=32, DV_SPLIT=2, LOADER=1, num_warps=4, num_stages=1)
+    return dict(BH=16, BN=32, DV_SPLIT=1, LOADER=1, num_warps=8, num_stages=2)
 
 
 @functools.lru_cache(maxsize=None)
@@ -233,13 +278,14 @@ def _sm_count(device: torch.device) -> int:
     return 132  # H200 / H100 SXM: CPU runs (the interpreter) pick the same splits as the target GPU
 
 
-def pick_num_splits(num_rows: int, num_heads: int, num_keys: int, device: torch.device, block_heads: int = 64) -> int:
+def pick_num_splits(num_rows: int, num_heads: int, num_keys: int, device: torch.device, block_heads: int = 64,
+                    dv_split: int = 1) -> int:
     """Key splits so that rows x head blocks x splits fills about one wave of SMs, each split >= 128 keys.
 
     Depends on the row count, so outputs may differ in the last bits between batch sizes; pass
     `num_splits` explicitly for batch-invariant results. The value is a runtime argument (no recompile).
     """
-    programs = num_rows * triton.cdiv(num_heads, block_heads)
+    programs = num_rows * triton.cdiv(num_heads, block_heads) * dv_split
     sms = _sm_count(device)
     if num_keys <= MIN_KEYS_PER_SPLIT or programs >= sms:
         return 1
@@ -306,13 +352,14 @@ def _check_args(q, window_cache, window_slots, extra_cache, extra_slots, extra_r
 
 def dsv4_sparse_attention(q, window_cache, window_slots, extra_cache=None, extra_slots=None, extra_row_map=None,
                           extra_len=None, sink=None, softmax_scale=None, fp8_rope_dim=0, out=None,
-                          num_splits=None) -> torch.Tensor:
+                          num_splits=None, launch_config=None) -> torch.Tensor:
     """Attention of q [T, H, D] over window keys + compressed entries with the sink; returns [T, H, D] (q.dtype).
 
     window_slots [T, W] / extra_slots [R, K] (int32/int64, -1 = no key) index rows of window_cache /
     extra_cache. extra_row_map [T] picks the list row of each query row (None: row t uses list t);
     extra_len [T] limits row t to the first extra_len[t] entries (None: all). sink [H] (fp32 logits).
     fp8_rope_dim > 0 selects the FP8 cache layout. num_splits: key splits (None: `pick_num_splits`).
+    launch_config: overrides `_launch_config` (benchmark sweeps).
     """
     _check_args(q, window_cache, window_slots, extra_cache, extra_slots, extra_row_map, extra_len, sink,
                 softmax_scale, fp8_rope_dim, out)
@@ -324,11 +371,12 @@ def dsv4_sparse_attention(q, window_cache, window_slots, extra_cache=None, extra
     has_extra = extra_slots is not None and extra_slots.shape[1] > 0
     w = window_slots.shape[1]
     k = extra_slots.shape[1] if has_extra else 0
-    d_pad = triton.next_power_of_2(max(d, 64))
+    half = triton.next_power_of_2(max(d, 64)) // 2  # the key tile is loaded as two column halves
     dot_dtype, dot_ieee = _dot_dtype(q.dtype, window_cache.dtype, rope > 0)
-    cfg = _launch_config(h, dot_dtype)
-    bh, bn = cfg["BH"], cfg["BN"]
-    splits = num_splits if num_splits is not None else pick_num_splits(t, h, w + k, q.device, bh)
+    cfg = launch_config or _launch_config(h, dot_dtype)
+    bh, bn, dv_split = cfg["BH"], cfg["BN"], cfg["DV_SPLIT"]
+    assert dv_split in (1, 2), f"DV_SPLIT must be 1 or 2, got {dv_split}"
+    splits = num_splits if num_splits is not None else pick_num_splits(t, h, w + k, q.device, bh, dv_split)
     chunk = triton.cdiv(triton.cdiv(max(w + k, 1), max(splits, 1)), bn) * bn
     splits = triton.cdiv(max(w + k, 1), chunk)
     if splits > 1:
@@ -337,7 +385,7 @@ def dsv4_sparse_attention(q, window_cache, window_slots, extra_cache=None, extra
         l_part = torch.empty_like(m_part)
     else:
         acc_part = m_part = l_part = out  # unused
-    grid = (t * splits * triton.cdiv(h, bh),)
+    grid = (t * splits * triton.cdiv(h, bh) * dv_split,)
     _dsv4_sparse_attention_kernel[grid](
         q, out, sink, window_cache, window_slots,
         extra_cache if has_extra else window_cache, extra_slots if has_extra else window_slots,
@@ -346,10 +394,10 @@ def dsv4_sparse_attention(q, window_cache, window_slots, extra_cache=None, extra
         acc_part, m_part, l_part,
         h, w, k, chunk, splits, softmax_scale * math.log2(math.e),
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        D=d, D_PAD=d_pad, ROPE=rope, ROW=window_cache.shape[1],
+        D=d, HALF=half, ROPE=rope, ROW=window_cache.shape[1],
         HAS_EXTRA=has_extra, HAS_ROW_MAP=has_extra and extra_row_map is not None,
         HAS_LEN=has_extra and extra_len is not None, SPLIT=splits > 1,
-        DOT_DTYPE=dot_dtype, DOT_IEEE=dot_ieee, BH=bh, BN=bn,
+        DOT_DTYPE=dot_dtype, DOT_IEEE=dot_ieee, BH=bh, BN=bn, DV_SPLIT=dv_split, LOADER=cfg.get("LOADER", 0) if half >= 64 else 0,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     if splits > 1:

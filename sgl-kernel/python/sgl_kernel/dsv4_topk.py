@@ -103,10 +103,10 @@ def _topk_level_kernel(val_ptr, col_ptr, stride_in, n, k, next_val_ptr, next_col
         tl.store(next_col_ptr + base + pad, tl.zeros([K_PAD], tl.int32), mask=pad_mask)
 
 
-def topk_config(k: int) -> tuple:
+def topk_config(k: int, chunk_per_k: int = CHUNK_PER_K) -> tuple:
     """(K_PAD, CHUNK, num_warps) for k: a function of k only."""
     k_pad = triton.next_power_of_2(max(k, 1))
-    chunk = max(MIN_CHUNK, CHUNK_PER_K * k_pad)
+    chunk = max(MIN_CHUNK, chunk_per_k * k_pad)
     return k_pad, chunk, max(1, min(32, chunk // (32 * VALUES_PER_THREAD)))
 
 
@@ -123,8 +123,9 @@ def _check(logits, cand_slots, row_map, k) -> None:
 
 
 def dsv4_topk_slots(logits: torch.Tensor, cand_slots: torch.Tensor, row_map: Optional[torch.Tensor],
-                    k: int) -> torch.Tensor:
-    """[T, k] int64: slots of each row's k largest finite logits (column order, then -1 padding)."""
+                    k: int, launch_config: Optional[dict] = None) -> torch.Tensor:
+    """[T, k] int64: slots of each row's k largest finite logits (column order, then -1 padding).
+    launch_config: {"CHUNK_PER_K"} overrides (benchmark sweeps)."""
     _check(logits, cand_slots, row_map, k)
     T, E = logits.shape
     out = torch.empty(T, k, dtype=torch.int64, device=logits.device)
@@ -132,7 +133,8 @@ def dsv4_topk_slots(logits: torch.Tensor, cand_slots: torch.Tensor, row_map: Opt
         return out
     if E == 0:
         return out.fill_(-1)
-    k_pad, chunk, num_warps = topk_config(k)
+    cfg = launch_config or dict(CHUNK_PER_K=CHUNK_PER_K)
+    k_pad, chunk, num_warps = topk_config(k, cfg["CHUNK_PER_K"])
     vals, cols, n = logits, None, E
     while True:
         num_chunks = triton.cdiv(n, chunk)

@@ -41,6 +41,9 @@ class IndexerLogitsWorkspace:
         self._block: Optional[torch.Tensor] = None
         self.num_allocations = 0  # of the pooled block (stays 1; tests check it)
 
+    def device_is_capturing(self) -> bool:
+        return torch.device(self.device).type == "cuda" and torch.cuda.is_current_stream_capturing()
+
     def rows_per_chunk(self, width: int) -> int:
         """Query rows whose fp32 logits over `width` candidates fit the block (at least 1)."""
         return max(1, self.budget_bytes // (4 * max(width, 1)))
@@ -51,6 +54,10 @@ class IndexerLogitsWorkspace:
             return torch.empty(rows, width, dtype=torch.float32, device=self.device)
         need = rows * width
         if self._block is None:
+            if self.device_is_capturing():
+                # A block made during capture would live in the graph's private pool, not the process's.
+                raise RuntimeError("the pooled indexer-logits block must be created outside CUDA graph capture "
+                                   "(decode uses plain allocations; prefill is never captured)")
             # One row must always fit, even when a single row is wider than the budget.
             self._block = torch.empty(max(self.budget_bytes // 4, width), dtype=torch.float32, device=self.device)
             self.num_allocations += 1
