@@ -1,9 +1,12 @@
 """RMSNorm (weighted, fp32 math) and the unweighted variant used on query heads and before the mHC mixes.
 
-On ROCm with AITER both run AITER's RMSNorm (layers/aiter_ops.py; same function), elsewhere the torch code here.
+On ROCm with AITER both run AITER's RMSNorm (layers/aiter_ops.py; same function); on other GPUs sgl_kernel's
+one-launch Triton RMSNorm (same fp32 arithmetic); on CPU the torch code here (the reference).
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 from torch import nn
@@ -11,10 +14,27 @@ from torch import nn
 from sglang.srt.layers import aiter_ops
 
 
+@functools.lru_cache(maxsize=None)
+def _fused_kernel():
+    """sgl_kernel's Triton RMSNorm, or None where Triton / sgl_kernel is not installed."""
+    try:
+        from sgl_kernel.dsv4_rmsnorm import dsv4_rms_norm
+    except ImportError:
+        return None
+    return dsv4_rms_norm
+
+
+def _fused(x: torch.Tensor):
+    return _fused_kernel() if x.is_cuda and x.stride(-1) == 1 else None
+
+
 def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
     """x / sqrt(mean(x^2) + eps) over the last dim, computed in fp32, returned in x's dtype."""
     if aiter_ops.use_aiter(x):
         return aiter_ops.rms_norm(x, None, eps)
+    fused = _fused(x)
+    if fused is not None:
+        return fused(x, None, eps)
     xf = x.float()
     return (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)).to(x.dtype)
 
@@ -31,6 +51,9 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if aiter_ops.use_aiter(x):
             return aiter_ops.rms_norm(x, self.weight, self.eps, self._aiter_weights)
+        fused = _fused(x)
+        if fused is not None:
+            return fused(x, self.weight, self.eps)
         xf = x.float()
         xf = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + self.eps)
         return (self.weight.float() * xf).to(x.dtype)

@@ -3,10 +3,12 @@
 Pairs are (2i, 2i+1) of the rotary slice, rotated by pos * w_i, w_i = theta^(-2i/Dr). Compressed layers use
 compress_rope_theta with YaRN frequency interpolation and no magnitude factor; sliding-only layers and MTP use
 rope_theta without YaRN. The same table serves queries, window KV, compressed entries and indexer q/k.
+On GPUs `apply` runs sgl_kernel's one-launch `dsv4_rope`; the torch code here is the CPU path and its reference.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
@@ -47,8 +49,21 @@ class RotaryEmbedding(nn.Module):
 
     def apply(self, x: torch.Tensor, positions: torch.Tensor, inverse: bool = False) -> torch.Tensor:
         """x [T, ..., D]: rotate x[..., D-rope_dim:] by +pos (or -pos when `inverse`) at each row's position."""
+        fused = _fused_kernel() if x.is_cuda and x.stride(-1) == 1 else None
+        if fused is not None:
+            return fused(x, positions, self.inv_freq, inverse)
         cos, sin = self.cos_sin(positions)
         return apply_rotary(x, cos, sin, inverse)
+
+
+@functools.lru_cache(maxsize=None)
+def _fused_kernel():
+    """sgl_kernel's Triton RoPE, or None where Triton / sgl_kernel is not installed."""
+    try:
+        from sgl_kernel.dsv4_rope import dsv4_rope
+    except ImportError:
+        return None
+    return dsv4_rope
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False) -> torch.Tensor:

@@ -60,19 +60,19 @@ def _apply_penalties(logits: torch.Tensor, reqs: list) -> torch.Tensor:
 
 
 def filtered_probs(logits: torch.Tensor, p) -> torch.Tensor:
-    """The sampling distribution of one row [V]: softmax(logits / temperature) restricted by top-k, top-p, min-p
-    and renormalised (speculative acceptance uses the same distribution for draft and target)."""
+    """The sampling distribution of each row [..., V]: softmax(logits / temperature) restricted by top-k, top-p,
+    min-p and renormalised (speculative acceptance uses the same distribution for draft and target)."""
     probs = torch.softmax(logits / p.temperature, dim=-1)
     if p.top_k > 0:
-        kth = torch.topk(probs, min(p.top_k, probs.shape[-1])).values[-1]
+        kth = torch.topk(probs, min(p.top_k, probs.shape[-1])).values[..., -1:]
         probs = torch.where(probs >= kth, probs, torch.zeros_like(probs))
     if p.top_p < 1:
         sorted_probs, order = torch.sort(probs, descending=True)
-        outside = torch.cumsum(sorted_probs, dim=-1) - sorted_probs > p.top_p * sorted_probs.sum()
-        probs = probs.scatter(0, order, sorted_probs.masked_fill(outside, 0.0))
+        outside = torch.cumsum(sorted_probs, dim=-1) - sorted_probs > p.top_p * sorted_probs.sum(-1, keepdim=True)
+        probs = probs.scatter(-1, order, sorted_probs.masked_fill(outside, 0.0))
     if p.min_p > 0:
-        probs = torch.where(probs >= p.min_p * probs.max(), probs, torch.zeros_like(probs))
-    return probs / probs.sum()
+        probs = torch.where(probs >= p.min_p * probs.amax(-1, keepdim=True), probs, torch.zeros_like(probs))
+    return probs / probs.sum(-1, keepdim=True)
 
 
 def _sample_one(logits: torch.Tensor, p, generator: Optional[torch.Generator]) -> torch.Tensor:

@@ -2,14 +2,14 @@
 
 Greedy (temperature 0) acceptance is vectorised in EagleWorker._verify: the longest prefix of drafts equal to the
 target's argmax, then one bonus token (the target's argmax after it), so the output is token for token the
-non-speculative greedy output. Sampling, here: standard speculative sampling: draft i is kept with probability min(1, p_i(d)/q_i(d)); on the first
-rejection a token is drawn from normalise(max(p_i - q_i, 0)) instead; if every draft is kept, a bonus token is drawn
-from p_{k+1}. The output distribution then equals sampling from the target alone.
+non-speculative greedy output. Sampling, here: standard speculative sampling: draft i is kept with probability
+min(1, p_i(d)/q_i(d)); on the first rejection a token is drawn from normalise(max(p_i - q_i, 0)) instead; if every
+draft is kept, a bonus token is drawn from p_{k+1}. The output distribution then equals sampling from the target
+alone. Both run on the device; the cycle's one host transfer happens in EagleWorker._verify.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -17,26 +17,26 @@ import torch
 from sglang.srt.layers.sampler import filtered_probs
 
 
-@dataclass
-class Acceptance:
-    tokens: list  # accepted drafts, then the bonus / correction token
-    num_accepted_drafts: int
+def accept_sampling(drafts: torch.Tensor, draft_probs: torch.Tensor, target_logits: torch.Tensor, params,
+                    generator: Optional[torch.Generator]) -> tuple:
+    """drafts [k], draft_probs [k, V] (the distributions the drafts were drawn from, same filtering as the
+    target's), target_logits [k+1, V] -> (tokens [k+1], num_accepted_drafts 0-d), on the device, no host sync.
 
-
-def accept_sampling(drafts: list, draft_probs: torch.Tensor, target_logits: torch.Tensor, params,
-                    generator: Optional[torch.Generator]) -> Acceptance:
-    """draft_probs [k, V]: the distributions the drafts were drawn from (same filtering as the target's)."""
+    tokens[:j] are the accepted drafts and tokens[j] the correction (j < k) or bonus (j = k) token, j =
+    num_accepted_drafts; later entries are meaningless. One uniform per draft and one draw per row (the residual
+    of each draft position and the bonus row) are made up front; only row j's draw is used, so the output
+    distribution is the one of drawing it alone."""
+    k = drafts.shape[0]
     device = target_logits.device
-    for i, d in enumerate(drafts):
-        p = filtered_probs(target_logits[i], params)
-        q = draft_probs[i]
-        u = torch.rand((), generator=generator, device=device)
-        if u * q[d] <= p[d]:  # accept with probability min(1, p(d)/q(d))
-            continue
-        residual = torch.clamp(p - q, min=0)
-        total = residual.sum()
-        residual = residual / total if total > 0 else p
-        token = int(torch.multinomial(residual, 1, generator=generator))
-        return Acceptance(tokens=drafts[:i] + [token], num_accepted_drafts=i)
-    bonus = int(torch.multinomial(filtered_probs(target_logits[len(drafts)], params), 1, generator=generator))
-    return Acceptance(tokens=list(drafts) + [bonus], num_accepted_drafts=len(drafts))
+    p = filtered_probs(target_logits, params)  # [k+1, V]
+    rows = torch.arange(k, device=device)
+    u = torch.rand(k, generator=generator, device=device)
+    accept = u * draft_probs[rows, drafts] <= p[rows, drafts]  # with probability min(1, p(d) / q(d))
+    num_acc = accept.int().cumprod(0).sum()
+    residual = (p[:k] - draft_probs).clamp(min=0)
+    total = residual.sum(-1, keepdim=True)
+    residual = torch.where(total > 0, residual / total.clamp(min=1e-30), p[:k])
+    draws = torch.multinomial(torch.cat((residual, p[k:])), 1, generator=generator).squeeze(1)  # [k+1]
+    positions = torch.arange(k + 1, device=device)
+    tokens = torch.where(positions < num_acc, torch.cat((drafts, drafts[:1])), draws.gather(0, num_acc.view(1)))
+    return tokens, num_acc

@@ -56,14 +56,21 @@ class EagleWorker:
     def _draft_forward(self, reqs: list, starts: list, lens: list, input_ids: list,
                        hidden: torch.Tensor) -> tuple:
         """MTP rows [starts[b], starts[b] + lens[b]) of each request -> (last-row logits [B, V], streams [B, n, D])."""
-        rtt = self.runner.req_to_token_pool.req_to_token
-        loc = torch.cat([rtt[r.alloc.req_pool_idx, s:s + n] for r, s, n in zip(reqs, starts, lens)])
+        loc = self._token_slots([r.alloc.req_pool_idx for r in reqs], starts, lens)
         fb = ForwardBatch.build(ForwardMode.DRAFT_EXTEND, input_ids, [r.alloc.req_pool_idx for r in reqs], starts,
                                 lens, loc, self.runner.device, capture_hidden=True)
         fb.spec_hidden_states = hidden
         out = self.runner.forward_draft(fb)
         last = fb.extend_start_loc + fb.extend_seq_lens - 1
         return out.next_token_logits, out.hidden_states[last]
+
+    def _token_slots(self, pool_idx: list, starts: list, lens: list) -> torch.Tensor:
+        """Full-token slots of positions [starts[b], starts[b] + lens[b]) of each request, packed: one gather from
+        req_to_token (the index lists are built on the host and copied once), not one slice per request."""
+        rows = [i for i, n in zip(pool_idx, lens) for _ in range(n)]
+        cols = [s + j for s, n in zip(starts, lens) for j in range(n)]
+        index = torch.tensor([rows, cols], dtype=torch.int64).to(self.runner.device, non_blocking=True)
+        return self.runner.req_to_token_pool.req_to_token[index[0], index[1]]
 
     def _next_tokens(self, reqs: list, logits: torch.Tensor) -> tuple:
         """Draft tokens [B] on the device: argmax for greedy requests, a draw from the request's sampling
@@ -125,11 +132,11 @@ class EagleWorker:
         streams = torch.stack([r.spec.draft_streams for r in reqs])
         if k < 2:
             return drafts, probs
-        rtt = self.runner.req_to_token_pool.req_to_token
+        pool_idx = [r.alloc.req_pool_idx for r in reqs]
         steps = []
         for i in range(2, k + 1):  # every step's metadata is built before the first step runs
             pos = [c + i - 2 for c in starts]
-            loc = torch.stack([rtt[r.alloc.req_pool_idx, p] for r, p in zip(reqs, pos)])
+            loc = self._token_slots(pool_idx, pos, [1] * len(reqs))
             steps.append(ForwardBatch.build(ForwardMode.DRAFT_EXTEND, [0] * len(reqs),
                                             [r.alloc.req_pool_idx for r in reqs], pos, [1] * len(reqs), loc,
                                             self.runner.device, capture_hidden=True))
@@ -147,38 +154,35 @@ class EagleWorker:
         return torch.stack(columns, dim=1), probs
 
     def _verify(self, reqs: list, starts: list, drafts: torch.Tensor, draft_probs: list) -> list:
-        """drafts [B, k] on the device. Greedy acceptance is computed for the whole batch on the device and read
-        back in one transfer; sampled requests run the speculative-sampling test row by row."""
+        """drafts [B, k] on the device. Acceptance (greedy for the batch, speculative sampling per sampled request)
+        stays on the device; tokens, accept lengths and logprobs come back in one transfer."""
         k = self.num_steps
         device = self.runner.device
-        rtt = self.runner.req_to_token_pool.req_to_token
-        last = torch.tensor([r.output_ids[-1] for r in reqs], dtype=torch.int64, device=device)
-        loc = torch.cat([rtt[r.alloc.req_pool_idx, c:c + k + 1] for r, c in zip(reqs, starts)])
+        last = torch.tensor([r.output_ids[-1] for r in reqs], dtype=torch.int64).to(device, non_blocking=True)
+        loc = self._token_slots([r.alloc.req_pool_idx for r in reqs], starts, [k + 1] * len(reqs))
         fb = ForwardBatch.build(ForwardMode.TARGET_VERIFY, [0] * (len(reqs) * (k + 1)),
                                 [r.alloc.req_pool_idx for r in reqs], starts, [k + 1] * len(reqs), loc, device,
                                 capture_hidden=True, return_all_logits=True)
         fb.input_ids = torch.cat((last[:, None], drafts), dim=1).flatten()
         out = self.runner.forward(fb)
         logits = out.all_logits.view(len(reqs), k + 1, -1)
-        logprobs = torch.log_softmax(logits, dim=-1)
         best = logits.argmax(dim=-1)  # [B, k+1]
-        num_acc = (drafts == best[:, :k]).int().cumprod(dim=1).sum(dim=1)
-        best_lp = logprobs.gather(2, best[:, :, None]).squeeze(2)
-        draft_lp = logprobs[:, :k].gather(2, drafts[:, :, None]).squeeze(2)
-        host = torch.cat((best, drafts, num_acc[:, None]), dim=1).tolist()  # the one sync of the cycle
-        host_lp = torch.cat((best_lp, draft_lp), dim=1).tolist()
+        num_acc = (drafts == best[:, :k]).int().cumprod(dim=1).sum(dim=1)  # greedy: longest matching prefix
+        # tokens[b, :j+1]: the j accepted drafts, then the target's token at position j (correction or bonus)
+        tokens = torch.where(torch.arange(k + 1, device=device)[None, :] < num_acc[:, None],
+                             torch.cat((drafts, drafts[:, :1]), dim=1), best.gather(1, num_acc[:, None].long()))
+        for b, req in enumerate(reqs):
+            if not req.sampling_params.is_greedy:  # speculative sampling, still on the device
+                tokens[b], num_acc[b] = accept_sampling(drafts[b], torch.stack(draft_probs[b]), logits[b],
+                                                        req.sampling_params, req.generator)
+        lps = torch.log_softmax(logits, dim=-1).gather(2, tokens[:, :, None]).squeeze(2)
+        # the one host transfer of the cycle (token ids are exact in float64)
+        host = torch.cat((tokens.double(), num_acc[:, None].double(), lps.double()), dim=1).tolist()
         ext_reqs, ext_starts, ext_lens, ext_ids, ext_rows = [], [], [], [], []  # the draft-extend rows
         for b, (req, c) in enumerate(zip(reqs, starts)):
-            row_best, row_drafts, j = host[b][:k + 1], host[b][k + 1:2 * k + 1], host[b][2 * k + 1]
-            if req.sampling_params.is_greedy:
-                tokens = row_drafts[:j] + [row_best[j]]
-                lps = host_lp[b][k + 1:k + 1 + j] + [host_lp[b][j]]
-            else:
-                acc = accept_sampling(row_drafts, torch.stack(draft_probs[b]), logits[b], req.sampling_params,
-                                      req.generator)
-                tokens, j = acc.tokens, acc.num_accepted_drafts
-                lps = [float(logprobs[b, i, t]) for i, t in enumerate(tokens)]
-            self._commit(req, tokens, lps)
+            j = int(host[b][k + 1])
+            tokens_b, lps_b = [int(t) for t in host[b][:j + 1]], host[b][k + 2:k + 3 + j]
+            self._commit(req, tokens_b, lps_b)
             req.num_computed = c + 1 + j  # x_c and the accepted drafts are real rows
             if req.finished:
                 continue
@@ -186,7 +190,7 @@ class EagleWorker:
             ext_reqs.append(req)
             ext_starts.append(c)
             ext_lens.append(j + 1)
-            ext_ids.extend(tokens)
+            ext_ids.extend(tokens_b)
             ext_rows.append(torch.arange(b * (k + 1), b * (k + 1) + j + 1))
         if ext_reqs:
             hidden = out.hidden_states[torch.cat(ext_rows).to(out.hidden_states.device)]
