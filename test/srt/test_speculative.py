@@ -172,3 +172,62 @@ def test_nextn_alias_and_penalties_refused():
     with pytest.raises(ValueError, match="penalties"):
         eng.generate(input_ids=[5, 6, 7], sampling_params={"presence_penalty": 0.5})
     eng.model_runner.token_allocator.check_all_free()
+
+
+_HOST_READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__")
+
+
+def test_decode_cycle_reads_the_device_once(monkeypatch):
+    """A whole speculative cycle (draft steps, verify, acceptance for greedy and sampled requests, rollback,
+    draft-extend, scheduler bookkeeping) makes exactly one device -> host read, `read_back`; any other Python-level
+    read of a tensor (.item(), .tolist(), bool(), int(), float(), index use) is recorded as a violation."""
+    import sglang.srt.speculative.eagle_worker as ew
+
+    eng = engine("tiny", speculative_algorithm="EAGLE", speculative_num_steps=3, max_running_requests=8)
+    sched = eng.scheduler
+    reqs = [Req(rid=str(i), origin_input_ids=random_ids(30 + 7 * i, seed=i), sampling_params=SamplingParams.from_dict(
+        {"temperature": 0 if i % 2 == 0 else 0.8, "max_new_tokens": 40, "ignore_eos": True, "seed": i}))
+        for i in range(4)]
+    for req in reqs:
+        sched.add_request(req)
+    while not all(r.spec is not None for r in reqs):  # prefill (and the first drafts) outside the guard
+        sched.step()
+    state = {"reading": False, "violations": [], "reads": 0, "cycles": 0}
+    real = {name: getattr(torch.Tensor, name) for name in _HOST_READS}
+
+    def guarded(name):
+        def read(self, *args, **kwargs):
+            if not state["reading"]:
+                state["violations"].append(name)
+            return real[name](self, *args, **kwargs)
+        return read
+
+    def read_back(x):
+        state["reads"] += 1
+        state["reading"] = True
+        try:
+            return x.tolist()
+        finally:
+            state["reading"] = False
+
+    real_decode = ew.EagleWorker.decode
+
+    def decode(self, batch_reqs):
+        state["cycles"] += 1
+        with monkeypatch.context() as m:
+            for name in _HOST_READS:
+                m.setattr(torch.Tensor, name, guarded(name))
+            if state["cycles"] == 1:
+                bool(torch.tensor(1))  # the guard sees a read (positive control, removed below)
+            return real_decode(self, batch_reqs)
+
+    monkeypatch.setattr(ew, "read_back", read_back)
+    monkeypatch.setattr(ew.EagleWorker, "decode", decode)
+    for _ in range(6):
+        sched.step()
+    assert state["cycles"] == 6 and state["reads"] == 6
+    assert state["violations"] == ["__bool__"], state["violations"]  # only the control
+    while sched.has_work():
+        sched.step()
+    assert all(len(r.output_ids) == 40 for r in reqs)
+    eng.model_runner.token_allocator.check_all_free()

@@ -27,6 +27,11 @@ from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMo
 from sglang.srt.speculative.acceptance import accept_sampling
 
 
+def read_back(x: torch.Tensor) -> list:
+    """The speculative cycle's one device -> host transfer (tests count the calls and forbid any other read)."""
+    return x.tolist()
+
+
 @dataclass
 class SpecState:
     """A request's pending draft (set by draft-extend, consumed by the next cycle) and its acceptance counters."""
@@ -177,7 +182,7 @@ class EagleWorker:
                                                         req.sampling_params, req.generator)
         lps = torch.log_softmax(logits, dim=-1).gather(2, tokens[:, :, None]).squeeze(2)
         # the one host transfer of the cycle (token ids are exact in float64)
-        host = torch.cat((tokens.double(), num_acc[:, None].double(), lps.double()), dim=1).tolist()
+        host = read_back(torch.cat((tokens.double(), num_acc[:, None].double(), lps.double()), dim=1))
         ext_reqs, ext_starts, ext_lens, ext_ids, ext_rows = [], [], [], [], []  # the draft-extend rows
         for b, (req, c) in enumerate(zip(reqs, starts)):
             j = int(host[b][k + 1])
