@@ -48,7 +48,7 @@ def test_many_chunks_equal_one_pass():
     one, out_one, ws_one = run_recording(e, ids)
     width = 200 // 4
     many, out_many, ws_many = run_recording(e, ids, budget_bytes=4 * width * 3)  # 3 rows per chunk
-    assert ws_many.rows_per_chunk(width) == 3 and ws_one.rows_per_chunk(width) >= 200
+    assert ws_many.logits_rows_per_chunk(width) == 3 and ws_one.logits_rows_per_chunk(width) >= 200
     assert len(one) == len(many) > 0
     assert all(torch.equal(a, b) for a, b in zip(one, many))
     assert out_one["output_ids"] == out_many["output_ids"]
@@ -61,7 +61,7 @@ def test_many_chunks_equal_one_pass():
 
 def test_workspace_views_and_budgets():
     ws = IndexerLogitsWorkspace(4096, "cpu")
-    assert ws.rows_per_chunk(100) == 10 and ws.rows_per_chunk(5000) == 1
+    assert ws.logits_rows_per_chunk(100) == 10 and ws.logits_rows_per_chunk(5000) == 1
     a = ws.view(10, 100)
     b = ws.view(3, 50)
     assert a.data_ptr() == b.data_ptr() and ws.num_allocations == 1

@@ -4,7 +4,7 @@ and every forward of the process.
 A fresh [rows, context/4] fp32 tensor per layer per forward grows with the context and strands blocks in the
 caching allocator (on MI355X it ends in HSA_STATUS_ERROR_OUT_OF_RESOURCES under long agentic workloads). Instead
 the prefill logits are views into one block of `budget` bytes, allocated once; prefill processes query rows in
-chunks of `rows_per_chunk(width)` and finishes each chunk's top-k before the block is reused. Decode keeps a
+chunks of `logits_rows_per_chunk(width)` and finishes each chunk's top-k before the block is reused. Decode keeps a
 plain allocation (its size is bounded by the batch and, under CUDA graphs, lives in the graph pool).
 Budget: SGLANG_DSV4_FP4_LOGITS_BUDGET_MB (FP4 keys, default 2048) or SGLANG_DSV4_INDEXER_LOGITS_BUDGET_MB
 (otherwise, default 512).
@@ -44,12 +44,12 @@ class IndexerLogitsWorkspace:
     def device_is_capturing(self) -> bool:
         return torch.device(self.device).type == "cuda" and torch.cuda.is_current_stream_capturing()
 
-    def rows_per_chunk(self, width: int) -> int:
+    def logits_rows_per_chunk(self, width: int) -> int:
         """Query rows whose fp32 logits over `width` candidates fit the block (at least 1)."""
         return max(1, self.budget_bytes // (4 * max(width, 1)))
 
     def view(self, rows: int, width: int) -> torch.Tensor:
-        """A [rows, width] fp32 view of the pooled block (rows <= rows_per_chunk(width))."""
+        """A [rows, width] fp32 view of the pooled block (rows <= logits_rows_per_chunk(width))."""
         if not self.pooled:
             return torch.empty(rows, width, dtype=torch.float32, device=self.device)
         need = rows * width
@@ -63,5 +63,5 @@ class IndexerLogitsWorkspace:
             self.num_allocations += 1
         if need > self._block.numel():
             raise ValueError(f"{rows} rows x {width} candidates exceed the logits block; "
-                             f"use rows_per_chunk({width}) = {self.rows_per_chunk(width)} rows at a time")
+                             f"use logits_rows_per_chunk({width}) = {self.logits_rows_per_chunk(width)} rows at a time")
         return self._block[:need].view(rows, width)

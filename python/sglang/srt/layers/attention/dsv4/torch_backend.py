@@ -97,7 +97,7 @@ class TorchAttnBackend(AttentionBackend):
             lo, hi, row = row, row + n, row + n
             cand = rm.entry_slots[b]
             keys = self.pool.get_index_k(indexer.layer_id, cand.clamp(min=0))  # [E_max, dI], read once
-            step = n if decode else self.logits_workspace.rows_per_chunk(e_max)
+            step = n if decode else self.logits_workspace.logits_rows_per_chunk(e_max)
             for r0 in range(lo, hi, step):
                 r1 = min(hi, r0 + step)
                 logits = (torch.empty(r1 - r0, e_max, dtype=torch.float32, device=q.device) if decode

@@ -92,7 +92,7 @@ class TritonAttnBackend(TorchAttnBackend):
             logits = torch.empty(num_rows, e_max, dtype=torch.float32, device=q.device)
             dsv4_index_logits(q, weights, keys, self.index_kind, rm.entry_slots, fb.row_req, rm.row_visible, logits)
             return dsv4_topk_slots(logits, rm.entry_slots, fb.row_req, indexer.index_topk)
-        step = self.logits_workspace.rows_per_chunk(e_max)
+        step = self.logits_workspace.logits_rows_per_chunk(e_max)
         if step >= num_rows:  # the common case: the whole batch in one pass, no slicing
             logits = self.logits_workspace.view(num_rows, e_max)
             dsv4_index_logits(q, weights, keys, self.index_kind, rm.entry_slots, fb.row_req, rm.row_visible, logits)
