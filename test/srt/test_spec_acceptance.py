@@ -72,3 +72,27 @@ def test_no_host_reads(monkeypatch):
             m.setattr(torch.Tensor, "item", host_read)
             num_acc.item()
     assert tokens.shape == (k + 1,) and num_acc.dim() == 0 and 0 <= int(num_acc) <= k
+
+
+@pytest.mark.parametrize("params", [dict(frequency_penalty=0.7), dict(presence_penalty=1.1),
+                                    dict(repetition_penalty=1.6),
+                                    dict(frequency_penalty=0.4, presence_penalty=0.3, repetition_penalty=1.3)])
+def test_verify_row_penalties_count_the_drafts_before_them(params):
+    """Row i of a verification is penalised exactly as plain decoding would penalise the next-token logits after
+    the committed tokens plus drafts d_1..d_i (drafts repeating committed tokens and each other included)."""
+    from types import SimpleNamespace
+
+    from sglang.srt.layers.sampler import penalize_rows
+
+    vocab, k = 30, 4
+    g = torch.Generator().manual_seed(5)
+    rows = torch.randn(k + 1, vocab, generator=g) * 3
+    req = SimpleNamespace(sampling_params=SamplingParams(temperature=0, **params), origin_input_ids=[1, 2, 3, 9],
+                          output_ids=[4, 9, 4, 17])
+    drafts = torch.tensor([17, 5, 5, 4])
+    got = penalize_rows(rows, req, drafts)
+    for i in range(k + 1):
+        history = SimpleNamespace(sampling_params=req.sampling_params, origin_input_ids=req.origin_input_ids,
+                                  output_ids=req.output_ids + drafts[:i].tolist())
+        torch.testing.assert_close(got[i], penalize_rows(rows[i:i + 1], history)[0], atol=0, rtol=0)
+    assert not torch.equal(got[4], got[0])  # the drafts changed the later rows

@@ -166,11 +166,41 @@ def test_bad_speculative_flags(kwargs, message):
         engine("tiny", **kwargs)
 
 
-def test_nextn_alias_and_penalties_refused():
+def test_nextn_alias():
     eng = engine("tiny", speculative_algorithm="NEXTN", speculative_num_steps=1)
     assert eng.server_args.speculative_algorithm == "EAGLE" and eng.server_args.speculative_num_draft_tokens == 2
-    with pytest.raises(ValueError, match="penalties"):
-        eng.generate(input_ids=[5, 6, 7], sampling_params={"presence_penalty": 0.5})
+    eng.model_runner.token_allocator.check_all_free()
+
+
+PENALTIES = [{"frequency_penalty": 0.7}, {"presence_penalty": 1.1}, {"repetition_penalty": 1.6},
+             {"frequency_penalty": 0.4, "presence_penalty": 0.3, "repetition_penalty": 1.3}, {}]
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+def test_greedy_with_penalties_equals_plain(steps):
+    """Penalties apply to every verify row with the drafts before it counted as generated, so greedy speculative
+    decoding with frequency / presence / repetition penalties equals plain decoding token for token (12 requests,
+    64 tokens, mixed with requests without penalties). The penalties change the output (checked against none)."""
+    ids = [random_ids(20 + 9 * i, seed=300 + i) for i in range(12)]
+    sp = [{"temperature": 0, "max_new_tokens": 64, "ignore_eos": True, **PENALTIES[i % len(PENALTIES)]}
+          for i in range(12)]
+    plain = [o["output_ids"] for o in engine("tiny", max_running_requests=12).generate(input_ids=ids,
+                                                                                       sampling_params=sp)]
+    eng = engine("tiny", max_running_requests=12, speculative_algorithm="EAGLE", speculative_num_steps=steps)
+    spec = [o["output_ids"] for o in eng.generate(input_ids=ids, sampling_params=sp)]
+    assert spec == plain
+    free = engine("tiny", max_running_requests=12).generate(
+        input_ids=ids, sampling_params=[{**{k: v for k, v in s.items() if "penalty" not in k}} for s in sp])
+    assert sum(f["output_ids"] != p for f, p in zip(free, plain)) >= 6  # the penalties did something
+    eng.model_runner.token_allocator.check_all_free()
+
+
+def test_sampling_with_penalties_runs():
+    eng = engine("tiny", speculative_algorithm="EAGLE", speculative_num_steps=2)
+    outs = eng.generate(input_ids=[random_ids(30, seed=i) for i in range(4)], sampling_params={
+        "temperature": 0.9, "max_new_tokens": 24, "ignore_eos": True, "frequency_penalty": 0.5,
+        "repetition_penalty": 1.2, "seed": 7})
+    assert all(len(o["output_ids"]) == 24 for o in outs)
     eng.model_runner.token_allocator.check_all_free()
 
 

@@ -44,19 +44,34 @@ def _apply_penalties(logits: torch.Tensor, reqs: list) -> torch.Tensor:
     if not any(r.sampling_params.has_penalties for r in reqs):
         return logits
     logits = logits.clone()
-    vocab = logits.shape[-1]
     for b, req in enumerate(reqs):
-        p = req.sampling_params
-        if not p.has_penalties:
-            continue
-        out = torch.tensor(req.output_ids, dtype=torch.int64, device=logits.device)
-        counts = torch.bincount(out, minlength=vocab)[:vocab].to(logits.dtype)
-        logits[b] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
-        if p.repetition_penalty != 1:
-            seen = torch.tensor(req.origin_input_ids + req.output_ids, dtype=torch.int64, device=logits.device)
-            row = logits[b, seen]
-            logits[b, seen] = torch.where(row > 0, row / p.repetition_penalty, row * p.repetition_penalty)
+        if req.sampling_params.has_penalties:
+            logits[b] = penalize_rows(logits[b:b + 1], req)[0]
     return logits
+
+
+def penalize_rows(rows: torch.Tensor, req, drafts: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Penalised copy of `rows` [R, V], the next-token logits of one request after its generated tokens and, for row
+    i, the first i of `drafts` [R-1] (speculative verification: row i follows drafts d_1..d_i). Plain decode is the
+    R = 1 case. Counts are built on the device (scatter_add: no host sync)."""
+    p = req.sampling_params
+    num_rows, vocab = rows.shape
+    device = rows.device
+    out = torch.tensor(req.output_ids, dtype=torch.int64).to(device, non_blocking=True)
+    counts = torch.zeros(vocab, dtype=rows.dtype, device=device).scatter_add_(
+        0, out, torch.ones(out.shape, dtype=rows.dtype, device=device))[None, :]  # [1, V]
+    if drafts is not None and num_rows > 1:
+        hot = torch.zeros(num_rows, vocab, dtype=rows.dtype, device=device)
+        hot[1:].scatter_(1, drafts[:num_rows - 1, None], 1.0)
+        counts = counts + hot.cumsum(dim=0)  # row i: + d_1..d_i
+    rows = rows - (p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(rows.dtype))
+    if p.repetition_penalty != 1:
+        seen = torch.zeros(vocab, dtype=torch.bool, device=device)
+        history = torch.tensor(req.origin_input_ids + req.output_ids, dtype=torch.int64).to(device, non_blocking=True)
+        seen = seen.index_fill(0, history, True)[None, :] | (counts > 0)
+        rows = torch.where(seen, torch.where(rows > 0, rows / p.repetition_penalty, rows * p.repetition_penalty),
+                           rows)
+    return rows
 
 
 def filtered_probs(logits: torch.Tensor, p) -> torch.Tensor:

@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 
 from sglang.srt.layers.attention.dsv4.multi_step_backend import DeepseekV4MultiStepBackend
-from sglang.srt.layers.sampler import filtered_probs
+from sglang.srt.layers.sampler import filtered_probs, penalize_rows
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.speculative.acceptance import accept_sampling
 
@@ -170,15 +170,16 @@ class EagleWorker:
                                 capture_hidden=True, return_all_logits=True)
         fb.input_ids = torch.cat((last[:, None], drafts), dim=1).flatten()
         out = self.runner.forward(fb)
-        logits = out.all_logits.view(len(reqs), k + 1, -1)
-        best = logits.argmax(dim=-1)  # [B, k+1]
+        logits = out.all_logits.view(len(reqs), k + 1, -1)  # raw: the reported logprobs are taken before penalties
+        target = self._penalized(reqs, logits, drafts)  # what acceptance compares against
+        best = target.argmax(dim=-1)  # [B, k+1]
         num_acc = (drafts == best[:, :k]).int().cumprod(dim=1).sum(dim=1)  # greedy: longest matching prefix
         # tokens[b, :j+1]: the j accepted drafts, then the target's token at position j (correction or bonus)
         tokens = torch.where(torch.arange(k + 1, device=device)[None, :] < num_acc[:, None],
                              torch.cat((drafts, drafts[:, :1]), dim=1), best.gather(1, num_acc[:, None].long()))
         for b, req in enumerate(reqs):
             if not req.sampling_params.is_greedy:  # speculative sampling, still on the device
-                tokens[b], num_acc[b] = accept_sampling(drafts[b], torch.stack(draft_probs[b]), logits[b],
+                tokens[b], num_acc[b] = accept_sampling(drafts[b], torch.stack(draft_probs[b]), target[b],
                                                         req.sampling_params, req.generator)
         lps = torch.log_softmax(logits, dim=-1).gather(2, tokens[:, :, None]).squeeze(2)
         # the one host transfer of the cycle (token ids are exact in float64)
@@ -202,6 +203,18 @@ class EagleWorker:
             logits_d, streams = self._draft_forward(ext_reqs, ext_starts, ext_lens, ext_ids, hidden)
             self._set_drafts(ext_reqs, logits_d, streams)
         return list(reqs)
+
+    @staticmethod
+    def _penalized(reqs: list, logits: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
+        """Verify logits [B, k+1, V] with each request's penalties; row i also counts the drafts before it (had they
+        been generated one by one, they would be in the history), so acceptance matches plain decoding."""
+        if not any(r.sampling_params.has_penalties for r in reqs):
+            return logits
+        target = logits.clone()
+        for b, req in enumerate(reqs):
+            if req.sampling_params.has_penalties:
+                target[b] = penalize_rows(logits[b], req, drafts[b])
+        return target
 
     def _commit(self, req, tokens: list, logprobs: list) -> None:
         """Append accepted tokens in order, stopping at the first that finishes the request."""
