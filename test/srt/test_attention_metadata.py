@@ -1,14 +1,16 @@
 """Per-request index tensors of the DeepSeek-V4 attention metadata are built and -1 padded on the device from
 host-known lengths (no device reads): compressed-entry lists [B, E_max] with requests of different lengths, with none
-needing padding, and with no entries at all; window slots of rows near position 0."""
+needing padding, and with no entries at all; window slots of rows near position 0; the batch-vectorised compression
+plan equals its request-by-request definition on random batches (decode-like and chunk-like)."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 
-from sglang.srt.layers.attention.dsv4.metadata import build_entry_slots, build_window_slots
+from sglang.srt.layers.attention.dsv4.metadata import build_compress_plan, build_entry_slots, build_window_slots
 
 PAGE = 8
 
@@ -43,3 +45,49 @@ def test_window_slots_before_position_zero_are_minus_one():
     full_to_swa = torch.arange(2000)  # identity mapping for the test
     win = build_window_slots(fb, window=4, full_to_swa=full_to_swa)
     assert win.tolist() == [[-1, 1000, 1001, 1002], [1066, 1067, 1068, 1069]]
+
+
+def _plan_by_loop(fb, ratio, overlap, page_size, num_draft_tokens, num_ring_rows):
+    """The compression plan written request by request (the definition the vectorised builder must equal)."""
+    from sglang.srt.mem_cache.deepseek_v4_pool import ring_size
+
+    ring = ring_size(ratio, overlap, num_draft_tokens)
+    offsets = torch.arange(2 * ratio if overlap else ratio) - (ratio if overlap else 0)
+    rows, windows, reqs, dst, src, row0 = [], [], [], [], [], 0
+    for b, (s, e, r) in enumerate(zip(fb.extend_prefix_lens_cpu, fb.extend_seq_lens_cpu, fb.req_pool_indices_cpu)):
+        n = s + e
+        for w in range(s // ratio, n // ratio):
+            p = w * ratio + offsets
+            rows.append(torch.where(p < 0, -1, torch.where(p >= s, num_ring_rows + row0 + (p - s), r * ring + p % ring)))
+            windows.append(w)
+            reqs.append(b)
+        for q in range(max(s, n - ring), n):
+            dst.append(r * ring + q % ring)
+            src.append(row0 + q - s)
+        row0 += e
+    w = torch.tensor(windows, dtype=torch.int64)
+    full = fb.req_to_token_pool.req_to_token[fb.req_pool_indices[torch.tensor(reqs, dtype=torch.int64)], w * ratio]
+    slots = (full // page_size) * (page_size // ratio) + w % (page_size // ratio)
+    source = torch.stack(rows) if rows else torch.empty(0, len(offsets), dtype=torch.int64)
+    return source, slots, w * ratio, torch.tensor(dst, dtype=torch.int64), torch.tensor(src, dtype=torch.int64)
+
+
+@pytest.mark.parametrize("ratio,overlap", [(4, True), (128, False), (8, False)])
+def test_compress_plan_equals_the_per_request_definition(ratio, overlap):
+    g = torch.Generator().manual_seed(ratio)
+    req_to_token = torch.randperm(6 * 1024, generator=g).view(6, 1024)
+    for trial in range(40):
+        bs = int(torch.randint(1, 6, (1,), generator=g))
+        prefix = torch.randint(0, 700, (bs,), generator=g).tolist()
+        extend = torch.randint(1, 300 if trial % 2 else 4, (bs,), generator=g).tolist()
+        pool_idx = torch.randperm(6, generator=g)[:bs].tolist()
+        fb = SimpleNamespace(extend_prefix_lens_cpu=prefix, extend_seq_lens_cpu=extend, req_pool_indices_cpu=pool_idx,
+                             req_pool_indices=torch.tensor(pool_idx), positions=torch.zeros(1, dtype=torch.int64),
+                             req_to_token_pool=SimpleNamespace(req_to_token=req_to_token), batch_size=bs)
+        ring_rows = int(torch.randint(0, 50, (1,), generator=g))
+        plan = build_compress_plan(fb, ratio, overlap, 256, 4, ring_rows)
+        source, slots, positions, dst, src = _plan_by_loop(fb, ratio, overlap, 256, 4, ring_rows)
+        assert plan.num_new == len(source)
+        for got, want in ((plan.source_rows, source), (plan.entry_slots, slots), (plan.entry_positions, positions),
+                          (plan.ring_dst, dst), (plan.ring_src, src)):
+            assert torch.equal(got, want)

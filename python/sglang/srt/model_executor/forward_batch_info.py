@@ -93,17 +93,22 @@ class ForwardBatch:
         row_req = [b for b, n in enumerate(extend_lens) for _ in range(n)]
         seq_lens = [s + n for s, n in zip(prefix_lens, extend_lens)]
 
-        def t(values) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.int64, device=device)
+        # One host -> device copy for all index arrays (each a view of it), not one per array.
+        arrays = [input_ids, positions, req_pool_indices, seq_lens, extend_lens, prefix_lens, starts, row_req]
+        if logprob_target_ids is not None:
+            arrays.append(logprob_target_ids)
+        packed = torch.tensor([v for a in arrays for v in a], dtype=torch.int64).to(device)
+        views = packed.split([len(a) for a in arrays])
+        ids_t, pos_t, pool_t, seq_t, ext_t, prefix_t, start_t, row_req_t = views[:8]
 
         return cls(
-            forward_mode=forward_mode, batch_size=bs, input_ids=t(input_ids), positions=t(positions),
-            out_cache_loc=out_cache_loc.to(device=device, dtype=torch.int64), req_pool_indices=t(req_pool_indices),
-            seq_lens=t(seq_lens), extend_seq_lens=t(extend_lens), extend_prefix_lens=t(prefix_lens),
-            extend_start_loc=t(starts), row_req=t(row_req), seq_lens_cpu=seq_lens,
+            forward_mode=forward_mode, batch_size=bs, input_ids=ids_t, positions=pos_t,
+            out_cache_loc=out_cache_loc.to(device=device, dtype=torch.int64), req_pool_indices=pool_t,
+            seq_lens=seq_t, extend_seq_lens=ext_t, extend_prefix_lens=prefix_t,
+            extend_start_loc=start_t, row_req=row_req_t, seq_lens_cpu=seq_lens,
             extend_seq_lens_cpu=list(extend_lens), extend_prefix_lens_cpu=list(prefix_lens),
             req_pool_indices_cpu=list(req_pool_indices),
             return_logprob=logprob_target_ids is not None,
-            logprob_target_ids=None if logprob_target_ids is None else t(logprob_target_ids),
+            logprob_target_ids=None if logprob_target_ids is None else views[8],
             capture_hidden=capture_hidden, return_all_logits=return_all_logits,
         )

@@ -73,39 +73,34 @@ def build_entry_slots(fb, ratio: int, page_size: int) -> torch.Tensor:
 
 def build_compress_plan(fb, ratio: int, overlap: bool, page_size: int, num_draft_tokens: int,
                         num_ring_rows: int) -> CompressPlan:
-    """Host-side planning over requests (sizes are data-dependent); tensors go to the device once."""
+    """Host-side planning over requests, vectorised over the batch (sizes are data-dependent and known on the host:
+    no device reads); the index tensors go to the device once."""
     ring = ring_size(ratio, overlap, num_draft_tokens)
     span = 2 * ratio if overlap else ratio
     offsets = torch.arange(span) - (ratio if overlap else 0)
-    rows, req_idx, windows, dst, src = [], [], [], [], []
-    row0 = 0
-    for b in range(fb.batch_size):
-        s, e, r = fb.extend_prefix_lens_cpu[b], fb.extend_seq_lens_cpu[b], fb.req_pool_indices_cpu[b]
-        n = s + e
-        w = torch.arange(s // ratio, n // ratio)
-        if len(w):
-            p = w[:, None] * ratio + offsets[None, :]  # [n_w, S] source positions
-            from_ring = r * ring + p % ring
-            fresh = num_ring_rows + row0 + (p - s)
-            rows.append(torch.where(p < 0, -1, torch.where(p >= s, fresh, from_ring)))
-            req_idx.append(torch.full_like(w, b))
-            windows.append(w)
-        keep = torch.arange(max(s, n - ring), n)
-        dst.append(r * ring + keep % ring)
-        src.append(row0 + keep - s)
-        row0 += e
+    s = torch.tensor(fb.extend_prefix_lens_cpu, dtype=torch.int64)  # tokens before this forward
+    e = torch.tensor(fb.extend_seq_lens_cpu, dtype=torch.int64)  # rows of this forward
+    r = torch.tensor(fb.req_pool_indices_cpu, dtype=torch.int64)
+    n = s + e
+    row0 = torch.cumsum(e, 0) - e  # first row of each request in this forward
+    # Windows completed by this forward: w in [s // m, n // m) per request, flattened in request order.
+    first_w = torch.div(s, ratio, rounding_mode="floor")
+    num_w = torch.div(n, ratio, rounding_mode="floor") - first_w
+    b = torch.repeat_interleave(torch.arange(len(e)), num_w)
+    w = first_w[b] + torch.arange(len(b)) - (torch.cumsum(num_w, 0) - num_w)[b]
+    p = w[:, None] * ratio + offsets[None, :]  # [N, S] source positions
+    from_ring = r[b, None] * ring + p % ring
+    fresh = num_ring_rows + row0[b, None] + (p - s[b, None])
+    source_rows = torch.where(p < 0, -1, torch.where(p >= s[b, None], fresh, from_ring))
+    # Fresh rows among each request's last `ring` positions go back to the ring: positions [max(s, n - ring), n).
+    keep_from = torch.maximum(s, n - ring)
+    kb = torch.repeat_interleave(torch.arange(len(e)), n - keep_from)
+    keep = keep_from[kb] + torch.arange(len(kb)) - (torch.cumsum(n - keep_from, 0) - (n - keep_from))[kb]
     device = fb.positions.device
-    if rows:
-        source_rows = torch.cat(rows).to(device)
-        w = torch.cat(windows).to(device)
-        b = torch.cat(req_idx).to(device)
-        first_full = fb.req_to_token_pool.req_to_token[fb.req_pool_indices[b], w * ratio].to(torch.int64)
-        per_page = page_size // ratio
-        entry_slots = (first_full // page_size) * per_page + w % per_page
-        entry_positions = w * ratio
-    else:
-        source_rows = torch.empty(0, span, dtype=torch.int64, device=device)
-        entry_slots = entry_positions = torch.empty(0, dtype=torch.int64, device=device)
+    source_rows, w, b = source_rows.to(device), w.to(device), b.to(device)
+    first_full = fb.req_to_token_pool.req_to_token[fb.req_pool_indices[b], w * ratio].to(torch.int64)
+    per_page = page_size // ratio
+    entry_slots = (first_full // page_size) * per_page + w % per_page
     return CompressPlan(ratio=ratio, overlap=overlap, ring=ring, num_new=int(source_rows.shape[0]),
-                        entry_slots=entry_slots, entry_positions=entry_positions, source_rows=source_rows,
-                        ring_dst=torch.cat(dst).to(device), ring_src=torch.cat(src).to(device))
+                        entry_slots=entry_slots, entry_positions=w * ratio, source_rows=source_rows,
+                        ring_dst=(r[kb] * ring + keep % ring).to(device), ring_src=(row0[kb] + keep - s[kb]).to(device))
