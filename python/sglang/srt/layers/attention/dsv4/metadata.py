@@ -67,7 +67,9 @@ def build_entry_slots(fb, ratio: int, page_size: int) -> torch.Tensor:
     full = fb.req_to_token_pool.req_to_token[fb.req_pool_indices[:, None], (w * ratio)[None, :]].to(torch.int64)
     per_page = page_size // ratio
     slots = (full // page_size) * per_page + (w % per_page)[None, :]
-    valid = w[None, :] < torch.tensor(counts, device=device)[:, None]
+    if all(c == e_max for c in counts):  # nothing to pad (host-known): the gathered slots as they are
+        return slots
+    valid = w[None, :] < torch.tensor(counts).to(device)[:, None]
     return torch.where(valid, slots, torch.full_like(slots, -1))
 
 
