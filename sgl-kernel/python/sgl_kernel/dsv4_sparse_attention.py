@@ -50,7 +50,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl_kernel.dsv4_store_kv import check_fp8_kv_dims, fp8_kv_dequantize_ref, fp8_kv_row_bytes
+from sgl_kernel.dsv4_store_kv import check_fp8_kv_dims, check_kv_cache, fp8_kv_dequantize_ref
 
 _LOG2E = tl.constexpr(1.4426950408889634)
 _NEG_BIG = tl.constexpr(-1.0e30)  # finite "-inf" for running maxima: exp2 of differences never makes NaN
@@ -301,17 +301,6 @@ def _dot_dtype(q_dtype: torch.dtype, cache_dtype: torch.dtype, fp8: bool):
     return tl.float32, True
 
 
-def _check_cache(name: str, cache: torch.Tensor, d: int, rope: int) -> None:
-    assert cache.dim() == 2 and cache.is_contiguous(), f"{name} must be a contiguous 2-D tensor"
-    if rope > 0:
-        row = fp8_kv_row_bytes(d, rope)
-        assert cache.dtype == torch.uint8 and cache.shape[1] == row, (
-            f"{name}: FP8 cache must be uint8 [N, {row}] for D={d} rope={rope}, got {cache.dtype} {tuple(cache.shape)}")
-    else:
-        assert cache.dtype in _DENSE_DTYPES and cache.shape[1] == d, (
-            f"{name}: dense cache must be float32/bfloat16/float16 [N, {d}], got {cache.dtype} {tuple(cache.shape)}")
-
-
 def _check_index(name: str, x: torch.Tensor, ndim: int, rows=None) -> None:
     assert x.dtype in _INDEX_DTYPES and x.is_contiguous(), f"{name} must be contiguous int32/int64, got {x.dtype}"
     assert x.dim() == ndim and (rows is None or x.shape[0] == rows), (
@@ -325,11 +314,11 @@ def _check_args(q, window_cache, window_slots, extra_cache, extra_slots, extra_r
     t, h, d = q.shape
     if fp8_rope_dim > 0:
         check_fp8_kv_dims(d, fp8_rope_dim)
-    _check_cache("window_cache", window_cache, d, fp8_rope_dim)
+    check_kv_cache("window_cache", window_cache, d, fp8_rope_dim)
     _check_index("window_slots", window_slots, 2, t)
     assert (extra_cache is None) == (extra_slots is None), "pass extra_cache and extra_slots together"
     if extra_cache is not None:
-        _check_cache("extra_cache", extra_cache, d, fp8_rope_dim)
+        check_kv_cache("extra_cache", extra_cache, d, fp8_rope_dim)
         assert extra_cache.dtype == window_cache.dtype, "window and extra caches must share one format"
         _check_index("extra_slots", extra_slots, 2)
         if extra_row_map is None:

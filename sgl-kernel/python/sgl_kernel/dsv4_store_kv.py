@@ -144,6 +144,19 @@ def _dsv4_store_kv_kernel(
 # ----------------------------------------------------------------------------- wrapper
 
 
+def check_kv_cache(name: str, cache: torch.Tensor, d: int, rope: int) -> None:
+    """A window / compressed KV pool: contiguous [N, D] floats, or uint8 [N, row] FP8 rows when rope > 0."""
+    assert cache.dim() == 2 and cache.is_contiguous(), (
+        f"{name} must be a contiguous 2-D tensor, got {tuple(cache.shape)}")
+    if rope > 0:
+        row = fp8_kv_row_bytes(d, rope)
+        assert cache.dtype == torch.uint8 and cache.shape[1] == row, (
+            f"{name}: FP8 cache must be uint8 [N, {row}] for D={d} rope={rope}, got {cache.dtype} {tuple(cache.shape)}")
+    else:
+        assert cache.dtype in _DENSE_DTYPES and cache.shape[1] == d, (
+            f"{name}: dense cache must be float32/bfloat16/float16 [N, {d}], got {cache.dtype} {tuple(cache.shape)}")
+
+
 def _check_args(cache: torch.Tensor, slots: torch.Tensor, values: torch.Tensor, fp8_rope_dim: int) -> None:
     assert values.dim() == 2 and values.dtype in _DENSE_DTYPES, (
         f"values must be [N, D] float32/bfloat16/float16, got {tuple(values.shape)} {values.dtype}")
@@ -152,17 +165,10 @@ def _check_args(cache: torch.Tensor, slots: torch.Tensor, values: torch.Tensor, 
     assert slots.dim() == 1 and slots.shape[0] == n and slots.dtype in (torch.int32, torch.int64), (
         f"slots must be [N={n}] int32/int64, got {tuple(slots.shape)} {slots.dtype}")
     assert slots.is_contiguous(), "slots must be contiguous"
-    assert cache.dim() == 2 and cache.is_contiguous(), (
-        f"cache must be a contiguous 2-D tensor, got {tuple(cache.shape)}")
     assert cache.device == values.device == slots.device, "cache, slots and values must be on one device"
     if fp8_rope_dim > 0:
         check_fp8_kv_dims(d, fp8_rope_dim)
-        row = fp8_kv_row_bytes(d, fp8_rope_dim)
-        assert cache.dtype == torch.uint8 and cache.shape[1] == row, (
-            f"FP8 cache must be uint8 [N, {row}] for D={d} rope={fp8_rope_dim}, got {cache.dtype} {tuple(cache.shape)}")
-    else:
-        assert cache.dtype in _DENSE_DTYPES and cache.shape[1] == d, (
-            f"dense cache must be float32/bfloat16/float16 [N, {d}], got {cache.dtype} {tuple(cache.shape)}")
+    check_kv_cache("cache", cache, d, fp8_rope_dim)
 
 
 def dsv4_store_kv(cache: torch.Tensor, slots: torch.Tensor, values: torch.Tensor, fp8_rope_dim: int = 0) -> None:

@@ -10,9 +10,9 @@ kernel (sgl_kernel.dsv4_mhc: one launch instead of ~130 per sub-layer); `hc_mix_
 
 from __future__ import annotations
 
-import functools
-
 import torch
+
+from sglang.srt.layers.gpu_kernels import sgl_kernel_op
 
 
 def _mixes(streams: torch.Tensor, fn: torch.Tensor, norm_eps: float) -> torch.Tensor:
@@ -44,13 +44,9 @@ def hc_mix_weights(z: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, n: 
     return pre, post, comb
 
 
-@functools.lru_cache(maxsize=None)
 def _fused_kernel():
     """sgl_kernel's fused mixing-weights kernel, or None where Triton / sgl_kernel is not installed."""
-    try:
-        from sgl_kernel.dsv4_mhc import dsv4_hc_mix
-    except ImportError:
-        return None
+    return sgl_kernel_op("dsv4_mhc", "dsv4_hc_mix")
     return dsv4_hc_mix
 
 

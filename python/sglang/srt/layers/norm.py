@@ -6,21 +6,16 @@ one-launch Triton RMSNorm (same fp32 arithmetic); on CPU the torch code here (th
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from torch import nn
 
 from sglang.srt.layers import aiter_ops
+from sglang.srt.layers.gpu_kernels import sgl_kernel_op
 
 
-@functools.lru_cache(maxsize=None)
 def _fused_kernel():
     """sgl_kernel's Triton RMSNorm, or None where Triton / sgl_kernel is not installed."""
-    try:
-        from sgl_kernel.dsv4_rmsnorm import dsv4_rms_norm
-    except ImportError:
-        return None
+    return sgl_kernel_op("dsv4_rmsnorm", "dsv4_rms_norm")
     return dsv4_rms_norm
 
 

@@ -8,13 +8,13 @@ On GPUs `apply` runs sgl_kernel's one-launch `dsv4_rope`; the torch code here is
 
 from __future__ import annotations
 
-import functools
 from typing import Optional
 
 import torch
 from torch import nn
 
 from sglang.srt.configs.deepseek_v4 import YarnScaling, yarn_ramp_bounds
+from sglang.srt.layers.gpu_kernels import sgl_kernel_op
 
 
 def rope_inv_freq(rope_dim: int, theta: float, yarn: Optional[YarnScaling]) -> torch.Tensor:
@@ -56,13 +56,9 @@ class RotaryEmbedding(nn.Module):
         return apply_rotary(x, cos, sin, inverse)
 
 
-@functools.lru_cache(maxsize=None)
 def _fused_kernel():
     """sgl_kernel's Triton RoPE, or None where Triton / sgl_kernel is not installed."""
-    try:
-        from sgl_kernel.dsv4_rope import dsv4_rope
-    except ImportError:
-        return None
+    return sgl_kernel_op("dsv4_rope", "dsv4_rope")
     return dsv4_rope
 
 
