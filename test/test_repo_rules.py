@@ -1,9 +1,10 @@
-"""Repository rules that tooling enforces (docs/style.md rules 2 and 17)."""
+"""Repository rules that tooling enforces (docs/style.md rules 2 and 17; ruff.toml)."""
 
 from __future__ import annotations
 
 import os
 import re
+import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -36,3 +37,10 @@ def test_env_vars_are_documented():
 
 def test_files_within_size_budget():
     assert check_sizes.oversized(600) == []
+
+
+def test_ruff_clean():
+    """Pyflakes (undefined and unused names) and the 120-column limit over the whole tree (ruff.toml)."""
+    result = subprocess.run([sys.executable, "-m", "ruff", "check", "--output-format", "concise", ROOT],
+                            capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr

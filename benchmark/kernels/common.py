@@ -77,7 +77,6 @@ def copy_bandwidth_gbps(num_elements: int = 1 << 30) -> float:
     b = torch.empty_like(a)
     num_bytes = a.numel() * a.element_size()
     us = time_eager_us(lambda: b.copy_(a), iters=20)
-    del a, b
     return 2 * num_bytes / (us * 1e-6) / 1e9
 
 
@@ -86,5 +85,4 @@ def matmul_tflops(n: int = 8192) -> float:
     a = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
     b = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
     us = time_cuda_us(lambda: a @ b, iters=10)
-    del a, b
     return 2 * n ** 3 / (us * 1e-6) / 1e12

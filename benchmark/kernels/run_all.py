@@ -41,7 +41,8 @@ def main() -> None:
     launch = time_eager_us(lambda: empty.add_(1))
     print(f"Times are GPU kernel times from the CUDA profiler (host launch excluded, as under CUDA graphs); an "
           f"eager torch launch costs {launch:.1f} us of wall time here.\n")
-    print("| kernel | case | time us | GB/s | fraction of copy bw | TFLOP/s | fraction of matmul | torch ref us | note |")
+    print("| kernel | case | time us | GB/s | fraction of copy bw | TFLOP/s | fraction of matmul | torch ref us "
+          "| note |")
     print("|---|---|---|---|---|---|---|---|---|")
     rows = []
     for name in MODULES:

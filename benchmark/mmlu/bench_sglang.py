@@ -3,9 +3,15 @@
     python benchmark/mmlu/bench_sglang.py --port 30000 --data-dir data --ntrain 5 --parallel 128
 
 --data-dir holds the standard per-subject CSVs (no header; question, A, B, C, D, answer letter):
-dev/<subject>_dev.csv (the shots) and test/<subject>_test.csv (the questions). Get them from
-https://people.eecs.berkeley.edu/~hendrycks/data.tar. One token is generated at temperature 0; the
-prediction is the first standalone letter A-D in it.
+dev/<subject>_dev.csv (the shots) and test/<subject>_test.csv (the questions). Nothing is downloaded here;
+get them with
+
+    curl -L https://people.eecs.berkeley.edu/~hendrycks/data.tar | tar -x   # makes ./data/{dev,test,val}
+
+One token is generated at temperature 0; the prediction is the first standalone letter A-D in it. A prompt
+longer than the served context (GET /v1/models max_model_len) gets fewer shots, as the original MMLU eval
+does; a question too long even with none is refused before anything is sent. Any failed request makes the
+script exit 1 after printing the results.
 """
 
 from __future__ import annotations
@@ -15,11 +21,14 @@ import csv
 import dataclasses
 import os
 import re
-from typing import Optional
+from typing import Callable, Optional
 
-from sglang.utils_openai_client import add_pool_args, add_server_args, complete_prompts, write_json
+from sglang.utils_openai_client import (CONTEXT_MARGIN, ServerError, add_pool_args, add_server_args,
+                                        complete_prompts, count_tokens, exit_if_failed, served_model, write_json)
 
+DATA_URL = "https://people.eecs.berkeley.edu/~hendrycks/data.tar"
 CHOICES = "ABCD"
+MAX_TOKENS = 1  # the answer letter
 _CHOICE = re.compile(r"\b([A-D])\b")  # standalone, so "Answer" or "Because" do not read as A or B
 
 
@@ -36,7 +45,9 @@ def read_csv(path: str) -> list[list[str]]:
 def list_subjects(data_dir: str) -> list[str]:
     test_dir = os.path.join(data_dir, "test")
     if not os.path.isdir(test_dir):
-        raise SystemExit(f"no {test_dir}: --data-dir must hold dev/ and test/ (see this file's docstring)")
+        raise SystemExit(f"error: no MMLU data at {test_dir}. Fetch it with\n"
+                         f"  curl -L {DATA_URL} | tar -x\n"
+                         f"(it unpacks to ./data/dev and ./data/test; --data-dir data is the default).")
     return sorted(name[: -len("_test.csv")] for name in os.listdir(test_dir) if name.endswith("_test.csv"))
 
 
@@ -86,21 +97,64 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def build_questions(args: argparse.Namespace) -> tuple[list[str], list[tuple[str, list[str]]]]:
-    prompts, items = [], []
+def _fewer_shots(subject: str, dev_rows: list, ntrain: int, question: str, budget: int,
+                 count: Callable[[list], list]) -> Optional[str]:
+    """The prompt with the most shots below `ntrain` that fits `budget` tokens, or None."""
+    for k in range(ntrain - 1, -1, -1):
+        prompt = subject_header(subject, dev_rows, k) + question
+        if count([prompt])[0] <= budget:
+            return prompt
+    return None
+
+
+def build_questions(args: argparse.Namespace, budget: Optional[int] = None,
+                    count: Callable[[list], list] = count_tokens) -> tuple[list[str], list[tuple[str, list[str]]]]:
+    """One prompt per test row with --ntrain shots; with a token `budget`, a prompt over it gets fewer shots, and
+    one over it even with no shots raises ValueError (before anything is sent)."""
+    prompts, items, fewer, too_long = [], [], 0, []
     for subject in list_subjects(args.data_dir)[: args.nsub]:
-        header = subject_header(subject, read_csv(os.path.join(args.data_dir, "dev", f"{subject}_dev.csv")),
-                                args.ntrain)
-        for row in read_csv(os.path.join(args.data_dir, "test", f"{subject}_test.csv")):
-            prompts.append(header + format_example(row, False))
+        dev_rows = read_csv(os.path.join(args.data_dir, "dev", f"{subject}_dev.csv"))
+        header = subject_header(subject, dev_rows, args.ntrain)
+        rows = read_csv(os.path.join(args.data_dir, "test", f"{subject}_test.csv"))
+        questions = [format_example(row, False) for row in rows]
+        subject_prompts = [header + q for q in questions]
+        lengths = count(subject_prompts) if budget is not None else [0] * len(rows)
+        for row, question, prompt, n in zip(rows, questions, subject_prompts, lengths):
+            if budget is not None and n > budget:
+                prompt = _fewer_shots(subject, dev_rows, args.ntrain, question, budget, count)
+                if prompt is None:
+                    too_long.append(f"{subject}: {row[0][:60]!r}")
+                    continue
+                fewer += 1
+            prompts.append(prompt)
             items.append((subject, row))
+    if too_long:
+        raise ValueError(f"{len(too_long)} question(s) do not fit the served context even with no shots (first: "
+                         f"{too_long[0]}); serve a longer --context-length")
+    if fewer:
+        print(f"{fewer} of {len(prompts)} prompts use fewer than --ntrain {args.ntrain} shots to fit the served "
+              f"context")
     return prompts, items
 
 
 def main(argv: Optional[list] = None) -> MmluResult:
+    """Run the eval; exits 1 (SystemExit) when the data is missing, the server cannot be reached, a question
+    cannot fit the context, or any request failed (after printing the results)."""
     args = parse_args(argv)
-    prompts, items = build_questions(args)
-    batch = complete_prompts(args, prompts, desc="mmlu", max_tokens=1, temperature=0.0)
+    list_subjects(args.data_dir)  # a missing data dir is reported before the server is contacted
+    try:
+        served = served_model(args)
+    except ServerError as e:
+        raise SystemExit(f"error: {e}") from None
+    args.model = args.model or served.id
+    context = args.context_length or served.context_length
+    if context is None:
+        print("the server reports no context length: prompts are sent unchecked")
+    try:
+        prompts, items = build_questions(args, None if context is None else context - CONTEXT_MARGIN - MAX_TOKENS)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+    batch = complete_prompts(args, prompts, desc="mmlu", max_tokens=MAX_TOKENS, temperature=0.0)
     records = []
     for (subject, row), out in zip(items, batch.completions):
         pred = extract_choice(out.text)
@@ -117,14 +171,12 @@ def main(argv: Optional[list] = None) -> MmluResult:
                         ntrain=args.ntrain, model=batch.model, records=records)
     for subject, acc in subject_acc.items():
         print(f"Average accuracy {acc:.3f} - {subject}")
-    failed = [r.error for r in records if r.error]
-    if failed:
-        print(f"{len(failed)} requests failed; first error: {failed[0]}")
     print(f"Total latency: {result.latency:.3f} s")
     print(f"Invalid: {result.invalid:.3f}")
     print(f"Average accuracy: {result.accuracy:.3f}")
     if args.result_file:
         write_json(args.result_file, result)
+    exit_if_failed([r.error for r in records])
     return result
 
 

@@ -4,6 +4,9 @@
         --random-output-len 1024 --random-range-ratio 1.0 --num-prompts 512 --max-concurrency 64
     python -m sglang.bench_serving --backend openai --dataset-name sharegpt --dataset-path sharegpt.json
 
+Without --dataset-name the dataset is `random` (prompts of random token ids from the tokenizer, offline), or
+`sharegpt` when --dataset-path is given.
+
 Backends: `sglang` streams the native /generate, `openai` (alias `sglang-oai`) streams /v1/completions,
 `openai-chat` (alias `sglang-oai-chat`) streams /v1/chat/completions. Requests arrive all at once
 (`--request-rate inf`) or as a Poisson process, capped by `--max-concurrency`. Python callers use
@@ -464,6 +467,7 @@ def print_result(r: BenchResult) -> None:
 
     print("\n" + " Serving Benchmark Result ".center(50, "="))
     line("Backend", r.backend)
+    line("Dataset", r.dataset_name)
     line("Traffic request rate", r.request_rate)
     line("Max request concurrency", r.max_concurrency if r.max_concurrency else "not set")
     line("Successful requests", r.completed)
@@ -505,8 +509,10 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     add_server_args(p)
     p.add_argument("--tokenizer", default=None,
                    help="tokenizer.json, a directory holding one, or a hub id (default: the DeepSeek-V4 tokenizer)")
-    p.add_argument("--dataset-name", default="sharegpt",
-                   choices=["sharegpt", "random", "random-ids", "generated-shared-prefix"])
+    p.add_argument("--dataset-name", default=None,
+                   choices=["sharegpt", "random", "random-ids", "generated-shared-prefix"],
+                   help="default: sharegpt when --dataset-path is given, else random (offline: random token ids "
+                        "of the tokenizer, no file or download)")
     p.add_argument("--dataset-path", default="", help="ShareGPT JSON for --dataset-name sharegpt")
     p.add_argument("--num-prompts", type=int, default=1000)
     p.add_argument("--sharegpt-output-len", type=int, default=None, help="fixed output length for sharegpt")
@@ -533,6 +539,8 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     p.add_argument("--output-file", default=None, help="append one JSONL record (metrics and args) per run")
     p.add_argument("--disable-tqdm", action="store_true")
     args = p.parse_args(argv)
+    if args.dataset_name is None:  # SGLang defaults to sharegpt, which needs a downloaded file
+        args.dataset_name = "sharegpt" if args.dataset_path else "random"
     if args.extra_request_body and not isinstance(json.loads(args.extra_request_body), dict):
         p.error("--extra-request-body must be a JSON object")
     return args

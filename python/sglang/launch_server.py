@@ -2,6 +2,7 @@
 
 Process model: this process runs the HTTP server and the TokenizerManager (tokenize, encode chats, detokenize);
 the model and scheduler run in a spawned scheduler process, so a long forward never blocks the API.
+The listening address is bound first, before anything is loaded, so a port in use fails in a second.
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ import dataclasses
 import logging
 import multiprocessing as mp
 import os
+import socket
 import sys
 import tempfile
+from typing import Optional
 
 from sglang.srt.server_args import ServerArgs
 
@@ -34,7 +37,10 @@ def start_scheduler(server_args: ServerArgs):
     proc.start()
     while not reader.poll(1.0):
         if not proc.is_alive():
-            raise RuntimeError(f"the scheduler process exited during start-up (code {proc.exitcode})")
+            raise RuntimeError(f"the scheduler process exited during start-up (code {proc.exitcode}); if this is a "
+                               f"script creating sglang.Engine(launch_subprocess=True), it needs the "
+                               f"`if __name__ == \"__main__\":` guard (the scheduler process is spawned and "
+                               f"re-imports the script)")
     ready = reader.recv()
     if not isinstance(ready, SchedulerReady):
         proc.join(timeout=5)
@@ -42,7 +48,31 @@ def start_scheduler(server_args: ServerArgs):
     return proc, ready, ports
 
 
-def launch_server(server_args: ServerArgs) -> None:
+def configure_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), format="[%(asctime)s] %(levelname)s %(name)s: %(message)s")
+
+
+def bind_listen_socket(host: str, port: int) -> socket.socket:
+    """Bind (not yet listen) the server's address, so a port in use is reported before the model loads and
+    nobody can take it meanwhile; connections are refused until uvicorn listens. Raises OSError naming it."""
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                          flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as e:
+        raise OSError(f"--host {host}: cannot resolve it ({e})") from None
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a TIME_WAIT port is free
+    try:
+        sock.bind(addr)
+    except OSError as e:
+        sock.close()
+        raise OSError(f"cannot bind {host}:{port} ({e.strerror}): the port is already in use or not allowed; "
+                      f"stop the process holding it or pick another --port") from None
+    return sock
+
+
+def launch_server(server_args: ServerArgs, sock: Optional[socket.socket] = None) -> None:
+    """Serve until stopped; `sock` is the address bound by `bind_listen_socket` (bound here when None)."""
     import uvicorn
 
     from sglang.srt.entrypoints.engine import load_tokenizer
@@ -50,8 +80,9 @@ def launch_server(server_args: ServerArgs) -> None:
     from sglang.srt.managers.tokenizer_manager import TokenizerManager
     from sglang.srt.model_loader.model_path import resolve_model_path
 
-    logging.basicConfig(level=server_args.log_level.upper(),
-                        format="[%(asctime)s] %(levelname)s %(name)s: %(message)s")
+    configure_logging(server_args.log_level)
+    if sock is None:
+        sock = bind_listen_socket(server_args.host, server_args.port)
     logger.info("DeepSeek-V4 defaults applied: %s", ", ".join(server_args.applied_defaults) or "none")
     shown = {k: ("***" if k == "api_key" and v else v) for k, v in dataclasses.asdict(server_args).items()}
     logger.info("server args: %s", shown)
@@ -66,23 +97,48 @@ def launch_server(server_args: ServerArgs) -> None:
     app = create_app(tm, server_args, metrics, scheduler_proc=proc)
 
     logger.info("serving %s on http://%s:%d", server_args.model_path, server_args.host, server_args.port)
+    config = uvicorn.Config(app, host=server_args.host, port=server_args.port, log_level=server_args.log_level,
+                            timeout_keep_alive=5)
     try:
-        uvicorn.run(app, host=server_args.host, port=server_args.port, log_level=server_args.log_level,
-                    timeout_keep_alive=5)
+        uvicorn.Server(config).run(sockets=[sock])
     finally:
         proc.kill()
+        sock.close()
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends "(default: X)" unless the help already says what the default is (options whose default is
+    decided at start, such as --page-size, state it in words)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or action.default is None:
+            return text
+        return super()._get_help_string(action)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m sglang.launch_server", formatter_class=HelpFormatter,
+                                     description="Serve a DeepSeek-V4 model over an OpenAI-compatible API.")
+    ServerArgs.add_cli_args(parser)
+    return parser
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m sglang.launch_server",
-                                     description="Serve a DeepSeek-V4 model over an OpenAI-compatible API.")
-    ServerArgs.add_cli_args(parser)
+    parser = build_parser()
     args = parser.parse_args(argv)
+    configure_logging(args.log_level)  # before resolve(): it may generate the built-in model (a progress bar)
+    try:
+        sock = bind_listen_socket(args.host, args.port)
+    except OSError as e:
+        logger.error("%s", e)
+        raise SystemExit(1) from None
     try:
         server_args = ServerArgs.from_cli_args(args).resolve()
     except ValueError as e:
+        sock.close()
         parser.error(str(e))
-    launch_server(server_args)
+    launch_server(server_args, sock)
 
 
 if __name__ == "__main__":

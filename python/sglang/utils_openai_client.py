@@ -1,8 +1,8 @@
 """Client helpers shared by `sglang.bench_serving` and the eval scripts under `benchmark/`.
 
-Server address options, SSE parsing, the default tokenizer, and a bounded-concurrency pool of
-OpenAI `/v1/completions` calls with retries (what the GSM8K and MMLU scripts need). Nothing here
-imports the engine, so these tools start fast and run on machines without torch's GPU build.
+Server address options, the served model and its context length, SSE parsing, the default tokenizer, and
+a bounded-concurrency pool of OpenAI `/v1/completions` calls with retries (what the GSM8K and MMLU scripts
+need). Nothing here imports the engine, so these tools start fast and run on machines without torch's GPU build.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ async def fetch_model_id(session: aiohttp.ClientSession, root: str) -> str:
     return data["data"][0]["id"]
 
 
-# ---- SSE ----------------------------------------------------------------------------------------------
+# ---- errors, the served model ----------------------------------------------------------------------
 
 
 class ServerError(RuntimeError):
@@ -64,6 +64,45 @@ async def raise_for_status(resp: aiohttp.ClientResponse) -> None:
     if resp.status != 200:
         body = (await resp.text())[:300]
         raise ServerError(f"HTTP {resp.status}: {body}")
+
+
+# Tokens kept free beside prompt + max_tokens when fitting prompts to the served context: the BOS token the
+# server adds, the speculative draft slots its scheduler reserves, and a client tokenizer that counts differently.
+CONTEXT_MARGIN = 16
+
+
+@dataclasses.dataclass
+class ServedModel:
+    id: str
+    context_length: Optional[int]  # None when the server reports none
+
+
+async def _fetch_served_model(root: str) -> ServedModel:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        async with session.get(f"{root}/v1/models") as resp:
+            await raise_for_status(resp)
+            entry = (await resp.json(content_type=None))["data"][0]
+        context = entry.get("max_model_len")  # our server and vLLM report it here
+        if context is None:
+            async with session.get(f"{root}/model_info") as resp:  # SGLang-style servers
+                if resp.status == 200:
+                    context = (await resp.json(content_type=None)).get("context_length")
+    return ServedModel(entry["id"], context)
+
+
+def served_model(args: argparse.Namespace) -> ServedModel:
+    """The served model id and context length; raises ServerError naming the address when the server cannot be
+    queried (so a script stops before building its requests, with one clear line instead of a traceback)."""
+    root = server_root(args)
+    try:
+        return asyncio.run(_fetch_served_model(root))
+    except (aiohttp.ClientError, asyncio.TimeoutError, ServerError, KeyError, IndexError, TypeError,
+            json.JSONDecodeError) as e:
+        raise ServerError(f"cannot query the server at {root}/v1/models ({type(e).__name__}: {e}); is it running? "
+                          f"(set --host/--port or --base-url)") from None
+
+
+# ---- SSE ----------------------------------------------------------------------------------------------
 
 
 async def iter_sse(resp: aiohttp.ClientResponse) -> AsyncIterator[dict]:
@@ -139,6 +178,9 @@ def add_pool_args(parser: argparse.ArgumentParser, parallel: int = 64) -> None:
     parser.add_argument("--max-retries", type=int, default=3,
                         help="retries after a connection error, timeout, 429 or 5xx (4xx fail at once)")
     parser.add_argument("--disable-tqdm", action="store_true")
+    parser.add_argument("--context-length", type=int, default=None,
+                        help="served context in tokens, to fit prompts before sending (default: the server's "
+                             "max_model_len from GET /v1/models, else context_length from /model_info)")
 
 
 @dataclasses.dataclass
@@ -218,6 +260,14 @@ def complete_prompts(args: argparse.Namespace, prompts: Sequence[str], desc: str
     missing = [o.text for o in outs if o.completion_tokens is None and o.error is None]
     tokens = sum(o.completion_tokens or 0 for o in outs) + (sum(count_tokens(missing)) if missing else 0)
     return CompletionBatch(outs, latency, model, tokens)
+
+
+def exit_if_failed(errors: Sequence[Optional[str]]) -> None:
+    """Any failed request makes the run invalid: exit 1 with how many failed and the first error."""
+    failed = [e for e in errors if e]
+    if failed:
+        raise SystemExit(f"error: {len(failed)} of {len(errors)} requests failed, so the accuracy above is not "
+                         f"valid (first error: {failed[0]})")
 
 
 def write_json(path: str, obj: Any) -> None:

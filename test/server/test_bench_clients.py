@@ -1,17 +1,10 @@
-"""Client-side tools against a stub server: bench_serving (both backends, every dataset), the GSM8K and MMLU
-scripts (scoring and answer extraction), and failure handling.
-
-The stub (aiohttp.web on a free loopback port, in a background thread) speaks the protocol our server
-speaks: /v1/models, /v1/completions and /v1/chat/completions (SSE chunks, a final usage chunk with
-stream_options.include_usage), native /generate (SSE chunks with the cumulative text and meta_info), and
-/flush_cache. It emits " the" tokens (one DeepSeek-V4 token each, so retokenizing gives back its count) and,
-for the eval scripts, looks the question up in the data the test wrote and sends the chosen reply.
+"""Client-side tools against a stub server (stub_server.py): bench_serving (both backends, every dataset), the
+GSM8K and MMLU scripts (scoring, answer extraction, fitting prompts to the served context), and failure
+handling (failed requests, a missing data file, an unreachable server: each exits non-zero with a message).
 """
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 import importlib.util
 import json
 import math
@@ -19,153 +12,14 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 
 import pytest
-from aiohttp import web
 
 from sglang import bench_serving
-from sglang.utils_openai_client import load_tokenizer, server_root
+from sglang.utils_openai_client import CONTEXT_MARGIN, count_tokens, load_tokenizer, server_root
+from stub_server import EOS_AFTER, StubServer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TOKEN, TOKEN_ID = " the", 270
-EOS_AFTER = 3  # without ignore_eos the stub stops after this many tokens, with finish_reason "stop"
-
-
-# ---- the stub server --------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class Stub:
-    answers: dict = dataclasses.field(default_factory=dict)  # question -> reply, when the prompt contains it
-    fail_every: int = 0  # the n-th, 2n-th, ... generation request (1-based) gets HTTP 500
-    omit_usage: bool = False  # OpenAI responses without `usage` (the client must retokenize)
-    accept_length: float = 0.0  # > 0: report spec_accept_length and stream 2 tokens per /generate chunk
-    requests: int = 0
-    log: list = dataclasses.field(default_factory=list)  # (path, prompt_tokens, completion_tokens) served
-    inflight: int = 0
-    peak_inflight: int = 0
-
-    def reset(self) -> None:
-        """Defaults and empty logs (the app is built once; tests share one Stub and reset it)."""
-        for field in dataclasses.fields(self):
-            fresh = field.default if field.default_factory is dataclasses.MISSING else field.default_factory()
-            setattr(self, field.name, fresh)
-
-    def reply(self, prompt, max_tokens: int, ignore_eos: bool) -> tuple[list, str]:
-        if isinstance(prompt, str) and self.answers:
-            question = max(self.answers, key=prompt.rfind)
-            if prompt.rfind(question) >= 0:
-                return [self.answers[question]], "stop"
-        n = max_tokens if ignore_eos else min(max_tokens, EOS_AFTER)
-        return [TOKEN] * n, "length" if n == max_tokens else "stop"
-
-    def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._count])
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_post("/v1/completions", self._openai)
-        app.router.add_post("/v1/chat/completions", self._openai)
-        app.router.add_post("/generate", self._generate)
-        app.router.add_post("/flush_cache", self._flush_cache)
-        return app
-
-    async def _models(self, request):
-        return web.json_response({"object": "list", "data": [{"id": "stub-model", "object": "model"}]})
-
-    async def _flush_cache(self, request):
-        self.log.append(("/flush_cache", 0, 0))
-        return web.Response(text="Cache flushed.")
-
-    @web.middleware
-    async def _count(self, request, handler):
-        if request.path not in ("/v1/completions", "/v1/chat/completions", "/generate"):
-            return await handler(request)
-        self.requests += 1
-        if self.fail_every and self.requests % self.fail_every == 0:
-            return web.json_response({"error": {"message": "injected failure"}}, status=500)
-        self.inflight += 1
-        self.peak_inflight = max(self.peak_inflight, self.inflight)
-        try:
-            return await handler(request)
-        finally:
-            self.inflight -= 1
-
-    async def _sse(self, request, payloads) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        for payload in payloads:
-            await resp.write(f"data: {json.dumps(payload)}\n\n".encode())
-            await asyncio.sleep(0.0005)  # make TTFT and ITL measurable
-        await resp.write(b"data: [DONE]\n\n")
-        return resp
-
-    async def _openai(self, request):
-        body = await request.json()
-        chat = request.path.endswith("chat/completions")
-        prompt = body["messages"][-1]["content"] if chat else body["prompt"]
-        pieces, finish = self.reply(prompt, body["max_tokens"], body.get("ignore_eos", False))
-        n_prompt = len(prompt) if isinstance(prompt, list) else len(prompt.split())
-        usage = {"prompt_tokens": n_prompt, "completion_tokens": len(pieces), "total_tokens": n_prompt + len(pieces)}
-        self.log.append((request.path, n_prompt, len(pieces)))
-
-        def choice(text: str, done: bool, stream: bool) -> dict:
-            content = ({"delta" if stream else "message": {"role": "assistant", "content": text}} if chat
-                       else {"text": text})
-            return {"index": 0, **content, "finish_reason": finish if done else None}
-
-        if not body.get("stream"):
-            resp = {"id": "cmpl-1", "model": body["model"], "choices": [choice("".join(pieces), True, False)]}
-            return web.json_response(resp if self.omit_usage else {**resp, "usage": usage})
-        chunks = [{"id": "cmpl-1", "choices": [choice(p, i == len(pieces) - 1, True)]} for i, p in enumerate(pieces)]
-        if (body.get("stream_options") or {}).get("include_usage") and not self.omit_usage:
-            chunks.append({"id": "cmpl-1", "choices": [], "usage": usage})
-        return await self._sse(request, chunks)
-
-    async def _generate(self, request):
-        body = await request.json()
-        sp = body.get("sampling_params", {})
-        prompt = body.get("input_ids", body.get("text"))
-        pieces, finish = self.reply(prompt, sp["max_new_tokens"], sp.get("ignore_eos", False))
-        n_prompt = len(prompt) if isinstance(prompt, list) else len(prompt.split())
-        self.log.append((request.path, n_prompt, len(pieces)))
-
-        def payload(i: int) -> dict:
-            meta = {"id": "r1", "prompt_tokens": n_prompt, "completion_tokens": i, "e2e_latency": 0.01,
-                    "finish_reason": {"type": finish} if i == len(pieces) else None}
-            if self.accept_length:
-                meta["spec_accept_length"] = self.accept_length
-            return {"text": "".join(pieces[:i]), "output_ids": [TOKEN_ID] * i, "meta_info": meta}
-
-        if not body.get("stream"):
-            return web.json_response(payload(len(pieces)))
-        step = 2 if self.accept_length else 1
-        ends = list(range(step, len(pieces), step)) + [len(pieces)]
-        return await self._sse(request, [payload(i) for i in ends])
-
-
-class StubServer:
-    def __init__(self) -> None:
-        self.stub = Stub()
-        self.loop = asyncio.new_event_loop()
-        self.ready = threading.Event()
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-        assert self.ready.wait(10), "stub server did not start"
-
-    def _serve(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.runner = web.AppRunner(self.stub.app(), access_log=None)
-        self.loop.run_until_complete(self.runner.setup())
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        self.loop.run_until_complete(site.start())
-        self.port = self.runner.addresses[0][1]
-        self.ready.set()
-        self.loop.run_forever()
-        self.loop.run_until_complete(self.runner.cleanup())
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
 
 
 @pytest.fixture(scope="module")
@@ -339,13 +193,125 @@ def test_mmlu_prompt_format(tmp_path):
     assert prompts[0].endswith("[abstract_algebra q00] Which option is right?\nA. w\nB. x\nC. y\nD. z\nAnswer:")
 
 
-def test_gsm8k_failed_requests_score_as_invalid(server, stub, tmp_path):
+def test_gsm8k_failed_requests_exit_nonzero(server, stub, tmp_path, capsys):
     _write_gsm8k(tmp_path / "test.jsonl")
     stub.fail_every = 1  # every request: HTTP 500, retried, then recorded as failed
-    result = gsm8k.main(["--data-path", str(tmp_path / "test.jsonl"), "--max-retries", "1", *_server_args(server)])
-    assert result.accuracy == 0.0 and result.invalid == 1.0
-    assert all("HTTP 500" in r.error for r in result.records)
-    assert stub.requests == 2 * len(GSM8K_QUESTIONS)  # one retry each
+    with pytest.raises(SystemExit) as exc:
+        gsm8k.main(["--data-path", str(tmp_path / "test.jsonl"), "--max-retries", "1",
+                    "--result-file", str(tmp_path / "r.json"), *_server_args(server)])
+    n = len(GSM8K_QUESTIONS)
+    assert f"{n} of {n} requests failed" in str(exc.value.code) and "HTTP 500" in str(exc.value.code)
+    assert "Accuracy: 0.000" in capsys.readouterr().out  # printed, then the run is declared invalid
+    saved = json.loads((tmp_path / "r.json").read_text())
+    assert saved["failed"] == n and all("HTTP 500" in r["error"] for r in saved["records"])
+    assert stub.requests == 2 * n  # one retry each
+
+
+def test_eval_scripts_one_failure_is_enough(server, stub, tmp_path):
+    _write_gsm8k(tmp_path / "test.jsonl")
+    stub.answers.update({q: good for q, _, good in GSM8K_QUESTIONS})
+    stub.fail_every = 2  # requests 2 and 4 fail (no retries): the others answer correctly
+    with pytest.raises(SystemExit, match="2 of 4 requests failed"):
+        gsm8k.main(["--data-path", str(tmp_path / "test.jsonl"), "--max-retries", "0", "--parallel", "1",
+                    *_server_args(server)])
+    stub.reset()
+    _write_mmlu(tmp_path)
+    stub.fail_every = 5
+    with pytest.raises(SystemExit, match="1 of 7 requests failed"):  # 7 MMLU questions, the 5th fails
+        mmlu.main(["--data-dir", str(tmp_path), "--max-retries", "0", "--parallel", "1", *_server_args(server)])
+
+
+def test_eval_scripts_missing_data(tmp_path):
+    missing = tmp_path / "nope.jsonl"
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmark/gsm8k/bench_sglang.py"),
+                           "--data-path", str(missing), "--port", str(_free_port())],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert f"no GSM8K data at {missing}" in proc.stderr and f"curl -L -o {missing} {gsm8k.GSM8K_URL}" in proc.stderr
+    assert not missing.exists()  # nothing downloaded
+    with pytest.raises(SystemExit, match=r"(?s)no MMLU data at .*nope/test.*curl -L https://people\.eecs\.berkeley"):
+        mmlu.main(["--data-dir", str(tmp_path / "nope"), "--port", str(_free_port())])
+
+
+def test_eval_scripts_server_unreachable(tmp_path):
+    _write_gsm8k(tmp_path / "test.jsonl")
+    port = _free_port()
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmark/gsm8k/bench_sglang.py"), "--data-path",
+                           str(tmp_path / "test.jsonl"), "--port", str(port)], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr and "Accuracy" not in proc.stdout
+    assert f"cannot query the server at http://127.0.0.1:{port}/v1/models" in proc.stderr
+    _write_mmlu(tmp_path)
+    with pytest.raises(SystemExit, match=f"cannot query the server at http://127.0.0.1:{port}"):
+        mmlu.main(["--data-dir", str(tmp_path), "--port", str(port)])
+
+
+# ---- fitting the prompts to the served context ----------------------------------------------------
+
+
+def test_gsm8k_fit_to_context():
+    def longest(shots):  # a 100-token question plus 150 tokens per shot
+        return 100 + 150 * shots
+
+    fit = gsm8k.fit_to_context(longest, 5, 256, context_length=4096, margin=16)
+    assert (fit.num_shots, fit.max_tokens, fit.notes) == (5, 256, [])  # fits: unchanged
+    fit = gsm8k.fit_to_context(longest, 5, 256, context_length=1024, margin=16)
+    assert (fit.num_shots, fit.max_tokens) == (4, 256) and 100 + 150 * 4 + 256 + 16 <= 1024
+    assert fit.notes == ["--num-shots 5 -> 4: the served context is 1024 tokens"]
+    fit = gsm8k.fit_to_context(longest, 5, 256, context_length=300, margin=16)  # no shot; a shorter answer
+    assert (fit.num_shots, fit.max_tokens) == (0, 300 - 16 - 100) and len(fit.notes) == 2
+    with pytest.raises(ValueError, match="context of 150 tokens is too small.*100 tokens with 0 shots"):
+        gsm8k.fit_to_context(longest, 5, 256, context_length=150, margin=16)
+    fit = gsm8k.fit_to_context(longest, 2, 16, context_length=150, margin=16)  # a short answer asked: kept
+    assert (fit.num_shots, fit.max_tokens) == (0, 16)
+
+
+def test_gsm8k_fits_the_served_context(server, stub, tmp_path, capsys):
+    _write_gsm8k(tmp_path / "test.jsonl")
+    lines = gsm8k.load_lines(str(tmp_path / "test.jsonl"))
+    prompts = {k: gsm8k.build_prompts(lines, 5, 10, k)[0] for k in (2, 3)}
+    longest = {k: max(count_tokens(p)) for k, p in prompts.items()}
+    # room for 2 shots (not 3) and --max-tokens 64, with the client's margin
+    stub.context_length = longest[2] + 64 + CONTEXT_MARGIN
+    assert longest[3] + 64 + CONTEXT_MARGIN > stub.context_length
+    result = gsm8k.main(["--data-path", str(tmp_path / "test.jsonl"), "--max-tokens", "64", *_server_args(server)])
+    assert (result.num_shots, result.max_tokens, result.num_questions) == (2, 64, len(GSM8K_QUESTIONS))
+    assert "--num-shots 5 -> 2" in capsys.readouterr().out
+    assert sorted(b["prompt"] for b in stub.bodies) == sorted(prompts[2][:len(GSM8K_QUESTIONS)])
+    assert all(b["max_tokens"] == 64 for b in stub.bodies)
+    stub.reset()
+    stub.context_length = 40  # not even a question fits: refused before sending anything
+    with pytest.raises(SystemExit, match="context of 40 tokens is too small"):
+        gsm8k.main(["--data-path", str(tmp_path / "test.jsonl"), *_server_args(server)])
+    assert stub.requests == 0
+    stub.reset()  # an explicit --context-length overrides the server's
+    result = gsm8k.main(["--data-path", str(tmp_path / "test.jsonl"), "--max-tokens", "64", "--context-length",
+                         str(longest[3] + 64 + CONTEXT_MARGIN), *_server_args(server)])
+    assert result.num_shots == 3
+
+
+def test_mmlu_fits_the_served_context(server, stub, tmp_path, capsys):
+    _write_mmlu(tmp_path)
+    long_question = "[abstract_algebra q99] " + "very " * 60 + "long?"
+    with open(tmp_path / "test" / "abstract_algebra_test.csv", "a") as f:
+        f.write(f"{long_question},w,x,y,z,A\n")
+    args = mmlu.parse_args(["--data-dir", str(tmp_path)])
+    full, _ = mmlu.build_questions(args)
+    lengths = count_tokens(full)
+    budget = sorted(lengths)[-2]  # every prompt fits but the long one, which needs fewer shots
+    prompts, items = mmlu.build_questions(args, budget)
+    assert len(prompts) == len(full) and all(n <= budget for n in count_tokens(prompts))
+    changed = [p for p, f in zip(prompts, full) if p != f]
+    assert len(changed) == 1 and long_question in changed[0] and changed[0].count("\nAnswer: ") < 5
+    assert "1 of 8 prompts use fewer than --ntrain 5 shots" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="1 question.* do not fit.*even with no shots"):
+        mmlu.build_questions(args, count_tokens([mmlu.subject_header("abstract_algebra", [], 0)
+                                                 + mmlu.format_example([long_question] + list("wxyz"), False)])[0] - 1)
+    stub.context_length = budget + mmlu.MAX_TOKENS + CONTEXT_MARGIN  # the same through main()
+    stub.answers.update({long_question: " A"})
+    result = mmlu.main(["--data-dir", str(tmp_path), *_server_args(server)])
+    assert result.num_questions == len(full)
+    assert sorted(b["prompt"] for b in stub.bodies) == sorted(prompts)
 
 
 # ---- bench_serving against the stub ----------------------------------------------------------------
@@ -403,6 +369,16 @@ def test_bench_serving(server, stub, tmp_path, backend, dataset):
     record = json.loads((tmp_path / "bench.jsonl").read_text().splitlines()[-1])
     assert record["completed"] == len(rows) and record["args"]["backend"] == backend
     assert record["request_rate"] == "inf"  # strict JSON, no Infinity
+
+
+def test_default_dataset_needs_no_file(tmp_path):
+    assert bench_serving.parse_args([]).dataset_name == "random"  # offline: random ids from the tokenizer
+    assert bench_serving.parse_args(["--dataset-path", "x.json"]).dataset_name == "sharegpt"
+    args = bench_serving.parse_args(["--num-prompts", "3", *SMALL])
+    rows = bench_serving.get_dataset(args, load_tokenizer(None))
+    assert len(rows) == 3 and all(isinstance(r.prompt, str) and r.prompt_len > 0 for r in rows)
+    with pytest.raises(SystemExit, match="needs --dataset-path"):  # asked for by name: still needs its file
+        bench_serving.get_dataset(bench_serving.parse_args(["--dataset-name", "sharegpt"]), load_tokenizer(None))
 
 
 def test_random_lengths_follow_range_ratio():

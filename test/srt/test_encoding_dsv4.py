@@ -254,6 +254,30 @@ def test_user_after_tool_results_joins_turn_and_list_content():
                          "Compare\n\n[Unsupported image_url]\n\nthem.<｜Assistant｜></think>")
 
 
+def test_consecutive_user_messages_make_one_turn(tok):
+    text = encode_messages([{"role": "user", "content": "Hello"}, {"role": "user", "content": "Anyone there?"}])
+    assert text == BOS + "<｜User｜>Hello\n\nAnyone there?<｜Assistant｜></think>"
+    assert ids(tok, text).count(128803) == 1
+    # the merged turn is the last user turn (R4): reasoning before it is dropped, the prompt thinks after it
+    thinking = encode_messages(M3 + [{"role": "user", "content": "And Spain?"}], thinking=True)
+    assert thinking.endswith(EOS + "<｜User｜>What is the capital of France?\n\nAnd Spain?<｜Assistant｜><think>")
+    assert "The user said hello." not in thinking
+    # a tool result after an ordinary user message joins that turn too
+    assert encode_messages([{"role": "user", "content": "u"}, {"role": "tool", "content": "r"}]) == \
+        BOS + "<｜User｜>u\n\n<tool_result>r</tool_result><｜Assistant｜></think>"
+
+
+def test_merged_turn_sorts_results_around_user_text_and_task_turn_stays_apart():
+    msgs = M6[:2] + [{"role": "tool", "tool_call_id": "b", "content": "R"}, {"role": "user", "content": "note"},
+                     {"role": "tool", "tool_call_id": "a", "content": "P"}, {"role": "user", "content": "end"}]
+    assert encode_messages(msgs).endswith(  # results take their call order; user text keeps its place
+        "<｜User｜><tool_result>P</tool_result>\n\nnote\n\n<tool_result>R</tool_result>\n\nend<｜Assistant｜></think>")
+    task = encode_messages([{"role": "user", "content": "a", "task": "title"}, {"role": "user", "content": "b"}])
+    assert task == BOS + "<｜User｜>a<｜User｜>b<｜Assistant｜></think>"  # a turn with a task takes no more text
+    dev = encode_messages([{"role": "developer", "content": "d"}, {"role": "user", "content": "u"}])
+    assert dev == BOS + "<｜User｜>d<｜User｜>u<｜Assistant｜></think>"  # only user messages merge
+
+
 def test_tool_result_with_unknown_id_sorts_first():
     msgs = M6[:2] + [{"role": "tool", "tool_call_id": "b", "content": "R"}, {"role": "tool", "content": "X"},
                      {"role": "tool", "tool_call_id": "a", "content": "P"}]

@@ -164,7 +164,28 @@ def test_streamed_call_is_one_delta_and_no_partial_marker_leaks():
     assert all("｜" not in r.normal_text and "DSML" not in r.normal_text for r in out)
     deltas = [c for r in out for c in r.calls]
     assert len(deltas) == 1 and (deltas[0].index, deltas[0].name, deltas[0].arguments) == (0, "search", '{"query": "q"}')
-    assert "".join(r.normal_text for r in out) == "Hi!"
+    assert "".join(r.normal_text for r in out) == "Hi\n\n!"  # text after the block is not glued on
+
+
+AFTER = invoke("search", ("query", "true", "q"))
+
+
+@pytest.mark.parametrize("text,normal", [
+    ("Before." + block(AFTER) + "After.", "Before.\n\nAfter."),  # never "Before.After."
+    ("Before." + block(AFTER) + "\n\n  After.\n" + EOS, "Before.\n\nAfter.\n"),  # leading whitespace dropped
+    ("Before.\n" + block(AFTER) + "\nAfter.", "Before.\n\nAfter."),  # earlier newlines count toward the blank line
+    ("Before.\n\n\n" + block(AFTER) + "After.", "Before.\n\n\nAfter."),  # already separated: nothing added
+    (block(AFTER) + "\n\nAfter.", "After."),  # nothing before: no separator
+    (block(AFTER) + "\n \n" + EOS, ""),  # whitespace after the block is not content
+    ("A" + block(AFTER) + "B" + block(AFTER) + "C", "A\n\nB\n\nC"),
+    ("A" + block(AFTER) + "\n" + block(AFTER) + "C", "A\n\nC"),
+])
+def test_text_after_block_is_a_separate_paragraph(text, normal):
+    n_calls = text.count(AFTER)
+    expected = (normal, [ToolCallItem(i, "search", '{"query": "q"}') for i in range(n_calls)])
+    assert DeepSeekV4Detector().detect_and_parse(text, TOOLS) == expected
+    for pieces in chunkings(text):  # tools=None: the same parse without the (slow) schema checks
+        assert stream_tools(pieces, None) == expected + ([],), pieces
 
 
 def test_raw_json_invoke_body():
@@ -218,7 +239,7 @@ def test_unknown_tool_error_names_it_and_tools_none_skips_checks():
 
 
 @pytest.mark.parametrize("text,normal", [
-    ("A" + block() + "B", "AB"),  # empty block
+    ("A" + block() + "B", "A\n\nB"),  # empty block
     ("A\n\n<｜DSML｜tool_calls>\n" + invoke("search", ("query", "true", "q")).rstrip("\n"), "A"),  # unclosed block
     ("A\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"search\">\n<｜DSML｜param", "A<｜DSML｜invoke name=\"search\">\n<｜DSML｜param"),
     ("A" + block("junk\n" + invoke("search", ("query", "true", "q"))), "Ajunk\n"),  # stray text inside the block

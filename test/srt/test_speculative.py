@@ -10,7 +10,6 @@ temperature > 0 the token distribution matches non-speculative sampling.
 from __future__ import annotations
 
 import functools
-import os
 
 import pytest
 import torch

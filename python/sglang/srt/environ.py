@@ -95,8 +95,6 @@ class Envs:
     SGLANG_DSV4_DISABLE_LOGITS_POOL = EnvVar("SGLANG_DSV4_DISABLE_LOGITS_POOL", False, _bool,
                                              "benchmark switch: allocate prefill indexer logits fresh per call "
                                              "instead of viewing the pooled block")
-    SGLANG_DSV4_COMPRESS_STATE_DTYPE = EnvVar("SGLANG_DSV4_COMPRESS_STATE_DTYPE", "float32", str,
-                                              "dtype of the compressor staging rings (float32 only for now)")
 
     # Platform (ROCm / AMD); decided in arg_groups/platform_defaults.py, documented in docs/platforms.md
     SGLANG_USE_AITER = EnvVar("SGLANG_USE_AITER", None, _tristate,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 from dataclasses import dataclass
 from typing import Optional
 
@@ -16,13 +17,15 @@ KV_CACHE_DTYPES = ("auto", "bfloat16", "float32", "fp8_e4m3")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
+logger = logging.getLogger(__name__)
+
 
 @dataclass
 class ServerArgs:
     model_path: str
     tokenizer_path: Optional[str] = None
     served_model_name: Optional[str] = None
-    trust_remote_code: bool = False
+    trust_remote_code: bool = False  # accepted, not needed (logged)
     device: Optional[str] = None  # None: cuda when available, else cpu
     dtype: str = "auto"  # auto: bfloat16 on GPU, float32 on CPU
     context_length: Optional[int] = None  # None: the model's max_position_embeddings
@@ -38,7 +41,7 @@ class ServerArgs:
     chunked_prefill_size: Optional[int] = None
     # Kernels
     attention_backend: Optional[str] = None
-    disable_cuda_graph: bool = False
+    disable_cuda_graph: bool = False  # accepted: no CUDA graphs yet, decode runs eagerly (logged)
     # Shared expert run as routed expert E (weight 1 for every token); default: on for ROCm, off elsewhere
     enforce_shared_experts_fusion: bool = False
     disable_shared_experts_fusion: bool = False
@@ -52,6 +55,7 @@ class ServerArgs:
     reasoning_parser: Optional[str] = None
     tool_call_parser: Optional[str] = None
     api_key: Optional[str] = None
+    max_request_body_mb: float = 64.0  # larger bodies get 413; refused from Content-Length or while streaming in
     enable_metrics: bool = False
     # Misc
     random_seed: int = 42
@@ -92,50 +96,87 @@ class ServerArgs:
             raise ValueError(f"--tool-call-parser must be deepseekv4, got {self.tool_call_parser!r}")
         if self.speculative_algorithm not in (None, "EAGLE", "NEXTN"):
             raise ValueError(f"--speculative-algorithm must be EAGLE or NEXTN, got {self.speculative_algorithm!r}")
+        if not 0 < self.max_request_body_mb < float("inf"):
+            raise ValueError(f"--max-request-body-mb must be a positive number, got {self.max_request_body_mb}")
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"--log-level must be one of {LOG_LEVELS}, got {self.log_level!r}")
         # Not fields: shown at start; the hook also sets self.platform_decisions (arg_groups/platform_defaults.py)
         self.applied_defaults = apply_deepseek_v4_defaults(self)
+        self._log_inert_flags()
         return self
+
+    def _log_inert_flags(self) -> None:
+        """Flags SGLang users pass out of habit that change nothing here: accepted, and said so."""
+        if self.trust_remote_code:
+            logger.warning("--trust-remote-code is not needed: DeepSeek-V4 is implemented natively, no code from "
+                           "the checkpoint is run")
+        if self.disable_cuda_graph:
+            logger.warning("--disable-cuda-graph changes nothing: CUDA graphs are not implemented yet, decode always "
+                           "runs eagerly")
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
         p = parser
         p.add_argument("--model-path", required=True,
                        help="checkpoint directory, HF hub id, or 'tiny-deepseek-v4' (the built-in tiny model)")
-        p.add_argument("--tokenizer-path")
-        p.add_argument("--served-model-name")
-        p.add_argument("--trust-remote-code", action="store_true")
-        p.add_argument("--device", choices=("cpu", "cuda"))
-        p.add_argument("--dtype", default="auto", choices=DTYPES)
-        p.add_argument("--context-length", type=int)
-        p.add_argument("--mem-fraction-static", type=float)
-        p.add_argument("--max-running-requests", type=int)
-        p.add_argument("--max-total-tokens", type=int)
-        p.add_argument("--page-size", type=int)
-        p.add_argument("--swa-full-tokens-ratio", type=float, default=0.1)
-        p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES)
-        p.add_argument("--enable-deepseek-v4-fp4-indexer", action="store_true")
-        p.add_argument("--chunked-prefill-size", type=int)
-        p.add_argument("--attention-backend", choices=ATTENTION_BACKENDS)
-        p.add_argument("--disable-cuda-graph", action="store_true")
+        p.add_argument("--tokenizer-path", help="directory with tokenizer.json (default: the model's directory)")
+        p.add_argument("--served-model-name", help="model id in the OpenAI API (default: --model-path)")
+        p.add_argument("--trust-remote-code", action="store_true",
+                       help="accepted for SGLang compatibility and not needed: DeepSeek-V4 is implemented here, no "
+                            "code from the checkpoint is run (logged when given)")
+        p.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when available, else cpu")
+        p.add_argument("--dtype", default="auto", choices=DTYPES,
+                       help="compute dtype; auto = bfloat16 on a GPU, float32 on CPU")
+        p.add_argument("--context-length", type=int,
+                       help="longest prompt + output in tokens (default: the model's max_position_embeddings)")
+        p.add_argument("--mem-fraction-static", type=float,
+                       help="share of device memory for weights and KV pools on a GPU, of free memory for the "
+                            "pools on CPU (default: 0.85 GPU, 0.25 CPU)")
+        p.add_argument("--max-running-requests", type=int, help="requests decoded at once (default: 256)")
+        p.add_argument("--max-total-tokens", type=int,
+                       help="cap on the KV pool's tokens (default: as many as --mem-fraction-static allows)")
+        p.add_argument("--page-size", type=int,
+                       help="tokens per KV page, a multiple of every compress ratio and the sliding window "
+                            "(default: 256)")
+        p.add_argument("--swa-full-tokens-ratio", type=float, default=0.1,
+                       help="sliding-window KV slots per full-pool token, in (0, 1]")
+        p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
+                       help="KV cache storage; auto = the compute dtype, fp8_e4m3 also quantizes the indexer keys")
+        p.add_argument("--enable-deepseek-v4-fp4-indexer", action="store_true",
+                       help="store the lightning indexer's keys in FP4")
+        p.add_argument("--chunked-prefill-size", type=int,
+                       help="prompt tokens per prefill chunk, -1 for no chunking (default: 8192 GPU, 1024 CPU)")
+        p.add_argument("--attention-backend", choices=ATTENTION_BACKENDS,
+                       help="dsv4 = the best available: triton on a GPU, torch on CPU (default: dsv4)")
+        p.add_argument("--disable-cuda-graph", action="store_true",
+                       help="accepted for SGLang compatibility: CUDA graphs are not implemented yet, so decode "
+                            "always runs eagerly (logged when given)")
         p.add_argument("--enforce-shared-experts-fusion", action="store_true",
                        help="run the shared expert as one more routed expert (default: on for ROCm only)")
         p.add_argument("--disable-shared-experts-fusion", action="store_true",
                        help="run the shared expert separately (exclusive with --enforce-shared-experts-fusion)")
-        p.add_argument("--speculative-algorithm", choices=("EAGLE", "NEXTN"))
-        p.add_argument("--speculative-num-steps", type=int)
-        p.add_argument("--speculative-eagle-topk", type=int)
-        p.add_argument("--speculative-num-draft-tokens", type=int)
-        p.add_argument("--tp", "--tp-size", dest="tp_size", type=int, default=1)
-        p.add_argument("--reasoning-parser", choices=("deepseek-v4",))
-        p.add_argument("--tool-call-parser", choices=("deepseekv4",))
-        p.add_argument("--api-key", help="require 'Authorization: Bearer <key>' on every endpoint but /health")
+        p.add_argument("--speculative-algorithm", choices=("EAGLE", "NEXTN"),
+                       help="draft with the checkpoint's MTP layer (NEXTN is an alias of EAGLE; default: off)")
+        p.add_argument("--speculative-num-steps", type=int,
+                       help="tokens drafted ahead per cycle, 1 to 8 (default: 3 with --speculative-algorithm)")
+        p.add_argument("--speculative-eagle-topk", type=int, help="draft branches; only 1 is supported (default: 1)")
+        p.add_argument("--speculative-num-draft-tokens", type=int,
+                       help="must equal --speculative-num-steps + 1 (default: that)")
+        p.add_argument("--tp", "--tp-size", dest="tp_size", type=int, default=1,
+                       help="tensor-parallel size; only 1 until tensor parallelism lands")
+        p.add_argument("--reasoning-parser", choices=("deepseek-v4",),
+                       help="split thinking into reasoning_content (default: off)")
+        p.add_argument("--tool-call-parser", choices=("deepseekv4",),
+                       help="turn DSML tool-call blocks into tool_calls (default: off)")
+        p.add_argument("--api-key",
+                       help="require 'Authorization: Bearer <key>' on every endpoint but /health (default: none)")
+        p.add_argument("--max-request-body-mb", type=float, default=64.0,
+                       help="largest request body accepted, in MiB; a larger one is refused with 413")
         p.add_argument("--enable-metrics", action="store_true", help="serve Prometheus metrics at /metrics")
-        p.add_argument("--random-seed", type=int, default=42)
-        p.add_argument("--log-level", default="info", choices=LOG_LEVELS)
-        p.add_argument("--host", default="127.0.0.1")
-        p.add_argument("--port", type=int, default=30000)
+        p.add_argument("--random-seed", type=int, default=42, help="seed of torch's generator in the model process")
+        p.add_argument("--log-level", default="info", choices=LOG_LEVELS, help="log level of every process")
+        p.add_argument("--host", default="127.0.0.1", help="address the HTTP server binds")
+        p.add_argument("--port", type=int, default=30000, help="port the HTTP server binds (checked before loading)")
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "ServerArgs":

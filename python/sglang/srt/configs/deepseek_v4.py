@@ -162,7 +162,8 @@ class DeepseekV4Config:
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"config field '{name}' must be a positive integer, got {value!r}")
         if self.num_key_value_heads != 1:
-            raise ConfigError(f"config field 'num_key_value_heads' must be 1 (shared K=V head), got {self.num_key_value_heads}")
+            raise ConfigError("config field 'num_key_value_heads' must be 1 (shared K=V head), "
+                              f"got {self.num_key_value_heads}")
         if not (0 < self.qk_rope_head_dim <= self.head_dim) or self.qk_rope_head_dim % 2:
             raise ConfigError(f"config field 'qk_rope_head_dim' must be even and in (0, head_dim={self.head_dim}], "
                               f"got {self.qk_rope_head_dim}")

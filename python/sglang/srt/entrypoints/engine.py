@@ -19,7 +19,7 @@ from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.sampling.sampling_params import SamplingParams
-from sglang.srt.server_args import ServerArgs
+from sglang.srt.server_args import LOG_LEVELS, ServerArgs
 
 logger = logging.getLogger(__name__)
 
@@ -45,16 +45,20 @@ def load_tokenizer(path: str):
 
 class Engine:
     """`launch_subprocess=False` (default): the scheduler and model run in this process (what tests drive step by
-    step). `launch_subprocess=True`: they run in a scheduler process, exactly as behind the HTTP server."""
+    step). `launch_subprocess=True`: they run in a scheduler process, exactly as behind the HTTP server; that
+    process is spawned and re-imports the calling script, so a script must create the Engine under
+    `if __name__ == "__main__":`. Call `shutdown()` (or use `with`); at exit it runs by itself."""
 
     def __init__(self, launch_subprocess: bool = False, **kwargs) -> None:
+        from sglang.launch_server import configure_logging
         from sglang.srt.model_loader.model_path import resolve_model_path
 
+        if kwargs.get("log_level", "info") in LOG_LEVELS:  # an invalid one is reported by resolve()
+            configure_logging(kwargs.get("log_level", "info"))  # first: resolve() may generate the built-in model
         self.server_args = ServerArgs(**kwargs).resolve()
-        logging.basicConfig(level=self.server_args.log_level.upper(),
-                            format="[%(asctime)s] %(levelname)s %(name)s: %(message)s")
         logger.info("DeepSeek-V4 defaults applied: %s", ", ".join(self.server_args.applied_defaults) or "none")
-        self.tokenizer = load_tokenizer(self.server_args.tokenizer_path or resolve_model_path(self.server_args.model_path))
+        args = self.server_args
+        self.tokenizer = load_tokenizer(args.tokenizer_path or resolve_model_path(args.model_path))
         self.model_runner = self.scheduler = self._remote = None
         if launch_subprocess:
             from sglang.srt.entrypoints.engine_subprocess import SubprocessScheduler

@@ -1,9 +1,15 @@
 """The scheduler of `sglang.Engine(launch_subprocess=True)`: the same scheduler process and TokenizerManager the
-server uses, driven from a private event loop in a background thread."""
+server uses, driven from a private event loop in a background thread.
+
+Shutdown closes the loop explicitly (also at interpreter exit when the caller never calls `Engine.shutdown()`):
+a loop left for the garbage collector is closed after its self-pipe socket, which printed
+"ValueError: Invalid file descriptor: -1" at exit.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import threading
 
 from sglang.srt.managers.tokenizer_manager import RequestError, TokenizerManager, input_logprobs_entries
@@ -23,6 +29,8 @@ class SubprocessScheduler:
             return TokenizerManager(tokenizer, self.ready, ports.scheduler_input, ports.tokenizer_input)
 
         self.tm = asyncio.run_coroutine_threadsafe(make(), self.loop).result()
+        self._closed = False
+        atexit.register(self.shutdown)  # runs before multiprocessing's exit hook (atexit is LIFO)
 
     def run(self, reqs: list) -> list:
         """Generate every Req to completion in the scheduler process; returns Engine-shaped output dicts."""
@@ -47,11 +55,25 @@ class SubprocessScheduler:
             raise ValueError(e.message) from None
 
     def shutdown(self) -> None:
+        """Stop the scheduler process, cancel the loop's tasks and close the loop; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self.shutdown)
+
         async def close():
             self.tm.close()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
-        asyncio.run_coroutine_threadsafe(close(), self.loop).result(timeout=10)
-        self.proc.kill()
-        self.proc.join(timeout=10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=10)
+        try:
+            asyncio.run_coroutine_threadsafe(close(), self.loop).result(timeout=10)
+        finally:
+            self.proc.kill()
+            self.proc.join(timeout=10)
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(timeout=10)
+            if not self.thread.is_alive():
+                self.loop.close()

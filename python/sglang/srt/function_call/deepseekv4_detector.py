@@ -13,6 +13,9 @@ Arguments are built as in the reference (Q3): `{json(K): W, ...}` with W = json(
 verbatim, not stripped) and W = V for string="false", where V must be strict JSON (no NaN, no duplicate keys) and
 only surrounding whitespace is removed, so numbers and objects keep the model's spelling. An invoke whose body
 is a raw JSON object instead of parameters is accepted too. The blank line before a block is not content.
+Text after a block (the reference forbids it; models still write it) is kept as content, as a new paragraph:
+its leading whitespace is dropped and a blank line separates it from earlier content (newlines that content
+already ends with count toward it), so it is never glued on.
 
 Invalid calls. A call is rejected when its DSML is malformed (bad header, unterminated, duplicate parameter,
 bad `string` flag, non-JSON value, stray text inside the block), when `tools` is a list and the name is not in
@@ -181,6 +184,8 @@ class DeepSeekV4Detector:
         self._done = False
         self._next_index = 0
         self._seen = 0  # block state: buffer prefix already searched for the invoke end / EOS (long arguments)
+        self._tail = None  # the last two characters of normal text returned (None: none returned yet)
+        self._after_block = False  # outside, right after a block: the next text starts a new paragraph
 
     @staticmethod
     def has_tool_call(text: str) -> bool:
@@ -216,14 +221,15 @@ class DeepSeekV4Detector:
                 pos, marker = find_first(self._buf, _OUTSIDE_MARKERS)
                 if marker is None:
                     keep = 0 if final else partial_marker_len(self._buf, _OUTSIDE_MARKERS)
-                    out.normal_text += self._buf[:len(self._buf) - keep]
+                    self._emit(self._buf[:len(self._buf) - keep], out)
                     self._buf = self._buf[len(self._buf) - keep:]
                     return
-                out.normal_text += self._buf[:pos]
+                self._emit(self._buf[:pos], out)
                 if marker == EOS:
                     self._buf, self._done = "", True
                     return
                 self._buf, self._in_block, self._seen = self._buf[pos + len(marker):], True, 0
+                self._after_block = False
                 continue
             eos = self._buf.find(EOS, max(0, self._seen - len(EOS)))
             if eos >= 0:  # end of output inside a block: finish with what came before
@@ -234,6 +240,7 @@ class DeepSeekV4Detector:
                 return
             if self._buf.startswith(BLOCK_END):
                 self._buf, self._in_block, self._seen = self._buf[len(BLOCK_END):], False, 0
+                self._after_block = True
                 continue
             if self._buf.startswith(INVOKE_START):
                 end = self._buf.find(INVOKE_END, max(0, self._seen - len(INVOKE_END)))
@@ -255,6 +262,21 @@ class DeepSeekV4Detector:
             stray = self._buf if pos < 0 else self._buf[:pos + 1]
             self._buf, self._seen = self._buf[len(stray):], 0
             self._reject(ToolCallError(f"unexpected text inside the tool_calls block: {stray[:40]!r}", stray), out)
+
+    def _emit(self, text: str, out: StreamingParseResult) -> None:
+        """Return normal text. Text after a block is a new paragraph: its leading whitespace is dropped and, when
+        text came before the block, a blank line separates them (the newlines that earlier text already ends
+        with count), so "before" + block + "after" reads "before\\n\\nafter", never "beforeafter"."""
+        if self._after_block:
+            text = text.lstrip()
+            if not text:
+                return  # whitespace only so far: wait for real text (dropped at the end of the output)
+            if self._tail is not None:
+                text = "\n" * (2 - (len(self._tail) - len(self._tail.rstrip("\n")))) + text
+            self._after_block = False
+        if text:
+            out.normal_text += text
+            self._tail = ((self._tail or "") + text)[-2:]
 
     def _accept(self, raw: str, tools: list | None, out: StreamingParseResult) -> None:
         try:
@@ -281,4 +303,4 @@ class DeepSeekV4Detector:
         if self.strict:
             raise error
         out.errors.append(error)
-        out.normal_text += error.raw
+        self._emit(error.raw, out)

@@ -47,7 +47,6 @@ def hc_mix_weights(z: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, n: 
 def _fused_kernel():
     """sgl_kernel's fused mixing-weights kernel, or None where Triton / sgl_kernel is not installed."""
     return sgl_kernel_op("dsv4_mhc", "dsv4_hc_mix")
-    return dsv4_hc_mix
 
 
 def hc_pre(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,

@@ -16,7 +16,6 @@ from sglang.srt.layers.gpu_kernels import sgl_kernel_op
 def _fused_kernel():
     """sgl_kernel's Triton RMSNorm, or None where Triton / sgl_kernel is not installed."""
     return sgl_kernel_op("dsv4_rmsnorm", "dsv4_rms_norm")
-    return dsv4_rms_norm
 
 
 def _fused(x: torch.Tensor):

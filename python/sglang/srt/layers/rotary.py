@@ -59,7 +59,6 @@ class RotaryEmbedding(nn.Module):
 def _fused_kernel():
     """sgl_kernel's Triton RoPE, or None where Triton / sgl_kernel is not installed."""
     return sgl_kernel_op("dsv4_rope", "dsv4_rope")
-    return dsv4_rope
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False) -> torch.Tensor:

@@ -51,6 +51,11 @@ class ReqOutput:
     spec_accept_length: Optional[float] = None  # tokens per verification so far (speculative decoding)
 
 
+# /health answers 503 once this many scheduler steps in a row failed for every request in them (a load balancer then
+# stops routing here); the next step that serves a request makes it 200 again.
+UNHEALTHY_AFTER_FAILED_STEPS = 3
+
+
 @dataclass
 class SchedulerStats:
     num_running_reqs: int
@@ -59,6 +64,11 @@ class SchedulerStats:
     num_generated_tokens: int  # since start
     pools_all_free: bool = False  # no page, window slot or request slot is held (idle and leak-free)
     spec_accept_length: Optional[float] = None  # mean tokens per verification since start (speculative decoding)
+    consecutive_failed_steps: int = 0  # the latest steps in which no request could be served
+
+    @property
+    def healthy(self) -> bool:
+        return self.consecutive_failed_steps < UNHEALTHY_AFTER_FAILED_STEPS
 
 
 @dataclass

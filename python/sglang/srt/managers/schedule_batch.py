@@ -2,11 +2,13 @@
 
 Owner and residence: the Scheduler creates and mutates Req / ScheduleBatch on the host; ScheduleBatch builds
 the ForwardBatch (device tensors) for the ModelRunner. A Req's pool slots are held in `alloc` and returned
-by the scheduler when the request finishes, aborts or fails.
+by the scheduler when the request finishes, aborts or fails. A ReqCheckpoint holds what one step may change in a
+Req, so a failed step can be undone and retried (Scheduler.step isolates the request that made it fail).
 """
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
@@ -24,11 +26,11 @@ class FinishReason:
     length: Optional[int] = None
     matched: Union[int, str, None] = None  # the stop token id or stop string
     message: Optional[str] = None
-    status_code: Optional[int] = None  # for aborts caused by a bad request (4xx)
+    status_code: Optional[int] = None  # aborts the server caused or refused: the HTTP status the client gets
 
     def to_json(self) -> dict:
         out = {"type": self.type}
-        for key in ("length", "matched", "message"):
+        for key in ("length", "matched", "message", "status_code"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         return out
@@ -77,6 +79,34 @@ class Req:
         n = len(self.origin_input_ids)
         return n - 1 if self.logprob_start_len < 0 else min(self.logprob_start_len, n - 1)
 
+    def checkpoint(self) -> "ReqCheckpoint":
+        """What a step may change here (pool slots past num_computed are the scheduler's to roll back). Taken for
+        every request of every step, so it copies only counters (a step starts with no request finished)."""
+        return ReqCheckpoint(self.num_computed, len(self.output_ids), len(self.input_token_logprobs),
+                             self.first_token_time, None if self.spec is None else copy.copy(self.spec),
+                             None if self.generator is None else self.generator.get_state())
+
+    def restore(self, cp: "ReqCheckpoint") -> None:
+        """Undo a step that failed: back to the state `cp` was taken in (the seeded generator included, so a
+        retried step draws the same tokens)."""
+        self.num_computed = cp.num_computed
+        for seq in (self.output_ids, self.output_token_logprobs, self.output_top_logprobs):
+            del seq[cp.num_outputs:]
+        del self.input_token_logprobs[cp.num_input_logprobs:]
+        self.finished_reason, self.first_token_time, self.spec = None, cp.first_token_time, cp.spec
+        if cp.generator_state is not None:
+            self.generator.set_state(cp.generator_state)
+
+
+@dataclass(slots=True)
+class ReqCheckpoint:
+    num_computed: int
+    num_outputs: int  # output_ids, output_token_logprobs and output_top_logprobs grow together
+    num_input_logprobs: int
+    first_token_time: Optional[float]
+    spec: Optional[Any]  # a copy: the SpecState's counters mutate in place
+    generator_state: Optional[torch.Tensor]
+
 
 @dataclass
 class ScheduleBatch:
@@ -85,6 +115,12 @@ class ScheduleBatch:
     forward_mode: ForwardMode
     reqs: list
     extend_lens: list  # new tokens of each request
+
+    def split(self) -> tuple:
+        """The two halves of the batch (same mode), for bisecting a failed step."""
+        mid = len(self.reqs) // 2
+        return (ScheduleBatch(self.forward_mode, self.reqs[:mid], self.extend_lens[:mid]),
+                ScheduleBatch(self.forward_mode, self.reqs[mid:], self.extend_lens[mid:]))
 
     def to_forward_batch(self, out_cache_loc: torch.Tensor, device) -> ForwardBatch:
         input_ids, targets = [], []

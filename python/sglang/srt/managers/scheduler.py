@@ -8,6 +8,12 @@ Admission reserves the pages a request can ever need (prompt + max_new_tokens), 
 the pools full: under pressure new requests wait in the queue instead of failing (no retraction is needed). The
 window pool is sized for every request's live window plus one chunk. A finished, aborted or failed request returns
 every slot it held.
+
+A step that raises fails only the requests that cause it: the step is undone (each request back to its checkpoint,
+the slots allocated past its computed tokens released) and the two halves of the batch run again, recursively, so a
+request is aborted (500) only when it fails in a step of its own; the others' outputs are those they would have had
+without it (greedy and seeded sampling, speculative cycles included). `consecutive_failed_steps` counts the latest
+steps in which nothing could be served; the HTTP side reports the server unhealthy when it grows.
 """
 
 from __future__ import annotations
@@ -41,6 +47,8 @@ class Scheduler:
         self.running: list = []
         self.eos_ids = set(self.config.eos_token_ids)
         self.num_generated_tokens = 0  # since start, for throughput metrics
+        self.consecutive_failed_steps = 0  # steps in a row in which every request failed
+        self._committing = False  # finish_step began: the step's results stand and can no longer be undone
         self.spec = None
         self.num_draft_tokens = 0
         if args.speculative_algorithm is not None:
@@ -52,6 +60,7 @@ class Scheduler:
     # ---- requests ---------------------------------------------------------------------------------
     def add_request(self, req: Req) -> None:
         """Queue a request; raises ValueError (nothing queued) when it can never be served."""
+        req.sampling_params.verify()  # whoever built them: a bad value must not reach (and fail) a batch
         n = len(req.origin_input_ids)
         if n == 0:
             raise ValueError("the prompt is empty: give at least one input token")
@@ -100,10 +109,62 @@ class Scheduler:
 
     # ---- one step -----------------------------------------------------------------------------------
     def step(self) -> list:
-        """Run one forward; returns the requests that got a token or finished in it."""
+        """Run one forward; returns the requests that got a token or finished in it (failed ones included)."""
         self._admit()
         batch = self._next_batch()
-        return [] if batch is None else self.run_batch(batch)
+        if batch is None:
+            return []
+        updated, served = self._run_isolating(batch)
+        self.consecutive_failed_steps = 0 if served else self.consecutive_failed_steps + 1
+        return updated
+
+    def _run_isolating(self, batch: ScheduleBatch) -> tuple:
+        """run_batch; when it raises, undo the step and bisect the batch until the requests that fail alone are
+        found; those are aborted. Returns (updated requests, whether any forward succeeded)."""
+        checkpoints = [req.checkpoint() for req in batch.reqs]
+        counters = self._counters()
+        self._committing = False
+        try:
+            return self.run_batch(batch), True
+        except Exception as e:
+            if self._committing:  # freeing slots failed: a scheduler bug, not a request's fault
+                raise
+            error = e
+        self._roll_back(batch.reqs, checkpoints, counters)
+        if len(batch.reqs) == 1:
+            req = batch.reqs[0]
+            logger.error("request %s failed in the model step; it is aborted", req.rid, exc_info=error)
+            self.fail_request(req, f"internal error in the model step (request {req.rid}); see the server log")
+            return [req], False
+        logger.warning("a step of %d requests failed (%s: %s); retrying each half of it to isolate the cause",
+                       len(batch.reqs), type(error).__name__, error)
+        updated, served = [], False
+        for half in batch.split():
+            half_updated, half_served = self._run_isolating(half)
+            updated += half_updated
+            served = served or half_served
+        return updated, served
+
+    def _counters(self) -> tuple:
+        spec = (self.spec.total_verify, self.spec.total_accepted) if self.spec is not None else None
+        return self.num_generated_tokens, spec
+
+    def _roll_back(self, reqs: list, checkpoints: list, counters: tuple) -> None:
+        """Undo a step that raised before finish_step: requests back to their checkpoints, the slots of positions
+        past num_computed released (pages stay: admission reserved them). What the step wrote into the pools is
+        position-addressed and rewritten when the positions are computed again."""
+        for req, cp in zip(reqs, checkpoints):
+            req.restore(cp)
+            if req.alloc is not None:
+                self.allocator.truncate(req.alloc, req.num_computed)
+        self.num_generated_tokens, spec = counters
+        if spec is not None:
+            self.spec.total_verify, self.spec.total_accepted = spec
+
+    def fail_request(self, req: Req, message: str, status_code: int = 500) -> None:
+        """Finish a request as aborted by the server (the client gets `status_code`) and free its slots."""
+        req.finished_reason = FinishReason("abort", message=message, status_code=status_code)
+        self.free_request(req)
 
     def run_batch(self, batch: ScheduleBatch) -> list:
         """Allocate, run and sample one batch of admitted requests."""
@@ -178,6 +239,7 @@ class Scheduler:
 
     def finish_step(self, reqs: list) -> None:
         """After a step: release window slots that slid out of every window; free finished requests."""
+        self._committing = True
         for req in reqs:
             if req.finished:
                 self.free_request(req)

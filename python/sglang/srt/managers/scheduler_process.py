@@ -1,8 +1,10 @@
 """The scheduler process: owns the ModelRunner and Scheduler, talks to the HTTP process over ZMQ.
 
 Loop: drain incoming messages (blocking only when idle), then run one scheduler step and send every request's
-progress. A failure inside a step aborts the requests of that step (their slots are freed) and the loop goes on;
-a request rejected at admission is answered with its error, so the HTTP side can return a 4xx.
+progress. A failure inside a step aborts only the requests that cause it (Scheduler.step isolates them); a failure
+outside the model step (a scheduler bug) aborts every request, and the loop goes on. Either way the failed step is
+counted in the stats sent with each output, which the HTTP side's /health reads. A request rejected at admission is
+answered with its error, so the HTTP side can return a 4xx.
 """
 
 from __future__ import annotations
@@ -70,9 +72,10 @@ class SchedulerProcess:
             if self.scheduler.has_work():
                 try:
                     updated = self.scheduler.step()
-                except Exception:  # a bug must not take the server down: fail this step's requests
+                except Exception:  # a scheduler bug must not take the server down: fail every request
                     logger.error("scheduler step failed:\n%s", traceback.format_exc())
-                    updated = self._abort_all("internal error in the model step; see the server log")
+                    updated = self._abort_all("internal error in the scheduler; see the server log")
+                    self.scheduler.consecutive_failed_steps += 1
             outputs = answers + [self._progress(req) for req in updated]
             if outputs:
                 self.send.send_pyobj(BatchOutput(outputs, self._stats()))
@@ -104,11 +107,15 @@ class SchedulerProcess:
                   top_logprobs_num=msg.top_logprobs_num)
         try:
             self.scheduler.add_request(req)
-        except ValueError as e:
+        except Exception as e:  # refused; a ValueError names what the client got wrong, anything else is our bug
+            status, message = 400, str(e)
+            if not isinstance(e, ValueError):
+                logger.exception("admitting request %s failed", msg.rid)
+                status, message = 500, f"internal error admitting request {msg.rid}; see the server log"
             return ReqOutput(rid=msg.rid, new_token_ids=[], new_logprobs=[], new_top_logprobs=[],
                              prompt_tokens=len(msg.input_ids), completion_tokens=0,
-                             finished_reason=FinishReason("abort", message=str(e), status_code=400).to_json(),
-                             error=str(e))
+                             finished_reason=FinishReason("abort", message=message, status_code=status).to_json(),
+                             error=message)
         self.sent[msg.rid] = 0
         return None
 
@@ -116,8 +123,7 @@ class SchedulerProcess:
         reqs = list(self.scheduler.running) + list(self.scheduler.waiting)
         self.scheduler.waiting.clear()
         for req in reqs:
-            req.finished_reason = FinishReason("abort", message=message, status_code=500)
-            self.scheduler.free_request(req)
+            self.scheduler.fail_request(req, message)
         return reqs
 
     def _progress(self, req: Req) -> ReqOutput:
@@ -156,7 +162,7 @@ class SchedulerProcess:
         all_free = a.pages.is_full() and a.swa_slots.is_full() and a.req_to_token_pool.is_full()
         return SchedulerStats(num_running_reqs=len(s.running), num_waiting_reqs=len(s.waiting),
                               token_usage=s.token_usage(), num_generated_tokens=s.num_generated_tokens,
-                              pools_all_free=all_free,
+                              pools_all_free=all_free, consecutive_failed_steps=s.consecutive_failed_steps,
                               spec_accept_length=s.spec.mean_accept_length if s.spec is not None else None)
 
 

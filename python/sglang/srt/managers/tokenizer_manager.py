@@ -36,9 +36,9 @@ def input_logprobs_entries(input_ids: list, by_position, logprob_start_len: int)
 class RequestError(Exception):
     """A request the scheduler refused or could not finish; carries the HTTP status to answer with."""
 
-    def __init__(self, message: str, status_code: int = 400) -> None:
+    def __init__(self, message: str, status_code: int = 400, param: Optional[str] = None) -> None:
         super().__init__(message)
-        self.message, self.status_code = message, status_code
+        self.message, self.status_code, self.param = message, status_code, param
 
 
 @dataclass
@@ -89,9 +89,14 @@ class TokenizerManager:
 
     # ---- tokenization -----------------------------------------------------------------------------------
     def encode(self, text: str) -> list:
+        """Token ids of `text`. Endpoints call this in a worker thread (asyncio.to_thread): a long prompt takes
+        seconds, and `encode_batch` releases the GIL where `encode` holds it, so the event loop keeps serving."""
         if self.tokenizer is None:
             raise RequestError("this model has no tokenizer: send input_ids instead of text")
-        return self.tokenizer.encode(text).ids
+        try:
+            return self.tokenizer.encode_batch([text])[0].ids
+        except TypeError:  # the tokenizer's answer to text it cannot take as UTF-8 (a lone surrogate)
+            raise RequestError("the text is not valid unicode (it holds a lone UTF-16 surrogate)") from None
 
     def decode(self, ids: list, skip_special_tokens: bool = True) -> str:
         if self.tokenizer is None:

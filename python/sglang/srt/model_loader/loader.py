@@ -9,12 +9,15 @@ Formats are auto-detected by dtype: F8_E4M3 + `.scale` (128x128 blocks), I8/U8 p
 
 from __future__ import annotations
 
+import logging
 import math
 import os
+import threading
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
 import torch
+from tqdm import tqdm
 
 from sglang.srt.configs.deepseek_v4 import DeepseekV4Config
 from sglang.srt.model_loader.checkpoint_spec import PARTS, TensorKind, TensorSpec, expected_tensors, part_of
@@ -27,6 +30,16 @@ __all__ = ["CheckpointError", "TensorPlan", "load_config", "plan_checkpoint", "i
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 _SCALES = (torch.float8_e8m0fnu,) + _FLOATS  # HF's `weight_scale_inv` is a float multiplier
 _MAX_LISTED = 20
+
+logger = logging.getLogger(__name__)
+
+
+def progress_bar(iterable=None, **kwargs) -> tqdm:
+    """A tqdm bar shown when this module logs at INFO (a server's default; tests and --log-level warning stay
+    quiet). tqdm's default lock includes a multiprocessing lock, a semaphore that a scheduler process leaks
+    when it is killed (the resource tracker then warns at exit): one bar at a time needs a thread lock only."""
+    tqdm.set_lock(threading.RLock())
+    return tqdm(iterable, disable=not logger.isEnabledFor(logging.INFO), **kwargs)
 
 
 def load_config(model_dir: str) -> DeepseekV4Config:
@@ -185,7 +198,8 @@ def plan_checkpoint(model_dir: str, config: DeepseekV4Config, part: str = "main"
         else:
             plans.append(plan)
     if missing:
-        shown = ", ".join(missing[:_MAX_LISTED]) + (f", ... ({len(missing)} in all)" if len(missing) > _MAX_LISTED else "")
+        count = f", ... ({len(missing)} in all)" if len(missing) > _MAX_LISTED else ""
+        shown = ", ".join(missing[:_MAX_LISTED]) + count
         problems.append(f"missing {len(missing)} tensor(s): {shown}")
     if problems:
         listed = "\n  - ".join(problems[:_MAX_LISTED])
@@ -225,9 +239,11 @@ def iter_checkpoint(model_dir: str, config: Optional[DeepseekV4Config] = None, d
     plans = plan_checkpoint(model_dir, config, part)
     qc = config.quantization_config
     block = tuple(qc.weight_block_size) if qc is not None else FP8_BLOCK
-    with TensorReader() as reader:
+    bar = progress_bar(total=len(plans), desc=f"Loading weights ({part})", unit="tensor")  # hub loads take minutes
+    with TensorReader() as reader, bar:
         for plan in plans:
             yield plan.name, _materialize(plan, reader, config, dtype, block).to(device)
+            bar.update(1)
 
 
 def load_checkpoint(model_dir: str, config: Optional[DeepseekV4Config] = None, dtype: torch.dtype = torch.float32,

@@ -10,6 +10,7 @@ depend on which other tensors the config has.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import shutil
@@ -21,6 +22,7 @@ import torch
 
 from sglang.srt.configs.deepseek_v4 import DeepseekV4Config
 from sglang.srt.environ import envs
+from sglang.srt.model_loader.loader import progress_bar
 from sglang.srt.model_loader.checkpoint_spec import TensorKind, TensorSpec, expected_tensors
 from sglang.srt.model_loader.quant_formats import FP8_BLOCK, quantize_fp8_block, quantize_mxfp4
 from sglang.srt.model_loader.weight_utils import save_sharded
@@ -51,6 +53,8 @@ BUILTIN_MODELS = {"tiny-deepseek-v4": ({**TINY_CONFIG, "vocab_size": 129280}, 0)
 _BUILTIN_FORMAT = 1  # bump when the generator changes so stale cached copies are not reused
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+logger = logging.getLogger(__name__)
 
 
 def _generator(seed: int, name: str) -> torch.Generator:
@@ -92,19 +96,19 @@ def checkpoint_tensors(config: DeepseekV4Config, seed: int = 0, quantize: bool =
     """Stored name -> tensor for every main and MTP tensor, as the hub stores it."""
     block = tuple(config.quantization_config.weight_block_size) if config.quantization_config else FP8_BLOCK
     out = {}
-    for part in ("main", "mtp"):
-        for name, spec in expected_tensors(config, part).items():
-            t = random_tensor(name, spec, config, seed)
-            if spec.kind == TensorKind.INDEX:
-                out[name] = t
-            elif spec.kind == TensorKind.FP32:
-                out[name] = t.float()
-            elif quantize and spec.kind == TensorKind.LINEAR:
-                out[name], out[name[: -len("weight")] + "scale"] = quantize_fp8_block(t, block)
-            elif quantize and spec.kind == TensorKind.EXPERT:
-                out[name], out[name[: -len("weight")] + "scale"] = quantize_mxfp4(t)
-            else:
-                out[name] = t.to(dtype)
+    specs = [item for part in ("main", "mtp") for item in expected_tensors(config, part).items()]
+    for name, spec in progress_bar(specs, desc="Generating random weights", unit="tensor"):
+        t = random_tensor(name, spec, config, seed)
+        if spec.kind == TensorKind.INDEX:
+            out[name] = t
+        elif spec.kind == TensorKind.FP32:
+            out[name] = t.float()
+        elif quantize and spec.kind == TensorKind.LINEAR:
+            out[name], out[name[: -len("weight")] + "scale"] = quantize_fp8_block(t, block)
+        elif quantize and spec.kind == TensorKind.EXPERT:
+            out[name], out[name[: -len("weight")] + "scale"] = quantize_mxfp4(t)
+        else:
+            out[name] = t.to(dtype)
     return out
 
 
@@ -176,6 +180,7 @@ def builtin_model_path(name: str = "tiny-deepseek-v4") -> str:
         return final
     os.makedirs(parent, exist_ok=True)
     config, seed = BUILTIN_MODELS[name]
+    logger.info("generating the built-in model %s into %s (first use; deterministic)", name, final)
     tmp = tempfile.mkdtemp(prefix=f".{name}-", dir=parent)
     try:
         os.chmod(tmp, 0o755)  # mkdtemp makes it private; the final directory should not be

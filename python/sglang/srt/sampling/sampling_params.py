@@ -1,9 +1,41 @@
-"""SamplingParams: SGLang's per-request sampling options, validated with errors that name the field."""
+"""SamplingParams: SGLang's per-request sampling options, validated with errors that name the field.
+
+Everything a request can get wrong is refused at admission (`verify`), so a bad value never reaches the model
+step, where it would fail the whole batch: numbers must be finite (NaN and inf would poison the softmax), bools
+are not numbers, and the seed must fit the 64 bits torch.Generator.manual_seed takes.
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 from typing import Optional
+
+# Below this temperature sampling is greedy (as in SGLang): logits / 1e-40 overflow to inf and the softmax to NaN.
+GREEDY_TEMPERATURE = 1e-6
+# torch.Generator.manual_seed takes a signed or an unsigned 64-bit integer.
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+
+
+class SamplingParamError(ValueError):
+    """A bad sampling parameter; `param` names it (for the `param` of an OpenAI error body)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_finite_number(value) -> bool:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        return False
 
 
 @dataclass
@@ -40,34 +72,41 @@ class SamplingParams:
         return params
 
     def verify(self) -> None:
+        """Raise ValueError naming the first bad field; then normalise a temperature below GREEDY_TEMPERATURE to 0."""
         def bad(name: str, why: str):
-            raise ValueError(f"sampling parameter '{name}' {why}, got {getattr(self, name)!r}")
+            got = repr(getattr(self, name))
+            got = got if len(got) <= 80 else got[:77] + "..."  # a 400-digit number or a huge list stays readable
+            raise SamplingParamError(name, f"sampling parameter '{name}' {why}, got {got}")
 
-        if not isinstance(self.max_new_tokens, int) or isinstance(self.max_new_tokens, bool) or self.max_new_tokens < 0:
-            bad("max_new_tokens", "must be a non-negative integer")
-        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
-            bad("temperature", "must be >= 0")
-        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
-            bad("top_p", "must be in (0, 1]")
-        if not isinstance(self.top_k, int) or (self.top_k < 1 and self.top_k != -1):
-            bad("top_k", "must be -1 or >= 1")
-        if not isinstance(self.min_p, (int, float)) or not 0 <= self.min_p <= 1:
-            bad("min_p", "must be in [0, 1]")
-        if not isinstance(self.stop_token_ids, (list, tuple)) or not all(
-                isinstance(t, int) and not isinstance(t, bool) for t in self.stop_token_ids):
-            bad("stop_token_ids", "must be a list of integers")
-        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
-            bad("seed", "must be an integer")
+        def number(name: str, ok, why: str) -> None:
+            if not _is_finite_number(getattr(self, name)) or not ok(getattr(self, name)):
+                bad(name, why)
+
+        def integer(name: str, ok, why: str) -> None:
+            if not _is_int(getattr(self, name)) or not ok(getattr(self, name)):
+                bad(name, why)
+
+        integer("max_new_tokens", lambda v: v >= 0, "must be a non-negative integer")
+        number("temperature", lambda v: v >= 0, "must be a finite number >= 0")
+        number("top_p", lambda v: 0 < v <= 1, "must be a number in (0, 1]")
+        integer("top_k", lambda v: v >= 1 or v == -1, "must be -1 or an integer >= 1")
+        number("min_p", lambda v: 0 <= v <= 1, "must be a number in [0, 1]")
         for name in ("frequency_penalty", "presence_penalty"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not -2 <= value <= 2:
-                bad(name, "must be in [-2, 2]")
-        if not isinstance(self.repetition_penalty, (int, float)) or not 0 < self.repetition_penalty <= 2:
-            bad("repetition_penalty", "must be in (0, 2]")
+            number(name, lambda v: -2 <= v <= 2, "must be a number in [-2, 2]")
+        number("repetition_penalty", lambda v: 0 < v <= 2, "must be a number in (0, 2]")
+        if not isinstance(self.stop_token_ids, (list, tuple)) or not all(_is_int(t) for t in self.stop_token_ids):
+            bad("stop_token_ids", "must be a list of integers")
         if not isinstance(self.stop, (list, tuple)) or not all(isinstance(t, str) and t for t in self.stop):
             bad("stop", "must be a non-empty string or a list of non-empty strings")
         if len(self.stop) > 16:
             bad("stop", "may hold at most 16 strings")
+        for name in ("ignore_eos", "skip_special_tokens", "no_stop_trim"):
+            if not isinstance(getattr(self, name), bool):
+                bad(name, "must be true or false")
+        if self.seed is not None and not (_is_int(self.seed) and SEED_MIN <= self.seed <= SEED_MAX):
+            bad("seed", "must be an integer that fits in 64 bits (between -2**63 and 2**64 - 1)")
+        if self.temperature < GREEDY_TEMPERATURE:
+            self.temperature = 0.0
 
     @property
     def has_penalties(self) -> bool:
@@ -75,4 +114,4 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0 or self.top_k == 1
+        return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1

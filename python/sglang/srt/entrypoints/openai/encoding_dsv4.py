@@ -184,18 +184,19 @@ class _Msg:
     response_format: Any = None
     task: str | None = None
     prefix: bool = False  # assistant prefill: no EOS (R5 wo_eos)
-    results: list = field(default_factory=list)  # (rank, "<tool_result>..</tool_result>") of a merged tool turn
-    texts: list = field(default_factory=list)  # user text blocks appended to a merged tool turn
+    # R2 blocks of a user turn, in message order: (None, user text) or (rank, "<tool_result>..</tool_result>")
+    blocks: list = field(default_factory=list)
 
     def user_text(self) -> str:
-        if not self.results:
-            return self.content
-        ordered = [block for _, block in sorted(self.results, key=lambda r: r[0])]  # stable: equal ranks keep order
-        return "\n\n".join(ordered + self.texts)
+        """The turn's blocks joined by a blank line; tool results re-sorted by rank among their own slots
+        (stable: equal ranks keep their order), user text blocks stay where they are."""
+        ranks = sorted((b for b in self.blocks if b[0] is not None), key=lambda b: b[0])
+        results = iter(ranks)
+        return "\n\n".join(next(results)[1] if rank is not None else text for rank, text in self.blocks)
 
 
 def _normalize(messages: list) -> list[_Msg]:
-    """Validate every message and apply R2 (tool merging)."""
+    """Validate every message and apply R2 (tool results and consecutive user messages merge into one turn)."""
     out: list[_Msg] = []
     last_calls: list = []  # ids of the latest assistant's tool calls, for re-sorting results
     for i, raw in enumerate(messages):
@@ -216,18 +217,18 @@ def _normalize(messages: list) -> list[_Msg]:
         if role == "tool":
             call_id = raw.get("tool_call_id")
             rank = last_calls.index(call_id) if call_id is not None and call_id in last_calls else 0  # unknown: 0
-            block = f"<tool_result>{text}</tool_result>"
-            prev = out[-1] if out else None
-            if prev is not None and prev.results and prev.task is None:
-                prev.results.append((rank, block))
+            block = (rank, f"<tool_result>{text}</tool_result>")
+            if out and out[-1].role == "user":  # R2: joins the user turn before it (as the reference does)
+                out[-1].blocks.append(block)
             else:
-                out.append(_Msg(role="user", results=[(rank, block)]))
+                out.append(_Msg(role="user", blocks=[block]))
             continue
-        if role == "user" and out and out[-1].results and out[-1].task is None:
-            out[-1].texts.append(text)  # R2: a user message right after tool results joins that turn
-            out[-1].task = task
+        if role == "user" and out and out[-1].role == "user" and out[-1].task is None:
+            out[-1].blocks.append((None, text))  # R2: consecutive user messages make one turn
+            out[-1].task = task  # deviation: the reference drops a merged message's task
             continue
-        msg = _Msg(role=role, content=text, task=task, prefix=bool(raw.get("prefix")))
+        msg = _Msg(role=role, content=text, task=task, prefix=bool(raw.get("prefix")),
+                   blocks=[(None, text)] if role == "user" else [])
         if role in ("system", "developer"):
             tools = raw.get("tools") or []
             if not isinstance(tools, list):

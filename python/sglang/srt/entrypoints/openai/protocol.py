@@ -9,6 +9,8 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+INT64_MIN, INT64_MAX = -2**63, 2**63 - 1  # OpenAI's range for `seed`; torch seeds take 64 bits
+
 
 class StreamOptions(BaseModel):
     include_usage: bool = False
@@ -63,6 +65,13 @@ class SamplingFields(BaseModel):
     def _top_k(cls, v):
         if v != -1 and v < 1:
             raise ValueError("top_k must be -1 (off) or >= 1")
+        return v
+
+    @field_validator("seed")
+    @classmethod
+    def _seed(cls, v):
+        if v is not None and not INT64_MIN <= v <= INT64_MAX:
+            raise ValueError(f"seed must be a 64-bit signed integer, in [{INT64_MIN}, {INT64_MAX}]")
         return v
 
 
@@ -170,6 +179,9 @@ class DetokenizeRequest(BaseModel):
 
 
 def error_body(message: str, status_code: int, param: Optional[str] = None) -> dict:
-    kind = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
-            503: "ServiceUnavailableError"}.get(status_code, "InternalServerError")
+    kind = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 405: "MethodNotAllowedError",
+            413: "RequestTooLargeError", 415: "UnsupportedMediaTypeError", 499: "ClientDisconnectedError",
+            503: "ServiceUnavailableError"}.get(status_code)
+    if kind is None:
+        kind = "BadRequestError" if 400 <= status_code < 500 else "InternalServerError"
     return {"object": "error", "message": message, "type": kind, "param": param, "code": status_code}

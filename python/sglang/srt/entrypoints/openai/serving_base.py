@@ -30,6 +30,11 @@ def sse(obj) -> str:
 SSE_DONE = "data: [DONE]\n\n"
 
 
+def _choice_seed(seed: int, choice: int) -> int:
+    """seed + choice, wrapped into the signed 64-bit range the request's seed was validated against."""
+    return (seed + choice + 2**63) % 2**64 - 2**63
+
+
 def sampling_params(req, max_new_tokens: int, choice: int) -> SamplingParams:
     """SamplingParams of choice `choice` of an OpenAI request (n > 1 with a seed: seed + choice per choice)."""
     stop = req.stop if isinstance(req.stop, list) else ([req.stop] if req.stop else [])
@@ -39,7 +44,7 @@ def sampling_params(req, max_new_tokens: int, choice: int) -> SamplingParams:
         frequency_penalty=req.frequency_penalty, presence_penalty=req.presence_penalty,
         repetition_penalty=req.repetition_penalty, stop=stop, stop_token_ids=list(req.stop_token_ids or []),
         ignore_eos=req.ignore_eos, skip_special_tokens=req.skip_special_tokens, no_stop_trim=req.no_stop_trim,
-        seed=None if req.seed is None else req.seed + choice)
+        seed=None if req.seed is None else _choice_seed(req.seed, choice))
     try:
         params.verify()
     except ValueError as e:

@@ -7,6 +7,7 @@ Thinking vs chat mode comes from `chat_template_kwargs.thinking` (or SGLANG_DEFA
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -43,6 +44,12 @@ def _prompt(req: ChatCompletionRequest) -> tuple:
         raise RequestError(str(e)) from None
 
 
+def _tokenize(req: ChatCompletionRequest, tm: TokenizerManager) -> tuple:
+    """-> (prompt token ids, thinking mode). Run in a worker thread: encoding a long chat takes seconds."""
+    prompt, thinking = _prompt(req)
+    return tm.encode(prompt), thinking
+
+
 def _parsers(req: ChatCompletionRequest, args, thinking: bool) -> ChoiceParsers:
     from sglang.srt.function_call import get_tool_call_parser
     from sglang.srt.parser import get_reasoning_parser
@@ -64,8 +71,7 @@ async def create_chat_completion(req: ChatCompletionRequest, raw: Request, tm: T
     if not (req.tool_choice in ("auto", "none") or req.tool_choice is None):
         raise RequestError("tool_choice must be 'auto' or 'none' (forced tool calls need constrained decoding, "
                            "which this server does not offer)")
-    prompt, thinking = _prompt(req)
-    ids = tm.encode(prompt)
+    ids, thinking = await asyncio.to_thread(_tokenize, req, tm)
     max_new = req.max_completion_tokens or req.max_tokens or max(1, tm.ready.context_length - len(ids))
     top_n = (req.top_logprobs or 0) if req.logprobs else 0
     streams = [tm.generate(ids, sampling_params(req, max_new, c), return_logprob=req.logprobs, top_logprobs_num=top_n)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
@@ -27,7 +29,7 @@ def _prompts(tm: TokenizerManager, prompt) -> list:
 
 
 async def create_completion(req: CompletionRequest, raw: Request, tm: TokenizerManager, model_name: str):
-    prompts = _prompts(tm, req.prompt)
+    prompts = await asyncio.to_thread(_prompts, tm, req.prompt)  # off the event loop: long prompts take seconds
     if any(not ids for _, ids in prompts):
         raise RequestError("a prompt is empty", 400)
     top_n = req.logprobs or 0
@@ -62,6 +64,9 @@ async def create_completion(req: CompletionRequest, raw: Request, tm: TokenizerM
 async def _stream(req, tm, choices, prompts, echo, rid, created, model_name):
     sent_text = [0] * len(choices)
     sent_tokens = [0] * len(choices)
+    # text_offset of each choice's next token, continued across frames so the streamed entries equal the
+    # non-streaming response's (which start after the echoed prompt)
+    offsets = [len(echo[i // req.n]) for i in range(len(choices))]
     completion_tokens = 0
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
@@ -76,13 +81,20 @@ async def _stream(req, tm, choices, prompts, echo, rid, created, model_name):
                 yield frame(i, echo[i // req.n])
         async for i, chunk in merge(choices):
             delta = chunk.text[sent_text[i]:]
-            logprobs = completion_logprobs(tm, chunk, sent_tokens[i], len(chunk.output_ids), sent_text[i]) \
-                if req.logprobs is not None else None
+            if not delta and not chunk.finished:
+                # No visible text yet (a partial character, text held back for a stop string): these tokens'
+                # logprobs stay pending and go out with the next frame, so every token gets exactly one entry.
+                continue
+            logprobs = None
+            if req.logprobs is not None:
+                logprobs = completion_logprobs(tm, chunk, sent_tokens[i], len(chunk.output_ids), offsets[i])
+                if logprobs["tokens"]:
+                    offsets[i] = logprobs["text_offset"][-1] + len(logprobs["tokens"][-1])
             sent_text[i], sent_tokens[i] = len(chunk.text), len(chunk.output_ids)
             if chunk.finished:
                 completion_tokens += chunk.meta_info["completion_tokens"]
                 yield frame(i, delta, logprobs, chunk.meta_info["finish_reason"])
-            elif delta:
+            else:
                 yield frame(i, delta, logprobs)
         if include_usage:
             prompt_tokens = sum(len(ids) for _, ids in prompts) * req.n

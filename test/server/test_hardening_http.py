@@ -1,0 +1,207 @@
+"""Hostile and malformed HTTP input against a real server (issue 10, points 2 and 4): every bad body is a 4xx
+naming the problem, big bodies are bounded and tokenized off the event loop, unknown routes get the error body,
+secrets never leave the server, and an unexpected exception is a generic 500 whose details are only in the log."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from types import SimpleNamespace
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from server_process import launch
+from sglang.srt.entrypoints.http_server import create_app
+from sglang.srt.server_args import ServerArgs
+
+MODEL = "tiny-deepseek-v4"
+KEY = "sk-hardening-test-key-0123456789"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+LIMIT_MB = 6
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    handle = launch(["--model-path", MODEL, "--api-key", KEY, "--max-request-body-mb", str(LIMIT_MB),
+                     "--context-length", "1024", "--max-running-requests", "8"],
+                    str(tmp_path_factory.mktemp("hardening")))
+    yield handle
+    handle.stop()
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    with httpx.Client(base_url=server.base_url, headers=AUTH, timeout=120) as client:
+        yield client
+
+
+def post_raw(http, path: str, body: bytes, content_type: str = "application/json") -> httpx.Response:
+    return http.post(path, content=body, headers={"content-type": content_type})
+
+
+def error_of(r: httpx.Response, status: int) -> dict:
+    assert r.status_code == status, (r.status_code, r.text)
+    err = r.json()
+    assert err["object"] == "error" and err["code"] == status and err["type"] and err["message"], err
+    return err
+
+
+def test_deeply_nested_json_is_400(http):
+    deep = b"[" * 10_000 + b"]" * 10_000
+    for path in ("/v1/chat/completions", "/v1/completions", "/generate", "/tokenize"):
+        assert "nests deeper" in error_of(post_raw(http, path, deep), 400)["message"]
+    # Deep enough to hurt later (pydantic, the chat encoder), shallow enough for json.loads: refused too.
+    nested = json.loads("[" * 300 + "]" * 300)
+    err = error_of(http.post("/v1/chat/completions", json={**CHAT, "chat_template_kwargs": nested}), 400)
+    assert "nests deeper" in err["message"] and "chat_template_kwargs" in err["message"]
+
+
+def test_lone_surrogate_is_400_naming_the_field(http):
+    cases = [("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "a\ud800b"}]},
+              "messages.0.content"),
+             ("/v1/completions", {"model": MODEL, "prompt": "a\ud800b", "max_tokens": 2}, "prompt"),
+             ("/v1/completions", {"model": MODEL, "prompt": ["ok", "a\udfffb"], "max_tokens": 2}, "prompt.1"),
+             ("/generate", {"text": "a\ud800b", "sampling_params": {"max_new_tokens": 2}}, "text"),
+             ("/tokenize", {"prompt": "a\ud800b"}, "prompt")]
+    for path, body, field in cases:
+        raw = json.dumps(body).encode()  # ensure_ascii: the surrogate travels as the JSON escape \ud800
+        assert b"\\ud" in raw
+        err = error_of(post_raw(http, path, raw), 400)
+        assert "unicode" in err["message"] and err["param"] == field, (path, err)
+    # A proper surrogate pair (an escaped emoji) is valid unicode and accepted.
+    ok = json.dumps({**CHAT, "messages": [{"role": "user", "content": "smile \U0001F600"}]}).encode()
+    assert post_raw(http, "/v1/chat/completions", ok).status_code == 200
+
+
+def test_seed_beyond_64_bits_is_400_naming_seed(http):
+    for seed in (2**64, -(2**63) - 1, 10**30):
+        for path, body in (("/v1/chat/completions", {**CHAT, "seed": seed}),
+                           ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 2, "seed": seed}),
+                           ("/generate", {"text": "x", "sampling_params": {"max_new_tokens": 2, "seed": seed}})):
+            err = error_of(http.post(path, json=body), 400)
+            assert "seed" in err["message"], (path, seed, err)
+    # The extremes of the range work, n > 1 included (choice i uses seed + i, wrapped into 64 bits).
+    top = http.post("/v1/chat/completions", json={**CHAT, "seed": 2**63 - 1, "n": 2, "temperature": 1.0})
+    assert top.status_code == 200 and len(top.json()["choices"]) == 2, top.text
+    assert http.post("/v1/chat/completions", json={**CHAT, "seed": -(2**63)}).status_code == 200
+
+
+def test_json_media_type_is_required(http):
+    body = json.dumps({"model": MODEL, "prompt": "x", "max_tokens": 2}).encode()
+    for ctype in ("text/plain", "text/plain;charset=UTF-8", "application/x-www-form-urlencoded",
+                  "multipart/form-data; boundary=x"):
+        err = error_of(post_raw(http, "/v1/completions", body, ctype), 415)
+        assert "Content-Type" in err["message"] and "application/json" in err["message"]
+    for ctype in ("application/json", "application/json; charset=utf-8", "application/vnd.api+json"):
+        assert post_raw(http, "/v1/completions", body, ctype).status_code == 200, ctype
+    assert post_raw(http, "/v1/completions", body, "").status_code == 200  # none at all, as FastAPI allows
+
+
+def test_body_over_the_limit_is_413(http):
+    over = b" " * (LIMIT_MB * 2**20 + 1)
+    err = error_of(post_raw(http, "/v1/completions", over), 413)
+    assert "--max-request-body-mb" in err["message"]
+
+    def chunked():  # no Content-Length: the server must count while it reads
+        for _ in range(LIMIT_MB * 16 + 1):
+            yield b" " * 65536
+
+    assert "limit" in error_of(post_raw(http, "/generate", chunked()), 413)["message"]
+    padded = json.dumps({"model": MODEL, "prompt": "x", "max_tokens": 2, "user": "u" * (LIMIT_MB - 1) * 2**20})
+    assert post_raw(http, "/v1/completions", padded.encode()).status_code == 200  # under the limit: served
+
+
+def test_health_answers_while_a_big_body_is_tokenized(server):
+    """5 MB of chat (and 1 MB prompts on the other text endpoints) take seconds to encode; /health must keep
+    answering meanwhile. Once a big body is uploaded, /health is probed back to back until its answer comes:
+    encoding on the event loop (or in a thread holding the GIL) lets at most a couple of probes through, so many
+    answers are asked for (a count, not a latency)."""
+    big = "hello world, some text. " * (5 * 2**20 // 24)
+    requests = [("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": big}]}),
+                ("/v1/completions", {"model": MODEL, "prompt": big[:2**20], "max_tokens": 2}),
+                ("/generate", {"text": big[:2**20], "sampling_params": {"max_new_tokens": 2}})]
+
+    async def one(client, path, body) -> tuple:
+        data, uploaded = json.dumps(body).encode(), asyncio.Event()
+
+        async def chunks():
+            for i in range(0, len(data), 2**16):
+                yield data[i:i + 2**16]
+            uploaded.set()
+
+        pending = asyncio.create_task(client.post(path, content=chunks(),
+                                                  headers={"content-type": "application/json"}))
+        await uploaded.wait()
+        await asyncio.sleep(0.1)  # the server reads the socket's last bytes and parses the JSON
+        during = 0
+        while not pending.done():
+            assert (await client.get("/health", timeout=60)).status_code == 200
+            during += not pending.done()
+            await asyncio.sleep(0.01)
+        return pending.result(), during
+
+    async def main():
+        async with httpx.AsyncClient(base_url=server.base_url, headers=AUTH, timeout=300) as client:
+            return [await one(client, path, body) for path, body in requests]
+
+    for (path, _), (r, during) in zip(requests, asyncio.run(main())):
+        # tokenized in full, then refused for the context length: a clean 4xx
+        assert r.status_code == 400 and "context length" in r.json()["message"], (path, r.text)
+        assert during >= 10, f"/health answered only {during} times while {path} was being tokenized"
+
+
+def test_unknown_route_and_wrong_method_use_the_error_body(http):
+    err = error_of(http.get("/v1/nothing-here"), 404)
+    assert err["type"] == "NotFoundError" and "/v1/nothing-here" in err["message"]
+    r = http.get("/v1/chat/completions")
+    err = error_of(r, 405)
+    assert err["type"] == "MethodNotAllowedError" and "GET" in err["message"]
+    assert "POST" in r.headers["allow"]
+
+
+def test_server_info_never_returns_the_key(http):
+    for path in ("/server_info", "/get_server_info"):
+        r = http.get(path)
+        assert r.status_code == 200 and KEY not in r.text
+        assert r.json()["api_key"] == "***" and r.json()["model_path"] == MODEL
+
+
+def test_api_key_checks(server, http):
+    wrong_same_length = KEY[:-1] + ("x" if KEY[-1] != "x" else "y")
+    for headers in ({}, {"Authorization": f"Bearer {wrong_same_length}"}, {"Authorization": f"Bearer {KEY}x"},
+                    {"Authorization": KEY}, {"Authorization": f"Bearer {KEY[:-1]}é".encode()}):
+        r = httpx.get(f"{server.base_url}/v1/models", headers=headers)
+        err = error_of(r, 401)
+        assert err["type"] == "AuthenticationError" and KEY not in r.text
+    assert httpx.get(f"{server.base_url}/health").status_code == 200  # load balancers probe without a key
+
+
+def test_server_still_serves_after_bad_inputs(server, http):
+    """Runs last in the module: after everything above, a normal request works and no slot is leaked."""
+    r = http.post("/v1/chat/completions", json={**CHAT, "max_tokens": 4, "temperature": 0})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
+    server.wait_pools_free(headers=AUTH)
+
+
+# ---- the 500 path needs a handler that fails: the real app over a stub TokenizerManager, in-process ------------
+def test_unhandled_exception_is_a_generic_500_with_request_id(caplog):
+    tm = SimpleNamespace(start=lambda: None, ready=None)
+    app = create_app(tm, ServerArgs(model_path="stub", api_key="secret-in-args"))
+    secret = "/home/alice/prompt: my password is hunter2"
+
+    @app.get("/boom")
+    async def boom():
+        raise RuntimeError(secret)
+
+    client = TestClient(app, raise_server_exceptions=False)
+    with caplog.at_level(logging.ERROR, logger="sglang.srt.entrypoints.http_server"):
+        r = client.get("/boom", headers={"Authorization": "Bearer secret-in-args"})
+    err = error_of(r, 500)
+    request_id = r.headers["x-request-id"]
+    assert err["message"] == f"internal server error (request id {request_id})" and "hunter2" not in r.text
+    logged = [rec for rec in caplog.records if request_id in rec.getMessage()]
+    assert logged and logged[0].exc_info and secret in str(logged[0].exc_info[1])

@@ -1,0 +1,233 @@
+"""What a new user runs, as the README writes it: bench_serving and the OpenAI client against a real server,
+the launch_subprocess Engine script, the server's start-up (port in use, --help, flags that change nothing) and
+scripts/gpu_validate.sh's exit status. The eval scripts' failure paths run against a stub in
+test_bench_clients.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import re
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from server_process import launch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+README = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+MODEL = "tiny-deepseek-v4"
+
+
+def readme_python_block(marker: str) -> str:
+    """The README's ```python block containing `marker`."""
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", README, re.S) if marker in b]
+    assert len(blocks) == 1, f"expected one README python block with {marker!r}, found {len(blocks)}"
+    return blocks[0]
+
+
+def run_script(tmp_path, code: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    path = tmp_path / "script.py"
+    path.write_text(code)
+    return subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=timeout,
+                          cwd=str(tmp_path))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    handle = launch(["--model-path", MODEL, "--context-length", "1024", "--trust-remote-code",
+                     "--disable-cuda-graph"], str(tmp_path_factory.mktemp("server")))
+    yield handle
+    handle.stop()
+
+
+# ---- the README's commands against a real server -----------------------------------------------------------
+
+
+def test_readme_bench_serving_command(server):
+    cmd = re.search(r"`(python -m sglang\.bench_serving [^`]*)`", README, re.S).group(1).split()
+    assert cmd[3:] == ["--backend", "sglang", "--num-prompts", "64", "--random-input-len", "128",
+                       "--random-output-len", "32"]  # no dataset file named: random ids, offline
+    proc = subprocess.run([sys.executable, *cmd[1:], "--port", server.base_url.rsplit(":", 1)[1]],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.search(r"Dataset:\s+random\n", proc.stdout) and re.search(r"Successful requests:\s+64\n", proc.stdout)
+    assert "Failed requests" not in proc.stdout
+
+
+def test_readme_openai_client_example(server, tmp_path):
+    before = README[:README.index("import openai")]
+    assert "pip install openai" in before[-300:]  # said right above the example: not a dependency of sglang
+    code = readme_python_block("import openai")
+    assert "http://localhost:30000/v1" in code
+    proc = run_script(tmp_path, code.replace("http://localhost:30000/v1", f"{server.base_url}/v1"), timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip(), proc.stderr[-3000:]
+
+
+def test_flags_that_change_nothing_say_so(server):
+    log = open(server.log_path).read()
+    assert "--trust-remote-code is not needed" in log
+    assert "--disable-cuda-graph changes nothing: CUDA graphs are not implemented yet" in log
+
+
+# ---- start-up ----------------------------------------------------------------------------------------------
+
+
+def test_port_in_use_fails_before_loading():
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        proc = subprocess.run([sys.executable, "-m", "sglang.launch_server", "--model-path", MODEL, "--host",
+                               "127.0.0.1", "--port", str(port), "--log-level", "info"],
+                              capture_output=True, text=True, timeout=60)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert f"127.0.0.1:{port}" in out and "already in use" in out and "Traceback" not in out
+    # At --log-level info a start that got further logs the applied defaults, the pools and the weights.
+    for line in ("defaults applied", "server args", "Loading weights", "generating the built-in model"):
+        assert line not in out
+
+
+def test_help_gives_every_flag_a_default():
+    from sglang.launch_server import build_parser
+    from sglang.srt.server_args import ServerArgs
+
+    parser = build_parser()
+    text = subprocess.run([sys.executable, "-m", "sglang.launch_server", "--help"], capture_output=True, text=True,
+                          timeout=60).stdout
+    # One block per option: its first line starts with "  -", continuation lines are indented further.
+    blocks = re.split(r"\n(?=  -)", text.split("options:", 1)[1])
+    by_flag = {b.split()[0].rstrip(","): " ".join(b.split()) for b in blocks if b.strip()}
+    actions = [a for a in parser._actions if a.dest != "help"]
+    assert {a.dest for a in actions} == {f.name for f in dataclasses.fields(ServerArgs)}  # one flag per field
+    for action in actions:
+        flag = action.option_strings[0]
+        assert flag in by_flag, f"{flag} missing from --help"
+        if not action.required:
+            assert "default" in by_flag[flag], f"{flag}: no default in --help: {by_flag[flag]!r}"
+
+
+def test_every_server_arg_is_read():
+    """A flag must do something: each ServerArgs field is read outside server_args.py, except the ones that
+    server_args.py itself refuses (--tp above 1) or logs as changing nothing."""
+    from sglang.srt.server_args import ServerArgs
+
+    handled_in_server_args = {"tp_size", "trust_remote_code", "disable_cuda_graph"}
+    sources = []
+    for dirpath, _, files in os.walk(os.path.join(ROOT, "python", "sglang")):
+        for name in files:
+            if name.endswith(".py") and not (dirpath.endswith("srt") and name == "server_args.py"):
+                sources.append(open(os.path.join(dirpath, name), encoding="utf-8").read())
+    code = "\n".join(sources)
+    for field in dataclasses.fields(ServerArgs):
+        if field.name in handled_in_server_args:
+            continue
+        assert re.search(rf"\.{field.name}\b|[\"']{field.name}[\"']", code), f"--{field.name} is never read"
+
+
+def test_inert_flags_accepted_and_logged(caplog):
+    from sglang.srt.server_args import ServerArgs
+
+    caplog.set_level(logging.WARNING, logger="sglang.srt.server_args")
+    ServerArgs(model_path=MODEL, device="cpu", trust_remote_code=True, disable_cuda_graph=True).resolve()
+    assert "--trust-remote-code is not needed" in caplog.text and "--disable-cuda-graph changes nothing" in caplog.text
+    caplog.clear()
+    ServerArgs(model_path=MODEL, device="cpu").resolve()
+    assert "--trust-remote-code" not in caplog.text and "--disable-cuda-graph" not in caplog.text
+
+
+def test_progress_bars_for_generation_and_loading(tmp_path, caplog, capsys):
+    from sglang.srt.model_loader.loader import iter_checkpoint
+    from sglang.srt.model_loader.tiny_checkpoint import TINY_CONFIG, make_tiny_checkpoint
+
+    caplog.set_level(logging.WARNING, logger="sglang.srt.model_loader")  # --log-level warning: quiet
+    make_tiny_checkpoint(str(tmp_path / "quiet"), TINY_CONFIG)
+    assert "Generating" not in capsys.readouterr().err
+    caplog.set_level(logging.INFO, logger="sglang.srt.model_loader")  # the server's default level
+    model_dir = make_tiny_checkpoint(str(tmp_path / "ckpt"), TINY_CONFIG)
+    assert re.search(r"Generating random weights: 100%.*tensor", capsys.readouterr().err)
+    n = len(list(iter_checkpoint(model_dir, part="main")))
+    assert re.search(rf"Loading weights \(main\): 100%.* {n}/{n} ", capsys.readouterr().err)
+
+
+# ---- sglang.Engine(launch_subprocess=True) scripts ------------------------------------------------------------
+
+# Runs first (guarded: the spawned scheduler process re-imports the script): records every subprocess scheduler
+# and, at exit after the engine's own exit hook, prints whether their event loops were closed. A loop left to
+# the garbage collector printed "ValueError: Invalid file descriptor: -1" at exit on some runs.
+PROBE = """\
+if __name__ == "__main__":
+    import atexit
+    from sglang.srt.entrypoints import engine_subprocess as _es
+
+    _made, _init = [], _es.SubprocessScheduler.__init__
+
+    def _record(self, *args, **kwargs):
+        _init(self, *args, **kwargs)
+        _made.append(self)
+
+    _es.SubprocessScheduler.__init__ = _record
+    atexit.register(lambda: print("LOOPS_CLOSED", [s.loop.is_closed() for s in _made], flush=True))
+"""
+
+
+def test_readme_engine_scripts_exit_cleanly(tmp_path):
+    """In one script (one interpreter start): the README's Offline API block as written (and its finish_reason
+    shape), the README's launch_subprocess block as written, then the same block without its shutdown (the
+    exit hook stops the engine and closes its loop)."""
+    offline = readme_python_block('engine.generate(prompt="Hello", sampling_params={"temperature": 0, '
+                                  '"max_new_tokens": 8}')
+    sub = readme_python_block("launch_subprocess=True")
+    assert 'if __name__ == "__main__":' in sub and "engine.shutdown()" in sub  # the guard the README asks for
+    code = PROBE + "\n".join([
+        'if __name__ == "__main__":',
+        textwrap.indent(offline, "    "),
+        '    print("FINISH", out["meta_info"]["finish_reason"])',
+        textwrap.indent(sub, "    "),
+        textwrap.indent(sub.replace("engine.shutdown()", "pass"), "    "),
+    ])
+    proc = run_script(tmp_path, code)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "LOOPS_CLOSED [True, True]" in proc.stdout, proc.stdout
+    for noise in ("Invalid file descriptor", "Exception ignored", "Traceback", "Task was destroyed", "leaked"):
+        assert noise not in proc.stderr, proc.stderr[-3000:]
+    assert re.search(r"FINISH (.*)", proc.stdout).group(1) == "{'type': 'length', 'length': 8}"
+    assert '`{"type": "length", "length": 8}`' in README  # the README describes exactly this shape
+
+
+# ---- scripts/gpu_validate.sh ------------------------------------------------------------------------------------
+
+
+def fake_python(tmp_path, fail_on: str) -> dict:
+    """PATH with a python3 that succeeds, except (exit 3) when its arguments contain `fail_on`."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    script = bin_dir / "python3"
+    script.write_text(f'#!/bin/sh\ncase "$*" in *"{fail_on}"*) echo "fake failure"; exit 3;; esac\necho "ok $*"\n')
+    script.chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "OUT": str(tmp_path / "out")}
+
+
+@pytest.mark.parametrize("mode, fail_on, failed_step", [
+    ("", "no step has this in its arguments", None),
+    ("", "test_gpu_triton_backend.py", "triton backend tests"),  # its output is piped into tee | tail
+    ("", "plot_agentic_memory.py", "plot"),  # the last step
+    ("quick", "-m gpu test/kernels", "kernel tests (GPU-marked)"),
+    ("tests", "test_engine_api.py", "engine suite on the triton backend"),
+])
+def test_gpu_validate_exit_status(tmp_path, mode, fail_on, failed_step):
+    script = os.path.join(ROOT, "scripts", "gpu_validate.sh")
+    assert "set -u -o pipefail" in open(script).read()
+    proc = subprocess.run(["bash", script, *([mode] if mode else [])], capture_output=True, text=True,
+                          timeout=60, cwd=str(tmp_path), env=fake_python(tmp_path, fail_on))
+    if failed_step is None:
+        assert proc.returncode == 0 and "all steps passed" in proc.stdout, proc.stdout + proc.stderr
+    else:
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        assert f"failed step: {failed_step}" in proc.stdout
+        assert proc.stdout.count("failed step:") == 1  # the steps after it still ran and passed

@@ -1,0 +1,188 @@
+"""One request must never take down others: sampling parameters are refused at admission when they could fail a
+step, and a step that fails anyway (a fault injected for one marked request, in the sampler, the model, the
+result processing, or the speculative draft) aborts only that request with a 500; the requests batched with it
+finish with the outputs they have without it, and every pool slot is free afterwards. Consecutive failed steps
+make /health answer 503 until a step serves again."""
+
+from __future__ import annotations
+
+import functools
+import math
+from types import SimpleNamespace
+
+import pytest
+from fastapi.testclient import TestClient
+
+import sglang.srt.managers.scheduler as scheduler_module
+from oracle import engine, random_ids
+from sglang.srt.entrypoints.http_server import create_app
+from sglang.srt.managers.io_struct import UNHEALTHY_AFTER_FAILED_STEPS, SchedulerStats
+from sglang.srt.managers.scheduler_process import SchedulerProcess
+from sglang.srt.managers.tokenizer_manager import RequestError
+from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.server_args import ServerArgs
+
+CULPRIT = random_ids(30, 99)
+GOOD = [random_ids(40, 1), random_ids(9, 2), random_ids(25, 3)]
+GREEDY = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
+SEEDED = {"temperature": 1.0, "top_k": 20, "seed": 5, "max_new_tokens": 8, "ignore_eos": True}
+GOOD_PARAMS = [GREEDY, SEEDED, GREEDY]
+FAIL_AFTER = 2  # the culprit fails once it has this many output tokens (mid-generation, slots held)
+
+
+# ---- admission -------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("field, value", [
+    ("temperature", math.nan), ("temperature", math.inf), ("temperature", 10**400), ("temperature", True),
+    ("top_p", math.nan), ("min_p", math.nan), ("frequency_penalty", -math.inf), ("presence_penalty", math.nan),
+    ("repetition_penalty", math.inf), ("top_k", True), ("max_new_tokens", False), ("ignore_eos", "yes"),
+    ("seed", 2**64), ("seed", -(2**63) - 1), ("seed", True), ("seed", 1.5),
+])
+def test_bad_sampling_values_are_refused_naming_the_field(field, value):
+    with pytest.raises(ValueError, match=f"'{field}'") as error:
+        SamplingParams.from_dict({field: value})
+    assert error.value.param == field
+
+
+def test_tiny_temperatures_are_greedy_and_64_bit_seeds_accepted():
+    for t in (1e-40, 5e-324, 9.9e-7):
+        params = SamplingParams.from_dict({"temperature": t})
+        assert params.temperature == 0 and params.is_greedy
+    assert SamplingParams(temperature=1e-40).is_greedy  # also when built without verify()
+    assert not SamplingParams.from_dict({"temperature": 1e-6}).is_greedy
+    for seed in (2**64 - 1, -(2**63), 0):
+        assert SamplingParams.from_dict({"seed": seed}).seed == seed
+
+
+# ---- isolation in the scheduler ----------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def isolation_engine(speculative: bool):
+    spec = dict(speculative_algorithm="EAGLE", speculative_num_steps=2) if speculative else {}
+    return engine("tiny", chunked_prefill_size=32, **spec)
+
+
+@functools.lru_cache(maxsize=None)
+def reference(speculative: bool) -> tuple:
+    outs = isolation_engine(speculative).generate(input_ids=GOOD, sampling_params=GOOD_PARAMS)
+    return tuple(tuple(o["output_ids"]) for o in outs)
+
+
+def culprit_in(reqs) -> bool:
+    return any(r.origin_input_ids == CULPRIT and len(r.output_ids) >= FAIL_AFTER for r in reqs)
+
+
+def inject(monkeypatch, eng, where: str) -> None:
+    """Make every step that holds the culprit (past FAIL_AFTER tokens) raise at `where`."""
+    sched, runner = eng.scheduler, eng.model_runner
+
+    def in_forward(fb) -> bool:
+        return culprit_in(r for r in sched.running if r.alloc and r.alloc.req_pool_idx in fb.req_pool_indices_cpu)
+
+    def failing(real, is_culprit):
+        def wrapper(*args, **kwargs):
+            if is_culprit(*args):  # before the call: nothing of it ran
+                raise RuntimeError(f"injected failure in {where}")
+            return real(*args, **kwargs)
+        return wrapper
+
+    def failing_after(real, is_culprit):
+        def wrapper(*args, **kwargs):
+            out = real(*args, **kwargs)  # the pools were written: the step must be undone
+            if is_culprit(*args):
+                raise RuntimeError(f"injected failure after {where}")
+            return out
+        return wrapper
+
+    if where == "sample":
+        monkeypatch.setattr(scheduler_module, "sample",
+                            failing(scheduler_module.sample, lambda _, reqs: culprit_in(reqs)))
+    elif where == "forward":
+        monkeypatch.setattr(runner, "forward", failing_after(runner.forward, in_forward))
+    elif where == "forward_draft":
+        monkeypatch.setattr(runner, "forward_draft",
+                            failing_after(runner.forward_draft, lambda fb, *_: in_forward(fb)))
+    elif where == "append_token":  # after the requests before it in the batch got their token
+        monkeypatch.setattr(sched, "append_token", failing(sched.append_token, lambda req, *_: culprit_in([req])))
+    else:
+        raise AssertionError(where)
+
+
+@pytest.mark.parametrize("speculative, where", [
+    (False, "sample"), (False, "forward"), (False, "append_token"),
+    (True, "forward"), (True, "forward_draft"), (True, "append_token"),
+])
+def test_a_failing_request_fails_alone(monkeypatch, speculative, where):
+    eng = isolation_engine(speculative)
+    expected = reference(speculative)
+    inject(monkeypatch, eng, where)
+    outs = eng.generate(input_ids=[GOOD[0], CULPRIT, *GOOD[1:]],
+                        sampling_params=[GOOD_PARAMS[0], GREEDY, *GOOD_PARAMS[1:]])
+    culprit = outs.pop(1)
+    assert tuple(tuple(o["output_ids"]) for o in outs) == expected
+    assert all(o["meta_info"]["finish_reason"]["type"] == "length" for o in outs)
+    reason = culprit["meta_info"]["finish_reason"]
+    assert reason["type"] == "abort" and reason["status_code"] == 500 and "internal error" in reason["message"]
+    assert culprit["output_ids"]  # it failed mid-generation and keeps the tokens of the steps that succeeded
+    eng.model_runner.token_allocator.check_all_free()
+    sched = eng.scheduler
+    assert not sched.running and not sched.waiting and sched.consecutive_failed_steps == 0
+    assert sched.num_generated_tokens >= sum(len(o) for o in expected)
+
+
+def test_consecutive_failed_steps_flip_health_and_recover(monkeypatch):
+    eng = isolation_engine(False)
+    proc = SimpleNamespace(scheduler=eng.scheduler)  # SchedulerProcess._stats: what every output carries
+    assert SchedulerProcess._stats(proc).healthy
+
+    def broken(logits, reqs):
+        raise RuntimeError("the device is gone")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(scheduler_module, "sample", broken)
+        for i in range(UNHEALTHY_AFTER_FAILED_STEPS):
+            assert SchedulerProcess._stats(proc).healthy
+            out = eng.generate(input_ids=GOOD[1], sampling_params=GREEDY)  # one step, which fails
+            assert out["meta_info"]["finish_reason"]["status_code"] == 500
+            assert SchedulerProcess._stats(proc).consecutive_failed_steps == i + 1
+        stats = SchedulerProcess._stats(proc)
+        assert not stats.healthy and stats.pools_all_free
+    out = eng.generate(input_ids=GOOD[1], sampling_params=GREEDY)
+    assert out["meta_info"]["finish_reason"]["type"] == "length"
+    assert SchedulerProcess._stats(proc).healthy and eng.scheduler.consecutive_failed_steps == 0
+
+
+# ---- /health -----------------------------------------------------------------------------------------------------
+def stats(failed_steps: int) -> SchedulerStats:
+    return SchedulerStats(num_running_reqs=0, num_waiting_reqs=0, token_usage=0.0, num_generated_tokens=0,
+                          consecutive_failed_steps=failed_steps)
+
+
+class FakeTokenizerManager:
+    """What /health and /health_generate read; generate() is one step that serves (or fails) as told."""
+
+    def __init__(self, failed_steps, dead_reason, step_ok: bool) -> None:
+        self.last_stats = None if failed_steps is None else stats(failed_steps)
+        self.dead_reason, self.step_ok, self.num_steps = dead_reason, step_ok, 0
+        self.ready = SimpleNamespace(eos_token_ids=[1])
+
+    async def generate(self, input_ids, params):
+        self.num_steps += 1
+        if not self.step_ok:
+            self.last_stats = stats(self.last_stats.consecutive_failed_steps + 1)
+            raise RequestError("internal error in the model step", 500)
+        self.last_stats = stats(0)
+        yield None
+
+
+@pytest.mark.parametrize("failed_steps, alive, dead_reason, step_ok, status, probes", [
+    (None, True, None, True, 200, 0), (UNHEALTHY_AFTER_FAILED_STEPS - 1, True, None, False, 200, 0),
+    (UNHEALTHY_AFTER_FAILED_STEPS, True, None, False, 503, 1),  # its own probe failed too
+    (UNHEALTHY_AFTER_FAILED_STEPS, True, None, True, 200, 1),  # the failures have passed: back in rotation
+    (0, False, None, True, 503, 0), (0, True, "the scheduler process died", True, 503, 0),
+])
+def test_health_reads_the_scheduler_state(failed_steps, alive, dead_reason, step_ok, status, probes):
+    tm = FakeTokenizerManager(failed_steps, dead_reason, step_ok)
+    proc = SimpleNamespace(is_alive=lambda: alive, exitcode=None if alive else -9)
+    client = TestClient(create_app(tm, ServerArgs(model_path="m"), scheduler_proc=proc))  # no lifespan needed
+    assert client.get("/health").status_code == status
+    assert tm.num_steps == probes
+    assert client.get("/health_generate").status_code == (200 if alive and not dead_reason and step_ok else 503)
