@@ -61,7 +61,7 @@ def _logits_args(kind: str, rows: int, width: int, prefill: bool, device) -> dic
         visible = torch.full((rows,), width, device=device)
     return dict(q=torch.randn(rows, HEADS, HEAD_DIM, device=device, dtype=torch.bfloat16),
                 weights=torch.randn(rows, HEADS, device=device) * HEADS ** -0.5,
-                key_cache=_key_pool(kind, lists * width, device), key_format=kind, cand_slots=cand,
+                key_cache=_key_pool(kind, lists * width, device), key_format=f"{kind}_index", cand_slots=cand,
                 row_map=torch.zeros(rows, dtype=torch.int64, device=device) if prefill
                 else torch.arange(rows, device=device),
                 visible=visible, out=torch.empty(rows, width, device=device))

@@ -1,9 +1,9 @@
-"""dsv4_compress / dsv4_update_ring against the torch reference and against the engine's own path:
-TorchAttnBackend.forward_compressor + Compressor.finish + kv_formats on a stub pool, run on plans from the engine's
-build_compress_plan. With `hadamard` the engine backend rotates index keys by hadamard_rotate before
-storing them (arch 5.5), as it rotates queries before scoring.
+"""dsv4_compress / dsv4_update_ring against the torch reference (what the engine's torch backend runs) and against
+the model's own modules: the channel-wise pool, then Compressor.finish (its RMSNorm and RoPE modules),
+hadamard_rotate for index keys (arch 5.5, as the queries are rotated before scoring) and the entry format's store,
+run on plans from the engine's build_compress_plan.
 
-Tolerances (kernel vs reference / engine; reference vs engine is byte-identical):
+Tolerances (kernel vs reference / model modules; reference vs model modules is byte-identical):
 * Exact inputs (one-hot gates, +-1 contents, eps = 0, zero RoPE frequencies): every stage is exact in fp32, so the
   rows are byte-identical in all formats, compute dtypes and with Hadamard: the bf16 / fp16 / e4m3 / e2m1 / ue8m0
   encoders and the row layouts match the engine bit for bit.
@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from sgl_kernel.dsv4_attention_ref import pool_ref
 from sgl_kernel.dsv4_compress import (
     _bf16_bits, _e2m1_code, _e4m3_code, dsv4_compress, dsv4_compress_ref, dsv4_update_ring)
 from sgl_kernel.dsv4_formats_ref import e2m1_codes, e4m3_bytes, row_width
@@ -107,8 +108,9 @@ def _engine_format(out_format: str, d: int, rope: int, dense_dtype: torch.dtype)
 
 
 def _engine_store(plan, ring, kv, gate, d, rope, inv_freq, weight, eps, compute_dtype, fmt, hadamard, num_slots):
-    """Run TorchAttnBackend.forward_compressor + Compressor.finish on a stub pool; -> (entry rows, ring after)."""
-    from sglang.srt.layers.attention.dsv4.torch_backend import TorchAttnBackend
+    """The pooled windows through the model's Compressor.finish (+ hadamard_rotate for index keys) and the entry
+    format's store; the ring update by indexing -> (entry rows, ring after)."""
+    from sglang.srt.layers.attention.dsv4.hadamard import hadamard_rotate
     from sglang.srt.layers.rotary import RotaryEmbedding
     from sglang.srt.models.deepseek_v4 import Compressor
 
@@ -117,15 +119,14 @@ def _engine_store(plan, ring, kv, gate, d, rope, inv_freq, weight, eps, compute_
     comp.rotary.inv_freq = inv_freq.clone()  # fp32 table (.to() above would have cast it)
     comp.norm.weight.data.copy_(weight)
     buf = fmt.allocate(num_slots)
-    state = SimpleNamespace(buf=ring.clone())
-
-    # The backend rotates index keys itself when the pool's index keys are quantized (arch 5.5).
-    pool = SimpleNamespace(compressor_state=lambda layer_id, is_indexer: state, index_keys_rotated=hadamard,
-                           set_index_k=lambda layer_id, slots, values: fmt.store(buf, slots, values),
-                           set_compressed_kv=lambda layer_id, slots, values: fmt.store(buf, slots, values))
-    fb = SimpleNamespace(attn_metadata=SimpleNamespace(ratios={plan.ratio: SimpleNamespace(plan=plan)}))
-    TorchAttnBackend.forward_compressor(SimpleNamespace(pool=pool), comp, kv, gate, fb)
-    return buf, state.buf
+    fresh = torch.stack((kv, gate), dim=1)
+    if plan.num_new:
+        entries = comp.finish(pool_ref(ring, fresh, plan.source_rows, plan.ratio, plan.overlap, d),
+                              plan.entry_positions)
+        fmt.store(buf, plan.entry_slots, hadamard_rotate(entries) if hadamard else entries)
+    ring = ring.clone()
+    ring[plan.ring_dst] = fresh[plan.ring_src]
+    return buf, ring
 
 
 def _inputs(ratio, overlap, d, rope, reqs, exact: bool, seed: int = 0):
@@ -320,5 +321,5 @@ def test_gpu_flash_shapes(kind, n):
 def test_row_widths_match_engine_formats():
     for out_format, d, rope in [("fp8_kv", 512, 64), ("fp8_index", 128, 0), ("fp4_index", 128, 0),
                                 ("fp8_index", 96, 0), ("dense", 512, 64)]:
-        assert row_width(out_format, d, rope, torch.bfloat16) == _engine_format(out_format, d, rope,
-                                                                               torch.bfloat16).row_width
+        fmt = _engine_format(out_format, d, rope, torch.bfloat16)
+        assert fmt.kernel_format == out_format and row_width(out_format, d, rope, torch.bfloat16) == fmt.row_width

@@ -79,7 +79,7 @@ def make_case(kind: str, layout: str, T: int, H: int, D: int, E: int, q_dtype=to
     expected = torch.einsum("the,th->te", expected, weights).masked_fill(
         torch.arange(E)[None, :] >= visible[:, None], NEG_INF)
     to = lambda x: None if x is None else x.to(device)  # noqa: E731
-    return dict(q=to(q), weights=to(weights), key_cache=to(buf), key_format=kind, cand_slots=to(cand),
+    return dict(q=to(q), weights=to(weights), key_cache=to(buf), key_format=fmt.kernel_format, cand_slots=to(cand),
                 row_map=to(row_map), visible=to(visible), expected=expected.to(device))
 
 
@@ -139,6 +139,26 @@ def test_writes_every_element_of_a_strided_out(kind):
     assert (block[:, :20] == 123.0).all() and (block[:, 120:] == 123.0).all()
 
 
+@pytest.mark.parametrize("kind,layout", [("fp8", "requests"), ("fp4", "rows"), ("dense", "mixed")])
+def test_reference_rows_do_not_depend_on_the_rows_beside_them(kind, layout):
+    """The torch backend calls the reference on row chunks of a pooled workspace: each row's logits must equal
+    those of one pass bit for bit."""
+    case = make_case(kind, layout, 11, 6, 64, 150, seed=8)
+    one_pass = run(dsv4_index_logits_ref, case)
+    shared = ("key_cache", "key_format") + (("cand_slots",) if case["row_map"] is not None else ())
+    for lo, hi in ((0, 1), (3, 7), (7, 11)):
+        part = {k: v if k in shared or v is None else v[lo:hi] for k, v in case.items()}
+        assert torch.equal(run(dsv4_index_logits_ref, part), one_pass[lo:hi])
+
+
+def test_only_the_kernel_limits_the_head_dim():
+    """dI = 96 (not a power of two) is a valid dense row; the reference takes it, the kernel asserts."""
+    case = make_case("dense", "rows", 3, 4, 96, 20, seed=2)
+    assert_close("reference dI=96", case["expected"], run(dsv4_index_logits_ref, case), 1e-5)
+    with pytest.raises(AssertionError, match="power of two"):
+        run(dsv4_index_logits, case)
+
+
 @pytest.mark.parametrize("T,E", [(4, 0), (0, 50), (1, 1)])
 def test_degenerate_shapes(T, E):
     case = make_case("fp8", "rows", T, 4, 64, E, seed=5)
@@ -176,7 +196,7 @@ def gpu_case(kind: str, T: int, E: int, prefill: bool, seed: int) -> dict:
         row_map = torch.arange(T, device=dev)
         visible = torch.randint(E // 2, E + 1, (T,), device=dev)
         visible[0] = E
-    return dict(q=q, weights=weights, key_cache=buf, key_format=kind, cand_slots=cand, row_map=row_map,
+    return dict(q=q, weights=weights, key_cache=buf, key_format=fmt.kernel_format, cand_slots=cand, row_map=row_map,
                 visible=visible)
 
 

@@ -16,7 +16,7 @@ import torch
 
 from sgl_kernel.dsv4_sparse_attention import (dsv4_sparse_attention, dsv4_sparse_attention_ref,
                                               pick_num_splits)
-from sgl_kernel.dsv4_store_kv import fp8_kv_quantize_ref
+from sgl_kernel.dsv4_formats_ref import quantize_fp8_kv
 
 TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3)}
 
@@ -36,7 +36,7 @@ def assert_close(name: str, ref: torch.Tensor, out: torch.Tensor, atol: float, r
 
 def _cache(num_rows: int, d: int, rope: int, dtype, gen, device="cpu") -> torch.Tensor:
     vals = torch.randn(num_rows, d, generator=gen).to(device)
-    return fp8_kv_quantize_ref(vals, rope) if rope else vals.to(dtype)
+    return quantize_fp8_kv(vals, rope) if rope else vals.to(dtype)
 
 
 def _inputs(t, h, d, w, k, *, rope=0, q_dtype=torch.float32, cache_dtype=torch.float32, per_request=False,

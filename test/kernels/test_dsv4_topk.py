@@ -4,7 +4,8 @@ CPU (Triton interpreter): with distinct logits the chosen slot SET equals the re
 padding when fewer than k finite logits (k > visible, E == 0, nothing visible); ties keep the lowest
 columns (the same picks whatever the chunking); several select levels (small k -> 256-value chunks).
 End to end: `dsv4_index_logits` then `dsv4_topk_slots` pick, per row, the same slots as
-`TorchAttnBackend.forward_indexer` for dense, fp8 and fp4 (rotated) keys.
+`TorchAttnBackend.forward_indexer` (the references, over the engine's row chunks) for dense, fp8 and fp4 (rotated)
+keys.
 GPU (skipped without CUDA): k = 512 / 1024 over up to 262,144 candidates, T = 1, 8, 64 and a 2048-row chunk.
 """
 
@@ -132,10 +133,10 @@ def engine_layout(seq_lens: list, new_tokens: list, seed: int) -> tuple:
 
 def engine_forward_indexer(fmt, buf, rotated, q, weights, entry, row_req, row_visible, new_tokens, k):
     """The engine's torch indexer on a stand-in pool and batch (prefill mode, rows grouped by request)."""
-    backend = TorchAttnBackend.__new__(TorchAttnBackend)  # only the pool and the logits workspace are used
+    backend = TorchAttnBackend.__new__(TorchAttnBackend)  # only the ops, the pool and the logits workspace are used
+    backend.ops = TorchAttnBackend.load_ops()
     backend.logits_workspace = IndexerLogitsWorkspace(4 * entry.shape[1] * 6, "cpu")  # chunks of 6 rows
-    backend.pool = SimpleNamespace(index_keys_rotated=rotated,
-                                   get_index_k=lambda layer_id, slots: fmt.load(buf, slots))
+    backend.pool = SimpleNamespace(index_keys_rotated=rotated, index_k={0: buf}, index_format=fmt)
     indexer = SimpleNamespace(ratio=4, index_topk=k, layer_id=0, rotate=hadamard_rotate)
     md = DSV4Metadata(window_slots=None, out_swa_loc=None,
                       ratios={4: RatioMetadata(ratio=4, entry_slots=entry, row_visible=row_visible, plan=None)})
@@ -161,7 +162,8 @@ def test_logits_then_topk_equals_engine_indexer(kind, k):
     weights = torch.randn(T, H, generator=g) * H ** -0.5
     expected = engine_forward_indexer(fmt, buf, rotated, q, weights, entry, row_req, row_visible, new_tokens, k)
     logits = torch.empty(T, entry.shape[1])
-    dsv4_index_logits(hadamard_rotate(q) if rotated else q, weights, buf, kind, entry, row_req, row_visible, logits)
+    dsv4_index_logits(hadamard_rotate(q) if rotated else q, weights, buf, fmt.kernel_format, entry, row_req,
+                      row_visible, logits)
     assert row_sets(dsv4_topk_slots(logits, entry, row_req, k)) == row_sets(expected)
 
 
@@ -201,8 +203,9 @@ def test_gpu_logits_then_topk(kind):
     buf = fmt.quantize(hadamard_rotate(torch.randn(T * E, D, device=dev)))
     cand = torch.randperm(T * E, device=dev).view(T, E)
     args = dict(q=hadamard_rotate(torch.randn(T, H, D, device=dev)).to(torch.bfloat16),
-                weights=torch.randn(T, H, device=dev) * H ** -0.5, key_cache=buf, key_format=kind, cand_slots=cand,
-                row_map=torch.arange(T, device=dev), visible=torch.randint(100, E + 1, (T,), device=dev))
+                weights=torch.randn(T, H, device=dev) * H ** -0.5, key_cache=buf, key_format=fmt.kernel_format,
+                cand_slots=cand, row_map=torch.arange(T, device=dev),
+                visible=torch.randint(100, E + 1, (T,), device=dev))
     logits = dsv4_index_logits(out=torch.empty(T, E, device=dev), **args)
     ref = dsv4_index_logits_ref(out=torch.empty(T, E, device=dev), **args)
     got = dsv4_topk_slots(logits, cand, args["row_map"], k)

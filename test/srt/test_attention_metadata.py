@@ -1,7 +1,8 @@
 """Per-request index tensors of the DeepSeek-V4 attention metadata are built and -1 padded on the device from
 host-known lengths (no device reads): compressed-entry lists [B, E_max] with requests of different lengths, with none
 needing padding, and with no entries at all; window slots of rows near position 0; the batch-vectorised compression
-plan equals its request-by-request definition on random batches (decode-like and chunk-like)."""
+plan equals its request-by-request definition on random batches (decode-like and chunk-like). Both backends share
+this metadata through one base class and differ only in their cache ops: the kernels and their torch references."""
 
 from __future__ import annotations
 
@@ -10,7 +11,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from sglang.srt.layers.attention.dsv4.backend_base import DeepseekV4AttnBackendBase, DSV4AttnOps
 from sglang.srt.layers.attention.dsv4.metadata import build_compress_plan, build_entry_slots, build_window_slots
+from sglang.srt.layers.attention.dsv4.torch_backend import TorchAttnBackend
+from sglang.srt.layers.attention.dsv4.triton_backend import TritonAttnBackend
+from sglang.srt.mem_cache.kv_formats import DenseFormat, Fp8KVFormat
 
 PAGE = 8
 
@@ -58,7 +63,8 @@ def _plan_by_loop(fb, ratio, overlap, page_size, num_draft_tokens, num_ring_rows
         n = s + e
         for w in range(s // ratio, n // ratio):
             p = w * ratio + offsets
-            rows.append(torch.where(p < 0, -1, torch.where(p >= s, num_ring_rows + row0 + (p - s), r * ring + p % ring)))
+            fresh_row, ring_row = num_ring_rows + row0 + (p - s), r * ring + p % ring
+            rows.append(torch.where(p < 0, -1, torch.where(p >= s, fresh_row, ring_row)))
             windows.append(w)
             reqs.append(b)
         for q in range(max(s, n - ring), n):
@@ -91,3 +97,21 @@ def test_compress_plan_equals_the_per_request_definition(ratio, overlap):
         for got, want in ((plan.source_rows, source), (plan.entry_slots, slots), (plan.entry_positions, positions),
                           (plan.ring_dst, dst), (plan.ring_src, src)):
             assert torch.equal(got, want)
+
+
+def test_backends_differ_only_in_ops_the_kernels_and_their_references():
+    assert TorchAttnBackend.__bases__ == TritonAttnBackend.__bases__ == (DeepseekV4AttnBackendBase,)
+    torch_ops, triton_ops = TorchAttnBackend.load_ops(), TritonAttnBackend.load_ops()
+    for field in DSV4AttnOps.__dataclass_fields__:
+        ref, kernel = getattr(torch_ops, field), getattr(triton_ops, field)
+        assert ref.__module__ == "sgl_kernel.dsv4_attention_ref" and ref.__name__ == kernel.__name__ + "_ref", field
+        assert kernel.__module__.startswith("sgl_kernel.dsv4_"), field
+
+
+def test_fp8_kv_format_without_rope_part_is_rejected():
+    """The kernels' fp8_rope_dim = 0 means a dense cache, so an fp8_kv format without RoPE dims has no kernel form."""
+    pool = SimpleNamespace(kv_format=Fp8KVFormat(128, 0), index_format=DenseFormat(64, torch.float32), device="cpu")
+    with pytest.raises(ValueError, match="rope_dim > 0"):
+        TorchAttnBackend(None, pool, None, PAGE)
+    pool.kv_format = Fp8KVFormat(128, 64)
+    assert TorchAttnBackend(None, pool, None, PAGE).fp8_rope_dim == 64

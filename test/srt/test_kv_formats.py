@@ -1,4 +1,5 @@
-"""Cache entry formats (mem_cache/kv_formats.py) and the indexer Hadamard rotation.
+"""Cache entry formats (mem_cache/kv_formats.py: each names its row layout, encoded by sgl_kernel's one definition in
+dsv4_formats_ref) and the indexer Hadamard rotation.
 
 Error bounds used below (x = one value, amax = its block's max |x|, s = the block scale):
 * FP8 e4m3 (3 mantissa bits): round-to-nearest error <= 2^-4 |x| for normals; with
@@ -16,6 +17,7 @@ from fractions import Fraction
 import pytest
 import torch
 
+from sgl_kernel.dsv4_formats_ref import ROW_FORMATS, row_width
 from sglang.srt.layers.attention.dsv4.hadamard import hadamard_rotate
 from sglang.srt.mem_cache.kv_formats import (
     DenseFormat,
@@ -26,6 +28,7 @@ from sglang.srt.mem_cache.kv_formats import (
     make_index_key_format,
     make_kv_format,
 )
+from sglang.srt.server_args import KV_CACHE_DTYPES
 
 E2M1_GRID = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
 
@@ -275,7 +278,20 @@ def test_store_scattered_then_load_any_shape(fmt: EntryFormat):
     assert fmt.load(buf, slots[0]).shape == (fmt.dim,)  # 0-d slot
 
 
+@pytest.mark.parametrize("fmt", ALL_FORMATS, ids=lambda f: f"{type(f).__name__}-{f.dim}-{f.name}")
+def test_each_format_names_its_kernel_row_layout(fmt: EntryFormat):
+    assert fmt.kernel_format in ROW_FORMATS
+    assert fmt.row_width == row_width(fmt.kernel_format, fmt.dim, fmt.fp8_rope_dim, fmt.storage_dtype)
+    assert fmt.fp8_rope_dim == (fmt.rope_dim if isinstance(fmt, Fp8KVFormat) else 0)
+    assert (fmt.storage_dtype == torch.uint8) == (fmt.kernel_format != "dense")
+
+
 # ----------------------------------------------------------------------------- factories
+
+
+def test_every_kv_cache_dtype_flag_value_has_a_format():
+    kernel_formats = {make_kv_format(v, 512, 64, torch.bfloat16).kernel_format for v in KV_CACHE_DTYPES}
+    assert kernel_formats == {"dense", "fp8_kv"}
 
 
 def test_factories():

@@ -1,7 +1,9 @@
-"""sgl_kernel: Triton kernels for the DeepSeek-V4 engine.
+"""sgl_kernel: Triton kernels for the DeepSeek-V4 engine (no engine imports).
 
-One op per file, each with a torch reference (`<op>_ref`) of the same signature beside it; no engine imports.
-The kernels arrive with the GPU compressed-attention work; until then this package holds only its skeleton.
+One op per file (dsv4_<op>.py), each with a torch reference `<op>_ref` of the same signature, re-exported beside
+it. The references and the cache-row layouts live in Triton-free modules, dsv4_attention_ref.py and
+dsv4_formats_ref.py: the engine encodes its cache rows and runs its torch attention backend with them, on machines
+without Triton too.
 """
 
 __version__ = "0.1.0.dev0"

@@ -16,8 +16,9 @@ Grid: one program per entry. The S slots are read in chunks of BLOCK_S rows (onl
 max, running sum, running weighted sum) with the whole head_dim in registers, so every needed source half-row is
 read once from HBM and the output row is written once; nothing is materialised in between.
 
-Exactness: every cast and quantization step follows the engine (`Compressor.finish` + kv_formats) bit for bit, with
-the fp32 -> bf16 / e4m3 / e2m1 roundings done on integer bits so the interpreter and the GPU agree. The float
+Exactness: every cast and quantization step follows `dsv4_compress_ref` (what the engine's torch backend runs)
+bit for bit, with the fp32 -> bf16 / e4m3 / e2m1 roundings done on integer bits so the interpreter and the GPU
+agree. The float
 pipeline before them (exp, summation order of the pool and of mean(y^2), sqrt, cos/sin, FMA contraction) matches
 the torch reference to a few fp32 ulps only, so a value that lands within that distance of a rounding boundary of
 the compute dtype / e4m3 / e2m1 may come out one step apart (see test/kernels/test_dsv4_compress.py).
@@ -34,11 +35,10 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl_kernel.dsv4_formats_ref import (
-    COMPUTE_DTYPES, FP4_MAX, FP8_INDEX_BLOCK, FP8_KV_AMAX_FLOOR, FP8_MAX, OUT_FORMATS, hadamard_ref, quantize_ref,
-    rms_norm_ref, rope_ref, round_to, row_width)
+from sgl_kernel.dsv4_attention_ref import check_compress_args, dsv4_compress_ref, dsv4_update_ring_ref, pool_ref
+from sgl_kernel.dsv4_formats_ref import FP4_MAX, FP8_INDEX_BLOCK, FP8_KV_AMAX_FLOOR, FP8_MAX, ROW_FORMATS
 
-_FORMAT_ID = {name: i for i, name in enumerate(OUT_FORMATS)}  # dense 0, fp8_kv 1, fp8_index 2, fp4_index 3
+_FORMAT_ID = {name: i for i, name in enumerate(ROW_FORMATS)}  # dense 0, fp8_kv 1, fp8_index 2, fp4_index 3
 _DTYPE_ID = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _TILE_ELEMS = 8192  # content elements of one [BLOCK_S, BLOCK_D] chunk
 
@@ -305,47 +305,6 @@ def _update_ring_kernel(ring_ptr, fresh_ptr, dst_ptr, src_ptr, ring_row_stride, 
 # ----------------------------------------------------------------------------- wrappers
 
 
-def _check_inputs(ring, fresh, source_rows, ratio, overlap, head_dim, norm_weight, positions, inv_freq, rope_dim,
-                  out_cache, out_slots, out_format, hadamard, compute_dtype) -> None:
-    c = 2 * head_dim if overlap else head_dim
-    s = 2 * ratio if overlap else ratio
-    n = source_rows.shape[0]
-    assert ring.dim() == 3 and ring.shape[1:] == (2, c) and ring.dtype == torch.float32, \
-        f"ring must be fp32 [Rr, 2, {c}], got {ring.dtype} {tuple(ring.shape)}"
-    assert fresh.dim() == 3 and fresh.shape[1:] == (2, c) and fresh.dtype == torch.float32, \
-        f"fresh must be fp32 [T, 2, {c}], got {fresh.dtype} {tuple(fresh.shape)}"
-    assert ring.stride(2) == 1 and fresh.stride(2) == 1, "ring / fresh channels must be contiguous"
-    assert source_rows.dim() == 2 and source_rows.shape[1] == s and source_rows.dtype == torch.int64 \
-        and source_rows.is_contiguous(), f"source_rows must be contiguous int64 [N, {s}], got {source_rows.dtype} " \
-                                         f"{tuple(source_rows.shape)}"
-    assert norm_weight.shape == (head_dim,), f"norm_weight must be [{head_dim}], got {tuple(norm_weight.shape)}"
-    assert positions.shape == (n,) and out_slots.shape == (n,), \
-        f"positions {tuple(positions.shape)} and out_slots {tuple(out_slots.shape)} must be [{n}]"
-    assert not positions.is_floating_point() and not out_slots.is_floating_point(), "positions / out_slots: integers"
-    assert all(t.is_contiguous() for t in (norm_weight, positions, inv_freq, out_slots)), \
-        "norm_weight, positions, inv_freq and out_slots must be contiguous"
-    assert len({t.device for t in (ring, fresh, source_rows, norm_weight, positions, inv_freq, out_cache,
-                                   out_slots)}) == 1, "all tensors must be on one device"
-    assert rope_dim % 2 == 0 and head_dim % 2 == 0 and 0 <= rope_dim <= head_dim, \
-        f"rope_dim {rope_dim} and head_dim {head_dim} must be even with rope_dim <= head_dim"
-    assert inv_freq.shape == (rope_dim // 2,) and inv_freq.dtype == torch.float32, \
-        f"inv_freq must be fp32 [{rope_dim // 2}], got {inv_freq.dtype} {tuple(inv_freq.shape)}"
-    assert compute_dtype in COMPUTE_DTYPES, f"compute_dtype {compute_dtype} not in {COMPUTE_DTYPES}"
-    assert out_format in OUT_FORMATS, f"out_format {out_format!r} not in {OUT_FORMATS}"
-    assert not hadamard or head_dim & (head_dim - 1) == 0, f"hadamard needs a power-of-two head_dim, got {head_dim}"
-    if out_format == "fp8_kv":
-        nope = head_dim - rope_dim
-        assert nope > 0 and nope % 64 == 0, f"fp8_kv: head_dim - rope_dim = {nope} must be a positive multiple of 64"
-    if out_format == "fp4_index":
-        assert head_dim % 32 == 0, f"fp4_index: head_dim {head_dim} must be a multiple of 32"
-    dense_dtype = out_cache.dtype if out_format == "dense" else torch.uint8
-    assert out_format != "dense" or dense_dtype in _DTYPE_ID, f"dense out_cache dtype {dense_dtype} not supported"
-    width = row_width(out_format, head_dim, rope_dim, dense_dtype)
-    assert out_cache.dim() == 2 and out_cache.shape[1] == width and out_cache.dtype == dense_dtype \
-        and out_cache.stride(1) == 1, f"out_cache for {out_format} must be {dense_dtype} [rows, {width}] with " \
-                                      f"contiguous rows, got {out_cache.dtype} {tuple(out_cache.shape)}"
-
-
 def dsv4_compress(ring: torch.Tensor, fresh: torch.Tensor, source_rows: torch.Tensor, *, ratio: int, overlap: bool,
                   head_dim: int, norm_weight: torch.Tensor, eps: float, positions: torch.Tensor,
                   inv_freq: torch.Tensor, rope_dim: int, out_cache: torch.Tensor, out_slots: torch.Tensor,
@@ -358,8 +317,8 @@ def dsv4_compress(ring: torch.Tensor, fresh: torch.Tensor, source_rows: torch.Te
     inv_freq [rope_dim/2] fp32 (YaRN folded in); out_cache [rows, width] in `out_format`; out_slots [N].
     compute_dtype: the model dtype the engine rounds to after pooling, RMSNorm, RoPE and Hadamard.
     """
-    _check_inputs(ring, fresh, source_rows, ratio, overlap, head_dim, norm_weight, positions, inv_freq, rope_dim,
-                  out_cache, out_slots, out_format, hadamard, compute_dtype)
+    check_compress_args(ring, fresh, source_rows, ratio, overlap, head_dim, norm_weight, positions, inv_freq, rope_dim,
+                        out_cache, out_slots, out_format, hadamard, compute_dtype)
     n = source_rows.shape[0]
     if n == 0:
         return
@@ -393,48 +352,6 @@ def dsv4_update_ring(ring: torch.Tensor, ring_dst: torch.Tensor, fresh: torch.Te
     _update_ring_kernel[(ring_dst.numel(),)](ring, fresh, ring_dst, ring_src, ring.stride(0), fresh.stride(0),
                                              WIDTH=width, BLOCK=min(triton.next_power_of_2(width), 2048),
                                              num_warps=4)
-
-
-# ----------------------------------------------------------------------------- torch reference
-
-
-def pool_ref(ring: torch.Tensor, fresh: torch.Tensor, source_rows: torch.Tensor, ratio: int, overlap: bool,
-             head_dim: int) -> torch.Tensor:
-    """[N, head_dim] fp32 channel-wise softmax pool (the engine's TorchAttnBackend.forward_compressor math)."""
-    src = torch.cat((ring, fresh), dim=0)
-    rows = src[source_rows.clamp(min=0)]  # [N, S, 2, C]
-    if overlap:
-        m, d = ratio, head_dim
-        content = torch.cat((rows[:, :m, 0, :d], rows[:, m:, 0, d:]), dim=1)
-        logits = torch.cat((rows[:, :m, 1, :d], rows[:, m:, 1, d:]), dim=1)
-    else:
-        content, logits = rows[:, :, 0], rows[:, :, 1]
-    empty = (source_rows < 0)[:, :, None]
-    logits = logits.masked_fill(empty, float("-inf"))
-    content = content.masked_fill(empty, 0.0)
-    return (content * logits.softmax(dim=1)).sum(dim=1)
-
-
-def dsv4_compress_ref(ring: torch.Tensor, fresh: torch.Tensor, source_rows: torch.Tensor, *, ratio: int,
-                      overlap: bool, head_dim: int, norm_weight: torch.Tensor, eps: float, positions: torch.Tensor,
-                      inv_freq: torch.Tensor, rope_dim: int, out_cache: torch.Tensor, out_slots: torch.Tensor,
-                      out_format: str, hadamard: bool = False, compute_dtype: torch.dtype = torch.float32) -> None:
-    """Torch reference of dsv4_compress (same signature and effect)."""
-    _check_inputs(ring, fresh, source_rows, ratio, overlap, head_dim, norm_weight, positions, inv_freq, rope_dim,
-                  out_cache, out_slots, out_format, hadamard, compute_dtype)
-    if source_rows.shape[0] == 0:
-        return
-    y = round_to(pool_ref(ring, fresh, source_rows, ratio, overlap, head_dim), compute_dtype)
-    y = rms_norm_ref(y, norm_weight, eps, compute_dtype)
-    y = rope_ref(y, positions, inv_freq, rope_dim, compute_dtype)
-    if hadamard:
-        y = hadamard_ref(y, compute_dtype)
-    out_cache[out_slots] = quantize_ref(y, out_format, rope_dim, out_cache.dtype)
-
-
-def dsv4_update_ring_ref(ring: torch.Tensor, ring_dst: torch.Tensor, fresh: torch.Tensor,
-                         ring_src: torch.Tensor) -> None:
-    ring[ring_dst] = fresh[ring_src]
 
 
 __all__ = ["dsv4_compress", "dsv4_compress_ref", "dsv4_update_ring", "dsv4_update_ring_ref", "pool_ref"]

@@ -4,11 +4,11 @@
     out[t, e] = -inf                                                                       otherwise
 
 Letters: T query rows, H (= nI) indexer heads, D (= dI) head dim, R candidate lists, E candidates per list.
-Keys are read straight from the indexer key pool in one of three byte layouts (the engine's `kv_formats`):
+Keys are read straight from the indexer key pool in one of three row layouts (dsv4_formats_ref.py):
 
-* "dense": [N, D] in a float dtype.
-* "fp8":   row = D e4m3 bytes, then one little-endian fp32 scale per 128 values (D <= 128 here: one scale).
-* "fp4":   row = D/2 bytes of e2m1 codes (low nibble = even index), then one ue8m0 byte 2^(b-127) per 32.
+* "dense":     [N, D] in a float dtype.
+* "fp8_index": row = D e4m3 bytes, then one little-endian fp32 scale per 128 values (D <= 128 here: one scale).
+* "fp4_index": row = D/2 bytes of e2m1 codes (low nibble = even index), then one ue8m0 byte 2^(b-127) per 32.
 
 Design: the op is a skinny GEMM per row, [H, D] x [D, E], bound by reading the keys. A program owns a tile of
 BLOCK_T rows and a run of E_BLOCKS x BLOCK_E candidates; it loads the rows' queries once as an [BLOCK_T*H, D]
@@ -34,15 +34,15 @@ import torch
 import triton
 import triton.language as tl
 
-FORMATS = ("dense", "fp8", "fp4")
-_FORMAT_ID = {"dense": 0, "fp8": 1, "fp4": 2}
-FP8_BLOCK, FP4_BLOCK = 128, 32
+from sgl_kernel.dsv4_attention_ref import KEY_FORMATS, check_index_logits_args, dsv4_index_logits_ref
+from sgl_kernel.dsv4_formats_ref import FP8_INDEX_BLOCK
+
+_FORMAT_ID = {name: i for i, name in enumerate(KEY_FORMATS)}  # dense 0, fp8_index 1, fp4_index 2
 _DOT_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 BLOCK_E = 64  # candidates per tl.dot (the N of the GEMM)
 E_BLOCKS = 8  # candidate blocks per program: the queries are loaded once per 512 candidates
 PREFILL_ROWS_PER_TILE = 8  # rows sharing one dequantized key tile when rows share candidate lists
-_REF_GATHER_BYTES = 256 << 20  # the reference gathers keys [rows, E, D] fp32 in blocks of at most this
 
 
 @triton.jit
@@ -144,30 +144,12 @@ def _dsv4_index_logits_kernel(q_ptr, w_ptr, cache_ptr, cand_ptr, row_map_ptr, vi
                      mask=mine[:, None] & (e < E)[None, :])
 
 
-def _check(q, weights, key_cache, key_format, cand_slots, row_map, visible, out) -> None:
-    assert q.dim() == 3 and q.dtype in _DOT_DTYPES and q.stride(2) == 1, \
-        "q: [T, nI, dI] fp32/bf16/fp16, last dim contiguous"
-    T, H, D = q.shape
+def _check_kernel_limits(q: torch.Tensor, key_format: str) -> None:
+    """What the kernel needs beyond the op's contract: tl.arange over dI, and one fp8 scale per row."""
+    D = q.shape[2]
     assert D >= 16 and D & (D - 1) == 0, f"dI must be a power of two >= 16, got {D}"
-    assert weights.shape == (T, H) and weights.stride(1) == 1, "weights: [T, nI], last dim contiguous"
-    assert key_format in FORMATS, f"key_format {key_format!r} not in {FORMATS}"
-    assert key_cache.dim() == 2 and key_cache.stride(1) == 1, "key_cache: [N, row width] with contiguous rows"
-    if key_format == "dense":
-        assert key_cache.is_floating_point() and key_cache.shape[1] == D, "dense keys: [N, dI] floats"
-    elif key_format == "fp8":
-        assert D <= FP8_BLOCK, f"fp8 keys: one scale per row supported (dI <= {FP8_BLOCK}), got dI={D}"
-        assert key_cache.dtype == torch.uint8 and key_cache.shape[1] == D + 4, "fp8 keys: uint8 rows of dI + 4 bytes"
-    else:
-        assert D % FP4_BLOCK == 0, f"fp4 keys: dI must be a multiple of {FP4_BLOCK}"
-        assert key_cache.dtype == torch.uint8 and key_cache.shape[1] == D // 2 + D // FP4_BLOCK, \
-            "fp4 keys: uint8 rows of dI/2 + dI/32 bytes"
-    assert cand_slots.dim() == 2 and not cand_slots.is_floating_point(), "cand_slots: [R, E] integers"
-    assert cand_slots.stride(1) == 1 or cand_slots.shape[1] <= 1, "cand_slots: last dim contiguous"
-    assert row_map is None or row_map.shape == (T,), "row_map: [T] or None"
-    assert row_map is not None or cand_slots.shape[0] >= T, "without row_map, cand_slots needs one row per query"
-    assert visible.shape == (T,), "visible: [T]"
-    assert out.shape == (T, cand_slots.shape[1]) and out.dtype == torch.float32, "out: [T, E] fp32"
-    assert out.stride(1) == 1 or out.shape[1] <= 1, "out: last dim contiguous"
+    assert key_format != "fp8_index" or D <= FP8_INDEX_BLOCK, \
+        f"fp8_index keys: one scale per row supported (dI <= {FP8_INDEX_BLOCK}), got dI={D}"
 
 
 def _launch_config(shared_lists: bool, heads_pad: int) -> dict:
@@ -187,7 +169,8 @@ def dsv4_index_logits(q: torch.Tensor, weights: torch.Tensor, key_cache: torch.T
                       out: torch.Tensor, launch_config: Optional[dict] = None) -> torch.Tensor:
     """Index logits of every (row, candidate) into the caller's `out` [T, E] fp32 (all of it written).
     launch_config overrides `_launch_config` (benchmark sweeps)."""
-    _check(q, weights, key_cache, key_format, cand_slots, row_map, visible, out)
+    check_index_logits_args(q, weights, key_cache, key_format, cand_slots, row_map, visible, out)
+    _check_kernel_limits(q, key_format)
     T, H, D = q.shape
     R, E = cand_slots.shape
     if T == 0 or E == 0:
@@ -207,43 +190,4 @@ def dsv4_index_logits(q: torch.Tensor, weights: torch.Tensor, key_cache: torch.T
     return out
 
 
-# ---------------------------------------------------------------------------------------------- reference
-
-
-def _dequant_keys_ref(rows: torch.Tensor, key_format: str, dim: int) -> torch.Tensor:
-    """Pool rows [..., width] -> keys [..., dim] fp32, decoding the byte layouts above."""
-    if key_format == "dense":
-        return rows.float()
-    lead = rows.shape[:-1]
-    if key_format == "fp8":
-        nb = -(-dim // FP8_BLOCK)
-        vals = rows[..., :dim].contiguous().view(torch.float8_e4m3fn).float()
-        scale = rows[..., dim:dim + 4 * nb].contiguous().view(torch.float32)  # [..., nb]
-        return vals * scale.repeat_interleave(FP8_BLOCK, dim=-1)[..., :dim]
-    packed = rows[..., :dim // 2].to(torch.int32)
-    codes = torch.stack((packed & 15, packed >> 4), dim=-1).reshape(*lead, dim)
-    lut = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], device=rows.device)
-    vals = torch.where(codes >= 8, -lut[codes & 7], lut[codes & 7])
-    scale = (rows[..., dim // 2:].to(torch.int32) << 23).view(torch.float32)  # [..., dim/32]
-    return vals * scale.repeat_interleave(FP4_BLOCK, dim=-1)
-
-
-def dsv4_index_logits_ref(q: torch.Tensor, weights: torch.Tensor, key_cache: torch.Tensor, key_format: str,
-                          cand_slots: torch.Tensor, row_map: Optional[torch.Tensor], visible: torch.Tensor,
-                          out: torch.Tensor) -> torch.Tensor:
-    """Torch reference (fp32): gathers each row block's keys, einsum, ReLU, head weights, -inf past visible."""
-    _check(q, weights, key_cache, key_format, cand_slots, row_map, visible, out)
-    T, H, D = q.shape
-    E = cand_slots.shape[1]
-    if T == 0 or E == 0:
-        return out
-    src = row_map if row_map is not None else torch.arange(T, device=q.device)
-    e = torch.arange(E, device=q.device)
-    step = max(1, _REF_GATHER_BYTES // (E * D * 4))
-    for lo in range(0, T, step):
-        hi = min(lo + step, T)
-        keys = _dequant_keys_ref(key_cache[cand_slots[src[lo:hi]].clamp(min=0).long()], key_format, D)  # [t, E, D]
-        scores = torch.einsum("thd,ted->the", q[lo:hi].float(), keys).relu()
-        logits = torch.einsum("the,th->te", scores, weights[lo:hi].float())
-        out[lo:hi] = logits.masked_fill(e[None, :] >= visible[lo:hi, None], float("-inf"))
-    return out
+__all__ = ["dsv4_index_logits", "dsv4_index_logits_ref"]

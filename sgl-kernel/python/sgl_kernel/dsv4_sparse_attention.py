@@ -50,12 +50,10 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl_kernel.dsv4_store_kv import check_fp8_kv_dims, check_kv_cache, fp8_kv_dequantize_ref
+from sgl_kernel.dsv4_attention_ref import check_sparse_attention_args, dsv4_sparse_attention_ref
 
 _LOG2E = tl.constexpr(1.4426950408889634)
 _NEG_BIG = tl.constexpr(-1.0e30)  # finite "-inf" for running maxima: exp2 of differences never makes NaN
-_DENSE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-_INDEX_DTYPES = (torch.int32, torch.int64)
 MIN_KEYS_PER_SPLIT = 128  # a split smaller than this costs more in partial traffic than it gains
 _COMBINE_BD, _COMBINE_BS = 128, 16  # combine: D columns and splits per program step
 
@@ -301,44 +299,6 @@ def _dot_dtype(q_dtype: torch.dtype, cache_dtype: torch.dtype, fp8: bool):
     return tl.float32, True
 
 
-def _check_index(name: str, x: torch.Tensor, ndim: int, rows=None) -> None:
-    assert x.dtype in _INDEX_DTYPES and x.is_contiguous(), f"{name} must be contiguous int32/int64, got {x.dtype}"
-    assert x.dim() == ndim and (rows is None or x.shape[0] == rows), (
-        f"{name}: expected {ndim}-D with {rows} rows, got shape {tuple(x.shape)}")
-
-
-def _check_args(q, window_cache, window_slots, extra_cache, extra_slots, extra_row_map, extra_len, sink,
-                softmax_scale, fp8_rope_dim, out) -> None:
-    assert q.dim() == 3 and q.dtype in _DENSE_DTYPES and q.stride(-1) == 1, (
-        f"q must be [T, H, D] float32/bfloat16/float16 with unit stride on D, got {tuple(q.shape)} {q.dtype}")
-    t, h, d = q.shape
-    if fp8_rope_dim > 0:
-        check_fp8_kv_dims(d, fp8_rope_dim)
-    check_kv_cache("window_cache", window_cache, d, fp8_rope_dim)
-    _check_index("window_slots", window_slots, 2, t)
-    assert (extra_cache is None) == (extra_slots is None), "pass extra_cache and extra_slots together"
-    if extra_cache is not None:
-        check_kv_cache("extra_cache", extra_cache, d, fp8_rope_dim)
-        assert extra_cache.dtype == window_cache.dtype, "window and extra caches must share one format"
-        _check_index("extra_slots", extra_slots, 2)
-        if extra_row_map is None:
-            assert extra_slots.shape[0] == t, f"without extra_row_map, extra_slots needs one list per row (R == T={t})"
-        else:
-            _check_index("extra_row_map", extra_row_map, 1, t)
-        if extra_len is not None:
-            _check_index("extra_len", extra_len, 1, t)
-    else:
-        assert extra_row_map is None and extra_len is None, "extra_row_map / extra_len need extra_slots"
-    assert sink is not None and softmax_scale is not None, "sink and softmax_scale are required"
-    assert sink.shape == (h,) and sink.is_floating_point() and sink.is_contiguous(), f"sink must be [H={h}] float"
-    if out is not None:
-        assert out.shape == q.shape and out.dtype == q.dtype and out.stride(-1) == 1, (
-            f"out must be {tuple(q.shape)} {q.dtype} with unit stride on D")
-    devices = {x.device for x in (q, window_cache, window_slots, extra_cache, extra_slots, extra_row_map, extra_len,
-                                  sink, out) if x is not None}
-    assert len(devices) == 1, f"all tensors must be on one device, got {devices}"
-
-
 def dsv4_sparse_attention(q, window_cache, window_slots, extra_cache=None, extra_slots=None, extra_row_map=None,
                           extra_len=None, sink=None, softmax_scale=None, fp8_rope_dim=0, out=None,
                           num_splits=None, launch_config=None) -> torch.Tensor:
@@ -350,8 +310,8 @@ def dsv4_sparse_attention(q, window_cache, window_slots, extra_cache=None, extra
     fp8_rope_dim > 0 selects the FP8 cache layout. num_splits: key splits (None: `pick_num_splits`).
     launch_config: overrides `_launch_config` (benchmark sweeps).
     """
-    _check_args(q, window_cache, window_slots, extra_cache, extra_slots, extra_row_map, extra_len, sink,
-                softmax_scale, fp8_rope_dim, out)
+    check_sparse_attention_args(q, window_cache, window_slots, extra_cache, extra_slots, extra_row_map, extra_len,
+                                sink, softmax_scale, fp8_rope_dim, out)
     t, h, d = q.shape
     out = torch.empty_like(q) if out is None else out
     if t == 0:
@@ -386,7 +346,8 @@ def dsv4_sparse_attention(q, window_cache, window_slots, extra_cache=None, extra
         D=d, HALF=half, ROPE=rope, ROW=window_cache.shape[1],
         HAS_EXTRA=has_extra, HAS_ROW_MAP=has_extra and extra_row_map is not None,
         HAS_LEN=has_extra and extra_len is not None, SPLIT=splits > 1,
-        DOT_DTYPE=dot_dtype, DOT_IEEE=dot_ieee, BH=bh, BN=bn, DV_SPLIT=dv_split, LOADER=cfg.get("LOADER", 0) if half >= 64 else 0,
+        DOT_DTYPE=dot_dtype, DOT_IEEE=dot_ieee, BH=bh, BN=bn, DV_SPLIT=dv_split,
+        LOADER=cfg.get("LOADER", 0) if half >= 64 else 0,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     if splits > 1:
@@ -398,38 +359,4 @@ def dsv4_sparse_attention(q, window_cache, window_slots, extra_cache=None, extra
     return out
 
 
-# ----------------------------------------------------------------------------- reference
-
-
-def _gather(cache: torch.Tensor, slots: torch.Tensor, d: int, rope: int) -> torch.Tensor:
-    rows = cache[slots.clamp(min=0).long()]
-    return fp8_kv_dequantize_ref(rows, d, rope) if rope > 0 else rows.to(torch.float32)
-
-
-def dsv4_sparse_attention_ref(q, window_cache, window_slots, extra_cache=None, extra_slots=None,
-                              extra_row_map=None, extra_len=None, sink=None, softmax_scale=None, fp8_rope_dim=0,
-                              out=None, num_splits=None, row_block: int = 64) -> torch.Tensor:
-    """Torch reference of `dsv4_sparse_attention`: gathers keys, computes in fp32 (num_splits is ignored)."""
-    _check_args(q, window_cache, window_slots, extra_cache, extra_slots, extra_row_map, extra_len, sink,
-                softmax_scale, fp8_rope_dim, out)
-    t, h, d = q.shape
-    rope = max(fp8_rope_dim, 0)
-    out = torch.empty_like(q) if out is None else out
-    for lo in range(0, t, row_block):
-        hi = min(lo + row_block, t)
-        win = window_slots[lo:hi]
-        keys, valid = [_gather(window_cache, win, d, rope)], [win >= 0]
-        if extra_slots is not None:
-            lists = extra_slots[extra_row_map[lo:hi].long()] if extra_row_map is not None else extra_slots[lo:hi]
-            ok = lists >= 0
-            if extra_len is not None:
-                ok &= torch.arange(lists.shape[1], device=q.device)[None, :] < extra_len[lo:hi, None]
-            keys.append(_gather(extra_cache, lists, d, rope))
-            valid.append(ok)
-        keys, valid = torch.cat(keys, dim=1), torch.cat(valid, dim=1)  # [t, J, D], [t, J]
-        scores = torch.einsum("thd,tjd->thj", q[lo:hi].float(), keys) * softmax_scale
-        scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
-        sinks = sink.float()[None, :, None].expand(hi - lo, h, 1)
-        lse = torch.logsumexp(torch.cat((scores, sinks), dim=-1), dim=-1, keepdim=True)
-        out[lo:hi] = torch.einsum("thj,tjd->thd", torch.exp(scores - lse), keys).to(q.dtype)
-    return out
+__all__ = ["dsv4_sparse_attention", "dsv4_sparse_attention_ref", "pick_num_splits"]

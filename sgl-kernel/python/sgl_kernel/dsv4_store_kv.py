@@ -11,8 +11,8 @@ Two encodings, chosen by `fp8_rope_dim` (docs/dsv4-architecture.md 5.2 and 9.4):
   `e = ceil(log2(max(amax|x|, 1e-4) / 448))` clamped to [-126, 126], `q = e4m3_rne(clamp(x * 2^-e, +-448))`,
   scale byte `127 + e`; the rope values are rounded to bf16.
 
-Byte-identical to the engine's `Fp8KVFormat(D, R).store` / `DenseFormat(D, dtype).store`
-(sglang/srt/mem_cache/kv_formats.py; this package does not import the engine, the test compares them).
+Byte-identical to `dsv4_store_kv_ref` (dsv4_attention_ref.py), which encodes through the one definition of the
+row layouts (dsv4_formats_ref.py; the engine's `Fp8KVFormat` / `DenseFormat` store through it too).
 Everything is computed exactly in integer / fp32 arithmetic so CPU (interpreter) and GPU agree bit for bit:
 the exponent from the fp32 bits (`e = E - 126 - 9 + (mantissa > 0.75)`, since 448 = 0.875 * 2^9, which is
 the frexp form of `ceil(log2(amax / 448))` with no division or log), 2^-e built from exponent bits, and the
@@ -31,33 +31,19 @@ import torch
 import triton
 import triton.language as tl
 
-FP8_MAX = 448.0  # largest finite float8_e4m3fn
-FP8_BLOCK = 64  # nope values per ue8m0 scale
-AMAX_FLOOR = 1e-4  # the reference's floor: all-zero blocks keep a finite scale
+from sgl_kernel.dsv4_attention_ref import check_store_kv_args, dsv4_store_kv_ref
+from sgl_kernel.dsv4_formats_ref import FP8_KV_AMAX_FLOOR, FP8_KV_BLOCK, FP8_MAX, fp8_kv_row_bytes
+
 _E_MIN, _E_MAX = -126, 126  # 2^e and 2^-e both normal fp32
 _QMAX_MANT, _QMAX_EXP = math.frexp(FP8_MAX)  # 448 = 0.875 * 2^9
 # frexp mantissa m = (1 + f) / 2 > 0.875  <=>  fp32 mantissa bits f * 2^23 > (2 * 0.875 - 1) * 2^23
 _QMAX_MANT_BITS = int((2 * _QMAX_MANT - 1) * (1 << 23))
-_DENSE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # the same numbers as constexprs for the kernels (jit code may only read constexpr globals)
 _FP8_MAX_C = tl.constexpr(FP8_MAX)
-_AMAX_FLOOR_C = tl.constexpr(AMAX_FLOOR)
+_AMAX_FLOOR_C = tl.constexpr(FP8_KV_AMAX_FLOOR)
 _QMAX_EXP_C = tl.constexpr(_QMAX_EXP)
 _QMAX_MANT_BITS_C = tl.constexpr(_QMAX_MANT_BITS)
 _E_MIN_C, _E_MAX_C = tl.constexpr(_E_MIN), tl.constexpr(_E_MAX)
-
-
-def fp8_kv_row_bytes(dim: int, rope_dim: int) -> int:
-    """Bytes of one FP8 main-KV row: nope e4m3 + rope bf16 + one scale per 64 nope values, padded to 8."""
-    nope = dim - rope_dim
-    return -(-(nope + 2 * rope_dim + nope // FP8_BLOCK) // 8) * 8
-
-
-def check_fp8_kv_dims(dim: int, rope_dim: int) -> None:
-    nope = dim - rope_dim
-    assert rope_dim > 0 and nope > 0 and nope % FP8_BLOCK == 0, (
-        f"FP8 KV layout needs 0 < rope_dim < dim and (dim - rope_dim) % {FP8_BLOCK} == 0, "
-        f"got dim={dim} rope_dim={rope_dim}")
 
 
 # ----------------------------------------------------------------------------- kernel
@@ -144,44 +130,17 @@ def _dsv4_store_kv_kernel(
 # ----------------------------------------------------------------------------- wrapper
 
 
-def check_kv_cache(name: str, cache: torch.Tensor, d: int, rope: int) -> None:
-    """A window / compressed KV pool: contiguous [N, D] floats, or uint8 [N, row] FP8 rows when rope > 0."""
-    assert cache.dim() == 2 and cache.is_contiguous(), (
-        f"{name} must be a contiguous 2-D tensor, got {tuple(cache.shape)}")
-    if rope > 0:
-        row = fp8_kv_row_bytes(d, rope)
-        assert cache.dtype == torch.uint8 and cache.shape[1] == row, (
-            f"{name}: FP8 cache must be uint8 [N, {row}] for D={d} rope={rope}, got {cache.dtype} {tuple(cache.shape)}")
-    else:
-        assert cache.dtype in _DENSE_DTYPES and cache.shape[1] == d, (
-            f"{name}: dense cache must be float32/bfloat16/float16 [N, {d}], got {cache.dtype} {tuple(cache.shape)}")
-
-
-def _check_args(cache: torch.Tensor, slots: torch.Tensor, values: torch.Tensor, fp8_rope_dim: int) -> None:
-    assert values.dim() == 2 and values.dtype in _DENSE_DTYPES, (
-        f"values must be [N, D] float32/bfloat16/float16, got {tuple(values.shape)} {values.dtype}")
-    assert values.stride(-1) == 1, "values must be contiguous along D"
-    n, d = values.shape
-    assert slots.dim() == 1 and slots.shape[0] == n and slots.dtype in (torch.int32, torch.int64), (
-        f"slots must be [N={n}] int32/int64, got {tuple(slots.shape)} {slots.dtype}")
-    assert slots.is_contiguous(), "slots must be contiguous"
-    assert cache.device == values.device == slots.device, "cache, slots and values must be on one device"
-    if fp8_rope_dim > 0:
-        check_fp8_kv_dims(d, fp8_rope_dim)
-    check_kv_cache("cache", cache, d, fp8_rope_dim)
-
-
 def dsv4_store_kv(cache: torch.Tensor, slots: torch.Tensor, values: torch.Tensor, fp8_rope_dim: int = 0) -> None:
     """Encode `values` [N, D] and write them to rows `slots` [N] of `cache` (rows with slot < 0 are skipped).
 
     cache: dense [S, D] (float32/bfloat16/float16) when fp8_rope_dim == 0, else uint8 [S, fp8_kv_row_bytes(D, R)].
     """
-    _check_args(cache, slots, values, fp8_rope_dim)
+    check_store_kv_args(cache, slots, values, fp8_rope_dim)
     n, d = values.shape
     if n == 0:
         return
     rope = fp8_rope_dim if fp8_rope_dim > 0 else 0
-    nope_blocks = (d - rope) // FP8_BLOCK if rope else 1
+    nope_blocks = (d - rope) // FP8_KV_BLOCK if rope else 1
     _dsv4_store_kv_kernel[(n,)](
         cache, slots, values, values.stride(0),
         D=d, ROPE=rope, ROW=cache.shape[1], D_PAD=triton.next_power_of_2(d),
@@ -190,43 +149,4 @@ def dsv4_store_kv(cache: torch.Tensor, slots: torch.Tensor, values: torch.Tensor
     )
 
 
-# ----------------------------------------------------------------------------- reference
-
-
-def fp8_kv_quantize_ref(values: torch.Tensor, rope_dim: int) -> torch.Tensor:
-    """[N, D] floats -> [N, row_bytes] uint8 rows of the FP8 layout (torch, exact; the kernel's oracle)."""
-    x = values.to(torch.float32)
-    n, d = x.shape
-    nope = d - rope_dim
-    blocks = x[:, :nope].reshape(n, nope // FP8_BLOCK, FP8_BLOCK)
-    amax = blocks.abs().amax(-1, keepdim=True).clamp_min(AMAX_FLOOR)
-    mant, exp = torch.frexp(amax)  # amax = mant * 2^exp, mant in [0.5, 1): ceil(log2(amax/448)) without rounding
-    e = (exp - _QMAX_EXP + (mant > _QMAX_MANT).to(exp.dtype)).clamp(_E_MIN, _E_MAX).to(torch.int32)
-    inv_scale = ((127 - e) << 23).view(torch.float32)
-    q = (blocks * inv_scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).view(torch.uint8).reshape(n, nope)
-    rope = x[:, nope:].to(torch.bfloat16).contiguous().view(torch.uint8)
-    scales = (e + 127).to(torch.uint8).reshape(n, -1)
-    pad = torch.zeros(n, fp8_kv_row_bytes(d, rope_dim) - nope - 2 * rope_dim - scales.shape[1],
-                      dtype=torch.uint8, device=x.device)
-    return torch.cat([q, rope, scales, pad], dim=1)
-
-
-def fp8_kv_dequantize_ref(rows: torch.Tensor, dim: int, rope_dim: int) -> torch.Tensor:
-    """[..., row_bytes] uint8 FP8 rows -> [..., dim] float32 (scale byte 0 decodes to 0)."""
-    nope = dim - rope_dim
-    lead = rows.shape[:-1]
-    q = rows[..., :nope].contiguous().view(torch.float8_e4m3fn).to(torch.float32)
-    sbytes = rows[..., nope + 2 * rope_dim: nope + 2 * rope_dim + nope // FP8_BLOCK]
-    scale = (sbytes.to(torch.int32) << 23).view(torch.float32)
-    vals = (q.reshape(*lead, -1, FP8_BLOCK) * scale.unsqueeze(-1)).reshape(*lead, nope)
-    rope = rows[..., nope: nope + 2 * rope_dim].contiguous().view(torch.bfloat16).to(torch.float32)
-    return torch.cat([vals, rope], dim=-1)
-
-
-def dsv4_store_kv_ref(cache: torch.Tensor, slots: torch.Tensor, values: torch.Tensor, fp8_rope_dim: int = 0) -> None:
-    """Torch reference of `dsv4_store_kv` (same signature and effect)."""
-    _check_args(cache, slots, values, fp8_rope_dim)
-    keep = slots >= 0
-    slots, values = slots[keep].long(), values[keep]
-    rows = fp8_kv_quantize_ref(values, fp8_rope_dim) if fp8_rope_dim > 0 else values.to(cache.dtype)
-    cache.index_copy_(0, slots, rows)
+__all__ = ["dsv4_store_kv", "dsv4_store_kv_ref", "fp8_kv_row_bytes"]

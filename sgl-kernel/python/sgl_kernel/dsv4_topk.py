@@ -31,6 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
+from sgl_kernel.dsv4_attention_ref import check_topk_args, dsv4_topk_slots_ref
+
 CHUNK_PER_K = 8  # chunk = 8 * next_pow2(k): each level shrinks its input 8x
 MIN_CHUNK = 256
 MAX_K = 4096  # chunk 32768 = 32 warps x 32 values per thread
@@ -110,23 +112,12 @@ def topk_config(k: int, chunk_per_k: int = CHUNK_PER_K) -> tuple:
     return k_pad, chunk, max(1, min(32, chunk // (32 * VALUES_PER_THREAD)))
 
 
-def _check(logits, cand_slots, row_map, k) -> None:
-    assert logits.dim() == 2 and logits.dtype == torch.float32, "logits: [T, E] fp32"
-    assert logits.stride(1) == 1 or logits.shape[1] <= 1, "logits: last dim contiguous"
-    T, E = logits.shape
-    assert 1 <= k <= MAX_K, f"k must be in [1, {MAX_K}], got {k}"
-    assert cand_slots.dim() == 2 and cand_slots.shape[1] == E and not cand_slots.is_floating_point(), \
-        "cand_slots: [R, E] integers"
-    assert cand_slots.stride(1) == 1 or E <= 1, "cand_slots: last dim contiguous"
-    assert row_map is None or row_map.shape == (T,), "row_map: [T] or None"
-    assert row_map is not None or cand_slots.shape[0] >= T, "without row_map, cand_slots needs one row per query"
-
-
 def dsv4_topk_slots(logits: torch.Tensor, cand_slots: torch.Tensor, row_map: Optional[torch.Tensor],
                     k: int, launch_config: Optional[dict] = None) -> torch.Tensor:
     """[T, k] int64: slots of each row's k largest finite logits (column order, then -1 padding).
     launch_config: {"CHUNK_PER_K"} overrides (benchmark sweeps)."""
-    _check(logits, cand_slots, row_map, k)
+    check_topk_args(logits, cand_slots, row_map, k)
+    assert k <= MAX_K, f"k must be at most {MAX_K}, got {k}"
     T, E = logits.shape
     out = torch.empty(T, k, dtype=torch.int64, device=logits.device)
     if T == 0:
@@ -155,17 +146,4 @@ def dsv4_topk_slots(logits: torch.Tensor, cand_slots: torch.Tensor, row_map: Opt
         vals, cols, n = nxt_vals, nxt_cols, num_chunks * k
 
 
-def dsv4_topk_slots_ref(logits: torch.Tensor, cand_slots: torch.Tensor, row_map: Optional[torch.Tensor],
-                        k: int) -> torch.Tensor:
-    """Torch reference: torch.topk over the finite logits (descending), -1 padded."""
-    _check(logits, cand_slots, row_map, k)
-    T, E = logits.shape
-    out = torch.full((T, k), -1, dtype=torch.int64, device=logits.device)
-    if T == 0 or E == 0:
-        return out
-    valid = torch.isfinite(logits)
-    top = logits.masked_fill(~valid, float("-inf")).topk(min(k, E), dim=1).indices  # [T, min(k, E)]
-    src = row_map if row_map is not None else torch.arange(T, device=logits.device)
-    slots = cand_slots[src[:, None], top].long()
-    out[:, :top.shape[1]] = torch.where(valid.gather(1, top), slots, torch.full_like(slots, -1))
-    return out
+__all__ = ["dsv4_topk_slots", "dsv4_topk_slots_ref", "topk_config"]

@@ -8,7 +8,9 @@ There is no per-raw-token KV. Per layer the pool holds:
 - indexer keys: CSA layers, same addressing as the ratio-4 compressed KV;
 - compressor staging rings: compressed layers (attention compressor) and CSA layers (indexer compressor),
   fp32 rows `(content, gate logit)` with `ape` already added, at `req_pool_idx * ring + position % ring`.
-Entries are stored through an `EntryFormat` (dense, FP8 main KV, FP8/FP4 index keys); reads dequantize.
+Rows are in the layout of an `EntryFormat` (dense, FP8 main KV, FP8/FP4 index keys). The attention backends read
+and write the buffers directly with sgl_kernel's ops (kernels or their torch references, the same layouts); the
+accessors below store / load through the format (quantize on write, dequantize on read).
 """
 
 from __future__ import annotations

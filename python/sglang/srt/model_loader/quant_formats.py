@@ -3,7 +3,8 @@
 * E8M0 (`torch.float8_e8m0fnu`): byte b means 2^(b-127); 255 is NaN.
 * FP8 e4m3 weights with one E8M0 scale per 128x128 block (edge blocks may be partial).
 * MXFP4 routed experts: e2m1 codes packed two per byte (low nibble = even input index),
-  one E8M0 scale per 32 consecutive inputs of a row.
+  one E8M0 scale per 32 consecutive inputs of a row. The e2m1 code <-> value maps are sgl_kernel's
+  (dsv4_formats_ref, shared with the FP4 index-key cache rows).
 
 Dequantization is exact: every value is code * 2^e computed in fp32 (a product with a power of
 two never rounds unless it underflows), then cast to the requested dtype. Exponents are derived
@@ -15,17 +16,10 @@ from __future__ import annotations
 import math
 
 import torch
+from sgl_kernel.dsv4_formats_ref import FP4_MAX, FP8_MAX, e2m1_codes, e2m1_values
 
-FP8_MAX = 448.0
-FP4_MAX = 6.0
-FP4_BLOCK = 32
+FP4_BLOCK = 32  # MXFP4: inputs per E8M0 scale
 FP8_BLOCK = (128, 128)
-
-# e2m1 magnitudes of codes 0..7; codes 8..15 are the same values negated (bit 3 = sign).
-_FP4_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
-_FP4_VALUES = torch.tensor(list(_FP4_MAGNITUDES) + [-m for m in _FP4_MAGNITUDES], dtype=torch.float32)
-# Midpoints between neighbouring magnitudes; a tie goes to the even code (round half to even).
-_FP4_MIDPOINTS = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], dtype=torch.float32)
 
 
 # ---- E8M0 -------------------------------------------------------------------------------------
@@ -112,17 +106,6 @@ def dequantize_fp8_block(w_fp8: torch.Tensor, scale: torch.Tensor, dtype: torch.
 
 
 # ---- MXFP4 (e2m1 packed, E8M0 per 32) ----------------------------------------------------------
-def _encode_e2m1(v: torch.Tensor) -> torch.Tensor:
-    """fp32 values already within +-6 -> uint8 codes 0..15 (nearest, ties to the even code)."""
-    a = v.abs()
-    idx = torch.bucketize(a, _FP4_MIDPOINTS, right=False)  # a == midpoint i gives the lower code i
-    tie_to_odd = (idx < len(_FP4_MIDPOINTS)) & (a == _FP4_MIDPOINTS[idx.clamp(max=len(_FP4_MIDPOINTS) - 1)]) \
-        & (idx % 2 == 1)
-    idx = idx + tie_to_odd.to(idx.dtype)
-    sign = ((v < 0) & (idx > 0)).to(idx.dtype) << 3  # no -0: zero is always code 0
-    return (idx | sign).to(torch.uint8)
-
-
 def quantize_mxfp4(w: torch.Tensor) -> tuple:
     """[out, in] float -> (int8 packed [out, in/2], float8_e8m0fnu [out, in/32]).
 
@@ -138,7 +121,8 @@ def quantize_mxfp4(w: torch.Tensor) -> tuple:
     exp = exp.clamp(-127, 127)
     scale = e8m0_from_exponent(exp)
     v = (blocks / e8m0_to_float(scale).unsqueeze(-1)).clamp(-FP4_MAX, FP4_MAX).view(out_f, in_f)
-    codes = _encode_e2m1(v)
+    codes = e2m1_codes(v)
+    codes = torch.where(codes == 8, 0, codes)  # no -0: a value rounding to zero is code 0 whatever its sign
     packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
     return packed.view(torch.int8), scale
 
@@ -155,7 +139,7 @@ def unpack_fp4_codes(packed: torch.Tensor) -> torch.Tensor:
 def dequantize_mxfp4(packed: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Exact fp32 product e2m1(code) * 2^e per 32-input block, then cast to `dtype`."""
     codes = unpack_fp4_codes(packed)
-    values = _FP4_VALUES.to(codes.device)[codes.long()]
+    values = e2m1_values(codes)
     out_f, in_f = values.shape
     if scale.shape != (out_f, in_f // FP4_BLOCK):
         raise ValueError(f"FP4 scale shape {tuple(scale.shape)} does not match weight [{out_f}, {in_f}] "

@@ -37,9 +37,9 @@ class AttentionBackend(ABC):
     @abstractmethod
     def forward_compressor(self, compressor, kv: torch.Tensor, gate: torch.Tensor,
                            forward_batch: "ForwardBatch") -> None:
-        """Pool every window completed by this forward's rows into compressed entries and store them
-        (`compressor.finish` applies norm + RoPE), then stash the rows later windows still need.
-        kv / gate [T, c*d] fp32, gate with `ape` already added."""
+        """Pool every window completed by this forward's rows into compressed entries, post-process them
+        (the compressor's RMSNorm and RoPE; Hadamard for quantized index keys) and store them, then stash the rows
+        later windows still need. kv / gate [T, c*d] fp32, gate with `ape` already added."""
 
     @abstractmethod
     def forward_indexer(self, indexer, q: torch.Tensor, weights: torch.Tensor,
