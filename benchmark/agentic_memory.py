@@ -84,15 +84,16 @@ def main() -> None:
             keys = torch.randn(len(w), d_i, generator=g, device=device, dtype=torch.float32)
             pool.set_index_k(0, slots, keys)
         rows = min(args.chunk, n)
-        fb = ForwardBatch.build(ForwardMode.EXTEND, [0] * rows, [alloc.req_pool_idx], [n - rows], [rows],
-                                rtp.req_to_token[alloc.req_pool_idx, n - rows:n].long(), device)
-        fb.req_to_token_pool, fb.token_to_kv_pool, fb.token_allocator, fb.attn_backend = rtp, pool, allocator, backend
-        backend.init_forward_metadata(fb)
+        forward_batch = ForwardBatch.build(ForwardMode.EXTEND, [0] * rows, [alloc.req_pool_idx], [n - rows], [rows],
+                                           rtp.req_to_token[alloc.req_pool_idx, n - rows:n].long(), device)
+        forward_batch.req_to_token_pool, forward_batch.token_to_kv_pool = rtp, pool
+        forward_batch.token_allocator, forward_batch.attn_backend = allocator, backend
+        backend.init_forward_metadata(forward_batch)
         q = torch.randn(rows, n_i, d_i, generator=g, device=device, dtype=torch.bfloat16)
         weights = torch.randn(rows, n_i, generator=g, device=device, dtype=torch.float32) / 64
-        top = backend.forward_indexer(indexer, q, weights, fb)
+        top = backend.forward_indexer(indexer, q, weights, forward_batch)
         allocator.release_window(alloc, n - 127)
-        del fb, q, weights
+        del forward_batch, q, weights
         if device == "cuda":
             torch.cuda.synchronize()
         reserved = torch.cuda.memory_reserved() if device == "cuda" else 0

@@ -1,6 +1,6 @@
 """sglang: a DeepSeek-V4 inference engine laid out as an SGLang fork."""
 
-__version__ = "0.1.0.dev0"
+from sglang.version import __version__  # noqa: F401
 
 
 def __getattr__(name):

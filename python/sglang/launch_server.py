@@ -10,46 +10,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-import multiprocessing as mp
-import os
 import socket
 import sys
-import tempfile
 from typing import Optional
 
 from sglang.srt.server_args import ServerArgs
+from sglang.srt.utils.common import configure_logging
 
 logger = logging.getLogger("sglang.launch_server")
-
-
-def start_scheduler(server_args: ServerArgs):
-    """Spawn the scheduler process and wait until it has loaded the model; returns (process, ready, ports)."""
-    from sglang.srt.managers.io_struct import SchedulerReady
-    from sglang.srt.managers.scheduler_process import PortArgs, run_scheduler_process
-
-    ipc_dir = tempfile.mkdtemp(prefix="sglang-ipc-")
-    ports = PortArgs(scheduler_input=f"ipc://{os.path.join(ipc_dir, 'scheduler')}",
-                     tokenizer_input=f"ipc://{os.path.join(ipc_dir, 'tokenizer')}")
-    ctx = mp.get_context("spawn")
-    reader, writer = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=run_scheduler_process, args=(server_args, ports, writer), daemon=True,
-                       name="sglang-scheduler")
-    proc.start()
-    while not reader.poll(1.0):
-        if not proc.is_alive():
-            raise RuntimeError(f"the scheduler process exited during start-up (code {proc.exitcode}); if this is a "
-                               f"script creating sglang.Engine(launch_subprocess=True), it needs the "
-                               f"`if __name__ == \"__main__\":` guard (the scheduler process is spawned and "
-                               f"re-imports the script)")
-    ready = reader.recv()
-    if not isinstance(ready, SchedulerReady):
-        proc.join(timeout=5)
-        raise RuntimeError(f"the scheduler process failed to start: {ready}")
-    return proc, ready, ports
-
-
-def configure_logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), format="[%(asctime)s] %(levelname)s %(name)s: %(message)s")
 
 
 def bind_listen_socket(host: str, port: int) -> socket.socket:
@@ -75,10 +43,11 @@ def launch_server(server_args: ServerArgs, sock: Optional[socket.socket] = None)
     """Serve until stopped; `sock` is the address bound by `bind_listen_socket` (bound here when None)."""
     import uvicorn
 
-    from sglang.srt.entrypoints.engine import load_tokenizer
     from sglang.srt.entrypoints.http_server import create_app
+    from sglang.srt.managers.scheduler_process import start_scheduler
     from sglang.srt.managers.tokenizer_manager import TokenizerManager
     from sglang.srt.model_loader.model_path import resolve_model_path
+    from sglang.srt.utils.hf_transformers_utils import load_tokenizer
 
     configure_logging(server_args.log_level)
     if sock is None:
@@ -125,16 +94,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> None:
+    from sglang.srt.arg_groups.deepseek_v4_hook import resolve_server_args
+
     parser = build_parser()
     args = parser.parse_args(argv)
-    configure_logging(args.log_level)  # before resolve(): it may generate the built-in model (a progress bar)
+    configure_logging(args.log_level)  # first: resolving may generate the built-in model (a progress bar)
     try:
         sock = bind_listen_socket(args.host, args.port)
     except OSError as e:
         logger.error("%s", e)
         raise SystemExit(1) from None
     try:
-        server_args = ServerArgs.from_cli_args(args).resolve()
+        server_args = resolve_server_args(ServerArgs.from_cli_args(args))
     except ValueError as e:
         sock.close()
         parser.error(str(e))

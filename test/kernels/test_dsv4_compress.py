@@ -1,5 +1,5 @@
 """dsv4_compress / dsv4_update_ring against the torch reference (what the engine's torch backend runs) and against
-the model's own modules: the channel-wise pool, then Compressor.finish (its RMSNorm and RoPE modules),
+the model's own modules: the channel-wise pool, then the Compressor's RMSNorm and RoPE modules,
 hadamard_rotate for index keys (arch 5.5, as the queries are rotated before scoring) and the entry format's store,
 run on plans from the engine's build_compress_plan.
 
@@ -91,12 +91,13 @@ def _engine_plan(ratio: int, overlap: bool, reqs: list):
     from sglang.srt.mem_cache.deepseek_v4_pool import ring_size
 
     b = len(reqs)
-    fb = SimpleNamespace(batch_size=b, extend_prefix_lens_cpu=[p for p, _ in reqs],
-                         extend_seq_lens_cpu=[e for _, e in reqs], req_pool_indices_cpu=list(range(b)),
-                         req_pool_indices=torch.arange(b), positions=torch.zeros(1, dtype=torch.int64),
-                         req_to_token_pool=SimpleNamespace(req_to_token=torch.arange(b * 64).view(b, 64)))
+    forward_batch = SimpleNamespace(extend_prefix_lens_cpu=[p for p, _ in reqs],
+                                    extend_seq_lens_cpu=[e for _, e in reqs], req_pool_indices_cpu=list(range(b)),
+                                    req_pool_indices=torch.arange(b), positions=torch.zeros(1, dtype=torch.int64),
+                                    req_to_token_pool=SimpleNamespace(req_to_token=torch.arange(b * 64).view(b, 64)))
     num_ring_rows = (b + 1) * ring_size(ratio, overlap)
-    return build_compress_plan(fb, ratio, overlap, page_size=64, num_draft_tokens=0, num_ring_rows=num_ring_rows), \
+    return build_compress_plan(forward_batch, ratio, overlap, page_size=64, num_draft_tokens=0,
+                               num_ring_rows=num_ring_rows), \
         num_ring_rows, sum(e for _, e in reqs)
 
 
@@ -108,8 +109,8 @@ def _engine_format(out_format: str, d: int, rope: int, dense_dtype: torch.dtype)
 
 
 def _engine_store(plan, ring, kv, gate, d, rope, inv_freq, weight, eps, compute_dtype, fmt, hadamard, num_slots):
-    """The pooled windows through the model's Compressor.finish (+ hadamard_rotate for index keys) and the entry
-    format's store; the ring update by indexing -> (entry rows, ring after)."""
+    """The pooled windows through the model Compressor's norm and rotary (+ hadamard_rotate for index keys) and the
+    entry format's store; the ring update by indexing -> (entry rows, ring after)."""
     from sglang.srt.layers.attention.dsv4.hadamard import hadamard_rotate
     from sglang.srt.layers.rotary import RotaryEmbedding
     from sglang.srt.models.deepseek_v4 import Compressor
@@ -121,8 +122,8 @@ def _engine_store(plan, ring, kv, gate, d, rope, inv_freq, weight, eps, compute_
     buf = fmt.allocate(num_slots)
     fresh = torch.stack((kv, gate), dim=1)
     if plan.num_new:
-        entries = comp.finish(pool_ref(ring, fresh, plan.source_rows, plan.ratio, plan.overlap, d),
-                              plan.entry_positions)
+        pooled = pool_ref(ring, fresh, plan.source_rows, plan.ratio, plan.overlap, d)
+        entries = comp.rotary.apply(comp.norm(pooled.to(compute_dtype)), plan.entry_positions)
         fmt.store(buf, plan.entry_slots, hadamard_rotate(entries) if hadamard else entries)
     ring = ring.clone()
     ring[plan.ring_dst] = fresh[plan.ring_src]

@@ -140,9 +140,9 @@ def engine_forward_indexer(fmt, buf, rotated, q, weights, entry, row_req, row_vi
     indexer = SimpleNamespace(ratio=4, index_topk=k, layer_id=0, rotate=hadamard_rotate)
     md = DSV4Metadata(window_slots=None, out_swa_loc=None,
                       ratios={4: RatioMetadata(ratio=4, entry_slots=entry, row_visible=row_visible, plan=None)})
-    fb = SimpleNamespace(attn_metadata=md, row_req=row_req, extend_seq_lens_cpu=new_tokens,
-                         forward_mode=SimpleNamespace(is_decode=lambda: False))
-    return backend.forward_indexer(indexer, q, weights, fb)
+    forward_batch = SimpleNamespace(attn_metadata=md, row_req=row_req, extend_seq_lens_cpu=new_tokens,
+                                    forward_mode=SimpleNamespace(is_decode=lambda: False))
+    return backend.forward_indexer(indexer, q, weights, forward_batch)
 
 
 @pytest.mark.parametrize("kind", ["dense", "fp8", "fp4"])

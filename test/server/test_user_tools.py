@@ -131,13 +131,14 @@ def test_every_server_arg_is_read():
 
 
 def test_inert_flags_accepted_and_logged(caplog):
+    from sglang.srt.arg_groups.deepseek_v4_hook import resolve_server_args
     from sglang.srt.server_args import ServerArgs
 
     caplog.set_level(logging.WARNING, logger="sglang.srt.server_args")
-    ServerArgs(model_path=MODEL, device="cpu", trust_remote_code=True, disable_cuda_graph=True).resolve()
+    resolve_server_args(ServerArgs(model_path=MODEL, device="cpu", trust_remote_code=True, disable_cuda_graph=True))
     assert "--trust-remote-code is not needed" in caplog.text and "--disable-cuda-graph changes nothing" in caplog.text
     caplog.clear()
-    ServerArgs(model_path=MODEL, device="cpu").resolve()
+    resolve_server_args(ServerArgs(model_path=MODEL, device="cpu"))
     assert "--trust-remote-code" not in caplog.text and "--disable-cuda-graph" not in caplog.text
 
 

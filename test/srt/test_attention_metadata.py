@@ -28,8 +28,8 @@ def _batch(seq_lens: list, positions: list, row_req: list):
 
 
 def test_entry_slots_padded_per_request():
-    fb = _batch([17, 4, 9], [16, 3, 8], [0, 1, 2])
-    slots = build_entry_slots(fb, ratio=4, page_size=PAGE)
+    forward_batch = _batch([17, 4, 9], [16, 3, 8], [0, 1, 2])
+    slots = build_entry_slots(forward_batch, ratio=4, page_size=PAGE)
     assert slots.shape == (3, 4)  # E_max = 17 // 4
     counts = (slots >= 0).sum(dim=1).tolist()
     assert counts == [4, 1, 2] and (slots[1, 1:] == -1).all() and (slots[2, 2:] == -1).all()
@@ -46,20 +46,21 @@ def test_entry_slots_without_padding_and_without_entries():
 
 
 def test_window_slots_before_position_zero_are_minus_one():
-    fb = _batch([3, 6], [2, 5], [0, 1])
+    forward_batch = _batch([3, 6], [2, 5], [0, 1])
     full_to_swa = torch.arange(2000)  # identity mapping for the test
-    win = build_window_slots(fb, window=4, full_to_swa=full_to_swa)
+    win = build_window_slots(forward_batch, window=4, full_to_swa=full_to_swa)
     assert win.tolist() == [[-1, 1000, 1001, 1002], [1066, 1067, 1068, 1069]]
 
 
-def _plan_by_loop(fb, ratio, overlap, page_size, num_draft_tokens, num_ring_rows):
+def _plan_by_loop(forward_batch, ratio, overlap, page_size, num_draft_tokens, num_ring_rows):
     """The compression plan written request by request (the definition the vectorised builder must equal)."""
     from sglang.srt.mem_cache.deepseek_v4_pool import ring_size
 
     ring = ring_size(ratio, overlap, num_draft_tokens)
     offsets = torch.arange(2 * ratio if overlap else ratio) - (ratio if overlap else 0)
     rows, windows, reqs, dst, src, row0 = [], [], [], [], [], 0
-    for b, (s, e, r) in enumerate(zip(fb.extend_prefix_lens_cpu, fb.extend_seq_lens_cpu, fb.req_pool_indices_cpu)):
+    for b, (s, e, r) in enumerate(zip(forward_batch.extend_prefix_lens_cpu, forward_batch.extend_seq_lens_cpu,
+                                      forward_batch.req_pool_indices_cpu)):
         n = s + e
         for w in range(s // ratio, n // ratio):
             p = w * ratio + offsets
@@ -72,7 +73,8 @@ def _plan_by_loop(fb, ratio, overlap, page_size, num_draft_tokens, num_ring_rows
             src.append(row0 + q - s)
         row0 += e
     w = torch.tensor(windows, dtype=torch.int64)
-    full = fb.req_to_token_pool.req_to_token[fb.req_pool_indices[torch.tensor(reqs, dtype=torch.int64)], w * ratio]
+    req_to_token = forward_batch.req_to_token_pool.req_to_token
+    full = req_to_token[forward_batch.req_pool_indices[torch.tensor(reqs, dtype=torch.int64)], w * ratio]
     slots = (full // page_size) * (page_size // ratio) + w % (page_size // ratio)
     source = torch.stack(rows) if rows else torch.empty(0, len(offsets), dtype=torch.int64)
     return source, slots, w * ratio, torch.tensor(dst, dtype=torch.int64), torch.tensor(src, dtype=torch.int64)
@@ -87,12 +89,13 @@ def test_compress_plan_equals_the_per_request_definition(ratio, overlap):
         prefix = torch.randint(0, 700, (bs,), generator=g).tolist()
         extend = torch.randint(1, 300 if trial % 2 else 4, (bs,), generator=g).tolist()
         pool_idx = torch.randperm(6, generator=g)[:bs].tolist()
-        fb = SimpleNamespace(extend_prefix_lens_cpu=prefix, extend_seq_lens_cpu=extend, req_pool_indices_cpu=pool_idx,
-                             req_pool_indices=torch.tensor(pool_idx), positions=torch.zeros(1, dtype=torch.int64),
-                             req_to_token_pool=SimpleNamespace(req_to_token=req_to_token), batch_size=bs)
+        forward_batch = SimpleNamespace(extend_prefix_lens_cpu=prefix, extend_seq_lens_cpu=extend,
+                                        req_pool_indices_cpu=pool_idx, req_pool_indices=torch.tensor(pool_idx),
+                                        positions=torch.zeros(1, dtype=torch.int64),
+                                        req_to_token_pool=SimpleNamespace(req_to_token=req_to_token))
         ring_rows = int(torch.randint(0, 50, (1,), generator=g))
-        plan = build_compress_plan(fb, ratio, overlap, 256, 4, ring_rows)
-        source, slots, positions, dst, src = _plan_by_loop(fb, ratio, overlap, 256, 4, ring_rows)
+        plan = build_compress_plan(forward_batch, ratio, overlap, 256, 4, ring_rows)
+        source, slots, positions, dst, src = _plan_by_loop(forward_batch, ratio, overlap, 256, 4, ring_rows)
         assert plan.num_new == len(source)
         for got, want in ((plan.source_rows, source), (plan.entry_slots, slots), (plan.entry_positions, positions),
                           (plan.ring_dst, dst), (plan.ring_src, src)):

@@ -174,8 +174,8 @@ def test_maker_is_deterministic(tmp_path):
     files = sorted(os.listdir(a))
     assert files == sorted(os.listdir(b)) and "tokenizer.json" in files and "tokenizer_config.json" in files
     for fname in files:
-        with open(os.path.join(a, fname), "rb") as fa, open(os.path.join(b, fname), "rb") as fb:
-            assert fa.read() == fb.read(), fname
+        with open(os.path.join(a, fname), "rb") as fa, open(os.path.join(b, fname), "rb") as forward_batch:
+            assert fa.read() == forward_batch.read(), fname
     with open(os.path.join(a, "model-00001-of-00002.safetensors"), "rb") as fa, \
             open(os.path.join(c, "model-00001-of-00002.safetensors"), "rb") as fc:
         assert fa.read() != fc.read()

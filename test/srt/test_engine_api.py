@@ -109,28 +109,53 @@ def test_bad_server_args(kwargs, message):
         engine("tiny", **kwargs)
 
 
+def assert_same_output(got, want, where="output"):
+    """Equal dicts, lists and values, floats (logprobs) to 1e-5: the two paths batch requests differently."""
+    if isinstance(want, dict):
+        assert isinstance(got, dict) and set(got) == set(want), (where, got, want)
+        for key in want:
+            assert_same_output(got[key], want[key], f"{where}.{key}")
+    elif isinstance(want, (list, tuple)):
+        assert type(got) is type(want) and len(got) == len(want), (where, got, want)
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert_same_output(g, w, f"{where}[{i}]")
+    elif isinstance(want, float):
+        assert isinstance(got, float) and abs(got - want) < 1e-5, (where, got, want)
+    else:
+        assert got == want, (where, got, want)
+
+
 def test_subprocess_engine_matches_in_process():
-    """Engine(launch_subprocess=True) runs the server's scheduler process; same outputs, and shutdown stops it."""
+    """Engine(launch_subprocess=True) runs the server's scheduler process and TokenizerManager; it returns the same
+    dicts as the in-process Engine (one output-shaping module): logprobs with top-k, a stop string, a refusal."""
     ids = [random_ids(14, 20), random_ids(31, 21)]
     params = {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}
-    local = tiny().generate(input_ids=ids, sampling_params=params, return_logprob=True, logprob_start_len=0)
+    logprobs = dict(return_logprob=True, logprob_start_len=[0, -1], top_logprobs_num=[3, 0])
+    local = tiny().generate(input_ids=ids, sampling_params=params, **logprobs)
+    free = tiny().generate(input_ids=ids[0], sampling_params={**params, "max_new_tokens": 12})
+    stop = free["text"][len(free["text"]) // 2:][:2]
+    assert stop.strip() and "\ufffd" not in stop, free["text"]
+    stopped = tiny().generate(input_ids=ids[0], sampling_params={**params, "max_new_tokens": 12, "stop": stop},
+                              return_logprob=True)
+    assert stopped["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+    assert stopped["text"] == free["text"][:free["text"].find(stop)]
     from oracle import checkpoint
 
     eng = sglang.Engine(launch_subprocess=True, model_path=checkpoint("tiny"), device="cpu", dtype="float32",
                         page_size=16, log_level="warning", max_running_requests=8, max_total_tokens=8192,
                         chunked_prefill_size=32)
     try:
-        remote = eng.generate(input_ids=ids, sampling_params=params, return_logprob=True, logprob_start_len=0)
-        assert [r["output_ids"] for r in remote] == [r["output_ids"] for r in local]
-        for r, l in zip(remote, local):
-            assert [t for _, t, _ in r["meta_info"]["input_token_logprobs"]] == \
-                [t for _, t, _ in l["meta_info"]["input_token_logprobs"]]
-            lp_r = [lp for lp, _, _ in r["meta_info"]["input_token_logprobs"][1:]]
-            lp_l = [lp for lp, _, _ in l["meta_info"]["input_token_logprobs"][1:]]
-            assert max(abs(a - b) for a, b in zip(lp_r, lp_l)) < 1e-5
+        remote = eng.generate(input_ids=ids, sampling_params=params, **logprobs)
+        remote_stopped = eng.generate(input_ids=ids[0], sampling_params={**params, "max_new_tokens": 12,
+                                                                         "stop": stop}, return_logprob=True)
         with pytest.raises(ValueError, match="context length"):
             eng.generate(input_ids=[5, 6], sampling_params={"max_new_tokens": 5000})
         proc = eng._remote.proc
     finally:
         eng.shutdown()
     assert not proc.is_alive()
+    for got, want in zip(remote + [remote_stopped], local + [stopped]):
+        for out in (got, want):  # a duration, and each engine numbers its own requests
+            del out["meta_info"]["e2e_latency"], out["meta_info"]["id"]
+        assert_same_output(got, want)
+    assert len(local[0]["meta_info"]["input_token_logprobs"]) == 14 and local[0]["meta_info"]["output_top_logprobs"]

@@ -26,8 +26,8 @@ def run_recording(e, ids, budget_bytes=None, pooled=True) -> tuple:
     chosen = []
     original = backend.forward_indexer
 
-    def record(indexer, q, weights, fb):
-        out = original(indexer, q, weights, fb)
+    def record(indexer, q, weights, forward_batch):
+        out = original(indexer, q, weights, forward_batch)
         chosen.append(out.clone())
         return out
 

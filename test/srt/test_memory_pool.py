@@ -85,9 +85,9 @@ def run_schedule(runner, ids: list, chunks: list, extra_release: int = 0) -> dic
         for n in chunks:
             full = allocator.extend(alloc, done + n)
             mode = ForwardMode.DECODE if n == 1 and done > 0 else ForwardMode.EXTEND
-            fb = ForwardBatch.build(mode, ids[done:done + n], [alloc.req_pool_idx], [done], [n], full,
-                                    runner.device)
-            runner.forward(fb)
+            forward_batch = ForwardBatch.build(mode, ids[done:done + n], [alloc.req_pool_idx], [done], [n], full,
+                                               runner.device)
+            runner.forward(forward_batch)
             done += n
             allocator.release_window(alloc, done - (window - 1) + extra_release)
             if not extra_release:
@@ -258,7 +258,7 @@ def small_engine():
 
 
 def allocator_state(allocator, alloc) -> tuple:
-    return (allocator.pages.available(), allocator.swa_slots.available(), allocator.full_to_swa.clone(),
+    return (allocator.available_pages(), allocator.available_window_slots(), allocator.full_to_swa.clone(),
             allocator.req_to_token_pool.req_to_token.clone(), list(alloc.pages), alloc.num_tokens,
             alloc.window_start, list(alloc.window_slots))
 
@@ -271,8 +271,10 @@ def assert_same_state(before: tuple, after: tuple) -> None:
 
 def test_extend_exhaustion_leaves_state_unchanged():
     allocator = small_engine().model_runner.token_allocator
-    assert allocator.pages.size - 1 == 2 and allocator.swa_slots.size - 1 == 24
+    assert allocator.total_pages() == 2 and allocator.available_window_slots() == 24
+    assert allocator.is_all_free() and allocator.token_usage() == 0 and allocator.available_req_slots() == 1
     alloc = allocator.alloc_req()
+    assert not allocator.is_all_free() and allocator.available_req_slots() == 0
     with pytest.raises(PoolExhaustedError, match="request pool exhausted"):  # max_running_requests = 1
         allocator.alloc_req()
     try:
@@ -284,6 +286,7 @@ def test_extend_exhaustion_leaves_state_unchanged():
             assert_same_state(before, allocator_state(allocator, alloc))
 
         allocator.extend(alloc, 20)  # 2 pages, 20 window slots: 0 pages and 4 window slots left
+        assert allocator.token_usage() == 1 and allocator.available_pages() == 0
         for new_len, pool_name in ((33, "KV page"), (30, "window KV")):
             before = allocator_state(allocator, alloc)
             with pytest.raises(PoolExhaustedError, match=pool_name):
@@ -291,12 +294,13 @@ def test_extend_exhaustion_leaves_state_unchanged():
             assert_same_state(before, allocator_state(allocator, alloc))
 
         allocator.release_window(alloc, 20 - 15)  # the window slid: 5 slots back
-        assert allocator.swa_slots.available() == 9
+        assert allocator.available_window_slots() == 9
         allocator.extend(alloc, 29)
-        assert allocator.swa_slots.available() == 0 and allocator.pages.available() == 0
+        assert allocator.available_window_slots() == 0 and allocator.available_pages() == 0
     finally:
         allocator.free_req(alloc)
     allocator.check_all_free()
+    assert allocator.is_all_free() and allocator.token_usage() == 0
 
 
 def test_request_that_never_fits():

@@ -133,10 +133,10 @@ def run_draft(runner, alloc, ids: list, full: torch.Tensor, hs: torch.Tensor, lo
     proc = runner.draft_model.logits_processor
     hook = proc.register_forward_pre_hook(lambda mod, args: captured.__setitem__("hidden", args[0].clone()))
     try:
-        fb = ForwardBatch.build(ForwardMode.DRAFT_EXTEND, ids[lo + 1:hi + 1], [alloc.req_pool_idx], [lo],
-                                [hi - lo], full[lo:hi], runner.device)
-        fb.spec_hidden_states = hs[lo:hi]
-        out = runner.forward_draft(fb)
+        forward_batch = ForwardBatch.build(ForwardMode.DRAFT_EXTEND, ids[lo + 1:hi + 1], [alloc.req_pool_idx], [lo],
+                                           [hi - lo], full[lo:hi], runner.device)
+        forward_batch.spec_hidden_states = hs[lo:hi]
+        out = runner.forward_draft(forward_batch)
     finally:
         hook.remove()
     with torch.inference_mode():
@@ -159,9 +159,9 @@ def test_mtp_draft_matches_spec():
     alloc = allocator.alloc_req()
     try:
         full = allocator.extend(alloc, S)
-        fb = ForwardBatch.build(ForwardMode.EXTEND, ids, [alloc.req_pool_idx], [0], [S], full, runner.device,
-                                capture_hidden=True)
-        hs = runner.forward(fb).hidden_states
+        forward_batch = ForwardBatch.build(ForwardMode.EXTEND, ids, [alloc.req_pool_idx], [0], [S], full, runner.device,
+                                           capture_hidden=True)
+        hs = runner.forward(forward_batch).hidden_states
         assert hs.shape == (S, runner.model_config.hc_mult, runner.model_config.hidden_size)
 
         swa = allocator.full_to_swa[full]

@@ -19,6 +19,7 @@ import torch
 
 from oracle import checkpoint, engine, greedy_run, max_abs_diff, random_ids
 from sglang.srt import platform as plat
+from sglang.srt.arg_groups.deepseek_v4_hook import resolve_server_args
 from sglang.srt.environ import envs
 from sglang.srt.layers import aiter_ops
 from sglang.srt.layers.norm import RMSNorm, rms_normalize
@@ -36,7 +37,7 @@ def fresh_aiter_state():
 
 
 def resolve(**kwargs) -> ServerArgs:
-    return ServerArgs(model_path=checkpoint("tiny"), page_size=16, **kwargs).resolve()
+    return resolve_server_args(ServerArgs(model_path=checkpoint("tiny"), page_size=16, **kwargs))
 
 
 def aiter_warnings(caplog) -> list:

@@ -80,10 +80,10 @@ def test_acceptance_predictable_draft_vs_random(steps):
     outs = good.generate(input_ids=ids, sampling_params=sp)
     for prompt, out in zip(ids, outs):  # the constructed target counts upwards
         assert out["output_ids"] == [(prompt[-1] + 1 + i) % 512 for i in range(40)]
-    good_len = good.scheduler.spec.mean_accept_length
+    good_len = good.scheduler.mean_accept_length
     rand = engine("tiny", speculative_algorithm="EAGLE", speculative_num_steps=steps)
     rand.generate(input_ids=ids, sampling_params=sp)
-    rand_len = rand.scheduler.spec.mean_accept_length
+    rand_len = rand.scheduler.mean_accept_length
     print(f"steps {steps}: accept length predictable draft {good_len:.3f}, random draft {rand_len:.3f}")
     # Every verification accepts all k drafts plus the bonus, except where max_new_tokens cuts the last one short.
     assert good_len > steps + 1 - 0.25
@@ -94,7 +94,7 @@ def test_acceptance_predictable_draft_vs_random(steps):
 
 def test_multi_step_metadata_equals_single_step():
     eng = engine("tiny", speculative_algorithm="EAGLE", speculative_num_steps=3)
-    runner, worker = eng.model_runner, eng.scheduler.spec
+    runner, worker = eng.model_runner, eng.scheduler.worker
     allocs = [runner.token_allocator.alloc_req() for _ in range(3)]
     starts = [37, 64, 9]
     for alloc, c in zip(allocs, starts):
@@ -108,14 +108,15 @@ def test_multi_step_metadata_equals_single_step():
                                         [1, 1, 1], loc, runner.device))
     worker.draft_backend.init_forward_metadata(steps, runner)
     assert len(steps) == len(worker.draft_backend.backends)  # the last step's metadata was built too
-    for fb in steps:
-        fresh = ForwardBatch.build(ForwardMode.DRAFT_EXTEND, [5, 6, 7], fb.req_pool_indices_cpu,
-                                   fb.extend_prefix_lens_cpu, [1, 1, 1], fb.out_cache_loc, runner.device)
+    for forward_batch in steps:
+        fresh = ForwardBatch.build(ForwardMode.DRAFT_EXTEND, [5, 6, 7], forward_batch.req_pool_indices_cpu,
+                                   forward_batch.extend_prefix_lens_cpu, [1, 1, 1], forward_batch.out_cache_loc,
+                                   runner.device)
         fresh.req_to_token_pool = runner.req_to_token_pool
         backend = TorchAttnBackend(runner.model_config, runner.token_to_kv_pool, runner.token_allocator,
                                    runner.server_args.page_size, runner.pool_plan.shape.num_draft_tokens)
         backend.init_forward_metadata(fresh)
-        a, b = fb.attn_metadata, fresh.attn_metadata
+        a, b = forward_batch.attn_metadata, fresh.attn_metadata
         assert torch.equal(a.window_slots, b.window_slots) and torch.equal(a.out_swa_loc, b.out_swa_loc)
         for ratio in a.ratios:
             ra, rb = a.ratios[ratio], b.ratios[ratio]
@@ -211,6 +212,7 @@ def test_decode_cycle_reads_the_device_once(monkeypatch):
     draft-extend, scheduler bookkeeping) makes exactly one device -> host read, `read_back`; any other Python-level
     read of a tensor (.item(), .tolist(), bool(), int(), float(), index use) is recorded as a violation."""
     import sglang.srt.speculative.eagle_worker as ew
+    from sglang.srt.managers.scheduler import Scheduler
 
     eng = engine("tiny", speculative_algorithm="EAGLE", speculative_num_steps=3, max_running_requests=8)
     sched = eng.scheduler
@@ -239,19 +241,19 @@ def test_decode_cycle_reads_the_device_once(monkeypatch):
         finally:
             state["reading"] = False
 
-    real_decode = ew.EagleWorker.decode
+    real_cycle = Scheduler._run_speculative_cycle
 
-    def decode(self, batch_reqs):
+    def cycle(self, batch_reqs):
         state["cycles"] += 1
         with monkeypatch.context() as m:
             for name in _HOST_READS:
                 m.setattr(torch.Tensor, name, guarded(name))
             if state["cycles"] == 1:
                 bool(torch.tensor(1))  # the guard sees a read (positive control, removed below)
-            return real_decode(self, batch_reqs)
+            return real_cycle(self, batch_reqs)
 
     monkeypatch.setattr(ew, "read_back", read_back)
-    monkeypatch.setattr(ew.EagleWorker, "decode", decode)
+    monkeypatch.setattr(Scheduler, "_run_speculative_cycle", cycle)
     for _ in range(6):
         sched.step()
     assert state["cycles"] == 6 and state["reads"] == 6

@@ -74,8 +74,9 @@ def inject(monkeypatch, eng, where: str) -> None:
     """Make every step that holds the culprit (past FAIL_AFTER tokens) raise at `where`."""
     sched, runner = eng.scheduler, eng.model_runner
 
-    def in_forward(fb) -> bool:
-        return culprit_in(r for r in sched.running if r.alloc and r.alloc.req_pool_idx in fb.req_pool_indices_cpu)
+    def in_forward(forward_batch) -> bool:
+        return culprit_in(r for r in sched.running
+                          if r.alloc and r.alloc.req_pool_idx in forward_batch.req_pool_indices_cpu)
 
     def failing(real, is_culprit):
         def wrapper(*args, **kwargs):
@@ -99,7 +100,7 @@ def inject(monkeypatch, eng, where: str) -> None:
         monkeypatch.setattr(runner, "forward", failing_after(runner.forward, in_forward))
     elif where == "forward_draft":
         monkeypatch.setattr(runner, "forward_draft",
-                            failing_after(runner.forward_draft, lambda fb, *_: in_forward(fb)))
+                            failing_after(runner.forward_draft, lambda forward_batch, *_: in_forward(forward_batch)))
     elif where == "append_token":  # after the requests before it in the batch got their token
         monkeypatch.setattr(sched, "append_token", failing(sched.append_token, lambda req, *_: culprit_in([req])))
     else:

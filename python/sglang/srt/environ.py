@@ -55,9 +55,6 @@ class EnvVar:
         except ValueError as e:
             raise ValueError(f"environment variable {self.name}={raw!r} is invalid: {e}") from None
 
-    def is_set(self) -> bool:
-        return self.name in os.environ
-
     @contextmanager
     def override(self, value):
         old = os.environ.get(self.name)

@@ -132,12 +132,6 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def device_name(device: str) -> str:
-    if device.startswith("cuda"):
-        return torch.cuda.get_device_name(torch.device(device))
-    return "cpu"
-
-
 @functools.lru_cache(maxsize=None)
 def _find_spec(name: str) -> bool:
     try:

@@ -1,7 +1,9 @@
-"""ServerArgs: the engine's options under SGLang's flag names, parsing and validation.
+"""ServerArgs: the engine's options under SGLang's flag names, parsing and the checks of each option on its own.
 
-DeepSeek-V4 defaults and checks live in one hook (arg_groups/deepseek_v4_hook.py), applied by `resolve()`.
-Only the options the engine implements are accepted; unknown flags are rejected by argparse.
+The model- and platform-dependent defaults and checks live in one hook (arg_groups/deepseek_v4_hook.py);
+`resolve_server_args(args)` there runs `validate()` and then the hook. This module imports nothing of sglang but
+sglang.srt.platform (lazily), so every layer may import it. Only the options the engine implements are accepted;
+unknown flags are rejected by argparse.
 """
 
 from __future__ import annotations
@@ -63,9 +65,9 @@ class ServerArgs:
     host: str = "127.0.0.1"
     port: int = 30000
 
-    def resolve(self) -> "ServerArgs":
-        """Fill platform and model defaults, validate; returns self. Raises ValueError naming the option."""
-        from sglang.srt.arg_groups.deepseek_v4_hook import apply_deepseek_v4_defaults
+    def validate(self) -> "ServerArgs":
+        """Check each option on its own and fill the device and dtype defaults; returns self. Raises ValueError
+        naming the option. Called by arg_groups.deepseek_v4_hook.resolve_server_args before the hook."""
         from sglang.srt.platform import default_device
 
         if self.device is None:
@@ -100,12 +102,9 @@ class ServerArgs:
             raise ValueError(f"--max-request-body-mb must be a positive number, got {self.max_request_body_mb}")
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"--log-level must be one of {LOG_LEVELS}, got {self.log_level!r}")
-        # Not fields: shown at start; the hook also sets self.platform_decisions (arg_groups/platform_defaults.py)
-        self.applied_defaults = apply_deepseek_v4_defaults(self)
-        self._log_inert_flags()
         return self
 
-    def _log_inert_flags(self) -> None:
+    def log_inert_flags(self) -> None:
         """Flags SGLang users pass out of habit that change nothing here: accepted, and said so."""
         if self.trust_remote_code:
             logger.warning("--trust-remote-code is not needed: DeepSeek-V4 is implemented natively, no code from "

@@ -1,7 +1,9 @@
 """DeepSeek-V4 defaults and validation of ServerArgs, in one place (printed at start by launch_server / Engine).
 
-Platform-dependent defaults (attention kernel, sparse prefill, shared-experts fusion, logits budget, AITER) are
-decided by arg_groups/platform_defaults.py, called from here; `best_attention_backend` is re-exported from it.
+`resolve_server_args(args)` is what every entry point calls: the per-option checks of server_args.py, then this
+hook. Platform-dependent defaults (attention kernel, sparse prefill, shared-experts fusion, logits budget, AITER)
+are decided by arg_groups/platform_defaults.py, called from here; `best_attention_backend` is re-exported from it.
+The dependency goes one way: this package reads ServerArgs, server_args.py never calls in here.
 """
 
 from __future__ import annotations
@@ -94,3 +96,13 @@ def apply_deepseek_v4_defaults(args: "ServerArgs") -> list:
         raise ValueError(f"--enable-deepseek-v4-fp4-indexer needs index_head_dim ({config.index_head_dim}) to be "
                          f"a multiple of 32")
     return applied
+
+
+def resolve_server_args(args: "ServerArgs") -> "ServerArgs":
+    """Validate each option, fill platform and model defaults and validate them against the model; returns args
+    (with `applied_defaults` and `platform_decisions` set). Raises ValueError naming the option."""
+    args.validate()
+    # Not fields: shown at start; the hook also sets args.platform_decisions (arg_groups/platform_defaults.py)
+    args.applied_defaults = apply_deepseek_v4_defaults(args)
+    args.log_inert_flags()
+    return args

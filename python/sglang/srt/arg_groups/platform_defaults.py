@@ -1,6 +1,6 @@
 """Platform-dependent defaults, decided in one function (DESIGN section 6) and printed at start.
 
-`apply_platform_defaults(args)` runs inside the DeepSeek-V4 hook (ServerArgs.resolve). It reads the platform
+`apply_platform_defaults(args)` runs inside the DeepSeek-V4 hook (resolve_server_args). It reads the platform
 through `sglang.srt.platform` at call time, so a test that simulates ROCm sees ROCm decisions. What it decides,
 for the platform the model runs on ("cpu" when --device cpu, else "rocm" or "cuda"):
 

@@ -22,6 +22,7 @@ SLIDING = "sliding_attention"
 CSA = "compressed_sparse_attention"
 HCA = "heavily_compressed_attention"
 LAYER_TYPES = (SLIDING, CSA, HCA)
+CSA_RATIO = 4  # the compression ratio of CSA layers (overlapping windows, lightning indexer); HCA uses any other
 MLP_TYPES = ("hash_moe", "moe")
 
 
@@ -133,18 +134,23 @@ class DeepseekV4Config:
         return self.compress_ratios[layer_id]
 
     def is_csa(self, layer_id: int) -> bool:
+        """Compressed sparse attention: ratio-4 overlapping compressor plus the lightning indexer."""
         return layer_id < self.num_hidden_layers and self.layer_types[layer_id] == CSA
+
+    def is_hca(self, layer_id: int) -> bool:
+        """Heavily compressed attention: non-overlapping windows, every visible entry attended (no indexer)."""
+        return layer_id < self.num_hidden_layers and self.layer_types[layer_id] == HCA
 
     def is_hash_layer(self, layer_id: int) -> bool:
         return layer_id < self.num_hidden_layers and self.mlp_layer_types[layer_id] == "hash_moe"
 
     @property
     def csa_layers(self) -> list:
-        return [i for i, t in enumerate(self.layer_types) if t == CSA]
+        return [i for i in range(self.num_hidden_layers) if self.is_csa(i)]
 
     @property
     def hca_layers(self) -> list:
-        return [i for i, t in enumerate(self.layer_types) if t == HCA]
+        return [i for i in range(self.num_hidden_layers) if self.is_hca(i)]
 
     @property
     def distinct_ratios(self) -> list:
@@ -202,7 +208,7 @@ class DeepseekV4Config:
             raise ConfigError(f"config field 'compress_ratios' has {len(self.compress_ratios)} entries, expected "
                               f"num_hidden_layers + num_nextn_predict_layers = {n + self.num_nextn_predict_layers}")
         for i, (t, r) in enumerate(zip(self.layer_types, self.compress_ratios)):
-            if (t == SLIDING and r != 0) or (t == CSA and r != 4) or (t == HCA and (r <= 0 or r == 4)):
+            if (t == SLIDING and r != 0) or (t == CSA and r != CSA_RATIO) or (t == HCA and (r <= 0 or r == CSA_RATIO)):
                 raise ConfigError(f"config field 'compress_ratios' entry {i} ({r}) does not match layer type {t!r}")
         for i in range(n, len(self.compress_ratios)):
             if self.compress_ratios[i] != 0:
@@ -341,7 +347,7 @@ def _parse_layers(raw: dict, n: int, n_mtp: int) -> tuple:
             raise ConfigError(f"config field 'compress_ratios' has {len(ratios)} entries, expected at least "
                               f"num_hidden_layers={n}")
         # Official rule: ratio 4 = overlapping compressor + indexer (CSA); any other non-zero ratio = HCA.
-        types = [SLIDING if r == 0 else CSA if r == 4 else HCA for r in ratios[:n]]
+        types = [SLIDING if r == 0 else CSA if r == CSA_RATIO else HCA for r in ratios[:n]]
         ratios = list(ratios) + [0] * max(0, n + n_mtp - len(ratios))
         ratios = ratios[: n + n_mtp]
     elif raw.get("layer_types") is not None:
@@ -349,7 +355,7 @@ def _parse_layers(raw: dict, n: int, n_mtp: int) -> tuple:
         if not isinstance(types, list):
             raise ConfigError(f"config field 'layer_types' must be a list, got {types!r}")
         types = list(types[:n]) if len(types) >= n else list(types)
-        rates = raw.get("compress_rates") or {CSA: 4, HCA: 128}
+        rates = raw.get("compress_rates") or {CSA: CSA_RATIO, HCA: 128}
         if not isinstance(rates, dict):
             raise ConfigError(f"config field 'compress_rates' must be an object, got {rates!r}")
         ratios = []
@@ -362,8 +368,8 @@ def _parse_layers(raw: dict, n: int, n_mtp: int) -> tuple:
                 ratios.append(rates[t])
             else:
                 ratios.append(-1)  # rejected by validation with the field named
-        if rates.get(CSA, 4) != 4:
-            raise ConfigError(f"config field 'compress_rates.{CSA}' must be 4, got {rates.get(CSA)}")
+        if rates.get(CSA, CSA_RATIO) != CSA_RATIO:
+            raise ConfigError(f"config field 'compress_rates.{CSA}' must be {CSA_RATIO}, got {rates.get(CSA)}")
         ratios += [0] * n_mtp
     else:
         raise ConfigError("config field 'compress_ratios' (native) or 'layer_types' (HF) is missing")

@@ -1,46 +1,34 @@
-"""sglang.Engine: the offline API with SGLang's shape, running the scheduler in-process.
+"""sglang.Engine: the offline API with SGLang's shape, running the scheduler in-process (or, with
+launch_subprocess=True, in the server's scheduler process).
 
     engine = sglang.Engine(model_path="tiny-deepseek-v4", device="cpu", dtype="float32")
     out = engine.generate(prompt="Hello", sampling_params={"temperature": 0, "max_new_tokens": 8},
                           return_logprob=True, logprob_start_len=0)
     out["text"], out["output_ids"], out["meta_info"]["output_token_logprobs"]
     engine.shutdown()
+
+Both modes shape outputs with managers/output_shaping.py and validate requests in Scheduler.add_request (a refused
+request raises ValueError naming the problem), so they return the same dicts.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-import os
 import time
 from typing import Optional, Union
 
+from sglang.srt.arg_groups.deepseek_v4_hook import resolve_server_args
+from sglang.srt.managers.output_shaping import OutputState, output_text
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import LOG_LEVELS, ServerArgs
+from sglang.srt.utils.common import configure_logging
+from sglang.srt.utils.hf_transformers_utils import load_tokenizer
 
 logger = logging.getLogger(__name__)
-
-
-def output_text(tokenizer, req: Req) -> str:
-    """The decoded output, cut before a matched stop string (SGLang does not emit it unless no_stop_trim)."""
-    params = req.sampling_params
-    text = tokenizer.decode(req.output_ids, skip_special_tokens=params.skip_special_tokens)
-    matched = req.finished_reason.matched if req.finished_reason else None
-    if isinstance(matched, str) and not params.no_stop_trim:
-        cut = text.find(matched)
-        text = text[:cut] if cut >= 0 else text
-    return text
-
-
-def load_tokenizer(path: str):
-    """The checkpoint's tokenizer.json (the DeepSeek-V4 tokenizer), or None if the directory has none."""
-    from tokenizers import Tokenizer
-
-    file = os.path.join(path, "tokenizer.json")
-    return Tokenizer.from_file(file) if os.path.exists(file) else None
 
 
 class Engine:
@@ -50,12 +38,11 @@ class Engine:
     `if __name__ == "__main__":`. Call `shutdown()` (or use `with`); at exit it runs by itself."""
 
     def __init__(self, launch_subprocess: bool = False, **kwargs) -> None:
-        from sglang.launch_server import configure_logging
         from sglang.srt.model_loader.model_path import resolve_model_path
 
-        if kwargs.get("log_level", "info") in LOG_LEVELS:  # an invalid one is reported by resolve()
-            configure_logging(kwargs.get("log_level", "info"))  # first: resolve() may generate the built-in model
-        self.server_args = ServerArgs(**kwargs).resolve()
+        if kwargs.get("log_level", "info") in LOG_LEVELS:  # an invalid one is reported by resolve_server_args
+            configure_logging(kwargs.get("log_level", "info"))  # first: resolving may generate the built-in model
+        self.server_args = resolve_server_args(ServerArgs(**kwargs))
         logger.info("DeepSeek-V4 defaults applied: %s", ", ".join(self.server_args.applied_defaults) or "none")
         args = self.server_args
         self.tokenizer = load_tokenizer(args.tokenizer_path or resolve_model_path(args.model_path))
@@ -125,27 +112,7 @@ class Engine:
         return [self._output(r, latency) for r in reqs]
 
     def _output(self, req: Req, latency: float) -> dict:
-        meta = {
-            "id": req.rid,
-            "prompt_tokens": len(req.origin_input_ids),
-            "completion_tokens": len(req.output_ids),
-            "cached_tokens": 0,
-            "finish_reason": req.finished_reason.to_json(),
-            "e2e_latency": latency,
-        }
-        if req.spec_accept_length is not None:
-            meta["spec_accept_length"] = req.spec_accept_length
-        if req.return_logprob:
-            values = dict(req.input_token_logprobs)
-            meta["input_token_logprobs"] = [
-                (None if p == 0 else values[p], req.origin_input_ids[p], None)
-                for p in range(req.logprob_start, len(req.origin_input_ids))]
-            meta["output_token_logprobs"] = [(lp, t, None) for lp, t in zip(req.output_token_logprobs,
-                                                                              req.output_ids)]
-            if req.top_logprobs_num:
-                meta["output_top_logprobs"] = [[(lp, t, None) for lp, t in top] for top in req.output_top_logprobs]
-        text = output_text(self.tokenizer, req) if self.tokenizer else ""
-        return {"text": text, "output_ids": list(req.output_ids), "meta_info": meta}
+        return OutputState.of_req(req).to_dict(output_text(self.tokenizer, req), latency)
 
     def shutdown(self) -> None:
         """Release the model and pools (and stop the scheduler process, if any)."""

@@ -12,14 +12,13 @@ import asyncio
 import atexit
 import threading
 
-from sglang.srt.managers.tokenizer_manager import RequestError, TokenizerManager, input_logprobs_entries
+from sglang.srt.managers.scheduler_process import start_scheduler
+from sglang.srt.managers.tokenizer_manager import RequestError, TokenizerManager
 from sglang.srt.server_args import ServerArgs
 
 
 class SubprocessScheduler:
     def __init__(self, server_args: ServerArgs, tokenizer) -> None:
-        from sglang.launch_server import start_scheduler
-
         self.proc, self.ready, ports = start_scheduler(server_args)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="sglang-engine-loop", daemon=True)
@@ -33,18 +32,14 @@ class SubprocessScheduler:
         atexit.register(self.shutdown)  # runs before multiprocessing's exit hook (atexit is LIFO)
 
     def run(self, reqs: list) -> list:
-        """Generate every Req to completion in the scheduler process; returns Engine-shaped output dicts."""
+        """Generate every Req to completion in the scheduler process; returns the output dicts (shaped by
+        managers/output_shaping.py, as the in-process Engine's are)."""
         async def one(req):
             last = None
             async for last in self.tm.generate(req.origin_input_ids, req.sampling_params, req.return_logprob,
                                                req.logprob_start_len, req.top_logprobs_num, rid=req.rid):
                 pass
-            meta = dict(last.meta_info)
-            by_pos = meta.pop("input_token_logprobs_by_position", None)
-            if req.return_logprob:
-                meta["input_token_logprobs"] = input_logprobs_entries(req.origin_input_ids, by_pos,
-                                                                      req.logprob_start_len)
-            return {"text": last.text, "output_ids": last.output_ids, "meta_info": meta}
+            return last.to_dict()
 
         async def all_of():
             return await asyncio.gather(*(one(r) for r in reqs))

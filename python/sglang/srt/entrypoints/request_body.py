@@ -1,4 +1,5 @@
-"""Reading a JSON request body defensively: media type, size limit, nesting depth and valid unicode.
+"""Reading a JSON request body defensively: media type, size limit, nesting depth and valid unicode, then the
+endpoint's pydantic model (`parse_request`).
 
 Every problem becomes a RequestError (4xx) naming it, so no body a client sends reaches a 500: a body over the
 limit is refused from its Content-Length or while it streams in (never held whole), deep nesting is refused before
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
 from sglang.srt.managers.tokenizer_manager import RequestError
@@ -98,3 +100,18 @@ def parse_json(data: bytes) -> Any:
 async def read_json(raw: Request, limit_bytes: int) -> Any:
     check_media_type(raw.headers.get("content-type", ""))
     return parse_json(await read_limited(raw, limit_bytes))
+
+
+async def parse_request(raw: Request, model: type) -> BaseModel:
+    """The body as `model`; a field that does not validate is a 400 naming it (FastAPI would answer 422)."""
+    body = await read_json(raw, raw.app.state.max_request_body_bytes)
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object")
+    try:
+        return model.model_validate(body)
+    except ValidationError as e:
+        first = e.errors()[0]
+        field = ".".join(str(x) for x in first["loc"]) or "body"
+        raise RequestError(f"invalid field '{field}': {first['msg']}"
+                           + (f" ({len(e.errors()) - 1} more problems)" if len(e.errors()) > 1 else ""),
+                           param=field) from None

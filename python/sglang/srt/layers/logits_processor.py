@@ -27,16 +27,15 @@ class LogitsProcessor(nn.Module):
 
     def forward(self, hidden: torch.Tensor, head: nn.Linear, forward_batch,
                 pre_hc_streams: Optional[torch.Tensor] = None) -> LogitsProcessorOutput:
-        fb = forward_batch
-        last_rows = fb.extend_start_loc + fb.extend_seq_lens - 1
+        last_rows = forward_batch.extend_start_loc + forward_batch.extend_seq_lens - 1
         input_logprobs = None
-        if fb.return_all_logits:
+        if forward_batch.return_all_logits:
             logits = head(hidden).float()
             return LogitsProcessorOutput(next_token_logits=logits[last_rows], hidden_states=pre_hc_streams,
                                          all_logits=logits)
-        if fb.return_logprob:
+        if forward_batch.return_logprob:
             logits = head(hidden).float()
-            targets = fb.logprob_target_ids
+            targets = forward_batch.logprob_target_ids
             logprobs = torch.log_softmax(logits, dim=-1).gather(1, targets.clamp(min=0)[:, None]).squeeze(1)
             input_logprobs = torch.where(targets >= 0, logprobs, torch.zeros_like(logprobs))
             next_logits = logits[last_rows]

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+from sglang.srt.managers.output_shaping import trim_stop
+
 
 class IncrementalDetokenizer:
     def __init__(self, tokenizer, skip_special_tokens: bool = True, stop: Optional[list] = None,
@@ -42,11 +44,7 @@ class IncrementalDetokenizer:
             if self.read_offset < len(self.ids):  # a trailing partial character: flush what decodes
                 text += self._decode(self.ids[self.prefix_offset:])[len(self._decode(
                     self.ids[self.prefix_offset:self.read_offset])):]
-            matched = finished_reason.get("matched")
-            if isinstance(matched, str) and not self.no_stop_trim:
-                cut = text.find(matched)
-                text = text[:cut] if cut >= 0 else text
-            return text
+            return trim_stop(text, finished_reason, self.no_stop_trim)
         if not self.no_stop_trim:  # a complete stop string is never shown, even before the finish arrives
             cuts = [i for i in (self.text.find(stop) for stop in self.stop) if i >= 0]
             if cuts:

@@ -47,7 +47,7 @@ class ReqOutput:
     completion_tokens: int
     finished_reason: Optional[dict] = None  # FinishReason.to_json() once finished
     input_token_logprobs: Optional[list] = None  # [(position, logprob)], sent with the first token
-    error: Optional[str] = None  # set when the request was rejected (the HTTP side answers 400)
+    error: Optional[str] = None  # set when admission refused it (finished_reason.status_code: 400, or 500 on a bug)
     spec_accept_length: Optional[float] = None  # tokens per verification so far (speculative decoding)
 
 

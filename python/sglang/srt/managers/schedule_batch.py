@@ -8,7 +8,6 @@ Req, so a failed step can be undone and retried (Scheduler.step isolates the req
 
 from __future__ import annotations
 
-import copy
 import time
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
@@ -52,7 +51,9 @@ class Req:
     output_top_logprobs: list = field(default_factory=list)  # per output token: [(logprob, id)] or None
     finished_reason: Optional[FinishReason] = None
     generator: Optional[torch.Generator] = None
-    spec: Optional[Any] = None  # SpecState of speculative decoding, set by EagleWorker
+    spec: Optional[Any] = None  # SpecState of speculative decoding (the pending draft), set by EagleWorker
+    spec_num_verify: int = 0  # speculative verifications of this request
+    spec_num_accepted_tokens: int = 0  # tokens they committed (accepted drafts + bonus)
     created_time: float = field(default_factory=time.perf_counter)
     first_token_time: Optional[float] = None
 
@@ -71,8 +72,7 @@ class Req:
     @property
     def spec_accept_length(self) -> Optional[float]:
         """Tokens committed per verification (speculative decoding), None otherwise."""
-        spec = self.spec
-        return spec.num_accepted_tokens / spec.num_verify if spec is not None and spec.num_verify else None
+        return self.spec_num_accepted_tokens / self.spec_num_verify if self.spec_num_verify else None
 
     @property
     def logprob_start(self) -> int:
@@ -83,7 +83,7 @@ class Req:
         """What a step may change here (pool slots past num_computed are the scheduler's to roll back). Taken for
         every request of every step, so it copies only counters (a step starts with no request finished)."""
         return ReqCheckpoint(self.num_computed, len(self.output_ids), len(self.input_token_logprobs),
-                             self.first_token_time, None if self.spec is None else copy.copy(self.spec),
+                             self.first_token_time, self.spec, self.spec_num_verify, self.spec_num_accepted_tokens,
                              None if self.generator is None else self.generator.get_state())
 
     def restore(self, cp: "ReqCheckpoint") -> None:
@@ -94,6 +94,7 @@ class Req:
             del seq[cp.num_outputs:]
         del self.input_token_logprobs[cp.num_input_logprobs:]
         self.finished_reason, self.first_token_time, self.spec = None, cp.first_token_time, cp.spec
+        self.spec_num_verify, self.spec_num_accepted_tokens = cp.spec_num_verify, cp.spec_num_accepted_tokens
         if cp.generator_state is not None:
             self.generator.set_state(cp.generator_state)
 
@@ -104,7 +105,9 @@ class ReqCheckpoint:
     num_outputs: int  # output_ids, output_token_logprobs and output_top_logprobs grow together
     num_input_logprobs: int
     first_token_time: Optional[float]
-    spec: Optional[Any]  # a copy: the SpecState's counters mutate in place
+    spec: Optional[Any]  # the SpecState itself: a step replaces it, never mutates it
+    spec_num_verify: int
+    spec_num_accepted_tokens: int
     generator_state: Optional[torch.Tensor]
 
 

@@ -14,6 +14,10 @@ the slots allocated past its computed tokens released) and the two halves of the
 request is aborted (500) only when it fails in a step of its own; the others' outputs are those they would have had
 without it (greedy and seeded sampling, speculative cycles included). `consecutive_failed_steps` counts the latest
 steps in which nothing could be served; the HTTP side reports the server unhealthy when it grows.
+
+Decoding is the DecodeWorker's scheme: plain, or speculative (EagleWorker). A speculative decode batch is one cycle:
+the worker drafts and verifies, the Scheduler commits the accepted tokens, the worker draft-extends the requests
+still running. The worker never calls the Scheduler; the Scheduler asks the allocator, never its pools.
 """
 
 from __future__ import annotations
@@ -26,11 +30,20 @@ from typing import Optional
 import torch
 
 from sglang.srt.layers.sampler import sample
+from sglang.srt.managers.decode_worker import DecodeWorker
 from sglang.srt.managers.schedule_batch import FinishReason, Req, ScheduleBatch
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.model_executor.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
+
+
+def make_decode_worker(model_runner: ModelRunner) -> DecodeWorker:
+    if model_runner.server_args.speculative_algorithm is None:
+        return DecodeWorker()
+    from sglang.srt.speculative.eagle_worker import EagleWorker
+
+    return EagleWorker(model_runner)
 
 
 class Scheduler:
@@ -49,13 +62,10 @@ class Scheduler:
         self.num_generated_tokens = 0  # since start, for throughput metrics
         self.consecutive_failed_steps = 0  # steps in a row in which every request failed
         self._committing = False  # finish_step began: the step's results stand and can no longer be undone
-        self.spec = None
-        self.num_draft_tokens = 0
-        if args.speculative_algorithm is not None:
-            from sglang.srt.speculative.eagle_worker import EagleWorker
-
-            self.spec = EagleWorker(model_runner, self)
-            self.num_draft_tokens = args.speculative_num_draft_tokens
+        self.worker = make_decode_worker(model_runner)
+        self.num_draft_tokens = self.worker.num_draft_tokens
+        self.num_verify = 0  # speculative verifications (one per request per cycle) since start
+        self.num_accepted_tokens = 0  # tokens they committed (accepted drafts + bonus)
 
     # ---- requests ---------------------------------------------------------------------------------
     def add_request(self, req: Req) -> None:
@@ -71,9 +81,9 @@ class Scheduler:
         bad = next((t for t in req.origin_input_ids if not 0 <= t < self.config.vocab_size), None)
         if bad is not None:
             raise ValueError(f"input token id {bad} is outside the vocabulary [0, {self.config.vocab_size})")
-        if self._pages_for(req) > self.allocator.pages.size - 1:
+        if self._pages_for(req) > self.allocator.total_pages():
             raise ValueError(f"request needs {self._pages_for(req)} KV pages, the pool has "
-                             f"{self.allocator.pages.size - 1}")
+                             f"{self.allocator.total_pages()}")
         if req.sampling_params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; this checkpoint has none (use stop_token_ids)")
         if not 0 <= req.top_logprobs_num <= 20:
@@ -103,9 +113,12 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def token_usage(self) -> float:
-        pages = self.allocator.pages
-        return 1 - pages.available() / (pages.size - 1)
+    @property
+    def mean_accept_length(self) -> Optional[float]:
+        """Tokens committed per speculative verification since start; None without speculative decoding."""
+        if not self.worker.speculative:
+            return None
+        return self.num_accepted_tokens / self.num_verify if self.num_verify else 0.0
 
     # ---- one step -----------------------------------------------------------------------------------
     def step(self) -> list:
@@ -146,8 +159,7 @@ class Scheduler:
         return updated, served
 
     def _counters(self) -> tuple:
-        spec = (self.spec.total_verify, self.spec.total_accepted) if self.spec is not None else None
-        return self.num_generated_tokens, spec
+        return self.num_generated_tokens, self.num_verify, self.num_accepted_tokens
 
     def _roll_back(self, reqs: list, checkpoints: list, counters: tuple) -> None:
         """Undo a step that raised before finish_step: requests back to their checkpoints, the slots of positions
@@ -157,9 +169,7 @@ class Scheduler:
             req.restore(cp)
             if req.alloc is not None:
                 self.allocator.truncate(req.alloc, req.num_computed)
-        self.num_generated_tokens, spec = counters
-        if spec is not None:
-            self.spec.total_verify, self.spec.total_accepted = spec
+        self.num_generated_tokens, self.num_verify, self.num_accepted_tokens = counters
 
     def fail_request(self, req: Req, message: str, status_code: int = 500) -> None:
         """Finish a request as aborted by the server (the client gets `status_code`) and free its slots."""
@@ -168,24 +178,34 @@ class Scheduler:
 
     def run_batch(self, batch: ScheduleBatch) -> list:
         """Allocate, run and sample one batch of admitted requests."""
-        if self.spec is not None and batch.forward_mode.is_decode():
-            return self.spec.decode(batch.reqs)  # draft, verify, accept, roll back
+        if self.worker.speculative and batch.forward_mode.is_decode():
+            return self._run_speculative_cycle(batch.reqs)
         out_cache_loc = torch.cat([self.allocator.extend(r.alloc, r.num_computed + n)
                                    for r, n in zip(batch.reqs, batch.extend_lens)])
-        fb = batch.to_forward_batch(out_cache_loc, self.runner.device)
-        fb.capture_hidden = self.spec is not None  # the draft consumes the target's streams of every row
-        output = self.runner.forward(fb)
-        updated = self._process_results(batch, fb, output, sample(output.next_token_logits, batch.reqs))
-        if self.spec is not None:
-            self.spec.after_extend(batch, output)  # fill the draft's window over the same rows, first drafts
+        forward_batch = batch.to_forward_batch(out_cache_loc, self.runner.device)
+        forward_batch.capture_hidden = self.worker.capture_hidden
+        output = self.runner.forward(forward_batch)
+        updated = self._process_results(batch, forward_batch, output, sample(output.next_token_logits, batch.reqs))
+        self.worker.after_extend(batch, output)  # speculative: the draft's window over the same rows, first drafts
         self.finish_step(batch.reqs)
         return updated
+
+    def _run_speculative_cycle(self, reqs: list) -> list:
+        """The worker drafts and verifies (one device read), the accepted tokens are committed here, then the worker
+        rolls back and draft-extends the requests still running."""
+        verified = self.worker.verify(reqs)
+        for req, tokens, logprobs in zip(reqs, verified.tokens, verified.logprobs):
+            self._commit_verified(req, tokens, logprobs)
+            req.num_computed += len(tokens)  # x_c and the accepted drafts are real rows
+        self.worker.draft_extend(verified)
+        self.finish_step(reqs)
+        return list(reqs)
 
     def _admit(self) -> None:
         while self.waiting and len(self.running) < self.max_running:
             req = self.waiting[0]
-            if self._pages_for(req) > self.allocator.pages.available() - self._outstanding_pages() \
-                    or self.allocator.req_to_token_pool.available_size() == 0:
+            if self._pages_for(req) > self.allocator.available_pages() - self._outstanding_pages() \
+                    or self.allocator.available_req_slots() == 0:
                 break
             self.waiting.popleft()
             req.alloc = self.allocator.alloc_req()
@@ -197,11 +217,11 @@ class Scheduler:
 
     def _next_batch(self) -> Optional[ScheduleBatch]:
         decoding = [r for r in self.running if r.prefill_done]
-        if self.spec is not None and any(not r.prefill_done for r in self.running):
+        if self.worker.speculative and any(not r.prefill_done for r in self.running):
             decoding = []  # speculative cycles run on their own; prefill chunks first
         reqs, lens = list(decoding), [1] * len(decoding)
         budget = self.chunk_budget - len(decoding)
-        window_free = self.allocator.swa_slots.available() - len(decoding)
+        window_free = self.allocator.available_window_slots() - len(decoding)
         for req in (r for r in self.running if not r.prefill_done):
             n = min(len(req.origin_input_ids) - req.num_computed, budget, window_free)
             if n <= 0:
@@ -216,10 +236,10 @@ class Scheduler:
         return ScheduleBatch(mode, reqs, lens)
 
     # ---- results ------------------------------------------------------------------------------------
-    def _process_results(self, batch: ScheduleBatch, fb, output, sampled) -> list:
+    def _process_results(self, batch: ScheduleBatch, forward_batch, output, sampled) -> list:
         if output.input_token_logprobs is not None:
             values = output.input_token_logprobs.tolist()
-            targets = fb.logprob_target_ids.tolist()
+            targets = forward_batch.logprob_target_ids.tolist()
         row, updated = 0, []
         for b, (req, n) in enumerate(zip(batch.reqs, batch.extend_lens)):
             if output.input_token_logprobs is not None:
@@ -255,6 +275,20 @@ class Scheduler:
         if req.first_token_time is None:
             req.first_token_time = time.perf_counter()
         self._check_finished(req)
+
+    def _commit_verified(self, req: Req, tokens: list, logprobs: list) -> None:
+        """Append a verification's tokens in order, stopping at the first that finishes the request (the rest are
+        dropped); the verification and the tokens it committed count towards the accept length."""
+        committed = 0
+        for token, logprob in zip(tokens, logprobs):
+            self.append_token(req, token, logprob)
+            committed += 1
+            if req.finished:
+                break
+        self.num_verify += 1
+        self.num_accepted_tokens += committed
+        req.spec_num_verify += 1
+        req.spec_num_accepted_tokens += committed
 
     def _check_finished(self, req: Req) -> None:
         token, params = req.output_ids[-1], req.sampling_params

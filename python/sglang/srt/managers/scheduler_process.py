@@ -1,4 +1,5 @@
 """The scheduler process: owns the ModelRunner and Scheduler, talks to the HTTP process over ZMQ.
+`start_scheduler` spawns it (for the HTTP server and sglang.Engine(launch_subprocess=True)) and waits until ready.
 
 Loop: drain incoming messages (blocking only when idle), then run one scheduler step and send every request's
 progress. A failure inside a step aborts only the requests that cause it (Scheduler.step isolates them); a failure
@@ -11,7 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import multiprocessing as mp
 import os
+import tempfile
 import time
 import traceback
 
@@ -21,6 +24,7 @@ from sglang.srt.managers.io_struct import (
     AbortReq, BatchOutput, FlushCacheReq, ReqOutput, SchedulerReady, SchedulerStats, TokenizedGenerateReqInput)
 from sglang.srt.managers.schedule_batch import FinishReason, Req
 from sglang.srt.server_args import ServerArgs
+from sglang.srt.utils.common import configure_logging
 
 logger = logging.getLogger(__name__)
 
@@ -35,9 +39,9 @@ class PortArgs:
 
 class SchedulerProcess:
     def __init__(self, server_args: ServerArgs, port_args: PortArgs) -> None:
-        from sglang.srt.entrypoints.engine import load_tokenizer
         from sglang.srt.managers.scheduler import Scheduler
         from sglang.srt.model_executor.model_runner import ModelRunner
+        from sglang.srt.utils.hf_transformers_utils import load_tokenizer
 
         self.runner = ModelRunner(server_args)
         self.tokenizer = load_tokenizer(server_args.tokenizer_path or self.runner.model_path)
@@ -150,20 +154,20 @@ class SchedulerProcess:
             return
         s = self.scheduler
         rate = (s.num_generated_tokens - last_tokens) / (now - last_time)
-        accept = f", accept len {s.spec.mean_accept_length:.2f}" if s.spec is not None else ""
+        accept = s.mean_accept_length
+        accept = f", accept len {accept:.2f}" if accept is not None else ""
         if s.has_work() or rate > 0:
             logger.info("running %d, queued %d, token usage %.2f, gen throughput %.1f tok/s%s", len(s.running),
-                        len(s.waiting), s.token_usage(), rate, accept)
+                        len(s.waiting), s.allocator.token_usage(), rate, accept)
         self._last_log = (now, s.num_generated_tokens)
 
     def _stats(self) -> SchedulerStats:
         s = self.scheduler
-        a = s.allocator
-        all_free = a.pages.is_full() and a.swa_slots.is_full() and a.req_to_token_pool.is_full()
         return SchedulerStats(num_running_reqs=len(s.running), num_waiting_reqs=len(s.waiting),
-                              token_usage=s.token_usage(), num_generated_tokens=s.num_generated_tokens,
-                              pools_all_free=all_free, consecutive_failed_steps=s.consecutive_failed_steps,
-                              spec_accept_length=s.spec.mean_accept_length if s.spec is not None else None)
+                              token_usage=s.allocator.token_usage(), num_generated_tokens=s.num_generated_tokens,
+                              pools_all_free=s.allocator.is_all_free(),
+                              consecutive_failed_steps=s.consecutive_failed_steps,
+                              spec_accept_length=s.mean_accept_length)
 
 
 def _exit_with_parent() -> None:
@@ -181,8 +185,7 @@ def _exit_with_parent() -> None:
 def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, pipe) -> None:
     """Entry point of the spawned scheduler process; reports readiness (or the start-up error) on `pipe`."""
     _exit_with_parent()
-    logging.basicConfig(level=server_args.log_level.upper(),
-                        format="[%(asctime)s scheduler] %(levelname)s %(name)s: %(message)s")
+    configure_logging(server_args.log_level, prefix=" scheduler")
     try:
         proc = SchedulerProcess(server_args, port_args)
     except Exception as e:
@@ -190,3 +193,27 @@ def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, pipe) ->
         raise
     pipe.send(proc.ready_message())
     proc.run_forever()
+
+
+def start_scheduler(server_args: ServerArgs):
+    """Spawn the scheduler process and wait until it has loaded the model; returns (process, ready, ports).
+    Used by the HTTP server and by sglang.Engine(launch_subprocess=True)."""
+    ipc_dir = tempfile.mkdtemp(prefix="sglang-ipc-")
+    ports = PortArgs(scheduler_input=f"ipc://{os.path.join(ipc_dir, 'scheduler')}",
+                     tokenizer_input=f"ipc://{os.path.join(ipc_dir, 'tokenizer')}")
+    ctx = mp.get_context("spawn")
+    reader, writer = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=run_scheduler_process, args=(server_args, ports, writer), daemon=True,
+                       name="sglang-scheduler")
+    proc.start()
+    while not reader.poll(1.0):
+        if not proc.is_alive():
+            raise RuntimeError(f"the scheduler process exited during start-up (code {proc.exitcode}); if this is a "
+                               f"script creating sglang.Engine(launch_subprocess=True), it needs the "
+                               f"`if __name__ == \"__main__\":` guard (the scheduler process is spawned and "
+                               f"re-imports the script)")
+    ready = reader.recv()
+    if not isinstance(ready, SchedulerReady):
+        proc.join(timeout=5)
+        raise RuntimeError(f"the scheduler process failed to start: {ready}")
+    return proc, ready, ports

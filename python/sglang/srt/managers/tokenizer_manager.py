@@ -1,7 +1,9 @@
 """TokenizerManager: the HTTP process's side of generation.
 
 It tokenizes, sends requests to the scheduler process over ZMQ, receives each step's progress, detokenizes
-incrementally and hands SGLang-shaped chunks (`text`, `output_ids`, `meta_info`) to the endpoints. A request
+incrementally and hands SGLang-shaped chunks (`text`, `output_ids`, `meta_info`, shaped by managers/output_shaping.py
+as sglang.Engine's output is) to the endpoints. Prompts are validated in one place, the scheduler's admission
+(Scheduler.add_request): a refused one comes back as a RequestError with the status to answer (400). A request
 whose client goes away is aborted, which frees its slots in the scheduler.
 """
 
@@ -20,21 +22,15 @@ import zmq.asyncio
 from sglang.srt.managers.detokenizer import IncrementalDetokenizer
 from sglang.srt.managers.io_struct import (
     AbortReq, BatchOutput, FlushCacheReq, ReqOutput, SchedulerReady, TokenizedGenerateReqInput)
+from sglang.srt.managers.output_shaping import OutputState
 from sglang.srt.sampling.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
 
-def input_logprobs_entries(input_ids: list, by_position, logprob_start_len: int) -> list:
-    """SGLang's `input_token_logprobs`: (logprob, token id, None) for prompt positions from logprob_start_len
-    (-1: the last one); position 0 has no logprob."""
-    start = len(input_ids) - 1 if logprob_start_len < 0 else min(logprob_start_len, len(input_ids) - 1)
-    values = dict(by_position or [])
-    return [(None if p == 0 else values.get(p), input_ids[p], None) for p in range(start, len(input_ids))]
-
-
 class RequestError(Exception):
-    """A request the scheduler refused or could not finish; carries the HTTP status to answer with."""
+    """A request refused (by the endpoint or the scheduler's admission) or that could not finish; carries the
+    HTTP status to answer with."""
 
     def __init__(self, message: str, status_code: int = 400, param: Optional[str] = None) -> None:
         super().__init__(message)
@@ -48,19 +44,17 @@ class GenerationChunk:
     meta_info: dict
     finished: bool
 
+    def to_dict(self) -> dict:
+        """SGLang's output dict (what /generate answers and sglang.Engine returns)."""
+        return {"text": self.text, "output_ids": self.output_ids, "meta_info": self.meta_info}
+
 
 @dataclass
-class ReqState:
-    prompt_tokens: int
-    detok: Optional[IncrementalDetokenizer]
-    return_logprob: bool
-    top_logprobs_num: int
+class ReqState(OutputState):
+    """A request in flight: its output so far, plus what the HTTP side needs to stream it."""
+
+    detok: Optional[IncrementalDetokenizer] = None
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
-    output_ids: list = field(default_factory=list)
-    logprobs: list = field(default_factory=list)
-    top_logprobs: list = field(default_factory=list)
-    input_logprobs: Optional[list] = None
-    finished_reason: Optional[dict] = None
     created: float = field(default_factory=time.perf_counter)
     first_token_time: Optional[float] = None
 
@@ -111,23 +105,19 @@ class TokenizerManager:
                        logprob_start_len: int = -1, top_logprobs_num: int = 0,
                        rid: Optional[str] = None) -> AsyncIterator[GenerationChunk]:
         """Yield a chunk whenever the request makes progress; the last one has finished=True.
-        Raises RequestError when the scheduler refuses the request. Cancelling the iteration aborts it."""
+        Raises RequestError when the scheduler refuses the request (Scheduler.add_request validates the prompt
+        and the sampling params: empty, context length, vocabulary, ...). Cancelling the iteration aborts it."""
         if self.dead_reason is not None:
             raise RequestError(self.dead_reason, 503)
-        if not input_ids:
-            raise RequestError("the prompt is empty: give at least one input token")
-        if len(input_ids) + params.max_new_tokens > self.ready.context_length:
-            raise RequestError(f"the prompt ({len(input_ids)} tokens) plus max_tokens ({params.max_new_tokens}) "
-                               f"exceeds the context length {self.ready.context_length}")
         self.start()
         rid = rid or uuid.uuid4().hex
         detok = None if self.tokenizer is None else IncrementalDetokenizer(
             self.tokenizer, params.skip_special_tokens, params.stop, params.no_stop_trim)
-        state = ReqState(prompt_tokens=len(input_ids), detok=detok, return_logprob=return_logprob,
-                         top_logprobs_num=top_logprobs_num)
+        state = ReqState(rid=rid, input_ids=list(input_ids), return_logprob=return_logprob,
+                         logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num, detok=detok)
         self.states[rid] = state
         await self.send.send_pyobj(TokenizedGenerateReqInput(
-            rid=rid, input_ids=list(input_ids), sampling_params=params, return_logprob=return_logprob,
+            rid=rid, input_ids=state.input_ids, sampling_params=params, return_logprob=return_logprob,
             logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num))
         try:
             while True:
@@ -139,7 +129,7 @@ class TokenizerManager:
                 reason = out.finished_reason or {}
                 if reason.get("type") == "abort" and reason.get("status_code"):
                     raise RequestError(reason.get("message", "aborted"), reason["status_code"])
-                chunk = self._apply(rid, state, out)
+                chunk = self._apply(state, out)
                 yield chunk
                 if chunk.finished:
                     return
@@ -148,7 +138,7 @@ class TokenizerManager:
                 await self.send.send_pyobj(AbortReq(rid))
             self.states.pop(rid, None)
 
-    def _apply(self, rid: str, state: ReqState, out: ReqOutput) -> GenerationChunk:
+    def _apply(self, state: ReqState, out: ReqOutput) -> GenerationChunk:
         now = time.perf_counter()
         if out.new_token_ids and state.first_token_time is None:
             state.first_token_time = now
@@ -158,25 +148,17 @@ class TokenizerManager:
         state.logprobs.extend(out.new_logprobs)
         state.top_logprobs.extend(out.new_top_logprobs)
         if out.input_token_logprobs is not None:
-            state.input_logprobs = out.input_token_logprobs
+            state.set_input_logprobs(out.input_token_logprobs)
         if state.detok is not None:
             state.detok.add(out.new_token_ids)
         state.finished_reason = out.finished_reason
+        state.spec_accept_length = out.spec_accept_length
         finished = out.finished_reason is not None
         text = state.detok.visible_text(out.finished_reason) if state.detok else ""
-        meta = {"id": rid, "prompt_tokens": state.prompt_tokens, "completion_tokens": len(state.output_ids),
-                "cached_tokens": 0, "finish_reason": out.finished_reason, "e2e_latency": now - state.created}
-        if out.spec_accept_length is not None:
-            meta["spec_accept_length"] = out.spec_accept_length
-        if state.return_logprob:
-            meta["output_token_logprobs"] = [(lp, t, None) for lp, t in zip(state.logprobs, state.output_ids)]
-            if state.top_logprobs_num:
-                meta["output_top_logprobs"] = [[(lp, t, None) for lp, t in top or []] for top in state.top_logprobs]
-            if state.input_logprobs is not None:
-                meta["input_token_logprobs_by_position"] = state.input_logprobs
         if finished and self.metrics:
             self.metrics.observe_finished(state, now)
-        return GenerationChunk(text=text, output_ids=list(state.output_ids), meta_info=meta, finished=finished)
+        return GenerationChunk(text=text, output_ids=list(state.output_ids), meta_info=state.meta_info(
+            now - state.created), finished=finished)
 
     async def abort(self, rid: str) -> None:
         await self.send.send_pyobj(AbortReq(rid))

@@ -7,7 +7,8 @@
   be in some query's window; `release_window` frees them as the window slides. `full_to_swa` maps a full
   slot to its window slot (-1 once released).
 All bookkeeping is host-side; `full_to_swa` and `req_to_token` are device tensors updated in small batches.
-An allocation either succeeds completely or raises PoolExhaustedError with nothing changed.
+An allocation either succeeds completely or raises PoolExhaustedError with nothing changed. Callers outside
+mem_cache/ ask the capacity methods (available_pages, token_usage, is_all_free, ...), not the pools.
 """
 
 from __future__ import annotations
@@ -42,6 +43,27 @@ class DeepSeekV4TokenAllocator:
         self.device = device
 
     # ---- capacity -------------------------------------------------------------------------------
+    def total_pages(self) -> int:
+        """Pages a request can use (the reserved dummy page excluded)."""
+        return self.pages.size - 1
+
+    def available_pages(self) -> int:
+        return self.pages.available()
+
+    def available_window_slots(self) -> int:
+        return self.swa_slots.available()
+
+    def available_req_slots(self) -> int:
+        return self.req_to_token_pool.available_size()
+
+    def token_usage(self) -> float:
+        """Fraction of the pages held."""
+        return 1 - self.available_pages() / self.total_pages()
+
+    def is_all_free(self) -> bool:
+        """No page, window slot or request slot is held."""
+        return self.pages.is_full() and self.swa_slots.is_full() and self.req_to_token_pool.is_full()
+
     def pages_needed(self, alloc: ReqAllocation | None, new_num_tokens: int) -> int:
         have = len(alloc.pages) if alloc else 0
         return max(0, -(-new_num_tokens // self.page_size) - have)

@@ -82,16 +82,10 @@ class DeepSeekV4TokenToKVPool:
                 self.index_state[layer_id] = CompressorState(ratio, True, 2 * config.index_head_dim, shape, device)
 
     # ---- window KV ------------------------------------------------------------------------------
-    def set_window_kv(self, layer_id: int, slots: torch.Tensor, values: torch.Tensor) -> None:
-        self.kv_format.store(self.window_kv[layer_id], slots, values)
-
     def get_window_kv(self, layer_id: int, slots: torch.Tensor) -> torch.Tensor:
         return self.kv_format.load(self.window_kv[layer_id], slots)
 
     # ---- compressed KV and indexer keys --------------------------------------------------------
-    def set_compressed_kv(self, layer_id: int, slots: torch.Tensor, values: torch.Tensor) -> None:
-        self.kv_format.store(self.compressed_kv[layer_id], slots, values)
-
     def get_compressed_kv(self, layer_id: int, slots: torch.Tensor) -> torch.Tensor:
         return self.kv_format.load(self.compressed_kv[layer_id], slots)
 

@@ -150,13 +150,8 @@ class Fp8KVFormat(EntryFormat):
     def num_blocks(self) -> int:
         return self.nope_dim // self.block
 
-    # Byte offsets inside a row.
     @property
-    def rope_offset(self) -> int:
-        return self.nope_dim
-
-    @property
-    def scale_offset(self) -> int:
+    def scale_offset(self) -> int:  # byte offset of the scales in a row (after e4m3 nope and bf16 rope)
         return self.nope_dim + 2 * self.rope_dim
 
 

@@ -19,8 +19,6 @@ import torch
 
 if TYPE_CHECKING:
     from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
-    from sglang.srt.mem_cache.deepseek_v4_allocator import DeepSeekV4TokenAllocator
-    from sglang.srt.mem_cache.deepseek_v4_pool import DeepSeekV4TokenToKVPool
     from sglang.srt.mem_cache.req_to_token_pool import ReqToTokenPool
 
 
@@ -41,14 +39,11 @@ class ForwardMode(IntEnum):
 @dataclass
 class ForwardBatch:
     forward_mode: ForwardMode
-    batch_size: int
     input_ids: torch.Tensor  # [T] int64
     positions: torch.Tensor  # [T] int64, absolute position of each row
     out_cache_loc: torch.Tensor  # [T] int64, virtual full-token slot of each row
     req_pool_indices: torch.Tensor  # [B] int64
-    seq_lens: torch.Tensor  # [B] int64, tokens of each request after this forward
     extend_seq_lens: torch.Tensor  # [B] int64, rows of each request in this forward (1 in decode)
-    extend_prefix_lens: torch.Tensor  # [B] int64, tokens processed before this forward
     extend_start_loc: torch.Tensor  # [B] int64, first row of each request
     row_req: torch.Tensor  # [T] int64, batch index of each row
     # Host copies (the scheduler knows them without a device sync).
@@ -67,22 +62,15 @@ class ForwardBatch:
     spec_hidden_states: Optional[torch.Tensor] = None
     # Set by the ModelRunner.
     req_to_token_pool: Optional["ReqToTokenPool"] = None
-    token_to_kv_pool: Optional["DeepSeekV4TokenToKVPool"] = None
-    token_allocator: Optional["DeepSeekV4TokenAllocator"] = None
     attn_backend: Optional["AttentionBackend"] = None
     # Set by attn_backend.init_forward_metadata.
     attn_metadata: Any = None
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.input_ids.shape[0])
 
     @classmethod
     def build(cls, forward_mode: ForwardMode, input_ids: list, req_pool_indices: list, prefix_lens: list,
               extend_lens: list, out_cache_loc: torch.Tensor, device, logprob_target_ids: Optional[list] = None,
               capture_hidden: bool = False, return_all_logits: bool = False) -> "ForwardBatch":
         """Pack a batch from host lists: `input_ids` is the flat list of new tokens of every request in order."""
-        bs = len(req_pool_indices)
         starts, acc = [], 0
         for n in extend_lens:
             starts.append(acc)
@@ -94,21 +82,20 @@ class ForwardBatch:
         seq_lens = [s + n for s, n in zip(prefix_lens, extend_lens)]
 
         # One host -> device copy for all index arrays (each a view of it), not one per array.
-        arrays = [input_ids, positions, req_pool_indices, seq_lens, extend_lens, prefix_lens, starts, row_req]
+        arrays = [input_ids, positions, req_pool_indices, extend_lens, starts, row_req]
         if logprob_target_ids is not None:
             arrays.append(logprob_target_ids)
         packed = torch.tensor([v for a in arrays for v in a], dtype=torch.int64).to(device)
         views = packed.split([len(a) for a in arrays])
-        ids_t, pos_t, pool_t, seq_t, ext_t, prefix_t, start_t, row_req_t = views[:8]
+        ids_t, pos_t, pool_t, ext_t, start_t, row_req_t = views[:6]
 
         return cls(
-            forward_mode=forward_mode, batch_size=bs, input_ids=ids_t, positions=pos_t,
+            forward_mode=forward_mode, input_ids=ids_t, positions=pos_t,
             out_cache_loc=out_cache_loc.to(device=device, dtype=torch.int64), req_pool_indices=pool_t,
-            seq_lens=seq_t, extend_seq_lens=ext_t, extend_prefix_lens=prefix_t,
-            extend_start_loc=start_t, row_req=row_req_t, seq_lens_cpu=seq_lens,
+            extend_seq_lens=ext_t, extend_start_loc=start_t, row_req=row_req_t, seq_lens_cpu=seq_lens,
             extend_seq_lens_cpu=list(extend_lens), extend_prefix_lens_cpu=list(prefix_lens),
             req_pool_indices_cpu=list(req_pool_indices),
             return_logprob=logprob_target_ids is not None,
-            logprob_target_ids=None if logprob_target_ids is None else views[8],
+            logprob_target_ids=None if logprob_target_ids is None else views[6],
             capture_hidden=capture_hidden, return_all_logits=return_all_logits,
         )

@@ -109,16 +109,16 @@ class ModelRunner:
         logger.info("%s", self.pool_plan.format())
 
     # ---- forward ----------------------------------------------------------------------------------
-    def _attach(self, forward_batch: ForwardBatch) -> None:
+    def attach(self, forward_batch: ForwardBatch, attn_backend=None) -> None:
+        """Give the batch the page table and an attention backend (default: the runner's), and build its metadata."""
+        backend = attn_backend or self.attn_backend
         forward_batch.req_to_token_pool = self.req_to_token_pool
-        forward_batch.token_to_kv_pool = self.token_to_kv_pool
-        forward_batch.token_allocator = self.token_allocator
-        forward_batch.attn_backend = self.attn_backend
-        self.attn_backend.init_forward_metadata(forward_batch)
+        forward_batch.attn_backend = backend
+        backend.init_forward_metadata(forward_batch)
 
     @torch.inference_mode()
     def forward(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
-        self._attach(forward_batch)
+        self.attach(forward_batch)
         return self.model(forward_batch.input_ids, forward_batch.positions, forward_batch)
 
     @torch.inference_mode()
@@ -129,5 +129,5 @@ class ModelRunner:
         if self.draft_model is None:
             raise RuntimeError("the draft model is not loaded (start with --speculative-algorithm EAGLE)")
         if not metadata_ready:
-            self._attach(forward_batch)
+            self.attach(forward_batch)
         return self.draft_model(forward_batch.input_ids, forward_batch.positions, forward_batch, step)

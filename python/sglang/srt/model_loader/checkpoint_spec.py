@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from sglang.srt.configs.deepseek_v4 import DeepseekV4Config
+from sglang.srt.configs.deepseek_v4 import CSA_RATIO, DeepseekV4Config
 
 PARTS = ("main", "mtp")
 
@@ -56,8 +56,8 @@ def _hc(cfg: DeepseekV4Config, prefix: str, which: str) -> dict:
             f"{prefix}hc_{which}_scale": _f32(3)}
 
 
-def _compressor(cfg: DeepseekV4Config, prefix: str, d: int, ratio: int) -> dict:
-    c = 2 if ratio == 4 else 1  # overlapping windows carry two halves
+def _compressor(cfg: DeepseekV4Config, prefix: str, d: int, ratio: int, csa: bool) -> dict:
+    c = 2 if csa else 1  # CSA's overlapping windows carry two halves
     D = cfg.hidden_size
     return {f"{prefix}wkv.weight": _flt(c * d, D), f"{prefix}wgate.weight": _flt(c * d, D),
             f"{prefix}ape": _f32(ratio, c * d), f"{prefix}norm.weight": _flt(d)}
@@ -73,12 +73,12 @@ def _attention(cfg: DeepseekV4Config, p: str, ratio: int, csa: bool) -> dict:
         f"{p}attn_sink": _f32(H),
     }
     if ratio > 0:
-        out.update(_compressor(cfg, f"{p}compressor.", Dh, ratio))
+        out.update(_compressor(cfg, f"{p}compressor.", Dh, ratio, csa))
     if csa:
         nI, dI = cfg.index_n_heads, cfg.index_head_dim
         out[f"{p}indexer.wq_b.weight"] = _lin(nI * dI, Rq)
         out[f"{p}indexer.weights_proj.weight"] = _flt(nI, D)
-        out.update(_compressor(cfg, f"{p}indexer.compressor.", dI, 4))
+        out.update(_compressor(cfg, f"{p}indexer.compressor.", dI, CSA_RATIO, True))
     return out
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 from dataclasses import dataclass
 from typing import Iterator, Optional
@@ -251,6 +250,3 @@ def load_checkpoint(model_dir: str, config: Optional[DeepseekV4Config] = None, d
     """All of `iter_checkpoint` as a dict (small models and tests)."""
     return dict(iter_checkpoint(model_dir, config, dtype, part, device))
 
-
-def is_checkpoint_dir(path: str) -> bool:
-    return os.path.isdir(path) and os.path.exists(os.path.join(path, "config.json"))

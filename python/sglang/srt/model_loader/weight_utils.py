@@ -11,7 +11,7 @@ import json
 import os
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import Optional
 
 import torch
 from safetensors import safe_open
@@ -117,14 +117,6 @@ class TensorReader:
         if index is None:
             return f.get_tensor(record.name)
         return f.get_slice(record.name)[index]
-
-
-def iter_safetensors(model_dir: str) -> Iterator[tuple]:
-    """Lazily yield (stored name, tensor) for every tensor of the checkpoint."""
-    records = list_tensors(model_dir)
-    with TensorReader() as reader:
-        for rec in records:
-            yield rec.name, reader.read(rec)
 
 
 def save_sharded(out_dir: str, tensors: dict, num_shards: int = 1, metadata: Optional[dict] = None) -> list:

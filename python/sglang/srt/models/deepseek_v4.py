@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sglang.srt.configs.deepseek_v4 import DeepseekV4Config
+from sglang.srt.configs.deepseek_v4 import CSA_RATIO, DeepseekV4Config
 from sglang.srt.layers.attention.dsv4.hadamard import hadamard_rotate
 from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
 from sglang.srt.layers.mhc import hc_head, hc_post, hc_pre
@@ -35,14 +35,15 @@ class Compressor(nn.Module):
     """Gated channel-wise pooling of windows of `ratio` tokens into one entry of `head_dim` (arch 5.4).
 
     CSA (ratio 4) overlaps: each token projects 2*head_dim values, the A half feeding the next window's entry
-    and the B half its own. The pooling itself runs in the backend (it reads the staging ring).
+    and the B half its own. The rest runs in the backend, in one op (it reads the staging ring): the pool, then this
+    module's RMSNorm `norm` and RoPE `rotary` at the window's first position w*m, in the weights' dtype.
     """
 
     def __init__(self, config: DeepseekV4Config, layer_id: int, ratio: int, head_dim: int,
                  rotary: RotaryEmbedding, is_indexer: bool) -> None:
         super().__init__()
         self.layer_id, self.ratio, self.head_dim, self.is_indexer = layer_id, ratio, head_dim, is_indexer
-        self.overlap = ratio == 4
+        self.overlap = ratio == CSA_RATIO  # CSA: overlapping windows
         width = (2 if self.overlap else 1) * head_dim
         self.wkv = nn.Linear(config.hidden_size, width, bias=False)
         self.wgate = nn.Linear(config.hidden_size, width, bias=False)
@@ -57,22 +58,17 @@ class Compressor(nn.Module):
         gate = F.linear(xf, self.wgate.weight.float()) + self.ape[positions % self.ratio]
         forward_batch.attn_backend.forward_compressor(self, kv, gate, forward_batch)
 
-    def finish(self, pooled: torch.Tensor, entry_positions: torch.Tensor) -> torch.Tensor:
-        """Post-process pooled windows [N, d]: RMSNorm, RoPE at the window's first position w*m."""
-        dtype = self.wkv.weight.dtype
-        return self.rotary.apply(self.norm(pooled.to(dtype)), entry_positions)
-
 
 class Indexer(nn.Module):
     """Lightning indexer of a CSA layer: picks the top-k visible compressed entries per query (arch 5.5)."""
 
     def __init__(self, config: DeepseekV4Config, layer_id: int, rotary: RotaryEmbedding) -> None:
         super().__init__()
-        self.layer_id, self.ratio = layer_id, 4
+        self.layer_id, self.ratio = layer_id, CSA_RATIO
         self.n_heads, self.head_dim, self.index_topk = config.index_n_heads, config.index_head_dim, config.index_topk
         self.wq_b = nn.Linear(config.q_lora_rank, self.n_heads * self.head_dim, bias=False)
         self.weights_proj = nn.Linear(config.hidden_size, self.n_heads, bias=False)
-        self.compressor = Compressor(config, layer_id, 4, self.head_dim, rotary, is_indexer=True)
+        self.compressor = Compressor(config, layer_id, CSA_RATIO, self.head_dim, rotary, is_indexer=True)
         self.rotary = rotary
         self.weight_scale = self.head_dim ** -0.5 * self.n_heads ** -0.5
 

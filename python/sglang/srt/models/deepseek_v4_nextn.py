@@ -1,4 +1,4 @@
-"""DeepSeek-V4 MTP (NextN) draft module, arch section 7. Forward only here; speculative decoding drives it later.
+"""DeepSeek-V4 MTP (NextN) draft module, arch section 7; speculative/eagle_worker.py drives it.
 
 For a draft row carrying (Hs_p, x_{p+1}) at position p, with Hs_p the main model's pre-HC-head streams:
   e = enorm(Embed(x_{p+1})); h_j = hnorm(Hs_p[j]); S_j = h_proj(h_j) + e_proj(e)
@@ -34,6 +34,17 @@ class MTPBlock(DeepseekV4DecoderLayer):
         self.hc_head_base = nn.Parameter(torch.zeros(config.hc_mult, dtype=torch.float32))
         self.hc_head_scale = nn.Parameter(torch.ones(1, dtype=torch.float32))
 
+    def forward(self, prev_streams: torch.Tensor, embedded: torch.Tensor, positions: torch.Tensor,
+                input_ids: torch.Tensor, forward_batch: ForwardBatch) -> tuple:
+        """Hs_p [T, n, D] and Embed(x_{p+1}) [T, D] -> (S [T, n, D], the block's output streams; hidden [T, D] for
+        the shared head)."""
+        c = self.config
+        streams = self.h_proj(self.hnorm(prev_streams)) + self.e_proj(self.enorm(embedded)).unsqueeze(1)
+        streams = super().forward(streams, positions, input_ids, forward_batch)
+        hidden = self.norm(hc_head(streams, self.hc_head_fn, self.hc_head_scale, self.hc_head_base,
+                                   c.hc_eps, c.rms_norm_eps))
+        return streams, hidden
+
 
 class DeepseekV4ForCausalLMNextN(nn.Module):
     def __init__(self, config: DeepseekV4Config) -> None:
@@ -55,13 +66,8 @@ class DeepseekV4ForCausalLMNextN(nn.Module):
         if not self._shared:
             raise RuntimeError("call set_embed_and_head(target.embed, target.head) before running the draft")
         embed, head = self._shared
-        c, blk = self.config, self.mtp[step]
-        prev = forward_batch.spec_hidden_states
-        e = blk.enorm(embed(input_ids))  # [T, D]
-        streams = blk.h_proj(blk.hnorm(prev)) + blk.e_proj(e).unsqueeze(1)  # [T, n, D]
-        streams = blk(streams, positions, input_ids, forward_batch)
-        hidden = blk.norm(hc_head(streams, blk.hc_head_fn, blk.hc_head_scale, blk.hc_head_base,
-                                  c.hc_eps, c.rms_norm_eps))
+        streams, hidden = self.mtp[step](forward_batch.spec_hidden_states, embed(input_ids), positions, input_ids,
+                                         forward_batch)
         return self.logits_processor(hidden, head, forward_batch,
                                      pre_hc_streams=streams if forward_batch.capture_hidden else None)
 

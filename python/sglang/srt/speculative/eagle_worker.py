@@ -12,6 +12,9 @@ gave d_1 (in the previous draft-extend). One decode cycle then:
   5. draft-extends over the accepted rows (Hs_p from the verify, x_{p+1} the committed tokens), which fills the
      draft's window with real rows and yields the next d_1.
 After every prefill chunk the draft extends over the same rows, so its window is always complete.
+
+Steps 1-3 are `verify`, which returns a SpecVerifyResult; the Scheduler then commits its tokens (stopping at one
+that finishes the request) and calls `draft_extend` for steps 4-5. The worker never calls the Scheduler.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import torch
 
 from sglang.srt.layers.attention.dsv4.multi_step_backend import DeepseekV4MultiStepBackend
 from sglang.srt.layers.sampler import filtered_probs, penalize_rows
+from sglang.srt.managers.decode_worker import DecodeWorker
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.speculative.acceptance import accept_sampling
 
@@ -32,41 +36,50 @@ def read_back(x: torch.Tensor) -> list:
     return x.tolist()
 
 
-@dataclass
+@dataclass(frozen=True)
 class SpecState:
-    """A request's pending draft (set by draft-extend, consumed by the next cycle) and its acceptance counters."""
+    """A request's pending draft: set by draft-extend, consumed by the next cycle. Replaced, never mutated, so a
+    step checkpoint may hold it as it is."""
 
     draft_token: torch.Tensor  # d_1, a 0-d int64 tensor on the device (no host round trip between passes)
     draft_streams: torch.Tensor  # S_1 [n_hc, D], the MTP output streams of the row that produced d_1
     draft_probs: Optional[torch.Tensor]  # q_1 [V] when sampling (None for greedy)
-    num_verify: int = 0
-    num_accepted_tokens: int = 0  # tokens committed by verifications (accepted drafts + bonus)
 
 
-class EagleWorker:
-    def __init__(self, runner, scheduler) -> None:
-        self.runner, self.scheduler = runner, scheduler
+@dataclass
+class SpecVerifyResult:
+    """One verification of a decode batch. Request b verified positions starts[b]..starts[b]+k; tokens[b] are its
+    accepted drafts then the target's token after them (correction or bonus), logprobs[b] their logprobs (host
+    lists). The Scheduler commits them in order; a token that finishes the request drops the ones after it."""
+
+    reqs: list
+    starts: list
+    tokens: list  # [B] lists of int, 1..k+1 each
+    logprobs: list  # [B] lists of float
+    hidden_states: torch.Tensor  # [B * (k+1), n_hc, D] the target's streams of the verify rows, for draft-extend
+
+
+class EagleWorker(DecodeWorker):
+    speculative = True
+    capture_hidden = True  # the draft consumes the target's streams of every row
+
+    def __init__(self, runner) -> None:
+        self.runner = runner
         self.allocator = runner.token_allocator
         self.num_steps = runner.server_args.speculative_num_steps
-        self.window = runner.model_config.sliding_window
+        self.num_draft_tokens = runner.server_args.speculative_num_draft_tokens
         self.draft_backend = DeepseekV4MultiStepBackend(runner.attn_backend, max(1, self.num_steps - 1))
-        self.total_verify = 0
-        self.total_accepted = 0
-
-    @property
-    def mean_accept_length(self) -> float:
-        return self.total_accepted / self.total_verify if self.total_verify else 0.0
 
     # ---- draft passes -----------------------------------------------------------------------------------------
     def _draft_forward(self, reqs: list, starts: list, lens: list, input_ids: list,
                        hidden: torch.Tensor) -> tuple:
         """MTP rows [starts[b], starts[b] + lens[b]) of each request -> (last-row logits [B, V], streams [B, n, D])."""
         loc = self._token_slots([r.alloc.req_pool_idx for r in reqs], starts, lens)
-        fb = ForwardBatch.build(ForwardMode.DRAFT_EXTEND, input_ids, [r.alloc.req_pool_idx for r in reqs], starts,
-                                lens, loc, self.runner.device, capture_hidden=True)
-        fb.spec_hidden_states = hidden
-        out = self.runner.forward_draft(fb)
-        last = fb.extend_start_loc + fb.extend_seq_lens - 1
+        forward_batch = ForwardBatch.build(ForwardMode.DRAFT_EXTEND, input_ids, [r.alloc.req_pool_idx for r in reqs],
+                                           starts, lens, loc, self.runner.device, capture_hidden=True)
+        forward_batch.spec_hidden_states = hidden
+        out = self.runner.forward_draft(forward_batch)
+        last = forward_batch.extend_start_loc + forward_batch.extend_seq_lens - 1
         return out.next_token_logits, out.hidden_states[last]
 
     def _token_slots(self, pool_idx: list, starts: list, lens: list) -> torch.Tensor:
@@ -91,8 +104,7 @@ class EagleWorker:
     def _set_drafts(self, reqs: list, logits: torch.Tensor, streams: torch.Tensor) -> None:
         tokens, probs = self._next_tokens(reqs, logits)
         for b, req in enumerate(reqs):
-            counts = (req.spec.num_verify, req.spec.num_accepted_tokens) if req.spec else (0, 0)
-            req.spec = SpecState(tokens[b], streams[b], probs[b], *counts)
+            req.spec = SpecState(tokens[b], streams[b], probs[b])
 
     def after_extend(self, batch, output) -> None:
         """Draft-extend over the rows a target EXTEND batch just processed (before their window slots are released).
@@ -119,15 +131,33 @@ class EagleWorker:
             self._set_drafts([reqs[b] for b in done], logits[index], streams[index])
 
     # ---- one speculative decode cycle ---------------------------------------------------------------------
-    def decode(self, reqs: list) -> list:
+    def verify(self, reqs: list) -> SpecVerifyResult:
+        """Steps 1-3 of a cycle: allocate the verify positions, draft, verify and accept (one device read)."""
         k = self.num_steps
         starts = [r.num_computed for r in reqs]
         for req, c in zip(reqs, starts):  # verify positions c..c+k
             self.allocator.extend(req.alloc, c + k + 1)
         drafts, draft_probs = self._draft_steps(reqs, starts, k)
-        accepted = self._verify(reqs, starts, drafts, draft_probs)
-        self.scheduler.finish_step(reqs)
-        return accepted
+        return self._verify(reqs, starts, drafts, draft_probs)
+
+    def draft_extend(self, verified: SpecVerifyResult) -> None:
+        """Steps 4-5, after the Scheduler committed the tokens and advanced num_computed past the accepted rows: roll
+        each running request's target back to them and draft-extend over them (x_{p+1}: the committed tokens)."""
+        k = self.num_steps
+        reqs, starts, lens, ids, rows = [], [], [], [], []
+        for b, (req, c, tokens) in enumerate(zip(verified.reqs, verified.starts, verified.tokens)):
+            if req.finished:
+                continue
+            self.allocator.truncate(req.alloc, req.num_computed)
+            reqs.append(req)
+            starts.append(c)
+            lens.append(len(tokens))
+            ids.extend(tokens)
+            rows.append(torch.arange(b * (k + 1), b * (k + 1) + len(tokens)))
+        if reqs:
+            hidden = verified.hidden_states[torch.cat(rows).to(verified.hidden_states.device)]
+            logits, streams = self._draft_forward(reqs, starts, lens, ids, hidden)
+            self._set_drafts(reqs, logits, streams)
 
     def _draft_steps(self, reqs: list, starts: list, k: int) -> tuple:
         """d_1 from the last draft-extend, then d_2..d_k (one MTP row per request per step) -> (drafts [B, k] on the
@@ -147,10 +177,10 @@ class EagleWorker:
                                             self.runner.device, capture_hidden=True))
         self.draft_backend.init_forward_metadata(steps, self.runner)
         columns = [drafts[:, 0]]
-        for fb in steps:
-            fb.input_ids = columns[-1]
-            fb.spec_hidden_states = streams
-            out = self.runner.forward_draft(fb, metadata_ready=True)
+        for forward_batch in steps:
+            forward_batch.input_ids = columns[-1]
+            forward_batch.spec_hidden_states = streams
+            out = self.runner.forward_draft(forward_batch, metadata_ready=True)
             streams = out.hidden_states
             tokens, step_probs = self._next_tokens(reqs, out.next_token_logits)
             columns.append(tokens)
@@ -158,18 +188,18 @@ class EagleWorker:
                 probs[b].append(step_probs[b])
         return torch.stack(columns, dim=1), probs
 
-    def _verify(self, reqs: list, starts: list, drafts: torch.Tensor, draft_probs: list) -> list:
+    def _verify(self, reqs: list, starts: list, drafts: torch.Tensor, draft_probs: list) -> SpecVerifyResult:
         """drafts [B, k] on the device. Acceptance (greedy for the batch, speculative sampling per sampled request)
         stays on the device; tokens, accept lengths and logprobs come back in one transfer."""
         k = self.num_steps
         device = self.runner.device
         last = torch.tensor([r.output_ids[-1] for r in reqs], dtype=torch.int64).to(device, non_blocking=True)
         loc = self._token_slots([r.alloc.req_pool_idx for r in reqs], starts, [k + 1] * len(reqs))
-        fb = ForwardBatch.build(ForwardMode.TARGET_VERIFY, [0] * (len(reqs) * (k + 1)),
-                                [r.alloc.req_pool_idx for r in reqs], starts, [k + 1] * len(reqs), loc, device,
-                                capture_hidden=True, return_all_logits=True)
-        fb.input_ids = torch.cat((last[:, None], drafts), dim=1).flatten()
-        out = self.runner.forward(fb)
+        forward_batch = ForwardBatch.build(ForwardMode.TARGET_VERIFY, [0] * (len(reqs) * (k + 1)),
+                                           [r.alloc.req_pool_idx for r in reqs], starts, [k + 1] * len(reqs), loc,
+                                           device, capture_hidden=True, return_all_logits=True)
+        forward_batch.input_ids = torch.cat((last[:, None], drafts), dim=1).flatten()
+        out = self.runner.forward(forward_batch)
         logits = out.all_logits.view(len(reqs), k + 1, -1)  # raw: the reported logprobs are taken before penalties
         target = self._penalized(reqs, logits, drafts)  # what acceptance compares against
         best = target.argmax(dim=-1)  # [B, k+1]
@@ -184,25 +214,12 @@ class EagleWorker:
         lps = torch.log_softmax(logits, dim=-1).gather(2, tokens[:, :, None]).squeeze(2)
         # the one host transfer of the cycle (token ids are exact in float64)
         host = read_back(torch.cat((tokens.double(), num_acc[:, None].double(), lps.double()), dim=1))
-        ext_reqs, ext_starts, ext_lens, ext_ids, ext_rows = [], [], [], [], []  # the draft-extend rows
-        for b, (req, c) in enumerate(zip(reqs, starts)):
-            j = int(host[b][k + 1])
-            tokens_b, lps_b = [int(t) for t in host[b][:j + 1]], host[b][k + 2:k + 3 + j]
-            self._commit(req, tokens_b, lps_b)
-            req.num_computed = c + 1 + j  # x_c and the accepted drafts are real rows
-            if req.finished:
-                continue
-            self.allocator.truncate(req.alloc, req.num_computed)
-            ext_reqs.append(req)
-            ext_starts.append(c)
-            ext_lens.append(j + 1)
-            ext_ids.extend(tokens_b)
-            ext_rows.append(torch.arange(b * (k + 1), b * (k + 1) + j + 1))
-        if ext_reqs:
-            hidden = out.hidden_states[torch.cat(ext_rows).to(out.hidden_states.device)]
-            logits_d, streams = self._draft_forward(ext_reqs, ext_starts, ext_lens, ext_ids, hidden)
-            self._set_drafts(ext_reqs, logits_d, streams)
-        return list(reqs)
+        tokens_out, logprobs_out = [], []
+        for row in host:  # k+1 tokens, the number j of accepted drafts, k+1 logprobs; the first j+1 of each count
+            j = int(row[k + 1])
+            tokens_out.append([int(t) for t in row[:j + 1]])
+            logprobs_out.append(row[k + 2:k + 3 + j])
+        return SpecVerifyResult(reqs, starts, tokens_out, logprobs_out, out.hidden_states)
 
     @staticmethod
     def _penalized(reqs: list, logits: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
@@ -215,16 +232,3 @@ class EagleWorker:
             if req.sampling_params.has_penalties:
                 target[b] = penalize_rows(logits[b], req, drafts[b])
         return target
-
-    def _commit(self, req, tokens: list, logprobs: list) -> None:
-        """Append accepted tokens in order, stopping at the first that finishes the request."""
-        self.total_verify += 1
-        req.spec.num_verify += 1
-        committed = 0
-        for token, lp in zip(tokens, logprobs):
-            self.scheduler.append_token(req, token, lp)
-            committed += 1
-            if req.finished:
-                break
-        self.total_accepted += committed
-        req.spec.num_accepted_tokens += committed

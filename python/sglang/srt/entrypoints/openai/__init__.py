@@ -1,1 +1,2 @@
-"""OpenAI-compatible serving pieces: the DeepSeek-V4 chat encoder (encoding_dsv4) lives here."""
+"""The OpenAI-compatible API: request models (protocol), /v1/completions and /v1/chat/completions (serving_*), and
+the DeepSeek-V4 chat encoder (encoding_dsv4)."""

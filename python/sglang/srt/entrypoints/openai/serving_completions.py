@@ -30,8 +30,6 @@ def _prompts(tm: TokenizerManager, prompt) -> list:
 
 async def create_completion(req: CompletionRequest, raw: Request, tm: TokenizerManager, model_name: str):
     prompts = await asyncio.to_thread(_prompts, tm, req.prompt)  # off the event loop: long prompts take seconds
-    if any(not ids for _, ids in prompts):
-        raise RequestError("a prompt is empty", 400)
     top_n = req.logprobs or 0
     choices = []  # (prompt index, choice index) -> stream
     for p_index, (_, ids) in enumerate(prompts):

@@ -17,6 +17,7 @@ from typing import Callable, Optional
 
 import torch
 
+from sglang.srt.configs.deepseek_v4 import CSA_RATIO
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sglang.srt.layers.attention.dsv4.logits_workspace import IndexerLogitsWorkspace, logits_budget_bytes
 from sglang.srt.layers.attention.dsv4.metadata import (
@@ -61,7 +62,7 @@ class DeepseekV4AttnBackendBase(AttentionBackend):
         window_slots = build_window_slots(forward_batch, self.config.sliding_window, self.allocator.full_to_swa)
         ratios = {}
         for ratio in self.config.distinct_ratios:
-            overlap = ratio == 4
+            overlap = ratio == CSA_RATIO
             plan = build_compress_plan(forward_batch, ratio, overlap, self.page_size, self.num_draft_tokens,
                                        num_ring_rows=self._any_state(ratio).buf.shape[0])
             entry_slots = build_entry_slots(forward_batch, ratio, self.page_size)

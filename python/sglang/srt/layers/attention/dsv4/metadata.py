@@ -50,21 +50,23 @@ class DSV4Metadata:
     ratios: dict  # ratio -> RatioMetadata
 
 
-def build_window_slots(fb, window: int, full_to_swa: torch.Tensor) -> torch.Tensor:
-    req = fb.req_pool_indices[fb.row_req][:, None]  # [T, 1]
-    pos = fb.positions[:, None] - (window - 1) + torch.arange(window, device=fb.positions.device)[None, :]
-    full = fb.req_to_token_pool.req_to_token[req, pos.clamp(min=0)].to(torch.int64)  # [T, W]
+def build_window_slots(forward_batch, window: int, full_to_swa: torch.Tensor) -> torch.Tensor:
+    req = forward_batch.req_pool_indices[forward_batch.row_req][:, None]  # [T, 1]
+    positions = forward_batch.positions
+    pos = positions[:, None] - (window - 1) + torch.arange(window, device=positions.device)[None, :]
+    full = forward_batch.req_to_token_pool.req_to_token[req, pos.clamp(min=0)].to(torch.int64)  # [T, W]
     return torch.where(pos >= 0, full_to_swa[full], torch.full_like(full, -1))
 
 
-def build_entry_slots(fb, ratio: int, page_size: int) -> torch.Tensor:
+def build_entry_slots(forward_batch, ratio: int, page_size: int) -> torch.Tensor:
     """[B, E_max] compressed-pool slot of entry w of each request (-1 past its floor(seq_len/m) entries)."""
-    counts = [n // ratio for n in fb.seq_lens_cpu]
+    counts = [n // ratio for n in forward_batch.seq_lens_cpu]
     e_max = max(counts, default=0)
-    device = fb.positions.device
+    device = forward_batch.positions.device
     w = torch.arange(e_max, device=device)
     # The first position w*m of each window addresses its page: entry w shares the page of that token.
-    full = fb.req_to_token_pool.req_to_token[fb.req_pool_indices[:, None], (w * ratio)[None, :]].to(torch.int64)
+    req_to_token = forward_batch.req_to_token_pool.req_to_token
+    full = req_to_token[forward_batch.req_pool_indices[:, None], (w * ratio)[None, :]].to(torch.int64)
     per_page = page_size // ratio
     slots = (full // page_size) * per_page + (w % per_page)[None, :]
     if all(c == e_max for c in counts):  # nothing to pad (host-known): the gathered slots as they are
@@ -73,16 +75,16 @@ def build_entry_slots(fb, ratio: int, page_size: int) -> torch.Tensor:
     return torch.where(valid, slots, torch.full_like(slots, -1))
 
 
-def build_compress_plan(fb, ratio: int, overlap: bool, page_size: int, num_draft_tokens: int,
+def build_compress_plan(forward_batch, ratio: int, overlap: bool, page_size: int, num_draft_tokens: int,
                         num_ring_rows: int) -> CompressPlan:
     """Host-side planning over requests, vectorised over the batch (sizes are data-dependent and known on the host:
     no device reads); the index tensors go to the device once."""
     ring = ring_size(ratio, overlap, num_draft_tokens)
     span = 2 * ratio if overlap else ratio
     offsets = torch.arange(span) - (ratio if overlap else 0)
-    s = torch.tensor(fb.extend_prefix_lens_cpu, dtype=torch.int64)  # tokens before this forward
-    e = torch.tensor(fb.extend_seq_lens_cpu, dtype=torch.int64)  # rows of this forward
-    r = torch.tensor(fb.req_pool_indices_cpu, dtype=torch.int64)
+    s = torch.tensor(forward_batch.extend_prefix_lens_cpu, dtype=torch.int64)  # tokens before this forward
+    e = torch.tensor(forward_batch.extend_seq_lens_cpu, dtype=torch.int64)  # rows of this forward
+    r = torch.tensor(forward_batch.req_pool_indices_cpu, dtype=torch.int64)
     n = s + e
     row0 = torch.cumsum(e, 0) - e  # first row of each request in this forward
     # Windows completed by this forward: w in [s // m, n // m) per request, flattened in request order.
@@ -98,9 +100,10 @@ def build_compress_plan(fb, ratio: int, overlap: bool, page_size: int, num_draft
     keep_from = torch.maximum(s, n - ring)
     kb = torch.repeat_interleave(torch.arange(len(e)), n - keep_from)
     keep = keep_from[kb] + torch.arange(len(kb)) - (torch.cumsum(n - keep_from, 0) - (n - keep_from))[kb]
-    device = fb.positions.device
+    device = forward_batch.positions.device
     source_rows, w, b = source_rows.to(device), w.to(device), b.to(device)
-    first_full = fb.req_to_token_pool.req_to_token[fb.req_pool_indices[b], w * ratio].to(torch.int64)
+    req_to_token = forward_batch.req_to_token_pool.req_to_token
+    first_full = req_to_token[forward_batch.req_pool_indices[b], w * ratio].to(torch.int64)
     per_page = page_size // ratio
     entry_slots = (first_full // page_size) * per_page + w % per_page
     return CompressPlan(ratio=ratio, overlap=overlap, ring=ring, num_new=int(source_rows.shape[0]),

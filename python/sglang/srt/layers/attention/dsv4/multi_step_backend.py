@@ -17,12 +17,9 @@ class DeepseekV4MultiStepBackend:
                          for _ in range(num_steps)]
 
     def init_forward_metadata(self, step_batches: list, runner) -> None:
-        """Attach pools and build the metadata of every step (all of them, the last included)."""
+        """Attach pools and build the metadata of every step (all of them, the last included), each step with its
+        own backend."""
         if len(step_batches) > len(self.backends):
             raise ValueError(f"{len(step_batches)} draft steps for {len(self.backends)} step backends")
-        for backend, fb in zip(self.backends, step_batches):
-            fb.req_to_token_pool = runner.req_to_token_pool
-            fb.token_to_kv_pool = runner.token_to_kv_pool
-            fb.token_allocator = runner.token_allocator
-            fb.attn_backend = backend
-            backend.init_forward_metadata(fb)
+        for backend, forward_batch in zip(self.backends, step_batches):
+            runner.attach(forward_batch, backend)

@@ -1,0 +1,223 @@
+"""The HTTP server's endpoints in three groups, each an APIRouter over the TokenizerManager; `create_app`
+(http_server.py) includes them:
+
+* health_routes: /health, /health_generate, /model_info, /server_info, /flush_cache, /metrics
+* openai_routes: /v1/models, /v1/completions, /v1/chat/completions
+* native_routes: SGLang's /generate, /tokenize, /detokenize
+
+A handler raises RequestError for anything the client got wrong; the app answers it with an OpenAI-style error body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from typing import Optional
+
+from fastapi import APIRouter, Request
+from fastapi.responses import PlainTextResponse, Response, StreamingResponse
+
+from sglang.srt.entrypoints.openai.protocol import (
+    ChatCompletionRequest, CompletionRequest, DetokenizeRequest, GenerateRequest, TokenizeRequest)
+from sglang.srt.entrypoints.openai.serving_base import SSE_DONE, collect, merge, sse, start_streams
+from sglang.srt.entrypoints.request_body import parse_request
+from sglang.srt.managers.tokenizer_manager import RequestError, TokenizerManager
+from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.server_args import ServerArgs
+from sglang.version import __version__
+
+HEALTH_PROBE_TIMEOUT_S = 5.0  # /health's own one-token probe while the scheduler's steps are failing
+
+# Server args never returned by /server_info in clear: keys, tokens, passwords (not e.g. max_total_tokens).
+_SECRET_ARG = re.compile(r"(^|_)(key|secret|password|passwd|token|credentials?)$")
+
+
+def redact_secrets(args: dict) -> dict:
+    return {k: ("***" if v is not None and _SECRET_ARG.search(k) else v) for k, v in args.items()}
+
+
+def served_model_name(args: ServerArgs) -> str:
+    return args.served_model_name or args.model_path
+
+
+# ---- health and info ----------------------------------------------------------------------------------------
+def health_routes(tm: TokenizerManager, args: ServerArgs, metrics=None, scheduler_proc=None) -> APIRouter:
+    router = APIRouter()
+
+    def scheduler_dead() -> Optional[str]:
+        if tm.dead_reason:
+            return tm.dead_reason
+        if scheduler_proc is not None and not scheduler_proc.is_alive():  # before the watchdog's next look
+            return f"the scheduler process died (exit code {scheduler_proc.exitcode})"
+        return None
+
+    def steps_failing() -> Optional[str]:
+        stats = tm.last_stats
+        if stats is not None and not stats.healthy:
+            return f"the scheduler's last {stats.consecutive_failed_steps} steps failed"
+        return None
+
+    async def generate_one_token(timeout: float) -> Optional[str]:
+        """One greedy token through the scheduler: None when it came back, else why not."""
+        params = SamplingParams(max_new_tokens=1, temperature=0, ignore_eos=True)
+        try:
+            async def one():
+                async for _ in tm.generate([tm.ready.eos_token_ids[0] if tm.ready.eos_token_ids else 0], params):
+                    pass
+            await asyncio.wait_for(one(), timeout=timeout)
+        except (RequestError, asyncio.TimeoutError) as e:
+            return str(e) or "timed out"
+        return None
+
+    probe_lock = asyncio.Lock()  # one recovery probe at a time, however many /health calls wait on it
+
+    @router.get("/health")
+    async def health():
+        """For load balancers: 503 while the scheduler cannot serve: its process died, or its latest steps all
+        failed. In the second case (only) /health runs one token itself, so a server whose failures have passed
+        comes back to 200 even when no traffic is routed to it."""
+        if steps_failing() and not scheduler_dead():
+            async with probe_lock:
+                if steps_failing():
+                    await generate_one_token(timeout=HEALTH_PROBE_TIMEOUT_S)
+        down = scheduler_dead() or steps_failing()
+        return Response(status_code=503 if down else 200, content=down)
+
+    @router.get("/health_generate")
+    async def health_generate():
+        """The end-to-end probe: one token through the scheduler."""
+        failure = scheduler_dead() or await generate_one_token(timeout=60)
+        if failure:
+            raise RequestError(f"generation health check failed: {failure}", 503)
+        return Response(status_code=200)
+
+    @router.get("/model_info")
+    @router.get("/get_model_info")
+    async def model_info():
+        return {"model_path": args.model_path, "tokenizer_path": args.tokenizer_path or tm.ready.model_path,
+                "served_model_name": served_model_name(args), "is_generation": True,
+                "context_length": tm.ready.context_length, "vocab_size": tm.ready.vocab_size}
+
+    @router.get("/server_info")
+    @router.get("/get_server_info")
+    async def server_info():
+        stats = tm.last_stats.__dict__ if tm.last_stats else None
+        return {**redact_secrets(tm.ready.effective_args), "version": __version__,
+                "max_total_num_tokens": tm.ready.max_total_tokens, "pool_report": tm.ready.pool_report,
+                "scheduler_stats": stats}
+
+    @router.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache():
+        await tm.flush_cache()
+        return PlainTextResponse("Cache flushed (no prefix cache is enabled, nothing was cached)\n")
+
+    @router.get("/metrics")
+    async def get_metrics():
+        if metrics is None:
+            raise RequestError("metrics are off; start the server with --enable-metrics", 404)
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    return router
+
+
+# ---- OpenAI-compatible --------------------------------------------------------------------------------------
+def openai_routes(tm: TokenizerManager, args: ServerArgs) -> APIRouter:
+    router = APIRouter()
+    served_name = served_model_name(args)
+    model_names = {served_name, args.model_path}
+
+    def check_model(name: str) -> None:
+        if name not in model_names:
+            raise RequestError(f"the model '{name}' does not exist; this server serves '{served_name}'", 404)
+
+    @router.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": served_name, "object": "model", "created": int(time.time()),
+                                            "owned_by": "sglang", "root": args.model_path,
+                                            "max_model_len": tm.ready.context_length}]}
+
+    @router.post("/v1/completions")
+    async def completions(raw: Request):
+        from sglang.srt.entrypoints.openai.serving_completions import create_completion
+
+        req = await parse_request(raw, CompletionRequest)
+        check_model(req.model)
+        return await create_completion(req, raw, tm, served_name)
+
+    @router.post("/v1/chat/completions")
+    async def chat_completions(raw: Request):
+        from sglang.srt.entrypoints.openai.serving_chat import create_chat_completion
+
+        req = await parse_request(raw, ChatCompletionRequest)
+        check_model(req.model)
+        return await create_chat_completion(req, raw, tm, served_name, args)
+
+    return router
+
+
+# ---- native -------------------------------------------------------------------------------------------------
+def native_routes(tm: TokenizerManager) -> APIRouter:
+    router = APIRouter()
+
+    @router.api_route("/generate", methods=["POST", "PUT"])
+    async def generate(raw: Request):
+        req = await parse_request(raw, GenerateRequest)
+        return await native_generate(req, raw, tm)
+
+    @router.post("/tokenize")
+    async def tokenize(raw: Request):
+        req = await parse_request(raw, TokenizeRequest)
+        if isinstance(req.prompt, str):
+            ids = await asyncio.to_thread(tm.encode, req.prompt)
+            return {"tokens": ids, "count": len(ids), "max_model_len": tm.ready.context_length}
+        ids = await asyncio.to_thread(lambda: [tm.encode(p) for p in req.prompt])
+        return {"tokens": ids, "count": [len(x) for x in ids], "max_model_len": tm.ready.context_length}
+
+    @router.post("/detokenize")
+    async def detokenize(raw: Request):
+        req = await parse_request(raw, DetokenizeRequest)
+        return {"text": tm.decode(req.tokens)}
+
+    return router
+
+
+async def native_generate(req: GenerateRequest, raw: Request, tm: TokenizerManager):
+    """/generate: one prompt (text or token ids) or a batch; SGLang's output dicts, streamed as SSE or not."""
+    if (req.text is None) == (req.input_ids is None):
+        raise RequestError("give exactly one of 'text' or 'input_ids'")
+    single = isinstance(req.text, str) or (req.input_ids is not None and all(isinstance(t, int) for t in req.input_ids))
+    prompts = [req.text] if isinstance(req.text, str) else req.text
+    ids_list = ([req.input_ids] if single else req.input_ids) if req.input_ids is not None \
+        else await asyncio.to_thread(lambda: [tm.encode(t) for t in prompts])  # off the event loop: can take seconds
+    n = len(ids_list)
+    if n == 0:
+        raise RequestError("the batch is empty")
+    sp = req.sampling_params if isinstance(req.sampling_params, list) else [req.sampling_params] * n
+    if len(sp) != n:
+        raise RequestError(f"sampling_params has {len(sp)} entries for {n} prompts")
+    try:
+        params = [SamplingParams.from_dict(p) for p in sp]
+    except (ValueError, TypeError) as e:
+        raise RequestError(str(e)) from None
+    streams = [tm.generate(ids, p, return_logprob=req.return_logprob, logprob_start_len=req.logprob_start_len,
+                           top_logprobs_num=req.top_logprobs_num) for ids, p in zip(ids_list, params)]
+
+    def shape(i, chunk) -> dict:
+        return chunk.to_dict() if single else {**chunk.to_dict(), "index": i}
+
+    if req.stream:
+        streams = await start_streams(streams)
+
+        async def events():
+            try:
+                async for i, chunk in merge(streams):
+                    yield sse(shape(i, chunk))
+            except RequestError as e:
+                yield sse({"error": {"message": e.message, "code": e.status_code}})
+            yield SSE_DONE
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+    finals = await collect(streams, raw)
+    outs = [shape(i, c) for i, c in enumerate(finals)]
+    return outs[0] if single else outs
