@@ -47,6 +47,8 @@ def error_of(r: httpx.Response, status: int) -> dict:
     assert r.status_code == status, (r.status_code, r.text)
     err = r.json()
     assert err["object"] == "error" and err["code"] == status and err["type"] and err["message"], err
+    nested = err["error"]  # OpenAI's shape beside SGLang's flat one
+    assert nested == {k: err[k] for k in ("message", "type", "param", "code")}, err
     return err
 
 

@@ -16,11 +16,11 @@ import time
 from typing import Optional
 
 from fastapi import APIRouter, Request
-from fastapi.responses import PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import PlainTextResponse, Response
 
 from sglang.srt.entrypoints.openai.protocol import (
     ChatCompletionRequest, CompletionRequest, DetokenizeRequest, GenerateRequest, TokenizeRequest)
-from sglang.srt.entrypoints.openai.serving_base import SSE_DONE, collect, merge, sse, start_streams
+from sglang.srt.entrypoints.openai.serving_base import collect, merge, sse, sse_response, start_streams
 from sglang.srt.entrypoints.request_body import parse_request
 from sglang.srt.managers.tokenizer_manager import RequestError, TokenizerManager
 from sglang.srt.sampling.sampling_params import SamplingParams
@@ -209,15 +209,11 @@ async def native_generate(req: GenerateRequest, raw: Request, tm: TokenizerManag
     if req.stream:
         streams = await start_streams(streams)
 
-        async def events():
-            try:
-                async for i, chunk in merge(streams):
-                    yield sse(shape(i, chunk))
-            except RequestError as e:
-                yield sse({"error": {"message": e.message, "code": e.status_code}})
-            yield SSE_DONE
+        async def frames():
+            async for i, chunk in merge(streams):
+                yield sse(shape(i, chunk))
 
-        return StreamingResponse(events(), media_type="text/event-stream")
+        return sse_response(frames(), "POST /generate (stream)")
     finals = await collect(streams, raw)
     outs = [shape(i, c) for i, c in enumerate(finals)]
     return outs[0] if single else outs

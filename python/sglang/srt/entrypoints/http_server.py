@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import hmac
 import logging
-import uuid
 from typing import Optional
 
 from fastapi import FastAPI, Request
@@ -25,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sglang.srt.entrypoints.http_routes import health_routes, native_routes, openai_routes
 from sglang.srt.entrypoints.openai.protocol import error_body
+from sglang.srt.entrypoints.openai.serving_base import log_internal_error
 from sglang.srt.managers.tokenizer_manager import RequestError, TokenizerManager
 from sglang.srt.server_args import ServerArgs
 
@@ -38,10 +38,8 @@ def _error(message: str, status: int, param: Optional[str] = None, headers: Opti
 def _internal_error(raw: Request, e: BaseException) -> JSONResponse:
     """A generic 500 (exception text may hold paths, prompts or secrets); the traceback goes to the log under
     the request id the client is given."""
-    request_id = uuid.uuid4().hex[:16]
-    logger.error("internal server error (request id %s) on %s %s", request_id, raw.method, raw.url.path,
-                 exc_info=(type(e), e, e.__traceback__))
-    return _error(f"internal server error (request id {request_id})", 500, headers={"X-Request-Id": request_id})
+    message, request_id = log_internal_error(f"{raw.method} {raw.url.path}", e)
+    return _error(message, 500, headers={"X-Request-Id": request_id})
 
 
 def _key_ok(raw: Request, api_key: str) -> bool:

@@ -184,4 +184,6 @@ def error_body(message: str, status_code: int, param: Optional[str] = None) -> d
             503: "ServiceUnavailableError"}.get(status_code)
     if kind is None:
         kind = "BadRequestError" if 400 <= status_code < 500 else "InternalServerError"
-    return {"object": "error", "message": message, "type": kind, "param": param, "code": status_code}
+    detail = {"message": message, "type": kind, "param": param, "code": status_code}
+    # SGLang's flat ErrorResponse, plus OpenAI's nested {"error": {...}} for clients that read that shape
+    return {"object": "error", **detail, "error": detail}

@@ -5,14 +5,46 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from typing import AsyncIterator, Optional
 
 from fastapi import Request
+from fastapi.responses import StreamingResponse
 
+from sglang.srt.entrypoints.openai.protocol import error_body
 from sglang.srt.managers.tokenizer_manager import GenerationChunk, RequestError, TokenizerManager
 from sglang.srt.sampling.sampling_params import SamplingParams
+
+
+logger = logging.getLogger(__name__)
+
+
+def log_internal_error(where: str, e: BaseException) -> tuple:
+    """An unexpected failure: its traceback goes to the log under a new request id; the client gets only a generic
+    message naming that id (exception text may hold paths, prompts or secrets). Returns (message, request id)."""
+    request_id = uuid.uuid4().hex[:16]
+    logger.error("internal server error (request id %s) on %s", request_id, where,
+                 exc_info=(type(e), e, e.__traceback__))
+    return f"internal server error (request id {request_id})", request_id
+
+
+def sse_response(frames: AsyncIterator[str], where: str) -> StreamingResponse:
+    """An SSE response: the frames, then [DONE]. A failure mid-stream becomes an error event before [DONE]: a
+    RequestError's own message and status, anything else a generic 500 with a request id."""
+    async def events():
+        try:
+            async for frame in frames:
+                yield frame
+        except RequestError as e:
+            yield sse(error_body(e.message, e.status_code, e.param))
+        except Exception as e:
+            message, _ = log_internal_error(where, e)
+            yield sse(error_body(message, 500))
+        yield SSE_DONE
+
+    return StreamingResponse(events(), media_type="text/event-stream")
 
 
 def new_id(prefix: str) -> str:

@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 
 from sglang.srt.entrypoints.openai.encoding_dsv4 import encode_messages, resolve_thinking
 from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
 from sglang.srt.entrypoints.openai.serving_base import (
-    SSE_DONE, chat_logprobs, collect, finish_reason, matched_stop, merge, new_id, now, sampling_params, sse,
+    chat_logprobs, collect, finish_reason, matched_stop, merge, new_id, now, sampling_params, sse, sse_response,
     start_streams, usage)
 from sglang.srt.managers.tokenizer_manager import RequestError, TokenizerManager
 
@@ -80,8 +80,8 @@ async def create_chat_completion(req: ChatCompletionRequest, raw: Request, tm: T
     rid, created = new_id("chatcmpl"), now()
     if req.stream:
         streams = await start_streams(streams)
-        return StreamingResponse(_stream(req, tm, streams, parsers, len(ids), rid, created, model_name),
-                                 media_type="text/event-stream")
+        return sse_response(_stream(req, tm, streams, parsers, len(ids), rid, created, model_name),
+                            "POST /v1/chat/completions (stream)")
     finals = await collect(streams, raw)
     choices, completion_tokens = [], 0
     for i, (chunk, p) in enumerate(zip(finals, parsers)):
@@ -150,27 +150,23 @@ async def _stream(req, tm, streams, parsers, prompt_tokens, rid, created, model_
                     "choices": [{"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": reason,
                                  "matched_stop": matched}]})
 
-    try:
-        for i in range(len(streams)):
-            yield frame(i, {"role": "assistant", "content": ""})
-        async for i, chunk in merge(streams):
-            new_text = chunk.text[sent_text[i]:]
-            logprobs = chat_logprobs(tm, chunk, sent_tokens[i], len(chunk.output_ids)) if req.logprobs else None
-            sent_text[i], sent_tokens[i] = len(chunk.text), len(chunk.output_ids)
-            deltas = _deltas(parsers[i], new_text, chunk.finished, tools)
-            for j, delta in enumerate(deltas):
-                yield frame(i, delta, logprobs=logprobs if j == 0 else None)
-            if not deltas and logprobs and logprobs["content"]:
-                yield frame(i, {}, logprobs=logprobs)
-            if chunk.finished:
-                completion_tokens += chunk.meta_info["completion_tokens"]
-                reason = finish_reason(chunk.meta_info["finish_reason"])
-                if parsers[i].num_calls and reason == "stop":
-                    reason = "tool_calls"
-                yield frame(i, {}, reason, matched=matched_stop(chunk.meta_info["finish_reason"]))
-        if include_usage:
-            yield sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model_name,
-                       "choices": [], "usage": usage(prompt_tokens * req.n, completion_tokens)})
-    except RequestError as e:
-        yield sse({"error": {"message": e.message, "code": e.status_code}})
-    yield SSE_DONE
+    for i in range(len(streams)):
+        yield frame(i, {"role": "assistant", "content": ""})
+    async for i, chunk in merge(streams):
+        new_text = chunk.text[sent_text[i]:]
+        logprobs = chat_logprobs(tm, chunk, sent_tokens[i], len(chunk.output_ids)) if req.logprobs else None
+        sent_text[i], sent_tokens[i] = len(chunk.text), len(chunk.output_ids)
+        deltas = _deltas(parsers[i], new_text, chunk.finished, tools)
+        for j, delta in enumerate(deltas):
+            yield frame(i, delta, logprobs=logprobs if j == 0 else None)
+        if not deltas and logprobs and logprobs["content"]:
+            yield frame(i, {}, logprobs=logprobs)
+        if chunk.finished:
+            completion_tokens += chunk.meta_info["completion_tokens"]
+            reason = finish_reason(chunk.meta_info["finish_reason"])
+            if parsers[i].num_calls and reason == "stop":
+                reason = "tool_calls"
+            yield frame(i, {}, reason, matched=matched_stop(chunk.meta_info["finish_reason"]))
+    if include_usage:
+        yield sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model_name,
+                   "choices": [], "usage": usage(prompt_tokens * req.n, completion_tokens)})

@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 
 from sglang.srt.entrypoints.openai.protocol import CompletionRequest
 from sglang.srt.entrypoints.openai.serving_base import (
-    SSE_DONE, collect, completion_logprobs, finish_reason, matched_stop, merge, new_id, now, sampling_params, sse,
+    collect, completion_logprobs, finish_reason, matched_stop, merge, new_id, now, sampling_params, sse, sse_response,
     start_streams, usage)
 from sglang.srt.managers.tokenizer_manager import RequestError, TokenizerManager
 
@@ -41,8 +41,8 @@ async def create_completion(req: CompletionRequest, raw: Request, tm: TokenizerM
     echo = [(text if text is not None else tm.decode(ids)) if req.echo else "" for text, ids in prompts]
     if req.stream:
         choices = await start_streams(choices)
-        return StreamingResponse(_stream(req, tm, choices, prompts, echo, rid, created, model_name),
-                                 media_type="text/event-stream")
+        return sse_response(_stream(req, tm, choices, prompts, echo, rid, created, model_name),
+                            "POST /v1/completions (stream)")
     finals = await collect(choices, raw)
     out_choices, completion_tokens = [], 0
     for i, chunk in enumerate(finals):
@@ -73,31 +73,27 @@ async def _stream(req, tm, choices, prompts, echo, rid, created, model_name):
                     "choices": [{"index": i, "text": text, "logprobs": logprobs,
                                  "finish_reason": finish_reason(reason), "matched_stop": matched_stop(reason)}]})
 
-    try:
-        for i in range(len(choices)):
-            if echo[i // req.n]:
-                yield frame(i, echo[i // req.n])
-        async for i, chunk in merge(choices):
-            delta = chunk.text[sent_text[i]:]
-            if not delta and not chunk.finished:
-                # No visible text yet (a partial character, text held back for a stop string): these tokens'
-                # logprobs stay pending and go out with the next frame, so every token gets exactly one entry.
-                continue
-            logprobs = None
-            if req.logprobs is not None:
-                logprobs = completion_logprobs(tm, chunk, sent_tokens[i], len(chunk.output_ids), offsets[i])
-                if logprobs["tokens"]:
-                    offsets[i] = logprobs["text_offset"][-1] + len(logprobs["tokens"][-1])
-            sent_text[i], sent_tokens[i] = len(chunk.text), len(chunk.output_ids)
-            if chunk.finished:
-                completion_tokens += chunk.meta_info["completion_tokens"]
-                yield frame(i, delta, logprobs, chunk.meta_info["finish_reason"])
-            else:
-                yield frame(i, delta, logprobs)
-        if include_usage:
-            prompt_tokens = sum(len(ids) for _, ids in prompts) * req.n
-            yield sse({"id": rid, "object": "text_completion", "created": created, "model": model_name,
-                       "choices": [], "usage": usage(prompt_tokens, completion_tokens)})
-    except RequestError as e:
-        yield sse({"error": {"message": e.message, "code": e.status_code}})
-    yield SSE_DONE
+    for i in range(len(choices)):
+        if echo[i // req.n]:
+            yield frame(i, echo[i // req.n])
+    async for i, chunk in merge(choices):
+        delta = chunk.text[sent_text[i]:]
+        if not delta and not chunk.finished:
+            # No visible text yet (a partial character, text held back for a stop string): these tokens'
+            # logprobs stay pending and go out with the next frame, so every token gets exactly one entry.
+            continue
+        logprobs = None
+        if req.logprobs is not None:
+            logprobs = completion_logprobs(tm, chunk, sent_tokens[i], len(chunk.output_ids), offsets[i])
+            if logprobs["tokens"]:
+                offsets[i] = logprobs["text_offset"][-1] + len(logprobs["tokens"][-1])
+        sent_text[i], sent_tokens[i] = len(chunk.text), len(chunk.output_ids)
+        if chunk.finished:
+            completion_tokens += chunk.meta_info["completion_tokens"]
+            yield frame(i, delta, logprobs, chunk.meta_info["finish_reason"])
+        else:
+            yield frame(i, delta, logprobs)
+    if include_usage:
+        prompt_tokens = sum(len(ids) for _, ids in prompts) * req.n
+        yield sse({"id": rid, "object": "text_completion", "created": created, "model": model_name,
+                   "choices": [], "usage": usage(prompt_tokens, completion_tokens)})
