@@ -3,7 +3,10 @@
     python -m sglang.bench_one_batch --model-path tiny-deepseek-v4 --batch-size 1 8 --input-len 256 --output-len 32
     python -m sglang.bench_one_batch --model-path tiny-deepseek-v4 --correctness-test   # print completions
 
-Every request of the batch is prefilled in one forward, then all decode together for --output-len steps.
+Every request of the batch is prefilled in one forward, then all decode together for --output-len steps. Each
+(batch, input length) is first warmed up at its own shape (WARMUP_DECODE_STEPS decode steps), then timed; then, in a
+separate pass, --profile-steps decode steps run under torch.profiler for the GPU-busy fraction, kernel launches and
+host syncs per step (sglang.srt.utils.step_profile; n/a on CPU, where there is no GPU trace).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import json
 import logging
 import statistics
 import time
+from typing import Optional
 
 import torch
 
@@ -21,7 +25,9 @@ from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
+from sglang.srt.utils.step_profile import StepProfile, profile_steps
 
+WARMUP_DECODE_STEPS = 4
 PROMPTS = ["The capital of France is", "DeepSeek-V4 compresses its KV cache by", "1, 2, 3, 4,"]
 
 
@@ -34,6 +40,7 @@ class BenchResult:
     prefill_throughput_tok_s: float
     median_decode_latency_s: float
     decode_throughput_tok_s: float
+    profile: Optional[StepProfile] = None  # from a separate profiled pass (--profile-steps)
 
 
 def _sync(device: torch.device) -> None:
@@ -41,7 +48,8 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run_once(engine, batch_size: int, input_len: int, output_len: int, seed: int) -> BenchResult:
+def prefill(engine, batch_size: int, input_len: int, output_len: int, seed: int) -> float:
+    """Admit `batch_size` random prompts and prefill them in one forward; returns the prefill seconds."""
     sched, runner = engine.scheduler, engine.model_runner
     vocab = runner.model_config.vocab_size
     g = torch.Generator().manual_seed(seed)
@@ -58,7 +66,12 @@ def run_once(engine, batch_size: int, input_len: int, output_len: int, seed: int
     start = time.perf_counter()
     sched.run_batch(ScheduleBatch(ForwardMode.EXTEND, list(reqs), [input_len] * batch_size))
     _sync(runner.device)
-    prefill = time.perf_counter() - start
+    return time.perf_counter() - start
+
+
+def run_once(engine, batch_size: int, input_len: int, output_len: int, seed: int) -> BenchResult:
+    sched, runner = engine.scheduler, engine.model_runner
+    prefill_s = prefill(engine, batch_size, input_len, output_len, seed)
     steps = []
     while sched.running:
         t = time.perf_counter()
@@ -66,8 +79,28 @@ def run_once(engine, batch_size: int, input_len: int, output_len: int, seed: int
         _sync(runner.device)
         steps.append(time.perf_counter() - t)
     median = statistics.median(steps) if steps else float("nan")
-    return BenchResult(batch_size, input_len, output_len, prefill, batch_size * input_len / prefill, median,
+    return BenchResult(batch_size, input_len, output_len, prefill_s, batch_size * input_len / prefill_s, median,
                        batch_size / median if steps else float("nan"))
+
+
+def tokens_per_step(engine) -> int:
+    """The most tokens one decode step commits per request: a speculative cycle commits up to num_draft_tokens."""
+    return max(1, engine.scheduler.num_draft_tokens)
+
+
+def profile_decode(engine, batch_size: int, input_len: int, steps: int, seed: int) -> StepProfile:
+    """Prefill a fresh batch, profile `steps` decode steps (a speculative cycle is one step), then finish the batch.
+    Never part of a timed pass."""
+    sched = engine.scheduler
+    # The first token comes from prefill; one more step is the profiler's warm-up, one more is slack.
+    prefill(engine, batch_size, input_len, 1 + (steps + 2) * tokens_per_step(engine), seed)
+    result = profile_steps(sched.step, steps, engine.model_runner.device)
+    if len(sched.running) != batch_size:
+        raise RuntimeError(f"a request finished inside the profiled steps ({len(sched.running)} of {batch_size} "
+                           f"left)")
+    while sched.running:
+        sched.step()
+    return result
 
 
 def correctness_test(engine) -> None:
@@ -84,6 +117,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, nargs="+", default=[1])
     parser.add_argument("--input-len", type=int, nargs="+", default=[256])
     parser.add_argument("--output-len", type=int, default=32)
+    parser.add_argument("--profile-steps", type=int, default=6,
+                        help="decode steps profiled after the timed run, per batch (0: no profile)")
     parser.add_argument("--correctness-test", action="store_true", help="print completions of a few prompts")
     parser.add_argument("--result-filename", help="append one JSON line per run")
     args = parser.parse_args()
@@ -94,14 +129,17 @@ def main() -> None:
     if args.correctness_test:
         correctness_test(engine)
         return
-    run_once(engine, 1, min(args.input_len), 2, seed=0)  # warm-up
     logging.getLogger().setLevel(logging.WARNING)
     for bs in args.batch_size:
         for input_len in args.input_len:
+            # Warm-up at this exact shape, so no first-use cost (allocation, kernel compilation) is timed.
+            run_once(engine, bs, input_len, 1 + WARMUP_DECODE_STEPS * tokens_per_step(engine), seed=0)
             r = run_once(engine, bs, input_len, args.output_len, seed=1)
+            if args.profile_steps > 0:
+                r.profile = profile_decode(engine, bs, input_len, args.profile_steps, seed=2)
             print(f"batch {r.batch_size:4d} input {r.input_len:6d} | prefill {r.prefill_latency_s * 1e3:9.1f} ms "
                   f"{r.prefill_throughput_tok_s:10.1f} tok/s | decode median {r.median_decode_latency_s * 1e3:8.2f} ms "
-                  f"{r.decode_throughput_tok_s:9.1f} tok/s")
+                  f"{r.decode_throughput_tok_s:9.1f} tok/s" + (f" | {r.profile.columns()}" if r.profile else ""))
             if args.result_filename:
                 with open(args.result_filename, "a") as f:
                     f.write(json.dumps(dataclasses.asdict(r)) + "\n")

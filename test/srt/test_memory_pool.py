@@ -303,6 +303,38 @@ def test_extend_exhaustion_leaves_state_unchanged():
     assert allocator.is_all_free() and allocator.token_usage() == 0
 
 
+def test_extend_batch_equals_one_request_at_a_time_and_is_all_or_nothing():
+    """A step's allocation in one call (one host -> device copy) gives exactly the slots and device maps that
+    extending the requests one by one gives; when the step does not fit as a whole, nothing changes."""
+    lens = [[5, 17, 1], [9, 18, 3]]  # two steps of three requests (new total lengths)
+
+    def run(batched: bool):
+        allocator = engine("tiny", max_total_tokens=64, max_running_requests=3,
+                           chunked_prefill_size=8).model_runner.token_allocator
+        allocs = [allocator.alloc_req() for _ in range(3)]
+        slots = []
+        for step in lens:
+            if batched:
+                slots.append(allocator.extend_batch(allocs, step).tolist())
+            else:
+                slots.append(torch.cat([allocator.extend(a, n) for a, n in zip(allocs, step)]).tolist())
+        return allocator, allocs, slots
+
+    allocator, allocs, slots = run(batched=True)
+    ref_allocator, ref_allocs, ref_slots = run(batched=False)
+    assert slots == ref_slots and len(slots[1]) == 4 + 1 + 2
+    for a, b in zip(allocs, ref_allocs):
+        assert_same_state(allocator_state(allocator, a), allocator_state(ref_allocator, b))
+    before = [allocator_state(allocator, a) for a in allocs]  # 4 pages: 1 + 2 + 1 held, none left
+    with pytest.raises(PoolExhaustedError, match="KV page"):
+        allocator.extend_batch(allocs, [10, 18, 17])  # the first two fit, the third needs a new page
+    for a, b in zip(allocs, before):
+        assert_same_state(b, allocator_state(allocator, a))
+    for a in allocs:
+        allocator.free_req(a)
+    assert allocator.is_all_free()
+
+
 def test_request_that_never_fits():
     eng = small_engine()
     params = {"temperature": 0, "max_new_tokens": 10, "ignore_eos": True}

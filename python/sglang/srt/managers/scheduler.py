@@ -180,8 +180,8 @@ class Scheduler:
         """Allocate, run and sample one batch of admitted requests."""
         if self.worker.speculative and batch.forward_mode.is_decode():
             return self._run_speculative_cycle(batch.reqs)
-        out_cache_loc = torch.cat([self.allocator.extend(r.alloc, r.num_computed + n)
-                                   for r, n in zip(batch.reqs, batch.extend_lens)])
+        out_cache_loc = self.allocator.extend_batch([r.alloc for r in batch.reqs],
+                                                    [r.num_computed + n for r, n in zip(batch.reqs, batch.extend_lens)])
         forward_batch = batch.to_forward_batch(out_cache_loc, self.runner.device)
         forward_batch.capture_hidden = self.worker.capture_hidden
         output = self.runner.forward(forward_batch)

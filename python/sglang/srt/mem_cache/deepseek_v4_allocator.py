@@ -6,7 +6,8 @@
 - Window slots (one per token, own pool sized by --swa-full-tokens-ratio): held only while a token can still
   be in some query's window; `release_window` frees them as the window slides. `full_to_swa` maps a full
   slot to its window slot (-1 once released).
-All bookkeeping is host-side; `full_to_swa` and `req_to_token` are device tensors updated in small batches.
+All bookkeeping is host-side; `full_to_swa` and `req_to_token` are device tensors, updated for a whole step's
+requests from one host -> device copy (`extend_batch`), so the copies do not grow with the batch.
 An allocation either succeeds completely or raises PoolExhaustedError with nothing changed. Callers outside
 mem_cache/ ask the capacity methods (available_pages, token_usage, is_all_free, ...), not the pools.
 """
@@ -81,30 +82,46 @@ class DeepSeekV4TokenAllocator:
 
     def extend(self, alloc: ReqAllocation, new_num_tokens: int) -> torch.Tensor:
         """Give positions [alloc.num_tokens, new_num_tokens) full and window slots; returns their full slots."""
-        start = alloc.num_tokens
-        if new_num_tokens > self.req_to_token_pool.max_context_len:
-            raise ValueError(f"sequence length {new_num_tokens} exceeds the context length "
-                             f"{self.req_to_token_pool.max_context_len}")
-        n_new = new_num_tokens - start
-        n_pages = self.pages_needed(alloc, new_num_tokens)
+        return self.extend_batch([alloc], [new_num_tokens])
+
+    def extend_batch(self, allocs: list, new_num_tokens: list) -> torch.Tensor:
+        """`extend` for each request of a step; returns the new full slots of all of them, in order. The page table
+        and window map are written from one host -> device copy (pinned, non-blocking on a GPU). All or nothing: if
+        the pools cannot hold every request's new positions, PoolExhaustedError and nothing changed."""
+        for n in new_num_tokens:
+            if n > self.req_to_token_pool.max_context_len:
+                raise ValueError(f"sequence length {n} exceeds the context length "
+                                 f"{self.req_to_token_pool.max_context_len}")
+        n_pages = sum(self.pages_needed(a, n) for a, n in zip(allocs, new_num_tokens))
+        n_new = sum(max(0, n - a.num_tokens) for a, n in zip(allocs, new_num_tokens))
         if n_pages > self.pages.available():
             raise PoolExhaustedError(self.pages.name, n_pages, self.pages.available())
         if n_new > self.swa_slots.available():
             raise PoolExhaustedError(self.swa_slots.name, n_new, self.swa_slots.available())
-        if n_new <= 0:
+        rows, positions, full, swa = [], [], [], []
+        for alloc, n in zip(allocs, new_num_tokens):
+            start = alloc.num_tokens
+            if n <= start:
+                continue
+            alloc.pages.extend(self.pages.alloc(self.pages_needed(alloc, n)))
+            new_swa = self.swa_slots.alloc(n - start)
+            rows += [alloc.req_pool_idx] * (n - start)
+            positions += range(start, n)
+            full += [alloc.pages[p // self.page_size] * self.page_size + p % self.page_size for p in range(start, n)]
+            swa += new_swa
+            if not alloc.window_slots:
+                alloc.window_start = start
+            alloc.window_slots.extend(new_swa)
+            alloc.num_tokens = n
+        if not full:
             return torch.empty(0, dtype=torch.int64, device=self.device)
-        alloc.pages.extend(self.pages.alloc(n_pages))
-        swa = self.swa_slots.alloc(n_new)
-        pos = torch.arange(start, new_num_tokens)
-        page_ids = torch.tensor(alloc.pages, dtype=torch.int64)[pos // self.page_size]
-        full = (page_ids * self.page_size + pos % self.page_size).to(self.device)
-        self.req_to_token_pool.req_to_token[alloc.req_pool_idx, start:new_num_tokens] = full.to(torch.int32)
-        self.full_to_swa[full] = torch.tensor(swa, dtype=torch.int64, device=self.device)
-        if not alloc.window_slots:
-            alloc.window_start = start
-        alloc.window_slots.extend(swa)
-        alloc.num_tokens = new_num_tokens
-        return full
+        host = torch.tensor([rows, positions, full, swa], dtype=torch.int64)
+        on_gpu = torch.device(self.device).type == "cuda"
+        packed = (host.pin_memory() if on_gpu else host).to(self.device, non_blocking=on_gpu)
+        rows_t, positions_t, full_t, swa_t = packed
+        self.req_to_token_pool.req_to_token[rows_t, positions_t] = full_t.to(torch.int32)
+        self.full_to_swa[full_t] = swa_t
+        return full_t
 
     def release_window(self, alloc: ReqAllocation, keep_from: int) -> None:
         """Free the window slots of positions < keep_from (they can no longer be in any query's window)."""

@@ -135,8 +135,7 @@ class EagleWorker(DecodeWorker):
         """Steps 1-3 of a cycle: allocate the verify positions, draft, verify and accept (one device read)."""
         k = self.num_steps
         starts = [r.num_computed for r in reqs]
-        for req, c in zip(reqs, starts):  # verify positions c..c+k
-            self.allocator.extend(req.alloc, c + k + 1)
+        self.allocator.extend_batch([r.alloc for r in reqs], [c + k + 1 for c in starts])  # positions c..c+k
         drafts, draft_probs = self._draft_steps(reqs, starts, k)
         return self._verify(reqs, starts, drafts, draft_probs)
 

@@ -1,0 +1,144 @@
+"""Where a step's time goes: GPU-busy fraction, kernel launches and host syncs per step, from torch.profiler.
+
+profile_steps() runs a step function under torch.profiler (one unrecorded warm-up step, then `steps` recorded ones,
+each inside a STEP_MARK range) and summarize() turns the trace into a StepProfile. summarize() is a pure function of
+plain TraceEvent records, so it is tested on CPU with synthetic events. Run the profile in a pass of its own, after
+the timed one: the profiler adds host overhead and synchronises the device when it stops.
+
+Definitions, over the window from the first step's start to the end of the last step or of its GPU work:
+- GPU busy: the union of kernel, memcpy and memset intervals (overlaps counted once) / the window's wall time.
+- launches: host-side kernel launch API calls (runtime and driver, graph launches count one each).
+- syncs: host calls that block on the device (stream/device/event synchronize, synchronous cudaMemcpy, cudaFree).
+The wall time is that of the profiled steps, the profiler's host overhead included (the timed pass has the clean
+step time). Without a GPU trace (a CPU run) the GPU columns are None, printed as n/a: there is nothing to measure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+from typing import Callable, Iterable, Optional
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+STEP_MARK = "sglang::profiled_step"
+# Kineto activity types (libkineto ActivityType names) of work that occupies the GPU.
+DEVICE_WORK = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+HOST_RANGE = "user_annotation"  # a record_function range on the host (its GPU twin is "gpu_user_annotation")
+
+# API names, after dropping the version and per-thread-stream suffixes (cuMemcpyDtoH_v2, cudaLaunchKernel_ptsz).
+_API_SUFFIX = re.compile(r"(_v\d+|_pt(sz|ds))*$")
+_LAUNCH = re.compile(r"(cuda|cu|hip)(Ext)?(Module)?Launch(Cooperative)?Kernel(Ex|ExC)?|(cuda|cu|hip)GraphLaunch")
+# cudaMemcpy without Async blocks the host; cudaFree and cudaFreeHost synchronise the device implicitly.
+_SYNC = re.compile(r"(cuda|cu|hip)(Stream|Device|Event|Ctx)Synchronize|(cuda|hip)Memcpy|cuMemcpy(DtoH|HtoD|DtoD)?"
+                   r"|(cuda|hip)Free(Host)?")
+
+
+@dataclasses.dataclass(frozen=True)
+class TraceEvent:
+    """One profiler record: `activity` is kineto's activity type ("kernel", "cuda_runtime", "cpu_op", ...)."""
+
+    name: str
+    activity: str
+    start_us: float
+    end_us: float
+
+
+@dataclasses.dataclass(frozen=True)
+class StepProfile:
+    """Per-step averages over `steps` profiled steps; the GPU fields are None without a GPU trace."""
+
+    steps: int
+    wall_ms_per_step: float
+    gpu_ms_per_step: Optional[float]  # union of GPU work intervals
+    gpu_busy: Optional[float]  # fraction of the wall time
+    kernels_per_step: Optional[float]  # kernels that ran (a cross-check of launches: equal without graphs)
+    launches_per_step: Optional[float]
+    syncs_per_step: Optional[float]
+
+    def columns(self) -> str:
+        """One table cell group, n/a where nothing was measured."""
+        def fmt(value: Optional[float], spec: str) -> str:
+            return "n/a" if value is None else format(value, spec)
+
+        return (f"wall ms/step {self.wall_ms_per_step:8.2f} | GPU ms/step {fmt(self.gpu_ms_per_step, '7.2f')} "
+                f"| busy {fmt(self.gpu_busy, '6.1%')} | launches/step {fmt(self.launches_per_step, '6.1f')} "
+                f"| syncs/step {fmt(self.syncs_per_step, '5.1f')}")
+
+
+def is_launch(name: str) -> bool:
+    return _LAUNCH.fullmatch(_API_SUFFIX.sub("", name)) is not None
+
+
+def is_sync(name: str) -> bool:
+    return _SYNC.fullmatch(_API_SUFFIX.sub("", name)) is not None
+
+
+def merged_length(intervals: Iterable[tuple]) -> float:
+    """Total length covered by (start, end) intervals, overlaps counted once."""
+    total, cur_start, cur_end = 0.0, None, None
+    for start, end in sorted(intervals):
+        if cur_end is None or start > cur_end:
+            if cur_end is not None:
+                total += cur_end - cur_start
+            cur_start, cur_end = start, end
+        else:
+            cur_end = max(cur_end, end)
+    return total if cur_end is None else total + cur_end - cur_start
+
+
+def summarize(events: list, gpu_trace: bool) -> StepProfile:
+    """StepProfile of the STEP_MARK ranges in `events`. Host calls count only inside the steps (the profiler's own
+    synchronize at stop falls outside); GPU work counts clipped to the window, whose end waits for the last of it.
+    `gpu_trace`: the trace was taken with CUDA activities (False on CPU: GPU fields None)."""
+    marks = [e for e in events if e.name == STEP_MARK and e.activity == HOST_RANGE]
+    if not marks:
+        raise ValueError(f"no {STEP_MARK!r} ranges in the trace: wrap each step in record_function(STEP_MARK)")
+    start, steps_end = min(m.start_us for m in marks), max(m.end_us for m in marks)
+    work = [(e.start_us, e.end_us) for e in events if e.activity in DEVICE_WORK and e.end_us > start]
+    end = max([steps_end] + [e for _, e in work])
+    n, wall_us = len(marks), end - start
+    if not gpu_trace or not work:
+        return StepProfile(n, wall_us / n / 1e3, None, None, None, None, None)
+    busy_us = merged_length((max(s, start), e) for s, e in work)
+    host = [e.name for e in events if e.activity not in DEVICE_WORK and start <= e.start_us <= steps_end]
+    kernels = sum(1 for e in events if e.activity == "kernel" and e.end_us > start)
+    return StepProfile(n, wall_us / n / 1e3, busy_us / n / 1e3, busy_us / wall_us, kernels / n,
+                       sum(map(is_launch, host)) / n, sum(map(is_sync, host)) / n)
+
+
+def profile_steps(step: Callable[[], object], steps: int, device: torch.device) -> StepProfile:
+    """Run `step` 1 + `steps` times under torch.profiler and summarize the last `steps` (the first one is the
+    profiler's warm-up: CUPTI's start-up cost lands there, not in the numbers)."""
+    from torch.profiler import ProfilerActivity, profile, record_function, schedule
+
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    gpu = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
+    if gpu:
+        torch.cuda.synchronize(device)  # nothing queued earlier runs inside the window
+    with profile(activities=activities, schedule=schedule(wait=0, warmup=1, active=steps, repeat=1)) as prof:
+        for _ in range(1 + steps):
+            with record_function(STEP_MARK):
+                step()
+            prof.step()
+    result = summarize(trace_events(prof), gpu)
+    if gpu and result.gpu_busy is None:
+        logger.warning("the CUDA profile holds no GPU work (is CUPTI available?): GPU columns are n/a")
+    return result
+
+
+def trace_events(prof, raw: bool = True) -> list:
+    """A finished torch.profiler.profile's records as TraceEvents. raw: read the kineto records prof.events() is
+    built from (building its FunctionEvent tree takes seconds for the thousands of ops of a step, and none of it is
+    needed here); False, or a profiler without them: prof.events()."""
+    records = getattr(prof.profiler, "kineto_results", None) if raw else None
+    if records is None:
+        return [TraceEvent(e.name, e.activity_type or "", e.time_range.start, e.time_range.end) for e in prof.events()]
+    t0 = records.trace_start_ns()  # relative times: epoch nanoseconds as float microseconds lose precision
+    return [TraceEvent(e.name(), e.activity_type(), (e.start_ns() - t0) / 1e3, (e.end_ns() - t0) / 1e3)
+            for e in records.events()]
