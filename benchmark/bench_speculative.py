@@ -7,11 +7,16 @@ Builds (once, under --work-dir) a random native checkpoint of the config, then t
 test/srt/spec_checkpoint.py (attention outputs and expert w2 zeroed, head = shifted embedding, MTP = identity on the
 next token's embedding), so the draft's tokens are always accepted: the accept length is steps + 1 and the speed-up
 is the best the engine's speculative path can give. Reports decode tokens/s per batch size, both ways.
+
+Every (mode, batch) is warmed up at its own shape (same batch and prompt length, WARMUP_DECODE_STEPS decode steps)
+before it is timed, then profiled in a separate pass: GPU-busy fraction, kernel launches and host syncs per decode step
+(a speculative step is one draft-verify-extend cycle; n/a on CPU), also in --out.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -42,12 +47,13 @@ def engine_ctx(path: str) -> int:
         return json.load(f)["max_position_embeddings"]
 
 
-def decode_tok_s(engine, batch: int, prompt_len: int, new_tokens: int) -> tuple:
+def decode_tok_s(engine, batch: int, prompt_len: int, new_tokens: int, warmup_tokens: int) -> tuple:
     vocab = engine.model_runner.model_config.vocab_size
     g = torch.Generator().manual_seed(0)
     ids = [torch.randint(2, vocab, (prompt_len,), generator=g).tolist() for _ in range(batch)]
     params = {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True}
-    engine.generate(input_ids=ids, sampling_params={**params, "max_new_tokens": 2})  # warm-up
+    # Warm-up at this exact shape (batch, prompt length, decode steps of this mode), so no first-use cost is timed.
+    engine.generate(input_ids=ids, sampling_params={**params, "max_new_tokens": warmup_tokens})
     prefill_only = {**params, "max_new_tokens": 1}
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     sync()
@@ -66,6 +72,7 @@ def decode_tok_s(engine, batch: int, prompt_len: int, new_tokens: int) -> tuple:
 
 def main() -> None:
     import sglang
+    from sglang.bench_one_batch import WARMUP_DECODE_STEPS, profile_decode, tokens_per_step
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", default=os.path.join(ROOT, "..", "shared", "bench", "flash-slice-4l32e.config.json"))
@@ -74,6 +81,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--prompt-len", type=int, default=256)
     ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--profile-steps", type=int, default=6,
+                    help="decode steps profiled after the timed run, per (mode, batch) (0: no profile)")
     ap.add_argument("--out")
     args = ap.parse_args()
     path = build_checkpoint(args.config, args.work_dir)
@@ -85,10 +94,15 @@ def main() -> None:
                                max_running_requests=max(args.batch), context_length=min(4096, engine_ctx(path)),
                                **kwargs)
         for bs in args.batch:
-            tok_s, accept, _ = decode_tok_s(engine, bs, args.prompt_len, args.new_tokens)
-            rows.append({"speculative": spec, "batch": bs, "decode_tok_s": tok_s, "accept_length": accept})
+            tok_s, accept, _ = decode_tok_s(engine, bs, args.prompt_len, args.new_tokens,
+                                            warmup_tokens=1 + WARMUP_DECODE_STEPS * tokens_per_step(engine))
+            prof = None
+            if args.profile_steps > 0:
+                prof = profile_decode(engine, bs, args.prompt_len, args.profile_steps, seed=1)
+            rows.append({"speculative": spec, "batch": bs, "decode_tok_s": tok_s, "accept_length": accept,
+                         "profile": dataclasses.asdict(prof) if prof else None})
             print(f"speculative={spec!s:5} batch {bs:3d}: decode {tok_s:9.1f} tok/s"
-                  + (f", accept length {accept:.2f}" if accept else ""))
+                  + (f", accept length {accept:.2f}" if accept else "") + (f" | {prof.columns()}" if prof else ""))
         engine.shutdown()
         del engine
     if args.out:

@@ -1,0 +1,178 @@
+"""step_profile: the trace summary over synthetic events (busy intervals merged, launch and sync API names counted
+inside the steps only), a real CPU profile, and the profile columns of bench_one_batch and bench_speculative."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import sys
+
+import pytest
+import torch
+
+from oracle import TINY
+from sglang.srt.utils.step_profile import (STEP_MARK, TraceEvent, is_launch, is_sync, merged_length, profile_steps,
+                                           summarize, trace_events)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+COLUMNS = ("wall ms/step", "GPU ms/step", "busy", "launches/step", "syncs/step")
+
+
+def mark(start: float, end: float) -> TraceEvent:
+    return TraceEvent(STEP_MARK, "user_annotation", start, end)
+
+
+def host(name: str, at: float) -> TraceEvent:
+    return TraceEvent(name, "cuda_runtime", at, at + 1)
+
+
+def test_merged_length_counts_overlaps_once():
+    assert merged_length([]) == 0
+    assert merged_length([(20, 30), (0, 10), (5, 15), (30, 31), (40, 40)]) == 15 + 11
+
+
+@pytest.mark.parametrize("name", ["cudaLaunchKernel", "cudaLaunchKernel_ptsz_v7000", "cudaLaunchKernelExC_v11060",
+                                  "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchCooperativeKernel",
+                                  "cudaGraphLaunch", "hipLaunchKernel", "hipExtModuleLaunchKernel"])
+def test_launch_names(name):
+    assert is_launch(name) and not is_sync(name)
+
+
+@pytest.mark.parametrize("name", ["cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+                                  "cudaMemcpy", "cudaMemcpy_ptds", "cuMemcpyDtoH_v2", "cuCtxSynchronize",
+                                  "hipStreamSynchronize", "cudaFree"])
+def test_sync_names(name):
+    assert is_sync(name) and not is_launch(name)
+
+
+@pytest.mark.parametrize("name", ["cudaMemcpyAsync", "cudaStreamWaitEvent", "cudaEventRecord", "cudaEventQuery",
+                                  "aten::mm", "cudaMalloc", "void launch_kernel<float>(float*)"])
+def test_neither_launch_nor_sync(name):
+    assert not is_launch(name) and not is_sync(name)
+
+
+def synthetic_trace() -> list:
+    """Two steps (0-100, 120-200 us) whose last GPU work ends at 230; the profiler's own sync comes after."""
+    return [
+        mark(0, 100), mark(120, 200),
+        TraceEvent(STEP_MARK, "gpu_user_annotation", 0, 230),  # the GPU twin of a mark spans gaps: not work
+        TraceEvent("ProfilerStep#1", "user_annotation", 0, 101),
+        TraceEvent("kernel_before", "kernel", -20, 5),  # queued before the window: clipped to [0, 5]
+        TraceEvent("gemm", "kernel", 10, 40), TraceEvent("norm", "kernel", 30, 60),  # overlap: 10-60
+        TraceEvent("Memcpy DtoH (Device -> Pinned)", "gpu_memcpy", 55, 70),  # 10-70
+        TraceEvent("Memset (Device)", "gpu_memset", 140, 145),
+        TraceEvent("attention", "kernel", 150, 230),
+        TraceEvent("aten::mm", "cpu_op", 8, 20),
+        host("cudaLaunchKernel", 9), host("cudaLaunchKernel_ptsz", 25), TraceEvent("cuLaunchKernelEx", "cuda_driver",
+                                                                                     121, 122),
+        host("cudaGraphLaunch", 130), host("cudaMemcpyAsync", 50), host("cudaStreamSynchronize", 51),
+        host("cudaMemcpy", 190), host("cudaStreamWaitEvent", 131),
+        host("cudaLaunchKernel", -10), host("cudaDeviceSynchronize", 240),  # outside the steps: not counted
+    ]
+
+
+def test_summary_of_a_cuda_trace():
+    p = summarize(synthetic_trace(), gpu_trace=True)
+    busy_us = 5 + 60 + 5 + 80
+    assert p.steps == 2
+    assert p.wall_ms_per_step == pytest.approx(230 / 2 / 1e3)
+    assert p.gpu_ms_per_step == pytest.approx(busy_us / 2 / 1e3)
+    assert p.gpu_busy == pytest.approx(busy_us / 230)
+    assert p.kernels_per_step == 4 / 2
+    assert p.launches_per_step == 4 / 2
+    assert p.syncs_per_step == 2 / 2
+    text = p.columns()
+    assert "n/a" not in text and "busy  65.2%" in text
+
+
+def test_cpu_trace_has_no_gpu_numbers():
+    events = [e for e in synthetic_trace() if e.activity in ("user_annotation", "cpu_op")]
+    for gpu_trace in (False, True):  # True: a CUDA profile without GPU records (no CUPTI) is not "0 launches"
+        p = summarize(events, gpu_trace=gpu_trace)
+        assert p.steps == 2 and p.wall_ms_per_step == pytest.approx(200 / 2 / 1e3)
+        assert all(v is None for v in (p.gpu_ms_per_step, p.gpu_busy, p.kernels_per_step, p.launches_per_step,
+                                       p.syncs_per_step))
+        assert p.columns().count("n/a") == 4
+    # Host calls of a CPU trace are not reported, even when a name looks like one.
+    assert summarize(events + [host("cudaLaunchKernel", 10)], gpu_trace=False).launches_per_step is None
+
+
+def test_trace_without_steps_is_an_error():
+    with pytest.raises(ValueError, match="record_function"):
+        summarize([TraceEvent("gemm", "kernel", 0, 1)], gpu_trace=True)
+
+
+def test_profile_steps_on_cpu():
+    calls = []
+    x = torch.randn(32, 32)
+
+    def step():
+        calls.append(1)
+        return (x @ x).sum().item()
+
+    p = profile_steps(step, 3, torch.device("cpu"))
+    assert len(calls) == 4  # the profiler's warm-up step is run, not reported
+    assert p.steps == 3 and p.wall_ms_per_step > 0 and p.gpu_busy is None and p.launches_per_step is None
+    with pytest.raises(ValueError, match="steps"):
+        profile_steps(step, 0, torch.device("cpu"))
+
+
+def test_raw_records_agree_with_prof_events():
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    x = torch.randn(32, 32)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(2):
+            with record_function(STEP_MARK):
+                (x @ x).sum().item()
+    fast, slow = summarize(trace_events(prof), False), summarize(trace_events(prof, raw=False), False)
+    assert fast.steps == slow.steps == 2
+    assert fast.wall_ms_per_step == pytest.approx(slow.wall_ms_per_step, abs=1e-5)
+
+
+def _check_columns(lines: list, n: int) -> None:
+    assert len(lines) == n, lines
+    for line in lines:
+        assert all(c in line for c in COLUMNS), line
+        assert ("n/a" in line) == (not torch.cuda.is_available()), line
+
+
+def test_bench_one_batch_prints_profile(monkeypatch, capsys, tmp_path):
+    from sglang import bench_one_batch
+
+    out = tmp_path / "r.jsonl"
+    monkeypatch.setattr(sys, "argv", ["bench_one_batch", "--model-path", "tiny-deepseek-v4", "--batch-size", "1",
+                                      "2", "--input-len", "16", "--output-len", "4", "--profile-steps", "2",
+                                      "--result-filename", str(out)])
+    bench_one_batch.main()
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("batch")]
+    _check_columns(lines, 2)
+    assert [int(re.match(r"batch\s+(\d+)", ln).group(1)) for ln in lines] == [1, 2]
+    records = [json.loads(ln) for ln in out.read_text().splitlines()]
+    assert [r["batch_size"] for r in records] == [1, 2]
+    for r in records:
+        assert r["median_decode_latency_s"] > 0 and r["profile"]["steps"] == 2
+        assert r["profile"]["wall_ms_per_step"] > 0
+        assert (r["profile"]["launches_per_step"] is None) == (not torch.cuda.is_available())
+
+
+def test_bench_speculative_prints_profile(monkeypatch, capsys, tmp_path):
+    spec = importlib.util.spec_from_file_location("bench_speculative", os.path.join(ROOT, "benchmark",
+                                                                                    "bench_speculative.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    config = tmp_path / "tiny.json"
+    config.write_text(json.dumps(TINY))
+    out = tmp_path / "spec.json"
+    monkeypatch.setattr(sys, "argv", ["bench_speculative", "--config", str(config), "--work-dir", str(tmp_path),
+                                      "--batch", "2", "--prompt-len", "16", "--new-tokens", "8", "--steps", "1",
+                                      "--profile-steps", "2", "--out", str(out)])
+    bench.main()
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("speculative=")]
+    _check_columns(lines, 2)
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["speculative"], r["batch"]) for r in rows] == [(False, 2), (True, 2)]
+    assert all(r["profile"]["steps"] == 2 and r["decode_tok_s"] > 0 for r in rows)
+    assert rows[1]["accept_length"] > 1  # the predictable draft is accepted
