@@ -176,3 +176,26 @@ def test_bench_speculative_prints_profile(monkeypatch, capsys, tmp_path):
     assert [(r["speculative"], r["batch"]) for r in rows] == [(False, 2), (True, 2)]
     assert all(r["profile"]["steps"] == 2 and r["decode_tok_s"] > 0 for r in rows)
     assert rows[1]["accept_length"] > 1  # the predictable draft is accepted
+
+
+class _OldKinetoRecord:
+    """A kineto record of torch < 2.12: name and device, no activity_type()."""
+
+    def __init__(self, name: str, on_gpu: bool) -> None:
+        self._name, self._on_gpu = name, on_gpu
+
+    def name(self) -> str:
+        return self._name
+
+    def device_type(self):
+        return torch.autograd.DeviceType.CUDA if self._on_gpu else torch.autograd.DeviceType.CPU
+
+
+def test_activity_without_activity_type():
+    from sglang.srt.utils.step_profile import STEP_MARK, activity_of
+
+    cases = [(STEP_MARK, False, "user_annotation"), (STEP_MARK, True, "gpu_user_annotation"),
+             ("cudaLaunchKernel", False, "cpu_op"), ("ampere_bf16_gemm", True, "kernel"),
+             ("Memcpy HtoD (Pinned -> Device)", True, "gpu_memcpy"), ("Memset (Device)", True, "gpu_memset")]
+    for name, on_gpu, activity in cases:
+        assert activity_of(_OldKinetoRecord(name, on_gpu)) == activity, name

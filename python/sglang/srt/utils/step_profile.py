@@ -140,5 +140,18 @@ def trace_events(prof, raw: bool = True) -> list:
     if records is None:
         return [TraceEvent(e.name, e.activity_type or "", e.time_range.start, e.time_range.end) for e in prof.events()]
     t0 = records.trace_start_ns()  # relative times: epoch nanoseconds as float microseconds lose precision
-    return [TraceEvent(e.name(), e.activity_type(), (e.start_ns() - t0) / 1e3, (e.end_ns() - t0) / 1e3)
+    return [TraceEvent(e.name(), activity_of(e), (e.start_ns() - t0) / 1e3, (e.end_ns() - t0) / 1e3)
             for e in records.events()]
+
+
+def activity_of(record) -> str:
+    """A kineto record's activity type. Older torch (the GPU image's 2.11) has no activity_type(): derive the kinds
+    summarize() tells apart from the device and the name (CUDA-side records are kernels, Memcpy*/Memset* copies)."""
+    if hasattr(record, "activity_type"):
+        return record.activity_type()
+    name, on_gpu = record.name(), record.device_type() == torch.autograd.DeviceType.CUDA
+    if name == STEP_MARK:
+        return "gpu_user_annotation" if on_gpu else HOST_RANGE
+    if not on_gpu:
+        return "cpu_op"
+    return "gpu_memcpy" if name.startswith("Memcpy") else "gpu_memset" if name.startswith("Memset") else "kernel"
