@@ -559,7 +559,11 @@ def run_benchmark(args: argparse.Namespace) -> BenchResult:
 
 
 def main(argv: Optional[list] = None) -> None:
-    run_benchmark(parse_args(argv))
+    """Exit 1 when any request failed: the figures above then measure a partly failing server."""
+    result = run_benchmark(parse_args(argv))
+    if result.failed:
+        raise SystemExit(f"error: {result.failed} of {result.completed + result.failed} requests failed "
+                         f"(first error: {result.first_error})")
 
 
 if __name__ == "__main__":

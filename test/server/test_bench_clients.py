@@ -406,6 +406,12 @@ def test_bench_serving_counts_failures(server, stub, tmp_path, capsys):
     _check_metrics(r)
     out = capsys.readouterr().out
     assert "Failed requests:                         3" in out and "First error: ServerError: HTTP 500" in out
+    stub.reset()
+    stub.fail_every = 3
+    argv = ["--port", str(server.port), "--num-prompts", "10", "--max-concurrency", "4", "--disable-tqdm",
+            "--backend", "sglang", "--dataset-name", "random", *SMALL]
+    with pytest.raises(SystemExit, match=r"error: 3 of 10 requests failed \(first error: ServerError: HTTP 500"):
+        bench_serving.main(argv)  # the command line exits 1 (a str SystemExit) when any request failed
 
 
 def test_bench_serving_server_down(tmp_path):
