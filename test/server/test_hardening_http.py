@@ -92,6 +92,17 @@ def test_seed_beyond_64_bits_is_400_naming_seed(http):
     assert http.post("/v1/chat/completions", json={**CHAT, "seed": -(2**63)}).status_code == 200
 
 
+def test_generate_takes_upstream_sampling_fields(http):
+    """Upstream SGLang's clients send every SamplingParams field at its default: accepted; a field we do not
+    implement at another value is a 400 naming it."""
+    upstream = {"max_new_tokens": 2, "min_new_tokens": 0, "n": 1, "json_schema": None, "regex": None,
+                "stop_regex": None, "spaces_between_special_tokens": True, "stop": None, "sampling_seed": None}
+    assert http.post("/generate", json={"text": "x", "sampling_params": upstream}).status_code == 200
+    err = error_of(http.post("/generate", json={"text": "x", "sampling_params": {**upstream, "min_new_tokens": 1}}),
+                   400)
+    assert err["param"] == "min_new_tokens" and "not supported yet" in err["message"]
+
+
 def test_json_media_type_is_required(http):
     body = json.dumps({"model": MODEL, "prompt": "x", "max_tokens": 2}).encode()
     for ctype in ("text/plain", "text/plain;charset=UTF-8", "application/x-www-form-urlencoded",

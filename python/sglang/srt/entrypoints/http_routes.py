@@ -199,7 +199,7 @@ async def native_generate(req: GenerateRequest, raw: Request, tm: TokenizerManag
     try:
         params = [SamplingParams.from_dict(p) for p in sp]
     except (ValueError, TypeError) as e:
-        raise RequestError(str(e)) from None
+        raise RequestError(str(e), param=getattr(e, "param", None)) from None  # SamplingParamError names its field
     streams = [tm.generate(ids, p, return_logprob=req.return_logprob, logprob_start_len=req.logprob_start_len,
                            top_logprobs_num=req.top_logprobs_num) for ids, p in zip(ids_list, params)]
 

@@ -15,6 +15,13 @@ from typing import Optional
 GREEDY_TEMPERATURE = 1e-6
 # torch.Generator.manual_seed takes a signed or an unsigned 64-bit integer.
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+# Fields of upstream SGLang's SamplingParams that we accept at their defaults only (its clients, e.g.
+# sglang.test.few_shot_gsm8k, always send them); any other value is refused naming the field.
+UPSTREAM_AT_DEFAULT_ONLY = {
+    "min_new_tokens": 0, "n": 1, "stop_regex": None, "json_schema": None, "regex": None, "ebnf": None,
+    "structural_tag": None, "spaces_between_special_tokens": True, "custom_params": None, "stream_interval": None,
+    "logit_bias": None,
+}
 
 
 class SamplingParamError(ValueError):
@@ -57,14 +64,23 @@ class SamplingParams:
 
     @classmethod
     def from_dict(cls, d: Optional[dict]) -> "SamplingParams":
-        d = dict(d or {})
+        """SGLang's /generate `sampling_params`: a null value means the default (as upstream); upstream's fields we
+        do not implement are accepted at their defaults only; `sampling_seed` is upstream's name of `seed`."""
+        d = {k: v for k, v in (d or {}).items() if v is not None}
+        for name, default in UPSTREAM_AT_DEFAULT_ONLY.items():
+            value = d.pop(name, default)
+            if value != default and not (name == "stop_regex" and value in ([], "")):
+                raise SamplingParamError(name, f"sampling parameter '{name}' is not supported yet: only its default "
+                                               f"{default!r} is accepted, got {value!r}"[:300])
+        if "sampling_seed" in d:
+            seed = d.pop("sampling_seed")
+            if d.setdefault("seed", seed) != seed:
+                raise SamplingParamError("sampling_seed", "give 'seed' or 'sampling_seed', not two different seeds")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
-            raise ValueError(f"unknown sampling parameter(s) {unknown}; known: {sorted(known)}")
-        for key in ("stop_token_ids", "stop"):
-            if d.get(key) is None:
-                d.pop(key, None)
+            raise ValueError(f"unknown sampling parameter(s) {unknown}; known: "
+                             f"{sorted(known | set(UPSTREAM_AT_DEFAULT_ONLY) | {'sampling_seed'})}")
         if isinstance(d.get("stop"), str):
             d["stop"] = [d["stop"]]
         params = cls(**d)

@@ -1,0 +1,46 @@
+"""/generate's sampling_params as upstream SGLang's clients send them: every field of upstream's SamplingParams at its
+default is accepted (null meaning the default), `sampling_seed` is `seed`, and a field we do not implement is
+refused at any other value with an error naming it."""
+
+from __future__ import annotations
+
+import pytest
+
+from sglang.srt.sampling.sampling_params import UPSTREAM_AT_DEFAULT_ONLY, SamplingParamError, SamplingParams
+
+# What sglang.test.few_shot_gsm8k's frontend sends with every request (its defaults), plus nulls.
+UPSTREAM_DEFAULTS = {
+    "max_new_tokens": 256, "stop": ["Question", "Assistant:"], "stop_token_ids": None, "stop_regex": None,
+    "temperature": 0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
+    "repetition_penalty": 1.0, "min_new_tokens": 0, "n": 1, "json_schema": None, "regex": None, "ebnf": None,
+    "structural_tag": None, "ignore_eos": False, "skip_special_tokens": True, "spaces_between_special_tokens": True,
+    "no_stop_trim": False, "custom_params": None, "stream_interval": None, "logit_bias": None, "sampling_seed": None,
+}
+
+
+def test_upstream_fields_at_their_defaults_are_accepted():
+    params = SamplingParams.from_dict(UPSTREAM_DEFAULTS)
+    assert params == SamplingParams(max_new_tokens=256, stop=["Question", "Assistant:"], temperature=0)
+    assert SamplingParams.from_dict({"stop_regex": []}) == SamplingParams()
+    assert SamplingParams.from_dict({"temperature": None, "max_new_tokens": None}) == SamplingParams()
+
+
+@pytest.mark.parametrize("name, value", [
+    ("min_new_tokens", 4), ("n", 2), ("stop_regex", r"\d+"), ("json_schema", '{"type": "object"}'),
+    ("regex", "a|b"), ("ebnf", 'root ::= "a"'), ("structural_tag", "{}"), ("spaces_between_special_tokens", False),
+    ("custom_params", {"a": 1}), ("stream_interval", 4), ("logit_bias", {"5": 1.0}),
+])
+def test_unimplemented_fields_are_refused_naming_them(name, value):
+    assert name in UPSTREAM_AT_DEFAULT_ONLY
+    with pytest.raises(SamplingParamError, match=f"'{name}' is not supported yet") as err:
+        SamplingParams.from_dict({name: value})
+    assert err.value.param == name
+
+
+def test_sampling_seed_is_seed():
+    assert SamplingParams.from_dict({"sampling_seed": 7}).seed == 7
+    assert SamplingParams.from_dict({"sampling_seed": 7, "seed": 7}).seed == 7
+    with pytest.raises(SamplingParamError, match="sampling_seed"):
+        SamplingParams.from_dict({"sampling_seed": 7, "seed": 8})
+    with pytest.raises(ValueError, match="unknown sampling parameter.*'bogus'"):
+        SamplingParams.from_dict({"bogus": 1})
