@@ -98,24 +98,35 @@ class DeepSeekV4TokenAllocator:
             raise PoolExhaustedError(self.pages.name, n_pages, self.pages.available())
         if n_new > self.swa_slots.available():
             raise PoolExhaustedError(self.swa_slots.name, n_new, self.swa_slots.available())
-        rows, positions, full, swa = [], [], [], []
+        # Host lists per request (a few entries each), then the positions and slots of all of them in a constant
+        # number of vectorised host ops: a long prefill chunk costs no Python loop over its tokens.
+        pool_idx, starts, lens, first_pages, page_offsets, pages, swa = [], [], [], [], [], [], []
         for alloc, n in zip(allocs, new_num_tokens):
             start = alloc.num_tokens
             if n <= start:
                 continue
             alloc.pages.extend(self.pages.alloc(self.pages_needed(alloc, n)))
             new_swa = self.swa_slots.alloc(n - start)
-            rows += [alloc.req_pool_idx] * (n - start)
-            positions += range(start, n)
-            full += [alloc.pages[p // self.page_size] * self.page_size + p % self.page_size for p in range(start, n)]
+            pool_idx.append(alloc.req_pool_idx)
+            starts.append(start)
+            lens.append(n - start)
+            first_pages.append(start // self.page_size)
+            page_offsets.append(len(pages))
+            pages += alloc.pages[start // self.page_size:(n - 1) // self.page_size + 1]  # the pages they fall in
             swa += new_swa
             if not alloc.window_slots:
                 alloc.window_start = start
             alloc.window_slots.extend(new_swa)
             alloc.num_tokens = n
-        if not full:
+        if not lens:
             return torch.empty(0, dtype=torch.int64, device=self.device)
-        host = torch.tensor([rows, positions, full, swa], dtype=torch.int64)
+        lens_t = torch.tensor(lens)
+        req = torch.repeat_interleave(torch.arange(len(lens)), lens_t)  # request of each new position
+        positions = torch.tensor(starts)[req] + torch.arange(sum(lens)) - (lens_t.cumsum(0) - lens_t)[req]
+        page = torch.tensor(pages)[torch.tensor(page_offsets)[req] + positions // self.page_size
+                                   - torch.tensor(first_pages)[req]]
+        full = page * self.page_size + positions % self.page_size
+        host = torch.stack((torch.tensor(pool_idx)[req], positions, full, torch.tensor(swa)))
         on_gpu = torch.device(self.device).type == "cuda"
         packed = (host.pin_memory() if on_gpu else host).to(self.device, non_blocking=on_gpu)
         rows_t, positions_t, full_t, swa_t = packed
