@@ -5,8 +5,9 @@
 
 Every request of the batch is prefilled in one forward, then all decode together for --output-len steps. Each
 (batch, input length) is first warmed up at its own shape (WARMUP_DECODE_STEPS decode steps), then timed; then, in a
-separate pass, --profile-steps decode steps run under torch.profiler for the GPU-busy fraction, kernel launches and
-host syncs per step (sglang.srt.utils.step_profile; n/a on CPU, where there is no GPU trace).
+separate pass, --profile-steps decode steps are timed by host phase (sglang.srt.utils.host_phases), and in a last
+pass run under torch.profiler for the GPU-busy fraction, kernel launches and host syncs per step
+(sglang.srt.utils.step_profile; n/a on CPU, where there is no GPU trace).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
+from sglang.srt.utils.host_phases import HostPhases, time_host_phases
 from sglang.srt.utils.step_profile import StepProfile, profile_steps
 
 WARMUP_DECODE_STEPS = 4
@@ -41,6 +43,12 @@ class BenchResult:
     median_decode_latency_s: float
     decode_throughput_tok_s: float
     profile: Optional[StepProfile] = None  # from a separate profiled pass (--profile-steps)
+    host_phases: Optional[HostPhases] = None  # host time by phase, from a separate pass before any profile
+
+    def columns(self) -> str:
+        return (f"batch {self.batch_size:4d} input {self.input_len:6d} | prefill "
+                f"{self.prefill_latency_s * 1e3:9.1f} ms {self.prefill_throughput_tok_s:10.1f} tok/s | decode median "
+                f"{self.median_decode_latency_s * 1e3:8.2f} ms {self.decode_throughput_tok_s:9.1f} tok/s")
 
 
 def _sync(device: torch.device) -> None:
@@ -62,9 +70,14 @@ def prefill(engine, batch_size: int, input_len: int, output_len: int, seed: int)
     if len(sched.running) != batch_size:
         raise ValueError(f"only {len(sched.running)} of {batch_size} requests fit the pool; "
                          f"raise --max-total-tokens or lower the batch")
+    # Whole prompts, as many per forward as --chunked-prefill-size allows (at least one): a batch of 128 x 1024 in
+    # one forward would need activations the pools leave no room for.
+    per_forward = max(1, sched.chunk_budget // input_len)
     _sync(runner.device)
     start = time.perf_counter()
-    sched.run_batch(ScheduleBatch(ForwardMode.EXTEND, list(reqs), [input_len] * batch_size))
+    for i in range(0, batch_size, per_forward):
+        group = reqs[i:i + per_forward]
+        sched.run_batch(ScheduleBatch(ForwardMode.EXTEND, group, [input_len] * len(group)))
     _sync(runner.device)
     return time.perf_counter() - start
 
@@ -103,6 +116,17 @@ def profile_decode(engine, batch_size: int, input_len: int, steps: int, seed: in
     return result
 
 
+def host_phases(engine, batch_size: int, input_len: int, steps: int, seed: int) -> HostPhases:
+    """Prefill a fresh batch, time `steps` decode steps by phase (sglang.srt.utils.host_phases), finish the batch."""
+    sched = engine.scheduler
+    prefill(engine, batch_size, input_len, 2 + (steps + 1) * tokens_per_step(engine), seed)
+    sched.step()  # warm
+    result = time_host_phases(sched, steps)
+    while sched.running:
+        sched.step()
+    return result
+
+
 def correctness_test(engine) -> None:
     outs = engine.generate(prompt=PROMPTS, sampling_params={"temperature": 0, "max_new_tokens": 16})
     for prompt, out in zip(PROMPTS, outs):
@@ -130,19 +154,29 @@ def main() -> None:
         correctness_test(engine)
         return
     logging.getLogger().setLevel(logging.WARNING)
+    graphs = engine.model_runner.graph_runner
+    print("decode: " + ("general eager path (--disable-cuda-graph)" if graphs is None else
+                        f"static buffers, {'CUDA graphs' if graphs.graphs else 'eager'} for batch sizes "
+                        f"{graphs.batch_sizes} (larger batches: general eager path)"))
     results = []
     for bs in args.batch_size:
         for input_len in args.input_len:
             # Warm-up at this exact shape, so no first-use cost (allocation, kernel compilation) is timed.
             run_once(engine, bs, input_len, 1 + WARMUP_DECODE_STEPS * tokens_per_step(engine), seed=0)
             results.append(run_once(engine, bs, input_len, args.output_len, seed=1))
-    # Profiles only after every timed pass: once the CUDA profiler ran, CUPTI stays attached and slows each launch.
+            print(results[-1].columns(), flush=True)  # at once: a later shape may fail
+    # Host phases, then profiles, only after every timed pass: once the CUDA profiler ran, CUPTI stays attached and
+    # slows each launch.
+    for r in results:
+        if args.profile_steps > 0:
+            r.host_phases = host_phases(engine, r.batch_size, r.input_len, args.profile_steps, seed=3)
+            print(f"batch {r.batch_size:4d} input {r.input_len:6d} | host {r.host_phases.columns()}")
     for r in results:
         if args.profile_steps > 0:
             r.profile = profile_decode(engine, r.batch_size, r.input_len, args.profile_steps, seed=2)
-        print(f"batch {r.batch_size:4d} input {r.input_len:6d} | prefill {r.prefill_latency_s * 1e3:9.1f} ms "
-              f"{r.prefill_throughput_tok_s:10.1f} tok/s | decode median {r.median_decode_latency_s * 1e3:8.2f} ms "
-              f"{r.decode_throughput_tok_s:9.1f} tok/s" + (f" | {r.profile.columns()}" if r.profile else ""))
+            print(f"{r.columns()} | {r.profile.columns()}")
+            for name, ms, count in r.profile.top_kernels:
+                print(f"    {ms:7.3f} ms/step {count:6.1f}x  {name[:110]}")
         if args.result_filename:
             with open(args.result_filename, "a") as f:
                 f.write(json.dumps(dataclasses.asdict(r)) + "\n")

@@ -71,7 +71,6 @@ def test_readme_openai_client_example(server, tmp_path):
 def test_flags_that_change_nothing_say_so(server):
     log = open(server.log_path).read()
     assert "--trust-remote-code is not needed" in log
-    assert "--disable-cuda-graph changes nothing: CUDA graphs are not implemented yet" in log
 
 
 # ---- start-up ----------------------------------------------------------------------------------------------
@@ -117,7 +116,7 @@ def test_every_server_arg_is_read():
     server_args.py itself refuses (--tp above 1) or logs as changing nothing."""
     from sglang.srt.server_args import ServerArgs
 
-    handled_in_server_args = {"tp_size", "trust_remote_code", "disable_cuda_graph"}
+    handled_in_server_args = {"tp_size", "trust_remote_code"}
     sources = []
     for dirpath, _, files in os.walk(os.path.join(ROOT, "python", "sglang")):
         for name in files:
@@ -135,11 +134,11 @@ def test_inert_flags_accepted_and_logged(caplog):
     from sglang.srt.server_args import ServerArgs
 
     caplog.set_level(logging.WARNING, logger="sglang.srt.server_args")
-    resolve_server_args(ServerArgs(model_path=MODEL, device="cpu", trust_remote_code=True, disable_cuda_graph=True))
-    assert "--trust-remote-code is not needed" in caplog.text and "--disable-cuda-graph changes nothing" in caplog.text
+    resolve_server_args(ServerArgs(model_path=MODEL, device="cpu", trust_remote_code=True))
+    assert "--trust-remote-code is not needed" in caplog.text
     caplog.clear()
     resolve_server_args(ServerArgs(model_path=MODEL, device="cpu"))
-    assert "--trust-remote-code" not in caplog.text and "--disable-cuda-graph" not in caplog.text
+    assert "--trust-remote-code" not in caplog.text
 
 
 def test_progress_bars_for_generation_and_loading(tmp_path, caplog, capsys):

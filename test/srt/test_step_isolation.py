@@ -71,9 +71,11 @@ def inject(monkeypatch, eng, where: str) -> None:
     """Make every step that holds the culprit (past FAIL_AFTER tokens) raise at `where`."""
     sched, runner = eng.scheduler, eng.model_runner
 
+    def holds_culprit(req_pool_indices) -> bool:
+        return culprit_in(r for r in sched.running if r.alloc and r.alloc.req_pool_idx in req_pool_indices)
+
     def in_forward(forward_batch) -> bool:
-        return culprit_in(r for r in sched.running
-                          if r.alloc and r.alloc.req_pool_idx in forward_batch.req_pool_indices_cpu)
+        return holds_culprit(forward_batch.req_pool_indices_cpu)
 
     def failing(real, is_culprit):
         def wrapper(*args, **kwargs):
@@ -95,6 +97,9 @@ def inject(monkeypatch, eng, where: str) -> None:
                             failing(scheduler_module.sample, lambda _, reqs: culprit_in(reqs)))
     elif where == "forward":
         monkeypatch.setattr(runner, "forward", failing_after(runner.forward, in_forward))
+        # decode steps run through the static buffers (replayed CUDA graphs on a GPU)
+        monkeypatch.setattr(runner, "forward_decode",
+                            failing_after(runner.forward_decode, lambda ids, pos, reqs, loc: holds_culprit(reqs)))
     elif where == "forward_draft":
         monkeypatch.setattr(runner, "forward_draft",
                             failing_after(runner.forward_draft, lambda forward_batch, *_: in_forward(forward_batch)))

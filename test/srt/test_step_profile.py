@@ -85,6 +85,11 @@ def test_summary_of_a_cuda_trace():
     assert p.syncs_per_step == 2 / 2
     text = p.columns()
     assert "n/a" not in text and "busy  65.2%" in text
+    # GPU work by name, clipped to the window, longest first, per step
+    names = [name for name, _, _ in p.top_kernels]
+    assert names == ["attention", "gemm", "norm", "Memcpy DtoH (Device -> Pinned)", "kernel_before",
+                     "Memset (Device)"]
+    assert p.top_kernels[0][1:] == pytest.approx((80 / 2 / 1e3, 0.5)) and p.top_kernels[4][1] == pytest.approx(5e-3 / 2)
 
 
 def test_cpu_trace_has_no_gpu_numbers():
@@ -147,12 +152,18 @@ def test_bench_one_batch_prints_profile(monkeypatch, capsys, tmp_path):
                                       "2", "--input-len", "16", "--output-len", "4", "--profile-steps", "2",
                                       "--result-filename", str(out)])
     bench_one_batch.main()
-    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("batch")]
+    printed = capsys.readouterr().out.splitlines()
+    lines = [ln for ln in printed if ln.startswith("batch") and "| wall ms/step" in ln]
     _check_columns(lines, 2)
     assert [int(re.match(r"batch\s+(\d+)", ln).group(1)) for ln in lines] == [1, 2]
+    host = [ln for ln in printed if ln.startswith("batch") and "| host step" in ln]
+    assert len(host) == 2 and all(p in host[0] for p in ("allocate", "forward", "sample", "wait", "finish", "other"))
     records = [json.loads(ln) for ln in out.read_text().splitlines()]
     assert [r["batch_size"] for r in records] == [1, 2]
     for r in records:
+        phases = r["host_phases"]
+        parts = sum(phases[k] for k in ("allocate_ms", "forward_ms", "sample_ms", "wait_ms", "finish_ms", "other_ms"))
+        assert phases["forward_ms"] > 0 and parts == pytest.approx(phases["step_ms"], rel=1e-6)
         assert r["median_decode_latency_s"] > 0 and r["profile"]["steps"] == 2
         assert r["profile"]["wall_ms_per_step"] > 0
         assert (r["profile"]["launches_per_step"] is None) == (not torch.cuda.is_available())

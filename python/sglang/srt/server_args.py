@@ -43,7 +43,9 @@ class ServerArgs:
     chunked_prefill_size: Optional[int] = None
     # Kernels
     attention_backend: Optional[str] = None
-    disable_cuda_graph: bool = False  # accepted: no CUDA graphs yet, decode runs eagerly (logged)
+    disable_cuda_graph: bool = False  # decode runs the general eager path (no static buffers, no graphs)
+    cuda_graph_max_bs: Optional[int] = None  # largest captured decode batch (default: min(256, max running))
+    cuda_graph_bs: Optional[list] = None  # captured decode batch sizes (default: SGLang's list up to the max)
     # Shared expert run as routed expert E (weight 1 for every token); default: on for ROCm, off elsewhere
     enforce_shared_experts_fusion: bool = False
     disable_shared_experts_fusion: bool = False
@@ -84,10 +86,12 @@ class ServerArgs:
             raise ValueError(f"--mem-fraction-static must be in (0, 1), got {self.mem_fraction_static}")
         if not 0 < self.swa_full_tokens_ratio <= 1:
             raise ValueError(f"--swa-full-tokens-ratio must be in (0, 1], got {self.swa_full_tokens_ratio}")
-        for name in ("max_running_requests", "max_total_tokens", "page_size", "context_length"):
+        for name in ("max_running_requests", "max_total_tokens", "page_size", "context_length", "cuda_graph_max_bs"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
+        if self.cuda_graph_bs is not None and (not self.cuda_graph_bs or min(self.cuda_graph_bs) <= 0):
+            raise ValueError(f"--cuda-graph-bs must list positive batch sizes, got {self.cuda_graph_bs}")
         if self.chunked_prefill_size is not None and self.chunked_prefill_size == 0:
             raise ValueError("--chunked-prefill-size must be positive, or -1 to disable chunking")
         if self.tp_size != 1:
@@ -109,9 +113,6 @@ class ServerArgs:
         if self.trust_remote_code:
             logger.warning("--trust-remote-code is not needed: DeepSeek-V4 is implemented natively, no code from "
                            "the checkpoint is run")
-        if self.disable_cuda_graph:
-            logger.warning("--disable-cuda-graph changes nothing: CUDA graphs are not implemented yet, decode always "
-                           "runs eagerly")
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -148,8 +149,12 @@ class ServerArgs:
         p.add_argument("--attention-backend", choices=ATTENTION_BACKENDS,
                        help="dsv4 = the best available: triton on a GPU, torch on CPU (default: dsv4)")
         p.add_argument("--disable-cuda-graph", action="store_true",
-                       help="accepted for SGLang compatibility: CUDA graphs are not implemented yet, so decode "
-                            "always runs eagerly (logged when given)")
+                       help="decode without CUDA graphs or static buffers: every step runs eagerly")
+        p.add_argument("--cuda-graph-max-bs", type=int,
+                       help="largest decode batch run as a CUDA graph; larger batches run eagerly "
+                            "(default: min(256, --max-running-requests))")
+        p.add_argument("--cuda-graph-bs", type=int, nargs="+",
+                       help="decode batch sizes to capture (default: 1 2 4 8 12 16 24 ... up to --cuda-graph-max-bs)")
         p.add_argument("--enforce-shared-experts-fusion", action="store_true",
                        help="run the shared expert as one more routed expert (default: on for ROCm only)")
         p.add_argument("--disable-shared-experts-fusion", action="store_true",

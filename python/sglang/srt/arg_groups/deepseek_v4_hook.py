@@ -8,6 +8,7 @@ The dependency goes one way: this package reads ServerArgs, server_args.py never
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from sglang.srt.arg_groups.platform_defaults import apply_platform_defaults, best_attention_backend  # noqa: F401
@@ -17,6 +18,9 @@ if TYPE_CHECKING:
     from sglang.srt.server_args import ServerArgs
 
 DEFAULT_PAGE_SIZE = 256
+# SGLang's default decode capture list: dense at small batches, then every 8 (capped by --cuda-graph-max-bs).
+DEFAULT_CUDA_GRAPH_BS = [1, 2, 4, 8, 12] + list(range(16, 257, 8))
+logger = logging.getLogger(__name__)
 
 
 def validate_page_size(page_size: int, config: DeepseekV4Config) -> None:
@@ -63,6 +67,25 @@ def apply_speculative_defaults(args: "ServerArgs", config: DeepseekV4Config) -> 
     return applied
 
 
+def apply_cuda_graph_defaults(args: "ServerArgs") -> list:
+    """The captured decode batch sizes (printed at start): --cuda-graph-bs, or SGLang's list up to
+    --cuda-graph-max-bs; none under --disable-cuda-graph. Sizes above --max-running-requests are never used: dropped."""
+    if args.disable_cuda_graph:
+        args.cuda_graph_bs = None
+        return []
+    if args.cuda_graph_bs:
+        sizes = sorted(set(args.cuda_graph_bs))
+    else:
+        max_bs = args.cuda_graph_max_bs or min(256, args.max_running_requests)
+        sizes = [bs for bs in DEFAULT_CUDA_GRAPH_BS if bs < max_bs] + [max_bs]
+    usable = [bs for bs in sizes if bs <= args.max_running_requests]
+    if len(usable) < len(sizes):
+        usable = sorted(set(usable + [args.max_running_requests]))
+        logger.info("CUDA graph batch sizes above --max-running-requests %d dropped", args.max_running_requests)
+    args.cuda_graph_bs, args.cuda_graph_max_bs = usable, usable[-1]
+    return [f"cuda_graph_bs={usable}"]
+
+
 def apply_deepseek_v4_defaults(args: "ServerArgs") -> list:
     """Fill the options left unset with DeepSeek-V4 defaults and validate; returns 'name=value' of each default
     applied (printed at start)."""
@@ -89,6 +112,7 @@ def apply_deepseek_v4_defaults(args: "ServerArgs") -> list:
     default("chunked_prefill_size", 1024 if on_cpu else 8192)
     default("mem_fraction_static", 0.25 if on_cpu else 0.85)
     applied += apply_speculative_defaults(args, config)
+    applied += apply_cuda_graph_defaults(args)
     if args.kv_cache_dtype == "fp8_e4m3" and config.nope_head_dim % 64:
         raise ValueError(f"--kv-cache-dtype fp8_e4m3 needs head_dim - qk_rope_head_dim ({config.nope_head_dim}) "
                          f"to be a multiple of 64")

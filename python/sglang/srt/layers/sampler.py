@@ -12,6 +12,8 @@ from typing import Optional
 
 import torch
 
+from sglang.srt.utils.device_readback import read_back
+
 
 @dataclass
 class SampleOutput:
@@ -29,15 +31,22 @@ def sample(logits: torch.Tensor, reqs: list) -> SampleOutput:
         if not req.sampling_params.is_greedy:
             ids[b] = _sample_one(adjusted[b], req.sampling_params, req.generator)
     chosen = logprobs.gather(1, ids[:, None]).squeeze(1)
-    top = [None] * len(reqs)
+    num = len(reqs)
     k_max = max((r.top_logprobs_num for r in reqs), default=0)
+    parts = [ids.to(torch.float64), chosen.to(torch.float64)]  # token ids < 2^53: exact in float64
     if k_max > 0:
         values, indices = logprobs.topk(min(k_max, logprobs.shape[-1]), dim=-1)
-        values, indices = values.tolist(), indices.tolist()
+        parts += [values.flatten().to(torch.float64), indices.flatten().to(torch.float64)]
+    host = read_back(torch.cat(parts))  # the step's one device read
+    top = [None] * num
+    if k_max > 0:
+        k = min(k_max, logprobs.shape[-1])
+        values, indices = host[2 * num:2 * num + num * k], host[2 * num + num * k:]
         for b, req in enumerate(reqs):
             if req.top_logprobs_num:
-                top[b] = list(zip(values[b][:req.top_logprobs_num], indices[b][:req.top_logprobs_num]))
-    return SampleOutput(ids.tolist(), chosen.tolist(), top)
+                row = range(b * k, b * k + req.top_logprobs_num)
+                top[b] = [(values[i], int(indices[i])) for i in row]
+    return SampleOutput([int(v) for v in host[:num]], host[num:2 * num], top)
 
 
 def _apply_penalties(logits: torch.Tensor, reqs: list) -> torch.Tensor:
@@ -90,5 +99,13 @@ def filtered_probs(logits: torch.Tensor, p) -> torch.Tensor:
     return probs / probs.sum(-1, keepdim=True)
 
 
+def draw(weights: torch.Tensor, generator: Optional[torch.Generator]) -> torch.Tensor:
+    """One index per row of `weights` [..., V] (>= 0, not necessarily normalised), with probability proportional to
+    the weight: the row's argmax of w / E, E ~ Exponential(1) i.i.d. (the exponential race). Unlike
+    torch.multinomial, which reads the device to validate its input, it never synchronises."""
+    race = torch.empty_like(weights).exponential_(generator=generator).clamp_min(torch.finfo(weights.dtype).tiny)
+    return torch.argmax(weights / race, dim=-1)
+
+
 def _sample_one(logits: torch.Tensor, p, generator: Optional[torch.Generator]) -> torch.Tensor:
-    return torch.multinomial(filtered_probs(logits, p), 1, generator=generator)[0]
+    return draw(filtered_probs(logits, p), generator)

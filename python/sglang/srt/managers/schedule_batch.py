@@ -61,6 +61,11 @@ class Req:
     def fill_ids(self) -> list:
         return self.origin_input_ids + self.output_ids
 
+    def token_at(self, position: int) -> int:
+        """fill_ids[position] without building the list."""
+        n = len(self.origin_input_ids)
+        return self.origin_input_ids[position] if position < n else self.output_ids[position - n]
+
     @property
     def finished(self) -> bool:
         return self.finished_reason is not None

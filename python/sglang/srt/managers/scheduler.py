@@ -182,9 +182,15 @@ class Scheduler:
             return self._run_speculative_cycle(batch.reqs)
         out_cache_loc = self.allocator.extend_batch([r.alloc for r in batch.reqs],
                                                     [r.num_computed + n for r, n in zip(batch.reqs, batch.extend_lens)])
-        forward_batch = batch.to_forward_batch(out_cache_loc, self.runner.device)
-        forward_batch.capture_hidden = self.worker.capture_hidden
-        output = self.runner.forward(forward_batch)
+        if batch.forward_mode.is_decode() and self.runner.can_run_decode_graph(len(batch.reqs)):
+            forward_batch = None  # static buffers (a replayed CUDA graph on a GPU)
+            output = self.runner.forward_decode([r.token_at(r.num_computed) for r in batch.reqs],
+                                                [r.num_computed for r in batch.reqs],
+                                                [r.alloc.req_pool_idx for r in batch.reqs], out_cache_loc)
+        else:
+            forward_batch = batch.to_forward_batch(out_cache_loc, self.runner.device)
+            forward_batch.capture_hidden = self.worker.capture_hidden
+            output = self.runner.forward(forward_batch)
         updated = self._process_results(batch, forward_batch, output, sample(output.next_token_logits, batch.reqs))
         self.worker.after_extend(batch, output)  # speculative: the draft's window over the same rows, first drafts
         self.finish_step(batch.reqs)
@@ -260,11 +266,14 @@ class Scheduler:
     def finish_step(self, reqs: list) -> None:
         """After a step: release window slots that slid out of every window; free finished requests."""
         self._committing = True
+        live = []
         for req in reqs:
             if req.finished:
                 self.free_request(req)
             elif req.alloc is not None:
-                self.allocator.release_window(req.alloc, req.num_computed - (self.config.sliding_window - 1))
+                live.append(req)
+        self.allocator.release_windows([r.alloc for r in live],
+                                       [r.num_computed - (self.config.sliding_window - 1) for r in live])
 
     def append_token(self, req: Req, token: int, logprob: float, top=None) -> None:
         """Record one generated token and check the stop conditions."""

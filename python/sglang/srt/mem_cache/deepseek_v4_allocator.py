@@ -21,6 +21,8 @@ import torch
 from sglang.srt.mem_cache.allocator import PageAllocator, PoolExhaustedError
 from sglang.srt.mem_cache.req_to_token_pool import ReqToTokenPool
 
+_FEW_POSITIONS = 256  # up to this many new positions in a step, extend_batch builds its lists in plain Python
+
 
 @dataclass
 class ReqAllocation:
@@ -120,31 +122,61 @@ class DeepSeekV4TokenAllocator:
             alloc.num_tokens = n
         if not lens:
             return torch.empty(0, dtype=torch.int64, device=self.device)
-        lens_t = torch.tensor(lens)
-        req = torch.repeat_interleave(torch.arange(len(lens)), lens_t)  # request of each new position
-        positions = torch.tensor(starts)[req] + torch.arange(sum(lens)) - (lens_t.cumsum(0) - lens_t)[req]
-        page = torch.tensor(pages)[torch.tensor(page_offsets)[req] + positions // self.page_size
-                                   - torch.tensor(first_pages)[req]]
-        full = page * self.page_size + positions % self.page_size
-        host = torch.stack((torch.tensor(pool_idx)[req], positions, full, torch.tensor(swa)))
-        on_gpu = torch.device(self.device).type == "cuda"
-        packed = (host.pin_memory() if on_gpu else host).to(self.device, non_blocking=on_gpu)
-        rows_t, positions_t, full_t, swa_t = packed
+        if sum(lens) <= _FEW_POSITIONS:  # decode and speculative steps: a few positions per request, plain Python
+            rows, positions, full = [], [], []
+            for r, start, n, first, offset in zip(pool_idx, starts, lens, first_pages, page_offsets):
+                for p in range(start, start + n):
+                    rows.append(r)
+                    positions.append(p)
+                    full.append(pages[offset + p // self.page_size - first] * self.page_size + p % self.page_size)
+            host = torch.tensor([rows, positions, full, swa], dtype=torch.int64)
+        else:  # a prefill chunk: a constant number of vectorised host ops, no Python loop over its tokens
+            lens_t = torch.tensor(lens)
+            req = torch.repeat_interleave(torch.arange(len(lens)), lens_t)  # request of each new position
+            positions = torch.tensor(starts)[req] + torch.arange(sum(lens)) - (lens_t.cumsum(0) - lens_t)[req]
+            page = torch.tensor(pages)[torch.tensor(page_offsets)[req] + positions // self.page_size
+                                       - torch.tensor(first_pages)[req]]
+            full = page * self.page_size + positions % self.page_size
+            host = torch.stack((torch.tensor(pool_idx)[req], positions, full, torch.tensor(swa)))
+        rows_t, positions_t, full_t, swa_t = self._to_device(host)
         self.req_to_token_pool.req_to_token[rows_t, positions_t] = full_t.to(torch.int32)
         self.full_to_swa[full_t] = swa_t
         return full_t
 
+    def _to_device(self, host: torch.Tensor) -> torch.Tensor:
+        """One host -> device copy: pinned and non_blocking on a GPU (the caching host allocator keeps the pinned
+        block alive until the copy has run)."""
+        if torch.device(self.device).type != "cuda":
+            return host.to(self.device)
+        return host.pin_memory().to(self.device, non_blocking=True)
+
+    def _full_slots(self, alloc: ReqAllocation, start: int, end: int) -> list:
+        """Full slots of positions [start, end) of a request, from its host page list (what extend wrote)."""
+        ps = self.page_size
+        return [alloc.pages[p // ps] * ps + p % ps for p in range(start, end)]
+
     def release_window(self, alloc: ReqAllocation, keep_from: int) -> None:
         """Free the window slots of positions < keep_from (they can no longer be in any query's window)."""
-        drop = min(keep_from, alloc.num_tokens) - alloc.window_start
-        if drop <= 0:
-            return
-        row = self.req_to_token_pool.req_to_token[alloc.req_pool_idx]
-        full = row[alloc.window_start:alloc.window_start + drop].to(torch.int64)
-        self.full_to_swa[full] = -1
-        self.swa_slots.free(alloc.window_slots[:drop])
-        del alloc.window_slots[:drop]
-        alloc.window_start += drop
+        self.release_windows([alloc], [keep_from])
+
+    def release_windows(self, allocs: list, keep_froms: list) -> None:
+        """`release_window` for each request of a step: one host -> device copy and one fill for all of them."""
+        full, freed = [], []
+        for alloc, keep_from in zip(allocs, keep_froms):
+            drop = min(keep_from, alloc.num_tokens) - alloc.window_start
+            if drop <= 0:
+                continue
+            full += self._full_slots(alloc, alloc.window_start, alloc.window_start + drop)
+            freed += alloc.window_slots[:drop]
+            del alloc.window_slots[:drop]
+            alloc.window_start += drop
+        if full:
+            self._unmap(full)
+            self.swa_slots.free(freed)
+
+    def _unmap(self, full: list) -> None:
+        # index_fill_, not `[full] = -1`: that copies the scalar to the device (a synchronisation)
+        self.full_to_swa.index_fill_(0, self._to_device(torch.tensor(full, dtype=torch.int64)), -1)
 
     def truncate(self, alloc: ReqAllocation, num_tokens: int) -> None:
         """Roll back to positions [0, num_tokens): rejected draft positions give their window slots back and lose
@@ -153,9 +185,7 @@ class DeepSeekV4TokenAllocator:
         drop = alloc.num_tokens - num_tokens
         if drop <= 0:
             return
-        row = self.req_to_token_pool.req_to_token[alloc.req_pool_idx]
-        full = row[num_tokens:alloc.num_tokens].to(torch.int64)
-        self.full_to_swa[full] = -1
+        self._unmap(self._full_slots(alloc, num_tokens, alloc.num_tokens))
         keep = max(0, num_tokens - alloc.window_start)
         self.swa_slots.free(alloc.window_slots[keep:])
         del alloc.window_slots[keep:]

@@ -60,6 +60,9 @@ class ForwardBatch:
     return_all_logits: bool = False
     # Speculative decoding input of the draft model (pre-HC-head streams [T, n_hc, D]).
     spec_hidden_states: Optional[torch.Tensor] = None
+    # A DECODE batch of one row per request in static buffers (the CUDA-graph path): the attention metadata is derived
+    # on the device at capacity-static shapes, from the tensors above only (host lists are empty).
+    capacity_static: bool = False
     # Set by the ModelRunner.
     req_to_token_pool: Optional["ReqToTokenPool"] = None
     attn_backend: Optional["AttentionBackend"] = None
@@ -85,7 +88,8 @@ class ForwardBatch:
         arrays = [input_ids, positions, req_pool_indices, extend_lens, starts, row_req]
         if logprob_target_ids is not None:
             arrays.append(logprob_target_ids)
-        packed = torch.tensor([v for a in arrays for v in a], dtype=torch.int64).to(device)
+        # non_blocking from pageable memory: the copy is staged at once, without a stream synchronisation
+        packed = torch.tensor([v for a in arrays for v in a], dtype=torch.int64).to(device, non_blocking=True)
         views = packed.split([len(a) for a in arrays])
         ids_t, pos_t, pool_t, ext_t, start_t, row_req_t = views[:6]
 

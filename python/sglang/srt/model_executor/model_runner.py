@@ -19,6 +19,7 @@ from sglang.srt.mem_cache.deepseek_v4_pool import DeepSeekV4TokenToKVPool
 from sglang.srt.mem_cache.kv_formats import index_key_kind, make_index_key_format, make_kv_format
 from sglang.srt.mem_cache.pool_sizing import PoolPlan, plan_pools
 from sglang.srt.mem_cache.req_to_token_pool import ReqToTokenPool
+from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.model_loader.loader import iter_checkpoint
 from sglang.srt.model_loader.model_path import resolve_model_path
@@ -73,17 +74,47 @@ class ModelRunner:
             fused = sum(fuse_shared_experts(m) for m in (self.model, self.draft_model) if m is not None)
             logger.info("shared-experts fusion: the shared expert is routed expert %d in %d MoE layers",
                         config.n_routed_experts, fused)
-        self.init_memory_pool()
+        capture = self.device.type == "cuda" and not args.disable_cuda_graph
+        # Graph memory comes out of the pool budget: measured first, by capturing the largest batch on minimal pools.
+        self.graph_memory_bytes = self.measure_graph_memory() if capture else 0
+        self.init_memory_pool(reserved_bytes=self.graph_memory_bytes)
+        self.attn_backend = self.make_attn_backend()
+        self.graph_runner: Optional[CudaGraphRunner] = None
+        if not args.disable_cuda_graph:  # the static decode path; captured as graphs on a GPU
+            self.graph_runner = CudaGraphRunner(self, args.cuda_graph_bs, use_graphs=capture)
+
+    def make_attn_backend(self):
+        args = self.server_args
         backend_cls = TorchAttnBackend
         if args.attention_backend == "triton":
             from sglang.srt.layers.attention.dsv4.triton_backend import TritonAttnBackend
 
             backend_cls = TritonAttnBackend
-        self.attn_backend = backend_cls(config, self.token_to_kv_pool, self.token_allocator, args.page_size,
-                                        self.pool_plan.shape.num_draft_tokens)
+        return backend_cls(self.model_config, self.token_to_kv_pool, self.token_allocator, args.page_size,
+                           self.pool_plan.shape.num_draft_tokens)
+
+    def measure_graph_memory(self) -> int:
+        """Bytes the decode graphs take (their memory pool plus the capture's warm-up peak): capture the largest batch
+        size on pools of one request and two pages, then free everything. The graphs' activations depend on the batch
+        size and the context length, not on the pool sizes, so the figure holds for the real pools."""
+        import gc
+
+        before = torch.cuda.memory_reserved(self.device)
+        self.init_memory_pool(probe=True)
+        self.attn_backend = self.make_attn_backend()
+        probe = CudaGraphRunner(self, [max(self.server_args.cuda_graph_bs)], use_graphs=True)
+        measured = torch.cuda.memory_reserved(self.device) - before
+        del probe
+        self.attn_backend = self.token_to_kv_pool = self.token_allocator = self.req_to_token_pool = None
+        gc.collect()
+        torch.cuda.empty_cache()
+        logger.info("CUDA graph memory: %.2f GiB reserved before sizing the pools", measured / 2**30)
+        return measured
 
     # ---- memory pool ------------------------------------------------------------------------------
-    def init_memory_pool(self) -> None:
+    def init_memory_pool(self, reserved_bytes: int = 0, probe: bool = False) -> None:
+        """Size and allocate the pools within --mem-fraction-static, less `reserved_bytes` (CUDA graphs). `probe`:
+        pools of one request and two pages (measure_graph_memory)."""
         args, config = self.server_args, self.model_config
         kv_format = make_kv_format(args.kv_cache_dtype, config.head_dim, config.qk_rope_head_dim, self.dtype)
         index_kind = index_key_kind(args.kv_cache_dtype, args.enable_deepseek_v4_fp4_indexer)
@@ -92,12 +123,13 @@ class ModelRunner:
         free, total = memory_budget_bytes(args.device)
         budget = int(free - (1 - args.mem_fraction_static) * total) if self.device.type == "cuda" \
             else int(free * args.mem_fraction_static)
+        budget -= reserved_bytes
         self.pool_plan: PoolPlan = plan_pools(
-            config, page_size=args.page_size, max_running_requests=args.max_running_requests,
+            config, page_size=args.page_size, max_running_requests=1 if probe else args.max_running_requests,
             context_length=args.context_length, chunked_prefill_size=args.chunked_prefill_size,
             swa_full_tokens_ratio=args.swa_full_tokens_ratio, budget_bytes=budget,
             kv_entry_bytes=kv_format.bytes_per_entry, index_entry_bytes=index_format.bytes_per_entry,
-            num_window_layers=num_layers, max_total_tokens=args.max_total_tokens,
+            num_window_layers=num_layers, max_total_tokens=2 * args.page_size if probe else args.max_total_tokens,
             num_draft_tokens=args.speculative_num_draft_tokens or 0)
         shape = self.pool_plan.shape
         self.req_to_token_pool = ReqToTokenPool(shape.max_num_reqs, args.context_length, self.device)
@@ -106,7 +138,8 @@ class ModelRunner:
         self.token_to_kv_pool = DeepSeekV4TokenToKVPool(config, num_layers, shape, kv_format, index_format,
                                                         index_keys_rotated=index_kind in ("fp4", "fp8"),
                                                         device=self.device)
-        logger.info("%s", self.pool_plan.format())
+        if not probe:
+            logger.info("%s", self.pool_plan.format())
 
     # ---- forward ----------------------------------------------------------------------------------
     def attach(self, forward_batch: ForwardBatch, attn_backend=None) -> None:
@@ -120,6 +153,15 @@ class ModelRunner:
     def forward(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
         self.attach(forward_batch)
         return self.model(forward_batch.input_ids, forward_batch.positions, forward_batch)
+
+    def can_run_decode_graph(self, batch_size: int) -> bool:
+        """Whether a DECODE batch of this size runs the static path (replayed graphs on a GPU)."""
+        return self.graph_runner is not None and self.graph_runner.can_run(batch_size)
+
+    def forward_decode(self, input_ids: list, positions: list, req_pool_indices: list,
+                       out_cache_loc: torch.Tensor) -> LogitsProcessorOutput:
+        """One DECODE forward through the static buffers (see can_run_decode_graph)."""
+        return self.graph_runner.forward(input_ids, positions, req_pool_indices, out_cache_loc)
 
     @torch.inference_mode()
     def forward_draft(self, forward_batch: ForwardBatch, step: int = 0,

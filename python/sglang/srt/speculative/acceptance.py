@@ -14,7 +14,7 @@ from typing import Optional
 
 import torch
 
-from sglang.srt.layers.sampler import filtered_probs
+from sglang.srt.layers.sampler import draw, filtered_probs
 
 
 def accept_sampling(drafts: torch.Tensor, draft_probs: torch.Tensor, target_logits: torch.Tensor, params,
@@ -36,7 +36,7 @@ def accept_sampling(drafts: torch.Tensor, draft_probs: torch.Tensor, target_logi
     residual = (p[:k] - draft_probs).clamp(min=0)
     total = residual.sum(-1, keepdim=True)
     residual = torch.where(total > 0, residual / total.clamp(min=1e-30), p[:k])
-    draws = torch.multinomial(torch.cat((residual, p[k:])), 1, generator=generator).squeeze(1)  # [k+1]
+    draws = draw(torch.cat((residual, p[k:])), generator)  # [k+1]
     positions = torch.arange(k + 1, device=device)
     tokens = torch.where(positions < num_acc, torch.cat((drafts, drafts[:1])), draws.gather(0, num_acc.view(1)))
     return tokens, num_acc

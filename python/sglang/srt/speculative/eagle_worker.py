@@ -25,7 +25,7 @@ from typing import Optional
 import torch
 
 from sglang.srt.layers.attention.dsv4.multi_step_backend import DeepseekV4MultiStepBackend
-from sglang.srt.layers.sampler import filtered_probs, penalize_rows
+from sglang.srt.layers.sampler import draw, filtered_probs, penalize_rows
 from sglang.srt.managers.decode_worker import DecodeWorker
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.speculative.acceptance import accept_sampling
@@ -98,7 +98,7 @@ class EagleWorker(DecodeWorker):
         for b, req in enumerate(reqs):
             if not req.sampling_params.is_greedy:
                 probs[b] = filtered_probs(logits[b], req.sampling_params)
-                tokens[b] = torch.multinomial(probs[b], 1, generator=req.generator)[0]
+                tokens[b] = draw(probs[b], req.generator)
         return tokens, probs
 
     def _set_drafts(self, reqs: list, logits: torch.Tensor, streams: torch.Tensor) -> None:

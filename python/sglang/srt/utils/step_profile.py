@@ -37,6 +37,9 @@ _SYNC = re.compile(r"(cuda|cu|hip)(Stream|Device|Event|Ctx)Synchronize|(cuda|hip
                    r"|(cuda|hip)Free(Host)?")
 
 
+TOP_KERNELS = 12  # GPU work names kept in StepProfile.top_kernels
+
+
 @dataclasses.dataclass(frozen=True)
 class TraceEvent:
     """One profiler record: `activity` is kineto's activity type ("kernel", "cuda_runtime", "cpu_op", ...)."""
@@ -58,6 +61,8 @@ class StepProfile:
     kernels_per_step: Optional[float]  # kernels that ran (a cross-check of launches: equal without graphs)
     launches_per_step: Optional[float]
     syncs_per_step: Optional[float]
+    # The GPU work that took longest, summed per name: (name, ms per step, runs per step), longest first.
+    top_kernels: tuple = ()
 
     def columns(self) -> str:
         """One table cell group, n/a where nothing was measured."""
@@ -106,8 +111,15 @@ def summarize(events: list, gpu_trace: bool) -> StepProfile:
     busy_us = merged_length((max(s, start), e) for s, e in work)
     host = [e.name for e in events if e.activity not in DEVICE_WORK and start <= e.start_us <= steps_end]
     kernels = sum(1 for e in events if e.activity == "kernel" and e.end_us > start)
+    by_name: dict = {}
+    for e in events:
+        if e.activity in DEVICE_WORK and e.end_us > start:
+            total, count = by_name.get(e.name, (0.0, 0))
+            by_name[e.name] = (total + e.end_us - max(e.start_us, start), count + 1)
+    top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:TOP_KERNELS]
     return StepProfile(n, wall_us / n / 1e3, busy_us / n / 1e3, busy_us / wall_us, kernels / n,
-                       sum(map(is_launch, host)) / n, sum(map(is_sync, host)) / n)
+                       sum(map(is_launch, host)) / n, sum(map(is_sync, host)) / n,
+                       tuple((name, us / n / 1e3, count / n) for name, (us, count) in top))
 
 
 def profile_steps(step: Callable[[], object], steps: int, device: torch.device) -> StepProfile:

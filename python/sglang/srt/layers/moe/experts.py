@@ -38,7 +38,8 @@ class SharedExpert(nn.Module):
 class RoutedExperts(nn.Module):
     """E experts; forward sums each token's k selected experts weighted by the router.
 
-    The reference path loops over the experts that received tokens; fused MoE kernels replace it later.
+    Rows sorted by expert go through torch's grouped GEMM where it exists (CPU, Hopper bf16); elsewhere every expert
+    runs on every token. Fused MoE kernels (quantized experts) replace both later.
     """
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, limit: float) -> None:
@@ -49,28 +50,27 @@ class RoutedExperts(nn.Module):
         self.limit = limit
 
     def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
-        """x [T, D], topk_ids/topk_weights [T, k] -> [T, D]. Rows are sorted by expert; one grouped GEMM per
-        projection when torch offers it for this device and dtype (no host sync), else a loop over the experts."""
+        """x [T, D], topk_ids/topk_weights [T, k] -> [T, D]: one grouped GEMM per projection over rows sorted by expert
+        when torch offers it for this device and dtype, else the dense fallback (neither reads the device)."""
+        if grouped_mm_supported(x):
+            return self._forward_grouped(x, topk_ids, topk_weights)
+        return self._forward_dense(x, topk_ids, topk_weights)
+
+    def _forward_dense(self, x, topk_ids, topk_weights) -> torch.Tensor:
+        """Every expert on every token, weighted by the router (0 for experts not picked): fixed shapes, no host read
+        (CUDA-graph safe). The fallback where torch has no grouped GEMM for this device and dtype (fp32 on a GPU,
+        GPUs before Hopper): E times the work, meant for small models and tests."""
+        coef = torch.zeros(x.shape[0], self.w1.shape[0], dtype=x.dtype, device=x.device)
+        coef.scatter_add_(1, topk_ids, topk_weights.to(x.dtype))  # [T, E]
+        h = clamped_swiglu(torch.einsum("td,eid->eti", x, self.w1), torch.einsum("td,eid->eti", x, self.w3),
+                           self.limit)
+        return torch.einsum("te,etd->td", coef, torch.einsum("eti,edi->etd", h, self.w2))
+
+    def _forward_grouped(self, x, topk_ids, topk_weights) -> torch.Tensor:
         flat_ids = topk_ids.flatten()
         order = torch.argsort(flat_ids, stable=True)
         rows = order // topk_ids.shape[1]  # the token of each sorted (token, expert) pair
         weights = topk_weights.flatten()[order, None].to(x.dtype)
-        if grouped_mm_supported(x):
-            return self._forward_grouped(x, flat_ids, rows, weights)
-        out = torch.zeros_like(x)
-        counts = torch.bincount(flat_ids, minlength=self.w1.shape[0]).tolist()  # host sync (fallback path only)
-        start = 0
-        for expert, count in enumerate(counts):
-            if count == 0:
-                continue
-            tok = rows[start:start + count]
-            xe = x[tok]
-            h = clamped_swiglu(F.linear(xe, self.w1[expert]), F.linear(xe, self.w3[expert]), self.limit)
-            out.index_add_(0, tok, F.linear(h, self.w2[expert]) * weights[start:start + count])
-            start += count
-        return out
-
-    def _forward_grouped(self, x, flat_ids, rows, weights) -> torch.Tensor:
         num_experts = self.w1.shape[0]
         counts = torch.zeros(num_experts, dtype=torch.int32, device=x.device)
         counts.scatter_add_(0, flat_ids, torch.ones_like(flat_ids, dtype=torch.int32))  # bincount would sync
@@ -84,7 +84,7 @@ class RoutedExperts(nn.Module):
 
 def grouped_mm_supported(x: torch.Tensor) -> bool:
     """torch._grouped_mm runs on CPU (torch >= 2.9) and on NVIDIA Hopper or newer for bf16; elsewhere (fp32 on a
-    GPU, older GPUs, ROCm without support) the expert loop is used."""
+    GPU, older GPUs, ROCm without support) the dense fallback is used."""
     if not hasattr(torch, "_grouped_mm"):
         return False
     if x.device.type == "cpu":

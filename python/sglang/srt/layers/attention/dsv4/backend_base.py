@@ -19,6 +19,7 @@ import torch
 
 from sglang.srt.configs.deepseek_v4 import CSA_RATIO
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+from sglang.srt.layers.attention.dsv4.decode_metadata import decode_compress_plan, decode_entry_slots
 from sglang.srt.layers.attention.dsv4.logits_workspace import IndexerLogitsWorkspace, logits_budget_bytes
 from sglang.srt.layers.attention.dsv4.metadata import (
     DSV4Metadata, RatioMetadata, build_compress_plan, build_entry_slots, build_window_slots)
@@ -59,17 +60,27 @@ class DeepseekV4AttnBackendBase(AttentionBackend):
 
     # ---- metadata ------------------------------------------------------------------------------
     def init_forward_metadata(self, forward_batch) -> None:
-        window_slots = build_window_slots(forward_batch, self.config.sliding_window, self.allocator.full_to_swa)
+        """The metadata of every layer. A capacity-static DECODE batch (the CUDA-graph path) derives it on the device
+        at fixed shapes (decode_metadata.py); any other batch sizes it from the host lists (metadata.py)."""
+        fb = forward_batch
+        window_slots = build_window_slots(fb, self.config.sliding_window, self.allocator.full_to_swa)
+        req_to_token = fb.req_to_token_pool.req_to_token
         ratios = {}
         for ratio in self.config.distinct_ratios:
             overlap = ratio == CSA_RATIO
-            plan = build_compress_plan(forward_batch, ratio, overlap, self.page_size, self.num_draft_tokens,
-                                       num_ring_rows=self._any_state(ratio).buf.shape[0])
-            entry_slots = build_entry_slots(forward_batch, ratio, self.page_size)
-            visible = torch.div(forward_batch.positions + 1, ratio, rounding_mode="floor")
+            num_ring_rows = self._any_state(ratio).buf.shape[0]
+            if fb.capacity_static:
+                plan = decode_compress_plan(req_to_token, fb.req_pool_indices, fb.positions, ratio, overlap,
+                                            self.page_size, self.num_draft_tokens, num_ring_rows)
+                entry_slots = decode_entry_slots(req_to_token, fb.req_pool_indices, fb.positions + 1, ratio,
+                                                 self.page_size, capacity=req_to_token.shape[1] // ratio)
+            else:
+                plan = build_compress_plan(fb, ratio, overlap, self.page_size, self.num_draft_tokens, num_ring_rows)
+                entry_slots = build_entry_slots(fb, ratio, self.page_size)
+            visible = torch.div(fb.positions + 1, ratio, rounding_mode="floor")
             ratios[ratio] = RatioMetadata(ratio=ratio, entry_slots=entry_slots, row_visible=visible, plan=plan)
-        out_swa_loc = self.allocator.full_to_swa[forward_batch.out_cache_loc]
-        forward_batch.attn_metadata = DSV4Metadata(window_slots=window_slots, out_swa_loc=out_swa_loc, ratios=ratios)
+        out_swa_loc = self.allocator.full_to_swa[fb.out_cache_loc]
+        fb.attn_metadata = DSV4Metadata(window_slots=window_slots, out_swa_loc=out_swa_loc, ratios=ratios)
 
     def _any_state(self, ratio: int):
         for state in self.pool.attn_state.values():

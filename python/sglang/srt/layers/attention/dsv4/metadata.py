@@ -71,14 +71,14 @@ def build_entry_slots(forward_batch, ratio: int, page_size: int) -> torch.Tensor
     slots = (full // page_size) * per_page + (w % per_page)[None, :]
     if all(c == e_max for c in counts):  # nothing to pad (host-known): the gathered slots as they are
         return slots
-    valid = w[None, :] < torch.tensor(counts).to(device)[:, None]
+    valid = w[None, :] < torch.tensor(counts).to(device, non_blocking=True)[:, None]
     return torch.where(valid, slots, torch.full_like(slots, -1))
 
 
 def build_compress_plan(forward_batch, ratio: int, overlap: bool, page_size: int, num_draft_tokens: int,
                         num_ring_rows: int) -> CompressPlan:
     """Host-side planning over requests, vectorised over the batch (sizes are data-dependent and known on the host:
-    no device reads); the index tensors go to the device once."""
+    no device reads); the index tensors go to the device without a synchronisation."""
     ring = ring_size(ratio, overlap, num_draft_tokens)
     span = 2 * ratio if overlap else ratio
     offsets = torch.arange(span) - (ratio if overlap else 0)
@@ -101,11 +101,13 @@ def build_compress_plan(forward_batch, ratio: int, overlap: bool, page_size: int
     kb = torch.repeat_interleave(torch.arange(len(e)), n - keep_from)
     keep = keep_from[kb] + torch.arange(len(kb)) - (torch.cumsum(n - keep_from, 0) - (n - keep_from))[kb]
     device = forward_batch.positions.device
-    source_rows, w, b = source_rows.to(device), w.to(device), b.to(device)
+    # non_blocking from pageable host memory: staged at once, no stream synchronisation
+    source_rows, w, b = (x.to(device, non_blocking=True) for x in (source_rows, w, b))
     req_to_token = forward_batch.req_to_token_pool.req_to_token
     first_full = req_to_token[forward_batch.req_pool_indices[b], w * ratio].to(torch.int64)
     per_page = page_size // ratio
     entry_slots = (first_full // page_size) * per_page + w % per_page
     return CompressPlan(ratio=ratio, overlap=overlap, ring=ring, num_new=int(source_rows.shape[0]),
                         entry_slots=entry_slots, entry_positions=w * ratio, source_rows=source_rows,
-                        ring_dst=(r[kb] * ring + keep % ring).to(device), ring_src=(row0[kb] + keep - s[kb]).to(device))
+                        ring_dst=(r[kb] * ring + keep % ring).to(device, non_blocking=True),
+                        ring_src=(row0[kb] + keep - s[kb]).to(device, non_blocking=True))

@@ -1,0 +1,61 @@
+"""DECODE metadata with capacity-static shapes, derived on the device: what a CUDA graph replays (DESIGN section 5).
+
+The general builders (metadata.py) size their tensors from host lists (entries per request, windows completed by
+the step). A captured decode step cannot: its shapes are fixed at capture and it reads only device tensors, the
+static inputs (positions, req_pool_indices, out_cache_loc) and the pools' page table and window map. Here every
+shape depends on the row count B (one row per request, padded to a captured batch size) and the context capacity:
+- window slots [B, W] and each row's own window slot: as in the general path (already device-only);
+- entry lists [B, E_cap], E_cap = context capacity // m, -1 past each request's floor(seq_len / m) entries;
+- a compression plan of B candidate entries: row b (position p) completes window w = (p + 1) / m - 1 when
+  (p + 1) % m == 0. A row that completes nothing pools its own fresh row into the dump entry (compressed slot 0,
+  in the reserved page 0, never read), so the compress op runs unconditionally at a fixed size;
+- every row writes its fresh (content, gate) row to the staging ring at r * ring + p % ring.
+Padded rows use the reserved request slot 0 at position 0 with out slot 0: no window keys (page 0 maps to no window
+slot), nothing stored (window slot -1), no entries, their ring rows are request 0's. The general plan and this one
+agree on every real entry (test_attention_metadata.py checks it).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sglang.srt.layers.attention.dsv4.metadata import CompressPlan
+from sglang.srt.mem_cache.deepseek_v4_pool import ring_size
+
+DUMP_ENTRY_SLOT = 0  # compressed / index-key slot written by rows that complete no entry (reserved page 0)
+
+
+def decode_entry_slots(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+                       ratio: int, page_size: int, capacity: int) -> torch.Tensor:
+    """[B, capacity] compressed-pool slot of entry w of each request, -1 for w >= seq_len // ratio."""
+    w = torch.arange(capacity, device=seq_lens.device)
+    full = req_to_token[req_pool_indices[:, None], (w * ratio)[None, :]].to(torch.int64)
+    per_page = page_size // ratio
+    slots = (full // page_size) * per_page + (w % per_page)[None, :]
+    valid = w[None, :] < torch.div(seq_lens, ratio, rounding_mode="floor")[:, None]
+    return torch.where(valid, slots, torch.full_like(slots, -1))
+
+
+def decode_compress_plan(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, positions: torch.Tensor,
+                         ratio: int, overlap: bool, page_size: int, num_draft_tokens: int,
+                         num_ring_rows: int) -> CompressPlan:
+    """The plan of one decode row per request, B candidate entries (see the module docstring)."""
+    ring = ring_size(ratio, overlap, num_draft_tokens)
+    span = 2 * ratio if overlap else ratio
+    device = positions.device
+    offsets = torch.arange(span, device=device) - (ratio if overlap else 0)
+    rows = torch.arange(positions.shape[0], device=device)
+    done = torch.remainder(positions + 1, ratio) == 0
+    w = (torch.div(positions + 1, ratio, rounding_mode="floor") - 1).clamp(min=0)
+    p = w[:, None] * ratio + offsets[None, :]  # [B, S] source positions of the entry row b completes
+    fresh = (num_ring_rows + rows)[:, None].expand_as(p)
+    from_ring = req_pool_indices[:, None] * ring + torch.remainder(p, ring)
+    source = torch.where(p < 0, -1, torch.where(p == positions[:, None], fresh, from_ring))
+    source = torch.where(done[:, None], source, fresh)  # nothing completed: pool the fresh row into the dump entry
+    first_full = req_to_token[req_pool_indices, w * ratio].to(torch.int64)
+    per_page = page_size // ratio
+    entry_slots = torch.where(done, (first_full // page_size) * per_page + w % per_page,
+                              torch.full_like(first_full, DUMP_ENTRY_SLOT))
+    return CompressPlan(ratio=ratio, overlap=overlap, ring=ring, num_new=int(positions.shape[0]),
+                        entry_slots=entry_slots, entry_positions=w * ratio, source_rows=source,
+                        ring_dst=req_pool_indices * ring + torch.remainder(positions, ring), ring_src=rows)

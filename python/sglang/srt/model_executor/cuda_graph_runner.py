@@ -1,0 +1,116 @@
+"""CudaGraphRunner: DECODE forwards from static buffers, replayed as CUDA graphs captured per batch size.
+
+Per step the host writes the step's inputs (token ids, positions, req_pool_indices, out slots) into one pinned
+buffer, padded to the smallest captured batch size >= the batch, and issues one non_blocking copy into the static
+device buffer every graph reads. The forward itself (attention metadata included: decode_metadata.py derives it on
+the device at capacity-static shapes) is the graph's work, so a replay costs one launch whatever the model.
+
+Padded rows (raw batch 3 in a graph of 4) are request slot 0 at position 0 writing to out slot 0: they read no
+window key, store nothing, complete no entry and write only request 0's staging rows (decode_metadata.py).
+
+On CPU the same static path runs eagerly (no graphs): the CPU test suite checks it against the general path.
+Batches above the largest size, and every batch under --disable-cuda-graph, run the general (eager) path.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Optional
+
+import torch
+
+from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+
+logger = logging.getLogger(__name__)
+
+_IDS, _POSITIONS, _REQS, _OUT_LOC = range(4)  # rows of the static input block
+
+
+class CudaGraphRunner:
+    def __init__(self, model_runner, batch_sizes: list, use_graphs: bool) -> None:
+        """`model_runner`: ModelRunner (its model, attach()); `use_graphs`: capture now (CUDA only)."""
+        if not batch_sizes or min(batch_sizes) < 1:
+            raise ValueError(f"CUDA graph batch sizes must be positive, got {batch_sizes}")
+        self.runner = model_runner
+        self.batch_sizes = sorted(batch_sizes)
+        self.max_bs = self.batch_sizes[-1]
+        device = model_runner.device
+        self.host = torch.zeros(4, self.max_bs, dtype=torch.int64, pin_memory=device.type == "cuda")
+        self.inputs = torch.zeros(4, self.max_bs, dtype=torch.int64, device=device)
+        self.rows = torch.arange(self.max_bs, device=device)
+        self.ones = torch.ones(self.max_bs, dtype=torch.int64, device=device)
+        self._copied: Optional[torch.cuda.Event] = None  # the last host -> device copy (the host buffer is reused)
+        self.graphs: dict = {}
+        self.logits: dict = {}  # bs -> the graph's output next-token logits [bs, V]
+        self.graph_memory_bytes = 0
+        if use_graphs:
+            self.capture()
+
+    def can_run(self, batch_size: int) -> bool:
+        return 0 < batch_size <= self.max_bs
+
+    def padded_size(self, batch_size: int) -> int:
+        return next(bs for bs in self.batch_sizes if bs >= batch_size)
+
+    def forward_batch(self, bs: int) -> ForwardBatch:
+        """The DECODE batch of the first `bs` static rows."""
+        v = self.inputs[:, :bs]
+        return ForwardBatch(forward_mode=ForwardMode.DECODE, input_ids=v[_IDS], positions=v[_POSITIONS],
+                            out_cache_loc=v[_OUT_LOC], req_pool_indices=v[_REQS], extend_seq_lens=self.ones[:bs],
+                            extend_start_loc=self.rows[:bs], row_req=self.rows[:bs], capacity_static=True)
+
+    def _run(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
+        self.runner.attach(forward_batch)
+        return self.runner.model(forward_batch.input_ids, forward_batch.positions, forward_batch)
+
+    # ---- capture ------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """Capture one graph per batch size, largest first, all in one memory pool (replays never overlap)."""
+        start, before = time.perf_counter(), torch.cuda.memory_reserved()
+        self.inputs.zero_()  # every row a padded row while capturing: nothing real is read or written
+        pool = None
+        stream = torch.cuda.Stream()
+        for bs in reversed(self.batch_sizes):
+            fb = self.forward_batch(bs)
+            with torch.cuda.stream(stream):
+                for _ in range(2):  # warm-up: Triton compilation, cuBLAS workspaces, lazy allocations
+                    self._run(fb)
+            stream.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool, stream=stream):
+                out = self._run(fb)
+            pool = graph.pool()
+            self.graphs[bs], self.logits[bs] = graph, out.next_token_logits
+        torch.cuda.synchronize()
+        self.graph_memory_bytes = torch.cuda.memory_reserved() - before
+        logger.info("captured CUDA graphs for decode batch sizes %s in %.1f s (%.2f GiB)", self.batch_sizes,
+                    time.perf_counter() - start, self.graph_memory_bytes / 2**30)
+
+    # ---- one step -----------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def forward(self, input_ids: list, positions: list, req_pool_indices: list,
+                out_cache_loc: torch.Tensor) -> LogitsProcessorOutput:
+        """One decode row per request (host lists; `out_cache_loc` on the device): replay, or run the static path
+        eagerly when no graph was captured. Returns the logits of the real rows."""
+        raw = len(input_ids)
+        bs = self.padded_size(raw)
+        if self._copied is not None and not self._copied.query():
+            self._copied.synchronize()  # the previous copy still reads the pinned block (never seen: the step's
+            # read-back of sampled tokens, later in stream order, has waited for it)
+        host = self.host[:, :bs]
+        host[:, raw:] = 0  # padded rows: request 0, position 0, token 0, out slot 0
+        host[:3, :raw] = torch.tensor([input_ids, positions, req_pool_indices])
+        on_gpu = self.inputs.device.type == "cuda"
+        self.inputs[:, :bs].copy_(host, non_blocking=on_gpu)
+        self.inputs[_OUT_LOC, :raw].copy_(out_cache_loc)  # already on the device (the allocator's copy)
+        if on_gpu:
+            self._copied = torch.cuda.Event()
+            self._copied.record()
+        graph = self.graphs.get(bs)
+        if graph is None:
+            return LogitsProcessorOutput(next_token_logits=self._run(self.forward_batch(bs)).next_token_logits[:raw])
+        graph.replay()
+        return LogitsProcessorOutput(next_token_logits=self.logits[bs][:raw])

@@ -1,0 +1,69 @@
+"""Where the host's time goes in scheduler steps, by phase, without the profiler (CUPTI would slow every launch).
+
+`time_host_phases(scheduler, steps)` runs `steps` scheduler steps with wall-clock timers around the phases of a
+step and returns their mean milliseconds per step:
+- allocate: slots of the step's new positions (`extend_batch`, one host -> device copy);
+- forward: the host side of the forward (a graph replay: the input copy and one launch; eager: every launch);
+- sample: the sampler's launches, until its read-back;
+- wait: the read-back of the sampled tokens, i.e. the host waiting for the device to finish the step;
+- finish: committing tokens, stop checks, window release;
+- other: the rest of the step (admission, batch building, bookkeeping).
+A step whose `wait` is most of it is device-bound; host-bound when the other phases add up to more than the device
+time (they run while the device idles: nothing overlaps them yet).
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, fields
+from unittest import mock
+
+
+@dataclass
+class HostPhases:
+    steps: int
+    step_ms: float
+    allocate_ms: float
+    forward_ms: float
+    sample_ms: float
+    wait_ms: float
+    finish_ms: float
+    other_ms: float
+
+    def columns(self) -> str:
+        return " | ".join(f"{f.name[:-3]} {getattr(self, f.name):6.2f}" for f in fields(self)[1:]) + " ms/step"
+
+
+def time_host_phases(scheduler, steps: int) -> HostPhases:
+    import sglang.srt.layers.sampler as sampler_module
+    import sglang.srt.managers.scheduler as scheduler_module
+
+    spent = {"allocate": 0.0, "forward": 0.0, "sample": 0.0, "wait": 0.0, "finish": 0.0}
+
+    def timed(real, phase: str, minus: tuple = ()):
+        def wrapper(*args, **kwargs):
+            start, inner = time.perf_counter(), sum(spent[p] for p in minus)
+            try:
+                return real(*args, **kwargs)
+            finally:  # time inside nested phases counts there only
+                spent[phase] += time.perf_counter() - start - (sum(spent[p] for p in minus) - inner)
+        return wrapper
+
+    runner = scheduler.runner
+    with ExitStack() as stack:
+        for target, name, phase, minus in [
+            (scheduler.allocator, "extend_batch", "allocate", ()),
+            (runner, "forward_decode", "forward", ()), (runner, "forward", "forward", ()),
+            (scheduler_module, "sample", "sample", ("wait",)), (sampler_module, "read_back", "wait", ()),
+            (scheduler, "finish_step", "finish", ()),
+        ]:
+            stack.enter_context(mock.patch.object(target, name, timed(getattr(target, name), phase, minus)))
+        start = time.perf_counter()
+        for _ in range(steps):
+            scheduler.step()
+        total = time.perf_counter() - start
+    ms = {p: v / steps * 1e3 for p, v in spent.items()}
+    step_ms = total / steps * 1e3
+    return HostPhases(steps, step_ms, ms["allocate"], ms["forward"], ms["sample"], ms["wait"], ms["finish"],
+                      step_ms - sum(ms.values()))

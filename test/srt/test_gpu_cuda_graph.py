@@ -1,0 +1,77 @@
+"""CUDA graphs for DECODE on a GPU (skipped without CUDA; run through the device tool, scripts/gpu_validate.sh):
+- replayed graphs equal the same static path run eagerly bit for bit (bf16, Triton), across padded batches, every
+  bucket boundary, requests joining and finishing, staging rings and HCA windows wrapping;
+- graphs equal the general path (--disable-cuda-graph) token for token in fp32;
+- decode steps never synchronise the host with the device, except the one read-back of the sampled tokens
+  (`torch.cuda.set_sync_debug_mode("error")` around whole scheduler steps);
+- capture never allocates the pooled indexer-logits block."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from oracle import engine, random_ids
+from test_static_decode import _assert_same, _run, _workload
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (device tool)")]
+
+WORKLOADS = {"tiny": ([5, 23, 40], [37, 9, 20, 3, 28]), "hca128": ([120, 250, 7], [20, 12, 30])}
+
+
+@pytest.mark.parametrize("name", list(WORKLOADS))
+def test_replay_equals_eager_static_path_bitwise(name):
+    ids, params = _workload(3, 6, *WORKLOADS[name], sampled=True)
+    eng = engine(name, device="cuda", dtype="bfloat16", attention_backend="triton", cuda_graph_bs=[1, 2, 3, 4, 8],
+                 max_running_requests=8)
+    runner = eng.model_runner.graph_runner
+    assert sorted(runner.graphs) == [1, 2, 3, 4, 8]
+    assert eng.model_runner.attn_backend.logits_workspace._block is None  # capture never allocated it
+    assert eng.model_runner.graph_memory_bytes > 0  # measured, and taken from the pools' budget
+    replayed = _run(eng, ids, params)
+    graphs = dict(runner.graphs)
+    runner.graphs.clear()  # the same static path, eagerly
+    eager = _run(eng, ids, params)
+    runner.graphs.update(graphs)
+    for a, b in zip(replayed, eager):
+        assert a["output_ids"] == b["output_ids"]
+        assert a["meta_info"]["output_token_logprobs"] == b["meta_info"]["output_token_logprobs"]
+    eng.model_runner.token_allocator.check_all_free()
+
+
+@pytest.mark.parametrize("name", list(WORKLOADS))
+def test_graphs_equal_general_path_fp32(name):
+    ids, params = _workload(5, 5, *WORKLOADS[name], sampled=False)
+    kwargs = dict(device="cuda", dtype="float32", attention_backend="triton", max_running_requests=5)
+    ref = _run(engine(name, disable_cuda_graph=True, **kwargs), ids, params)
+    eng = engine(name, cuda_graph_bs=[1, 2, 4], **kwargs)
+    assert sorted(eng.model_runner.graph_runner.graphs) == [1, 2, 4]
+    _assert_same(_run(eng, ids, params), ref)
+    eng.model_runner.token_allocator.check_all_free()
+
+
+def test_decode_steps_never_synchronise():
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    eng = engine("tiny", device="cuda", dtype="bfloat16", attention_backend="triton", cuda_graph_bs=[1, 2, 4])
+    sched = eng.scheduler
+    news = [40, 6, 25]  # the second finishes inside the checked steps, the batch shrinks 3 -> 2
+    params = [dict(temperature=0), dict(temperature=0.7, top_p=0.9, seed=5), dict(temperature=0.9, top_k=20)]
+    for i, (n, p) in enumerate(zip(news, params)):
+        sched.add_request(Req(rid=f"s{i}", origin_input_ids=random_ids(30 + 7 * i, seed=i),
+                              sampling_params=SamplingParams.from_dict({**p, "max_new_tokens": n, "ignore_eos": True})))
+    while not all(r.prefill_done for r in sched.running) or len(sched.running) < 3:
+        sched.step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(12):
+            sched.step()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert len(sched.running) == 2
+    while sched.running:
+        sched.step()
+    eng.model_runner.token_allocator.check_all_free()

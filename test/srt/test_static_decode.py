@@ -1,0 +1,140 @@
+"""The static decode path (what CUDA graphs replay; eager on CPU): its device-derived, capacity-static metadata
+equals the general metadata on every real row, padded rows touch nothing real, and engine outputs equal the general
+(--disable-cuda-graph) path token for token: padded batches (3 in a bucket of 4), every bucket boundary, batches
+above the largest bucket, requests joining and finishing between steps, staging rings and HCA windows wrapping,
+greedy and seeded sampling, speculative decoding alongside. Server-args defaults of the capture list."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from oracle import engine, max_abs_diff, random_ids
+from sglang.srt.layers.attention.dsv4.decode_metadata import DUMP_ENTRY_SLOT, decode_compress_plan, decode_entry_slots
+from sglang.srt.layers.attention.dsv4.metadata import build_compress_plan, build_entry_slots
+
+PAGE, CTX = 16, 96
+
+
+def _page_table(num_reqs: int, seed: int) -> torch.Tensor:
+    """Request r (>= 1) holds random distinct pages; row 0 (the reserved dummy request) is all zeros."""
+    g = torch.Generator().manual_seed(seed)
+    pages = torch.randperm(200, generator=g)[:(num_reqs - 1) * (CTX // PAGE)].view(num_reqs - 1, CTX // PAGE) + 1
+    table = torch.zeros(num_reqs, CTX, dtype=torch.int32)
+    pos = torch.arange(CTX)
+    table[1:] = (pages[:, pos // PAGE] * PAGE + pos % PAGE).to(torch.int32)
+    return table
+
+
+@pytest.mark.parametrize("ratio,overlap", [(4, True), (8, False), (16, False)])
+@pytest.mark.parametrize("seed", range(4))
+def test_static_metadata_equals_general_on_real_rows(ratio, overlap, seed):
+    g = torch.Generator().manual_seed(seed)
+    num_reqs, raw, padded = 8, 5, 8
+    table = _page_table(num_reqs, seed)
+    reqs = (torch.randperm(num_reqs - 1, generator=g)[:raw] + 1).tolist()
+    positions = torch.randint(0, CTX - 1, (raw,), generator=g).tolist()  # the decode token's position = prefix
+    num_ring_rows = num_reqs * 2 * ratio
+    general = SimpleNamespace(
+        seq_lens_cpu=[p + 1 for p in positions], extend_prefix_lens_cpu=positions, extend_seq_lens_cpu=[1] * raw,
+        req_pool_indices_cpu=reqs, positions=torch.tensor(positions), req_pool_indices=torch.tensor(reqs),
+        req_to_token_pool=SimpleNamespace(req_to_token=table))
+    # static rows: the real ones, then padded rows (request 0, position 0)
+    s_reqs = torch.tensor(reqs + [0] * (padded - raw))
+    s_pos = torch.tensor(positions + [0] * (padded - raw))
+
+    entries = build_entry_slots(general, ratio, PAGE)
+    static_entries = decode_entry_slots(table, s_reqs, s_pos + 1, ratio, PAGE, capacity=CTX // ratio)
+    assert static_entries.shape == (padded, CTX // ratio)
+    e_max = entries.shape[1]
+    assert torch.equal(static_entries[:raw, :e_max], entries)
+    assert (static_entries[:raw, e_max:] == -1).all() and (static_entries[raw:] == -1).all()
+
+    plan = build_compress_plan(general, ratio, overlap, PAGE, 0, num_ring_rows)
+    static = decode_compress_plan(table, s_reqs, s_pos, ratio, overlap, PAGE, 0, num_ring_rows)
+    assert static.num_new == padded and static.ring == plan.ring
+    done = [(p + 1) % ratio == 0 for p in positions]
+    rows = [b for b in range(raw) if done[b]]  # the general plan lists completed entries in request order
+    assert plan.num_new == len(rows)
+    assert torch.equal(static.entry_slots[rows], plan.entry_slots)
+    assert torch.equal(static.entry_positions[rows], plan.entry_positions)
+    assert torch.equal(static.source_rows[rows], plan.source_rows)
+    others = [b for b in range(padded) if b >= raw or not done[b]]
+    assert (static.entry_slots[others] == DUMP_ENTRY_SLOT).all()
+    assert (static.source_rows[others] == (num_ring_rows + torch.tensor(others))[:, None]).all()  # finite rows
+    assert torch.equal(static.ring_dst[:raw], plan.ring_dst) and torch.equal(static.ring_src[:raw], plan.ring_src)
+    assert (static.ring_dst[raw:] < static.ring).all()  # padded rows write request 0's staging rows only
+
+
+def _run(eng, ids_list, params):
+    return eng.generate(input_ids=ids_list, sampling_params=params, return_logprob=True)
+
+
+def _workload(seed: int, n: int, lens: list, news: list, sampled: bool) -> tuple:
+    ids = [random_ids(lens[i % len(lens)], seed=seed + i) for i in range(n)]
+    params = [{"temperature": 0.8 if sampled and i % 2 else 0, "seed": 1000 + i, "top_p": 0.9,
+               "max_new_tokens": news[i % len(news)], "ignore_eos": True} for i in range(n)]
+    return ids, params
+
+
+def _assert_same(a: list, b: list) -> None:
+    for x, y in zip(a, b):
+        assert x["output_ids"] == y["output_ids"]
+        lx = [lp for lp, _, _ in x["meta_info"]["output_token_logprobs"]]
+        ly = [lp for lp, _, _ in y["meta_info"]["output_token_logprobs"]]
+        assert max_abs_diff(lx, ly) <= 1e-4
+
+
+@pytest.mark.parametrize("name,lens,news", [
+    ("tiny", [5, 23, 40], [37, 9, 20, 3, 28]),  # rings of ratio 4 and 8 wrap many times
+    ("hca128", [120, 250, 7], [20, 12, 30]),  # HCA windows of 128 completed during decode
+])
+def test_static_decode_equals_general_path(name, lens, news):
+    ids, params = _workload(7, 5, lens, news, sampled=True)
+    ref_eng = engine(name, disable_cuda_graph=True, max_running_requests=5)
+    assert ref_eng.model_runner.graph_runner is None
+    ref = _run(ref_eng, ids, params)
+    # buckets 1, 2, 4: five running requests exceed the largest (general path), then 4, 3 (padded to 4), 2, 1
+    eng = engine(name, cuda_graph_bs=[1, 2, 4], max_running_requests=5)
+    runner = eng.model_runner.graph_runner
+    sizes = []
+    real_forward = runner.forward
+    runner.forward = lambda ids_, *a: sizes.append(len(ids_)) or real_forward(ids_, *a)
+    got = _run(eng, ids, params)
+    _assert_same(got, ref)
+    assert 3 in sizes and max(sizes) <= 4  # a padded batch ran, and 5 never took the static path
+    eng.model_runner.token_allocator.check_all_free()
+
+
+def test_mixed_extend_steps_general_decode_steps_static():
+    """Mixed EXTEND steps (decode rows beside a prefill chunk) use the general path; DECODE steps the static one."""
+    ids, params = _workload(11, 4, [30, 60], [6, 25], sampled=False)
+    ref = _run(engine("tiny", disable_cuda_graph=True, chunked_prefill_size=32), ids, params)
+    eng = engine("tiny", chunked_prefill_size=32)
+    _assert_same(_run(eng, ids, params), ref)
+    eng.model_runner.token_allocator.check_all_free()
+
+
+def test_capture_list_defaults():
+    from sglang.srt.arg_groups.deepseek_v4_hook import resolve_server_args
+    from sglang.srt.server_args import ServerArgs
+
+    from oracle import checkpoint
+
+    def resolved(**kw):
+        return resolve_server_args(ServerArgs(model_path=checkpoint("tiny"), device="cpu", page_size=16, **kw))
+
+    args = resolved()
+    assert args.cuda_graph_bs[:6] == [1, 2, 4, 8, 12, 16] and args.cuda_graph_bs[-1] == 256
+    assert all(b - a == 8 for a, b in zip(args.cuda_graph_bs[5:], args.cuda_graph_bs[6:]))
+    assert resolved(max_running_requests=20).cuda_graph_bs == [1, 2, 4, 8, 12, 16, 20]
+    assert resolved(cuda_graph_max_bs=10).cuda_graph_bs == [1, 2, 4, 8, 10]
+    assert resolved(cuda_graph_bs=[8, 3, 3]).cuda_graph_bs == [3, 8]
+    assert resolved(cuda_graph_bs=[4, 64], max_running_requests=16).cuda_graph_bs == [4, 16]
+    assert resolved(disable_cuda_graph=True).cuda_graph_bs is None
+    with pytest.raises(ValueError, match="cuda-graph-bs"):
+        resolved(cuda_graph_bs=[0, 4])
+    with pytest.raises(ValueError, match="cuda-graph-max-bs"):
+        resolved(cuda_graph_max_bs=0)
