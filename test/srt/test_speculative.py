@@ -14,7 +14,7 @@ import functools
 import pytest
 import torch
 
-from oracle import DEVICE, checkpoint, engine, random_ids
+from oracle import checkpoint, engine, random_ids
 from spec_checkpoint import make_predictable
 from sglang.srt.layers.attention.dsv4.torch_backend import TorchAttnBackend
 from sglang.srt.managers.schedule_batch import Req
@@ -207,8 +207,6 @@ def test_sampling_with_penalties_runs():
 _HOST_READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__")
 
 
-@pytest.mark.skipif(DEVICE == "cuda", reason="the suite runs fp32 on CUDA, where torch._grouped_mm is missing and the "
-                    "MoE expert-loop fallback reads its per-expert counts once per layer (bf16 uses the grouped GEMM)")
 def test_decode_cycle_reads_the_device_once(monkeypatch):
     """A whole speculative cycle (draft steps, verify, acceptance for greedy and sampled requests, rollback,
     draft-extend, scheduler bookkeeping) makes exactly one device -> host read, `read_back`; any other Python-level

@@ -101,7 +101,7 @@ def test_static_decode_equals_general_path(name, lens, news):
     runner = eng.model_runner.graph_runner
     sizes = []
     real_forward = runner.forward
-    runner.forward = lambda ids_, *a: sizes.append(len(ids_)) or real_forward(ids_, *a)
+    runner.forward = lambda ids_, slots: sizes.append(len(ids_)) or real_forward(ids_, slots)
     got = _run(eng, ids, params)
     _assert_same(got, ref)
     assert 3 in sizes and max(sizes) <= 4  # a padded batch ran, and 5 never took the static path
@@ -138,3 +138,57 @@ def test_capture_list_defaults():
         resolved(cuda_graph_bs=[0, 4])
     with pytest.raises(ValueError, match="cuda-graph-max-bs"):
         resolved(cuda_graph_max_bs=0)
+
+
+_HOST_READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__")
+
+
+def test_decode_step_reads_the_device_once(monkeypatch):
+    """A whole DECODE step on the static path (allocation, forward, sampling greedy, seeded and top-p, bookkeeping,
+    window release, a request finishing) makes exactly one device -> host read, the sampler's `read_back`; any other
+    Python-level read of a tensor (.item(), .tolist(), bool(), int(), float(), index use) is a violation. The CPU
+    twin of test_gpu_cuda_graph.py's sync-debug-mode test."""
+    import sglang.srt.layers.sampler as sampler_module
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    eng = engine("tiny", cuda_graph_bs=[1, 2, 4])
+    sched = eng.scheduler
+    params = [dict(temperature=0), dict(temperature=0.7, top_p=0.9, seed=5), dict(temperature=0.9, top_k=20)]
+    for i, (n, p) in enumerate(zip([30, 4, 20], params)):
+        sched.add_request(Req(rid=f"s{i}", origin_input_ids=random_ids(30 + 7 * i, seed=i),
+                              sampling_params=SamplingParams.from_dict({**p, "max_new_tokens": n, "ignore_eos": True})))
+    while not all(r.prefill_done for r in sched.running) or len(sched.running) < 3:
+        sched.step()
+    state = {"reading": False, "violations": [], "reads": 0}
+    real = {name: getattr(torch.Tensor, name) for name in _HOST_READS}
+
+    def guarded(name):
+        def read(self, *args, **kwargs):
+            if not state["reading"]:
+                state["violations"].append(name)
+            return real[name](self, *args, **kwargs)
+        return read
+
+    real_read_back = sampler_module.read_back
+
+    def read_back(x):
+        state["reads"] += 1
+        state["reading"] = True
+        try:
+            return real_read_back(x)
+        finally:
+            state["reading"] = False
+
+    monkeypatch.setattr(sampler_module, "read_back", read_back)
+    with monkeypatch.context() as m:
+        for name in _HOST_READS:
+            m.setattr(torch.Tensor, name, guarded(name))
+        bool(torch.tensor(1))  # the guard sees a read (positive control)
+        for _ in range(8):
+            sched.step()
+    assert state["reads"] == 8 and state["violations"] == ["__bool__"], state
+    assert len(sched.running) == 2  # the second request finished inside the guarded steps
+    while sched.has_work():
+        sched.step()
+    eng.model_runner.token_allocator.check_all_free()

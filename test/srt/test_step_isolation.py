@@ -99,7 +99,7 @@ def inject(monkeypatch, eng, where: str) -> None:
         monkeypatch.setattr(runner, "forward", failing_after(runner.forward, in_forward))
         # decode steps run through the static buffers (replayed CUDA graphs on a GPU)
         monkeypatch.setattr(runner, "forward_decode",
-                            failing_after(runner.forward_decode, lambda ids, pos, reqs, loc: holds_culprit(reqs)))
+                            failing_after(runner.forward_decode, lambda ids, slots: holds_culprit(slots[0].tolist())))
     elif where == "forward_draft":
         monkeypatch.setattr(runner, "forward_draft",
                             failing_after(runner.forward_draft, lambda forward_batch, *_: in_forward(forward_batch)))

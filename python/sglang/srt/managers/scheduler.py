@@ -180,15 +180,13 @@ class Scheduler:
         """Allocate, run and sample one batch of admitted requests."""
         if self.worker.speculative and batch.forward_mode.is_decode():
             return self._run_speculative_cycle(batch.reqs)
-        out_cache_loc = self.allocator.extend_batch([r.alloc for r in batch.reqs],
-                                                    [r.num_computed + n for r, n in zip(batch.reqs, batch.extend_lens)])
+        slots = self.allocator.plan_extend([r.alloc for r in batch.reqs],
+                                           [r.num_computed + n for r, n in zip(batch.reqs, batch.extend_lens)])
         if batch.forward_mode.is_decode() and self.runner.can_run_decode_graph(len(batch.reqs)):
-            forward_batch = None  # static buffers (a replayed CUDA graph on a GPU)
-            output = self.runner.forward_decode([r.token_at(r.num_computed) for r in batch.reqs],
-                                                [r.num_computed for r in batch.reqs],
-                                                [r.alloc.req_pool_idx for r in batch.reqs], out_cache_loc)
+            forward_batch = None  # static buffers (a replayed CUDA graph on a GPU), which also write the slots
+            output = self.runner.forward_decode([r.token_at(r.num_computed) for r in batch.reqs], slots)
         else:
-            forward_batch = batch.to_forward_batch(out_cache_loc, self.runner.device)
+            forward_batch = batch.to_forward_batch(self.allocator.write_slots(slots), self.runner.device)
             forward_batch.capture_hidden = self.worker.capture_hidden
             output = self.runner.forward(forward_batch)
         updated = self._process_results(batch, forward_batch, output, sample(output.next_token_logits, batch.reqs))

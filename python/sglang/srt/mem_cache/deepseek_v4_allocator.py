@@ -7,7 +7,8 @@
   be in some query's window; `release_window` frees them as the window slides. `full_to_swa` maps a full
   slot to its window slot (-1 once released).
 All bookkeeping is host-side; `full_to_swa` and `req_to_token` are device tensors, updated for a whole step's
-requests from one host -> device copy (`extend_batch`), so the copies do not grow with the batch.
+requests from one host -> device copy (`extend_batch` = `plan_extend` on the host + `write_slots`; a decode graph
+copies plan_extend's table with its own inputs and writes it in the replay), so the copies do not grow with the batch.
 An allocation either succeeds completely or raises PoolExhaustedError with nothing changed. Callers outside
 mem_cache/ ask the capacity methods (available_pages, token_usage, is_all_free, ...), not the pools.
 """
@@ -22,6 +23,13 @@ from sglang.srt.mem_cache.allocator import PageAllocator, PoolExhaustedError
 from sglang.srt.mem_cache.req_to_token_pool import ReqToTokenPool
 
 _FEW_POSITIONS = 256  # up to this many new positions in a step, extend_batch builds its lists in plain Python
+
+
+def write_slots_on_device(req_to_token: torch.Tensor, full_to_swa: torch.Tensor, rows: torch.Tensor,
+                          positions: torch.Tensor, full: torch.Tensor, swa: torch.Tensor) -> None:
+    """req_to_token[rows, positions] = full and full_to_swa[full] = swa (device tensors; no host read)."""
+    req_to_token[rows, positions] = full.to(torch.int32)
+    full_to_swa[full] = swa
 
 
 @dataclass
@@ -90,6 +98,12 @@ class DeepSeekV4TokenAllocator:
         """`extend` for each request of a step; returns the new full slots of all of them, in order. The page table
         and window map are written from one host -> device copy (pinned, non-blocking on a GPU). All or nothing: if
         the pools cannot hold every request's new positions, PoolExhaustedError and nothing changed."""
+        return self.write_slots(self.plan_extend(allocs, new_num_tokens))
+
+    def plan_extend(self, allocs: list, new_num_tokens: list) -> torch.Tensor:
+        """The host half of extend_batch: allocate and book the new positions; returns a host int64 tensor [4, N]
+        of (request slot, position, full slot, window slot) per new position, to be written to the device by
+        `write_slots` or by whoever copies it there anyway (a decode graph writes them in its replay)."""
         for n in new_num_tokens:
             if n > self.req_to_token_pool.max_context_len:
                 raise ValueError(f"sequence length {n} exceeds the context length "
@@ -121,7 +135,7 @@ class DeepSeekV4TokenAllocator:
             alloc.window_slots.extend(new_swa)
             alloc.num_tokens = n
         if not lens:
-            return torch.empty(0, dtype=torch.int64, device=self.device)
+            return torch.empty(4, 0, dtype=torch.int64)
         if sum(lens) <= _FEW_POSITIONS:  # decode and speculative steps: a few positions per request, plain Python
             rows, positions, full = [], [], []
             for r, start, n, first, offset in zip(pool_idx, starts, lens, first_pages, page_offsets):
@@ -129,18 +143,24 @@ class DeepSeekV4TokenAllocator:
                     rows.append(r)
                     positions.append(p)
                     full.append(pages[offset + p // self.page_size - first] * self.page_size + p % self.page_size)
-            host = torch.tensor([rows, positions, full, swa], dtype=torch.int64)
-        else:  # a prefill chunk: a constant number of vectorised host ops, no Python loop over its tokens
-            lens_t = torch.tensor(lens)
-            req = torch.repeat_interleave(torch.arange(len(lens)), lens_t)  # request of each new position
-            positions = torch.tensor(starts)[req] + torch.arange(sum(lens)) - (lens_t.cumsum(0) - lens_t)[req]
-            page = torch.tensor(pages)[torch.tensor(page_offsets)[req] + positions // self.page_size
-                                       - torch.tensor(first_pages)[req]]
-            full = page * self.page_size + positions % self.page_size
-            host = torch.stack((torch.tensor(pool_idx)[req], positions, full, torch.tensor(swa)))
+            return torch.tensor([rows, positions, full, swa], dtype=torch.int64)
+        # A prefill chunk: a constant number of vectorised host ops, no Python loop over its tokens.
+        lens_t = torch.tensor(lens)
+        req = torch.repeat_interleave(torch.arange(len(lens)), lens_t)  # request of each new position
+        positions = torch.tensor(starts)[req] + torch.arange(sum(lens)) - (lens_t.cumsum(0) - lens_t)[req]
+        page = torch.tensor(pages)[torch.tensor(page_offsets)[req] + positions // self.page_size
+                                   - torch.tensor(first_pages)[req]]
+        full = page * self.page_size + positions % self.page_size
+        return torch.stack((torch.tensor(pool_idx)[req], positions, full, torch.tensor(swa)))
+
+    def write_slots(self, host: torch.Tensor) -> torch.Tensor:
+        """Write plan_extend's positions to the page table and window map (one host -> device copy); returns their
+        full slots on the device."""
+        if host.shape[1] == 0:
+            return torch.empty(0, dtype=torch.int64, device=self.device)
         rows_t, positions_t, full_t, swa_t = self._to_device(host)
-        self.req_to_token_pool.req_to_token[rows_t, positions_t] = full_t.to(torch.int32)
-        self.full_to_swa[full_t] = swa_t
+        write_slots_on_device(self.req_to_token_pool.req_to_token, self.full_to_swa, rows_t, positions_t, full_t,
+                              swa_t)
         return full_t
 
     def _to_device(self, host: torch.Tensor) -> torch.Tensor:

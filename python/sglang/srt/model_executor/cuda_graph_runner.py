@@ -1,12 +1,13 @@
 """CudaGraphRunner: DECODE forwards from static buffers, replayed as CUDA graphs captured per batch size.
 
-Per step the host writes the step's inputs (token ids, positions, req_pool_indices, out slots) into one pinned
-buffer, padded to the smallest captured batch size >= the batch, and issues one non_blocking copy into the static
-device buffer every graph reads. The forward itself (attention metadata included: decode_metadata.py derives it on
-the device at capacity-static shapes) is the graph's work, so a replay costs one launch whatever the model.
+Per step the host writes the step's inputs (token ids, and from the allocator's plan_extend: request slots,
+positions, full slots, window slots) into one pinned buffer, padded to the smallest captured batch size >= the batch,
+and issues one non_blocking copy into the static device buffer every graph reads. The replay writes the new slots to
+the page table and window map, derives the attention metadata on the device at capacity-static shapes
+(decode_metadata.py) and runs the model: one launch whatever the model.
 
-Padded rows (raw batch 3 in a graph of 4) are request slot 0 at position 0 writing to out slot 0: they read no
-window key, store nothing, complete no entry and write only request 0's staging rows (decode_metadata.py).
+Padded rows (raw batch 3 in a graph of 4) are request slot 0 at position 0 with full slot 0 and window slot -1: they
+map nothing, read no window key, store nothing, complete no entry and write only request 0's staging rows.
 
 On CPU the same static path runs eagerly (no graphs): the CPU test suite checks it against the general path.
 Batches above the largest size, and every batch under --disable-cuda-graph, run the general (eager) path.
@@ -21,11 +22,13 @@ from typing import Optional
 import torch
 
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+from sglang.srt.mem_cache.deepseek_v4_allocator import write_slots_on_device
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 
 logger = logging.getLogger(__name__)
 
-_IDS, _POSITIONS, _REQS, _OUT_LOC = range(4)  # rows of the static input block
+_REQS, _POSITIONS, _OUT_LOC, _SWA, _IDS = range(5)  # rows of the static input block (the first 4: plan_extend's)
+_PADDING = (0, 0, 0, -1, 0)  # a padded row: request 0, position 0, full slot 0, no window slot, token 0
 
 
 class CudaGraphRunner:
@@ -37,8 +40,11 @@ class CudaGraphRunner:
         self.batch_sizes = sorted(batch_sizes)
         self.max_bs = self.batch_sizes[-1]
         device = model_runner.device
-        self.host = torch.zeros(4, self.max_bs, dtype=torch.int64, pin_memory=device.type == "cuda")
-        self.inputs = torch.zeros(4, self.max_bs, dtype=torch.int64, device=device)
+        self.host = torch.tensor(_PADDING).repeat(self.max_bs, 1).T.contiguous()
+        if device.type == "cuda":
+            self.host = self.host.pin_memory()
+        self.inputs = self.host.to(device)
+        self.padding = self.host[:, :1].clone()  # [5, 1]
         self.rows = torch.arange(self.max_bs, device=device)
         self.ones = torch.ones(self.max_bs, dtype=torch.int64, device=device)
         self._copied: Optional[torch.cuda.Event] = None  # the last host -> device copy (the host buffer is reused)
@@ -62,6 +68,11 @@ class CudaGraphRunner:
                             extend_start_loc=self.rows[:bs], row_req=self.rows[:bs], capacity_static=True)
 
     def _run(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
+        bs = forward_batch.input_ids.shape[0]
+        allocator = self.runner.token_allocator
+        v = self.inputs[:, :bs]
+        write_slots_on_device(allocator.req_to_token_pool.req_to_token, allocator.full_to_swa, v[_REQS],
+                              v[_POSITIONS], v[_OUT_LOC], v[_SWA])
         self.runner.attach(forward_batch)
         return self.runner.model(forward_batch.input_ids, forward_batch.positions, forward_batch)
 
@@ -70,7 +81,7 @@ class CudaGraphRunner:
     def capture(self) -> None:
         """Capture one graph per batch size, largest first, all in one memory pool (replays never overlap)."""
         start, before = time.perf_counter(), torch.cuda.memory_reserved()
-        self.inputs.zero_()  # every row a padded row while capturing: nothing real is read or written
+        self.inputs.copy_(self.padding)  # every row a padded row while capturing: nothing real is read or written
         pool = None
         stream = torch.cuda.Stream()
         for bs in reversed(self.batch_sizes):
@@ -91,21 +102,23 @@ class CudaGraphRunner:
 
     # ---- one step -----------------------------------------------------------------------------------
     @torch.inference_mode()
-    def forward(self, input_ids: list, positions: list, req_pool_indices: list,
-                out_cache_loc: torch.Tensor) -> LogitsProcessorOutput:
-        """One decode row per request (host lists; `out_cache_loc` on the device): replay, or run the static path
-        eagerly when no graph was captured. Returns the logits of the real rows."""
+    def forward(self, input_ids: list, slots: torch.Tensor) -> LogitsProcessorOutput:
+        """One decode row per request: `input_ids` (host list) and `slots`, the allocator's plan_extend table [4, B]
+        (one new position per request, not yet on the device). Replays, or runs the static path eagerly when no graph
+        was captured; returns the logits of the real rows."""
         raw = len(input_ids)
+        if slots.shape != (4, raw):
+            raise ValueError(f"decode needs one new position per request: slots {tuple(slots.shape)} for {raw} rows")
         bs = self.padded_size(raw)
         if self._copied is not None and not self._copied.query():
             self._copied.synchronize()  # the previous copy still reads the pinned block (never seen: the step's
             # read-back of sampled tokens, later in stream order, has waited for it)
         host = self.host[:, :bs]
-        host[:, raw:] = 0  # padded rows: request 0, position 0, token 0, out slot 0
-        host[:3, :raw] = torch.tensor([input_ids, positions, req_pool_indices])
+        host[:, raw:] = self.padding
+        host[:_IDS, :raw] = slots
+        host[_IDS, :raw] = torch.tensor(input_ids)
         on_gpu = self.inputs.device.type == "cuda"
         self.inputs[:, :bs].copy_(host, non_blocking=on_gpu)
-        self.inputs[_OUT_LOC, :raw].copy_(out_cache_loc)  # already on the device (the allocator's copy)
         if on_gpu:
             self._copied = torch.cuda.Event()
             self._copied.record()

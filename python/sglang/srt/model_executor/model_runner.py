@@ -31,8 +31,10 @@ from sglang.srt.server_args import ServerArgs
 logger = logging.getLogger(__name__)
 
 # Parameters kept in fp32 whatever the compute dtype (mHC mixes, sinks, compressor position biases, router
-# bias, norm weights): small, and precision-sensitive.
-_FP32_PARAM = re.compile(r"(hc_\w+|attn_sink|\.ape|gate\.bias|norm\.weight)$")
+# bias, norm weights): small, and precision-sensitive. The compressors' and router's projections run in fp32 (as the
+# reference does): their weights are stored in fp32 too, not converted at every forward.
+_FP32_PARAM = re.compile(r"(hc_\w+|attn_sink|\.ape|gate\.bias|norm\.weight"
+                         r"|compressor\.w(kv|gate)\.weight|ffn\.gate\.weight)$")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -158,10 +160,10 @@ class ModelRunner:
         """Whether a DECODE batch of this size runs the static path (replayed graphs on a GPU)."""
         return self.graph_runner is not None and self.graph_runner.can_run(batch_size)
 
-    def forward_decode(self, input_ids: list, positions: list, req_pool_indices: list,
-                       out_cache_loc: torch.Tensor) -> LogitsProcessorOutput:
-        """One DECODE forward through the static buffers (see can_run_decode_graph)."""
-        return self.graph_runner.forward(input_ids, positions, req_pool_indices, out_cache_loc)
+    def forward_decode(self, input_ids: list, slots: torch.Tensor) -> LogitsProcessorOutput:
+        """One DECODE forward through the static buffers (see can_run_decode_graph); `slots`: the allocator's
+        plan_extend table of the step (written to the device by the forward)."""
+        return self.graph_runner.forward(input_ids, slots)
 
     @torch.inference_mode()
     def forward_draft(self, forward_batch: ForwardBatch, step: int = 0,

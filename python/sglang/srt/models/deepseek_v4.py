@@ -52,11 +52,12 @@ class Compressor(nn.Module):
         self.rotary = rotary
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch) -> None:
-        # The reference computes both projections in fp32; ape is the bias of the token's slot in its window.
+        # The reference computes both projections in fp32 (the weights are kept in fp32: model_runner._FP32_PARAM);
+        # ape is the bias of the token's slot in its window.
         xf = x.float()
         kv = F.linear(xf, self.wkv.weight.float())
         gate = F.linear(xf, self.wgate.weight.float()) + self.ape[positions % self.ratio]
-        forward_batch.attn_backend.forward_compressor(self, kv, gate, forward_batch)
+        forward_batch.attn_backend.forward_compressor(self, kv, gate, forward_batch, compute_dtype=x.dtype)
 
 
 class Indexer(nn.Module):

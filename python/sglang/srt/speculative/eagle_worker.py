@@ -29,11 +29,7 @@ from sglang.srt.layers.sampler import draw, filtered_probs, penalize_rows
 from sglang.srt.managers.decode_worker import DecodeWorker
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.speculative.acceptance import accept_sampling
-
-
-def read_back(x: torch.Tensor) -> list:
-    """The speculative cycle's one device -> host transfer (tests count the calls and forbid any other read)."""
-    return x.tolist()
+from sglang.srt.utils.device_readback import read_back  # the cycle's one device -> host transfer (tests count it)
 
 
 @dataclass(frozen=True)

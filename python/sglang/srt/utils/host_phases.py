@@ -2,7 +2,7 @@
 
 `time_host_phases(scheduler, steps)` runs `steps` scheduler steps with wall-clock timers around the phases of a
 step and returns their mean milliseconds per step:
-- allocate: slots of the step's new positions (`extend_batch`, one host -> device copy);
+- allocate: slots of the step's new positions (`plan_extend`, and `write_slots` outside the decode graphs);
 - forward: the host side of the forward (a graph replay: the input copy and one launch; eager: every launch);
 - sample: the sampler's launches, until its read-back;
 - wait: the read-back of the sampled tokens, i.e. the host waiting for the device to finish the step;
@@ -53,7 +53,7 @@ def time_host_phases(scheduler, steps: int) -> HostPhases:
     runner = scheduler.runner
     with ExitStack() as stack:
         for target, name, phase, minus in [
-            (scheduler.allocator, "extend_batch", "allocate", ()),
+            (scheduler.allocator, "plan_extend", "allocate", ()), (scheduler.allocator, "write_slots", "allocate", ()),
             (runner, "forward_decode", "forward", ()), (runner, "forward", "forward", ()),
             (scheduler_module, "sample", "sample", ("wait",)), (sampler_module, "read_back", "wait", ()),
             (scheduler, "finish_step", "finish", ()),

@@ -3,7 +3,9 @@
 A backend owns everything that touches the DeepSeek-V4 pools during a forward: window-KV stores, the
 compressors' staging rings and compressed entries, indexer keys and top-k, and the sparse attention itself.
 `init_forward_metadata` runs once per forward and prepares what every layer reads; the per-layer calls then
-only index into it. The model supplies weights and math that does not depend on the cache layout.
+only index into it. The model supplies weights and math that does not depend on the cache layout. CUDA graphs need
+no hooks here: a capacity-static batch (ForwardBatch.capacity_static) asks init_forward_metadata for metadata derived
+on the device at fixed shapes, so the same call is captured and replayed.
 """
 
 from __future__ import annotations
@@ -35,27 +37,15 @@ class AttentionBackend(ABC):
         """
 
     @abstractmethod
-    def forward_compressor(self, compressor, kv: torch.Tensor, gate: torch.Tensor,
-                           forward_batch: "ForwardBatch") -> None:
+    def forward_compressor(self, compressor, kv: torch.Tensor, gate: torch.Tensor, forward_batch: "ForwardBatch",
+                           compute_dtype: torch.dtype) -> None:
         """Pool every window completed by this forward's rows into compressed entries, post-process them
         (the compressor's RMSNorm and RoPE; Hadamard for quantized index keys) and store them, then stash the rows
-        later windows still need. kv / gate [T, c*d] fp32, gate with `ape` already added."""
+        later windows still need. kv / gate [T, c*d] fp32, gate with `ape` already added; compute_dtype: the model's
+        dtype, which the post-processing rounds to."""
 
     @abstractmethod
     def forward_indexer(self, indexer, q: torch.Tensor, weights: torch.Tensor,
                         forward_batch: "ForwardBatch") -> torch.Tensor:
         """Lightning-indexer top-k: q [T, nI, dI] (RoPE applied), weights [T, nI] (scaled) ->
         physical compressed-entry slots [T, index_topk], -1 padded."""
-
-    # ---- CUDA graph hooks (decode / verify graphs); the reference backend runs eagerly ---------------
-    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
-        raise NotImplementedError(f"attention backend '{self.name}' does not support CUDA graphs")
-
-    def init_forward_metadata_capture_cuda_graph(self, forward_batch: "ForwardBatch") -> None:
-        raise NotImplementedError(f"attention backend '{self.name}' does not support CUDA graphs")
-
-    def init_forward_metadata_replay_cuda_graph(self, forward_batch: "ForwardBatch") -> None:
-        raise NotImplementedError(f"attention backend '{self.name}' does not support CUDA graphs")
-
-    def get_cuda_graph_seq_len_fill_value(self) -> int:
-        return 1

@@ -106,7 +106,8 @@ class DeepseekV4AttnBackendBase(AttentionBackend):
                                          layer.attn_sink, layer.softmax_scale, fp8_rope_dim=self.fp8_rope_dim)
 
     # ---- compressor ----------------------------------------------------------------------------
-    def forward_compressor(self, compressor, kv: torch.Tensor, gate: torch.Tensor, forward_batch) -> None:
+    def forward_compressor(self, compressor, kv: torch.Tensor, gate: torch.Tensor, forward_batch,
+                           compute_dtype: torch.dtype) -> None:
         plan = forward_batch.attn_metadata.ratios[compressor.ratio].plan
         state = self.pool.compressor_state(compressor.layer_id, compressor.is_indexer)
         fresh = torch.stack((kv, gate), dim=1)  # [T, 2, c*d]
@@ -122,7 +123,7 @@ class DeepseekV4AttnBackendBase(AttentionBackend):
                               out_cache=cache, out_slots=plan.entry_slots, out_format=fmt.kernel_format,
                               # quantized index keys are stored Hadamard-rotated (queries too, in forward_indexer)
                               hadamard=compressor.is_indexer and self.pool.index_keys_rotated,
-                              compute_dtype=compressor.wkv.weight.dtype)
+                              compute_dtype=compute_dtype)
         self.ops.update_ring(state.buf, plan.ring_dst, fresh, plan.ring_src)  # after the pool has read the ring
 
     # ---- indexer -------------------------------------------------------------------------------
