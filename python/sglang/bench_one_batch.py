@@ -86,12 +86,12 @@ def run_once(engine, batch_size: int, input_len: int, output_len: int, seed: int
     sched, runner = engine.scheduler, engine.model_runner
     prefill_s = prefill(engine, batch_size, input_len, output_len, seed)
     steps = []
-    while sched.running:
+    while sched.running:  # no device sync per step: it would stall overlap scheduling (each step reads the last)
         t = time.perf_counter()
         sched.step()
-        _sync(runner.device)
         steps.append(time.perf_counter() - t)
-    median = statistics.median(steps) if steps else float("nan")
+    _sync(runner.device)
+    median = statistics.median(steps) if steps else float("nan")  # the steady-state period of a step
     return BenchResult(batch_size, input_len, output_len, prefill_s, batch_size * input_len / prefill_s, median,
                        batch_size / median if steps else float("nan"))
 

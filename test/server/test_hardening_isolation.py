@@ -27,20 +27,29 @@ import os
 
 import sglang.srt.layers.sampler as _sampler
 
-_real_sample = _sampler.sample
+_real_sample, _real_sample_async = _sampler.sample, _sampler.sample_async
 
 
-def _poisoned_sample(logits, reqs):
+def _check(reqs):
     if os.path.exists(os.path.join(os.path.dirname(__file__), "BROKEN")):
         raise RuntimeError("injected test failure: the device is broken")
     for req in reqs:
         ids = req.origin_input_ids
         if ids[:3] == MARK and len(req.output_ids) >= ids[3]:
             raise RuntimeError("injected test failure")
+
+
+def _poisoned_sample(logits, reqs):
+    _check(reqs)
     return _real_sample(logits, reqs)
 
 
-_sampler.sample = _poisoned_sample
+def _poisoned_sample_async(logits, reqs):  # overlapped decode steps
+    _check(reqs)
+    return _real_sample_async(logits, reqs)
+
+
+_sampler.sample, _sampler.sample_async = _poisoned_sample, _poisoned_sample_async
 """
 GREEDY = {"temperature": 0, "max_new_tokens": 10, "ignore_eos": True}
 PROMPTS = [[100 + i, 7, 900 + 3 * i, 42, 5000 + i, 13] * (i + 1) for i in range(4)]

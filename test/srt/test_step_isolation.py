@@ -93,13 +93,14 @@ def inject(monkeypatch, eng, where: str) -> None:
         return wrapper
 
     if where == "sample":
-        monkeypatch.setattr(scheduler_module, "sample",
-                            failing(scheduler_module.sample, lambda _, reqs: culprit_in(reqs)))
+        for name in ("sample", "sample_async"):  # sample_async: overlapped decode steps
+            monkeypatch.setattr(scheduler_module, name,
+                                failing(getattr(scheduler_module, name), lambda _, reqs: culprit_in(reqs)))
     elif where == "forward":
         monkeypatch.setattr(runner, "forward", failing_after(runner.forward, in_forward))
         # decode steps run through the static buffers (replayed CUDA graphs on a GPU)
-        monkeypatch.setattr(runner, "forward_decode",
-                            failing_after(runner.forward_decode, lambda ids, slots: holds_culprit(slots[0].tolist())))
+        monkeypatch.setattr(runner, "forward_decode", failing_after(
+            runner.forward_decode, lambda ids, slots, *_: holds_culprit(slots[0].tolist())))
     elif where == "forward_draft":
         monkeypatch.setattr(runner, "forward_draft",
                             failing_after(runner.forward_draft, lambda forward_batch, *_: in_forward(forward_batch)))

@@ -46,6 +46,7 @@ class ServerArgs:
     disable_cuda_graph: bool = False  # decode runs the general eager path (no static buffers, no graphs)
     cuda_graph_max_bs: Optional[int] = None  # largest captured decode batch (default: min(256, max running))
     cuda_graph_bs: Optional[list] = None  # captured decode batch sizes (default: SGLang's list up to the max)
+    disable_overlap_schedule: bool = False  # read each decode step's tokens before launching the next
     # Shared expert run as routed expert E (weight 1 for every token); default: on for ROCm, off elsewhere
     enforce_shared_experts_fusion: bool = False
     disable_shared_experts_fusion: bool = False
@@ -150,6 +151,9 @@ class ServerArgs:
                        help="dsv4 = the best available: triton on a GPU, torch on CPU (default: dsv4)")
         p.add_argument("--disable-cuda-graph", action="store_true",
                        help="decode without CUDA graphs or static buffers: every step runs eagerly")
+        p.add_argument("--disable-overlap-schedule", action="store_true",
+                       help="wait for each decode step's tokens before launching the next (default: the next step is "
+                            "launched first, so the host's bookkeeping overlaps the device)")
         p.add_argument("--cuda-graph-max-bs", type=int,
                        help="largest decode batch run as a CUDA graph; larger batches run eagerly "
                             "(default: min(256, --max-running-requests))")

@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from sglang.srt.utils.device_readback import read_back
+from sglang.srt.utils.device_readback import ReadBack, start_read_back
 
 
 @dataclass
@@ -24,6 +24,33 @@ class SampleOutput:
 
 def sample(logits: torch.Tensor, reqs: list) -> SampleOutput:
     """logits [B, V] fp32 at each request's last row; reqs carry sampling_params, generator, token history."""
+    return sample_async(logits, reqs).wait()
+
+
+@dataclass
+class PendingSample:
+    """A sampling launched on the device whose read-back is under way (overlap scheduling resolves it a step later).
+    `ids` [B] stay on the device: the next decode step can take them as its input tokens."""
+
+    ids: torch.Tensor
+    readback: ReadBack
+    reqs: list
+    k: int  # top logprobs read back per row (0: none)
+
+    def wait(self) -> SampleOutput:
+        host, num, k = self.readback.wait(), len(self.reqs), self.k
+        top = [None] * num
+        if k > 0:
+            values, indices = host[2 * num:2 * num + num * k], host[2 * num + num * k:]
+            for b, req in enumerate(self.reqs):
+                if req.top_logprobs_num:
+                    row = range(b * k, b * k + req.top_logprobs_num)
+                    top[b] = [(values[i], int(indices[i])) for i in row]
+        return SampleOutput([int(v) for v in host[:num]], host[num:2 * num], top)
+
+
+def sample_async(logits: torch.Tensor, reqs: list) -> PendingSample:
+    """Launch the sampling of `reqs` and the read-back of its results (one copy, not waited for)."""
     logprobs = torch.log_softmax(logits, dim=-1)
     adjusted = _apply_penalties(logits, reqs)
     ids = torch.argmax(adjusted, dim=-1)
@@ -31,22 +58,13 @@ def sample(logits: torch.Tensor, reqs: list) -> SampleOutput:
         if not req.sampling_params.is_greedy:
             ids[b] = _sample_one(adjusted[b], req.sampling_params, req.generator)
     chosen = logprobs.gather(1, ids[:, None]).squeeze(1)
-    num = len(reqs)
     k_max = max((r.top_logprobs_num for r in reqs), default=0)
+    k = min(k_max, logprobs.shape[-1])
     parts = [ids.to(torch.float64), chosen.to(torch.float64)]  # token ids < 2^53: exact in float64
-    if k_max > 0:
-        values, indices = logprobs.topk(min(k_max, logprobs.shape[-1]), dim=-1)
+    if k > 0:
+        values, indices = logprobs.topk(k, dim=-1)
         parts += [values.flatten().to(torch.float64), indices.flatten().to(torch.float64)]
-    host = read_back(torch.cat(parts))  # the step's one device read
-    top = [None] * num
-    if k_max > 0:
-        k = min(k_max, logprobs.shape[-1])
-        values, indices = host[2 * num:2 * num + num * k], host[2 * num + num * k:]
-        for b, req in enumerate(reqs):
-            if req.top_logprobs_num:
-                row = range(b * k, b * k + req.top_logprobs_num)
-                top[b] = [(values[i], int(indices[i])) for i in row]
-    return SampleOutput([int(v) for v in host[:num]], host[num:2 * num], top)
+    return PendingSample(ids, start_read_back(torch.cat(parts)), list(reqs), k)  # the step's one device read
 
 
 def _apply_penalties(logits: torch.Tensor, reqs: list) -> torch.Tensor:

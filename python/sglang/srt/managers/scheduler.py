@@ -15,6 +15,14 @@ request is aborted (500) only when it fails in a step of its own; the others' ou
 without it (greedy and seeded sampling, speculative cycles included). `consecutive_failed_steps` counts the latest
 steps in which nothing could be served; the HTTP side reports the server unhealthy when it grows.
 
+Overlap scheduling (default; --disable-overlap-schedule turns it off): a plain DECODE step on the static path is
+launched and its sampled tokens are read one step later. While step N runs on the device, the next call launches step
+N+1 (same requests; its input tokens are N's sampled ids, still on the device) and only then waits for N and commits
+its tokens (stop checks, window release), so the host's bookkeeping overlaps the device's work. A request that
+finished at N has had one more row computed at N+1, dropped with its slots. A change of batch (admission, a prefill
+chunk, a finished or aborted request) resolves the step in flight first. A step that raises in flight is undone with
+the one chained after it and run again synchronously, so the isolation below holds unchanged.
+
 Decoding is the DecodeWorker's scheme: plain, or speculative (EagleWorker). A speculative decode batch is one cycle:
 the worker drafts and verifies, the Scheduler commits the accepted tokens, the worker draft-extends the requests
 still running. The worker never calls the Scheduler; the Scheduler asks the allocator, never its pools.
@@ -25,17 +33,28 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
-from sglang.srt.layers.sampler import sample
+from sglang.srt.layers.sampler import PendingSample, sample, sample_async
 from sglang.srt.managers.decode_worker import DecodeWorker
 from sglang.srt.managers.schedule_batch import FinishReason, Req, ScheduleBatch
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.model_executor.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class InFlightStep:
+    """A DECODE step launched on the device whose sampled tokens are not read yet (overlap scheduling)."""
+
+    batch: ScheduleBatch
+    checkpoints: list  # of its requests before it was launched (undoing it also undoes a step chained after it)
+    counters: tuple
+    pending: PendingSample
 
 
 def make_decode_worker(model_runner: ModelRunner) -> DecodeWorker:
@@ -66,6 +85,8 @@ class Scheduler:
         self.num_draft_tokens = self.worker.num_draft_tokens
         self.num_verify = 0  # speculative verifications (one per request per cycle) since start
         self.num_accepted_tokens = 0  # tokens they committed (accepted drafts + bonus)
+        self.overlap = not args.disable_overlap_schedule and not self.worker.speculative
+        self.in_flight: Optional[InFlightStep] = None
 
     # ---- requests ---------------------------------------------------------------------------------
     def add_request(self, req: Req) -> None:
@@ -111,7 +132,7 @@ class Scheduler:
         return -(-total // self.allocator.page_size)
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.in_flight)
 
     @property
     def mean_accept_length(self) -> Optional[float]:
@@ -122,12 +143,84 @@ class Scheduler:
 
     # ---- one step -----------------------------------------------------------------------------------
     def step(self) -> list:
-        """Run one forward; returns the requests that got a token or finished in it (failed ones included)."""
+        """Run one forward; returns the requests that got a token or finished in it (failed ones included). Under
+        overlap scheduling that is the previous step's: this one is launched, and read at the next call."""
         self._admit()
         batch = self._next_batch()
+        prev, self.in_flight = self.in_flight, None
+        if prev is not None:
+            if batch is not None and self._overlappable(batch) and batch.reqs == prev.batch.reqs:
+                self.in_flight = self._launch(batch, chained=prev)  # N+1 on the device before N is read
+            return self._resolve(prev)  # a changed batch is planned again at the next call, from N's results
         if batch is None:
             return []
+        if self._overlappable(batch):
+            self.in_flight = self._launch(batch)
+            if self.in_flight is not None:
+                return []
         updated, served = self._run_isolating(batch)
+        self.consecutive_failed_steps = 0 if served else self.consecutive_failed_steps + 1
+        return updated
+
+    # ---- overlap scheduling -------------------------------------------------------------------------
+    def _overlappable(self, batch: ScheduleBatch) -> bool:
+        """Plain decode on the static path, with no penalties (they read the host's token history)."""
+        return (self.overlap and batch.forward_mode.is_decode() and self.runner.can_run_decode_graph(len(batch.reqs))
+                and not any(r.sampling_params.has_penalties for r in batch.reqs))
+
+    def _launch(self, batch: ScheduleBatch, chained: Optional[InFlightStep] = None) -> Optional[InFlightStep]:
+        """Allocate, run and sample a DECODE batch without reading the device. `chained`: the step in flight before
+        it, whose sampled tokens (on the device) are this step's inputs, one position further. None when the launch
+        raised (undone; the batch is then run synchronously, where a failing request is isolated)."""
+        reqs, lag = batch.reqs, 1 if chained is not None else 0
+        checkpoints, counters = [r.checkpoint() for r in reqs], self._counters()
+        try:
+            slots = self.allocator.plan_extend([r.alloc for r in reqs], [r.num_computed + lag + 1 for r in reqs])
+            if chained is None:
+                output = self.runner.forward_decode([r.token_at(r.num_computed) for r in reqs], slots)
+            else:
+                output = self.runner.forward_decode(None, slots, input_ids_device=chained.pending.ids)
+            pending = sample_async(output.next_token_logits, reqs)
+        except Exception as e:
+            logger.warning("an overlapped decode launch failed (%s: %s); the batch runs synchronously",
+                           type(e).__name__, e)
+            for req, cp in zip(reqs, checkpoints):
+                req.restore(cp)
+                self.allocator.truncate(req.alloc, req.num_computed + lag)
+            return None
+        return InFlightStep(batch, checkpoints, counters, pending)
+
+    def _resolve(self, step: InFlightStep) -> list:
+        """Wait for a launched step and commit its tokens. If that raises, the step and the one chained after it are
+        undone and the step runs again synchronously (the culprit is isolated there)."""
+        self._committing = False
+        try:
+            sampled = step.pending.wait()
+            updated = []
+            for b, req in enumerate(step.batch.reqs):
+                if req.finished:  # finished or aborted while in flight: its token goes with its slots
+                    continue
+                req.num_computed += 1
+                self.append_token(req, sampled.ids[b], sampled.logprobs[b], sampled.top_logprobs[b])
+                updated.append(req)
+            self.finish_step(step.batch.reqs)
+            self.consecutive_failed_steps = 0
+            return updated
+        except Exception as e:
+            if self._committing:
+                raise
+            logger.warning("an overlapped decode step failed (%s: %s); it runs again synchronously",
+                           type(e).__name__, e)
+        chained, self.in_flight = self.in_flight, None
+        if chained is not None:
+            try:
+                chained.pending.wait()  # let the device finish it; its tokens are dropped
+            except Exception:
+                pass
+        live = [(r, cp) for r, cp in zip(step.batch.reqs, step.checkpoints) if r.alloc is not None]
+        self._roll_back([r for r, _ in live], [cp for _, cp in live], step.counters)
+        updated, served = self._run_isolating(ScheduleBatch(ForwardMode.DECODE, [r for r, _ in live],
+                                                            [1] * len(live)))
         self.consecutive_failed_steps = 0 if served else self.consecutive_failed_steps + 1
         return updated
 

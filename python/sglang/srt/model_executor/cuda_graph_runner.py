@@ -102,13 +102,15 @@ class CudaGraphRunner:
 
     # ---- one step -----------------------------------------------------------------------------------
     @torch.inference_mode()
-    def forward(self, input_ids: list, slots: torch.Tensor) -> LogitsProcessorOutput:
-        """One decode row per request: `input_ids` (host list) and `slots`, the allocator's plan_extend table [4, B]
-        (one new position per request, not yet on the device). Replays, or runs the static path eagerly when no graph
-        was captured; returns the logits of the real rows."""
-        raw = len(input_ids)
-        if slots.shape != (4, raw):
-            raise ValueError(f"decode needs one new position per request: slots {tuple(slots.shape)} for {raw} rows")
+    def forward(self, input_ids: Optional[list], slots: torch.Tensor,
+                input_ids_device: Optional[torch.Tensor] = None) -> LogitsProcessorOutput:
+        """One decode row per request: the tokens (`input_ids` on the host, or `input_ids_device` [B] already on the
+        device) and `slots`, the allocator's plan_extend table [4, B] (one new position per request, not yet on the
+        device). Replays, or runs the static path eagerly when no graph was captured; returns the real rows' logits."""
+        raw = slots.shape[1]
+        if slots.shape[0] != 4 or (input_ids is not None and len(input_ids) != raw):
+            raise ValueError(f"decode needs one new position per request: slots {tuple(slots.shape)} for "
+                             f"{raw if input_ids is None else len(input_ids)} rows")
         bs = self.padded_size(raw)
         if self._copied is not None and not self._copied.query():
             self._copied.synchronize()  # the previous copy still reads the pinned block (never seen: the step's
@@ -116,9 +118,12 @@ class CudaGraphRunner:
         host = self.host[:, :bs]
         host[:, raw:] = self.padding
         host[:_IDS, :raw] = slots
-        host[_IDS, :raw] = torch.tensor(input_ids)
+        if input_ids is not None:
+            host[_IDS, :raw] = torch.tensor(input_ids)
         on_gpu = self.inputs.device.type == "cuda"
         self.inputs[:, :bs].copy_(host, non_blocking=on_gpu)
+        if input_ids is None:
+            self.inputs[_IDS, :raw].copy_(input_ids_device)  # device to device, after the block copy
         if on_gpu:
             self._copied = torch.cuda.Event()
             self._copied.record()

@@ -160,10 +160,12 @@ class ModelRunner:
         """Whether a DECODE batch of this size runs the static path (replayed graphs on a GPU)."""
         return self.graph_runner is not None and self.graph_runner.can_run(batch_size)
 
-    def forward_decode(self, input_ids: list, slots: torch.Tensor) -> LogitsProcessorOutput:
+    def forward_decode(self, input_ids: Optional[list], slots: torch.Tensor,
+                       input_ids_device: Optional[torch.Tensor] = None) -> LogitsProcessorOutput:
         """One DECODE forward through the static buffers (see can_run_decode_graph); `slots`: the allocator's
-        plan_extend table of the step (written to the device by the forward)."""
-        return self.graph_runner.forward(input_ids, slots)
+        plan_extend table of the step (written to the device by the forward). The input tokens come from the host
+        (`input_ids`) or are already on the device (`input_ids_device`: the previous step's samples, overlap)."""
+        return self.graph_runner.forward(input_ids, slots, input_ids_device)
 
     @torch.inference_mode()
     def forward_draft(self, forward_batch: ForwardBatch, step: int = 0,

@@ -1,8 +1,9 @@
-"""read_back: the values of a device tensor on the host, as a list, without a stream-wide synchronisation.
+"""Reading a device tensor back to the host without a stream-wide synchronisation.
 
 A decode step reads the device once (the sampled tokens and their logprobs, packed into one tensor). On a GPU the
 copy goes non_blocking into pinned memory and the host waits on an event recorded after it, so nothing else queued
-on the device is waited for and `torch.cuda.set_sync_debug_mode("error")` stays quiet.
+on the device is waited for and `torch.cuda.set_sync_debug_mode("error")` stays quiet. `start_read_back` issues the
+copy and returns at once (overlap scheduling waits a step later); `read_back` waits right away.
 """
 
 from __future__ import annotations
@@ -10,12 +11,28 @@ from __future__ import annotations
 import torch
 
 
+class ReadBack:
+    """A copy of a device tensor to the host, under way; `wait()` gives its values as a list."""
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.done = None
+        if t.device.type != "cuda":
+            self.host = t
+            return
+        self.host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        self.host.copy_(t, non_blocking=True)
+        self.done = torch.cuda.Event()
+        self.done.record()
+
+    def wait(self) -> list:
+        if self.done is not None:
+            self.done.synchronize()
+        return self.host.tolist()
+
+
+def start_read_back(t: torch.Tensor) -> ReadBack:
+    return ReadBack(t)
+
+
 def read_back(t: torch.Tensor) -> list:
-    if t.device.type != "cuda":
-        return t.tolist()
-    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-    host.copy_(t, non_blocking=True)
-    done = torch.cuda.Event()
-    done.record()
-    done.synchronize()
-    return host.tolist()
+    return ReadBack(t).wait()

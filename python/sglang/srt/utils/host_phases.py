@@ -5,11 +5,12 @@ step and returns their mean milliseconds per step:
 - allocate: slots of the step's new positions (`plan_extend`, and `write_slots` outside the decode graphs);
 - forward: the host side of the forward (a graph replay: the input copy and one launch; eager: every launch);
 - sample: the sampler's launches, until its read-back;
-- wait: the read-back of the sampled tokens, i.e. the host waiting for the device to finish the step;
+- wait: the read-back of the sampled tokens, i.e. the host waiting for the device to finish the step (under
+  overlap scheduling, the previous step: the current one is already queued behind it);
 - finish: committing tokens, stop checks, window release;
 - other: the rest of the step (admission, batch building, bookkeeping).
 A step whose `wait` is most of it is device-bound; host-bound when the other phases add up to more than the device
-time (they run while the device idles: nothing overlaps them yet).
+time. Without overlap scheduling they all run while the device idles.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ class HostPhases:
 
 
 def time_host_phases(scheduler, steps: int) -> HostPhases:
-    import sglang.srt.layers.sampler as sampler_module
     import sglang.srt.managers.scheduler as scheduler_module
+    from sglang.srt.utils.device_readback import ReadBack
 
     spent = {"allocate": 0.0, "forward": 0.0, "sample": 0.0, "wait": 0.0, "finish": 0.0}
 
@@ -55,7 +56,8 @@ def time_host_phases(scheduler, steps: int) -> HostPhases:
         for target, name, phase, minus in [
             (scheduler.allocator, "plan_extend", "allocate", ()), (scheduler.allocator, "write_slots", "allocate", ()),
             (runner, "forward_decode", "forward", ()), (runner, "forward", "forward", ()),
-            (scheduler_module, "sample", "sample", ("wait",)), (sampler_module, "read_back", "wait", ()),
+            (scheduler_module, "sample", "sample", ("wait",)), (scheduler_module, "sample_async", "sample", ()),
+            (ReadBack, "wait", "wait", ()),
             (scheduler, "finish_step", "finish", ()),
         ]:
             stack.enter_context(mock.patch.object(target, name, timed(getattr(target, name), phase, minus)))
