@@ -449,3 +449,18 @@ def test_builtin_model(tmp_path, monkeypatch):
     assert head.shape == (129280, 256)
     with safe_open(os.path.join(path, "model.safetensors"), "pt") as f:
         assert f.get_slice("embed.weight").get_dtype() == "BF16"
+
+
+def test_builtin_model_loads_with_hf_auto_classes():
+    """The built-in tiny model uses only DeepSeek-V4's real compression ratios, so clients that load its directory
+    through HF transformers' AutoConfig / AutoTokenizer (upstream SGLang's tools do) work; a ratio outside 0/4/128
+    is a KeyError there."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from sglang.srt.model_loader.tiny_checkpoint import BUILTIN_MODELS, builtin_model_path
+
+    assert set(BUILTIN_MODELS["tiny-deepseek-v4"][0]["compress_ratios"]) <= {0, 4, 128}
+    path = builtin_model_path("tiny-deepseek-v4")
+    assert AutoConfig.from_pretrained(path).model_type == "deepseek_v4"
+    assert AutoTokenizer.from_pretrained(path).encode("Hello") == [19923]
+    assert DeepseekV4Config.from_pretrained(path).compress_ratio(2) == 128

@@ -47,10 +47,11 @@ TINY_CONFIG = {
                             "scale_fmt": "ue8m0", "weight_block_size": [128, 128]},
 }
 
-# Built-in models: name -> (native config, seed). The tiny one uses the real vocabulary so the
-# shipped tokenizer's ids fit.
-BUILTIN_MODELS = {"tiny-deepseek-v4": ({**TINY_CONFIG, "vocab_size": 129280}, 0)}
-_BUILTIN_FORMAT = 1  # bump when the generator changes so stale cached copies are not reused
+# Built-in models: name -> (native config, seed). The tiny one uses the real vocabulary so the shipped tokenizer's ids
+# fit, and only DeepSeek-V4's real compression ratios (0, 4, 128: HCA 128 where the test config has 8), so HF
+# transformers' AutoConfig / AutoTokenizer load its directory; the tests' configs still cover ratio 8.
+BUILTIN_MODELS = {"tiny-deepseek-v4": ({**TINY_CONFIG, "vocab_size": 129280, "compress_ratios": [0, 4, 128, 4, 0]}, 0)}
+_BUILTIN_FORMAT = 2  # bump when the generator or a built-in config changes so stale cached copies are not reused
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
