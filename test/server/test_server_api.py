@@ -34,7 +34,10 @@ def test_models_info_and_utility_endpoints(server, client):
     base = server.base_url
     info = httpx.get(f"{base}/model_info").json()
     assert info["is_generation"] and info["context_length"] == 1024
-    assert "growth per token" in server.server_info()["pool_report"]
+    info = server.server_info()
+    assert "growth per token" in info["pool_report"]
+    # upstream SGLang's shape; the accept length only with speculative decoding (test_server_speculative.py)
+    assert info["internal_states"][0].keys() == {"token_usage"}
     assert httpx.get(f"{base}/health_generate", timeout=60).status_code == 200
     tok = httpx.post(f"{base}/tokenize", json={"prompt": "Hello world"}).json()
     assert tok["count"] == len(tok["tokens"]) > 0
@@ -78,6 +81,12 @@ def test_chat_plain_stream_n_logprobs(client):
             reasons.append(c.finish_reason)
     assert "".join(pieces) == plain.choices[0].message.content
     assert usage.completion_tokens == 8 and usage.prompt_tokens == plain.usage.prompt_tokens
+    assert not hasattr(plain.choices[0], "meta_info") or plain.choices[0].meta_info is None
+    meta = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=8, temperature=0,
+                                          extra_body={"ignore_eos": True, "return_meta_info": True})
+    info = meta.choices[0].model_extra["meta_info"]  # SGLang's extension, as upstream's chat eval reads it
+    assert info["completion_tokens"] == 8 and info["finish_reason"]["type"] == "length"
+    assert meta.choices[0].message.content == plain.choices[0].message.content
     assert reasons[-1] == "length"
     two = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=5, temperature=1.0, n=2, seed=3)
     assert len(two.choices) == 2 and two.usage.completion_tokens <= 10

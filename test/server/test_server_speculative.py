@@ -1,5 +1,5 @@
-"""The server with MTP speculative decoding: same greedy output as without, accept length in meta_info, /metrics
-and bench_serving's report."""
+"""The server with MTP speculative decoding: same greedy output as without, accept length in meta_info, /metrics,
+/server_info's internal_states (as upstream SGLang) and bench_serving's report."""
 
 from __future__ import annotations
 
@@ -36,6 +36,8 @@ def test_speculative_server(tmp_path):
         assert result.completed == 8 and result.accept_length is not None and result.accept_length >= 1
         metrics = httpx.get(f"{handle.base_url}/metrics").text
         assert "sglang:spec_accept_length" in metrics
+        # where upstream SGLang's bench_serving reads it
+        assert handle.server_info()["internal_states"][0]["avg_spec_accept_length"] >= 1
         handle.wait_pools_free()
     finally:
         handle.stop()

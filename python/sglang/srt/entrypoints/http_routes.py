@@ -103,9 +103,13 @@ def health_routes(tm: TokenizerManager, args: ServerArgs, metrics=None, schedule
     @router.get("/get_server_info")
     async def server_info():
         stats = tm.last_stats.__dict__ if tm.last_stats else None
+        # upstream SGLang's shape: one entry per data-parallel scheduler (its bench_serving reads the accept length)
+        state = {"token_usage": stats["token_usage"] if stats else 0.0}
+        if stats and stats["spec_accept_length"] is not None:
+            state["avg_spec_accept_length"] = stats["spec_accept_length"]
         return {**redact_secrets(tm.ready.effective_args), "version": __version__,
                 "max_total_num_tokens": tm.ready.max_total_tokens, "pool_report": tm.ready.pool_report,
-                "scheduler_stats": stats}
+                "scheduler_stats": stats, "internal_states": [state]}
 
     @router.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache():

@@ -151,6 +151,7 @@ class ChatCompletionRequest(SamplingFields):
     reasoning_effort: Optional[str] = None
     chat_template_kwargs: Optional[dict] = None
     separate_reasoning: bool = True
+    return_meta_info: bool = False  # SGLang's extension: each choice carries the engine's meta_info (non-streaming)
 
 
 class GenerateRequest(BaseModel):

@@ -99,6 +99,8 @@ async def create_chat_completion(req: ChatCompletionRequest, raw: Request, tm: T
         choices.append({"index": i, "message": message, "finish_reason": reason,
                         "matched_stop": matched_stop(chunk.meta_info["finish_reason"]),
                         "logprobs": chat_logprobs(tm, chunk, 0, len(chunk.output_ids)) if req.logprobs else None})
+        if req.return_meta_info:
+            choices[-1]["meta_info"] = chunk.meta_info
     return JSONResponse({"id": rid, "object": "chat.completion", "created": created, "model": model_name,
                          "choices": choices, "usage": usage(len(ids) * req.n, completion_tokens)})
 
