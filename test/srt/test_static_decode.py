@@ -134,6 +134,7 @@ def test_capture_list_defaults():
     assert resolved(cuda_graph_bs=[8, 3, 3]).cuda_graph_bs == [3, 8]
     assert resolved(cuda_graph_bs=[4, 64], max_running_requests=16).cuda_graph_bs == [4, 16]
     assert resolved(disable_cuda_graph=True).cuda_graph_bs is None
+    assert resolved(speculative_algorithm="EAGLE").cuda_graph_bs is None  # its cycles are not captured yet
     with pytest.raises(ValueError, match="cuda-graph-bs"):
         resolved(cuda_graph_bs=[0, 4])
     with pytest.raises(ValueError, match="cuda-graph-max-bs"):

@@ -76,13 +76,16 @@ class ModelRunner:
             fused = sum(fuse_shared_experts(m) for m in (self.model, self.draft_model) if m is not None)
             logger.info("shared-experts fusion: the shared expert is routed expert %d in %d MoE layers",
                         config.n_routed_experts, fused)
-        capture = self.device.type == "cuda" and not args.disable_cuda_graph
+        # The static decode path (captured as graphs on a GPU). Speculative decoding runs its own cycles, which are not
+        # captured yet, so it has none.
+        static_decode = not args.disable_cuda_graph and self.draft_model is None
+        capture = static_decode and self.device.type == "cuda"
         # Graph memory comes out of the pool budget: measured first, by capturing the largest batch on minimal pools.
         self.graph_memory_bytes = self.measure_graph_memory() if capture else 0
         self.init_memory_pool(reserved_bytes=self.graph_memory_bytes)
         self.attn_backend = self.make_attn_backend()
         self.graph_runner: Optional[CudaGraphRunner] = None
-        if not args.disable_cuda_graph:  # the static decode path; captured as graphs on a GPU
+        if static_decode:
             self.graph_runner = CudaGraphRunner(self, args.cuda_graph_bs, use_graphs=capture)
 
     def make_attn_backend(self):
