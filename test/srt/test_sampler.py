@@ -75,3 +75,26 @@ def test_seeded_sampling_is_reproducible():
 def test_invalid_penalties_and_stops(field_, value):
     with pytest.raises(ValueError, match=field_):
         SamplingParams.from_dict({field_: value})
+
+
+def test_min_new_tokens_masks_stop_tokens_until_reached():
+    """Before min_new_tokens the stop tokens cannot be sampled (masked, as upstream's penalizer does) and stop
+    conditions do not apply; from then on they do. Speculative decoding (verify row i follows i drafts) agrees."""
+    from oracle import engine, random_ids
+
+    ids = random_ids(20, seed=5)
+    free = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
+    eng = engine("tiny")
+    tokens = eng.generate(input_ids=ids, sampling_params=free)["output_ids"]
+    stop = tokens[2]
+    first = tokens.index(stop)
+    stopped = eng.generate(input_ids=ids, sampling_params={**free, "stop_token_ids": [stop]})
+    assert stopped["output_ids"] == tokens[:first + 1]
+    params = {**free, "stop_token_ids": [stop], "min_new_tokens": 6}
+    held = eng.generate(input_ids=ids, sampling_params=params)["output_ids"]
+    assert len(held) >= 6 and stop not in held[:6]
+    assert stop not in held[:-1] and (held[-1] == stop or len(held) == 12)  # stops at its first one after 6
+    spec = engine("tiny", speculative_algorithm="EAGLE", speculative_num_steps=3)
+    assert spec.generate(input_ids=ids, sampling_params=params)["output_ids"] == held
+    for e in (eng, spec):
+        e.model_runner.token_allocator.check_all_free()

@@ -26,7 +26,7 @@ def test_upstream_fields_at_their_defaults_are_accepted():
 
 
 @pytest.mark.parametrize("name, value", [
-    ("min_new_tokens", 4), ("n", 2), ("stop_regex", r"\d+"), ("json_schema", '{"type": "object"}'),
+    ("n", 2), ("stop_regex", r"\d+"), ("json_schema", '{"type": "object"}'),
     ("regex", "a|b"), ("ebnf", 'root ::= "a"'), ("structural_tag", "{}"), ("spaces_between_special_tokens", False),
     ("custom_params", {"a": 1}), ("stream_interval", 4), ("logit_bias", {"5": 1.0}),
 ])
@@ -44,3 +44,12 @@ def test_sampling_seed_is_seed():
         SamplingParams.from_dict({"sampling_seed": 7, "seed": 8})
     with pytest.raises(ValueError, match="unknown sampling parameter.*'bogus'"):
         SamplingParams.from_dict({"bogus": 1})
+
+
+def test_min_new_tokens_is_checked_and_counts_as_a_history_adjustment():
+    assert SamplingParams.from_dict({"min_new_tokens": 4, "max_new_tokens": 8}).has_penalties
+    assert not SamplingParams().has_penalties
+    for bad in (-1, 9, 2.5, True):
+        with pytest.raises(SamplingParamError, match="min_new_tokens") as err:
+            SamplingParams.from_dict({"min_new_tokens": bad, "max_new_tokens": 8})
+        assert err.value.param == "min_new_tokens"

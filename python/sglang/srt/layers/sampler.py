@@ -1,4 +1,5 @@
-"""Sampler: penalties, then greedy or temperature / top-k / top-p / min-p sampling with per-request seeds.
+"""Sampler: penalties (and min_new_tokens' stop-token mask), then greedy or temperature / top-k / top-p / min-p
+sampling with per-request seeds.
 
 Logprobs (and top logprobs) are those of the model's raw distribution (before penalties and temperature), as
 SGLang reports them. Penalties follow OpenAI / common practice: frequency and presence on the tokens generated so
@@ -92,6 +93,12 @@ def penalize_rows(rows: torch.Tensor, req, drafts: Optional[torch.Tensor] = None
         hot[1:].scatter_(1, drafts[:num_rows - 1, None], 1.0)
         counts = counts + hot.cumsum(dim=0)  # row i: + d_1..d_i
     rows = rows - (p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(rows.dtype))
+    if p.min_new_tokens > 0 and len(req.output_ids) < p.min_new_tokens:  # row i has len(output_ids) + i tokens
+        short = (torch.arange(num_rows, device=device) + len(req.output_ids) < p.min_new_tokens)[:, None]
+        stops = torch.zeros(vocab, dtype=torch.bool, device=device)
+        stops = stops.index_fill(0, torch.tensor(req.min_tokens_stop_ids, dtype=torch.int64).to(
+            device, non_blocking=True), True)[None, :]
+        rows = rows.masked_fill(short & stops, float("-inf"))
     if p.repetition_penalty != 1:
         seen = torch.zeros(vocab, dtype=torch.bool, device=device)
         history = torch.tensor(req.origin_input_ids + req.output_ids, dtype=torch.int64).to(device, non_blocking=True)

@@ -56,6 +56,7 @@ class Req:
     spec_num_accepted_tokens: int = 0  # tokens they committed (accepted drafts + bonus)
     created_time: float = field(default_factory=time.perf_counter)
     first_token_time: Optional[float] = None
+    min_tokens_stop_ids: list = field(default_factory=list)  # masked until min_new_tokens (set at admission)
 
     @property
     def fill_ids(self) -> list:

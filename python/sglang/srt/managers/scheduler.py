@@ -111,6 +111,10 @@ class Scheduler:
             raise ValueError(f"top_logprobs must be in [0, 20], got {req.top_logprobs_num}")
         if req.sampling_params.seed is not None:
             req.generator = torch.Generator(device=self.runner.device).manual_seed(req.sampling_params.seed)
+        params = req.sampling_params
+        if params.min_new_tokens:  # what may not end the output before it (ids outside the vocab never do)
+            stops = set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_ids)
+            req.min_tokens_stop_ids = sorted(t for t in stops if 0 <= t < self.config.vocab_size)
         self.waiting.append(req)
 
     def abort_request(self, rid: str) -> Optional[Req]:
@@ -392,6 +396,8 @@ class Scheduler:
 
     def _check_finished(self, req: Req) -> None:
         token, params = req.output_ids[-1], req.sampling_params
+        if len(req.output_ids) < params.min_new_tokens:  # stop conditions apply from min_new_tokens on
+            return
         if not params.ignore_eos and token in self.eos_ids:
             req.finished_reason = FinishReason("stop", matched=token)
         elif token in params.stop_token_ids:

@@ -18,7 +18,7 @@ SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 # Fields of upstream SGLang's SamplingParams that we accept at their defaults only (its clients, e.g.
 # sglang.test.few_shot_gsm8k, always send them); any other value is refused naming the field.
 UPSTREAM_AT_DEFAULT_ONLY = {
-    "min_new_tokens": 0, "n": 1, "stop_regex": None, "json_schema": None, "regex": None, "ebnf": None,
+    "n": 1, "stop_regex": None, "json_schema": None, "regex": None, "ebnf": None,
     "structural_tag": None, "spaces_between_special_tokens": True, "custom_params": None, "stream_interval": None,
     "logit_bias": None,
 }
@@ -48,6 +48,7 @@ def _is_finite_number(value) -> bool:
 @dataclass
 class SamplingParams:
     max_new_tokens: int = 128
+    min_new_tokens: int = 0  # before this many tokens, EOS and stop_token_ids are masked and stop strings ignored
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1  # -1: whole vocabulary
@@ -103,6 +104,8 @@ class SamplingParams:
                 bad(name, why)
 
         integer("max_new_tokens", lambda v: v >= 0, "must be a non-negative integer")
+        integer("min_new_tokens", lambda v: 0 <= v <= self.max_new_tokens,
+                "must be an integer between 0 and max_new_tokens")
         number("temperature", lambda v: v >= 0, "must be a finite number >= 0")
         number("top_p", lambda v: 0 < v <= 1, "must be a number in (0, 1]")
         integer("top_k", lambda v: v >= 1 or v == -1, "must be -1 or an integer >= 1")
@@ -126,7 +129,9 @@ class SamplingParams:
 
     @property
     def has_penalties(self) -> bool:
-        return self.frequency_penalty != 0 or self.presence_penalty != 0 or self.repetition_penalty != 1
+        """Logit adjustments that read the request's history (min_new_tokens: how many tokens it has so far)."""
+        return (self.frequency_penalty != 0 or self.presence_penalty != 0 or self.repetition_penalty != 1
+                or self.min_new_tokens > 0)
 
     @property
     def is_greedy(self) -> bool:
