@@ -98,8 +98,14 @@ def test_generate_takes_upstream_sampling_fields(http):
     upstream = {"max_new_tokens": 2, "min_new_tokens": 0, "n": 1, "json_schema": None, "regex": None,
                 "stop_regex": None, "spaces_between_special_tokens": True, "stop": None, "sampling_seed": None}
     assert http.post("/generate", json={"text": "x", "sampling_params": upstream}).status_code == 200
-    err = error_of(http.post("/generate", json={"text": "x", "sampling_params": {**upstream, "n": 2}}), 400)
-    assert err["param"] == "n" and "not supported yet" in err["message"]
+    err = error_of(http.post("/generate", json={"text": "x", "sampling_params": {**upstream, "stop_regex": "a+"}}),
+                   400)
+    assert err["param"] == "stop_regex" and "not supported yet" in err["message"]
+    for bad in (0, 17, 1.5, True, "2"):
+        err = error_of(http.post("/generate", json={"text": "x", "sampling_params": {**upstream, "n": bad}}), 400)
+        assert err["param"] == "n", bad
+    err = error_of(http.post("/generate", json={"text": ["x", "y"], "sampling_params": [{"n": 2}, {"n": 3}]}), 400)
+    assert err["param"] == "n" and "same for every prompt" in err["message"]
 
 
 def test_json_media_type_is_required(http):

@@ -228,6 +228,25 @@ def test_server_output_equals_engine(server):
     assert served["output_ids"] == local["output_ids"] and served["text"] == local["text"]
 
 
+def test_generate_parallel_samples(server):
+    """`n` in /generate's sampling_params (upstream's parallel sampling): each prompt n times, prompt by prompt."""
+    base = server.base_url
+    greedy = {"temperature": 0, "max_new_tokens": 5, "ignore_eos": True}
+    one = httpx.post(f"{base}/generate", json={"input_ids": [5, 6, 7], "sampling_params": greedy}, timeout=60).json()
+    two = httpx.post(f"{base}/generate", json={"input_ids": [5, 6, 7], "sampling_params": {**greedy, "n": 2}},
+                     timeout=60).json()
+    assert isinstance(two, list) and [o["output_ids"] for o in two] == [one["output_ids"]] * 2
+    assert [o["index"] for o in two] == [0, 1]
+    batch = httpx.post(f"{base}/generate", json={"input_ids": [[5, 6, 7], [8, 9]],
+                                                 "sampling_params": {**greedy, "n": 3}}, timeout=60).json()
+    other = httpx.post(f"{base}/generate", json={"input_ids": [8, 9], "sampling_params": greedy}, timeout=60).json()
+    assert [o["output_ids"] for o in batch] == [one["output_ids"]] * 3 + [other["output_ids"]] * 3
+    sampled = httpx.post(f"{base}/generate", json={"input_ids": [5, 6, 7], "sampling_params": {
+        "temperature": 1.0, "max_new_tokens": 8, "ignore_eos": True, "n": 4}}, timeout=60).json()
+    assert len(sampled) == 4 and len({tuple(o["output_ids"]) for o in sampled}) > 1  # independent draws
+    server.wait_pools_free()
+
+
 def test_api_key(tmp_path):
     handle = launch(["--model-path", MODEL, "--api-key", "sekret", "--max-running-requests", "4",
                      "--context-length", "512"], str(tmp_path))

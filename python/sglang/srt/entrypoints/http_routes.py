@@ -186,6 +186,22 @@ def native_routes(tm: TokenizerManager) -> APIRouter:
     return router
 
 
+MAX_SAMPLES = 16  # `n` of one request, as for chat
+
+
+def _num_samples(sampling_params: list) -> int:
+    """`n` of /generate's sampling_params (the same for every prompt of a batch), validated."""
+    values = {(p or {}).get("n") for p in sampling_params}
+    values = {1 if v is None else v for v in values}
+    if len(values) > 1:
+        raise RequestError("sampling parameter 'n' must be the same for every prompt of a batch", param="n")
+    n = values.pop()
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_SAMPLES:
+        raise RequestError(f"sampling parameter 'n' must be an integer in [1, {MAX_SAMPLES}], got {n!r}"[:200],
+                           param="n")
+    return n
+
+
 async def native_generate(req: GenerateRequest, raw: Request, tm: TokenizerManager):
     """/generate: one prompt (text or token ids) or a batch; SGLang's output dicts, streamed as SSE or not."""
     if (req.text is None) == (req.input_ids is None):
@@ -200,10 +216,15 @@ async def native_generate(req: GenerateRequest, raw: Request, tm: TokenizerManag
     sp = req.sampling_params if isinstance(req.sampling_params, list) else [req.sampling_params] * n
     if len(sp) != n:
         raise RequestError(f"sampling_params has {len(sp)} entries for {n} prompts")
+    samples = _num_samples(sp)
     try:
-        params = [SamplingParams.from_dict(p) for p in sp]
+        params = [SamplingParams.from_dict({k: v for k, v in (p or {}).items() if k != "n"}) for p in sp]
     except (ValueError, TypeError) as e:
         raise RequestError(str(e), param=getattr(e, "param", None)) from None  # SamplingParamError names its field
+    if samples > 1:  # upstream's parallel sampling: every prompt `n` times, prompt by prompt, as a list
+        ids_list = [ids for ids in ids_list for _ in range(samples)]
+        params = [p for p in params for _ in range(samples)]
+        single = False
     streams = [tm.generate(ids, p, return_logprob=req.return_logprob, logprob_start_len=req.logprob_start_len,
                            top_logprobs_num=req.top_logprobs_num) for ids, p in zip(ids_list, params)]
 
