@@ -2,15 +2,17 @@
 
 Per step the host writes the step's inputs (token ids, and from the allocator's plan_extend: request slots,
 positions, full slots, window slots) into one pinned buffer, padded to the smallest captured batch size >= the batch,
-and issues one non_blocking copy into the static device buffer every graph reads. The replay writes the new slots to
-the page table and window map, derives the attention metadata on the device at capacity-static shapes
-(decode_metadata.py) and runs the model: one launch whatever the model.
+and issues one non_blocking copy into the static device buffer every graph reads; under overlap scheduling the token
+ids are the previous step's samples, copied device to device. The replay writes the new slots to the page table and
+window map, derives the attention metadata on the device at capacity-static shapes (decode_metadata.py) and runs the
+model: one launch whatever the model.
 
 Padded rows (raw batch 3 in a graph of 4) are request slot 0 at position 0 with full slot 0 and window slot -1: they
 map nothing, read no window key, store nothing, complete no entry and write only request 0's staging rows.
 
 On CPU the same static path runs eagerly (no graphs): the CPU test suite checks it against the general path.
-Batches above the largest size, and every batch under --disable-cuda-graph, run the general (eager) path.
+Batches above the largest size, and every batch under --disable-cuda-graph or speculative decoding, run the general
+(eager) path.
 """
 
 from __future__ import annotations
