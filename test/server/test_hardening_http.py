@@ -98,9 +98,11 @@ def test_generate_takes_upstream_sampling_fields(http):
     upstream = {"max_new_tokens": 2, "min_new_tokens": 0, "n": 1, "json_schema": None, "regex": None,
                 "stop_regex": None, "spaces_between_special_tokens": True, "stop": None, "sampling_seed": None}
     assert http.post("/generate", json={"text": "x", "sampling_params": upstream}).status_code == 200
-    err = error_of(http.post("/generate", json={"text": "x", "sampling_params": {**upstream, "stop_regex": "a+"}}),
+    err = error_of(http.post("/generate", json={"text": "x", "sampling_params": {**upstream, "regex": "a+"}}), 400)
+    assert err["param"] == "regex" and "not supported yet" in err["message"]
+    err = error_of(http.post("/generate", json={"text": "x", "sampling_params": {**upstream, "stop_regex": "("}}),
                    400)
-    assert err["param"] == "stop_regex" and "not supported yet" in err["message"]
+    assert err["param"] == "stop_regex" and "valid regular expressions" in err["message"]
     for bad in (0, 17, 1.5, True, "2"):
         err = error_of(http.post("/generate", json={"text": "x", "sampling_params": {**upstream, "n": bad}}), 400)
         assert err["param"] == "n", bad

@@ -247,6 +247,33 @@ def test_generate_parallel_samples(server):
     server.wait_pools_free()
 
 
+def test_generate_stop_regex(server):
+    """A stop_regex ends the output at its first match, cut before it (kept with no_stop_trim), streamed or not."""
+    import re
+
+    base = server.base_url
+    greedy = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
+    full = httpx.post(f"{base}/generate", json={"text": "Once upon", "sampling_params": greedy}, timeout=60).json()
+    text = full["text"]
+    piece = text[len(text) // 2:len(text) // 2 + 3]
+    pattern = re.escape(piece[0]) + "." + re.escape(piece[2])  # a pattern, not a literal: its first match may differ
+    first = re.search(pattern, text)
+    cut = httpx.post(f"{base}/generate", json={"text": "Once upon", "sampling_params": {
+        **greedy, "stop_regex": pattern}}, timeout=60).json()
+    assert cut["meta_info"]["finish_reason"] == {"type": "stop", "matched": first.group(0)}
+    assert cut["text"] == text[:first.start()]
+    assert cut["output_ids"] == full["output_ids"][:len(cut["output_ids"])]
+    kept = httpx.post(f"{base}/generate", json={"text": "Once upon", "sampling_params": {
+        **greedy, "stop_regex": [pattern], "no_stop_trim": True}}, timeout=60).json()
+    assert kept["text"].startswith(text[:first.end()]) and first.group(0) in kept["text"]
+    with httpx.stream("POST", f"{base}/generate", json={"text": "Once upon", "stream": True, "sampling_params": {
+            **greedy, "stop_regex": pattern}}, timeout=60) as r:
+        events = [json.loads(line[len("data: "):]) for line in r.iter_lines()
+                  if line.startswith("data: ") and line != "data: [DONE]"]
+    assert events[-1]["text"] == cut["text"]
+    server.wait_pools_free()
+
+
 def test_api_key(tmp_path):
     handle = launch(["--model-path", MODEL, "--api-key", "sekret", "--max-running-requests", "4",
                      "--context-length", "512"], str(tmp_path))

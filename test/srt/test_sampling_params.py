@@ -26,7 +26,7 @@ def test_upstream_fields_at_their_defaults_are_accepted():
 
 
 @pytest.mark.parametrize("name, value", [
-    ("n", 2), ("stop_regex", r"\d+"), ("json_schema", '{"type": "object"}'),
+    ("n", 2), ("json_schema", '{"type": "object"}'),
     ("regex", "a|b"), ("ebnf", 'root ::= "a"'), ("structural_tag", "{}"), ("spaces_between_special_tokens", False),
     ("custom_params", {"a": 1}), ("stream_interval", 4), ("logit_bias", {"5": 1.0}),
 ])
@@ -53,3 +53,14 @@ def test_min_new_tokens_is_checked_and_counts_as_a_history_adjustment():
         with pytest.raises(SamplingParamError, match="min_new_tokens") as err:
             SamplingParams.from_dict({"min_new_tokens": bad, "max_new_tokens": 8})
         assert err.value.param == "min_new_tokens"
+
+
+def test_stop_regex_is_checked():
+    assert SamplingParams.from_dict({"stop_regex": r"\d+"}).stop_regex == [r"\d+"]
+    assert SamplingParams.from_dict({"stop_regex": ["a+", "b"]}).stop_regex == ["a+", "b"]
+    assert SamplingParams.from_dict({"stop_regex": ""}) == SamplingParams()
+    for bad, why in (("(", "valid regular expressions"), ("x*", "empty string"), (["a"] * 17, "at most 16"),
+                     ([""], "non-empty"), (5, "pattern")):
+        with pytest.raises(SamplingParamError, match=why) as err:
+            SamplingParams.from_dict({"stop_regex": bad})
+        assert err.value.param == "stop_regex"

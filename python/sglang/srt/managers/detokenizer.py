@@ -3,7 +3,9 @@
 Decoding token by token breaks multi-byte characters, so each step decodes a short window of recent tokens and
 only extends the text once the window no longer ends in a partial character (U+FFFD). While a request runs, text
 that could be the start of one of its stop strings is held back, so a stop string is never emitted, even in part;
-once the scheduler reports the matched stop string, the text is cut before it.
+once the scheduler reports the matched stop string, the text is cut before it. A stop_regex match is cut as soon as
+it is complete, but the start of a match cannot be held back (what a pattern will match is not known in advance), so
+a stream may already have shown its first characters.
 """
 
 from __future__ import annotations
@@ -11,14 +13,16 @@ from __future__ import annotations
 from typing import Optional
 
 from sglang.srt.managers.output_shaping import trim_stop
+from sglang.srt.sampling.sampling_params import compile_stop_regex
 
 
 class IncrementalDetokenizer:
     def __init__(self, tokenizer, skip_special_tokens: bool = True, stop: Optional[list] = None,
-                 no_stop_trim: bool = False) -> None:
+                 no_stop_trim: bool = False, stop_regex: Optional[list] = None) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         self.stop = list(stop or [])
+        self.stop_regex = [compile_stop_regex(p) for p in stop_regex or []]
         self.no_stop_trim = no_stop_trim
         self.ids: list = []
         self.text = ""  # settled text of ids[:read_offset]
@@ -47,6 +51,7 @@ class IncrementalDetokenizer:
             return trim_stop(text, finished_reason, self.no_stop_trim)
         if not self.no_stop_trim:  # a complete stop string is never shown, even before the finish arrives
             cuts = [i for i in (self.text.find(stop) for stop in self.stop) if i >= 0]
+            cuts += [m.start() for m in (r.search(self.text) for r in self.stop_regex) if m is not None]
             if cuts:
                 return self.text[:min(cuts)]
         return self.text[:len(self.text) - self._held_back()]

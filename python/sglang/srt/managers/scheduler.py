@@ -43,8 +43,10 @@ from sglang.srt.managers.decode_worker import DecodeWorker
 from sglang.srt.managers.schedule_batch import FinishReason, Req, ScheduleBatch
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.model_executor.model_runner import ModelRunner
+from sglang.srt.sampling.sampling_params import compile_stop_regex
 
 logger = logging.getLogger(__name__)
+STOP_REGEX_WINDOW = 32  # output tokens whose text a stop_regex is searched in, after each new token
 
 
 @dataclass
@@ -105,7 +107,7 @@ class Scheduler:
         if self._pages_for(req) > self.allocator.total_pages():
             raise ValueError(f"request needs {self._pages_for(req)} KV pages, the pool has "
                              f"{self.allocator.total_pages()}")
-        if req.sampling_params.stop and self.tokenizer is None:
+        if (req.sampling_params.stop or req.sampling_params.stop_regex) and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; this checkpoint has none (use stop_token_ids)")
         if not 0 <= req.top_logprobs_num <= 20:
             raise ValueError(f"top_logprobs must be in [0, 20], got {req.top_logprobs_num}")
@@ -404,6 +406,8 @@ class Scheduler:
             req.finished_reason = FinishReason("stop", matched=token)
         elif params.stop and (matched := self._matched_stop_string(req)) is not None:
             req.finished_reason = FinishReason("stop", matched=matched)
+        elif params.stop_regex and (matched := self._matched_stop_regex(req)) is not None:
+            req.finished_reason = FinishReason("stop", matched=matched)
         elif len(req.output_ids) >= params.max_new_tokens:
             req.finished_reason = FinishReason("length", length=params.max_new_tokens)
 
@@ -413,6 +417,16 @@ class Scheduler:
         tail = self.tokenizer.decode(req.output_ids[-(longest + 8):],
                                      skip_special_tokens=req.sampling_params.skip_special_tokens)
         return next((s for s in req.sampling_params.stop if s in tail), None)
+
+    def _matched_stop_regex(self, req: Req) -> Optional[str]:
+        """The text of a stop_regex match in the text of the last STOP_REGEX_WINDOW tokens (checked after every token,
+        so the first match ends the output; a match must fit in that window)."""
+        tail = self.tokenizer.decode(req.output_ids[-STOP_REGEX_WINDOW:],
+                                     skip_special_tokens=req.sampling_params.skip_special_tokens)
+        for pattern in req.sampling_params.stop_regex:
+            if (m := compile_stop_regex(pattern).search(tail)) is not None:
+                return m.group(0)
+        return None
 
     def free_request(self, req: Req) -> None:
         """Return every slot of a running request (finished, aborted or failed)."""

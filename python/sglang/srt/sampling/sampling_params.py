@@ -7,7 +7,9 @@ are not numbers, and the seed must fit the 64 bits torch.Generator.manual_seed t
 
 from __future__ import annotations
 
+import functools
 import math
+import re
 from dataclasses import dataclass, field, fields
 from typing import Optional
 
@@ -18,10 +20,15 @@ SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 # Fields of upstream SGLang's SamplingParams that we accept at their defaults only (its clients, e.g.
 # sglang.test.few_shot_gsm8k, always send them); any other value is refused naming the field.
 UPSTREAM_AT_DEFAULT_ONLY = {
-    "n": 1, "stop_regex": None, "json_schema": None, "regex": None, "ebnf": None,
+    "n": 1, "json_schema": None, "regex": None, "ebnf": None,
     "structural_tag": None, "spaces_between_special_tokens": True, "custom_params": None, "stream_interval": None,
     "logit_bias": None,
 }
+
+
+@functools.lru_cache(maxsize=1024)
+def compile_stop_regex(pattern: str) -> "re.Pattern":
+    return re.compile(pattern)
 
 
 class SamplingParamError(ValueError):
@@ -58,6 +65,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     stop: list = field(default_factory=list)  # strings; a str is accepted and wrapped
     stop_token_ids: list = field(default_factory=list)
+    stop_regex: list = field(default_factory=list)  # patterns; a str is accepted and wrapped ("" = none)
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     no_stop_trim: bool = False  # keep the matched stop string in the text
@@ -70,7 +78,7 @@ class SamplingParams:
         d = {k: v for k, v in (d or {}).items() if v is not None}
         for name, default in UPSTREAM_AT_DEFAULT_ONLY.items():
             value = d.pop(name, default)
-            if value != default and not (name == "stop_regex" and value in ([], "")):
+            if value != default:
                 raise SamplingParamError(name, f"sampling parameter '{name}' is not supported yet: only its default "
                                                f"{default!r} is accepted, got {value!r}"[:300])
         if "sampling_seed" in d:
@@ -84,6 +92,8 @@ class SamplingParams:
                              f"{sorted(known | set(UPSTREAM_AT_DEFAULT_ONLY) | {'sampling_seed'})}")
         if isinstance(d.get("stop"), str):
             d["stop"] = [d["stop"]]
+        if isinstance(d.get("stop_regex"), str):
+            d["stop_regex"] = [d["stop_regex"]] if d["stop_regex"] else []
         params = cls(**d)
         params.verify()
         return params
@@ -119,6 +129,16 @@ class SamplingParams:
             bad("stop", "must be a non-empty string or a list of non-empty strings")
         if len(self.stop) > 16:
             bad("stop", "may hold at most 16 strings")
+        if not isinstance(self.stop_regex, (list, tuple)) or len(self.stop_regex) > 16 \
+                or not all(isinstance(t, str) and t for t in self.stop_regex):
+            bad("stop_regex", "must be a pattern or a list of at most 16 non-empty patterns")
+        for pattern in self.stop_regex:
+            try:
+                compiled = compile_stop_regex(pattern)
+            except re.error as e:
+                bad("stop_regex", f"must hold valid regular expressions ({pattern!r}: {e})")
+            if compiled.search("") is not None:
+                bad("stop_regex", f"must not match the empty string ({pattern!r} does)")
         for name in ("ignore_eos", "skip_special_tokens", "no_stop_trim"):
             if not isinstance(getattr(self, name), bool):
                 bad(name, "must be true or false")
