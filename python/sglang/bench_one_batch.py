@@ -3,7 +3,8 @@
     python -m sglang.bench_one_batch --model-path tiny-deepseek-v4 --batch-size 1 8 --input-len 256 --output-len 32
     python -m sglang.bench_one_batch --model-path tiny-deepseek-v4 --correctness-test   # print completions
 
-Every request of the batch is prefilled in one forward, then all decode together for --output-len steps. Each
+The batch's prompts are prefilled whole, as many per forward as --chunked-prefill-size allows, then all requests
+decode together for --output-len steps. Each
 (batch, input length) is first warmed up at its own shape (WARMUP_DECODE_STEPS decode steps), then timed; then, in a
 separate pass, --profile-steps decode steps are timed by host phase (sglang.srt.utils.host_phases), and in a last
 pass run under torch.profiler for the GPU-busy fraction, kernel launches and host syncs per step
@@ -57,7 +58,8 @@ def _sync(device: torch.device) -> None:
 
 
 def prefill(engine, batch_size: int, input_len: int, output_len: int, seed: int) -> float:
-    """Admit `batch_size` random prompts and prefill them in one forward; returns the prefill seconds."""
+    """Admit `batch_size` random prompts and prefill them (whole prompts, chunk-budget sized forwards); returns the
+    prefill seconds."""
     sched, runner = engine.scheduler, engine.model_runner
     vocab = runner.model_config.vocab_size
     g = torch.Generator().manual_seed(seed)

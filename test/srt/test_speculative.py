@@ -14,6 +14,7 @@ import functools
 import pytest
 import torch
 
+from host_reads import HostReadGuard
 from oracle import checkpoint, engine, random_ids
 from spec_checkpoint import make_predictable
 from sglang.srt.layers.attention.dsv4.torch_backend import TorchAttnBackend
@@ -204,9 +205,6 @@ def test_sampling_with_penalties_runs():
     eng.model_runner.token_allocator.check_all_free()
 
 
-_HOST_READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__")
-
-
 def test_decode_cycle_reads_the_device_once(monkeypatch):
     """A whole speculative cycle (draft steps, verify, acceptance for greedy and sampled requests, rollback,
     draft-extend, scheduler bookkeeping) makes exactly one device -> host read, `read_back`; any other Python-level
@@ -223,41 +221,23 @@ def test_decode_cycle_reads_the_device_once(monkeypatch):
         sched.add_request(req)
     while not all(r.spec is not None for r in reqs):  # prefill (and the first drafts) outside the guard
         sched.step()
-    state = {"reading": False, "violations": [], "reads": 0, "cycles": 0}
-    real = {name: getattr(torch.Tensor, name) for name in _HOST_READS}
-
-    def guarded(name):
-        def read(self, *args, **kwargs):
-            if not state["reading"]:
-                state["violations"].append(name)
-            return real[name](self, *args, **kwargs)
-        return read
-
-    def read_back(x):
-        state["reads"] += 1
-        state["reading"] = True
-        try:
-            return x.tolist()
-        finally:
-            state["reading"] = False
-
+    guard, cycles = HostReadGuard(), []
     real_cycle = Scheduler._run_speculative_cycle
 
     def cycle(self, batch_reqs):
-        state["cycles"] += 1
+        cycles.append(len(batch_reqs))
         with monkeypatch.context() as m:
-            for name in _HOST_READS:
-                m.setattr(torch.Tensor, name, guarded(name))
-            if state["cycles"] == 1:
+            guard.install(m)
+            if len(cycles) == 1:
                 bool(torch.tensor(1))  # the guard sees a read (positive control, removed below)
             return real_cycle(self, batch_reqs)
 
-    monkeypatch.setattr(ew, "read_back", read_back)
+    monkeypatch.setattr(ew, "read_back", guard.allowed(lambda x: x.tolist()))
     monkeypatch.setattr(Scheduler, "_run_speculative_cycle", cycle)
     for _ in range(6):
         sched.step()
-    assert state["cycles"] == 6 and state["reads"] == 6
-    assert state["violations"] == ["__bool__"], state["violations"]  # only the control
+    assert len(cycles) == 6 and guard.reads == 6
+    assert guard.violations == ["__bool__"], guard.violations  # only the control
     while sched.has_work():
         sched.step()
     assert all(len(r.output_ids) == 40 for r in reqs)

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from host_reads import HostReadGuard
 from oracle import engine, max_abs_diff, random_ids
 from sglang.srt.layers.attention.dsv4.decode_metadata import DUMP_ENTRY_SLOT, decode_compress_plan, decode_entry_slots
 from sglang.srt.layers.attention.dsv4.metadata import build_compress_plan, build_entry_slots
@@ -141,9 +142,6 @@ def test_capture_list_defaults():
         resolved(cuda_graph_max_bs=0)
 
 
-_HOST_READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__")
-
-
 def test_decode_step_reads_the_device_once(monkeypatch):
     """A whole DECODE step on the static path (allocation, forward, sampling greedy, seeded and top-p, bookkeeping,
     window release, a request finishing) makes exactly one device -> host read, the sampler's read-back; any other
@@ -161,38 +159,19 @@ def test_decode_step_reads_the_device_once(monkeypatch):
                               sampling_params=SamplingParams.from_dict({**p, "max_new_tokens": n, "ignore_eos": True})))
     while not all(r.prefill_done for r in sched.running) or len(sched.running) < 3:
         sched.step()
-    state = {"reading": False, "violations": [], "reads": 0}
-    real = {name: getattr(torch.Tensor, name) for name in _HOST_READS}
-
-    def guarded(name):
-        def read(self, *args, **kwargs):
-            if not state["reading"]:
-                state["violations"].append(name)
-            return real[name](self, *args, **kwargs)
-        return read
-
-    real_wait = ReadBack.wait
-
-    def wait(self):
-        state["reads"] += 1
-        state["reading"] = True
-        try:
-            return real_wait(self)
-        finally:
-            state["reading"] = False
-
-    monkeypatch.setattr(ReadBack, "wait", wait)
+    guard = HostReadGuard()
+    monkeypatch.setattr(ReadBack, "wait", guard.allowed(ReadBack.wait))
     with monkeypatch.context() as m:
-        for name in _HOST_READS:
-            m.setattr(torch.Tensor, name, guarded(name))
+        guard.install(m)
         bool(torch.tensor(1))  # the guard sees a read (positive control)
         per_step = []
         for _ in range(8):
-            before = state["reads"]
+            before = guard.reads
             sched.step()
-            per_step.append(state["reads"] - before)
+            per_step.append(guard.reads - before)
     # one read per step; none in a step that only launches (overlap scheduling: the first, and after a batch change)
-    assert set(per_step) <= {0, 1} and sum(per_step) >= 6 and state["violations"] == ["__bool__"], (per_step, state)
+    assert set(per_step) <= {0, 1} and sum(per_step) >= 6 and guard.violations == ["__bool__"], (per_step,
+                                                                                                guard.violations)
     assert len(sched.running) == 2  # the second request finished inside the guarded steps
     while sched.has_work():
         sched.step()

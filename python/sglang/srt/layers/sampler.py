@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from sglang.srt.utils.device_readback import ReadBack, start_read_back
+from sglang.srt.utils.device_readback import ReadBack
 
 
 @dataclass
@@ -65,7 +65,7 @@ def sample_async(logits: torch.Tensor, reqs: list) -> PendingSample:
     if k > 0:
         values, indices = logprobs.topk(k, dim=-1)
         parts += [values.flatten().to(torch.float64), indices.flatten().to(torch.float64)]
-    return PendingSample(ids, start_read_back(torch.cat(parts)), list(reqs), k)  # the step's one device read
+    return PendingSample(ids, ReadBack(torch.cat(parts)), list(reqs), k)  # the step's one device read
 
 
 def _apply_penalties(logits: torch.Tensor, reqs: list) -> torch.Tensor:

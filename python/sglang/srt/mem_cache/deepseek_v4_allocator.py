@@ -116,13 +116,14 @@ class DeepSeekV4TokenAllocator:
             raise PoolExhaustedError(self.swa_slots.name, n_new, self.swa_slots.available())
         # Host lists per request (a few entries each), then the positions and slots of all of them in a constant
         # number of vectorised host ops: a long prefill chunk costs no Python loop over its tokens.
-        pool_idx, starts, lens, first_pages, page_offsets, pages, swa = [], [], [], [], [], [], []
+        grown, pool_idx, starts, lens, first_pages, page_offsets, pages, swa = [], [], [], [], [], [], [], []
         for alloc, n in zip(allocs, new_num_tokens):
             start = alloc.num_tokens
             if n <= start:
                 continue
             alloc.pages.extend(self.pages.alloc(self.pages_needed(alloc, n)))
             new_swa = self.swa_slots.alloc(n - start)
+            grown.append(alloc)
             pool_idx.append(alloc.req_pool_idx)
             starts.append(start)
             lens.append(n - start)
@@ -138,11 +139,10 @@ class DeepSeekV4TokenAllocator:
             return torch.empty(4, 0, dtype=torch.int64)
         if sum(lens) <= _FEW_POSITIONS:  # decode and speculative steps: a few positions per request, plain Python
             rows, positions, full = [], [], []
-            for r, start, n, first, offset in zip(pool_idx, starts, lens, first_pages, page_offsets):
-                for p in range(start, start + n):
-                    rows.append(r)
-                    positions.append(p)
-                    full.append(pages[offset + p // self.page_size - first] * self.page_size + p % self.page_size)
+            for alloc, start, n in zip(grown, starts, lens):
+                rows += [alloc.req_pool_idx] * n
+                positions += range(start, start + n)
+                full += self._full_slots(alloc, start, start + n)
             return torch.tensor([rows, positions, full, swa], dtype=torch.int64)
         # A prefill chunk: a constant number of vectorised host ops, no Python loop over its tokens.
         lens_t = torch.tensor(lens)

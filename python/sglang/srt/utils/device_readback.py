@@ -2,8 +2,8 @@
 
 A decode step reads the device once (the sampled tokens and their logprobs, packed into one tensor). On a GPU the
 copy goes non_blocking into pinned memory and the host waits on an event recorded after it, so nothing else queued
-on the device is waited for and `torch.cuda.set_sync_debug_mode("error")` stays quiet. `start_read_back` issues the
-copy and returns at once (overlap scheduling waits a step later); `read_back` waits right away.
+on the device is waited for and `torch.cuda.set_sync_debug_mode("error")` stays quiet. `ReadBack(t)` issues the copy
+and returns at once (overlap scheduling waits a step later); `read_back` waits right away.
 """
 
 from __future__ import annotations
@@ -28,10 +28,6 @@ class ReadBack:
         if self.done is not None:
             self.done.synchronize()
         return self.host.tolist()
-
-
-def start_read_back(t: torch.Tensor) -> ReadBack:
-    return ReadBack(t)
 
 
 def read_back(t: torch.Tensor) -> list:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from sglang.srt.layers.attention.dsv4.metadata import CompressPlan
+from sglang.srt.layers.attention.dsv4.metadata import CompressPlan, entry_slots_of
 from sglang.srt.mem_cache.deepseek_v4_pool import ring_size
 
 DUMP_ENTRY_SLOT = 0  # compressed / index-key slot written by rows that complete no entry (reserved page 0)
@@ -30,8 +30,7 @@ def decode_entry_slots(req_to_token: torch.Tensor, req_pool_indices: torch.Tenso
     """[B, capacity] compressed-pool slot of entry w of each request, -1 for w >= seq_len // ratio."""
     w = torch.arange(capacity, device=seq_lens.device)
     full = req_to_token[req_pool_indices[:, None], (w * ratio)[None, :]].to(torch.int64)
-    per_page = page_size // ratio
-    slots = (full // page_size) * per_page + (w % per_page)[None, :]
+    slots = entry_slots_of(full, w[None, :], ratio, page_size)
     valid = w[None, :] < torch.div(seq_lens, ratio, rounding_mode="floor")[:, None]
     return torch.where(valid, slots, torch.full_like(slots, -1))
 
@@ -53,8 +52,7 @@ def decode_compress_plan(req_to_token: torch.Tensor, req_pool_indices: torch.Ten
     source = torch.where(p < 0, -1, torch.where(p == positions[:, None], fresh, from_ring))
     source = torch.where(done[:, None], source, fresh)  # nothing completed: pool the fresh row into the dump entry
     first_full = req_to_token[req_pool_indices, w * ratio].to(torch.int64)
-    per_page = page_size // ratio
-    entry_slots = torch.where(done, (first_full // page_size) * per_page + w % per_page,
+    entry_slots = torch.where(done, entry_slots_of(first_full, w, ratio, page_size),
                               torch.full_like(first_full, DUMP_ENTRY_SLOT))
     return CompressPlan(ratio=ratio, overlap=overlap, ring=ring, num_new=int(positions.shape[0]),
                         entry_slots=entry_slots, entry_positions=w * ratio, source_rows=source,

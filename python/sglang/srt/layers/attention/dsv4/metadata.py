@@ -50,6 +50,13 @@ class DSV4Metadata:
     ratios: dict  # ratio -> RatioMetadata
 
 
+def entry_slots_of(first_full: torch.Tensor, w: torch.Tensor, ratio: int, page_size: int) -> torch.Tensor:
+    """Compressed-pool slot of entry w of ratio m, whose window starts at full slot `first_full` (the slot of token
+    w*m): entry w shares that token's page, page_size / m entries per page (broadcasts)."""
+    per_page = page_size // ratio
+    return (first_full // page_size) * per_page + w % per_page
+
+
 def build_window_slots(forward_batch, window: int, full_to_swa: torch.Tensor) -> torch.Tensor:
     req = forward_batch.req_pool_indices[forward_batch.row_req][:, None]  # [T, 1]
     positions = forward_batch.positions
@@ -67,8 +74,7 @@ def build_entry_slots(forward_batch, ratio: int, page_size: int) -> torch.Tensor
     # The first position w*m of each window addresses its page: entry w shares the page of that token.
     req_to_token = forward_batch.req_to_token_pool.req_to_token
     full = req_to_token[forward_batch.req_pool_indices[:, None], (w * ratio)[None, :]].to(torch.int64)
-    per_page = page_size // ratio
-    slots = (full // page_size) * per_page + (w % per_page)[None, :]
+    slots = entry_slots_of(full, w[None, :], ratio, page_size)
     if all(c == e_max for c in counts):  # nothing to pad (host-known): the gathered slots as they are
         return slots
     valid = w[None, :] < torch.tensor(counts).to(device, non_blocking=True)[:, None]
@@ -105,8 +111,7 @@ def build_compress_plan(forward_batch, ratio: int, overlap: bool, page_size: int
     source_rows, w, b = (x.to(device, non_blocking=True) for x in (source_rows, w, b))
     req_to_token = forward_batch.req_to_token_pool.req_to_token
     first_full = req_to_token[forward_batch.req_pool_indices[b], w * ratio].to(torch.int64)
-    per_page = page_size // ratio
-    entry_slots = (first_full // page_size) * per_page + w % per_page
+    entry_slots = entry_slots_of(first_full, w, ratio, page_size)
     return CompressPlan(ratio=ratio, overlap=overlap, ring=ring, num_new=int(source_rows.shape[0]),
                         entry_slots=entry_slots, entry_positions=w * ratio, source_rows=source_rows,
                         ring_dst=(r[kb] * ring + keep % ring).to(device, non_blocking=True),
