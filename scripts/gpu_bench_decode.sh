@@ -14,14 +14,7 @@ export PYTHONUNBUFFERED=1 SGLANG_CACHE_DIR=/tmp/sgcache
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD/python:$PWD/sgl-kernel/python
 CONFIG=benchmark/configs/flash-slice-4l32e.config.json
-step "checkpoint" python3 - "$CONFIG" <<'PY'
-import json, sys
-from sglang.srt.model_loader.tiny_checkpoint import make_tiny_checkpoint
-cfg = json.load(open(sys.argv[1]))
-for k in ("quantization_config", "expert_dtype"):
-    cfg.pop(k, None)
-make_tiny_checkpoint("/tmp/w/base", cfg, seed=0, dtype="bfloat16")
-PY
+step "checkpoint" python3 scripts/make_slice_checkpoint.py "$CONFIG" /tmp/w/base
 if [ -d .whl_peer ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/peer .whl_peer/*.whl
   step "hf peer" env PYTHONPATH=/tmp/peer python3 .whl_peer/hf_peer.py "$CONFIG" --batch 1 8 --prompt 1024 --new 32 \

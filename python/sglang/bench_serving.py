@@ -143,6 +143,7 @@ class RequestSpec:
     stream: bool
     ignore_eos: bool
     extra_body: dict
+    send_max_tokens: bool = True  # False (--omit-max-tokens): no max_tokens; the client stops reading at output_len
 
 
 @dataclasses.dataclass
@@ -191,6 +192,8 @@ async def _payloads(resp: aiohttp.ClientResponse, stream: bool):
 async def request_generate(session: aiohttp.ClientSession, spec: RequestSpec, row: DatasetRow) -> RequestOutput:
     """Native /generate: each chunk holds the cumulative text and meta_info.completion_tokens so far."""
     sampling = {"max_new_tokens": row.output_len, "temperature": 0.0, "ignore_eos": spec.ignore_eos}
+    if not spec.send_max_tokens:
+        del sampling["max_new_tokens"]
     body = {"input_ids" if isinstance(row.prompt, list) else "text": row.prompt,
             "sampling_params": sampling, "stream": spec.stream}
     out, start, meta = RequestOutput(prompt_len=row.prompt_len), time.perf_counter(), {}
@@ -202,14 +205,27 @@ async def request_generate(session: aiohttp.ClientSession, spec: RequestSpec, ro
             if count > out.tokens_seen:
                 out.on_tokens(start, count - out.tokens_seen)
             out.generated_text = data.get("text", out.generated_text)
+            if _answer_read(spec, row, out, resp):
+                break
     out.latency = time.perf_counter() - start
     out.prompt_len = meta.get("prompt_tokens", row.prompt_len)
     out.output_len_reported = "completion_tokens" in meta
     out.output_len = meta.get("completion_tokens", 0)
     out.accept_length = meta.get("spec_accept_length", meta.get("accept_length"))
     reason = meta.get("finish_reason")
-    out.finish_reason = reason.get("type") if isinstance(reason, dict) else reason  # SGLang sends {"type": ...}
+    if out.finish_reason is None:  # not stopped by the client (--omit-max-tokens)
+        out.finish_reason = reason.get("type") if isinstance(reason, dict) else reason  # SGLang sends {"type": ...}
     return out
+
+
+def _answer_read(spec: RequestSpec, row: DatasetRow, out: RequestOutput, resp: aiohttp.ClientResponse) -> bool:
+    """--omit-max-tokens: once output_len tokens arrived the answer counts as ended; the connection is closed, so the
+    server aborts the request and frees its slots (as if the model had stopped there)."""
+    if spec.send_max_tokens or out.tokens_seen < row.output_len:
+        return False
+    out.finish_reason = "client_stop"
+    resp.close()
+    return True
 
 
 def _choice_text(choice: dict) -> str:
@@ -227,6 +243,8 @@ async def request_openai(session: aiohttp.ClientSession, spec: RequestSpec, row:
         raise ValueError("the chat backend needs text prompts; random-ids sends token ids")
     body = {"model": spec.model, "max_tokens": row.output_len, "temperature": 0.0, "stream": spec.stream,
             "ignore_eos": spec.ignore_eos}
+    if not spec.send_max_tokens:
+        del body["max_tokens"]
     body.update({"messages": [{"role": "user", "content": row.prompt}]} if chat else {"prompt": row.prompt})
     if spec.stream:
         body["stream_options"] = {"include_usage": True}
@@ -244,6 +262,8 @@ async def request_openai(session: aiohttp.ClientSession, spec: RequestSpec, row:
                 out.finish_reason = choice.get("finish_reason") or out.finish_reason
             if data.get("meta_info"):  # SGLang may attach meta_info (spec accept length) to OpenAI chunks
                 out.accept_length = data["meta_info"].get("spec_accept_length", out.accept_length)
+            if _answer_read(spec, row, out, resp):
+                break
     out.latency = time.perf_counter() - start
     out.generated_text = "".join(texts)
     out.prompt_len = usage.get("prompt_tokens", row.prompt_len)
@@ -323,7 +343,8 @@ async def _benchmark(args: argparse.Namespace, rows: list[DatasetRow], tok: Toke
                 print(f"GET /v1/models failed ({type(e).__name__}: {e}); sending model='default'")
                 model = "default"
         spec = RequestSpec(root, model, not args.disable_stream, not args.disable_ignore_eos,
-                           json.loads(args.extra_request_body) if args.extra_request_body else {})
+                           json.loads(args.extra_request_body) if args.extra_request_body else {},
+                           send_max_tokens=not args.omit_max_tokens)
         if args.warmup_requests > 0 and rows:
             await _warmup(args, fn, session, spec, rows[0], tok)
         if args.flush_cache:
@@ -533,6 +554,9 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     p.add_argument("--flush-cache", action="store_true", help="POST /flush_cache after the warmup")
     p.add_argument("--disable-ignore-eos", action="store_true", help="let requests stop at EOS")
     p.add_argument("--disable-stream", action="store_true")
+    p.add_argument("--omit-max-tokens", action="store_true",
+                   help="send no max_tokens (the server's default: up to the context length); each client reads "
+                        "its output length, then disconnects, as if the answer had ended there (needs streaming)")
     p.add_argument("--extra-request-body", default=None,
                    help='JSON merged into each request body, e.g. \'{"sampling_params": {"top_p": 0.9}}\'')
     p.add_argument("--seed", type=int, default=1)
@@ -543,6 +567,8 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
         args.dataset_name = "sharegpt" if args.dataset_path else "random"
     if args.extra_request_body and not isinstance(json.loads(args.extra_request_body), dict):
         p.error("--extra-request-body must be a JSON object")
+    if args.omit_max_tokens and args.disable_stream:
+        p.error("--omit-max-tokens needs streaming: the client ends each answer by disconnecting")
     return args
 
 

@@ -338,14 +338,17 @@ def test_extend_batch_equals_one_request_at_a_time_and_is_all_or_nothing():
 def test_request_that_never_fits():
     eng = small_engine()
     params = {"temperature": 0, "max_new_tokens": 10, "ignore_eos": True}
-    with pytest.raises(ValueError, match="pages"):
-        eng.generate(input_ids=random_ids(30, seed=1), sampling_params=params)  # 40 tokens > 32
+    with pytest.raises(ValueError, match="does not fit the KV pool"):
+        eng.generate(input_ids=random_ids(32, seed=1), sampling_params=params)  # 32 + a decode step > 32
     eng.model_runner.token_allocator.check_all_free()
     # The second of a batch can never fit: nothing of the first stays held either.
     with pytest.raises(ValueError):
-        eng.generate(input_ids=[random_ids(10, seed=1), random_ids(30, seed=2)], sampling_params=params)
+        eng.generate(input_ids=[random_ids(10, seed=1), random_ids(40, seed=2)], sampling_params=params)
     eng.model_runner.token_allocator.check_all_free()
     assert not eng.scheduler.waiting and not eng.scheduler.running
+    # A prompt that fits with max_new_tokens beyond the pool: clipped to the pool (as upstream), a "length" finish.
+    out = eng.generate(input_ids=random_ids(30, seed=1), sampling_params=params)
+    assert len(out["output_ids"]) == 2 and out["meta_info"]["finish_reason"] == {"type": "length", "length": 2}
     # A fitting request still runs afterwards (prompt 20 > chunk 8 and > window 16).
     out = eng.generate(input_ids=random_ids(20, seed=3), sampling_params=params)
     assert len(out["output_ids"]) == 10

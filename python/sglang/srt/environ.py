@@ -93,6 +93,12 @@ class Envs:
                                              "benchmark switch: allocate prefill indexer logits fresh per call "
                                              "instead of viewing the pooled block")
 
+    # Scheduling (managers/schedule_policy.py)
+    SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION = EnvVar(
+        "SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION", 4096, int,
+        "admission counts at most this many of a request's max_new_tokens (upstream's name and default): a request "
+        "without max_tokens is not expected to fill the context")
+
     # Platform (ROCm / AMD); decided in arg_groups/platform_defaults.py, documented in docs/platforms.md
     SGLANG_USE_AITER = EnvVar("SGLANG_USE_AITER", None, _tristate,
                               "use AMD's AITER kernels where they are a drop-in swap (auto: on ROCm when `aiter` "

@@ -41,6 +41,7 @@ class ServerArgs:
     enable_deepseek_v4_fp4_indexer: bool = False
     # Scheduling
     chunked_prefill_size: Optional[int] = None
+    schedule_conservativeness: float = 1.0  # scales the new-token ratio admission reserves for running requests
     # Kernels
     attention_backend: Optional[str] = None
     disable_cuda_graph: bool = False  # decode runs the general eager path (no static buffers, no graphs)
@@ -95,6 +96,9 @@ class ServerArgs:
             raise ValueError(f"--cuda-graph-bs must list positive batch sizes, got {self.cuda_graph_bs}")
         if self.chunked_prefill_size is not None and self.chunked_prefill_size == 0:
             raise ValueError("--chunked-prefill-size must be positive, or -1 to disable chunking")
+        if not 0 < self.schedule_conservativeness < float("inf"):
+            raise ValueError(f"--schedule-conservativeness must be a positive number, got "
+                             f"{self.schedule_conservativeness}")
         if self.tp_size != 1:
             raise ValueError(f"--tp {self.tp_size}: tensor parallelism is not implemented yet; use --tp 1")
         if self.reasoning_parser not in (None, "deepseek-v4"):
@@ -147,6 +151,9 @@ class ServerArgs:
                        help="store the lightning indexer's keys in FP4")
         p.add_argument("--chunked-prefill-size", type=int,
                        help="prompt tokens per prefill chunk, -1 for no chunking (default: 8192 GPU, 1024 CPU)")
+        p.add_argument("--schedule-conservativeness", type=float, default=1.0,
+                       help="how much of their remaining max_new_tokens admission expects running requests to use "
+                            "(x 0.7 at start, decaying; larger admits fewer, smaller risks more retractions)")
         p.add_argument("--attention-backend", choices=ATTENTION_BACKENDS,
                        help="dsv4 = the best available: triton on a GPU, torch on CPU (default: dsv4)")
         p.add_argument("--disable-cuda-graph", action="store_true",

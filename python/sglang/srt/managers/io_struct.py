@@ -49,6 +49,7 @@ class ReqOutput:
     input_token_logprobs: Optional[list] = None  # [(position, logprob)], sent with the first token
     error: Optional[str] = None  # set when admission refused it (finished_reason.status_code: 400, or 500 on a bug)
     spec_accept_length: Optional[float] = None  # tokens per verification so far (speculative decoding)
+    queue_time: Optional[float] = None  # seconds from arrival to first admission, sent once finished
 
 
 # /health answers 503 once this many scheduler steps in a row failed for every request in them (a load balancer then
@@ -65,6 +66,8 @@ class SchedulerStats:
     pools_all_free: bool = False  # no page, window slot or request slot is held (idle and leak-free)
     spec_accept_length: Optional[float] = None  # mean tokens per verification since start (speculative decoding)
     consecutive_failed_steps: int = 0  # the latest steps in which no request could be served
+    num_retractions: int = 0  # requests retracted since start (the pools ran out mid-decode)
+    new_token_ratio: float = 0.0  # share of remaining max_new_tokens admission reserves for running requests
 
     @property
     def healthy(self) -> bool:

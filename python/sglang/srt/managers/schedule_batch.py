@@ -57,6 +57,8 @@ class Req:
     created_time: float = field(default_factory=time.perf_counter)
     first_token_time: Optional[float] = None
     min_tokens_stop_ids: list = field(default_factory=list)  # masked until min_new_tokens (set at admission)
+    admitted_time: Optional[float] = None  # first admission (queue time = admitted_time - created_time)
+    num_retractions: int = 0  # times the scheduler freed its slots to re-prefill it later
 
     @property
     def fill_ids(self) -> list:
@@ -72,8 +74,20 @@ class Req:
         return self.finished_reason is not None
 
     @property
+    def prefill_len(self) -> int:
+        """Positions computed by prefill: the prompt; after a retraction also every generated token but the last (the
+        next decode step's input), so the request resumes exactly where it stopped."""
+        return len(self.origin_input_ids) + max(0, len(self.output_ids) - 1)
+
+    @property
     def prefill_done(self) -> bool:
-        return self.num_computed >= len(self.origin_input_ids)
+        return self.num_computed >= self.prefill_len
+
+    @property
+    def emits_token(self) -> bool:
+        """The last computed row is the last known token: its sample is the next output token (not so for a prompt
+        chunk, nor for the prefill of a retracted request, whose next token is already known)."""
+        return self.num_computed == len(self.origin_input_ids) + len(self.output_ids)
 
     @property
     def spec_accept_length(self) -> Optional[float]:

@@ -4,8 +4,12 @@ Each step runs one forward. While some request still has prompt tokens to prefil
 batch: every decoding request contributes its one row and prefill chunks fill the rest of the
 --chunked-prefill-size budget, so a long prompt never stalls running decodes. Otherwise it is a DECODE batch.
 
-Admission reserves the pages a request can ever need (prompt + max_new_tokens), so a running request never finds
-the pools full: under pressure new requests wait in the queue instead of failing (no retraction is needed). The
+Admission is by estimate (managers/schedule_policy.py): running requests are expected to generate a decaying share of
+their remaining max_new_tokens, so a request without max_tokens does not hold the context length. When a step cannot
+get the pages it needs, requests are retracted (fewest generated tokens first): every slot they hold is freed and they
+go back to the front of the queue with their generated tokens, to be re-prefilled (prompt + generated tokens but the
+last) and resume exactly where they stopped; the client sees only latency. max_new_tokens is clipped to what the pool
+holds next to the prompt, so a request alone always fits and the last running request is never retracted. The
 window pool is sized for every request's live window plus one chunk. A finished, aborted or failed request returns
 every slot it held.
 
@@ -30,6 +34,7 @@ still running. The worker never calls the Scheduler; the Scheduler asks the allo
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import deque
@@ -40,6 +45,7 @@ import torch
 
 from sglang.srt.layers.sampler import PendingSample, sample, sample_async
 from sglang.srt.managers.decode_worker import DecodeWorker
+from sglang.srt.managers.schedule_policy import NewTokenRatio, clip_max_new_tokens, expected_tokens, retraction_order
 from sglang.srt.managers.schedule_batch import FinishReason, Req, ScheduleBatch
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.model_executor.model_runner import ModelRunner
@@ -89,6 +95,10 @@ class Scheduler:
         self.num_accepted_tokens = 0  # tokens they committed (accepted drafts + bonus)
         self.overlap = not args.disable_overlap_schedule and not self.worker.speculative
         self.in_flight: Optional[InFlightStep] = None
+        self.new_token_ratio = NewTokenRatio.from_conservativeness(args.schedule_conservativeness)
+        self.clip_max_new_tokens = clip_max_new_tokens()
+        self.decode_tokens = max(1, self.num_draft_tokens)  # positions a decode step adds per request
+        self.num_retractions = 0  # requests retracted since start
 
     # ---- requests ---------------------------------------------------------------------------------
     def add_request(self, req: Req) -> None:
@@ -104,9 +114,14 @@ class Scheduler:
         bad = next((t for t in req.origin_input_ids if not 0 <= t < self.config.vocab_size), None)
         if bad is not None:
             raise ValueError(f"input token id {bad} is outside the vocabulary [0, {self.config.vocab_size})")
-        if self._pages_for(req) > self.allocator.total_pages():
-            raise ValueError(f"request needs {self._pages_for(req)} KV pages, the pool has "
-                             f"{self.allocator.total_pages()}")
+        pool_tokens = self.allocator.total_pages() * self.allocator.page_size
+        if n + self.decode_tokens > pool_tokens:
+            raise ValueError(f"the prompt ({n} tokens) does not fit the KV pool ({pool_tokens} tokens) with a decode "
+                             f"step; shorten it or raise --mem-fraction-static / --max-total-tokens")
+        cap = pool_tokens - n - self.num_draft_tokens  # alone in the pool it can always finish: never retracted
+        if req.sampling_params.max_new_tokens > cap:  # as upstream: clipped to the pool, a "length" finish there
+            req.sampling_params = dataclasses.replace(req.sampling_params, max_new_tokens=cap,
+                                                      min_new_tokens=min(cap, req.sampling_params.min_new_tokens))
         if (req.sampling_params.stop or req.sampling_params.stop_regex) and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; this checkpoint has none (use stop_token_ids)")
         if not 0 <= req.top_logprobs_num <= 20:
@@ -133,10 +148,6 @@ class Scheduler:
                 return req
         return None
 
-    def _pages_for(self, req: Req) -> int:
-        total = len(req.origin_input_ids) + req.sampling_params.max_new_tokens + self.num_draft_tokens
-        return -(-total // self.allocator.page_size)
-
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.in_flight)
 
@@ -151,13 +162,16 @@ class Scheduler:
     def step(self) -> list:
         """Run one forward; returns the requests that got a token or finished in it (failed ones included). Under
         overlap scheduling that is the previous step's: this one is launched, and read at the next call."""
+        if not self.has_work():
+            self.new_token_ratio.reset()
         self._admit()
-        batch = self._next_batch()
         prev, self.in_flight = self.in_flight, None
-        if prev is not None:
+        if prev is not None:  # plan N+1 one position further, without retracting (N's requests are in flight)
+            batch = self._next_batch(lag=1, may_retract=False)
             if batch is not None and self._overlappable(batch) and batch.reqs == prev.batch.reqs:
                 self.in_flight = self._launch(batch, chained=prev)  # N+1 on the device before N is read
             return self._resolve(prev)  # a changed batch is planned again at the next call, from N's results
+        batch = self._next_batch()
         if batch is None:
             return []
         if self._overlappable(batch):
@@ -288,7 +302,7 @@ class Scheduler:
             forward_batch = batch.to_forward_batch(self.allocator.write_slots(slots), self.runner.device)
             forward_batch.capture_hidden = self.worker.capture_hidden
             output = self.runner.forward(forward_batch)
-        updated = self._process_results(batch, forward_batch, output, sample(output.next_token_logits, batch.reqs))
+        updated = self._process_results(batch, forward_batch, output, self._sample_emitting(batch, output))
         self.worker.after_extend(batch, output)  # speculative: the draft's window over the same rows, first drafts
         self.finish_step(batch.reqs)
         return updated
@@ -305,41 +319,88 @@ class Scheduler:
         return list(reqs)
 
     def _admit(self) -> None:
-        while self.waiting and len(self.running) < self.max_running:
+        """Admit waiting requests (first come, first served) while the pages left after what the running requests
+        are expected to need hold the next one's prompt and clipped max_new_tokens (schedule_policy.py)."""
+        if not self.waiting:
+            return
+        ratio, clip, draft = self.new_token_ratio.value, self.clip_max_new_tokens, self.num_draft_tokens
+        budget = self.allocator.available_pages() - sum(
+            self.allocator.pages_needed(r.alloc, expected_tokens(r, ratio, clip, draft)) for r in self.running)
+        while self.waiting and len(self.running) < self.max_running and self.allocator.available_req_slots():
             req = self.waiting[0]
-            if self._pages_for(req) > self.allocator.available_pages() - self._outstanding_pages() \
-                    or self.allocator.available_req_slots() == 0:
+            need = self.allocator.pages_needed(None, expected_tokens(req, 1.0, clip, draft))
+            if need > budget:
                 break
+            budget -= need
             self.waiting.popleft()
             req.alloc = self.allocator.alloc_req()
+            req.admitted_time = req.admitted_time or time.perf_counter()
             self.running.append(req)
 
-    def _outstanding_pages(self) -> int:
-        """Pages running requests may still allocate (reserved at admission, so decode never runs out)."""
-        return sum(self._pages_for(r) - len(r.alloc.pages) for r in self.running)
+    def _next_batch(self, lag: int = 0, may_retract: bool = True) -> Optional[ScheduleBatch]:
+        """The next step's requests: every decoding request's row (`lag` positions further: the step after the one in
+        flight), then prefill chunks within the chunk budget and the pages and window slots left. When the decoding
+        rows do not fit the pages, or nothing fits at all, requests are retracted until it does (`may_retract`);
+        otherwise None."""
+        while True:
+            batch, fits = self._plan_batch(lag)
+            if fits or not may_retract or len(self.running) <= 1:
+                break
+            self._retract(retraction_order(self.running)[0])
+        if not fits:
+            return None
+        if batch is not None and batch.forward_mode.is_decode():
+            self.new_token_ratio.step()
+        return batch
 
-    def _next_batch(self) -> Optional[ScheduleBatch]:
+    def _plan_batch(self, lag: int) -> tuple:
+        """(batch or None, whether the running requests' pages allow it)."""
         decoding = [r for r in self.running if r.prefill_done]
         if self.worker.speculative and any(not r.prefill_done for r in self.running):
             decoding = []  # speculative cycles run on their own; prefill chunks first
+        pages = self.allocator.available_pages() - sum(
+            self.allocator.pages_needed(r.alloc, r.num_computed + lag + self.decode_tokens) for r in decoding)
+        if pages < 0:
+            return None, False
         reqs, lens = list(decoding), [1] * len(decoding)
         budget = self.chunk_budget - len(decoding)
         window_free = self.allocator.available_window_slots() - len(decoding)
+        page_bound = False  # the first prefill chunk left out was left out for want of pages
         for req in (r for r in self.running if not r.prefill_done):
-            n = min(len(req.origin_input_ids) - req.num_computed, budget, window_free)
+            room = (len(req.alloc.pages) + pages) * self.allocator.page_size - req.num_computed
+            n = min(req.prefill_len - req.num_computed, budget, window_free, room)
             if n <= 0:
+                page_bound = room <= 0
                 break
             reqs.append(req)
             lens.append(n)
             budget -= n
             window_free -= n
+            pages -= self.allocator.pages_needed(req.alloc, req.num_computed + n)
         if not reqs:
-            return None
+            return None, not page_bound
         mode = ForwardMode.DECODE if len(reqs) == len(decoding) else ForwardMode.EXTEND
-        return ScheduleBatch(mode, reqs, lens)
+        return ScheduleBatch(mode, reqs, lens), True
+
+    def _retract(self, req: Req) -> None:
+        """Free every slot of a running request and queue it first, keeping its generated tokens (and its pending
+        draft, for speculative decoding): it is re-prefilled and resumes where it stopped. Its prompt logprobs are
+        computed again by that prefill."""
+        self.running.remove(req)
+        self.allocator.free_req(req.alloc)
+        req.alloc, req.num_computed = None, 0
+        del req.input_token_logprobs[:]
+        req.num_retractions += 1
+        self.num_retractions += 1
+        self.waiting.appendleft(req)
+        old = self.new_token_ratio.value
+        self.new_token_ratio.raise_after_retraction(self.running, self.clip_max_new_tokens)
+        logger.info("KV pool full: retracted request %s (%d generated tokens); %d running, new-token ratio %.3f -> "
+                    "%.3f", req.rid, len(req.output_ids), len(self.running), old, self.new_token_ratio.value)
 
     # ---- results ------------------------------------------------------------------------------------
-    def _process_results(self, batch: ScheduleBatch, forward_batch, output, sampled) -> list:
+    def _process_results(self, batch: ScheduleBatch, forward_batch, output, sampled_rows: tuple) -> list:
+        sampled, sampled_row = sampled_rows
         if output.input_token_logprobs is not None:
             values = output.input_token_logprobs.tolist()
             targets = forward_batch.logprob_target_ids.tolist()
@@ -351,14 +412,32 @@ class Scheduler:
                         req.input_token_logprobs.append((req.num_computed + i + 1, values[row + i]))
             row += n
             req.num_computed += n
-            if not req.prefill_done:
-                continue  # a chunk in the middle of the prompt: its sample is not a token
+            if not req.emits_token:
+                continue  # a prompt chunk, or a retracted request's prefill: no new token
             if req.sampling_params.max_new_tokens == 0:
                 req.finished_reason = FinishReason("length", length=0)
             else:
-                self.append_token(req, sampled.ids[b], sampled.logprobs[b], sampled.top_logprobs[b])
+                i = sampled_row[b]
+                self.append_token(req, sampled.ids[i], sampled.logprobs[i], sampled.top_logprobs[i])
             updated.append(req)
         return updated
+
+    @staticmethod
+    def _sample_emitting(batch: ScheduleBatch, output) -> tuple:
+        """Sample only the rows that yield a token, so a seeded request draws the same numbers however its prompt
+        was chunked or re-prefilled. Returns (SampleOutput, row in it of each request of the batch or None)."""
+        emitting = [b for b, (r, n) in enumerate(zip(batch.reqs, batch.extend_lens))
+                    if r.num_computed + n == len(r.origin_input_ids) + len(r.output_ids)]
+        rows = [None] * len(batch.reqs)
+        if not emitting:
+            return None, rows
+        logits = output.next_token_logits
+        if len(emitting) < len(batch.reqs):
+            logits = logits[torch.tensor(emitting, dtype=torch.int64).to(logits.device, non_blocking=True)]
+        sampled = sample(logits, [batch.reqs[b] for b in emitting])
+        for i, b in enumerate(emitting):
+            rows[b] = i
+        return sampled, rows
 
     def finish_step(self, reqs: list) -> None:
         """After a step: release window slots that slid out of every window; free finished requests."""

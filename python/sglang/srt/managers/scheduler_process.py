@@ -139,7 +139,8 @@ class SchedulerProcess:
             completion_tokens=len(req.output_ids),
             finished_reason=req.finished_reason.to_json() if req.finished else None,
             input_token_logprobs=list(req.input_token_logprobs) if (first or req.finished) and req.return_logprob
-            else None, spec_accept_length=req.spec_accept_length)
+            else None, spec_accept_length=req.spec_accept_length,
+            queue_time=req.admitted_time - req.created_time if req.finished and req.admitted_time else None)
         if req.finished:
             self.sent.pop(req.rid, None)
         else:
@@ -157,8 +158,9 @@ class SchedulerProcess:
         accept = s.mean_accept_length
         accept = f", accept len {accept:.2f}" if accept is not None else ""
         if s.has_work() or rate > 0:
-            logger.info("running %d, queued %d, token usage %.2f, gen throughput %.1f tok/s%s", len(s.running),
-                        len(s.waiting), s.allocator.token_usage(), rate, accept)
+            logger.info("running %d, queued %d, token usage %.2f, new-token ratio %.3f, retracted %d, gen throughput "
+                        "%.1f tok/s%s", len(s.running), len(s.waiting), s.allocator.token_usage(),
+                        s.new_token_ratio.value, s.num_retractions, rate, accept)
         self._last_log = (now, s.num_generated_tokens)
 
     def _stats(self) -> SchedulerStats:
@@ -167,7 +169,8 @@ class SchedulerProcess:
                               token_usage=s.allocator.token_usage(), num_generated_tokens=s.num_generated_tokens,
                               pools_all_free=s.allocator.is_all_free(),
                               consecutive_failed_steps=s.consecutive_failed_steps,
-                              spec_accept_length=s.mean_accept_length)
+                              spec_accept_length=s.mean_accept_length, num_retractions=s.num_retractions,
+                              new_token_ratio=s.new_token_ratio.value)
 
 
 def _exit_with_parent() -> None:

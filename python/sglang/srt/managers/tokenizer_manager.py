@@ -57,6 +57,7 @@ class ReqState(OutputState):
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     created: float = field(default_factory=time.perf_counter)
     first_token_time: Optional[float] = None
+    queue_time: Optional[float] = None  # from arrival to first admission in the scheduler (set once finished)
 
 
 class TokenizerManager:
@@ -153,6 +154,7 @@ class TokenizerManager:
             state.detok.add(out.new_token_ids)
         state.finished_reason = out.finished_reason
         state.spec_accept_length = out.spec_accept_length
+        state.queue_time = out.queue_time if out.queue_time is not None else state.queue_time
         finished = out.finished_reason is not None
         text = state.detok.visible_text(out.finished_reason) if state.detok else ""
         if finished and self.metrics:

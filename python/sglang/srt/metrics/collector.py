@@ -33,7 +33,14 @@ class MetricsCollector:
                              buckets=_LATENCY_BUCKETS, registry=r)
         self.spec_accept_length = Gauge("sglang:spec_accept_length", "mean tokens per speculative verification",
                                         labels, registry=r)
+        self.num_retractions = Counter("sglang:num_retractions", "requests retracted (pools full mid-decode) and "
+                                       "requeued to re-prefill", labels, registry=r)
+        self.new_token_ratio = Gauge("sglang:new_token_ratio", "share of remaining max_new_tokens admission reserves "
+                                     "for running requests", labels, registry=r)
+        self.queue_time = Histogram("sglang:queue_time_seconds", "time from arrival to first admission", labels,
+                                    buckets=_LATENCY_BUCKETS, registry=r)
         self.model_name = model_name
+        self._retractions_seen = 0
         self._last = None  # (time, generated tokens) of the previous stats message
 
     def observe_stats(self, stats) -> None:
@@ -43,6 +50,10 @@ class MetricsCollector:
         self.token_usage.labels(m).set(stats.token_usage)
         if stats.spec_accept_length is not None:
             self.spec_accept_length.labels(m).set(stats.spec_accept_length)
+        self.new_token_ratio.labels(m).set(stats.new_token_ratio)
+        if stats.num_retractions > self._retractions_seen:  # the scheduler counts since start; this counter follows
+            self.num_retractions.labels(m).inc(stats.num_retractions - self._retractions_seen)
+            self._retractions_seen = stats.num_retractions
         now = time.perf_counter()
         if self._last is not None and now - self._last[0] >= 0.5:
             self.gen_throughput.labels(m).set((stats.num_generated_tokens - self._last[1]) / (now - self._last[0]))
@@ -60,6 +71,8 @@ class MetricsCollector:
         self.prompt_tokens.labels(m).inc(state.prompt_tokens)
         self.generation_tokens.labels(m).inc(n)
         self.e2e.labels(m).observe(now - state.created)
+        if state.queue_time is not None:
+            self.queue_time.labels(m).observe(state.queue_time)
         if state.first_token_time is not None and n > 1:
             self.tpot.labels(m).observe((now - state.first_token_time) / (n - 1))
 

@@ -121,7 +121,8 @@ class EagleWorker(DecodeWorker):
             return
         hidden = output.hidden_states[torch.cat(rows).to(output.hidden_states.device)]
         logits, streams = self._draft_forward(reqs, starts, lens, ids, hidden)
-        done = [b for b, req in enumerate(reqs) if req.prefill_done]
+        # a retracted request resumes with the draft it had (its prefill re-fills the draft's window only)
+        done = [b for b, req in enumerate(reqs) if req.prefill_done and req.spec is None]
         if done:
             index = torch.tensor(done, device=logits.device)
             self._set_drafts([reqs[b] for b in done], logits[index], streams[index])

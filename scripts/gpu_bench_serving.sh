@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Serving throughput on the standard Flash-slice workload (bf16 random weights) in one device call: a server with
+# --max-running-requests 256, then bench_serving at concurrency 256 with max_tokens set and without it
+# (chat without max_tokens, --omit-max-tokens: the client reads the output length and disconnects, as if the answer
+# had ended there; the server admits by estimate what would otherwise reserve the context length).
+# The server's peak running requests, retractions and new-token ratio are polled from /server_info.
+#   bash scripts/gpu_bench_serving.sh          (carry .whl and .whl_serve: the server's wheels for Python 3.12)
+# A dry run on CPU: MODEL=tiny-deepseek-v4 NUM_PROMPTS=8 INPUT_LEN=32 OUTPUT_LEN=8 CONCURRENCY=4 bash ...
+set -u -o pipefail
+OUT=${OUT:-/tmp/gpu-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 SGLANG_CACHE_DIR=/tmp/sgcache
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+if ! python3 -c "import fastapi, uvicorn, aiohttp, jsonschema, prometheus_client, httpx" 2>/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/serve .whl_serve/*.whl
+  export PYTHONPATH=/tmp/serve
+fi
+export PYTHONPATH=/tmp/site:$PWD/python:$PWD/sgl-kernel/python${PYTHONPATH:+:$PYTHONPATH}
+CONFIG=benchmark/configs/flash-slice-4l32e.config.json
+if [ -z "${MODEL:-}" ]; then
+  python3 scripts/make_slice_checkpoint.py "$CONFIG" /tmp/w/base || exit 1
+  MODEL="/tmp/w/base --dtype bfloat16"
+fi
+PORT=30500
+python3 -m sglang.launch_server --model-path $MODEL --port $PORT --max-running-requests 256 \
+  --enable-metrics > "$OUT/server_log.txt" 2>&1 &
+SERVER=$!
+trap 'kill $SERVER 2>/dev/null' EXIT
+for _ in $(seq 600); do
+  curl -sf "http://127.0.0.1:$PORT/health" > /dev/null && break
+  kill -0 $SERVER 2>/dev/null || { tail -40 "$OUT/server_log.txt"; exit 1; }
+  sleep 1
+done
+grep -E "pool|CUDA graph|full tokens|concurrent" "$OUT/server_log.txt" | head -12
+python3 - "$PORT" "$OUT" <<'PY'
+import json, os, sys, threading, time
+import httpx
+from sglang import bench_serving
+
+port, out = sys.argv[1], sys.argv[2]
+base = f"http://127.0.0.1:{port}"
+info = httpx.get(f"{base}/server_info").json()
+print("max_total_num_tokens", info.get("max_total_num_tokens"))
+for mode in ("max_tokens", "omit_max_tokens"):
+    peak, stop = {"running": 0, "queued": 0}, threading.Event()
+
+    def poll():
+        while not stop.is_set():
+            s = httpx.get(f"{base}/server_info", timeout=10).json()["scheduler_stats"]
+            peak["running"] = max(peak["running"], s["num_running_reqs"])
+            peak["queued"] = max(peak["queued"], s["num_waiting_reqs"])
+            time.sleep(0.25)
+
+    env = os.environ.get
+    argv = ["--backend", "sglang-oai-chat", "--port", port, "--dataset-name", "random",
+            "--num-prompts", env("NUM_PROMPTS", "768"), "--random-input-len", env("INPUT_LEN", "1024"),
+            "--random-output-len", env("OUTPUT_LEN", "256"), "--random-range-ratio", "1.0",
+            "--max-concurrency", env("CONCURRENCY", "256"), "--warmup-requests", "16", "--disable-tqdm",
+            "--output-file", f"{out}/serving.jsonl"]
+    if mode == "omit_max_tokens":
+        argv.append("--omit-max-tokens")
+    args = bench_serving.parse_args(argv)
+    thread = threading.Thread(target=poll, daemon=True)
+    thread.start()
+    result = bench_serving.run_benchmark(args)
+    stop.set()
+    thread.join()
+    stats = httpx.get(f"{base}/server_info").json()["scheduler_stats"]
+    row = {"mode": mode, "completed": result.completed, "failed": result.failed,
+           "output_throughput": result.output_throughput, "total_throughput": result.total_throughput,
+           "mean_ttft_ms": result.mean_ttft_ms, "mean_tpot_ms": result.mean_tpot_ms,
+           "server_peak_running": peak["running"], "server_peak_queued": peak["queued"],
+           "num_retractions": stats["num_retractions"], "new_token_ratio": stats["new_token_ratio"]}
+    print(json.dumps(row))
+    with open(f"{out}/serving_summary.jsonl", "a") as f:
+        f.write(json.dumps(row) + "\n")
+PY
+RC=$?
+grep -E "new-token ratio|retracted" "$OUT/server_log.txt" | tail -4
+exit $RC
