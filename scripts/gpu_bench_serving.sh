@@ -5,6 +5,7 @@
 # had ended there; the server admits by estimate what would otherwise reserve the context length).
 # The server's peak running requests, retractions and new-token ratio are polled from /server_info.
 #   bash scripts/gpu_bench_serving.sh          (carry .whl and .whl_serve: the server's wheels for Python 3.12)
+# SERVER_SRC=DIR serves from another checkout (an older commit, for comparison); MODES picks the runs.
 # A dry run on CPU: MODEL=tiny-deepseek-v4 NUM_PROMPTS=8 INPUT_LEN=32 OUTPUT_LEN=8 CONCURRENCY=4 bash ...
 set -u -o pipefail
 OUT=${OUT:-/tmp/gpu-out}
@@ -22,8 +23,9 @@ if [ -z "${MODEL:-}" ]; then
   MODEL="/tmp/w/base --dtype bfloat16"
 fi
 PORT=30500
-python3 -m sglang.launch_server --model-path $MODEL --port $PORT --max-running-requests 256 \
-  --enable-metrics > "$OUT/server_log.txt" 2>&1 &
+SRC=${SERVER_SRC:-$PWD}  # the engine checkout that serves (the client is always this one)
+PYTHONPATH=/tmp/site:$SRC/python:$SRC/sgl-kernel/python${PYTHONPATH#*sgl-kernel/python} python3 -m sglang.launch_server \
+  --model-path $MODEL --port $PORT --max-running-requests 256 --enable-metrics > "$OUT/server_log.txt" 2>&1 &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null' EXIT
 for _ in $(seq 600); do
@@ -41,14 +43,14 @@ port, out = sys.argv[1], sys.argv[2]
 base = f"http://127.0.0.1:{port}"
 info = httpx.get(f"{base}/server_info").json()
 print("max_total_num_tokens", info.get("max_total_num_tokens"))
-for mode in ("max_tokens", "omit_max_tokens"):
+for mode in os.environ.get("MODES", "max_tokens omit_max_tokens").split():
     peak, stop = {"running": 0, "queued": 0}, threading.Event()
 
     def poll():
         while not stop.is_set():
-            s = httpx.get(f"{base}/server_info", timeout=10).json()["scheduler_stats"]
-            peak["running"] = max(peak["running"], s["num_running_reqs"])
-            peak["queued"] = max(peak["queued"], s["num_waiting_reqs"])
+            s = httpx.get(f"{base}/server_info", timeout=10).json()["scheduler_stats"] or {}  # None before a step
+            peak["running"] = max(peak["running"], s.get("num_running_reqs", 0))
+            peak["queued"] = max(peak["queued"], s.get("num_waiting_reqs", 0))
             time.sleep(0.25)
 
     env = os.environ.get
@@ -66,7 +68,9 @@ for mode in ("max_tokens", "omit_max_tokens"):
     stop.set()
     thread.join()
     stats = httpx.get(f"{base}/server_info").json()["scheduler_stats"]
-    row = {"mode": mode, "completed": result.completed, "failed": result.failed,
+    stats.setdefault("num_retractions", None)  # a server from before retraction existed (SERVER_SRC)
+    stats.setdefault("new_token_ratio", None)
+    row = {"mode": mode, "server_src": os.environ.get("SERVER_SRC", "."), "completed": result.completed, "failed": result.failed,
            "output_throughput": result.output_throughput, "total_throughput": result.total_throughput,
            "mean_ttft_ms": result.mean_ttft_ms, "mean_tpot_ms": result.mean_tpot_ms,
            "server_peak_running": peak["running"], "server_peak_queued": peak["queued"],

@@ -7,6 +7,11 @@ SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION). The ratio starts at 0.7 x --schedule-con
 step towards 0.14 of that, and is raised when the pools run out mid-decode and requests are retracted. A request being
 admitted counts its whole clipped max_new_tokens in the round that admits it (the next rounds count it at the ratio).
 
+Pages bound admission: one page holds a stretch of positions in every compressed pool and the indexer-key pool, so
+those are all counted at once. The window pool needs no estimate: it is sized for a full window (plus draft rows) of
+every request slot and one prefill chunk (pool_sizing.plan_pools), and prefill chunks are cut to the window slots free.
+No prefix cache exists yet; when it does, its hits are positions already present and count as held pages.
+
 Retraction frees the pages a decode step needs: the requests with the fewest generated tokens go first (the least
 work lost), the longest context first among equals (they free the most). A retracted request keeps its generated
 tokens and is re-prefilled later; nothing is copied to the host.
