@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 
 import httpx
 import openai
@@ -113,6 +114,32 @@ def test_chat_thinking_and_tools(client):
     plain = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=2, temperature=0)
     with_tools = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=2, temperature=0, tools=tools)
     assert with_tools.usage.prompt_tokens > plain.usage.prompt_tokens + 200  # the tools block is in the prompt
+
+
+def test_response_format_and_grammars(client):
+    """response_format json_schema / json_object and the regex extension constrain the output (random weights,
+    temperature 1); a bad schema is a 400 naming the problem."""
+    schema = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}, "sure": {"type": "boolean"},
+                                               "score": {"type": "integer", "minimum": 1, "maximum": 5}},
+              "required": ["answer", "sure", "score"], "additionalProperties": False}
+    msgs = [{"role": "user", "content": "Answer in JSON"}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "verdict", "schema": schema, "strict": True}}
+    out = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=60, temperature=1.0, seed=1, n=3,
+                                         response_format=fmt)
+    for choice in out.choices:
+        value = json.loads(choice.message.content)
+        assert value["answer"] in ("yes", "no") and isinstance(value["sure"], bool) and 1 <= value["score"] <= 5
+        assert set(value) == {"answer", "sure", "score"} and choice.finish_reason == "stop"
+    obj = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=8, temperature=1.0, seed=2,
+                                         response_format={"type": "json_object"})
+    assert obj.choices[0].message.content[:1] in set('{["-0123456789tfn')
+    regex = client.completions.create(model=MODEL, prompt="Pick", max_tokens=20, temperature=1.0, seed=3,
+                                      extra_body={"regex": "(left|right) [0-9]{3}"})
+    assert re.fullmatch("(left|right) [0-9]{3}", regex.choices[0].text)
+    bad = httpx.post(f"{client.base_url}chat/completions", json={
+        "model": MODEL, "messages": msgs, "response_format": {"type": "json_schema",
+                                                             "json_schema": {"name": "x", "schema": {"type": 5}}}})
+    assert bad.status_code == 400 and "json_schema" in bad.text
 
 
 def test_stop_strings_are_not_emitted(client):

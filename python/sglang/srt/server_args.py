@@ -17,6 +17,7 @@ from typing import Optional
 ATTENTION_BACKENDS = ("torch", "triton", "dsv4")
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float32", "fp8_e4m3")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+GRAMMAR_BACKENDS = ("xgrammar", "none")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 logger = logging.getLogger(__name__)
@@ -41,6 +42,7 @@ class ServerArgs:
     enable_deepseek_v4_fp4_indexer: bool = False
     # Scheduling
     chunked_prefill_size: Optional[int] = None
+    grammar_backend: str = "xgrammar"  # constrained decoding (json_schema / regex / ebnf); none: refused
     schedule_conservativeness: float = 1.0  # scales the new-token ratio admission reserves for running requests
     # Kernels
     attention_backend: Optional[str] = None
@@ -96,6 +98,8 @@ class ServerArgs:
             raise ValueError(f"--cuda-graph-bs must list positive batch sizes, got {self.cuda_graph_bs}")
         if self.chunked_prefill_size is not None and self.chunked_prefill_size == 0:
             raise ValueError("--chunked-prefill-size must be positive, or -1 to disable chunking")
+        if self.grammar_backend not in GRAMMAR_BACKENDS:
+            raise ValueError(f"--grammar-backend must be one of {GRAMMAR_BACKENDS}, got {self.grammar_backend!r}")
         if not 0 < self.schedule_conservativeness < float("inf"):
             raise ValueError(f"--schedule-conservativeness must be a positive number, got "
                              f"{self.schedule_conservativeness}")
@@ -151,6 +155,9 @@ class ServerArgs:
                        help="store the lightning indexer's keys in FP4")
         p.add_argument("--chunked-prefill-size", type=int,
                        help="prompt tokens per prefill chunk, -1 for no chunking (default: 8192 GPU, 1024 CPU)")
+        p.add_argument("--grammar-backend", default="xgrammar", choices=GRAMMAR_BACKENDS,
+                       help="constrained decoding of json_schema / regex / ebnf requests and response_format "
+                            "(none: such requests are refused)")
         p.add_argument("--schedule-conservativeness", type=float, default=1.0,
                        help="how much of their remaining max_new_tokens admission expects running requests to use "
                             "(x 0.7 at start, decaying; larger admits fewer, smaller risks more retractions)")

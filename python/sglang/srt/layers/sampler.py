@@ -23,9 +23,10 @@ class SampleOutput:
     top_logprobs: list  # [B] list of (logprob, id) pairs, or None for requests that asked for none
 
 
-def sample(logits: torch.Tensor, reqs: list) -> SampleOutput:
-    """logits [B, V] fp32 at each request's last row; reqs carry sampling_params, generator, token history."""
-    return sample_async(logits, reqs).wait()
+def sample(logits: torch.Tensor, reqs: list, grammar=None) -> SampleOutput:
+    """logits [B, V] fp32 at each request's last row; reqs carry sampling_params, generator, token history and, when
+    constrained, a grammar matcher that `grammar` (the XGrammarBackend) masks the logits with."""
+    return sample_async(logits, reqs, grammar).wait()
 
 
 @dataclass
@@ -50,10 +51,13 @@ class PendingSample:
         return SampleOutput([int(v) for v in host[:num]], host[num:2 * num], top)
 
 
-def sample_async(logits: torch.Tensor, reqs: list) -> PendingSample:
-    """Launch the sampling of `reqs` and the read-back of its results (one copy, not waited for)."""
+def sample_async(logits: torch.Tensor, reqs: list, grammar=None) -> PendingSample:
+    """Launch the sampling of `reqs` and the read-back of its results (one copy, not waited for). Reported logprobs
+    are the model's, before penalties and grammar masks."""
     logprobs = torch.log_softmax(logits, dim=-1)
     adjusted = _apply_penalties(logits, reqs)
+    if grammar is not None and any(r.grammar is not None for r in reqs):
+        adjusted = grammar.apply(adjusted, [r.grammar for r in reqs])
     ids = torch.argmax(adjusted, dim=-1)
     for b, req in enumerate(reqs):
         if not req.sampling_params.is_greedy:

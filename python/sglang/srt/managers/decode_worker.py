@@ -20,6 +20,7 @@ class DecodeWorker:
     speculative = False
     num_draft_tokens = 0
     capture_hidden = False
+    grammar = None  # the XGrammarBackend, set by the Scheduler once a constrained request arrives
 
     def after_extend(self, batch, output) -> None:
         """Nothing to do after an EXTEND forward without a draft model."""

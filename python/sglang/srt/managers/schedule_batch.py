@@ -59,6 +59,7 @@ class Req:
     min_tokens_stop_ids: list = field(default_factory=list)  # masked until min_new_tokens (set at admission)
     admitted_time: Optional[float] = None  # first admission (queue time = admitted_time - created_time)
     num_retractions: int = 0  # times the scheduler freed its slots to re-prefill it later
+    grammar: Optional[Any] = None  # xgrammar GrammarMatcher of a constrained request (set at admission)
 
     @property
     def fill_ids(self) -> list:
@@ -110,6 +111,8 @@ class Req:
         """Undo a step that failed: back to the state `cp` was taken in (the seeded generator included, so a
         retried step draws the same tokens)."""
         self.num_computed = cp.num_computed
+        if self.grammar is not None and len(self.output_ids) > cp.num_outputs:
+            self.grammar.rollback(len(self.output_ids) - cp.num_outputs)
         for seq in (self.output_ids, self.output_token_logprobs, self.output_top_logprobs):
             del seq[cp.num_outputs:]
         del self.input_token_logprobs[cp.num_input_logprobs:]

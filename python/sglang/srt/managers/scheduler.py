@@ -43,13 +43,14 @@ from typing import Optional
 
 import torch
 
+from sglang.srt.constrained.xgrammar_backend import make_grammar_backend
 from sglang.srt.layers.sampler import PendingSample, sample, sample_async
 from sglang.srt.managers.decode_worker import DecodeWorker
 from sglang.srt.managers.schedule_policy import NewTokenRatio, clip_max_new_tokens, expected_tokens, retraction_order
 from sglang.srt.managers.schedule_batch import FinishReason, Req, ScheduleBatch
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.model_executor.model_runner import ModelRunner
-from sglang.srt.sampling.sampling_params import compile_stop_regex
+from sglang.srt.sampling.sampling_params import SamplingParamError, compile_stop_regex
 
 logger = logging.getLogger(__name__)
 STOP_REGEX_WINDOW = 32  # output tokens whose text a stop_regex is searched in, after each new token
@@ -99,6 +100,7 @@ class Scheduler:
         self.clip_max_new_tokens = clip_max_new_tokens()
         self.decode_tokens = max(1, self.num_draft_tokens)  # positions a decode step adds per request
         self.num_retractions = 0  # requests retracted since start
+        self.grammar_backend = None  # XGrammarBackend, built for the first constrained request
 
     # ---- requests ---------------------------------------------------------------------------------
     def add_request(self, req: Req) -> None:
@@ -129,10 +131,25 @@ class Scheduler:
         if req.sampling_params.seed is not None:
             req.generator = torch.Generator(device=self.runner.device).manual_seed(req.sampling_params.seed)
         params = req.sampling_params
+        if params.grammar is not None:
+            req.grammar = self._grammar().matcher(*params.grammar)
         if params.min_new_tokens:  # what may not end the output before it (ids outside the vocab never do)
             stops = set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_ids)
             req.min_tokens_stop_ids = sorted(t for t in stops if 0 <= t < self.config.vocab_size)
         self.waiting.append(req)
+
+    def _grammar(self):
+        """The grammar backend (built on first use); SamplingParamError when constrained decoding is unavailable."""
+        if self.grammar_backend is None:
+            field = "json_schema"
+            if self.runner.server_args.grammar_backend == "none":
+                raise SamplingParamError(field, "constrained decoding is off (--grammar-backend none)")
+            if self.tokenizer is None:
+                raise SamplingParamError(field, "constrained decoding needs a tokenizer; this checkpoint has none")
+            self.grammar_backend = make_grammar_backend(self.runner.server_args.grammar_backend, self.tokenizer,
+                                                        self.config.vocab_size, sorted(self.eos_ids))
+            self.worker.grammar = self.grammar_backend
+        return self.grammar_backend
 
     def abort_request(self, rid: str) -> Optional[Req]:
         """Finish a waiting or running request as aborted and free its slots; None if unknown."""
@@ -186,7 +203,7 @@ class Scheduler:
     def _overlappable(self, batch: ScheduleBatch) -> bool:
         """Plain decode on the static path, with no penalties (they read the host's token history)."""
         return (self.overlap and batch.forward_mode.is_decode() and self.runner.can_run_decode_graph(len(batch.reqs))
-                and not any(r.sampling_params.has_penalties for r in batch.reqs))
+                and not any(r.sampling_params.has_penalties or r.grammar is not None for r in batch.reqs))
 
     def _launch(self, batch: ScheduleBatch, chained: Optional[InFlightStep] = None) -> Optional[InFlightStep]:
         """Allocate, run and sample a DECODE batch without reading the device. `chained`: the step in flight before
@@ -422,8 +439,7 @@ class Scheduler:
             updated.append(req)
         return updated
 
-    @staticmethod
-    def _sample_emitting(batch: ScheduleBatch, output) -> tuple:
+    def _sample_emitting(self, batch: ScheduleBatch, output) -> tuple:
         """Sample only the rows that yield a token, so a seeded request draws the same numbers however its prompt
         was chunked or re-prefilled. Returns (SampleOutput, row in it of each request of the batch or None)."""
         emitting = [b for b, (r, n) in enumerate(zip(batch.reqs, batch.extend_lens))
@@ -434,7 +450,7 @@ class Scheduler:
         logits = output.next_token_logits
         if len(emitting) < len(batch.reqs):
             logits = logits[torch.tensor(emitting, dtype=torch.int64).to(logits.device, non_blocking=True)]
-        sampled = sample(logits, [batch.reqs[b] for b in emitting])
+        sampled = sample(logits, [batch.reqs[b] for b in emitting], self.grammar_backend)
         for i, b in enumerate(emitting):
             rows[b] = i
         return sampled, rows
@@ -459,7 +475,13 @@ class Scheduler:
         self.num_generated_tokens += 1
         if req.first_token_time is None:
             req.first_token_time = time.perf_counter()
+        if req.grammar is not None and not req.grammar.accept_token(token):  # masked sampling never draws one
+            req.finished_reason = FinishReason("abort", message=f"token {token} breaks the request's grammar",
+                                               status_code=500)
+            return
         self._check_finished(req)
+        if not req.finished and req.grammar is not None and req.grammar.is_terminated():
+            req.finished_reason = FinishReason("stop", matched=token)  # the grammar is complete
 
     def _commit_verified(self, req: Req, tokens: list, logprobs: list) -> None:
         """Append a verification's tokens in order, stopping at the first that finishes the request (the rest are

@@ -19,8 +19,9 @@ GREEDY_TEMPERATURE = 1e-6
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 # Fields of upstream SGLang's SamplingParams that we accept at their defaults only (its clients, e.g.
 # sglang.test.few_shot_gsm8k, always send them); any other value is refused naming the field.
+GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf")
 UPSTREAM_AT_DEFAULT_ONLY = {
-    "n": 1, "json_schema": None, "regex": None, "ebnf": None,
+    "n": 1,
     "structural_tag": None, "spaces_between_special_tokens": True, "custom_params": None, "stream_interval": None,
     "logit_bias": None,
 }
@@ -70,6 +71,11 @@ class SamplingParams:
     skip_special_tokens: bool = True
     no_stop_trim: bool = False  # keep the matched stop string in the text
     seed: Optional[int] = None
+    # Constrained decoding (at most one; constrained/xgrammar_backend.py): a JSON schema as a JSON string ("$$ANY$$":
+    # any JSON value), a regular expression, or an EBNF grammar (GBNF syntax, `root` rule)
+    json_schema: Optional[str] = None
+    regex: Optional[str] = None
+    ebnf: Optional[str] = None
 
     @classmethod
     def from_dict(cls, d: Optional[dict]) -> "SamplingParams":
@@ -144,8 +150,21 @@ class SamplingParams:
                 bad(name, "must be true or false")
         if self.seed is not None and not (_is_int(self.seed) and SEED_MIN <= self.seed <= SEED_MAX):
             bad("seed", "must be an integer that fits in 64 bits (between -2**63 and 2**64 - 1)")
+        for name in GRAMMAR_FIELDS:
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, str) and value.strip()):
+                bad(name, "must be a non-empty string")
+        given = [name for name in GRAMMAR_FIELDS if getattr(self, name) is not None]
+        if len(given) > 1:
+            bad(given[1], f"cannot be combined with '{given[0]}': give one grammar")
         if self.temperature < GREEDY_TEMPERATURE:
             self.temperature = 0.0
+
+    @property
+    def grammar(self) -> Optional[tuple]:
+        """(field, text) of the request's constraint, or None."""
+        return next(((name, getattr(self, name)) for name in GRAMMAR_FIELDS if getattr(self, name) is not None),
+                    None)
 
     @property
     def has_penalties(self) -> bool:

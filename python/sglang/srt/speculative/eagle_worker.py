@@ -197,7 +197,7 @@ class EagleWorker(DecodeWorker):
         forward_batch.input_ids = torch.cat((last[:, None], drafts), dim=1).flatten()
         out = self.runner.forward(forward_batch)
         logits = out.all_logits.view(len(reqs), k + 1, -1)  # raw: the reported logprobs are taken before penalties
-        target = self._penalized(reqs, logits, drafts)  # what acceptance compares against
+        target = self._constrained(reqs, self._penalized(reqs, logits, drafts), drafts)  # what acceptance uses
         best = target.argmax(dim=-1)  # [B, k+1]
         num_acc = (drafts == best[:, :k]).int().cumprod(dim=1).sum(dim=1)  # greedy: longest matching prefix
         # tokens[b, :j+1]: the j accepted drafts, then the target's token at position j (correction or bonus)
@@ -216,6 +216,20 @@ class EagleWorker(DecodeWorker):
             tokens_out.append([int(t) for t in row[:j + 1]])
             logprobs_out.append(row[k + 2:k + 3 + j])
         return SpecVerifyResult(reqs, starts, tokens_out, logprobs_out, out.hidden_states)
+
+    def _constrained(self, reqs: list, target: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
+        """Verify logits [B, k+1, V] masked by each constrained request's grammar: row i allows what the grammar
+        allows after the committed tokens and d_1..d_i. The matchers run on the host, so constrained cycles read the
+        drafts back (one more transfer)."""
+        if self.grammar is None or all(r.grammar is None for r in reqs):
+            return target
+        batch, rows, vocab = target.shape
+        host_drafts = drafts.tolist()
+        bitmask = self.grammar.new_bitmask(batch * rows)
+        for b, req in enumerate(reqs):
+            if req.grammar is not None:
+                self.grammar.fill_verify_rows(bitmask, b * rows, req.grammar, host_drafts[b])
+        return self.grammar.apply_bitmask(target.reshape(batch * rows, vocab), bitmask).view(batch, rows, vocab)
 
     @staticmethod
     def _penalized(reqs: list, logits: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:

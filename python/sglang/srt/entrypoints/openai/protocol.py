@@ -41,6 +41,9 @@ class SamplingFields(BaseModel):
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     no_stop_trim: bool = False
+    regex: Optional[str] = None  # constrained decoding (at most one of the three)
+    ebnf: Optional[str] = None
+    json_schema: Optional[str] = None
 
     logit_bias: Optional[dict] = None
 

@@ -67,8 +67,9 @@ def _choice_seed(seed: int, choice: int) -> int:
     return (seed + choice + 2**63) % 2**64 - 2**63
 
 
-def sampling_params(req, max_new_tokens: int, choice: int) -> SamplingParams:
-    """SamplingParams of choice `choice` of an OpenAI request (n > 1 with a seed: seed + choice per choice)."""
+def sampling_params(req, max_new_tokens: int, choice: int, grammar: Optional[dict] = None) -> SamplingParams:
+    """SamplingParams of choice `choice` of an OpenAI request (n > 1 with a seed: seed + choice per choice);
+    `grammar`: the constraint a chat's response_format sets, else the request's own regex / ebnf / json_schema."""
     stop = req.stop if isinstance(req.stop, list) else ([req.stop] if req.stop else [])
     params = SamplingParams(
         max_new_tokens=max_new_tokens, temperature=1.0 if req.temperature is None else req.temperature,
@@ -76,7 +77,8 @@ def sampling_params(req, max_new_tokens: int, choice: int) -> SamplingParams:
         frequency_penalty=req.frequency_penalty, presence_penalty=req.presence_penalty,
         repetition_penalty=req.repetition_penalty, stop=stop, stop_token_ids=list(req.stop_token_ids or []),
         ignore_eos=req.ignore_eos, skip_special_tokens=req.skip_special_tokens, no_stop_trim=req.no_stop_trim,
-        seed=None if req.seed is None else _choice_seed(req.seed, choice))
+        seed=None if req.seed is None else _choice_seed(req.seed, choice),
+        **(grammar or {"regex": req.regex, "ebnf": req.ebnf, "json_schema": req.json_schema}))
     try:
         params.verify()
     except ValueError as e:

@@ -8,12 +8,14 @@ Thinking vs chat mode comes from `chat_template_kwargs.thinking` (or SGLANG_DEFA
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass, field
 from typing import Optional
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
+from sglang.srt.constrained.xgrammar_backend import ANY_JSON, json_after_reasoning
 from sglang.srt.entrypoints.openai.encoding_dsv4 import encode_messages, resolve_thinking
 from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
 from sglang.srt.entrypoints.openai.serving_base import (
@@ -62,6 +64,29 @@ def _parsers(req: ChatCompletionRequest, args, thinking: bool) -> ChoiceParsers:
     return p
 
 
+def _response_format_grammar(req: ChatCompletionRequest, thinking: bool) -> Optional[dict]:
+    """The constraint a response_format sets (None: text or absent): json_schema -> its schema, json_object -> any
+    JSON; in thinking mode the reasoning runs free up to </think> and the JSON follows (an EBNF grammar)."""
+    fmt = req.response_format
+    if fmt is None or fmt.get("type") == "text":
+        return None
+    if fmt.get("type") == "json_object":
+        schema = ANY_JSON
+    elif fmt.get("type") == "json_schema":
+        spec = fmt.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+            raise RequestError("response_format of type json_schema needs json_schema.schema (an object)")
+        schema = json.dumps(spec["schema"])
+    else:
+        raise RequestError(f"response_format type must be text, json_object or json_schema, got {fmt.get('type')!r}")
+    if not thinking:
+        return {"json_schema": schema}
+    try:
+        return {"ebnf": json_after_reasoning(schema)}
+    except ValueError as e:
+        raise RequestError(f"response_format: {e}") from None
+
+
 def _tools_json(req: ChatCompletionRequest) -> Optional[list]:
     return [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
 
@@ -69,13 +94,13 @@ def _tools_json(req: ChatCompletionRequest) -> Optional[list]:
 async def create_chat_completion(req: ChatCompletionRequest, raw: Request, tm: TokenizerManager, model_name: str,
                                  args):
     if not (req.tool_choice in ("auto", "none") or req.tool_choice is None):
-        raise RequestError("tool_choice must be 'auto' or 'none' (forced tool calls need constrained decoding, "
-                           "which this server does not offer)")
+        raise RequestError("tool_choice must be 'auto' or 'none' (forced tool calls are not implemented yet)")
     ids, thinking = await asyncio.to_thread(_tokenize, req, tm)
     max_new = req.max_completion_tokens or req.max_tokens or max(1, tm.ready.context_length - len(ids))
     top_n = (req.top_logprobs or 0) if req.logprobs else 0
-    streams = [tm.generate(ids, sampling_params(req, max_new, c), return_logprob=req.logprobs, top_logprobs_num=top_n)
-               for c in range(req.n)]
+    grammar = await asyncio.to_thread(_response_format_grammar, req, thinking)
+    streams = [tm.generate(ids, sampling_params(req, max_new, c, grammar), return_logprob=req.logprobs,
+                           top_logprobs_num=top_n) for c in range(req.n)]
     parsers = [_parsers(req, args, thinking) for _ in range(req.n)]
     rid, created = new_id("chatcmpl"), now()
     if req.stream:

@@ -1,0 +1,111 @@
+"""Constrained decoding with xgrammar (`--grammar-backend xgrammar`, SGLang's default; `none` disables it).
+
+A request with `json_schema`, `regex` or `ebnf` gets a GrammarMatcher at admission (compiled grammars are cached by
+their text; one that fails to compile is a 400 naming the field). Before each sampling, the matcher of every such
+row fills a token bitmask on the CPU (while the device still runs the forward: nothing waits for it), the bitmask is
+copied to the device and applied to the logits, so only tokens the grammar allows can be drawn. Each committed token
+advances the matcher; when the grammar is complete the request stops. JSON is compact (no free whitespace), so a
+weak model cannot pad it forever. `json_schema` "$$ANY$$" means any JSON value (OpenAI's json_object), as upstream.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import torch
+
+from sglang.srt.sampling.sampling_params import SamplingParamError
+
+ANY_JSON = "$$ANY$$"
+
+
+class XGrammarBackend:
+    """Compiles grammars for one tokenizer and vocabulary and hands out matchers."""
+
+    def __init__(self, tokenizer, vocab_size: int, stop_token_ids: list, max_threads: int = 2) -> None:
+        import xgrammar
+
+        self.xgr = xgrammar
+        vocab = tokenizer.get_vocab(with_added_tokens=True)
+        encoded = [""] * min(vocab_size, max(vocab.values()) + 1)  # ids past the model's vocabulary never occur
+        for token, i in vocab.items():
+            if i < len(encoded):
+                encoded[i] = token
+        # DeepSeek's tokenizer is byte-level BPE (tokens spell bytes as printable characters)
+        info = xgrammar.TokenizerInfo(encoded, xgrammar.VocabType.BYTE_LEVEL, vocab_size=vocab_size,
+                                      stop_token_ids=list(stop_token_ids))
+        self.vocab_size = vocab_size
+        self.compiler = xgrammar.GrammarCompiler(info, max_threads=max_threads, cache_enabled=True)
+
+    def matcher(self, kind: str, text: str):
+        """A fresh GrammarMatcher for `kind` (json_schema | regex | ebnf); SamplingParamError naming the field when the
+        grammar does not compile."""
+        try:
+            if kind == "json_schema":
+                if text == ANY_JSON:
+                    compiled = self.compiler.compile_builtin_json_grammar()
+                else:
+                    json.loads(text)  # a clear message for text that is not JSON at all
+                    compiled = self.compiler.compile_json_schema(text, any_whitespace=False, separators=(",", ":"))
+            elif kind == "regex":
+                compiled = self.compiler.compile_regex(text)
+            else:
+                compiled = self.compiler.compile_grammar(text)
+        except (RuntimeError, ValueError) as e:
+            reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+            raise SamplingParamError(kind, f"{kind} does not compile: {reason}"[:500]) from None
+        return self.xgr.GrammarMatcher(compiled)
+
+    def apply(self, logits: torch.Tensor, matchers: list) -> torch.Tensor:
+        """Mask rows of `logits` [B, V] to what their matcher allows (None: no grammar); returns a masked copy."""
+        bitmask = self.new_bitmask(len(matchers))
+        for b, matcher in enumerate(matchers):
+            if matcher is not None:
+                matcher.fill_next_token_bitmask(bitmask, b)
+        return self.apply_bitmask(logits, bitmask)
+
+    def fill_verify_rows(self, bitmask: torch.Tensor, first_row: int, matcher, drafts: list) -> None:
+        """Speculative verification: rows first_row .. first_row + len(drafts) hold what the grammar allows after the
+        committed tokens and then after each draft prefix (the matcher is advanced through the drafts and rolled
+        back). A draft the grammar refuses ends it: the target cannot pick it, so nothing after it is accepted."""
+        accepted = 0
+        for i in range(len(drafts) + 1):
+            matcher.fill_next_token_bitmask(bitmask, first_row + i)
+            if i == len(drafts) or not matcher.accept_token(drafts[i]):
+                break
+            accepted += 1
+        if accepted:
+            matcher.rollback(accepted)
+
+    def new_bitmask(self, rows: int) -> torch.Tensor:
+        return self.xgr.allocate_token_bitmask(rows, self.vocab_size)  # every token allowed
+
+    def apply_bitmask(self, logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+        """A copy of `logits` [R, V] with the tokens `bitmask` [R, V/32] forbids at -inf."""
+        if logits.device.type == "cuda":
+            bitmask = bitmask.pin_memory().to(logits.device, non_blocking=True)
+        masked = logits.clone()
+        self.xgr.apply_token_bitmask_inplace(masked, bitmask.to(logits.device), vocab_size=self.vocab_size)
+        return masked
+
+
+def json_after_reasoning(schema: str) -> str:
+    """EBNF for DeepSeek-V4's thinking mode: free reasoning up to `</think>` (text without "</" before it), then
+    JSON under `schema` (ANY_JSON: any JSON value), compact as above. ValueError when the schema does not convert."""
+    import xgrammar
+
+    try:
+        reasoning = xgrammar.Grammar.from_ebnf('root ::= ([^<] | "<" [^/])* "</think>"')
+        body = (xgrammar.Grammar.builtin_json_grammar() if schema == ANY_JSON else
+                xgrammar.Grammar.from_json_schema(schema, any_whitespace=False, separators=(",", ":")))
+    except (RuntimeError, ValueError) as e:
+        raise ValueError(f"the JSON schema does not compile: {str(e).strip().splitlines()[-1]}") from None
+    return str(xgrammar.Grammar.concat(reasoning, body))
+
+
+def make_grammar_backend(kind: Optional[str], tokenizer, vocab_size: int, stop_token_ids: list):
+    """The backend for --grammar-backend, or None (`none`, or no tokenizer: grammar requests are then refused)."""
+    if kind in (None, "none") or tokenizer is None:
+        return None
+    return XGrammarBackend(tokenizer, vocab_size, stop_token_ids)

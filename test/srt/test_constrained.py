@@ -1,0 +1,160 @@
+"""Constrained decoding with xgrammar on the built-in tiny model (random weights, the real vocabulary): at temperature
+1 every output under a JSON schema (enums, booleans, integers in a range, nested objects, arrays) parses and
+validates, regex outputs match, EBNF outputs derive; bad grammars are refused naming the field; greedy speculative
+decoding with a grammar equals plain decoding with it; a constrained request among unconstrained ones leaves theirs
+unchanged; a failed step rolls the grammar back with the tokens."""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+
+import jsonschema
+import pytest
+
+import sglang
+from oracle import DEVICE
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "color": {"enum": ["red", "green", "blue"]},
+        "ok": {"type": "boolean"},
+        "count": {"type": "integer", "minimum": 0, "maximum": 99},
+        "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3},
+        "inner": {"type": "object", "properties": {"flag": {"type": "boolean"}, "level": {"enum": [1, 2, 3]}},
+                  "required": ["flag", "level"], "additionalProperties": False},
+    },
+    "required": ["color", "ok", "count", "tags", "inner"],
+    "additionalProperties": False,
+}
+REGEX = r"(yes|no) [0-9]{2}-[a-c]{1,3}!"
+EBNF = 'root ::= "(" item ("," item)? ("," item)? ")"\nitem ::= "x" | "yy" | "[" digit "]"\ndigit ::= [0-9]'
+EBNF_LANGUAGE = r"\((x|yy|\[[0-9]\])(,(x|yy|\[[0-9]\])){0,2}\)"
+
+
+@functools.lru_cache(maxsize=None)
+def tiny(**kwargs):
+    return sglang.Engine(model_path="tiny-deepseek-v4", device=DEVICE, dtype="float32", log_level="warning",
+                         max_running_requests=16, context_length=1024, **kwargs)
+
+
+def _sampled(field: str, value: str, n: int = 8, max_new: int = 160, complete: bool = True) -> list:
+    params = [{"temperature": 1.0, "max_new_tokens": max_new, "seed": 7 + i, field: value} for i in range(n)]
+    outs = tiny().generate(input_ids=[[5, 17, 300 + i] for i in range(n)], sampling_params=params)
+    for out in outs:
+        if complete:  # the grammar completed, then EOS
+            assert out["meta_info"]["finish_reason"]["type"] == "stop", out
+    return [out["text"] for out in outs]
+
+
+def test_json_schema_outputs_parse_and_validate():
+    texts = _sampled("json_schema", json.dumps(SCHEMA))
+    for text in texts:
+        jsonschema.validate(json.loads(text), SCHEMA)
+        assert not re.search(r"\s", text)  # compact JSON: no whitespace to pad with
+    assert len(set(texts)) > 1  # temperature 1: really sampled
+
+
+def test_any_json_regex_and_ebnf():
+    # any JSON: random weights write strings that rarely close, so the outputs are checked as grammar prefixes
+    for text in _sampled("json_schema", "$$ANY$$", n=4, max_new=40, complete=False):
+        assert text[0] in '{["-0123456789tfn' and tiny().scheduler.grammar_backend.matcher(
+            "json_schema", "$$ANY$$").accept_string(text), text
+    for text in _sampled("regex", REGEX):
+        assert re.fullmatch(REGEX, text), text
+    for text in _sampled("ebnf", EBNF):
+        assert re.fullmatch(EBNF_LANGUAGE, text), text
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("regex", "(ab", "regex does not compile"),
+    ("json_schema", "{not json", "json_schema does not compile"),
+    ("ebnf", "root ::= undefined_rule", "ebnf does not compile"),
+    ("json_schema", "", "must be a non-empty string"),
+])
+def test_bad_grammar_is_refused_naming_the_field(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        tiny().generate(input_ids=[1, 2, 3], sampling_params={field: value, "max_new_tokens": 4})
+    with pytest.raises(ValueError, match="cannot be combined"):
+        tiny().generate(input_ids=[1, 2, 3], sampling_params={"regex": "a", "ebnf": 'root ::= "a"'})
+    tiny().model_runner.token_allocator.check_all_free()
+
+
+def test_grammar_backend_none_refuses():
+    eng = sglang.Engine(model_path="tiny-deepseek-v4", device=DEVICE, log_level="warning", max_running_requests=2,
+                        context_length=256, grammar_backend="none")
+    with pytest.raises(ValueError, match="grammar-backend none"):
+        eng.generate(input_ids=[1, 2, 3], sampling_params={"regex": "a+"})
+
+
+def test_constrained_among_unconstrained():
+    """A constrained request batched with plain ones: theirs equal their solo outputs (its batches run without
+    overlap), its own matches."""
+    plain = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
+    prompts = [[9, 8, 7], [100, 200, 300, 400], [5, 5]]
+    solo = [tiny().generate(input_ids=p, sampling_params=plain)["output_ids"] for p in prompts]
+    params = [plain, {"temperature": 0, "max_new_tokens": 40, "regex": REGEX}, plain]
+    outs = tiny().generate(input_ids=prompts, sampling_params=params)
+    assert outs[0]["output_ids"] == solo[0] and outs[2]["output_ids"] == solo[2]
+    assert re.fullmatch(REGEX, outs[1]["text"])
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+def test_greedy_speculative_with_grammar_equals_plain(steps):
+    spec = tiny(speculative_algorithm="EAGLE", speculative_num_steps=steps)
+    prompts = [[5, 17, 300 + i] for i in range(4)]
+    params = [{"temperature": 0, "max_new_tokens": 120, "json_schema": json.dumps(SCHEMA)},
+              {"temperature": 0, "max_new_tokens": 40, "regex": REGEX},
+              {"temperature": 0, "max_new_tokens": 30, "ignore_eos": True},
+              {"temperature": 0, "max_new_tokens": 80, "ebnf": EBNF}]
+    ref = tiny().generate(input_ids=prompts, sampling_params=params)
+    got = spec.generate(input_ids=prompts, sampling_params=params)
+    for a, b in zip(got, ref):
+        assert a["output_ids"] == b["output_ids"]
+    jsonschema.validate(json.loads(got[0]["text"]), SCHEMA)
+    spec.model_runner.token_allocator.check_all_free()
+
+
+def test_failed_step_rolls_the_grammar_back(monkeypatch):
+    """A speculative cycle that raises after committing its tokens (in draft-extend) is undone and its requests run
+    again one by one (step isolation): the grammar states go back with the tokens, so the outputs are those of a run
+    without the failure."""
+    spec = tiny(speculative_algorithm="EAGLE", speculative_num_steps=2)
+    prompts = [[3, 4, 5], [6, 7, 8, 9]]
+    params = [{"temperature": 0, "max_new_tokens": 40, "regex": REGEX},
+              {"temperature": 0, "max_new_tokens": 120, "json_schema": json.dumps(SCHEMA)}]
+    ref = [o["output_ids"] for o in tiny().generate(input_ids=prompts, sampling_params=params)]
+    worker, calls = spec.scheduler.worker, {"n": 0}
+    original = worker.draft_extend
+
+    def flaky(verified):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("injected failure after the commit")
+        return original(verified)
+
+    monkeypatch.setattr(worker, "draft_extend", flaky)
+    outs = spec.generate(input_ids=prompts, sampling_params=params)
+    assert calls["n"] > 3
+    assert [o["output_ids"] for o in outs] == ref
+    assert re.fullmatch(REGEX, outs[0]["text"]) and jsonschema.validate(json.loads(outs[1]["text"]), SCHEMA) is None
+    spec.model_runner.token_allocator.check_all_free()
+
+
+def test_json_after_reasoning_grammar():
+    """Thinking mode + response_format: free reasoning up to </think>, then the schema's JSON."""
+    from sglang.srt.constrained.xgrammar_backend import json_after_reasoning
+
+    backend = tiny().scheduler._grammar()
+    ebnf = json_after_reasoning(json.dumps(SCHEMA))
+    good = 'Colors: <b>red? a<3, fine.</think>{"color":"red","ok":true,"count":7,"tags":["a"],' \
+           '"inner":{"flag":false,"level":3}}'
+    matcher = backend.matcher("ebnf", ebnf)
+    assert matcher.accept_string(good) and matcher.is_completed()
+    assert not backend.matcher("ebnf", ebnf).accept_string('</think>{"color":"pink"')
+    early = backend.matcher("ebnf", ebnf)  # JSON before </think> is still reasoning: nothing is complete
+    assert early.accept_string('{"color":"red","ok":true}') and not early.is_completed()
+    with pytest.raises(ValueError, match="does not compile"):
+        json_after_reasoning('{"type": 5}')
