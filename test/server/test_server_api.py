@@ -142,6 +142,34 @@ def test_response_format_and_grammars(client):
     assert bad.status_code == 400 and "json_schema" in bad.text
 
 
+def test_forced_tool_choice(client):
+    """tool_choice "required" and a named function force one DSML call with schema-valid arguments (random weights,
+    temperature 1), returned as tool_calls with finish_reason tool_calls."""
+    params = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10},
+                                               "days": {"type": "integer", "minimum": 1, "maximum": 3}},
+              "required": ["city", "days"], "additionalProperties": False}
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": params}},
+             {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}]
+    msgs = [{"role": "user", "content": "Weather?"}]
+    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+        out = client.chat.completions.create(model=MODEL, messages=msgs, tools=tools, tool_choice=choice,
+                                             max_tokens=400, temperature=1.0, seed=5)
+        c = out.choices[0]
+        assert c.finish_reason == "tool_calls" and len(c.message.tool_calls) == 1, c
+        call = c.message.tool_calls[0].function
+        if isinstance(choice, dict):
+            assert call.name == "get_weather"
+        args = json.loads(call.arguments)
+        if call.name == "get_weather":
+            assert set(args) == {"city", "days"} and 1 <= args["days"] <= 3 and len(args["city"]) <= 10
+        else:
+            assert args == {}
+    bad = httpx.post(f"{client.base_url}chat/completions", json={
+        "model": MODEL, "messages": msgs, "tools": tools, "tool_choice": {"type": "function",
+                                                                          "function": {"name": "nope"}}})
+    assert bad.status_code == 400 and "not in tools" in bad.text
+
+
 def test_stop_strings_are_not_emitted(client):
     base = client.completions.create(model=MODEL, prompt="The answer is", max_tokens=12, temperature=0,
                                      extra_body={"ignore_eos": True}).choices[0].text
@@ -176,7 +204,7 @@ BAD = [
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}],
                               "reasoning_effort": "extreme"}, "reasoning_effort"),
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}],
-                              "tool_choice": "required"}, "tool_choice"),
+                              "tool_choice": "required"}, "no tools"),
     ("/v1/completions", {"model": MODEL, "prompt": "x", "logit_bias": {"5": 10}}, "logit_bias"),
     ("/v1/completions", {"model": MODEL, "prompt": "x", "best_of": 3}, "best_of"),
     ("/generate", {"sampling_params": {"max_new_tokens": 2}}, "text"),

@@ -158,3 +158,40 @@ def test_json_after_reasoning_grammar():
     assert early.accept_string('{"color":"red","ok":true}') and not early.is_completed()
     with pytest.raises(ValueError, match="does not compile"):
         json_after_reasoning('{"type": 5}')
+
+
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {
+            "city": {"type": "string", "minLength": 1, "maxLength": 12},
+            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            "days": {"type": "integer", "minimum": 1, "maximum": 7},
+            "detail": {"type": "object", "properties": {"wind": {"type": "boolean"}}, "required": ["wind"],
+                       "additionalProperties": False}},
+        "required": ["city", "unit"], "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}},
+]
+
+
+@pytest.mark.parametrize("name", [None, "get_weather"])
+def test_forced_tool_calls_parse_with_valid_arguments(name):
+    """tool_choice "required" / a named function: at temperature 1 every completion is one DSML call that the
+    deepseekv4 parser reads, of an allowed tool, with arguments that validate against its schema."""
+    from sglang.srt.constrained.tool_call_grammar import tool_call_ebnf
+    from sglang.srt.function_call import get_tool_call_parser
+
+    ebnf = tool_call_ebnf(TOOLS, name, thinking=False)
+    texts = _sampled("ebnf", ebnf, n=8, max_new=200)
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    seen = set()
+    for text in texts:
+        normal, calls = get_tool_call_parser("deepseekv4")().detect_and_parse(text, TOOLS)
+        assert not normal.strip() and len(calls) == 1, text
+        call = calls[0]
+        assert call.name in ({name} if name else set(schemas)), text
+        jsonschema.validate(json.loads(call.arguments), schemas[call.name])
+        seen.add(call.name)
+    if name is None:
+        assert seen == set(schemas)  # "required" lets the model pick any tool
+    with pytest.raises(ValueError, match="not in tools"):
+        tool_call_ebnf(TOOLS, "nope", thinking=False)

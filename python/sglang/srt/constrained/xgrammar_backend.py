@@ -18,6 +18,8 @@ import torch
 from sglang.srt.sampling.sampling_params import SamplingParamError
 
 ANY_JSON = "$$ANY$$"
+# DeepSeek-V4 thinking mode: reasoning runs free up to </think> (approximated as text without "</" before it)
+REASONING_EBNF = 'root ::= ([^<] | "<" [^/])* "</think>"'
 
 
 class XGrammarBackend:
@@ -96,7 +98,7 @@ def json_after_reasoning(schema: str) -> str:
     import xgrammar
 
     try:
-        reasoning = xgrammar.Grammar.from_ebnf('root ::= ([^<] | "<" [^/])* "</think>"')
+        reasoning = xgrammar.Grammar.from_ebnf(REASONING_EBNF)
         body = (xgrammar.Grammar.builtin_json_grammar() if schema == ANY_JSON else
                 xgrammar.Grammar.from_json_schema(schema, any_whitespace=False, separators=(",", ":")))
     except (RuntimeError, ValueError) as e:

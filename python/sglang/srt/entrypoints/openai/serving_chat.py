@@ -15,6 +15,7 @@ from typing import Optional
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
+from sglang.srt.constrained.tool_call_grammar import tool_call_ebnf
 from sglang.srt.constrained.xgrammar_backend import ANY_JSON, json_after_reasoning
 from sglang.srt.entrypoints.openai.encoding_dsv4 import encode_messages, resolve_thinking
 from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
@@ -64,6 +65,39 @@ def _parsers(req: ChatCompletionRequest, args, thinking: bool) -> ChoiceParsers:
     return p
 
 
+_NOT_FORCED = object()
+
+
+def _forced_tool(req: ChatCompletionRequest, args):
+    """tool_choice -> _NOT_FORCED (auto / none), None ("required": any tool) or the named function's name."""
+    choice = req.tool_choice
+    if choice in ("auto", "none", None):
+        return _NOT_FORCED
+    if choice == "required":
+        name = None
+    elif isinstance(choice, dict) and choice.get("type") == "function" and isinstance(
+            (choice.get("function") or {}).get("name"), str):
+        name = choice["function"]["name"]
+    else:
+        raise RequestError('tool_choice must be "auto", "none", "required" or {"type": "function", "function": '
+                           '{"name": ...}}')
+    if not req.tools:
+        raise RequestError("tool_choice forces a tool call but the request has no tools")
+    if not args.tool_call_parser:
+        raise RequestError("a forced tool_choice needs the server started with --tool-call-parser deepseekv4")
+    return name
+
+
+def _constraint(req: ChatCompletionRequest, thinking: bool, forced) -> Optional[dict]:
+    """The grammar a forced tool call (which wins) or a response_format sets, or None."""
+    if forced is _NOT_FORCED:
+        return _response_format_grammar(req, thinking)
+    try:
+        return {"ebnf": tool_call_ebnf(_tools_json(req), forced, thinking)}
+    except ValueError as e:
+        raise RequestError(f"tool_choice: {e}") from None
+
+
 def _response_format_grammar(req: ChatCompletionRequest, thinking: bool) -> Optional[dict]:
     """The constraint a response_format sets (None: text or absent): json_schema -> its schema, json_object -> any
     JSON; in thinking mode the reasoning runs free up to </think> and the JSON follows (an EBNF grammar)."""
@@ -93,12 +127,11 @@ def _tools_json(req: ChatCompletionRequest) -> Optional[list]:
 
 async def create_chat_completion(req: ChatCompletionRequest, raw: Request, tm: TokenizerManager, model_name: str,
                                  args):
-    if not (req.tool_choice in ("auto", "none") or req.tool_choice is None):
-        raise RequestError("tool_choice must be 'auto' or 'none' (forced tool calls are not implemented yet)")
+    forced = _forced_tool(req, args)
     ids, thinking = await asyncio.to_thread(_tokenize, req, tm)
     max_new = req.max_completion_tokens or req.max_tokens or max(1, tm.ready.context_length - len(ids))
     top_n = (req.top_logprobs or 0) if req.logprobs else 0
-    grammar = await asyncio.to_thread(_response_format_grammar, req, thinking)
+    grammar = await asyncio.to_thread(_constraint, req, thinking, forced)
     streams = [tm.generate(ids, sampling_params(req, max_new, c, grammar), return_logprob=req.logprobs,
                            top_logprobs_num=top_n) for c in range(req.n)]
     parsers = [_parsers(req, args, thinking) for _ in range(req.n)]
