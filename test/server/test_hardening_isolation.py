@@ -39,14 +39,14 @@ def _check(reqs):
             raise RuntimeError("injected test failure")
 
 
-def _poisoned_sample(logits, reqs):
+def _poisoned_sample(logits, reqs, grammar=None):
     _check(reqs)
-    return _real_sample(logits, reqs)
+    return _real_sample(logits, reqs, grammar)
 
 
-def _poisoned_sample_async(logits, reqs):  # overlapped decode steps
+def _poisoned_sample_async(logits, reqs, grammar=None):  # overlapped decode steps
     _check(reqs)
-    return _real_sample_async(logits, reqs)
+    return _real_sample_async(logits, reqs, grammar)
 
 
 _sampler.sample, _sampler.sample_async = _poisoned_sample, _poisoned_sample_async

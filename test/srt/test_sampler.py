@@ -98,3 +98,11 @@ def test_min_new_tokens_masks_stop_tokens_until_reached():
     assert spec.generate(input_ids=ids, sampling_params=params)["output_ids"] == held
     for e in (eng, spec):
         e.model_runner.token_allocator.check_all_free()
+
+
+def test_logit_bias_shifts_the_choice_not_the_reported_logprob():
+    x = logits([2.0, 1.9, -1.0, 0.0])
+    assert sample(x, [FakeReq(greedy(logit_bias={1: 0.2}))]).ids == [1]
+    assert sample(x, [FakeReq(greedy(logit_bias={0: -100, 1: -100}))]).ids == [3]
+    out = sample(x, [FakeReq(SamplingParams(temperature=1.0, logit_bias={2: 100}), generator=torch.Generator())])
+    assert out.ids == [2] and out.logprobs[0] == pytest.approx(torch.log_softmax(x[0], -1)[2].item())

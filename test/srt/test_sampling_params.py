@@ -26,9 +26,7 @@ def test_upstream_fields_at_their_defaults_are_accepted():
 
 
 @pytest.mark.parametrize("name, value", [
-    ("n", 2), ("json_schema", '{"type": "object"}'),
-    ("regex", "a|b"), ("ebnf", 'root ::= "a"'), ("structural_tag", "{}"), ("spaces_between_special_tokens", False),
-    ("custom_params", {"a": 1}), ("stream_interval", 4), ("logit_bias", {"5": 1.0}),
+    ("n", 2), ("structural_tag", "{}"), ("custom_params", {"a": 1}), ("stream_interval", 4),
 ])
 def test_unimplemented_fields_are_refused_naming_them(name, value):
     assert name in UPSTREAM_AT_DEFAULT_ONLY
@@ -64,3 +62,15 @@ def test_stop_regex_is_checked():
         with pytest.raises(SamplingParamError, match=why) as err:
             SamplingParams.from_dict({"stop_regex": bad})
         assert err.value.param == "stop_regex"
+
+
+def test_logit_bias_and_spaces_between_special_tokens():
+    params = SamplingParams.from_dict({"logit_bias": {"5": 1.5, 7: -100}, "spaces_between_special_tokens": False})
+    assert params.logit_bias == {5: 1.5, 7: -100.0} and params.has_penalties
+    assert params.spaces_between_special_tokens is False
+    for bad in ({"x": 1}, {"5": 101}, {"5": float("nan")}, [5], {"-1": 1}):
+        with pytest.raises(SamplingParamError, match="logit_bias") as err:
+            SamplingParams.from_dict({"logit_bias": bad})
+        assert err.value.param == "logit_bias"
+    with pytest.raises(SamplingParamError, match="spaces_between_special_tokens"):
+        SamplingParams.from_dict({"spaces_between_special_tokens": "no"})

@@ -95,7 +95,7 @@ def inject(monkeypatch, eng, where: str) -> None:
     if where == "sample":
         for name in ("sample", "sample_async"):  # sample_async: overlapped decode steps
             monkeypatch.setattr(scheduler_module, name,
-                                failing(getattr(scheduler_module, name), lambda _, reqs: culprit_in(reqs)))
+                                failing(getattr(scheduler_module, name), lambda _, reqs, *rest: culprit_in(reqs)))
     elif where == "forward":
         monkeypatch.setattr(runner, "forward", failing_after(runner.forward, in_forward))
         # decode steps run through the static buffers (replayed CUDA graphs on a GPU)
@@ -137,7 +137,7 @@ def test_consecutive_failed_steps_flip_health_and_recover(monkeypatch):
     proc = SimpleNamespace(scheduler=eng.scheduler)  # SchedulerProcess._stats: what every output carries
     assert SchedulerProcess._stats(proc).healthy
 
-    def broken(logits, reqs):
+    def broken(*args):
         raise RuntimeError("the device is gone")
 
     with monkeypatch.context() as patch:

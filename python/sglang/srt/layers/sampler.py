@@ -109,6 +109,10 @@ def penalize_rows(rows: torch.Tensor, req, drafts: Optional[torch.Tensor] = None
         seen = seen.index_fill(0, history, True)[None, :] | (counts > 0)
         rows = torch.where(seen, torch.where(rows > 0, rows / p.repetition_penalty, rows * p.repetition_penalty),
                            rows)
+    if p.logit_bias:
+        ids = torch.tensor(list(p.logit_bias), dtype=torch.int64).to(device, non_blocking=True)
+        bias = torch.tensor(list(p.logit_bias.values()), dtype=rows.dtype).to(device, non_blocking=True)
+        rows = rows.index_add(1, ids, bias[None, :].expand(num_rows, -1))
     return rows
 
 

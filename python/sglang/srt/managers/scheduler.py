@@ -113,6 +113,8 @@ class Scheduler:
             extra = f" + {self.num_draft_tokens} draft tokens" if self.num_draft_tokens else ""
             raise ValueError(f"prompt ({n} tokens) + max_new_tokens ({req.sampling_params.max_new_tokens}){extra} "
                              f"exceeds the context length {self.context_length}")
+        if any(not 0 <= t < self.config.vocab_size for t in req.sampling_params.logit_bias or ()):
+            raise SamplingParamError("logit_bias", f"logit_bias token ids must be in [0, {self.config.vocab_size})")
         bad = next((t for t in req.origin_input_ids if not 0 <= t < self.config.vocab_size), None)
         if bad is not None:
             raise ValueError(f"input token id {bad} is outside the vocabulary [0, {self.config.vocab_size})")

@@ -22,8 +22,7 @@ SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf")
 UPSTREAM_AT_DEFAULT_ONLY = {
     "n": 1,
-    "structural_tag": None, "spaces_between_special_tokens": True, "custom_params": None, "stream_interval": None,
-    "logit_bias": None,
+    "structural_tag": None, "custom_params": None, "stream_interval": None,
 }
 
 
@@ -76,6 +75,9 @@ class SamplingParams:
     json_schema: Optional[str] = None
     regex: Optional[str] = None
     ebnf: Optional[str] = None
+    logit_bias: Optional[dict] = None  # {token id (int or its decimal string): bias in [-100, 100]}, added to logits
+    # Accepted either way: DeepSeek-V4's byte-level tokenizer never puts spaces between special tokens when decoding
+    spaces_between_special_tokens: bool = True
 
     @classmethod
     def from_dict(cls, d: Optional[dict]) -> "SamplingParams":
@@ -145,7 +147,17 @@ class SamplingParams:
                 bad("stop_regex", f"must hold valid regular expressions ({pattern!r}: {e})")
             if compiled.search("") is not None:
                 bad("stop_regex", f"must not match the empty string ({pattern!r} does)")
-        for name in ("ignore_eos", "skip_special_tokens", "no_stop_trim"):
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict) or len(self.logit_bias) > 1024:
+                bad("logit_bias", "must be an object of at most 1024 token ids to biases")
+            parsed = {}
+            for key, value in self.logit_bias.items():
+                token = key if _is_int(key) else (int(key) if isinstance(key, str) and key.isdigit() else None)
+                if token is None or not _is_finite_number(value) or not -100 <= value <= 100:
+                    bad("logit_bias", "must map token ids to numbers in [-100, 100]")
+                parsed[token] = float(value)
+            self.logit_bias = parsed
+        for name in ("ignore_eos", "skip_special_tokens", "no_stop_trim", "spaces_between_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 bad(name, "must be true or false")
         if self.seed is not None and not (_is_int(self.seed) and SEED_MIN <= self.seed <= SEED_MAX):
@@ -170,7 +182,7 @@ class SamplingParams:
     def has_penalties(self) -> bool:
         """Logit adjustments that read the request's history (min_new_tokens: how many tokens it has so far)."""
         return (self.frequency_penalty != 0 or self.presence_penalty != 0 or self.repetition_penalty != 1
-                or self.min_new_tokens > 0)
+                or self.min_new_tokens > 0 or bool(self.logit_bias))
 
     @property
     def is_greedy(self) -> bool:

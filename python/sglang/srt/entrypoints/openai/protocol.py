@@ -44,15 +44,7 @@ class SamplingFields(BaseModel):
     regex: Optional[str] = None  # constrained decoding (at most one of the three)
     ebnf: Optional[str] = None
     json_schema: Optional[str] = None
-
-    logit_bias: Optional[dict] = None
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _logit_bias(cls, v):
-        if v:
-            raise ValueError("logit_bias is not supported by this server")
-        return v
+    logit_bias: Optional[dict] = None  # {token id: bias in [-100, 100]} (checked with the other sampling fields)
 
     @field_validator("stop")
     @classmethod

@@ -77,7 +77,7 @@ def sampling_params(req, max_new_tokens: int, choice: int, grammar: Optional[dic
         frequency_penalty=req.frequency_penalty, presence_penalty=req.presence_penalty,
         repetition_penalty=req.repetition_penalty, stop=stop, stop_token_ids=list(req.stop_token_ids or []),
         ignore_eos=req.ignore_eos, skip_special_tokens=req.skip_special_tokens, no_stop_trim=req.no_stop_trim,
-        seed=None if req.seed is None else _choice_seed(req.seed, choice),
+        seed=None if req.seed is None else _choice_seed(req.seed, choice), logit_bias=req.logit_bias or None,
         **(grammar or {"regex": req.regex, "ebnf": req.ebnf, "json_schema": req.json_schema}))
     try:
         params.verify()
