@@ -105,8 +105,11 @@ def test_oversubscribed_workload_equals_unpressured(overlap):
     eng = _pressured(disable_overlap_schedule=not overlap)
     got = _drive(eng, stops)
     _assert_retracted_mid_decode(eng)
-    assert eng.scheduler.new_token_ratio.value > eng.scheduler.new_token_ratio.floor  # raised by the retractions
+    ratio = eng.scheduler.new_token_ratio
+    assert ratio.value > ratio.floor  # raised by the retractions
     _assert_same(got, ref)
+    eng.generate(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 1})  # arrives at an idle scheduler
+    assert ratio.value == pytest.approx(ratio.init)  # started afresh (its one step is a prefill: no decay)
 
 
 def test_oversubscribed_speculative_equals_unpressured():

@@ -181,8 +181,6 @@ class Scheduler:
     def step(self) -> list:
         """Run one forward; returns the requests that got a token or finished in it (failed ones included). Under
         overlap scheduling that is the previous step's: this one is launched, and read at the next call."""
-        if not self.has_work():
-            self.new_token_ratio.reset()
         self._admit()
         prev, self.in_flight = self.in_flight, None
         if prev is not None:  # plan N+1 one position further, without retracting (N's requests are in flight)
@@ -342,6 +340,8 @@ class Scheduler:
         are expected to need hold the next one's prompt and clipped max_new_tokens (schedule_policy.py)."""
         if not self.waiting:
             return
+        if not self.running and self.in_flight is None:  # idle until now: the estimate starts afresh
+            self.new_token_ratio.reset()
         ratio, clip, draft = self.new_token_ratio.value, self.clip_max_new_tokens, self.num_draft_tokens
         budget = self.allocator.available_pages() - sum(
             self.allocator.pages_needed(r.alloc, expected_tokens(r, ratio, clip, draft)) for r in self.running)
