@@ -63,6 +63,7 @@ SERVER=$!
 trap 'kill $SERVER 2>/dev/null' EXIT
 for _ in $(seq 120); do curl -sf "http://127.0.0.1:$PORT/health" > /dev/null && break; sleep 1; done
 UP="env PYTHONPATH=$WORK/site:$WORK/deps HF_HUB_OFFLINE=1 $PY"
+cd "$WORK"  # the clients write result files into the working directory
 FAILED=()
 run() { local name=$1; shift; echo "=== $name"; if "$@" > "$WORK/$name.log" 2>&1; then tail -3 "$WORK/$name.log";
         else FAILED+=("$name"); tail -15 "$WORK/$name.log"; fi; }

@@ -555,8 +555,9 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     p.add_argument("--disable-ignore-eos", action="store_true", help="let requests stop at EOS")
     p.add_argument("--disable-stream", action="store_true")
     p.add_argument("--omit-max-tokens", action="store_true",
-                   help="send no max_tokens (the server's default: up to the context length); each client reads "
-                        "its output length, then disconnects, as if the answer had ended there (needs streaming)")
+                   help="send no max_tokens (the server's default: up to the context for chat, 16 for completions "
+                        "and 128 for /generate, as upstream); each client reads its output length, then "
+                        "disconnects, as if the answer had ended there (needs streaming)")
     p.add_argument("--extra-request-body", default=None,
                    help='JSON merged into each request body, e.g. \'{"sampling_params": {"top_p": 0.9}}\'')
     p.add_argument("--seed", type=int, default=1)

@@ -42,7 +42,8 @@ def _workload():
     return {0: [_req(0, 30, 20), _req(1, 5, 33, temperature=0.8, seed=3), _req(2, 1, 9),
                 _req(3, 17, 12, temperature=0.7, top_p=0.9, seed=4)],
             6: [_req(4, 12, 40)],  # admitted while the others decode: a prefill step in between
-            9: [_req(5, 8, 15, frequency_penalty=0.5, seed=6, temperature=0.5)]}  # penalties: synchronous batches
+            9: [_req(5, 8, 15, frequency_penalty=0.5, seed=6, temperature=0.5)],  # penalties: synchronous batches
+            11: [_req(6, 10, 18, logit_bias={str(t): 2.0 for t in range(0, 512, 3)})]}  # bias alone: overlapped
 
 
 @pytest.mark.parametrize("abort", [{}, {12: "r0"}])

@@ -66,7 +66,7 @@ def test_stop_regex_is_checked():
 
 def test_logit_bias_and_spaces_between_special_tokens():
     params = SamplingParams.from_dict({"logit_bias": {"5": 1.5, 7: -100}, "spaces_between_special_tokens": False})
-    assert params.logit_bias == {5: 1.5, 7: -100.0} and params.has_penalties
+    assert params.logit_bias == {5: 1.5, 7: -100.0} and params.adjusts_logits and not params.has_penalties
     assert params.spaces_between_special_tokens is False
     for bad in ({"x": 1}, {"5": 101}, {"5": float("nan")}, [5], {"-1": 1}):
         with pytest.raises(SamplingParamError, match="logit_bias") as err:

@@ -87,8 +87,8 @@ class XGrammarBackend:
         """A copy of `logits` [R, V] with the tokens `bitmask` [R, V/32] forbids at -inf."""
         if logits.device.type == "cuda":
             bitmask = bitmask.pin_memory().to(logits.device, non_blocking=True)
-        masked = logits.clone()
-        self.xgr.apply_token_bitmask_inplace(masked, bitmask.to(logits.device), vocab_size=self.vocab_size)
+        masked = logits.clone()  # the raw logits still give the reported logprobs (speculative verify reads them)
+        self.xgr.apply_token_bitmask_inplace(masked, bitmask, vocab_size=self.vocab_size)
         return masked
 
 

@@ -73,11 +73,11 @@ def sample_async(logits: torch.Tensor, reqs: list, grammar=None) -> PendingSampl
 
 
 def _apply_penalties(logits: torch.Tensor, reqs: list) -> torch.Tensor:
-    if not any(r.sampling_params.has_penalties for r in reqs):
+    if not any(r.sampling_params.adjusts_logits for r in reqs):
         return logits
     logits = logits.clone()
     for b, req in enumerate(reqs):
-        if req.sampling_params.has_penalties:
+        if req.sampling_params.adjusts_logits:
             logits[b] = penalize_rows(logits[b:b + 1], req)[0]
     return logits
 

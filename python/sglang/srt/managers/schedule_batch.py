@@ -84,11 +84,10 @@ class Req:
     def prefill_done(self) -> bool:
         return self.num_computed >= self.prefill_len
 
-    @property
-    def emits_token(self) -> bool:
-        """The last computed row is the last known token: its sample is the next output token (not so for a prompt
-        chunk, nor for the prefill of a retracted request, whose next token is already known)."""
-        return self.num_computed == len(self.origin_input_ids) + len(self.output_ids)
+    def emits_token(self, new_rows: int = 0) -> bool:
+        """After `new_rows` more computed rows, the last one is the last known token: its sample is the next output
+        token (not so for a prompt chunk, nor for the prefill of a retracted request, whose next token is known)."""
+        return self.num_computed + new_rows == len(self.origin_input_ids) + len(self.output_ids)
 
     @property
     def spec_accept_length(self) -> Optional[float]:

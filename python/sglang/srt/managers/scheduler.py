@@ -431,7 +431,7 @@ class Scheduler:
                         req.input_token_logprobs.append((req.num_computed + i + 1, values[row + i]))
             row += n
             req.num_computed += n
-            if not req.emits_token:
+            if not req.emits_token():
                 continue  # a prompt chunk, or a retracted request's prefill: no new token
             if req.sampling_params.max_new_tokens == 0:
                 req.finished_reason = FinishReason("length", length=0)
@@ -444,8 +444,7 @@ class Scheduler:
     def _sample_emitting(self, batch: ScheduleBatch, output) -> tuple:
         """Sample only the rows that yield a token, so a seeded request draws the same numbers however its prompt
         was chunked or re-prefilled. Returns (SampleOutput, row in it of each request of the batch or None)."""
-        emitting = [b for b, (r, n) in enumerate(zip(batch.reqs, batch.extend_lens))
-                    if r.num_computed + n == len(r.origin_input_ids) + len(r.output_ids)]
+        emitting = [b for b, (r, n) in enumerate(zip(batch.reqs, batch.extend_lens)) if r.emits_token(n)]
         rows = [None] * len(batch.reqs)
         if not emitting:
             return None, rows

@@ -182,7 +182,13 @@ class SamplingParams:
     def has_penalties(self) -> bool:
         """Logit adjustments that read the request's history (min_new_tokens: how many tokens it has so far)."""
         return (self.frequency_penalty != 0 or self.presence_penalty != 0 or self.repetition_penalty != 1
-                or self.min_new_tokens > 0 or bool(self.logit_bias))
+                or self.min_new_tokens > 0)
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Penalties or a logit_bias: the logits are changed before sampling (penalize_rows). Only penalties read
+        the history, so a logit_bias alone keeps a batch overlappable."""
+        return self.has_penalties or bool(self.logit_bias)
 
     @property
     def is_greedy(self) -> bool:

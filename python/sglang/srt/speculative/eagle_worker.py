@@ -235,10 +235,10 @@ class EagleWorker(DecodeWorker):
     def _penalized(reqs: list, logits: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
         """Verify logits [B, k+1, V] with each request's penalties; row i also counts the drafts before it (had they
         been generated one by one, they would be in the history), so acceptance matches plain decoding."""
-        if not any(r.sampling_params.has_penalties for r in reqs):
+        if not any(r.sampling_params.adjusts_logits for r in reqs):
             return logits
         target = logits.clone()
         for b, req in enumerate(reqs):
-            if req.sampling_params.has_penalties:
+            if req.sampling_params.adjusts_logits:
                 target[b] = penalize_rows(logits[b], req, drafts[b])
         return target
