@@ -1,9 +1,10 @@
-"""CUDA graphs for DECODE on a GPU (skipped without CUDA; run through the device tool, scripts/gpu_validate.sh):
+"""CUDA graphs for DECODE steps and whole speculative cycles on a GPU (skipped without CUDA; run through the device
+tool, scripts/gpu_validate.sh):
 - replayed graphs equal the same static path run eagerly bit for bit (bf16, Triton), across padded batches, every
   bucket boundary, requests joining and finishing, staging rings and HCA windows wrapping;
 - graphs equal the general path (--disable-cuda-graph) token for token in fp32;
-- decode steps never synchronise the host with the device, except the one read-back of the sampled tokens
-  (`torch.cuda.set_sync_debug_mode("error")` around whole scheduler steps);
+- decode steps and speculative cycles never synchronise the host with the device, except the one read-back of the
+  sampled or verified tokens (`torch.cuda.set_sync_debug_mode("error")` around whole scheduler steps);
 - capture never allocates the pooled indexer-logits block."""
 
 from __future__ import annotations
@@ -20,13 +21,17 @@ pytestmark = [pytest.mark.gpu,
 WORKLOADS = {"tiny": ([5, 23, 40], [37, 9, 20, 3, 28]), "hca128": ([120, 250, 7], [20, 12, 30])}
 
 
+SPEC = dict(speculative_algorithm="EAGLE", speculative_num_steps=3)
+
+
+@pytest.mark.parametrize("spec", [False, True])
 @pytest.mark.parametrize("name", list(WORKLOADS))
-def test_replay_equals_eager_static_path_bitwise(name):
-    ids, params = _workload(3, 6, *WORKLOADS[name], sampled=True)
+def test_replay_equals_eager_static_path_bitwise(name, spec):
+    ids, params = _workload(3, 6, *WORKLOADS[name], sampled=not spec)  # captured cycles: greedy requests
     eng = engine(name, device="cuda", dtype="bfloat16", attention_backend="triton", cuda_graph_bs=[1, 2, 3, 4, 8],
-                 max_running_requests=8)
+                 max_running_requests=8, **(SPEC if spec else {}))
     runner = eng.model_runner.graph_runner
-    assert sorted(runner.graphs) == [1, 2, 3, 4, 8]
+    assert sorted(runner.graphs) == [1, 2, 3, 4, 8] and runner.rows_per_req == (4 if spec else 1)
     assert eng.model_runner.attn_backend.logits_workspace._block is None  # capture never allocated it
     assert eng.model_runner.graph_memory_bytes > 0  # measured, and taken from the pools' budget
     replayed = _run(eng, ids, params)
@@ -40,10 +45,12 @@ def test_replay_equals_eager_static_path_bitwise(name):
     eng.model_runner.token_allocator.check_all_free()
 
 
+@pytest.mark.parametrize("spec", [False, True])
 @pytest.mark.parametrize("name", list(WORKLOADS))
-def test_graphs_equal_general_path_fp32(name):
+def test_graphs_equal_general_path_fp32(name, spec):
     ids, params = _workload(5, 5, *WORKLOADS[name], sampled=False)
-    kwargs = dict(device="cuda", dtype="float32", attention_backend="triton", max_running_requests=5)
+    kwargs = dict(device="cuda", dtype="float32", attention_backend="triton", max_running_requests=5,
+                  **(SPEC if spec else {}))
     ref = _run(engine(name, disable_cuda_graph=True, **kwargs), ids, params)
     eng = engine(name, cuda_graph_bs=[1, 2, 4], **kwargs)
     assert sorted(eng.model_runner.graph_runner.graphs) == [1, 2, 4]
@@ -51,14 +58,18 @@ def test_graphs_equal_general_path_fp32(name):
     eng.model_runner.token_allocator.check_all_free()
 
 
-def test_decode_steps_never_synchronise():
+@pytest.mark.parametrize("spec", [False, True])
+def test_decode_steps_never_synchronise(spec):
     from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.sampling.sampling_params import SamplingParams
 
-    eng = engine("tiny", device="cuda", dtype="bfloat16", attention_backend="triton", cuda_graph_bs=[1, 2, 4])
+    eng = engine("tiny", device="cuda", dtype="bfloat16", attention_backend="triton", cuda_graph_bs=[1, 2, 4],
+                 **(SPEC if spec else {}))
     sched = eng.scheduler
     news = [40, 6, 25]  # the second finishes inside the checked steps, the batch shrinks 3 -> 2
     params = [dict(temperature=0), dict(temperature=0.7, top_p=0.9, seed=5), dict(temperature=0.9, top_k=20)]
+    if spec:  # greedy requests: the captured cycle (random draft: about one token per cycle)
+        params = [dict(temperature=0)] * 3
     for i, (n, p) in enumerate(zip(news, params)):
         sched.add_request(Req(rid=f"s{i}", origin_input_ids=random_ids(30 + 7 * i, seed=i),
                               sampling_params=SamplingParams.from_dict({**p, "max_new_tokens": n, "ignore_eos": True})))

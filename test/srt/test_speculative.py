@@ -208,7 +208,8 @@ def test_sampling_with_penalties_runs():
     eng.model_runner.token_allocator.check_all_free()
 
 
-def test_decode_cycle_reads_the_device_once(monkeypatch):
+@pytest.mark.parametrize("sampled", [True, False])  # the eager cycle; the static (captured) cycle
+def test_decode_cycle_reads_the_device_once(monkeypatch, sampled):
     """A whole speculative cycle (draft steps, verify, acceptance for greedy and sampled requests, rollback,
     draft-extend, scheduler bookkeeping) makes exactly one device -> host read, `read_back`; any other Python-level
     read of a tensor (.item(), .tolist(), bool(), int(), float(), index use) is recorded as a violation."""
@@ -218,8 +219,11 @@ def test_decode_cycle_reads_the_device_once(monkeypatch):
     eng = engine("tiny", speculative_algorithm="EAGLE", speculative_num_steps=3, max_running_requests=8)
     sched = eng.scheduler
     reqs = [Req(rid=str(i), origin_input_ids=random_ids(30 + 7 * i, seed=i), sampling_params=SamplingParams.from_dict(
-        {"temperature": 0 if i % 2 == 0 else 0.8, "max_new_tokens": 40, "ignore_eos": True, "seed": i}))
+        {"temperature": 0.8 if sampled and i % 2 else 0, "max_new_tokens": 40, "ignore_eos": True, "seed": i}))
         for i in range(4)]
+    static = []
+    real_static = ew.EagleWorker._verify_static
+    monkeypatch.setattr(ew.EagleWorker, "_verify_static", lambda *a: static.append(1) or real_static(*a))
     for req in reqs:
         sched.add_request(req)
     while not all(r.spec is not None for r in reqs):  # prefill (and the first drafts) outside the guard
@@ -241,6 +245,7 @@ def test_decode_cycle_reads_the_device_once(monkeypatch):
         sched.step()
     assert len(cycles) == 6 and guard.reads == 6
     assert guard.violations == ["__bool__"], guard.violations  # only the control
+    assert len(static) == (0 if sampled else 6)
     while sched.has_work():
         sched.step()
     assert all(len(r.output_ids) == 40 for r in reqs)

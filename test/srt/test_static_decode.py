@@ -13,7 +13,8 @@ import torch
 
 from host_reads import HostReadGuard
 from oracle import engine, max_abs_diff, random_ids
-from sglang.srt.layers.attention.dsv4.decode_metadata import DUMP_ENTRY_SLOT, decode_compress_plan, decode_entry_slots
+from sglang.srt.layers.attention.dsv4.decode_metadata import (
+    DUMP_ENTRY_SLOT, decode_compress_plan, decode_entry_slots, static_seq_lens)
 from sglang.srt.layers.attention.dsv4.metadata import build_compress_plan, build_entry_slots
 
 PAGE, CTX = 16, 96
@@ -30,43 +31,49 @@ def _page_table(num_reqs: int, seed: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("ratio,overlap", [(4, True), (8, False), (16, False)])
+@pytest.mark.parametrize("per_req", [1, 4])  # DECODE, and a speculative verify / draft-extend of 3 draft steps
 @pytest.mark.parametrize("seed", range(4))
-def test_static_metadata_equals_general_on_real_rows(ratio, overlap, seed):
+def test_static_metadata_equals_general_on_real_rows(ratio, overlap, per_req, seed):
     g = torch.Generator().manual_seed(seed)
     num_reqs, raw, padded = 8, 5, 8
+    draft = per_req if per_req > 1 else 0
     table = _page_table(num_reqs, seed)
     reqs = (torch.randperm(num_reqs - 1, generator=g)[:raw] + 1).tolist()
-    positions = torch.randint(0, CTX - 1, (raw,), generator=g).tolist()  # the decode token's position = prefix
-    num_ring_rows = num_reqs * 2 * ratio
+    starts = torch.randint(0, CTX - per_req, (raw,), generator=g).tolist()  # each request's first new position
+    positions = [c + i for c in starts for i in range(per_req)]
+    num_ring_rows = num_reqs * 4 * ratio
     general = SimpleNamespace(
-        seq_lens_cpu=[p + 1 for p in positions], extend_prefix_lens_cpu=positions, extend_seq_lens_cpu=[1] * raw,
-        req_pool_indices_cpu=reqs, positions=torch.tensor(positions), req_pool_indices=torch.tensor(reqs),
-        req_to_token_pool=SimpleNamespace(req_to_token=table))
-    # static rows: the real ones, then padded rows (request 0, position 0)
+        seq_lens_cpu=[c + per_req for c in starts], extend_prefix_lens_cpu=starts,
+        extend_seq_lens_cpu=[per_req] * raw, req_pool_indices_cpu=reqs, positions=torch.tensor(positions),
+        req_pool_indices=torch.tensor(reqs), req_to_token_pool=SimpleNamespace(req_to_token=table))
+    # static rows: the real ones, then padded requests (request 0, every row at position 0)
     s_reqs = torch.tensor(reqs + [0] * (padded - raw))
-    s_pos = torch.tensor(positions + [0] * (padded - raw))
+    s_pos = torch.tensor(positions + [0] * ((padded - raw) * per_req))
+    num_real = raw * per_req
 
     entries = build_entry_slots(general, ratio, PAGE)
-    static_entries = decode_entry_slots(table, s_reqs, s_pos + 1, ratio, PAGE, capacity=CTX // ratio)
+    static_entries = decode_entry_slots(table, s_reqs, static_seq_lens(s_pos, padded), ratio, PAGE,
+                                        capacity=CTX // ratio)
     assert static_entries.shape == (padded, CTX // ratio)
     e_max = entries.shape[1]
     assert torch.equal(static_entries[:raw, :e_max], entries)
     assert (static_entries[:raw, e_max:] == -1).all() and (static_entries[raw:] == -1).all()
 
-    plan = build_compress_plan(general, ratio, overlap, PAGE, 0, num_ring_rows)
-    static = decode_compress_plan(table, s_reqs, s_pos, ratio, overlap, PAGE, 0, num_ring_rows)
-    assert static.num_new == padded and static.ring == plan.ring
+    plan = build_compress_plan(general, ratio, overlap, PAGE, draft, num_ring_rows)
+    static = decode_compress_plan(table, s_reqs, s_pos, ratio, overlap, PAGE, draft, num_ring_rows)
+    assert static.num_new == padded * per_req and static.ring == plan.ring
     done = [(p + 1) % ratio == 0 for p in positions]
-    rows = [b for b in range(raw) if done[b]]  # the general plan lists completed entries in request order
+    rows = [t for t in range(num_real) if done[t]]  # the general plan lists completed entries in row order
     assert plan.num_new == len(rows)
     assert torch.equal(static.entry_slots[rows], plan.entry_slots)
     assert torch.equal(static.entry_positions[rows], plan.entry_positions)
     assert torch.equal(static.source_rows[rows], plan.source_rows)
-    others = [b for b in range(padded) if b >= raw or not done[b]]
+    others = [t for t in range(padded * per_req) if t >= num_real or not done[t]]
     assert (static.entry_slots[others] == DUMP_ENTRY_SLOT).all()
     assert (static.source_rows[others] == (num_ring_rows + torch.tensor(others))[:, None]).all()  # finite rows
-    assert torch.equal(static.ring_dst[:raw], plan.ring_dst) and torch.equal(static.ring_src[:raw], plan.ring_src)
-    assert (static.ring_dst[raw:] < static.ring).all()  # padded rows write request 0's staging rows only
+    assert torch.equal(static.ring_dst[:num_real], plan.ring_dst)
+    assert torch.equal(static.ring_src[:num_real], plan.ring_src)
+    assert (static.ring_dst[num_real:] < static.ring).all()  # padded rows write request 0's staging rows only
 
 
 def _run(eng, ids_list, params):
@@ -135,7 +142,7 @@ def test_capture_list_defaults():
     assert resolved(cuda_graph_bs=[8, 3, 3]).cuda_graph_bs == [3, 8]
     assert resolved(cuda_graph_bs=[4, 64], max_running_requests=16).cuda_graph_bs == [4, 16]
     assert resolved(disable_cuda_graph=True).cuda_graph_bs is None
-    assert resolved(speculative_algorithm="EAGLE").cuda_graph_bs is None  # its cycles are not captured yet
+    assert resolved(speculative_algorithm="EAGLE").cuda_graph_bs == args.cuda_graph_bs  # whole cycles captured
     with pytest.raises(ValueError, match="cuda-graph-bs"):
         resolved(cuda_graph_bs=[0, 4])
     with pytest.raises(ValueError, match="cuda-graph-max-bs"):

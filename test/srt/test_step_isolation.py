@@ -108,6 +108,11 @@ def inject(monkeypatch, eng, where: str) -> None:
         monkeypatch.setattr(sched, "append_token", failing(sched.append_token, lambda req, *_: culprit_in([req])))
     else:
         raise AssertionError(where)
+    if where.startswith("forward") and runner.graph_runner is not None and runner.graph_runner.rows_per_req > 1:
+        # a greedy speculative cycle (drafts, verify, draft-extend) runs as one replay of the static buffers
+        cycles = runner.graph_runner
+        monkeypatch.setattr(cycles, "forward", failing_after(cycles.forward,
+                                                             lambda slots, *_: holds_culprit(slots[0].tolist())))
 
 
 @pytest.mark.parametrize("speculative, where", [

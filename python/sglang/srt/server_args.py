@@ -48,7 +48,7 @@ class ServerArgs:
     attention_backend: Optional[str] = None
     disable_cuda_graph: bool = False  # decode runs the general eager path (no static buffers, no graphs)
     cuda_graph_max_bs: Optional[int] = None  # largest captured decode batch (default: min(256, max running))
-    cuda_graph_bs: Optional[list] = None  # captured decode batch sizes (default: SGLang's list up to the max)
+    cuda_graph_bs: Optional[list] = None  # captured batch sizes of decode steps or speculative cycles
     disable_overlap_schedule: bool = False  # read each decode step's tokens before launching the next
     # Shared expert run as routed expert E (weight 1 for every token); default: on for ROCm, off elsewhere
     enforce_shared_experts_fusion: bool = False
@@ -164,15 +164,18 @@ class ServerArgs:
         p.add_argument("--attention-backend", choices=ATTENTION_BACKENDS,
                        help="dsv4 = the best available: triton on a GPU, torch on CPU (default: dsv4)")
         p.add_argument("--disable-cuda-graph", action="store_true",
-                       help="decode without CUDA graphs or static buffers: every step runs eagerly")
+                       help="decode without CUDA graphs or static buffers: every step (and speculative cycle) runs "
+                            "eagerly")
         p.add_argument("--disable-overlap-schedule", action="store_true",
                        help="wait for each decode step's tokens before launching the next (default: the next step is "
                             "launched first, so the host's bookkeeping overlaps the device)")
         p.add_argument("--cuda-graph-max-bs", type=int,
-                       help="largest decode batch run as a CUDA graph; larger batches run eagerly "
+                       help="largest decode batch (or greedy speculative cycle) run as a CUDA graph; larger batches "
+                            "run eagerly "
                             "(default: min(256, --max-running-requests))")
         p.add_argument("--cuda-graph-bs", type=int, nargs="+",
-                       help="decode batch sizes to capture (default: 1 2 4 8 12 16 24 ... up to --cuda-graph-max-bs)")
+                       help="batch sizes to capture, of decode steps or speculative cycles (default: 1 2 4 8 12 16 24 "
+                            "... up to --cuda-graph-max-bs)")
         p.add_argument("--enforce-shared-experts-fusion", action="store_true",
                        help="run the shared expert as one more routed expert (default: on for ROCm only)")
         p.add_argument("--disable-shared-experts-fusion", action="store_true",

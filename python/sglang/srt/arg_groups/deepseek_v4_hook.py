@@ -68,15 +68,12 @@ def apply_speculative_defaults(args: "ServerArgs", config: DeepseekV4Config) -> 
 
 
 def apply_cuda_graph_defaults(args: "ServerArgs") -> list:
-    """The captured decode batch sizes (printed at start): --cuda-graph-bs, or SGLang's list up to
-    --cuda-graph-max-bs; none under --disable-cuda-graph or speculative decoding. Sizes above --max-running-requests
-    are never used: dropped."""
+    """The captured batch sizes of DECODE steps or speculative cycles (printed at start): --cuda-graph-bs, or
+    SGLang's list up to --cuda-graph-max-bs; none under --disable-cuda-graph. Sizes above --max-running-requests are
+    never used: dropped."""
     if args.disable_cuda_graph:
         args.cuda_graph_bs = None
         return []
-    if args.speculative_algorithm is not None:  # its cycles are not captured yet: decode runs them eagerly
-        args.cuda_graph_bs = None
-        return ["cuda_graph_bs=None (speculative cycles run eagerly)"]
     if args.cuda_graph_bs:
         sizes = sorted(set(args.cuda_graph_bs))
     else:

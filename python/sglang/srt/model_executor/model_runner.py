@@ -19,7 +19,7 @@ from sglang.srt.mem_cache.deepseek_v4_pool import DeepSeekV4TokenToKVPool
 from sglang.srt.mem_cache.kv_formats import index_key_kind, make_index_key_format, make_kv_format
 from sglang.srt.mem_cache.pool_sizing import PoolPlan, plan_pools
 from sglang.srt.mem_cache.req_to_token_pool import ReqToTokenPool
-from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
+from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, StaticGraphRunner
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.model_loader.loader import iter_checkpoint
 from sglang.srt.model_loader.model_path import resolve_model_path
@@ -76,17 +76,23 @@ class ModelRunner:
             fused = sum(fuse_shared_experts(m) for m in (self.model, self.draft_model) if m is not None)
             logger.info("shared-experts fusion: the shared expert is routed expert %d in %d MoE layers",
                         config.n_routed_experts, fused)
-        # The static decode path (captured as graphs on a GPU). Speculative decoding runs its own cycles, which are not
-        # captured yet, so it has none.
-        static_decode = not args.disable_cuda_graph and self.draft_model is None
+        # The static path (captured as graphs on a GPU): DECODE steps, or whole speculative cycles.
+        static_decode = not args.disable_cuda_graph
         capture = static_decode and self.device.type == "cuda"
         # Graph memory comes out of the pool budget: measured first, by capturing the largest batch on minimal pools.
         self.graph_memory_bytes = self.measure_graph_memory() if capture else 0
         self.init_memory_pool(reserved_bytes=self.graph_memory_bytes)
         self.attn_backend = self.make_attn_backend()
-        self.graph_runner: Optional[CudaGraphRunner] = None
+        self.graph_runner: Optional[StaticGraphRunner] = None
         if static_decode:
-            self.graph_runner = CudaGraphRunner(self, args.cuda_graph_bs, use_graphs=capture)
+            self.graph_runner = self.graph_runner_cls()(self, args.cuda_graph_bs, use_graphs=capture)
+
+    def graph_runner_cls(self) -> type:
+        if self.draft_model is None:
+            return CudaGraphRunner
+        from sglang.srt.speculative.eagle_cuda_graph_runner import EagleCudaGraphRunner
+
+        return EagleCudaGraphRunner
 
     def make_attn_backend(self):
         args = self.server_args
@@ -99,7 +105,7 @@ class ModelRunner:
                            self.pool_plan.shape.num_draft_tokens)
 
     def measure_graph_memory(self) -> int:
-        """Bytes the decode graphs take (their memory pool plus the capture's warm-up peak): capture the largest batch
+        """Bytes the graphs take (their memory pool plus the capture's warm-up peak): capture the largest batch
         size on pools of one request and two pages, then free everything. The graphs' activations depend on the batch
         size and the context length, not on the pool sizes, so the figure holds for the real pools."""
         import gc
@@ -107,7 +113,7 @@ class ModelRunner:
         before = torch.cuda.memory_reserved(self.device)
         self.init_memory_pool(probe=True)
         self.attn_backend = self.make_attn_backend()
-        probe = CudaGraphRunner(self, [max(self.server_args.cuda_graph_bs)], use_graphs=True)
+        probe = self.graph_runner_cls()(self, [max(self.server_args.cuda_graph_bs)], use_graphs=True)
         measured = torch.cuda.memory_reserved(self.device) - before
         del probe
         self.attn_backend = self.token_to_kv_pool = self.token_allocator = self.req_to_token_pool = None
@@ -161,7 +167,7 @@ class ModelRunner:
 
     def can_run_decode_graph(self, batch_size: int) -> bool:
         """Whether a DECODE batch of this size runs the static path (replayed graphs on a GPU)."""
-        return self.graph_runner is not None and self.graph_runner.can_run(batch_size)
+        return isinstance(self.graph_runner, CudaGraphRunner) and self.graph_runner.can_run(batch_size)
 
     def forward_decode(self, input_ids: Optional[list], slots: torch.Tensor,
                        input_ids_device: Optional[torch.Tensor] = None) -> LogitsProcessorOutput:

@@ -1,11 +1,11 @@
 """Accepting draft tokens against the target's distributions.
 
-Greedy (temperature 0) acceptance is vectorised in EagleWorker._verify: the longest prefix of drafts equal to the
-target's argmax, then one bonus token (the target's argmax after it), so the output is token for token the
+Greedy (temperature 0) acceptance, vectorised over the batch (`accept_greedy`): the longest prefix of drafts equal
+to the target's argmax, then one bonus token (the target's argmax after it), so the output is token for token the
 non-speculative greedy output. Sampling, here: standard speculative sampling: draft i is kept with probability
 min(1, p_i(d)/q_i(d)); on the first rejection a token is drawn from normalise(max(p_i - q_i, 0)) instead; if every
 draft is kept, a bonus token is drawn from p_{k+1}. The output distribution then equals sampling from the target
-alone. Both run on the device; the cycle's one host transfer happens in EagleWorker._verify.
+alone. Both run on the device; the cycle's one host transfer happens in EagleWorker.
 """
 
 from __future__ import annotations
@@ -39,4 +39,17 @@ def accept_sampling(drafts: torch.Tensor, draft_probs: torch.Tensor, target_logi
     draws = draw(torch.cat((residual, p[k:])), generator)  # [k+1]
     positions = torch.arange(k + 1, device=device)
     tokens = torch.where(positions < num_acc, torch.cat((drafts, drafts[:1])), draws.gather(0, num_acc.view(1)))
+    return tokens, num_acc
+
+
+def accept_greedy(drafts: torch.Tensor, target_logits: torch.Tensor) -> tuple:
+    """drafts [B, k], target_logits [B, k+1, V] -> (tokens [B, k+1], num_accepted_drafts [B]): the longest prefix
+    of drafts equal to the target's argmax, then the target's token after it (correction or bonus); entries after
+    that repeat the correction. On the device, no host sync (the eager cycle and the captured one share it)."""
+    k = drafts.shape[1]
+    best = target_logits.argmax(dim=-1)  # [B, k+1]
+    num_acc = (drafts == best[:, :k]).int().cumprod(dim=1).sum(dim=1)
+    positions = torch.arange(k + 1, device=drafts.device)[None, :]
+    tokens = torch.where(positions < num_acc[:, None], torch.cat((drafts, drafts[:, :1]), dim=1),
+                         best.gather(1, num_acc[:, None].long()))
     return tokens, num_acc

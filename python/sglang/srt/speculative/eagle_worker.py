@@ -15,6 +15,11 @@ After every prefill chunk the draft extends over the same rows, so its window is
 
 Steps 1-3 are `verify`, which returns a SpecVerifyResult; the Scheduler then commits its tokens (stopping at one
 that finishes the request) and calls `draft_extend` for steps 4-5. The worker never calls the Scheduler.
+
+A batch of greedy requests (no penalties, logit bias or grammar) within the captured sizes runs steps 2, 3 and 5 as
+one replay of a CUDA graph (eagle_cuda_graph_runner.py; eagerly from the same static buffers on CPU): `verify`
+returns the next drafts with the tokens, and `draft_extend` only rolls back and keeps them. Other batches run the
+eager cycle below.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from sglang.srt.layers.attention.dsv4.multi_step_backend import DeepseekV4MultiS
 from sglang.srt.layers.sampler import draw, filtered_probs, penalize_rows
 from sglang.srt.managers.decode_worker import DecodeWorker
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
-from sglang.srt.speculative.acceptance import accept_sampling
+from sglang.srt.speculative.acceptance import accept_greedy, accept_sampling
 from sglang.srt.utils.device_readback import read_back  # the cycle's one device -> host transfer (tests count it)
 
 
@@ -52,7 +57,9 @@ class SpecVerifyResult:
     starts: list
     tokens: list  # [B] lists of int, 1..k+1 each
     logprobs: list  # [B] lists of float
-    hidden_states: torch.Tensor  # [B * (k+1), n_hc, D] the target's streams of the verify rows, for draft-extend
+    hidden_states: Optional[torch.Tensor]  # [B * (k+1), n_hc, D] the target's streams of the verify rows
+    # (d_1 [B], S_1 [B, n_hc, D]) of the next cycle when the captured cycle already draft-extended, else None
+    next_drafts: Optional[tuple] = None
 
 
 class EagleWorker(DecodeWorker):
@@ -132,9 +139,40 @@ class EagleWorker(DecodeWorker):
         """Steps 1-3 of a cycle: allocate the verify positions, draft, verify and accept (one device read)."""
         k = self.num_steps
         starts = [r.num_computed for r in reqs]
+        if self._captured(reqs):
+            return self._verify_static(reqs, starts)
         self.allocator.extend_batch([r.alloc for r in reqs], [c + k + 1 for c in starts])  # positions c..c+k
         drafts, draft_probs = self._draft_steps(reqs, starts, k)
         return self._verify(reqs, starts, drafts, draft_probs)
+
+    def _captured(self, reqs: list) -> bool:
+        """Whether the cycle runs on the static path (EagleCudaGraphRunner): greedy requests with nothing that
+        adjusts their logits, none holding positions past its computed ones, within the captured batch sizes."""
+        graphs = self.runner.graph_runner
+        return graphs is not None and graphs.can_run(len(reqs)) and all(
+            r.sampling_params.is_greedy and not r.sampling_params.adjusts_logits and r.grammar is None
+            and r.alloc.num_tokens == r.num_computed for r in reqs)
+
+    def _verify_static(self, reqs: list, starts: list) -> SpecVerifyResult:
+        k = self.num_steps
+        slots = self.allocator.plan_extend([r.alloc for r in reqs], [c + k + 1 for c in starts])  # written in replay
+        result, next_tokens, next_streams = self.runner.graph_runner.forward(
+            slots, [r.output_ids[-1] for r in reqs], torch.stack([r.spec.draft_token for r in reqs]),
+            torch.stack([r.spec.draft_streams for r in reqs]))
+        next_drafts = (next_tokens.clone(), next_streams.clone())  # the next replay overwrites the graph's outputs
+        tokens, logprobs = self._unpack(read_back(result))
+        return SpecVerifyResult(reqs, starts, tokens, logprobs, None, next_drafts)
+
+    def _unpack(self, host: list) -> tuple:
+        """Rows of k+1 tokens, the number j of accepted drafts, k+1 logprobs -> per-request token and logprob lists
+        (the first j+1 of each count; token ids are exact in float64)."""
+        k = self.num_steps
+        tokens_out, logprobs_out = [], []
+        for row in host:
+            j = int(row[k + 1])
+            tokens_out.append([int(t) for t in row[:j + 1]])
+            logprobs_out.append(row[k + 2:k + 3 + j])
+        return tokens_out, logprobs_out
 
     def draft_extend(self, verified: SpecVerifyResult) -> None:
         """Steps 4-5, after the Scheduler committed the tokens and advanced num_computed past the accepted rows: roll
@@ -145,6 +183,9 @@ class EagleWorker(DecodeWorker):
             if req.finished:
                 continue
             self.allocator.truncate(req.alloc, req.num_computed)
+            if verified.next_drafts is not None:  # the captured cycle draft-extended already
+                req.spec = SpecState(verified.next_drafts[0][b], verified.next_drafts[1][b], None)
+                continue
             reqs.append(req)
             starts.append(c)
             lens.append(len(tokens))
@@ -198,23 +239,16 @@ class EagleWorker(DecodeWorker):
         out = self.runner.forward(forward_batch)
         logits = out.all_logits.view(len(reqs), k + 1, -1)  # raw: the reported logprobs are taken before penalties
         target = self._constrained(reqs, self._penalized(reqs, logits, drafts), drafts)  # what acceptance uses
-        best = target.argmax(dim=-1)  # [B, k+1]
-        num_acc = (drafts == best[:, :k]).int().cumprod(dim=1).sum(dim=1)  # greedy: longest matching prefix
         # tokens[b, :j+1]: the j accepted drafts, then the target's token at position j (correction or bonus)
-        tokens = torch.where(torch.arange(k + 1, device=device)[None, :] < num_acc[:, None],
-                             torch.cat((drafts, drafts[:, :1]), dim=1), best.gather(1, num_acc[:, None].long()))
+        tokens, num_acc = accept_greedy(drafts, target)
         for b, req in enumerate(reqs):
             if not req.sampling_params.is_greedy:  # speculative sampling, still on the device
                 tokens[b], num_acc[b] = accept_sampling(drafts[b], torch.stack(draft_probs[b]), target[b],
                                                         req.sampling_params, req.generator)
         lps = torch.log_softmax(logits, dim=-1).gather(2, tokens[:, :, None]).squeeze(2)
-        # the one host transfer of the cycle (token ids are exact in float64)
-        host = read_back(torch.cat((tokens.double(), num_acc[:, None].double(), lps.double()), dim=1))
-        tokens_out, logprobs_out = [], []
-        for row in host:  # k+1 tokens, the number j of accepted drafts, k+1 logprobs; the first j+1 of each count
-            j = int(row[k + 1])
-            tokens_out.append([int(t) for t in row[:j + 1]])
-            logprobs_out.append(row[k + 2:k + 3 + j])
+        # the one host transfer of the cycle
+        tokens_out, logprobs_out = self._unpack(read_back(torch.cat((tokens.double(), num_acc[:, None].double(),
+                                                                     lps.double()), dim=1)))
         return SpecVerifyResult(reqs, starts, tokens_out, logprobs_out, out.hidden_states)
 
     def _constrained(self, reqs: list, target: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:

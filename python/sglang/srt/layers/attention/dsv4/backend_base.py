@@ -19,10 +19,11 @@ import torch
 
 from sglang.srt.configs.deepseek_v4 import CSA_RATIO
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
-from sglang.srt.layers.attention.dsv4.decode_metadata import decode_compress_plan, decode_entry_slots
+from sglang.srt.layers.attention.dsv4.decode_metadata import decode_compress_plan, decode_entry_slots, static_seq_lens
 from sglang.srt.layers.attention.dsv4.logits_workspace import IndexerLogitsWorkspace, logits_budget_bytes
 from sglang.srt.layers.attention.dsv4.metadata import (
     DSV4Metadata, RatioMetadata, build_compress_plan, build_entry_slots, build_window_slots)
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
 
 @dataclass(frozen=True)
@@ -66,13 +67,16 @@ class DeepseekV4AttnBackendBase(AttentionBackend):
         window_slots = build_window_slots(fb, self.config.sliding_window, self.allocator.full_to_swa)
         req_to_token = fb.req_to_token_pool.req_to_token
         ratios = {}
-        for ratio in self.config.distinct_ratios:
+        # the MTP layer attends to its window only: a draft forward needs no compressed-entry metadata
+        needed = () if fb.forward_mode == ForwardMode.DRAFT_EXTEND else self.config.distinct_ratios
+        for ratio in needed:
             overlap = ratio == CSA_RATIO
             num_ring_rows = self._any_state(ratio).buf.shape[0]
             if fb.capacity_static:
                 plan = decode_compress_plan(req_to_token, fb.req_pool_indices, fb.positions, ratio, overlap,
                                             self.page_size, self.num_draft_tokens, num_ring_rows)
-                entry_slots = decode_entry_slots(req_to_token, fb.req_pool_indices, fb.positions + 1, ratio,
+                seq_lens = static_seq_lens(fb.positions, fb.req_pool_indices.shape[0])
+                entry_slots = decode_entry_slots(req_to_token, fb.req_pool_indices, seq_lens, ratio,
                                                  self.page_size, capacity=req_to_token.shape[1] // ratio)
             else:
                 plan = build_compress_plan(fb, ratio, overlap, self.page_size, self.num_draft_tokens, num_ring_rows)
@@ -135,7 +139,7 @@ class DeepseekV4AttnBackendBase(AttentionBackend):
             return torch.full((num_rows, indexer.index_topk), -1, dtype=torch.int64, device=q.device)
         if self.pool.index_keys_rotated:
             q = indexer.rotate(q)
-        if forward_batch.forward_mode.is_decode():  # a plain allocation (under CUDA graphs, in the graph pool)
+        if forward_batch.capacity_static:  # a plain allocation (under CUDA graphs, in the graph pool)
             logits = torch.empty(num_rows, e_max, dtype=torch.float32, device=q.device)
             return self._select(indexer, q, weights, rm.entry_slots, row_req, rm.row_visible, logits)
         step = self.logits_workspace.logits_rows_per_chunk(e_max)
