@@ -141,7 +141,7 @@ def engine_forward_indexer(fmt, buf, rotated, q, weights, entry, row_req, row_vi
     md = DSV4Metadata(window_slots=None, out_swa_loc=None,
                       ratios={4: RatioMetadata(ratio=4, entry_slots=entry, row_visible=row_visible, plan=None)})
     forward_batch = SimpleNamespace(attn_metadata=md, row_req=row_req, extend_seq_lens_cpu=new_tokens,
-                                    forward_mode=SimpleNamespace(is_decode=lambda: False))
+                                    capacity_static=False)  # the general path: pooled logits, row chunks
     return backend.forward_indexer(indexer, q, weights, forward_batch)
 
 

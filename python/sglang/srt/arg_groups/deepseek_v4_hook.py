@@ -87,6 +87,23 @@ def apply_cuda_graph_defaults(args: "ServerArgs") -> list:
     return [f"cuda_graph_bs={usable}"]
 
 
+def apply_quantization(args: "ServerArgs", model_dir: str, config: DeepseekV4Config) -> list:
+    """--quantization from the checkpoint's stored formats (printed at start): fp8 when its linears are FP8. An
+    explicit fp8 on a checkpoint without FP8 linears is refused (nothing quantizes at load)."""
+    from sglang.srt.model_loader.loader import detect_quantization
+
+    stored = detect_quantization(model_dir, config)
+    if args.quantization == "fp8" and stored.linears != "fp8":
+        raise ValueError(f"--quantization fp8: the checkpoint stores no FP8 linears ({stored.describe()})")
+    if args.quantization is not None:
+        return []
+    args.quantization = "fp8" if stored.linears == "fp8" else "none"
+    where = "kept FP8 on the GPU" if args.device != "cpu" else "dequantized at load on CPU"
+    note = f"; {where}" if stored.linears else ""
+    return [f"quantization={args.quantization} (checkpoint: {stored.describe()}{note}; routed experts dequantized "
+            f"to {args.dtype})" if stored.experts else f"quantization={args.quantization} ({stored.describe()}{note})"]
+
+
 def apply_deepseek_v4_defaults(args: "ServerArgs") -> list:
     """Fill the options left unset with DeepSeek-V4 defaults and validate; returns 'name=value' of each default
     applied (printed at start)."""
@@ -112,6 +129,7 @@ def apply_deepseek_v4_defaults(args: "ServerArgs") -> list:
     default("max_running_requests", 256)
     default("chunked_prefill_size", 1024 if on_cpu else 8192)
     default("mem_fraction_static", 0.25 if on_cpu else 0.85)
+    applied += apply_quantization(args, model_dir, config)
     applied += apply_speculative_defaults(args, config)
     applied += apply_cuda_graph_defaults(args)
     if args.kv_cache_dtype == "fp8_e4m3" and config.nope_head_dim % 64:

@@ -21,7 +21,8 @@ from tqdm import tqdm
 from sglang.srt.configs.deepseek_v4 import DeepseekV4Config
 from sglang.srt.model_loader.checkpoint_spec import PARTS, TensorKind, TensorSpec, expected_tensors, part_of
 from sglang.srt.model_loader.name_mapping import FusedExperts, to_native
-from sglang.srt.model_loader.quant_formats import FP4_BLOCK, FP8_BLOCK, dequantize_fp8_block, dequantize_mxfp4
+from sglang.srt.model_loader.quant_formats import (
+    FP4_BLOCK, FP8_BLOCK, dequantize_fp8_block, dequantize_mxfp4, scale_to_float)
 from sglang.srt.model_loader.weight_utils import CheckpointError, TensorReader, TensorRecord, list_tensors
 
 __all__ = ["CheckpointError", "TensorPlan", "load_config", "plan_checkpoint", "iter_checkpoint", "load_checkpoint"]
@@ -228,11 +229,13 @@ def _materialize(plan: TensorPlan, reader: TensorReader, config: DeepseekV4Confi
 
 
 def iter_checkpoint(model_dir: str, config: Optional[DeepseekV4Config] = None, dtype: torch.dtype = torch.float32,
-                    part: str = "main", device="cpu") -> Iterator[tuple]:
+                    part: str = "main", device="cpu", keep_fp8: frozenset = frozenset()) -> Iterator[tuple]:
     """Yield (native name, tensor) once for every tensor of `expected_tensors(config, part)`.
 
     Tensors are dequantized to `dtype` in their logical shape; fp32-kept tensors stay float32 and
     `tid2eid` becomes int64. Tensors of the other part are ignored. Raises CheckpointError.
+    Names in `keep_fp8` (FP8 linears, see `fp8_linear_names`) are yielded as stored, e4m3, followed by
+    (`<module>.weight_scale_inv`, their fp32 128x128 block multipliers).
     """
     config = config if config is not None else load_config(model_dir)
     plans = plan_checkpoint(model_dir, config, part)
@@ -241,8 +244,48 @@ def iter_checkpoint(model_dir: str, config: Optional[DeepseekV4Config] = None, d
     bar = progress_bar(total=len(plans), desc=f"Loading weights ({part})", unit="tensor")  # hub loads take minutes
     with TensorReader() as reader, bar:
         for plan in plans:
-            yield plan.name, _materialize(plan, reader, config, dtype, block).to(device)
+            if plan.name in keep_fp8:
+                if plan.fmt != "fp8" or block != FP8_BLOCK:
+                    raise CheckpointError(f"tensor '{plan.name}' is not stored as FP8 with 128x128 blocks")
+                scale = scale_to_float(reader.read(plan.scale.record, plan.scale.index))
+                yield plan.name, reader.read(plan.weight.record, plan.weight.index).to(device)
+                yield plan.name[:-len("weight")] + "weight_scale_inv", scale.to(device)
+            else:
+                yield plan.name, _materialize(plan, reader, config, dtype, block).to(device)
             bar.update(1)
+
+
+@dataclass(frozen=True)
+class CheckpointQuantization:
+    """What a checkpoint stores quantized: `linears` "fp8" or None, `experts` "fp4", "fp8" or None."""
+
+    linears: Optional[str]
+    experts: Optional[str]
+
+    def describe(self) -> str:
+        if self.linears is None and self.experts is None:
+            return "none (float weights)"
+        parts = [f"linears {self.linears or 'float'}", f"routed experts {self.experts or 'float'}"]
+        return ("fp8" if self.linears else "experts only") + f" ({', '.join(parts)})"
+
+
+def detect_quantization(model_dir: str, config: DeepseekV4Config) -> CheckpointQuantization:
+    """The stored formats of the main part's linears and routed experts (from the headers only)."""
+    plans = plan_checkpoint(model_dir, config, "main")
+    linears = {p.fmt for p in plans if p.spec.kind == TensorKind.LINEAR}
+    experts = {p.fmt for p in plans if p.spec.kind == TensorKind.EXPERT}
+    return CheckpointQuantization("fp8" if "fp8" in linears else None,
+                                  next((f for f in ("fp4", "fp8") if f in experts), None))
+
+
+def fp8_linear_names(model_dir: str, config: DeepseekV4Config, part: str) -> frozenset:
+    """Native names of the linears stored FP8 with 128x128 blocks that stay FP8 on a GPU: every LINEAR but the
+    shared experts' (fused into the routed experts' bf16 grouped GEMM)."""
+    qc = config.quantization_config
+    if qc is not None and tuple(qc.weight_block_size) != FP8_BLOCK:
+        return frozenset()
+    return frozenset(p.name for p in plan_checkpoint(model_dir, config, part)
+                     if p.spec.kind == TensorKind.LINEAR and p.fmt == "fp8" and ".shared_experts." not in p.name)
 
 
 def load_checkpoint(model_dir: str, config: Optional[DeepseekV4Config] = None, dtype: torch.dtype = torch.float32,

@@ -20,6 +20,7 @@ from sglang.srt.layers.mhc import hc_head, hc_post, hc_pre
 from sglang.srt.layers.moe.experts import RoutedExperts, SharedExpert, append_shared_expert
 from sglang.srt.layers.moe.router import Gate
 from sglang.srt.layers.norm import RMSNorm, rms_normalize
+from sglang.srt.layers.quantization.fp8 import Fp8BlockLinear
 from sglang.srt.layers.rotary import RotaryEmbedding
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
@@ -127,6 +128,8 @@ class Attention(nn.Module):
         # V carries RoPE in its last Dr dims: undo it at the query position, then the grouped output.
         o = self.rotary.apply(o, positions, inverse=True)
         o = o.reshape(-1, self.groups, self.n_heads * self.head_dim // self.groups)  # [T, G, H*Dh/G]
+        if isinstance(self.wo_a, Fp8BlockLinear):  # one grouped FP8 GEMM
+            return self.wo_b(self.wo_a(o.flatten(1)))
         wo_a = self.wo_a.weight.view(self.groups, -1, o.shape[-1])  # [G, Ro, H*Dh/G]
         return self.wo_b(torch.einsum("tgi,goi->tgo", o, wo_a).flatten(1))
 

@@ -1,0 +1,98 @@
+"""FP8 block-scaled linears that stay FP8 on the GPU (the hub's e4m3 weights, one multiplier per 128x128 block).
+
+`Fp8BlockLinear` replaces an `nn.Linear` whose checkpoint tensor is stored FP8 (model_loader.loader.fp8_linear_names):
+it holds `weight` (e4m3 [out, in]) and `weight_scale_inv` (fp32 [ceil(out / 128), ceil(in / 128)]). It computes
+W8A16, the function of the dequantized model (activations are not rounded, so outputs equal the dequantized
+engine's up to summation order): up to SKINNY_ROWS rows (decode, verify) sgl_kernel's dsv4_fp8_block_gemm converts
+the FP8 tiles in registers, reading one byte per weight; more rows (prefill) dequantize the weight to the compute
+dtype and use the vendor GEMM (the dequantization is a few percent of such a GEMM). The kernel's W8A8 mode (FP8 MMA
+on quantized activations, the hub's `activation_scheme: dynamic`) exists and is tested, but measured 0.2-0.6x of the
+bf16 matmul on an H200 so far (benchmark/RESULTS.md), so the engine does not use it yet. `groups` > 1 is
+DeepSeek-V4's grouped low-rank output projection (wo_a): input [T, G * in], one weight slice per group.
+
+Where FP8 stays: CUDA only. CPU and ROCm dequantize at load (the HF oracle stays exact on CPU; ROCm's e4m3fnuz
+rescaling is not built yet), so `fp8_linears_supported` is False there and no module is replaced.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from sglang.srt.platform import is_hip
+
+BLOCK = 128
+
+
+def fp8_linears_supported(device: torch.device) -> bool:
+    return device.type == "cuda" and not is_hip()
+
+
+SKINNY_ROWS = 64  # up to this many rows the Triton kernel reads FP8 tiles; above, dequantize + vendor GEMM
+
+
+def dequantize_weight(w: torch.Tensor, w_scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """e4m3 [N, K] with block multipliers [ceil(N / 128), ceil(K / 128)] -> [N, K] in `dtype` (exact: an e4m3 value
+    times a power of two)."""
+    n, k = w.shape
+    s = w_scale.to(dtype).repeat_interleave(BLOCK, 0)[:n].repeat_interleave(BLOCK, 1)[:, :k]
+    return w.to(dtype) * s
+
+
+def fp8_linear(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, groups: int = 1) -> torch.Tensor:
+    """x [M, G * K] (contiguous rows) -> [M, G * N] in x's dtype, W8A16 (see the module docstring)."""
+    from sgl_kernel.dsv4_fp8_gemm import dsv4_fp8_block_gemm
+
+    if x.shape[0] <= SKINNY_ROWS:
+        return dsv4_fp8_block_gemm(x, w, w_scale, groups, out_dtype=x.dtype, quantize_act=False)
+    wd = dequantize_weight(w, w_scale, x.dtype)
+    if groups == 1:
+        return x @ wd.T
+    xg = x.view(x.shape[0], groups, -1).transpose(0, 1)  # [G, M, K] @ [G, K, N] -> [M, G * N]
+    return torch.bmm(xg, wd.view(groups, -1, wd.shape[1]).transpose(1, 2)).transpose(0, 1).flatten(1)
+
+
+class Fp8BlockLinear(nn.Module):
+    def __init__(self, in_features: int, out_features: int, groups: int = 1) -> None:
+        super().__init__()
+        if out_features % groups:
+            raise ValueError(f"{out_features} outputs do not split into {groups} groups")
+        self.in_features, self.out_features, self.groups = in_features, out_features, groups
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=torch.float8_e4m3fn),
+                                   requires_grad=False)
+        self.weight_scale_inv = nn.Parameter(
+            torch.empty(math.ceil(out_features / BLOCK), math.ceil(in_features / BLOCK), dtype=torch.float32),
+            requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., groups * in_features] -> [..., out_features] in x's dtype."""
+        lead = x.shape[:-1]
+        rows = x.reshape(-1, x.shape[-1])
+        if rows.stride(-1) != 1:
+            rows = rows.contiguous()
+        return fp8_linear(rows, self.weight, self.weight_scale_inv, self.groups).view(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, groups={self.groups}, fp8 e4m3"
+
+
+def replace_fp8_linears(model: nn.Module, weight_names: frozenset, groups_of=lambda name: 1) -> int:
+    """Swap each `nn.Linear` whose `<name>.weight` is in `weight_names` for an Fp8BlockLinear of the same logical
+    shape (before the model is materialised, e.g. on the meta device); `groups_of(module name)` gives its groups and
+    in_features is then per group. Returns how many were replaced; a name matching no linear raises."""
+    found = 0
+    for name, module in list(model.named_modules()):
+        if f"{name}.weight" not in weight_names:
+            continue
+        if not isinstance(module, nn.Linear):
+            raise TypeError(f"'{name}' is stored FP8 but is a {type(module).__name__}, not a linear")
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        groups = groups_of(name)
+        setattr(parent, attr, Fp8BlockLinear(module.in_features, module.out_features, groups))
+        found += 1
+    if found != len(weight_names):
+        raise KeyError(f"{len(weight_names) - found} FP8 checkpoint tensors match no linear of the model")
+    return found

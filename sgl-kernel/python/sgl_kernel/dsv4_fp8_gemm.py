@@ -1,0 +1,162 @@
+"""dsv4_fp8_linear: y = x @ W.T with W in FP8 e4m3 and one power-of-two multiplier per 128x128 block, grouped.
+
+Two launches: `dsv4_fp8_act_quant` quantizes the activations per token and 128 channels (power-of-two scales from
+the bits of amax, as the hub's dynamic ue8m0 scheme; dsv4_fp8_gemm_ref.py is the reference), then
+`dsv4_fp8_block_gemm` runs the FP8 MMA per 128-wide K step and applies both scales to the fp32 partial sums. Where FP8
+MMA is missing (pre-Hopper NVIDIA, or a caller's choice), `quantize_act=False` runs W8A16: the weight tile is
+converted to the activation dtype in registers and only its scale applied.
+
+Groups: x [M, G * K] and W [G * N, K]; output columns [g * N, (g + 1) * N) are x[:, g] @ W[g * N:(g + 1) * N].T, each
+group's activations quantized on their own. G = 1 is a plain linear; DeepSeek-V4's grouped low-rank output
+projection `wo_a` uses G = o_groups. Weight-scale rows are looked up by absolute weight row, so N need not be a
+multiple of 128; partial K blocks are masked.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from sgl_kernel.dsv4_fp8_gemm_ref import BLOCK, FP8_E4M3_MAX
+
+
+@triton.jit
+def _act_quant_kernel(x_ptr, q_ptr, s_ptr, K, KB, stride_x, stride_q, stride_s, BLOCK_K: tl.constexpr,
+                      FP8_MAX: tl.constexpr, ROUND_IN_FP32: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    g = tl.program_id(1) // KB
+    b = tl.program_id(1) % KB
+    k = b * BLOCK_K + tl.arange(0, BLOCK_K)
+    mask = k < K
+    x = tl.load(x_ptr + row * stride_x + g * K + k, mask=mask, other=0.0).to(tl.float32)
+    bits = tl.max(tl.abs(x), axis=0).to(tl.int32, bitcast=True)
+    exponent = ((bits >> 23) & 0xFF) - 127
+    e = exponent - 8 + ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)  # amax / 448 <= 2^e
+    e = tl.maximum(e, -126)
+    scale = ((e + 127) << 23).to(tl.float32, bitcast=True)
+    inv = ((127 - e) << 23).to(tl.float32, bitcast=True)  # exact: both are powers of two
+    q = tl.minimum(tl.maximum(x * inv, -FP8_MAX), FP8_MAX)
+    if ROUND_IN_FP32:
+        # The CPU interpreter's fp8 conversion does not round to nearest: round to the nearest e4m3 value (ties to
+        # even) in fp32 first, so the cast only re-encodes an exact value. The spacing at q is 2^(max(E, -6) - 3);
+        # y = q / spacing has |y| < 16, and (y + 1.5 * 2^23) - 1.5 * 2^23 rounds it to an integer the IEEE way.
+        # (GPUs convert with round-to-nearest-even, saturating: the plain cast.)
+        qe = ((q.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+        ue = tl.maximum(qe, -6) - 3
+        y = q * ((127 - ue) << 23).to(tl.float32, bitcast=True)
+        y = (y + 12582912.0) - 12582912.0
+        q = y * ((ue + 127) << 23).to(tl.float32, bitcast=True)
+    tl.store(q_ptr + row * stride_q + g * K + k, q.to(q_ptr.dtype.element_ty), mask=mask)
+    tl.store(s_ptr + row * stride_s + g * KB + b, scale)
+
+
+@triton.jit
+def _fp8_block_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, c_ptr, M, N, K, KB, stride_am, stride_as, stride_wn,
+                           stride_ws, stride_cm, QUANT_A: tl.constexpr, BLOCK_M: tl.constexpr,
+                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_m = tl.program_id(1)
+    pid_n = tl.program_id(0)
+    g = tl.program_id(2)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    m_ok = rm < M
+    n_ok = rn < N
+    w_row = (g * N + rn).to(tl.int64)  # absolute weight row: its scale row is w_row // 128
+    a_ptrs = a_ptr + rm.to(tl.int64)[:, None] * stride_am + g * K + rk[None, :]
+    w_ptrs = w_ptr + w_row[None, :] * stride_wn + rk[:, None]  # [BLOCK_K, BLOCK_N], W transposed
+    ws_ptrs = ws_ptr + (w_row // BLOCK_K) * stride_ws
+    as_ptrs = as_ptr + rm.to(tl.int64) * stride_as + g * KB
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(0, KB):
+        k_ok = kb * BLOCK_K + rk < K
+        a = tl.load(a_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        sw = tl.load(ws_ptrs + kb, mask=n_ok, other=0.0)
+        if QUANT_A:
+            sa = tl.load(as_ptrs + kb, mask=m_ok, other=0.0)
+            acc += tl.dot(a, w, out_dtype=tl.float32) * sa[:, None] * sw[None, :]
+        else:
+            acc += tl.dot(a, w.to(a.dtype), out_dtype=tl.float32) * sw[None, :]
+        a_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    c_ptrs = c_ptr + rm.to(tl.int64)[:, None] * stride_cm + g * N + rn[None, :]
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+def _rows(x: torch.Tensor, groups: int) -> torch.Tensor:
+    if x.dim() != 2 or x.stride(-1) != 1 or x.shape[1] % groups:
+        raise ValueError(f"x must be [M, groups * K] with contiguous rows, got {tuple(x.shape)} "
+                         f"stride {x.stride()} for {groups} groups")
+    return x
+
+
+def dsv4_fp8_act_quant(x: torch.Tensor, groups: int = 1) -> tuple:
+    """x [M, G * K] -> (e4m3 [M, G * K], fp32 power-of-two multipliers [M, G * ceil(K / 128)])."""
+    x = _rows(x, groups)
+    m, k = x.shape[0], x.shape[1] // groups
+    kb = triton.cdiv(k, BLOCK)
+    q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    s = torch.empty(m, groups * kb, dtype=torch.float32, device=x.device)
+    if m and k:
+        _act_quant_kernel[(m, groups * kb)](x, q, s, k, kb, x.stride(0), q.stride(0), s.stride(0), BLOCK_K=BLOCK,
+                                           FP8_MAX=FP8_E4M3_MAX, ROUND_IN_FP32=x.device.type != "cuda")
+    return q, s
+
+
+def _config(m: int, a_bytes: int) -> tuple:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) by row count: skinny decode tiles spread the weight over many
+    programs; prefill tiles reuse it. fp32 activation tiles (W8A16 in fp32) take fewer pipeline stages, so the
+    staged tiles fit in shared memory (4 stages of 64 x 128 fp32 rows need 311 KB on an H200, which has 227 KB)."""
+    if m <= 16:
+        return 16, 64, 4, 4
+    if m <= 64:
+        return 64, 64, 4, 4 if a_bytes < 4 else 2
+    return 128, 128, 8, 3 if a_bytes < 4 else 1
+
+
+def dsv4_fp8_block_gemm(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, groups: int = 1,
+                        out_dtype: torch.dtype = torch.bfloat16, quantize_act: bool = True) -> torch.Tensor:
+    """x [M, G * K] (bf16/fp16/fp32), w e4m3 [G * N, K], w_scale fp32 [ceil(G * N / 128), ceil(K / 128)] ->
+    [M, G * N] in out_dtype. quantize_act: W8A8 (FP8 MMA); else W8A16 (x's dtype MMA)."""
+    x = _rows(x, groups)
+    k = x.shape[1] // groups
+    n = w.shape[0] // groups
+    kb = triton.cdiv(k, BLOCK)
+    if w.shape[1] != k or w.shape[0] != groups * n or tuple(w_scale.shape) != (triton.cdiv(w.shape[0], BLOCK), kb):
+        raise ValueError(f"weight {tuple(w.shape)} / scale {tuple(w_scale.shape)} do not fit x {tuple(x.shape)} "
+                         f"in {groups} groups")
+    if quantize_act:
+        a, a_scale = dsv4_fp8_act_quant(x, groups)
+        return dsv4_fp8_scaled_gemm(a, a_scale, w, w_scale, groups, out_dtype)
+    return _launch(x, None, w, w_scale, groups, out_dtype)
+
+
+def dsv4_fp8_scaled_gemm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
+                         groups: int = 1, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """The GEMM of already quantized activations: a e4m3 [M, G * K] with a_scale fp32 [M, G * ceil(K / 128)]."""
+    if a_scale.shape != (a.shape[0], groups * triton.cdiv(a.shape[1] // groups, BLOCK)) or a_scale.stride(1) != 1:
+        raise ValueError(f"activation scale {tuple(a_scale.shape)} does not fit {tuple(a.shape)} in {groups} groups")
+    return _launch(a, a_scale, w, w_scale, groups, out_dtype)
+
+
+def _launch(a: torch.Tensor, a_scale, w: torch.Tensor, w_scale: torch.Tensor, groups: int,
+            out_dtype: torch.dtype) -> torch.Tensor:
+    a = _rows(a, groups)
+    m, k = a.shape[0], a.shape[1] // groups
+    n = w.shape[0] // groups
+    kb = triton.cdiv(k, BLOCK)
+    out = torch.empty(m, groups * n, dtype=out_dtype, device=a.device)
+    if m == 0:
+        return out
+    quantize_act = a_scale is not None
+    if not quantize_act:
+        a_scale = w_scale  # not read
+    block_m, block_n, warps, stages = _config(m, a.element_size())
+    grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m), groups)
+    _fp8_block_gemm_kernel[grid](a, a_scale, w, w_scale, out, m, n, k, kb, a.stride(0), a_scale.stride(0),
+                                 w.stride(0), w_scale.stride(0), out.stride(0), QUANT_A=quantize_act,
+                                 BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=BLOCK, num_warps=warps,
+                                 num_stages=stages)
+    return out

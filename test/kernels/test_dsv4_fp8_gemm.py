@@ -1,0 +1,115 @@
+"""dsv4_fp8_act_quant / dsv4_fp8_block_gemm against their torch references (sgl_kernel.dsv4_fp8_gemm_ref):
+power-of-two activation scales and e4m3 codes equal exactly (ties to even included), the GEMM of given FP8 operands
+equal to the fp32 product of their dequantized values, W8A16, groups with N not a multiple of 128 and partial K
+blocks, zero rows. GPU (skipped without CUDA): exact activation codes and measured error bounds at DeepSeek-V4 Flash
+shapes in bf16."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sgl_kernel.dsv4_fp8_gemm import dsv4_fp8_act_quant, dsv4_fp8_block_gemm, dsv4_fp8_scaled_gemm
+from sgl_kernel.dsv4_fp8_gemm_ref import (
+    act_quant_ref, act_scale_exponent, dequant_weight_ref, fp8_block_linear_ref)
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def _weight(n: int, k: int, seed: int, device="cpu") -> tuple:
+    g = torch.Generator().manual_seed(seed)
+    w = (torch.randn(n, k, generator=g) * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
+    e = torch.randint(-12, -4, (-(-n // 128), -(-k // 128)), generator=g)
+    return w.to(device), torch.ldexp(torch.ones(e.shape), e).to(device)
+
+
+def test_scale_exponent_from_bits():
+    amax = torch.tensor([448.0, 448.5, 896.0, 1.0, 0.0, 1e-45, 3.5, 3.5 * 2 ** 100])
+    e = act_scale_exponent(amax)
+    assert e.tolist() == [0, 1, 1, -8, -126, -126, -7, 93]
+    ok = amax / torch.ldexp(torch.ones(8), e) <= 448  # the smallest such e: one less overflows (where allowed)
+    tighter = amax / torch.ldexp(torch.ones(8), e - 1) > 448
+    assert ok.all() and tighter[:4].all() and tighter[6:].all()
+
+
+@pytest.mark.parametrize("groups,k", [(1, 256), (3, 200)])
+def test_act_quant_matches_reference(groups, k):
+    g = torch.Generator().manual_seed(k)
+    x = torch.randn(6, groups * k, generator=g) * torch.logspace(-3, 3, 6)[:, None]
+    x[2] = 0  # a zero row
+    q, s = dsv4_fp8_act_quant(x, groups)
+    ref_q, ref_s = zip(*(act_quant_ref(x[:, i * k:(i + 1) * k]) for i in range(groups)))
+    assert torch.equal(s, torch.cat(ref_s, dim=1))
+    qf = q.float()
+    assert torch.equal(q.view(torch.uint8), torch.cat(ref_q, dim=1).view(torch.uint8))  # the same e4m3 codes
+    deq = qf.view(6, groups, k) * s.view(6, groups, -1).repeat_interleave(128, 2)[:, :, :k]
+    step = s.view(6, groups, -1).repeat_interleave(128, 2)[:, :, :k].reshape(6, -1) * 2 ** -9
+    assert ((deq.view(6, -1) - x).abs() <= x.abs() * 2 ** -3 + step).all()  # 3 mantissa bits; subnormal steps
+
+
+@pytest.mark.parametrize("m,groups,n,k", [(5, 1, 96, 384), (20, 3, 80, 200), (70, 2, 130, 128), (0, 1, 64, 128)])
+def test_scaled_gemm_equals_fp32_product(m, groups, n, k):
+    w, ws = _weight(groups * n, k, seed=n)
+    x = torch.randn(m, groups * k, generator=torch.Generator().manual_seed(m))
+    a, a_s = zip(*(act_quant_ref(x[:, i * k:(i + 1) * k]) for i in range(groups)))
+    a, a_s = torch.cat(a, dim=1), torch.cat(a_s, dim=1)
+    got = dsv4_fp8_scaled_gemm(a, a_s, w, ws, groups, out_dtype=torch.float32)
+    assert got.shape == (m, groups * n)
+    ref = fp8_block_linear_ref(x, w, ws, groups)  # quantizes x the same way, then an fp32 product
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5 * (ref.abs().max().item() if ref.numel() else 0) + 1e-6)
+
+
+@pytest.mark.parametrize("groups,n,k", [(1, 96, 384), (3, 80, 200)])
+def test_w8a16_and_end_to_end(groups, n, k):
+    w, ws = _weight(groups * n, k, seed=k)
+    x = torch.randn(9, groups * k, generator=torch.Generator().manual_seed(1))
+    w16 = dsv4_fp8_block_gemm(x, w, ws, groups, out_dtype=torch.float32, quantize_act=False)
+    wf = dequant_weight_ref(w, ws)
+    ref16 = torch.cat([x[:, i * k:(i + 1) * k] @ wf[i * n:(i + 1) * n].T for i in range(groups)], dim=1)
+    torch.testing.assert_close(w16, ref16, rtol=1e-5, atol=1e-5 * ref16.abs().max().item())
+    w8 = dsv4_fp8_block_gemm(x, w, ws, groups, out_dtype=torch.float32)
+    # activation rounding (and the interpreter's own e4m3 rounding): within a few percent of the W8A16 result
+    err = (w8 - ref16).norm() / ref16.norm()
+    assert err < 0.05, err
+
+
+def test_bad_shapes_are_refused():
+    w, ws = _weight(64, 128, seed=0)
+    with pytest.raises(ValueError, match="do not fit"):
+        dsv4_fp8_block_gemm(torch.randn(2, 256), w, ws)
+    with pytest.raises(ValueError, match="contiguous rows"):
+        dsv4_fp8_block_gemm(torch.randn(128, 2).T, w, ws)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("m", [1, 32, 4096])
+@pytest.mark.parametrize("groups,n,k", [(1, 1024, 4096), (1, 32768, 1024), (8, 1024, 4096), (1, 4096, 8192)])
+def test_gpu_flash_shapes(m, groups, n, k):
+    """Flash's wq_a, wq_b, grouped wo_a and wo_b: exact activation codes; bf16 output within 1% (relative
+    Frobenius error vs the fp32 product of the same FP8 operands, measured about 0.3%)."""
+    w, ws = _weight(groups * n, k, seed=n, device="cuda")
+    x = torch.randn(m, groups * k, device="cuda", dtype=torch.bfloat16)
+    q, s = dsv4_fp8_act_quant(x, groups)
+    rq, rs = zip(*(act_quant_ref(x[:, i * k:(i + 1) * k]) for i in range(groups)))
+    assert torch.equal(s, torch.cat(rs, dim=1)) and torch.equal(q.view(torch.uint8), torch.cat(rq, 1).view(torch.uint8))
+    got = dsv4_fp8_block_gemm(x, w, ws, groups).float()
+    ref = fp8_block_linear_ref(x, w, ws, groups)
+    err = ((got - ref).norm() / ref.norm()).item()
+    print(f"m {m} groups {groups} n {n} k {k}: relative error {err:.2e}")
+    assert err < 1e-2
+    w16 = dsv4_fp8_block_gemm(x, w, ws, groups, quantize_act=False).float()
+    assert ((w16 - ref).norm() / ref.norm()).item() < 5e-2  # W8A16 skips the activation rounding
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("m", [1, 32, 64, 300])
+def test_gpu_w8a16_fp32_activations(m):
+    """W8A16 with fp32 activations (an engine run with --dtype float32): the tiles fit in shared memory (fewer
+    pipeline stages) and the result equals the fp32 product of the dequantized weight."""
+    w, ws = _weight(1024, 4096, seed=m, device="cuda")
+    x = torch.randn(m, 4096, device="cuda")
+    got = dsv4_fp8_block_gemm(x, w, ws, out_dtype=torch.float32, quantize_act=False)
+    ref = x @ dequant_weight_ref(w, ws).T
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4 * ref.abs().max().item())
