@@ -99,6 +99,11 @@ class Envs:
         "admission counts at most this many of a request's max_new_tokens (upstream's name and default): a request "
         "without max_tokens is not expected to fill the context")
 
+    SGLANG_DSV4_FP4_EXPERTS = EnvVar("SGLANG_DSV4_FP4_EXPERTS", None, _tristate,
+                                     "whether the checkpoint's routed experts are MXFP4 (1) or FP8-converted (0); "
+                                     "upstream needs it for FP8-converted checkpoints, here the stored format is "
+                                     "detected and a contradicting value is refused at start (auto: detected)")
+
     # Platform (ROCm / AMD); decided in arg_groups/platform_defaults.py, documented in docs/platforms.md
     SGLANG_USE_AITER = EnvVar("SGLANG_USE_AITER", None, _tristate,
                               "use AMD's AITER kernels where they are a drop-in swap (auto: on ROCm when `aiter` "

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 ATTENTION_BACKENDS = ("torch", "triton", "dsv4")
-QUANTIZATIONS = (None, "fp8", "none")
+QUANTIZATIONS = (None, "fp8", "mxfp4", "none")
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float32", "fp8_e4m3")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 GRAMMAR_BACKENDS = ("xgrammar", "none")
@@ -32,7 +32,7 @@ class ServerArgs:
     trust_remote_code: bool = False  # accepted, not needed (logged)
     device: Optional[str] = None  # None: cuda when available, else cpu
     dtype: str = "auto"  # auto: bfloat16 on GPU, float32 on CPU
-    quantization: Optional[str] = None  # None: detected from the checkpoint; fp8: FP8 linears stay FP8 on a GPU
+    quantization: Optional[str] = None  # None: detected; fp8 / mxfp4: stored formats stay quantized on a GPU
     context_length: Optional[int] = None  # None: the model's max_position_embeddings
     # Memory pool
     mem_fraction_static: Optional[float] = None
@@ -141,8 +141,9 @@ class ServerArgs:
         p.add_argument("--dtype", default="auto", choices=DTYPES,
                        help="compute dtype; auto = bfloat16 on a GPU, float32 on CPU")
         p.add_argument("--quantization", choices=QUANTIZATIONS[1:],
-                       help="weight format on a GPU: fp8 = the checkpoint's FP8 linears stay FP8 (block-scaled GEMM), "
-                            "none = every weight dequantized at load (default: detected from the checkpoint)")
+                       help="weight formats kept on a GPU: fp8 = the checkpoint's FP8 linears stay FP8 and its MXFP4 "
+                            "experts packed; mxfp4 = only MXFP4 experts stay packed; none = every weight dequantized "
+                            "at load (default: detected from the checkpoint)")
         p.add_argument("--context-length", type=int,
                        help="longest prompt + output in tokens (default: the model's max_position_embeddings)")
         p.add_argument("--mem-fraction-static", type=float,

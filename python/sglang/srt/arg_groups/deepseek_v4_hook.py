@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from sglang.srt.arg_groups.platform_defaults import apply_platform_defaults, best_attention_backend  # noqa: F401
 from sglang.srt.configs.deepseek_v4 import DeepseekV4Config
+from sglang.srt.environ import envs
 
 if TYPE_CHECKING:
     from sglang.srt.server_args import ServerArgs
@@ -88,20 +89,27 @@ def apply_cuda_graph_defaults(args: "ServerArgs") -> list:
 
 
 def apply_quantization(args: "ServerArgs", model_dir: str, config: DeepseekV4Config) -> list:
-    """--quantization from the checkpoint's stored formats (printed at start): fp8 when its linears are FP8. An
-    explicit fp8 on a checkpoint without FP8 linears is refused (nothing quantizes at load)."""
+    """--quantization from the checkpoint's stored formats (printed at start): fp8 when its linears are FP8 (MXFP4
+    experts, if any, stay packed too), mxfp4 when only its routed experts are MXFP4, else none. An explicit value the
+    checkpoint does not store is refused (nothing quantizes at load); so is SGLANG_DSV4_FP4_EXPERTS contradicting
+    the experts' stored format (upstream's switch for FP8-converted expert checkpoints; detected here)."""
     from sglang.srt.model_loader.loader import detect_quantization
 
     stored = detect_quantization(model_dir, config)
+    fp4_env = envs.SGLANG_DSV4_FP4_EXPERTS.get()
+    if fp4_env is not None and stored.experts is not None and fp4_env != (stored.experts == "fp4"):
+        raise ValueError(f"SGLANG_DSV4_FP4_EXPERTS={int(fp4_env)} but the checkpoint's routed experts are stored "
+                         f"{stored.experts}")
     if args.quantization == "fp8" and stored.linears != "fp8":
         raise ValueError(f"--quantization fp8: the checkpoint stores no FP8 linears ({stored.describe()})")
+    if args.quantization == "mxfp4" and stored.experts != "fp4":
+        raise ValueError(f"--quantization mxfp4: the checkpoint stores no MXFP4 experts ({stored.describe()})")
     if args.quantization is not None:
         return []
-    args.quantization = "fp8" if stored.linears == "fp8" else "none"
-    where = "kept FP8 on the GPU" if args.device != "cpu" else "dequantized at load on CPU"
-    note = f"; {where}" if stored.linears else ""
-    return [f"quantization={args.quantization} (checkpoint: {stored.describe()}{note}; routed experts dequantized "
-            f"to {args.dtype})" if stored.experts else f"quantization={args.quantization} ({stored.describe()}{note})"]
+    args.quantization = "fp8" if stored.linears == "fp8" else "mxfp4" if stored.experts == "fp4" else "none"
+    where = "kept quantized on the GPU" if args.device != "cpu" else "dequantized at load on CPU"
+    note = f"; {where}" if args.quantization != "none" else ""
+    return [f"quantization={args.quantization} (checkpoint: {stored.describe()}{note})"]
 
 
 def apply_deepseek_v4_defaults(args: "ServerArgs") -> list:

@@ -13,6 +13,7 @@ from sglang.srt.configs.deepseek_v4 import DeepseekV4Config
 from sglang.srt.environ import envs
 from sglang.srt.layers.attention.dsv4.torch_backend import TorchAttnBackend
 from sglang.srt.layers.quantization.fp8 import fp8_linears_supported, replace_fp8_linears
+from sglang.srt.layers.quantization.mxfp4 import mxfp4_experts_supported, replace_mxfp4_experts
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.layers.rotary import RotaryEmbedding
 from sglang.srt.mem_cache.deepseek_v4_allocator import DeepSeekV4TokenAllocator
@@ -22,7 +23,7 @@ from sglang.srt.mem_cache.pool_sizing import PoolPlan, plan_pools
 from sglang.srt.mem_cache.req_to_token_pool import ReqToTokenPool
 from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, StaticGraphRunner
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
-from sglang.srt.model_loader.loader import fp8_linear_names, iter_checkpoint
+from sglang.srt.model_loader.loader import detect_quantization, fp8_linear_names, iter_checkpoint
 from sglang.srt.model_loader.model_path import resolve_model_path
 from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM, fuse_shared_experts
 from sglang.srt.models.deepseek_v4_nextn import DeepseekV4ForCausalLMNextN
@@ -41,12 +42,15 @@ _FLOAT_DTYPES = frozenset(_DTYPES.values())  # FP8 weights and their fp32 block 
 
 
 def build_model(cls, config: DeepseekV4Config, dtype: torch.dtype, device,
-                fp8_weights: frozenset = frozenset()) -> nn.Module:
+                fp8_weights: frozenset = frozenset(), mxfp4_experts: bool = False) -> nn.Module:
     """Construct without initialising weights (meta), then materialise on `device` in the right dtypes; the linears
-    of `fp8_weights` (native weight names) become Fp8BlockLinear (FP8 weights and fp32 block scales)."""
+    of `fp8_weights` (native weight names) become Fp8BlockLinear (FP8 weights and fp32 block scales), and with
+    `mxfp4_experts` the routed experts Mxfp4RoutedExperts (packed, fused MoE kernel)."""
     with torch.device("meta"):
         model = cls(config)
         replace_fp8_linears(model, fp8_weights, lambda name: config.o_groups if name.endswith(".wo_a") else 1)
+        if mxfp4_experts:
+            replace_mxfp4_experts(model)
     for name, param in model.named_parameters():
         if param.dtype in _FLOAT_DTYPES and not _FP32_PARAM.search(name):
             param.data = param.data.to(dtype)
@@ -71,19 +75,23 @@ class ModelRunner:
         keep_fp8 = args.quantization == "fp8" and fp8_linears_supported(self.device)
         fp8 = {part: fp8_linear_names(self.model_path, config, part) if keep_fp8 else frozenset()
                for part in ("main", "mtp")}
-        self.model = build_model(DeepseekV4ForCausalLM, config, self.dtype, self.device, fp8["main"])
+        keep_fp4 = (args.quantization in ("fp8", "mxfp4") and mxfp4_experts_supported(self.device)
+                    and detect_quantization(self.model_path, config).experts == "fp4")
+        self.model = build_model(DeepseekV4ForCausalLM, config, self.dtype, self.device, fp8["main"], keep_fp4)
         self.model.load_weights(iter_checkpoint(self.model_path, config, dtype=self.dtype, part="main",
-                                                device=self.device, keep_fp8=fp8["main"]))
+                                                device=self.device, keep_fp8=fp8["main"], keep_fp4=keep_fp4))
         self.draft_model: Optional[DeepseekV4ForCausalLMNextN] = None
         if args.speculative_algorithm is not None:
-            self.draft_model = build_model(DeepseekV4ForCausalLMNextN, config, self.dtype, self.device, fp8["mtp"])
+            self.draft_model = build_model(DeepseekV4ForCausalLMNextN, config, self.dtype, self.device, fp8["mtp"],
+                                           keep_fp4)
             self.draft_model.load_weights(iter_checkpoint(self.model_path, config, dtype=self.dtype, part="mtp",
-                                                          device=self.device, keep_fp8=fp8["mtp"]))
+                                                          device=self.device, keep_fp8=fp8["mtp"], keep_fp4=keep_fp4))
             self.draft_model.set_embed_and_head(self.model.embed, self.model.head)
         self.weight_bytes = sum(t.numel() * t.element_size() for m in (self.model, self.draft_model) if m is not None
                                 for t in list(m.parameters()) + list(m.buffers()))
-        logger.info("weights on %s: %.2f GB (%d linears kept FP8)", self.device.type, self.weight_bytes / 1e9,
-                    len(fp8["main"]) + len(fp8["mtp"]))
+        logger.info("weights on %s: %.2f GB (%d linears kept FP8, routed experts %s)", self.device.type,
+                    self.weight_bytes / 1e9, len(fp8["main"]) + len(fp8["mtp"]),
+                    "kept MXFP4" if keep_fp4 else f"in {args.dtype}")
         if args.platform_decisions.shared_experts_fusion:
             fused = sum(fuse_shared_experts(m) for m in (self.model, self.draft_model) if m is not None)
             logger.info("shared-experts fusion: the shared expert is routed expert %d in %d MoE layers",

@@ -22,7 +22,7 @@ from sglang.srt.configs.deepseek_v4 import DeepseekV4Config
 from sglang.srt.model_loader.checkpoint_spec import PARTS, TensorKind, TensorSpec, expected_tensors, part_of
 from sglang.srt.model_loader.name_mapping import FusedExperts, to_native
 from sglang.srt.model_loader.quant_formats import (
-    FP4_BLOCK, FP8_BLOCK, dequantize_fp8_block, dequantize_mxfp4, scale_to_float)
+    FP4_BLOCK, FP8_BLOCK, dequantize_fp8_block, dequantize_mxfp4, e8m0_encode, scale_to_float)
 from sglang.srt.model_loader.weight_utils import CheckpointError, TensorReader, TensorRecord, list_tensors
 
 __all__ = ["CheckpointError", "TensorPlan", "load_config", "plan_checkpoint", "iter_checkpoint", "load_checkpoint"]
@@ -229,13 +229,15 @@ def _materialize(plan: TensorPlan, reader: TensorReader, config: DeepseekV4Confi
 
 
 def iter_checkpoint(model_dir: str, config: Optional[DeepseekV4Config] = None, dtype: torch.dtype = torch.float32,
-                    part: str = "main", device="cpu", keep_fp8: frozenset = frozenset()) -> Iterator[tuple]:
+                    part: str = "main", device="cpu", keep_fp8: frozenset = frozenset(),
+                    keep_fp4: bool = False) -> Iterator[tuple]:
     """Yield (native name, tensor) once for every tensor of `expected_tensors(config, part)`.
 
     Tensors are dequantized to `dtype` in their logical shape; fp32-kept tensors stay float32 and
     `tid2eid` becomes int64. Tensors of the other part are ignored. Raises CheckpointError.
     Names in `keep_fp8` (FP8 linears, see `fp8_linear_names`) are yielded as stored, e4m3, followed by
-    (`<module>.weight_scale_inv`, their fp32 128x128 block multipliers).
+    (`<module>.weight_scale_inv`, their fp32 128x128 block multipliers). With `keep_fp4`, routed experts stored
+    MXFP4 are yielded packed (uint8 [out, in/2]), followed by (`<name>_scale`, uint8 exponent bytes [out, in/32]).
     """
     config = config if config is not None else load_config(model_dir)
     plans = plan_checkpoint(model_dir, config, part)
@@ -250,6 +252,15 @@ def iter_checkpoint(model_dir: str, config: Optional[DeepseekV4Config] = None, d
                 scale = scale_to_float(reader.read(plan.scale.record, plan.scale.index))
                 yield plan.name, reader.read(plan.weight.record, plan.weight.index).to(device)
                 yield plan.name[:-len("weight")] + "weight_scale_inv", scale.to(device)
+            elif keep_fp4 and plan.fmt == "fp4":
+                scale = reader.read(plan.scale.record, plan.scale.index)
+                if scale.dtype != torch.float8_e8m0fnu:  # float multipliers: exact powers of two, or refused
+                    try:
+                        scale = e8m0_encode(scale)
+                    except ValueError as err:
+                        raise CheckpointError(f"tensor '{plan.name}': FP4 scales that are not powers of two") from err
+                yield plan.name, reader.read(plan.weight.record, plan.weight.index).view(torch.uint8).to(device)
+                yield plan.name + "_scale", scale.view(torch.uint8).to(device)
             else:
                 yield plan.name, _materialize(plan, reader, config, dtype, block).to(device)
             bar.update(1)

@@ -164,8 +164,10 @@ class MoE(nn.Module):
 
 
 def fuse_shared_experts(model: nn.Module) -> int:
-    """Fuse the shared expert into the routed experts of every MoE of `model` (after loading); returns how many."""
-    layers = [m for m in model.modules() if isinstance(m, MoE) and m.shared_experts is not None]
+    """Fuse the shared expert into the routed experts of every MoE of `model` (after loading); returns how many.
+    Packed MXFP4 experts keep their bf16 shared expert beside them."""
+    layers = [m for m in model.modules()
+              if isinstance(m, MoE) and m.shared_experts is not None and isinstance(m.experts, RoutedExperts)]
     for moe in layers:
         moe.fuse_shared_experts()
     return len(layers)

@@ -11,29 +11,36 @@ import re
 import torch
 from torch import nn
 
-_EXPERT = re.compile(r"^(?P<prefix>.*\.ffn\.experts)\.(?P<e>\d+)\.(?P<w>w[123])\.weight$")
+_EXPERT = re.compile(r"^(?P<prefix>.*\.ffn\.experts)\.(?P<e>\d+)\.(?P<w>w[123])\.weight(?P<scale>_scale)?$")
 
 
 def load_native_weights(model: nn.Module, weights) -> None:
     params = dict(model.named_parameters())
     params.update(dict(model.named_buffers()))
     params = {k: v for k, v in params.items() if not k.endswith("inv_freq")}
+    modules = dict(model.named_modules())
     filled: set = set()
-    expert_slices: dict = {}
+    expert_slices: dict = {}  # stacked parameter -> the (expert, projection) slices written
     for name, tensor in weights:
         m = _EXPERT.match(name)
         if m:
+            e, experts = int(m["e"]), modules.get(m["prefix"])
+            if hasattr(experts, "load_expert"):  # packed layouts (MXFP4): the module places the slice
+                if e >= experts.w13.shape[0]:
+                    raise ValueError(f"checkpoint tensor '{name}': expert {e} >= {experts.w13.shape[0]}")
+                target_name = f"{m['prefix']}.{experts.load_expert(m['w'], e, tensor, bool(m['scale']))}"
+                expert_slices.setdefault(target_name, set()).add((e, m["w"]))
+                continue
             target_name = f"{m['prefix']}.{m['w']}"
             target = params.get(target_name)
-            if target is None:
+            if target is None or m["scale"]:
                 raise KeyError(f"checkpoint tensor '{name}' has no model parameter '{target_name}'")
-            e = int(m["e"])
             if e >= target.shape[0] or tuple(tensor.shape) != tuple(target.shape[1:]):
                 raise ValueError(f"checkpoint tensor '{name}' has shape {tuple(tensor.shape)}, expected "
                                  f"{tuple(target.shape[1:])} for expert < {target.shape[0]}")
             with torch.no_grad():
                 target[e].copy_(tensor)
-            expert_slices.setdefault(target_name, set()).add(e)
+            expert_slices.setdefault(target_name, set()).add((e, m["w"]))
             continue
         target = params.get(name)
         if target is None:
@@ -44,8 +51,8 @@ def load_native_weights(model: nn.Module, weights) -> None:
         with torch.no_grad():
             target.copy_(tensor)
         filled.add(name)
-    for name, experts in expert_slices.items():
-        if len(experts) == params[name].shape[0]:
+    for name, slices in expert_slices.items():  # w13 holds two projections per expert
+        if len(slices) == params[name].shape[0] * (2 if name.split(".")[-1].startswith("w13") else 1):
             filled.add(name)
     missing = sorted(set(params) - filled)
     if missing:

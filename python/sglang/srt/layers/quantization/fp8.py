@@ -21,13 +21,13 @@ import math
 import torch
 from torch import nn
 
-from sglang.srt.platform import is_hip
+from sglang.srt import platform as plat
 
 BLOCK = 128
 
 
 def fp8_linears_supported(device: torch.device) -> bool:
-    return device.type == "cuda" and not is_hip()
+    return device.type == "cuda" and not plat.is_hip()
 
 
 SKINNY_ROWS = 64  # up to this many rows the Triton kernel reads FP8 tiles; above, dequantize + vendor GEMM

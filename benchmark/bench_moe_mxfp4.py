@@ -1,0 +1,82 @@
+"""The fused MXFP4 MoE (sgl_kernel.dsv4_moe_mxfp4) at DeepSeek-V4 Flash shapes on a GPU, against the bytes-read floor
+and the bf16 grouped-GEMM experts, all measured in one run.
+
+    python benchmark/bench_moe_mxfp4.py [--experts 256] [--top-k 6] [--tokens 1 8 32 128 256 4096] [--out r.json]
+
+Per token count: router choices drawn uniformly (top-k distinct of E), the fused kernel's time
+(triton.testing.do_bench), the floor = bytes of the FP4 experts actually touched (distinct experts x (codes + scale
+bytes)) / same-run copy bandwidth, their ratio (the issue's target: >= 0.6 of copy bandwidth at <= 32 tokens), and
+the engine's bf16 path (`RoutedExperts`, torch._grouped_mm) on the dequantized weights for comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import triton
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy bandwidth in bytes/s (read + write), 1 GiB."""
+    src = torch.empty(2**30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    return 2 * src.numel() / (triton.testing.do_bench(lambda: dst.copy_(src), warmup=20, rep=200) * 1e-3)
+
+
+def main() -> None:
+    from sgl_kernel.dsv4_moe_mxfp4 import dsv4_moe_mxfp4
+    from sgl_kernel.dsv4_moe_mxfp4_ref import dequant_mxfp4_ref
+    from sglang.srt.layers.moe.experts import RoutedExperts
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--experts", type=int, default=256)
+    ap.add_argument("--top-k", type=int, default=6)
+    ap.add_argument("--hidden", type=int, default=4096)
+    ap.add_argument("--intermediate", type=int, default=2048)
+    ap.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 32, 128, 256, 4096])
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    e, d, i, k = args.experts, args.hidden, args.intermediate, args.top_k
+    g = torch.Generator(device="cuda").manual_seed(0)
+
+    def packed(n, kk):
+        codes = torch.randint(0, 256, (e, n, kk // 2), device="cuda", generator=g, dtype=torch.int32).to(torch.uint8)
+        return codes, torch.randint(120, 126, (e, n, kk // 32), device="cuda", generator=g,
+                                    dtype=torch.int32).to(torch.uint8)
+
+    w13, s13 = packed(2 * i, d)
+    w2, s2 = packed(d, i)
+    expert_bytes = (w13[0].numel() + s13[0].numel() + w2[0].numel() + s2[0].numel())
+    bf16 = RoutedExperts(e, d, i, 10.0).cuda().bfloat16()
+    with torch.no_grad():
+        w13f = torch.stack([dequant_mxfp4_ref(w13[x], s13[x]) for x in range(e)]).bfloat16()
+        bf16.w1.copy_(w13f[:, :i])
+        bf16.w3.copy_(w13f[:, i:])
+        del w13f
+        bf16.w2.copy_(torch.stack([dequant_mxfp4_ref(w2[x], s2[x]) for x in range(e)]).bfloat16())
+    bw = copy_bandwidth()
+    print(f"copy bandwidth {bw / 1e9:.0f} GB/s; one expert {expert_bytes / 1e6:.2f} MB packed")
+    rows = []
+    for t in args.tokens:
+        ids = torch.stack([torch.randperm(e, device="cuda", generator=g)[:k] for _ in range(t)])
+        weights = torch.rand(t, k, device="cuda", generator=g)
+        x = (torch.randn(t, d, device="cuda", generator=g) * 0.05).bfloat16()
+        ms = triton.testing.do_bench(lambda: dsv4_moe_mxfp4(x, ids, weights, w13, s13, w2, s2, 10.0), rep=200)
+        ms_bf16 = triton.testing.do_bench(lambda: bf16(x, ids, weights), rep=200)
+        touched = ids.unique().numel()
+        floor_ms = touched * expert_bytes / bw * 1e3
+        row = {"tokens": t, "experts_touched": touched, "fused_mxfp4_ms": ms, "bf16_grouped_ms": ms_bf16,
+               "floor_ms": floor_ms, "fraction_of_copy_bw": floor_ms / ms, "speedup_vs_bf16": ms_bf16 / ms}
+        rows.append(row)
+        print(f"tokens {t:5d}: {touched:3d} experts touched | fused MXFP4 {ms * 1e3:9.1f} us "
+              f"({row['fraction_of_copy_bw']:.2f} of copy bw; floor {floor_ms * 1e3:.1f} us) | bf16 grouped "
+              f"{ms_bf16 * 1e3:9.1f} us ({row['speedup_vs_bf16']:.2f}x)", flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "copy_bw": bw, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

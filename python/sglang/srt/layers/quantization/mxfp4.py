@@ -1,0 +1,76 @@
+"""Routed experts that stay packed MXFP4 on the GPU (the hub's e2m1 codes, two per byte, one ue8m0 exponent byte per
+32 inputs), computed by sgl_kernel's fused dsv4_moe_mxfp4 (W4A16: weights dequantized in registers, clamped SwiGLU
+fused, router weights applied, device-side expert sort; no host read, graph-capturable).
+
+`Mxfp4RoutedExperts` replaces `RoutedExperts` when the checkpoint's experts are stored FP4 and the device keeps them
+(`mxfp4_experts_supported`: CUDA; CPU and ROCm dequantize at load). Its parameters hold all experts of a layer:
+w13 [E, 2I, D/2] (w1 rows, then w3 rows), w13_scale [E, 2I, D/32], w2 [E, D, I/2], w2_scale [E, D, I/32], all uint8;
+`load_expert` fills one expert's slice from the checkpoint's per-expert tensors. The shared expert is not fused into
+them (it is a bf16 SharedExpert beside them).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from sglang.srt import platform as plat
+
+FP4_BLOCK = 32
+
+
+def mxfp4_experts_supported(device: torch.device) -> bool:
+    return device.type == "cuda" and not plat.is_hip()
+
+
+class Mxfp4RoutedExperts(nn.Module):
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, limit: float) -> None:
+        super().__init__()
+        if hidden_size % FP4_BLOCK or intermediate_size % FP4_BLOCK:
+            raise ValueError(f"MXFP4 experts need hidden ({hidden_size}) and intermediate ({intermediate_size}) sizes "
+                             f"that are multiples of {FP4_BLOCK}")
+        e, d, i = num_experts, hidden_size, intermediate_size
+        self.intermediate_size, self.limit = i, limit
+
+        def param(*shape):
+            return nn.Parameter(torch.empty(*shape, dtype=torch.uint8), requires_grad=False)
+
+        self.w13, self.w13_scale = param(e, 2 * i, d // 2), param(e, 2 * i, d // FP4_BLOCK)
+        self.w2, self.w2_scale = param(e, d, i // 2), param(e, d, i // FP4_BLOCK)
+
+    def load_expert(self, which: str, expert: int, tensor: torch.Tensor, is_scale: bool) -> str:
+        """Copy the checkpoint's packed `which` (w1 / w2 / w3) codes or scale bytes of one expert; returns the name
+        of the parameter written."""
+        i = self.intermediate_size
+        name = ("w2" if which == "w2" else "w13") + ("_scale" if is_scale else "")
+        target = getattr(self, name)[expert]
+        if which == "w1":
+            target = target[:i]
+        elif which == "w3":
+            target = target[i:]
+        if tuple(tensor.shape) != tuple(target.shape):
+            raise ValueError(f"expert {expert} {which}{' scale' if is_scale else ''}: shape {tuple(tensor.shape)}, "
+                             f"expected {tuple(target.shape)}")
+        with torch.no_grad():
+            target.copy_(tensor.view(torch.uint8))
+        return name
+
+    def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+        from sgl_kernel.dsv4_moe_mxfp4 import dsv4_moe_mxfp4
+
+        return dsv4_moe_mxfp4(x, topk_ids, topk_weights, self.w13, self.w13_scale, self.w2, self.w2_scale,
+                              self.limit)
+
+
+def replace_mxfp4_experts(model: nn.Module) -> int:
+    """Swap every RoutedExperts of `model` for an Mxfp4RoutedExperts of the same shape (before materialising)."""
+    from sglang.srt.layers.moe.experts import RoutedExperts
+
+    found = 0
+    for name, module in list(model.named_modules()):
+        if isinstance(module, RoutedExperts):
+            e, i, d = module.w1.shape
+            parent_name, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(parent_name), attr, Mxfp4RoutedExperts(e, d, i, module.limit))
+            found += 1
+    return found

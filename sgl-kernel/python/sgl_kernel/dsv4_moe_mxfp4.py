@@ -1,0 +1,171 @@
+"""dsv4_moe_mxfp4: DeepSeek-V4's routed experts from packed MXFP4 weights, W4A16, in three device steps.
+
+1. `dsv4_moe_align` (torch ops, no host read, graph-capturable): the (token, slot) pairs sorted by expert into
+   blocks of BLOCK_M rows, each block one expert's, padded with -1; `block_expert[b]` = the block's expert, or
+   num_experts past the last block. The block count is capacity-static: ceil(T*k / BLOCK_M) + min(E, T*k) bounds it.
+2. `_moe_gate_up_kernel`: per block and tile of the intermediate dim, x rows (gathered by token) times the expert's
+   w1 and w3 rows, dequantized in registers (e2m1 code value * 2^(exponent byte - 127)), then the clamped SwiGLU
+   silu(min(g, L)) * clamp(u, -L, L), written to an intermediate row per padded row.
+3. `_moe_down_kernel`: the intermediate rows times w2, scaled by the pair's router weight, written to the pair's row
+   of a [T*k, D] fp32 buffer; the k rows of each token are summed last (a fixed order: deterministic).
+Packed bytes hold inputs 2j (low nibble) and 2j + 1 (high nibble), so each K step multiplies the even and the odd
+input columns of the activations by the two nibble planes: no interleaving in registers. The torch reference is
+dsv4_moe_mxfp4_ref.py.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+FP4_BLOCK = 32
+
+
+def dsv4_moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple:
+    """topk_ids [T, k] -> (rows [num_blocks * block_m] int64: pair index t*k + j or -1; block_expert [num_blocks]
+    int64, num_experts for blocks past the work)."""
+    flat = topk_ids.flatten().long()
+    n, device = flat.numel(), flat.device
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))  # bincount would read the device
+    padded = (counts + block_m - 1) // block_m * block_m
+    ends = torch.cumsum(padded, 0)
+    order = torch.argsort(flat, stable=True)
+    sorted_e = flat[order]
+    rank = torch.arange(n, device=device) - (torch.cumsum(counts, 0) - counts)[sorted_e]
+    num_blocks = triton.cdiv(n, block_m) + min(num_experts, n)
+    rows = torch.full((num_blocks * block_m,), -1, dtype=torch.int64, device=device)
+    rows[(ends - padded)[sorted_e] + rank] = order
+    block_expert = torch.searchsorted(ends, torch.arange(num_blocks, device=device) * block_m, right=True)
+    return rows, block_expert
+
+
+@triton.jit
+def _e2m1(code):
+    """e2m1 codes (int32, 0..15) -> fp32 values: 0, 0.5, 1, 1.5, 2, 3, 4, 6, bit 3 the sign."""
+    m = code & 7
+    e = m >> 1
+    frac = 1.0 + 0.5 * (m & 1).to(tl.float32)
+    normal = (tl.maximum(e + 126, 1) << 23).to(tl.float32, bitcast=True) * frac  # 2^(e-1) * (1 + m/2)
+    mag = tl.where(e == 0, 0.5 * (m & 1).to(tl.float32), normal)
+    return tl.where((code & 8) != 0, -mag, mag)
+
+
+@triton.jit
+def _fp4_tile(w_ptr, s_ptr, rows, row_ok, k0, K, stride_wn, stride_sn, BLOCK_K: tl.constexpr):
+    """The dequantized even-input and odd-input planes [BLOCK_N, BLOCK_K / 2] of weight rows `rows` at inputs
+    k0 .. k0 + BLOCK_K."""
+    j = tl.arange(0, BLOCK_K // 2)
+    col = k0 // 2 + j
+    ok = row_ok[:, None] & (col < K // 2)[None, :]
+    b = tl.load(w_ptr + rows[:, None] * stride_wn + col[None, :], mask=ok, other=0).to(tl.int32)
+    s = tl.load(s_ptr + rows[:, None] * stride_sn + ((k0 + 2 * j) // 32)[None, :], mask=ok, other=127).to(tl.int32)
+    mult = (s << 23).to(tl.float32, bitcast=True)  # 2^(s - 127)
+    return _e2m1(b & 15) * mult, _e2m1(b >> 4) * mult
+
+
+@triton.jit
+def _moe_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, h_ptr, D, I, TOPK, E, stride_x, stride_we,
+                        stride_wn, stride_se, stride_sn, stride_h, limit, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    blk = tl.program_id(0)
+    e = tl.load(bexp_ptr + blk)
+    if e < E:
+        r = blk * BLOCK_M + tl.arange(0, BLOCK_M)
+        pair = tl.load(rows_ptr + r)
+        valid = pair >= 0
+        tok = tl.where(valid, pair // TOPK, 0)
+        n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = n < I
+        w_e = w_ptr + e.to(tl.int64) * stride_we
+        s_e = s_ptr + e.to(tl.int64) * stride_se
+        j = tl.arange(0, BLOCK_K // 2)
+        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, D, BLOCK_K):
+            kk = k0 + 2 * j
+            x_ok = valid[:, None] & (kk < D)[None, :]
+            x_rows = x_ptr + tok.to(tl.int64)[:, None] * stride_x + kk[None, :]
+            x_even = tl.load(x_rows, mask=x_ok, other=0.0)
+            x_odd = tl.load(x_rows + 1, mask=x_ok, other=0.0)
+            g_lo, g_hi = _fp4_tile(w_e, s_e, n, n_ok, k0, D, stride_wn, stride_sn, BLOCK_K)
+            u_lo, u_hi = _fp4_tile(w_e, s_e, I + n, n_ok, k0, D, stride_wn, stride_sn, BLOCK_K)
+            dt = x_even.dtype
+            acc_g += tl.dot(x_even, tl.trans(g_lo.to(dt)), out_dtype=tl.float32)
+            acc_g += tl.dot(x_odd, tl.trans(g_hi.to(dt)), out_dtype=tl.float32)
+            acc_u += tl.dot(x_even, tl.trans(u_lo.to(dt)), out_dtype=tl.float32)
+            acc_u += tl.dot(x_odd, tl.trans(u_hi.to(dt)), out_dtype=tl.float32)
+        g = tl.minimum(acc_g, limit)
+        act = g / (1.0 + tl.exp(-g)) * tl.minimum(tl.maximum(acc_u, -limit), limit)
+        h_rows = h_ptr + r.to(tl.int64)[:, None] * stride_h + n[None, :]
+        tl.store(h_rows, act.to(h_ptr.dtype.element_ty), mask=valid[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _moe_down_kernel(h_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, wts_ptr, out_ptr, D, I, E, stride_h, stride_we,
+                     stride_wn, stride_se, stride_sn, stride_o, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr):
+    blk = tl.program_id(0)
+    e = tl.load(bexp_ptr + blk)
+    if e < E:
+        r = blk * BLOCK_M + tl.arange(0, BLOCK_M)
+        pair = tl.load(rows_ptr + r)
+        valid = pair >= 0
+        n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = n < D
+        w_e = w_ptr + e.to(tl.int64) * stride_we
+        s_e = s_ptr + e.to(tl.int64) * stride_se
+        j = tl.arange(0, BLOCK_K // 2)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, I, BLOCK_K):
+            kk = k0 + 2 * j
+            h_ok = valid[:, None] & (kk < I)[None, :]
+            h_rows = h_ptr + r.to(tl.int64)[:, None] * stride_h + kk[None, :]
+            h_even = tl.load(h_rows, mask=h_ok, other=0.0)
+            h_odd = tl.load(h_rows + 1, mask=h_ok, other=0.0)
+            lo, hi = _fp4_tile(w_e, s_e, n, n_ok, k0, I, stride_wn, stride_sn, BLOCK_K)
+            acc += tl.dot(h_even, tl.trans(lo.to(h_even.dtype)), out_dtype=tl.float32)
+            acc += tl.dot(h_odd, tl.trans(hi.to(h_even.dtype)), out_dtype=tl.float32)
+        wt = tl.load(wts_ptr + tl.where(valid, pair, 0), mask=valid, other=0.0).to(tl.float32)
+        out_rows = out_ptr + tl.where(valid, pair, 0).to(tl.int64)[:, None] * stride_o + n[None, :]
+        tl.store(out_rows, acc * wt[:, None], mask=valid[:, None] & n_ok[None, :])
+
+
+def _block_m(num_pairs: int, num_experts: int) -> int:
+    """Rows per block: small when the pairs spread thin over the experts (decode), larger for prefill."""
+    per_expert = num_pairs / num_experts
+    return 16 if per_expert <= 16 else 32 if per_expert <= 64 else 64
+
+
+def dsv4_moe_mxfp4(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13: torch.Tensor,
+                   w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, limit: float) -> torch.Tensor:
+    """x [T, D] (bf16/fp16/fp32), topk_ids / topk_weights [T, k], w13 uint8 [E, 2I, D/2] + w13_scale uint8
+    [E, 2I, D/32], w2 uint8 [E, D, I/2] + w2_scale uint8 [E, D, I/32] -> [T, D] in x's dtype."""
+    num_tokens, hidden = x.shape
+    num_experts, two_inter = w13.shape[0], w13.shape[1]
+    inter, top_k = two_inter // 2, topk_ids.shape[1]
+    if (w13.shape[2] * 2 != hidden or w2.shape != (num_experts, hidden, inter // 2) or hidden % FP4_BLOCK
+            or inter % FP4_BLOCK or w13_scale.shape != (num_experts, two_inter, hidden // FP4_BLOCK)
+            or w2_scale.shape != (num_experts, hidden, inter // FP4_BLOCK) or x.stride(1) != 1):
+        raise ValueError(f"MXFP4 experts w13 {tuple(w13.shape)} / {tuple(w13_scale.shape)}, w2 {tuple(w2.shape)} / "
+                         f"{tuple(w2_scale.shape)} do not fit x {tuple(x.shape)}")
+    if num_tokens == 0:
+        return torch.zeros_like(x)
+    block_m = _block_m(num_tokens * top_k, num_experts)
+    rows, block_expert = dsv4_moe_align(topk_ids, num_experts, block_m)
+    num_blocks = block_expert.shape[0]
+    h = torch.empty(num_blocks * block_m, inter, dtype=x.dtype, device=x.device)
+    w13b, s13, w2b, s2 = (t.view(torch.uint8) for t in (w13, w13_scale, w2, w2_scale))
+    block_n, block_k = 64, 64
+    _moe_gate_up_kernel[(num_blocks, triton.cdiv(inter, block_n))](
+        x, rows, block_expert, w13b, s13, h, hidden, inter, top_k, num_experts, x.stride(0), w13b.stride(0),
+        w13b.stride(1), s13.stride(0), s13.stride(1), h.stride(0), float(limit), BLOCK_M=block_m, BLOCK_N=block_n,
+        BLOCK_K=block_k)
+    weights = topk_weights.flatten().float().contiguous()
+    pairs = torch.empty(num_tokens * top_k, hidden, dtype=torch.float32, device=x.device)
+    _moe_down_kernel[(num_blocks, triton.cdiv(hidden, block_n))](
+        h, rows, block_expert, w2b, s2, weights, pairs, hidden, inter, num_experts, h.stride(0), w2b.stride(0),
+        w2b.stride(1), s2.stride(0), s2.stride(1), pairs.stride(0), BLOCK_M=block_m, BLOCK_N=block_n,
+        BLOCK_K=block_k)
+    return pairs.view(num_tokens, top_k, hidden).sum(dim=1).to(x.dtype)

@@ -1,0 +1,93 @@
+"""dsv4_moe_mxfp4 (fused MXFP4 MoE, W4A16) against its torch reference (sgl_kernel.dsv4_moe_mxfp4_ref): the block
+layout of dsv4_moe_align equals the reference's (capacity-static block count, -1 padding, experts past the work),
+and the fused output equals the dequantized computation for skewed and uniform routing, experts nobody picks,
+a hidden size that is not a multiple of the K tile, the clamp engaged, one token, zero tokens. fp32 activations on
+CPU (the Triton interpreter); GPU (skipped without CUDA): bf16 at DeepSeek-V4 Flash widths, decode and prefill."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sgl_kernel.dsv4_moe_mxfp4 import dsv4_moe_align, dsv4_moe_mxfp4
+from sgl_kernel.dsv4_moe_mxfp4_ref import align_ref, dequant_mxfp4_ref, fused_moe_mxfp4_ref
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def _experts(num_experts: int, hidden: int, inter: int, seed: int, device="cpu") -> tuple:
+    g = torch.Generator().manual_seed(seed)
+
+    def packed(n, k):
+        codes = torch.randint(0, 256, (num_experts, n, k // 2), generator=g, dtype=torch.int32).to(torch.uint8)
+        scale = torch.randint(120, 126, (num_experts, n, k // 32), generator=g, dtype=torch.int32).to(torch.uint8)
+        return codes.to(device), scale.to(device)
+
+    return (*packed(2 * inter, hidden), *packed(hidden, inter))
+
+
+def _routing(tokens: int, top_k: int, num_experts: int, seed: int, skew: bool, device="cpu") -> tuple:
+    g = torch.Generator().manual_seed(seed)
+    if skew:  # most pairs on a few experts, some experts unused
+        ids = torch.stack([torch.randperm(4, generator=g)[:top_k] for _ in range(tokens)])
+    else:
+        ids = torch.stack([torch.randperm(num_experts, generator=g)[:top_k] for _ in range(tokens)])
+    weights = torch.rand(tokens, top_k, generator=g)
+    return ids.to(device), weights.to(device)
+
+
+@pytest.mark.parametrize("tokens,top_k,experts,block_m", [(1, 6, 16, 16), (37, 4, 8, 16), (300, 6, 32, 64)])
+def test_align_equals_reference(tokens, top_k, experts, block_m):
+    ids, _ = _routing(tokens, top_k, experts, seed=tokens, skew=tokens == 37)
+    rows, block_expert = dsv4_moe_align(ids, experts, block_m)
+    ref_rows, ref_experts = align_ref(ids, experts, block_m)
+    n = len(ref_experts)
+    assert block_expert.shape[0] >= n and block_expert.shape[0] == -(-tokens * top_k // block_m) + min(experts,
+                                                                                                       tokens * top_k)
+    assert block_expert[:n].tolist() == ref_experts and (block_expert[n:] == experts).all()
+    assert rows[:n * block_m].tolist() == ref_rows and (rows[n * block_m:] == -1).all()
+
+
+def test_dequant_reference_values():
+    codes = torch.tensor([[0x10, 0x32, 0x54, 0x76, 0x98, 0xBA, 0xDC, 0xFE] * 2], dtype=torch.uint8)  # 32 inputs
+    w = dequant_mxfp4_ref(codes, torch.tensor([[128]], dtype=torch.uint8))  # 2^1
+    assert w[0, :16].tolist() == [2 * v for v in [0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6]]
+
+
+@pytest.mark.parametrize("tokens,top_k,experts,hidden,inter,skew,limit", [
+    (1, 6, 16, 128, 64, False, 10.0),  # decode: one token, most experts unused
+    (23, 4, 8, 96, 64, True, 10.0),  # skewed routing, hidden not a multiple of the 64-wide K tile
+    (70, 2, 4, 64, 96, False, 0.5),  # the clamp engaged on most rows
+])
+def test_fused_equals_reference(tokens, top_k, experts, hidden, inter, skew, limit):
+    w13, s13, w2, s2 = _experts(experts, hidden, inter, seed=hidden)
+    ids, weights = _routing(tokens, top_k, experts, seed=3, skew=skew)
+    x = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(1)) * 0.05
+    got = dsv4_moe_mxfp4(x, ids, weights, w13, s13, w2, s2, limit)
+    ref = fused_moe_mxfp4_ref(x, ids, weights, w13, s13, w2, s2, limit)
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4 * ref.abs().max().item())
+
+
+def test_zero_tokens_and_bad_shapes():
+    w13, s13, w2, s2 = _experts(4, 64, 32, seed=0)
+    assert dsv4_moe_mxfp4(torch.zeros(0, 64), torch.zeros(0, 2, dtype=torch.int64), torch.zeros(0, 2), w13, s13,
+                          w2, s2, 10.0).shape == (0, 64)
+    with pytest.raises(ValueError, match="do not fit"):
+        dsv4_moe_mxfp4(torch.zeros(3, 96), torch.zeros(3, 2, dtype=torch.int64), torch.zeros(3, 2), w13, s13, w2, s2,
+                       10.0)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("tokens", [1, 32, 4096])
+def test_gpu_flash_widths(tokens):
+    """Flash widths (hidden 4096, intermediate 2048, top-6 of 256 experts) in bf16: relative error vs the fp32
+    reference on the same bf16 inputs below 1% (bf16 intermediate rows and outputs)."""
+    w13, s13, w2, s2 = _experts(256, 4096, 2048, seed=0, device="cuda")
+    ids, weights = _routing(tokens, 6, 256, seed=1, skew=False, device="cuda")
+    x = (torch.randn(tokens, 4096, device="cuda") * 0.05).bfloat16()
+    got = dsv4_moe_mxfp4(x, ids, weights, w13, s13, w2, s2, 10.0).float()
+    ref = fused_moe_mxfp4_ref(x, ids, weights, w13, s13, w2, s2, 10.0)
+    err = ((got - ref).norm() / ref.norm()).item()
+    print(f"tokens {tokens}: relative error {err:.2e}")
+    assert err < 1e-2

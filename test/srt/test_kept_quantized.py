@@ -1,0 +1,106 @@
+"""Quantized weights kept quantized (layers/quantization/: FP8 linears, packed MXFP4 routed experts) on the engine path,
+run on CPU through the Triton interpreter (the GPU path; a real CPU run dequantizes at load): the hub-quantized tiny
+checkpoint's FP8 linears become Fp8BlockLinear modules (grouped wo_a included) holding e4m3 weights and fp32 block
+scales, its routed experts Mxfp4RoutedExperts holding packed codes and exponent bytes (the shared expert beside
+them, unfused); weights take fewer bytes, and outputs equal the dequantized engine's (W8A16 / W4A16: activations are
+not rounded) through both FP8 paths (the Triton kernel for few rows, dequantize + matmul for many) and the fused MoE.
+--quantization is detected and printed; an explicit value the checkpoint does not store is refused, and so is
+SGLANG_DSV4_FP4_EXPERTS contradicting it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from oracle import checkpoint, engine, random_ids
+
+
+@pytest.fixture
+def kept_on_cpu(monkeypatch):
+    """The GPU's choice on CPU: FP8 linears and MXFP4 experts kept, their Triton kernels run by the interpreter."""
+    import sglang.srt.model_executor.model_runner as model_runner
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(model_runner, "fp8_linears_supported", lambda device: True)
+    monkeypatch.setattr(model_runner, "mxfp4_experts_supported", lambda device: True)
+
+
+def _prompt_logprobs(eng, ids):
+    out = eng.generate(input_ids=ids, return_logprob=True, logprob_start_len=0,
+                       sampling_params={"temperature": 0, "max_new_tokens": 4, "ignore_eos": True})
+    return [lp for lp, _, _ in out["meta_info"]["input_token_logprobs"][1:]], out["output_ids"]
+
+
+def test_quantized_weights_stay_quantized_and_agree(kept_on_cpu):
+    from sglang.srt.layers.moe.experts import RoutedExperts, SharedExpert
+    from sglang.srt.layers.quantization.fp8 import Fp8BlockLinear
+    from sglang.srt.layers.quantization.mxfp4 import Mxfp4RoutedExperts
+    from sglang.srt.model_loader.loader import fp8_linear_names, load_config
+
+    path = checkpoint("tiny", quantize=True)
+    config = load_config(path)
+    ref = engine("tiny", quantize=True, quantization="none", disable_cuda_graph=True)
+    eng = engine("tiny", quantize=True, disable_cuda_graph=True)
+    assert eng.server_args.quantization == "fp8"
+    model = eng.model_runner.model
+    fp8 = {n: m for n, m in model.named_modules() if isinstance(m, Fp8BlockLinear)}
+    assert len(fp8) == len(fp8_linear_names(path, config, "main")) > 0
+    assert all(m.weight.dtype == torch.float8_e4m3fn and m.weight_scale_inv.dtype == torch.float32
+               for m in fp8.values())
+    assert fp8["layers.0.attn.wo_a"].groups == config.o_groups > 1
+    assert not any(".shared_experts." in n for n in fp8)  # bf16, beside the routed experts
+    moes = [m for m in model.modules() if hasattr(m, "shared_experts")]
+    assert moes and all(isinstance(m.experts, Mxfp4RoutedExperts) and isinstance(m.shared_experts, SharedExpert)
+                        for m in moes)
+    assert not any(isinstance(m, RoutedExperts) for m in model.modules())
+    experts = moes[0].experts
+    assert experts.w13.dtype == torch.uint8 and experts.w13.shape[1:] == (2 * config.moe_intermediate_size,
+                                                                          config.hidden_size // 2)
+    assert eng.model_runner.weight_bytes < ref.model_runner.weight_bytes
+    for n in (24, 70):  # prefill of <= 64 rows: the Triton kernel; of more: dequantize + matmul; decode: the kernel
+        ids = random_ids(n, seed=3)
+        lp, tokens = _prompt_logprobs(eng, ids)
+        ref_lp, ref_tokens = _prompt_logprobs(ref, ids)
+        assert max(abs(a - b) for a, b in zip(lp, ref_lp)) < 1e-4 and tokens == ref_tokens  # summation order only
+    eng.model_runner.token_allocator.check_all_free()
+
+
+def test_quantization_detected_and_refused():
+    from sglang.srt.arg_groups.deepseek_v4_hook import resolve_server_args
+    from sglang.srt.environ import envs
+    from sglang.srt.server_args import ServerArgs
+
+    def resolved(quantize, **kw):
+        return resolve_server_args(ServerArgs(model_path=checkpoint("tiny", quantize), device="cpu", page_size=16,
+                                              **kw))
+
+    assert resolved(True).quantization == "fp8"
+    assert resolved(False).quantization == "none"
+    assert resolved(True, quantization="none").quantization == "none"
+    with pytest.raises(ValueError, match="no FP8 linears"):
+        resolved(False, quantization="fp8")
+    with pytest.raises(ValueError, match="--quantization must be one of"):
+        resolved(True, quantization="int4")
+    with pytest.raises(ValueError, match="no MXFP4 experts"):
+        resolved(False, quantization="mxfp4")
+    assert resolved(True, quantization="mxfp4").quantization == "mxfp4"
+    with envs.SGLANG_DSV4_FP4_EXPERTS.override(False):
+        with pytest.raises(ValueError, match="SGLANG_DSV4_FP4_EXPERTS=0"):
+            resolved(True)
+    with envs.SGLANG_DSV4_FP4_EXPERTS.override(True):
+        assert resolved(True).quantization == "fp8"
+
+
+def test_rocm_and_cpu_dequantize_at_load(monkeypatch):
+    """Kept-quantized formats are NVIDIA-only for now: simulated ROCm (a 'cuda' device under HIP) and CPU say no."""
+    from sglang.srt import platform as plat
+    from sglang.srt.layers.quantization.fp8 import fp8_linears_supported
+    from sglang.srt.layers.quantization.mxfp4 import mxfp4_experts_supported
+
+    cuda = torch.device("cuda")
+    for supported in (fp8_linears_supported, mxfp4_experts_supported):
+        assert not supported(torch.device("cpu"))
+        monkeypatch.setattr(plat, "is_hip", lambda: False)
+        assert supported(cuda)
+        monkeypatch.setattr(plat, "is_hip", lambda: True)
+        assert not supported(cuda)
