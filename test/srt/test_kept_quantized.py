@@ -18,11 +18,11 @@ from oracle import checkpoint, engine, random_ids
 @pytest.fixture
 def kept_on_cpu(monkeypatch):
     """The GPU's choice on CPU: FP8 linears and MXFP4 experts kept, their Triton kernels run by the interpreter."""
-    import sglang.srt.model_executor.model_runner as model_runner
+    import sglang.srt.model_loader.model_builder as model_builder
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.setattr(model_runner, "fp8_linears_supported", lambda device: True)
-    monkeypatch.setattr(model_runner, "mxfp4_experts_supported", lambda device: True)
+    monkeypatch.setattr(model_builder, "fp8_linears_supported", lambda device: True)
+    monkeypatch.setattr(model_builder, "mxfp4_experts_supported", lambda device: True)
 
 
 def _prompt_logprobs(eng, ids):
@@ -104,3 +104,27 @@ def test_rocm_and_cpu_dequantize_at_load(monkeypatch):
         assert supported(cuda)
         monkeypatch.setattr(plat, "is_hip", lambda: True)
         assert not supported(cuda)
+
+
+def test_weights_that_do_not_fit_are_refused_before_loading(monkeypatch, caplog):
+    """The weights' bytes are counted on the meta model; a device that cannot hold them refuses before any allocation,
+    saying how much is needed and how much the checkpoint holds. When they fit, the log gives both figures."""
+    import logging
+
+    import sglang.srt.model_loader.model_builder as model_builder
+    from sglang.srt.model_loader.loader import checkpoint_bytes, load_config
+
+    path = checkpoint("tiny", quantize=True)
+    with caplog.at_level(logging.INFO, logger="sglang.srt.model_loader.model_builder"):
+        eng = engine("tiny", quantize=True, disable_cuda_graph=True, log_level="info")
+    stored = checkpoint_bytes(path, load_config(path))
+    assert eng.model_runner.checkpoint_bytes == stored
+    assert f"(checkpoint {stored / 1e9:.2f} GB" in caplog.text and "weights on cpu" in caplog.text
+    allocated = []
+    real_materialize = model_builder.materialize
+    monkeypatch.setattr(model_builder, "materialize", lambda *a: allocated.append(1) or real_materialize(*a))
+    monkeypatch.setattr(model_builder, "memory_budget_bytes", lambda device: (1_000_000, 2_000_000))
+    with pytest.raises(ValueError, match=r"the weights need 0\.\d GB on cpu .*checkpoint 0\.\d GB.*0\.0 GB is "
+                                         r"available") as err:
+        engine("tiny", quantize=True, disable_cuda_graph=True)
+    assert "--quantization fp8" in str(err.value) and not allocated

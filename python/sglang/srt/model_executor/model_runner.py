@@ -3,19 +3,14 @@
 from __future__ import annotations
 
 import logging
-import re
 from typing import Optional
 
 import torch
-from torch import nn
 
 from sglang.srt.configs.deepseek_v4 import DeepseekV4Config
 from sglang.srt.environ import envs
 from sglang.srt.layers.attention.dsv4.torch_backend import TorchAttnBackend
-from sglang.srt.layers.quantization.fp8 import fp8_linears_supported, replace_fp8_linears
-from sglang.srt.layers.quantization.mxfp4 import mxfp4_experts_supported, replace_mxfp4_experts
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
-from sglang.srt.layers.rotary import RotaryEmbedding
 from sglang.srt.mem_cache.deepseek_v4_allocator import DeepSeekV4TokenAllocator
 from sglang.srt.mem_cache.deepseek_v4_pool import DeepSeekV4TokenToKVPool
 from sglang.srt.mem_cache.kv_formats import index_key_kind, make_index_key_format, make_kv_format
@@ -23,42 +18,15 @@ from sglang.srt.mem_cache.pool_sizing import PoolPlan, plan_pools
 from sglang.srt.mem_cache.req_to_token_pool import ReqToTokenPool
 from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, StaticGraphRunner
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
-from sglang.srt.model_loader.loader import detect_quantization, fp8_linear_names, iter_checkpoint
+from sglang.srt.model_loader.model_builder import load_models
 from sglang.srt.model_loader.model_path import resolve_model_path
-from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM, fuse_shared_experts
-from sglang.srt.models.deepseek_v4_nextn import DeepseekV4ForCausalLMNextN
+from sglang.srt.models.deepseek_v4 import fuse_shared_experts
 from sglang.srt.platform import memory_budget_bytes
 from sglang.srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 
-# Parameters kept in fp32 whatever the compute dtype (mHC mixes, sinks, compressor position biases, router
-# bias, norm weights): small, and precision-sensitive. The compressors' and router's projections run in fp32 (as the
-# reference does): their weights are stored in fp32 too, not converted at every forward.
-_FP32_PARAM = re.compile(r"(hc_\w+|attn_sink|\.ape|gate\.bias|norm\.weight"
-                         r"|compressor\.w(kv|gate)\.weight|ffn\.gate\.weight|weight_scale_inv)$")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_FLOAT_DTYPES = frozenset(_DTYPES.values())  # FP8 weights and their fp32 block scales keep their dtypes
-
-
-def build_model(cls, config: DeepseekV4Config, dtype: torch.dtype, device,
-                fp8_weights: frozenset = frozenset(), mxfp4_experts: bool = False) -> nn.Module:
-    """Construct without initialising weights (meta), then materialise on `device` in the right dtypes; the linears
-    of `fp8_weights` (native weight names) become Fp8BlockLinear (FP8 weights and fp32 block scales), and with
-    `mxfp4_experts` the routed experts Mxfp4RoutedExperts (packed, fused MoE kernel)."""
-    with torch.device("meta"):
-        model = cls(config)
-        replace_fp8_linears(model, fp8_weights, lambda name: config.o_groups if name.endswith(".wo_a") else 1)
-        if mxfp4_experts:
-            replace_mxfp4_experts(model)
-    for name, param in model.named_parameters():
-        if param.dtype in _FLOAT_DTYPES and not _FP32_PARAM.search(name):
-            param.data = param.data.to(dtype)
-    model = model.to_empty(device=device)
-    for module in model.modules():  # non-persistent buffers are not in the checkpoint: recompute them
-        if isinstance(module, RotaryEmbedding):
-            module.reset_buffers()
-    return model.eval()
 
 
 class ModelRunner:
@@ -72,26 +40,9 @@ class ModelRunner:
         if self.device.type == "cpu":
             torch.set_num_threads(envs.SGLANG_CPU_NUM_THREADS.get())
 
-        keep_fp8 = args.quantization == "fp8" and fp8_linears_supported(self.device)
-        fp8 = {part: fp8_linear_names(self.model_path, config, part) if keep_fp8 else frozenset()
-               for part in ("main", "mtp")}
-        keep_fp4 = (args.quantization in ("fp8", "mxfp4") and mxfp4_experts_supported(self.device)
-                    and detect_quantization(self.model_path, config).experts == "fp4")
-        self.model = build_model(DeepseekV4ForCausalLM, config, self.dtype, self.device, fp8["main"], keep_fp4)
-        self.model.load_weights(iter_checkpoint(self.model_path, config, dtype=self.dtype, part="main",
-                                                device=self.device, keep_fp8=fp8["main"], keep_fp4=keep_fp4))
-        self.draft_model: Optional[DeepseekV4ForCausalLMNextN] = None
-        if args.speculative_algorithm is not None:
-            self.draft_model = build_model(DeepseekV4ForCausalLMNextN, config, self.dtype, self.device, fp8["mtp"],
-                                           keep_fp4)
-            self.draft_model.load_weights(iter_checkpoint(self.model_path, config, dtype=self.dtype, part="mtp",
-                                                          device=self.device, keep_fp8=fp8["mtp"], keep_fp4=keep_fp4))
-            self.draft_model.set_embed_and_head(self.model.embed, self.model.head)
-        self.weight_bytes = sum(t.numel() * t.element_size() for m in (self.model, self.draft_model) if m is not None
-                                for t in list(m.parameters()) + list(m.buffers()))
-        logger.info("weights on %s: %.2f GB (%d linears kept FP8, routed experts %s)", self.device.type,
-                    self.weight_bytes / 1e9, len(fp8["main"]) + len(fp8["mtp"]),
-                    "kept MXFP4" if keep_fp4 else f"in {args.dtype}")
+        loaded = load_models(args, self.model_path, config, self.dtype, self.device)
+        self.model, self.draft_model = loaded.model, loaded.draft_model
+        self.weight_bytes, self.checkpoint_bytes = loaded.weight_bytes, loaded.checkpoint_bytes
         if args.platform_decisions.shared_experts_fusion:
             fused = sum(fuse_shared_experts(m) for m in (self.model, self.draft_model) if m is not None)
             logger.info("shared-experts fusion: the shared expert is routed expert %d in %d MoE layers",

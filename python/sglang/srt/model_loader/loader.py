@@ -266,6 +266,21 @@ def iter_checkpoint(model_dir: str, config: Optional[DeepseekV4Config] = None, d
             bar.update(1)
 
 
+_STORED_SIZE = {"F8_E4M3": 1, "F8_E8M0": 1, "F8_E5M2": 1, "I8": 1, "U8": 1, "BF16": 2, "F16": 2, "F32": 4, "I32": 4,
+                "F64": 8, "I64": 8}
+
+
+def checkpoint_bytes(model_dir: str, config: DeepseekV4Config, parts: tuple = ("main",)) -> int:
+    """Bytes the tensors of `parts` take in the checkpoint (weights and scales, as stored; headers only)."""
+    total = 0
+    for part in parts:
+        for plan in plan_checkpoint(model_dir, config, part):
+            for st in (plan.weight, plan.scale):
+                if st is not None:
+                    total += math.prod(st.shape) * _STORED_SIZE.get(st.record.dtype_name, 2)
+    return total
+
+
 @dataclass(frozen=True)
 class CheckpointQuantization:
     """What a checkpoint stores quantized: `linears` "fp8" or None, `experts` "fp4", "fp8" or None."""

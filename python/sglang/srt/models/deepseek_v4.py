@@ -53,7 +53,7 @@ class Compressor(nn.Module):
         self.rotary = rotary
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch) -> None:
-        # The reference computes both projections in fp32 (the weights are kept in fp32: model_runner._FP32_PARAM);
+        # The reference computes both projections in fp32 (the weights are kept in fp32: model_builder._FP32_PARAM);
         # ape is the bias of the token's slot in its window.
         xf = x.float()
         kv = F.linear(xf, self.wkv.weight.float())

@@ -1,0 +1,121 @@
+"""Build the target (and MTP draft) model in its final form and load it, after checking that it fits.
+
+Order: decide which stored formats stay quantized on this device (FP8 linears, packed MXFP4 experts); build both models
+on the meta device with their final modules and dtypes; count the bytes their parameters will take and refuse before
+allocating anything if the device cannot hold them next to the --mem-fraction-static reserve; then materialise on the
+device and stream the checkpoint into the parameters one tensor at a time (no full-model host copy).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import nn
+
+from sglang.srt.configs.deepseek_v4 import DeepseekV4Config
+from sglang.srt.layers.quantization.fp8 import fp8_linears_supported, replace_fp8_linears
+from sglang.srt.layers.quantization.mxfp4 import mxfp4_experts_supported, replace_mxfp4_experts
+from sglang.srt.layers.rotary import RotaryEmbedding
+from sglang.srt.model_loader.loader import checkpoint_bytes, detect_quantization, fp8_linear_names, iter_checkpoint
+from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
+from sglang.srt.models.deepseek_v4_nextn import DeepseekV4ForCausalLMNextN
+from sglang.srt.platform import memory_budget_bytes
+
+logger = logging.getLogger(__name__)
+
+# Parameters kept in fp32 whatever the compute dtype (mHC mixes, sinks, compressor position biases, router
+# bias, norm weights): small, and precision-sensitive. The compressors' and router's projections run in fp32 (as the
+# reference does): their weights are stored in fp32 too, not converted at every forward.
+_FP32_PARAM = re.compile(r"(hc_\w+|attn_sink|\.ape|gate\.bias|norm\.weight"
+                         r"|compressor\.w(kv|gate)\.weight|ffn\.gate\.weight|weight_scale_inv)$")
+_FLOAT_DTYPES = frozenset((torch.float32, torch.bfloat16, torch.float16))  # FP8 / packed weights keep theirs
+
+
+def build_meta_model(cls, config: DeepseekV4Config, dtype: torch.dtype, fp8_weights: frozenset = frozenset(),
+                     mxfp4_experts: bool = False) -> nn.Module:
+    """The model on the meta device in its final form: the linears of `fp8_weights` (native weight names) are
+    Fp8BlockLinear, with `mxfp4_experts` the routed experts Mxfp4RoutedExperts; float parameters in `dtype` except
+    the fp32-kept ones."""
+    with torch.device("meta"):
+        model = cls(config)
+        replace_fp8_linears(model, fp8_weights, lambda name: config.o_groups if name.endswith(".wo_a") else 1)
+        if mxfp4_experts:
+            replace_mxfp4_experts(model)
+    for name, param in model.named_parameters():
+        if param.dtype in _FLOAT_DTYPES and not _FP32_PARAM.search(name):
+            param.data = param.data.to(dtype)
+    return model
+
+
+def materialize(model: nn.Module, device) -> nn.Module:
+    model = model.to_empty(device=device)
+    for module in model.modules():  # non-persistent buffers are not in the checkpoint: recompute them
+        if isinstance(module, RotaryEmbedding):
+            module.reset_buffers()
+    return model.eval()
+
+
+def build_model(cls, config: DeepseekV4Config, dtype: torch.dtype, device, fp8_weights: frozenset = frozenset(),
+                mxfp4_experts: bool = False) -> nn.Module:
+    """Construct without initialising weights (meta), then materialise on `device`."""
+    return materialize(build_meta_model(cls, config, dtype, fp8_weights, mxfp4_experts), device)
+
+
+def parameter_bytes(model: Optional[nn.Module]) -> int:
+    if model is None:
+        return 0
+    return sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
+
+
+@dataclass
+class LoadedModels:
+    model: DeepseekV4ForCausalLM
+    draft_model: Optional[DeepseekV4ForCausalLMNextN]
+    weight_bytes: int  # what the parameters take on the device
+    checkpoint_bytes: int  # what the loaded parts take in the checkpoint
+
+
+def check_fits(weight_bytes: int, stored_bytes: int, device: torch.device, mem_fraction_static: float,
+               what: str) -> None:
+    """Refuse, before allocating, weights the device cannot hold beside the (1 - mem_fraction_static) reserve."""
+    free, total = memory_budget_bytes(str(device))
+    available = free - (1 - mem_fraction_static) * total if device.type == "cuda" else free
+    if weight_bytes > available:
+        gb = 1e9
+        raise ValueError(
+            f"the weights need {weight_bytes / gb:.1f} GB on {device.type} ({what}; checkpoint {stored_bytes / gb:.1f} "
+            f"GB) but only {max(available, 0) / gb:.1f} GB is available ({free / gb:.1f} GB free of {total / gb:.1f} GB"
+            + (f", less the {1 - mem_fraction_static:.2f} reserve of --mem-fraction-static" if device.type == "cuda"
+               else "") + "): keep the checkpoint's quantized formats (--quantization fp8 on an NVIDIA GPU) or shard "
+            "the model over more GPUs")
+
+
+def load_models(args, model_path: str, config: DeepseekV4Config, dtype: torch.dtype,
+                device: torch.device) -> LoadedModels:
+    """The target model, and the MTP draft under speculative decoding, built, checked against memory and loaded."""
+    keep_fp8 = args.quantization == "fp8" and fp8_linears_supported(device)
+    parts = ("main", "mtp") if args.speculative_algorithm is not None else ("main",)
+    fp8 = {part: fp8_linear_names(model_path, config, part) if keep_fp8 else frozenset() for part in parts}
+    keep_fp4 = (args.quantization in ("fp8", "mxfp4") and mxfp4_experts_supported(device)
+                and detect_quantization(model_path, config).experts == "fp4")
+    classes = {"main": DeepseekV4ForCausalLM, "mtp": DeepseekV4ForCausalLMNextN}
+    metas = {part: build_meta_model(classes[part], config, dtype, fp8[part], keep_fp4) for part in parts}
+    need = sum(parameter_bytes(m) for m in metas.values())
+    stored = checkpoint_bytes(model_path, config, parts)
+    kept = f"{sum(map(len, fp8.values()))} linears kept FP8, routed experts " + (
+        "kept MXFP4" if keep_fp4 else f"in {args.dtype}")
+    check_fits(need, stored, device, args.mem_fraction_static, kept)
+    models = {}
+    for part in parts:
+        models[part] = materialize(metas[part], device)
+        models[part].load_weights(iter_checkpoint(model_path, config, dtype=dtype, part=part, device=device,
+                                                  keep_fp8=fp8[part], keep_fp4=keep_fp4))
+    draft = models.get("mtp")
+    if draft is not None:
+        draft.set_embed_and_head(models["main"].embed, models["main"].head)
+    logger.info("weights on %s: %.2f GB (checkpoint %.2f GB; %s)", device.type, need / 1e9, stored / 1e9, kept)
+    return LoadedModels(models["main"], draft, need, stored)
