@@ -125,6 +125,34 @@ def plan_pools(config: DeepseekV4Config, *, page_size: int, max_running_requests
                     state_bytes=state, total_bytes=int(total))
 
 
+def pool_budget_bytes(device_type: str, free: int, total: int, mem_fraction_static: float, reserved: int = 0) -> int:
+    """Bytes the pools may take, from the device's free and total memory after the weights are loaded: on a GPU the
+    free memory less the (1 - mem_fraction_static) reserve of the total; on CPU that fraction of the free memory.
+    `reserved`: taken out first (CUDA-graph memory)."""
+    budget = free - (1 - mem_fraction_static) * total if device_type == "cuda" else free * mem_fraction_static
+    return int(budget) - reserved
+
+
+def plan_pools_for_args(config: DeepseekV4Config, args, budget_bytes: int, dtype, with_draft: bool,
+                        probe: bool = False) -> tuple:
+    """The engine's pool plan for its server args (the planner, check_capacity, calls the same): (PoolPlan, KV entry
+    format, index-key format, index-key kind). `probe`: one request and two pages (CUDA-graph measurement)."""
+    from sglang.srt.mem_cache.kv_formats import index_key_kind, make_index_key_format, make_kv_format
+
+    kv_format = make_kv_format(args.kv_cache_dtype, config.head_dim, config.qk_rope_head_dim, dtype)
+    index_kind = index_key_kind(args.kv_cache_dtype, args.enable_deepseek_v4_fp4_indexer)
+    index_format = make_index_key_format(index_kind, config.index_head_dim, dtype)
+    num_layers = config.num_hidden_layers + (config.num_nextn_predict_layers if with_draft else 0)
+    plan = plan_pools(
+        config, page_size=args.page_size, max_running_requests=1 if probe else args.max_running_requests,
+        context_length=args.context_length, chunked_prefill_size=args.chunked_prefill_size,
+        swa_full_tokens_ratio=args.swa_full_tokens_ratio, budget_bytes=budget_bytes,
+        kv_entry_bytes=kv_format.bytes_per_entry, index_entry_bytes=index_format.bytes_per_entry,
+        num_window_layers=num_layers, max_total_tokens=2 * args.page_size if probe else args.max_total_tokens,
+        num_draft_tokens=args.speculative_num_draft_tokens or 0)
+    return plan, kv_format, index_format, index_kind
+
+
 def main() -> None:
     from sglang.srt.configs.hub_configs import FLASH, PRO
     from sglang.srt.mem_cache.kv_formats import make_index_key_format, make_kv_format

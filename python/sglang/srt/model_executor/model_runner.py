@@ -13,8 +13,7 @@ from sglang.srt.layers.attention.dsv4.torch_backend import TorchAttnBackend
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.mem_cache.deepseek_v4_allocator import DeepSeekV4TokenAllocator
 from sglang.srt.mem_cache.deepseek_v4_pool import DeepSeekV4TokenToKVPool
-from sglang.srt.mem_cache.kv_formats import index_key_kind, make_index_key_format, make_kv_format
-from sglang.srt.mem_cache.pool_sizing import PoolPlan, plan_pools
+from sglang.srt.mem_cache.pool_sizing import plan_pools_for_args, pool_budget_bytes
 from sglang.srt.mem_cache.req_to_token_pool import ReqToTokenPool
 from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, StaticGraphRunner
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
@@ -98,21 +97,11 @@ class ModelRunner:
         """Size and allocate the pools within --mem-fraction-static, less `reserved_bytes` (CUDA graphs). `probe`:
         pools of one request and two pages (measure_graph_memory)."""
         args, config = self.server_args, self.model_config
-        kv_format = make_kv_format(args.kv_cache_dtype, config.head_dim, config.qk_rope_head_dim, self.dtype)
-        index_kind = index_key_kind(args.kv_cache_dtype, args.enable_deepseek_v4_fp4_indexer)
-        index_format = make_index_key_format(index_kind, config.index_head_dim, self.dtype)
-        num_layers = config.num_hidden_layers + (config.num_nextn_predict_layers if self.draft_model else 0)
         free, total = memory_budget_bytes(args.device)
-        budget = int(free - (1 - args.mem_fraction_static) * total) if self.device.type == "cuda" \
-            else int(free * args.mem_fraction_static)
-        budget -= reserved_bytes
-        self.pool_plan: PoolPlan = plan_pools(
-            config, page_size=args.page_size, max_running_requests=1 if probe else args.max_running_requests,
-            context_length=args.context_length, chunked_prefill_size=args.chunked_prefill_size,
-            swa_full_tokens_ratio=args.swa_full_tokens_ratio, budget_bytes=budget,
-            kv_entry_bytes=kv_format.bytes_per_entry, index_entry_bytes=index_format.bytes_per_entry,
-            num_window_layers=num_layers, max_total_tokens=2 * args.page_size if probe else args.max_total_tokens,
-            num_draft_tokens=args.speculative_num_draft_tokens or 0)
+        budget = pool_budget_bytes(self.device.type, free, total, args.mem_fraction_static, reserved_bytes)
+        self.pool_plan, kv_format, index_format, index_kind = plan_pools_for_args(
+            config, args, budget, self.dtype, with_draft=self.draft_model is not None, probe=probe)
+        num_layers = config.num_hidden_layers + (config.num_nextn_predict_layers if self.draft_model else 0)
         shape = self.pool_plan.shape
         self.req_to_token_pool = ReqToTokenPool(shape.max_num_reqs, args.context_length, self.device)
         self.token_allocator = DeepSeekV4TokenAllocator(self.req_to_token_pool, shape.num_pages, shape.page_size,

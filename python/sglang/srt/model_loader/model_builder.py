@@ -94,16 +94,24 @@ def check_fits(weight_bytes: int, stored_bytes: int, device: torch.device, mem_f
             "the model over more GPUs")
 
 
-def load_models(args, model_path: str, config: DeepseekV4Config, dtype: torch.dtype,
-                device: torch.device) -> LoadedModels:
-    """The target model, and the MTP draft under speculative decoding, built, checked against memory and loaded."""
+MODEL_CLASSES = {"main": DeepseekV4ForCausalLM, "mtp": DeepseekV4ForCausalLMNextN}
+
+
+def kept_formats(args, model_path: str, config: DeepseekV4Config, device: torch.device, parts: tuple) -> tuple:
+    """(native names of the FP8 linears kept FP8 per part, whether MXFP4 experts stay packed) on `device`."""
     keep_fp8 = args.quantization == "fp8" and fp8_linears_supported(device)
-    parts = ("main", "mtp") if args.speculative_algorithm is not None else ("main",)
     fp8 = {part: fp8_linear_names(model_path, config, part) if keep_fp8 else frozenset() for part in parts}
     keep_fp4 = (args.quantization in ("fp8", "mxfp4") and mxfp4_experts_supported(device)
                 and detect_quantization(model_path, config).experts == "fp4")
-    classes = {"main": DeepseekV4ForCausalLM, "mtp": DeepseekV4ForCausalLMNextN}
-    metas = {part: build_meta_model(classes[part], config, dtype, fp8[part], keep_fp4) for part in parts}
+    return fp8, keep_fp4
+
+
+def load_models(args, model_path: str, config: DeepseekV4Config, dtype: torch.dtype,
+                device: torch.device) -> LoadedModels:
+    """The target model, and the MTP draft under speculative decoding, built, checked against memory and loaded."""
+    parts = ("main", "mtp") if args.speculative_algorithm is not None else ("main",)
+    fp8, keep_fp4 = kept_formats(args, model_path, config, device, parts)
+    metas = {part: build_meta_model(MODEL_CLASSES[part], config, dtype, fp8[part], keep_fp4) for part in parts}
     need = sum(parameter_bytes(m) for m in metas.values())
     stored = checkpoint_bytes(model_path, config, parts)
     kept = f"{sum(map(len, fp8.values()))} linears kept FP8, routed experts " + (

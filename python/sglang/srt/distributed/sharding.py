@@ -1,0 +1,95 @@
+"""How DeepSeek-V4's parameters split over ranks (docs: next-features.md section 3): the contract the capacity planner
+counts with and tensor / expert parallelism loads by.
+
+Ranks: `tp` GPUs in all (SGLang's --tp-size). Attention runs tensor-parallel over `attn_tp` = tp ranks, or, with
+--enable-dp-attention, data-parallel over `dp` groups of attn_tp = tp / dp ranks each (the DeepSeek serving layout:
+each DP group attends to its own requests). The MoE runs over all tp ranks: routed experts split over `ep` ranks
+(E / ep each), each expert's intermediate dim over moe_tp = tp / ep; the shared expert tensor-parallel over tp.
+
+Per parameter (by native name; FP8 block scales and packed FP4 codes and scales split the same way):
+- query heads split: `attn.wq_b` rows, grouped `attn.wo_a` rows (whole groups), `attn.wo_b` columns (row-parallel,
+  all-reduced), `attn.attn_sink` over attn_tp; the shared K=V head (`attn.wkv`), the low-rank `attn.wq_a`, norms,
+  compressors and the lightning indexer are replicated (every rank selects the same entries);
+- routed experts: dim 0 over ep, the intermediate dim over moe_tp; shared expert w1/w3 rows and w2 columns over tp;
+- embedding and LM head rows (vocabulary) over tp; router, mHC weights and everything else replicated.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    tp: int = 1
+    ep: int = 1
+    dp: int = 1
+    dp_attention: bool = False
+
+    @property
+    def attn_tp(self) -> int:
+        return self.tp // self.dp if self.dp_attention else self.tp
+
+    @property
+    def moe_tp(self) -> int:
+        return self.tp // self.ep
+
+    def validate(self, config) -> None:
+        """Raise ValueError naming the sizes that do not divide."""
+        problems = []
+        for name, value in (("--tp", self.tp), ("--ep", self.ep), ("--dp", self.dp)):
+            if value < 1:
+                problems.append(f"{name} must be >= 1, got {value}")
+        if problems:
+            raise ValueError("; ".join(problems))
+        if self.tp % self.ep:
+            problems.append(f"--ep {self.ep} must divide --tp {self.tp}")
+        if self.dp > 1 and not self.dp_attention:
+            problems.append("--dp > 1 needs --enable-dp-attention")
+        if self.dp_attention and self.tp % self.dp:
+            problems.append(f"--dp {self.dp} must divide --tp {self.tp}")
+        if not problems:
+            a = self.attn_tp
+            if config.num_attention_heads % a:
+                problems.append(f"{config.num_attention_heads} attention heads do not split over {a} ranks")
+            if config.o_groups % a:
+                problems.append(f"o_groups {config.o_groups} (the grouped output projection) does not split over "
+                                f"{a} ranks")
+            if config.n_routed_experts % self.ep:
+                problems.append(f"{config.n_routed_experts} routed experts do not split over --ep {self.ep}")
+            if config.moe_intermediate_size % (32 * self.moe_tp):
+                problems.append(f"moe_intermediate_size {config.moe_intermediate_size} does not split into blocks of "
+                                f"32 over {self.moe_tp} MoE tensor-parallel ranks")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+
+# (name pattern, per dim: which parallel size divides it) for the split parameters; the rest are replicated.
+_RULES = [
+    (re.compile(r"(^|\.)attn\.(wq_b|wo_a)\.(weight|weight_scale_inv)$"), ("attn_tp", None)),
+    (re.compile(r"(^|\.)attn\.wo_b\.(weight|weight_scale_inv)$"), (None, "attn_tp")),
+    (re.compile(r"(^|\.)attn\.attn_sink$"), ("attn_tp",)),
+    (re.compile(r"\.ffn\.experts\.(w1|w3|w13)(_scale)?$"), ("ep", "moe_tp", None)),
+    (re.compile(r"\.ffn\.experts\.w2(_scale)?$"), ("ep", None, "moe_tp")),
+    (re.compile(r"\.ffn\.shared_experts\.(w1|w3)\.(weight|weight_scale_inv)$"), ("tp", None)),
+    (re.compile(r"\.ffn\.shared_experts\.w2\.(weight|weight_scale_inv)$"), (None, "tp")),
+    (re.compile(r"^(embed|head)\.weight$"), ("tp", None)),
+]
+
+
+def shard_shape(name: str, shape: tuple, pc: ParallelConfig) -> tuple:
+    """The shape of one rank's part of parameter `name` (ceil division: the largest part)."""
+    for pattern, dims in _RULES:
+        if pattern.search(name) and len(dims) == len(shape):
+            return tuple(math.ceil(n / getattr(pc, d)) if d else n for n, d in zip(shape, dims))
+    return tuple(shape)
+
+
+def rank_parameter_bytes(model, pc: ParallelConfig) -> int:
+    """Bytes of one rank's parameters and buffers of `model` (a meta model is enough)."""
+    total = 0
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        total += math.prod(shard_shape(name, tuple(t.shape), pc)) * t.element_size()
+    return total
