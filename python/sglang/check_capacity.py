@@ -105,7 +105,7 @@ def _weights(model: str, config, args, pc, device: torch.device) -> tuple:
         specs = {part: expected_tensors(config, part) for part in parts}
         fp8 = {part: frozenset(n for n, s in specs[part].items() if s.kind == TensorKind.LINEAR
                                and ".shared_experts." not in n) if nvidia else frozenset() for part in parts}
-        keep_fp4 = nvidia
+        experts = "fp4" if nvidia else None
         stored = 0
         for part in parts:
             for name, spec in specs[part].items():
@@ -117,10 +117,10 @@ def _weights(model: str, config, args, pc, device: torch.device) -> tuple:
                 else:
                     stored += n * (4 if spec.kind in (TensorKind.FP32, TensorKind.INDEX) else 2)
     else:
-        fp8, keep_fp4 = kept_formats(args, model, config, device, parts)
+        fp8, experts = kept_formats(args, model, config, device, parts)
         stored = checkpoint_bytes(model, config, parts)
     dtype = {"float32": torch.float32, "float16": torch.float16}.get(args.dtype, torch.bfloat16)
-    need = sum(rank_parameter_bytes(build_meta_model(MODEL_CLASSES[p], config, dtype, fp8[p], keep_fp4), pc)
+    need = sum(rank_parameter_bytes(build_meta_model(MODEL_CLASSES[p], config, dtype, fp8[p], experts), pc)
                for p in parts)
     return need, stored
 

@@ -128,3 +128,41 @@ def test_weights_that_do_not_fit_are_refused_before_loading(monkeypatch, caplog)
                                          r"available") as err:
         engine("tiny", quantize=True, disable_cuda_graph=True)
     assert "--quantization fp8" in str(err.value) and not allocated
+
+
+def test_fp8_converted_experts_stay_fp8_and_agree(kept_on_cpu, tmp_path):
+    """A checkpoint whose routed experts are FP8-converted (the repacked FP8 checkpoints H200 users run): they stay FP8
+    in Fp8RoutedExperts (the fused MoE's FP8 tiles) and the engine equals the dequantized one."""
+    import json
+    import os
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from sglang.srt.layers.quantization.fp8 import Fp8RoutedExperts
+    from sglang.srt.model_loader.quant_formats import dequantize_mxfp4, quantize_fp8_block
+
+    src, dst = checkpoint("tiny", quantize=True), str(tmp_path / "fp8-experts")
+    shutil.copytree(src, dst)
+    for name in os.listdir(dst):
+        if name.endswith(".safetensors"):
+            tensors = load_file(os.path.join(dst, name))
+            for key in [k for k in tensors if ".experts." in k and k.endswith(".weight")]:
+                scale_key = key[:-len("weight")] + "scale"
+                tensors[key], tensors[scale_key] = quantize_fp8_block(dequantize_mxfp4(tensors[key],
+                                                                                       tensors[scale_key]))
+            save_file(tensors, os.path.join(dst, name))
+    with open(os.path.join(dst, "config.json")) as f:
+        raw = json.load(f)
+    raw["expert_dtype"] = "fp8"
+    with open(os.path.join(dst, "config.json"), "w") as f:
+        json.dump(raw, f)
+    eng = engine("tiny", model_path=dst, disable_cuda_graph=True)
+    ref = engine("tiny", model_path=dst, quantization="none", disable_cuda_graph=True)
+    moes = [m for m in eng.model_runner.model.modules() if hasattr(m, "shared_experts")]
+    assert moes and all(isinstance(m.experts, Fp8RoutedExperts) for m in moes)
+    assert moes[0].experts.w13.dtype == torch.float8_e4m3fn
+    lp, tokens = _prompt_logprobs(eng, random_ids(24, seed=5))
+    ref_lp, ref_tokens = _prompt_logprobs(ref, random_ids(24, seed=5))
+    assert max(abs(a - b) for a, b in zip(lp, ref_lp)) < 1e-4 and tokens == ref_tokens
+    eng.model_runner.token_allocator.check_all_free()

@@ -1,4 +1,5 @@
-"""dsv4_moe_mxfp4: DeepSeek-V4's routed experts from packed MXFP4 weights, W4A16, in three device steps.
+"""dsv4_moe_mxfp4 / dsv4_moe_fp8: DeepSeek-V4's routed experts from packed MXFP4 weights (W4A16) or FP8-converted
+ones (W8A16, e4m3 with 128x128 block multipliers: `WEIGHT_FP8`), in three device steps.
 
 1. `dsv4_moe_align` (torch ops, no host read, graph-capturable): the (token, slot) pairs sorted by expert into
    blocks of BLOCK_M rows, each block one expert's, padded with -1; `block_expert[b]` = the block's expert, or
@@ -66,9 +67,20 @@ def _fp4_tile(w_ptr, s_ptr, rows, row_ok, k0, K, stride_wn, stride_sn, BLOCK_K: 
 
 
 @triton.jit
+def _fp8_tile(w_ptr, s_ptr, rows, row_ok, k0, K, stride_wn, stride_sr, BLOCK_K: tl.constexpr):
+    """The dequantized FP8 tile [BLOCK_N, BLOCK_K] of weight rows `rows` at inputs k0 .. k0 + BLOCK_K: e4m3 codes
+    times their 128x128 block's fp32 multiplier (`s_ptr` at this projection's scale grid, rows of 128)."""
+    k = k0 + tl.arange(0, BLOCK_K)
+    ok = row_ok[:, None] & (k < K)[None, :]
+    w = tl.load(w_ptr + rows[:, None] * stride_wn + k[None, :], mask=ok, other=0.0).to(tl.float32)
+    s = tl.load(s_ptr + (rows // 128)[:, None] * stride_sr + (k // 128)[None, :], mask=ok, other=0.0)
+    return w * s
+
+
+@triton.jit
 def _moe_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, h_ptr, D, I, TOPK, E, stride_x, stride_we,
-                        stride_wn, stride_se, stride_sn, stride_h, limit, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                        stride_wn, stride_se, stride_sn, stride_h, stride_shalf, limit, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WEIGHT_FP8: tl.constexpr):
     blk = tl.program_id(0)
     e = tl.load(bexp_ptr + blk)
     if e < E:
@@ -84,18 +96,27 @@ def _moe_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, h_ptr, D, I, TO
         acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, D, BLOCK_K):
-            kk = k0 + 2 * j
-            x_ok = valid[:, None] & (kk < D)[None, :]
-            x_rows = x_ptr + tok.to(tl.int64)[:, None] * stride_x + kk[None, :]
-            x_even = tl.load(x_rows, mask=x_ok, other=0.0)
-            x_odd = tl.load(x_rows + 1, mask=x_ok, other=0.0)
-            g_lo, g_hi = _fp4_tile(w_e, s_e, n, n_ok, k0, D, stride_wn, stride_sn, BLOCK_K)
-            u_lo, u_hi = _fp4_tile(w_e, s_e, I + n, n_ok, k0, D, stride_wn, stride_sn, BLOCK_K)
-            dt = x_even.dtype
-            acc_g += tl.dot(x_even, tl.trans(g_lo.to(dt)), out_dtype=tl.float32)
-            acc_g += tl.dot(x_odd, tl.trans(g_hi.to(dt)), out_dtype=tl.float32)
-            acc_u += tl.dot(x_even, tl.trans(u_lo.to(dt)), out_dtype=tl.float32)
-            acc_u += tl.dot(x_odd, tl.trans(u_hi.to(dt)), out_dtype=tl.float32)
+            if WEIGHT_FP8:  # rows of w13 [2I, D] e4m3; scales [2, I/128, D/128]: gate half 0, up half 1
+                k = k0 + tl.arange(0, BLOCK_K)
+                xk = tl.load(x_ptr + tok.to(tl.int64)[:, None] * stride_x + k[None, :],
+                             mask=valid[:, None] & (k < D)[None, :], other=0.0)
+                g = _fp8_tile(w_e, s_e, n, n_ok, k0, D, stride_wn, stride_sn, BLOCK_K)
+                u = _fp8_tile(w_e + I * stride_wn, s_e + stride_shalf, n, n_ok, k0, D, stride_wn, stride_sn, BLOCK_K)
+                acc_g += tl.dot(xk, tl.trans(g.to(xk.dtype)), out_dtype=tl.float32)
+                acc_u += tl.dot(xk, tl.trans(u.to(xk.dtype)), out_dtype=tl.float32)
+            else:
+                kk = k0 + 2 * j
+                x_ok = valid[:, None] & (kk < D)[None, :]
+                x_rows = x_ptr + tok.to(tl.int64)[:, None] * stride_x + kk[None, :]
+                x_even = tl.load(x_rows, mask=x_ok, other=0.0)
+                x_odd = tl.load(x_rows + 1, mask=x_ok, other=0.0)
+                g_lo, g_hi = _fp4_tile(w_e, s_e, n, n_ok, k0, D, stride_wn, stride_sn, BLOCK_K)
+                u_lo, u_hi = _fp4_tile(w_e, s_e, I + n, n_ok, k0, D, stride_wn, stride_sn, BLOCK_K)
+                dt = x_even.dtype
+                acc_g += tl.dot(x_even, tl.trans(g_lo.to(dt)), out_dtype=tl.float32)
+                acc_g += tl.dot(x_odd, tl.trans(g_hi.to(dt)), out_dtype=tl.float32)
+                acc_u += tl.dot(x_even, tl.trans(u_lo.to(dt)), out_dtype=tl.float32)
+                acc_u += tl.dot(x_odd, tl.trans(u_hi.to(dt)), out_dtype=tl.float32)
         g = tl.minimum(acc_g, limit)
         act = g / (1.0 + tl.exp(-g)) * tl.minimum(tl.maximum(acc_u, -limit), limit)
         h_rows = h_ptr + r.to(tl.int64)[:, None] * stride_h + n[None, :]
@@ -105,7 +126,7 @@ def _moe_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, h_ptr, D, I, TO
 @triton.jit
 def _moe_down_kernel(h_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, wts_ptr, out_ptr, D, I, E, stride_h, stride_we,
                      stride_wn, stride_se, stride_sn, stride_o, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr):
+                     BLOCK_K: tl.constexpr, WEIGHT_FP8: tl.constexpr):
     blk = tl.program_id(0)
     e = tl.load(bexp_ptr + blk)
     if e < E:
@@ -119,14 +140,21 @@ def _moe_down_kernel(h_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, wts_ptr, out_ptr, 
         j = tl.arange(0, BLOCK_K // 2)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, I, BLOCK_K):
-            kk = k0 + 2 * j
-            h_ok = valid[:, None] & (kk < I)[None, :]
-            h_rows = h_ptr + r.to(tl.int64)[:, None] * stride_h + kk[None, :]
-            h_even = tl.load(h_rows, mask=h_ok, other=0.0)
-            h_odd = tl.load(h_rows + 1, mask=h_ok, other=0.0)
-            lo, hi = _fp4_tile(w_e, s_e, n, n_ok, k0, I, stride_wn, stride_sn, BLOCK_K)
-            acc += tl.dot(h_even, tl.trans(lo.to(h_even.dtype)), out_dtype=tl.float32)
-            acc += tl.dot(h_odd, tl.trans(hi.to(h_even.dtype)), out_dtype=tl.float32)
+            if WEIGHT_FP8:
+                k = k0 + tl.arange(0, BLOCK_K)
+                hk = tl.load(h_ptr + r.to(tl.int64)[:, None] * stride_h + k[None, :],
+                             mask=valid[:, None] & (k < I)[None, :], other=0.0)
+                w = _fp8_tile(w_e, s_e, n, n_ok, k0, I, stride_wn, stride_sn, BLOCK_K)
+                acc += tl.dot(hk, tl.trans(w.to(hk.dtype)), out_dtype=tl.float32)
+            else:
+                kk = k0 + 2 * j
+                h_ok = valid[:, None] & (kk < I)[None, :]
+                h_rows = h_ptr + r.to(tl.int64)[:, None] * stride_h + kk[None, :]
+                h_even = tl.load(h_rows, mask=h_ok, other=0.0)
+                h_odd = tl.load(h_rows + 1, mask=h_ok, other=0.0)
+                lo, hi = _fp4_tile(w_e, s_e, n, n_ok, k0, I, stride_wn, stride_sn, BLOCK_K)
+                acc += tl.dot(h_even, tl.trans(lo.to(h_even.dtype)), out_dtype=tl.float32)
+                acc += tl.dot(h_odd, tl.trans(hi.to(h_even.dtype)), out_dtype=tl.float32)
         wt = tl.load(wts_ptr + tl.where(valid, pair, 0), mask=valid, other=0.0).to(tl.float32)
         out_rows = out_ptr + tl.where(valid, pair, 0).to(tl.int64)[:, None] * stride_o + n[None, :]
         tl.store(out_rows, acc * wt[:, None], mask=valid[:, None] & n_ok[None, :])
@@ -144,28 +172,53 @@ def dsv4_moe_mxfp4(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.
     [E, 2I, D/32], w2 uint8 [E, D, I/2] + w2_scale uint8 [E, D, I/32] -> [T, D] in x's dtype."""
     num_tokens, hidden = x.shape
     num_experts, two_inter = w13.shape[0], w13.shape[1]
-    inter, top_k = two_inter // 2, topk_ids.shape[1]
+    inter = two_inter // 2
     if (w13.shape[2] * 2 != hidden or w2.shape != (num_experts, hidden, inter // 2) or hidden % FP4_BLOCK
             or inter % FP4_BLOCK or w13_scale.shape != (num_experts, two_inter, hidden // FP4_BLOCK)
             or w2_scale.shape != (num_experts, hidden, inter // FP4_BLOCK) or x.stride(1) != 1):
         raise ValueError(f"MXFP4 experts w13 {tuple(w13.shape)} / {tuple(w13_scale.shape)}, w2 {tuple(w2.shape)} / "
                          f"{tuple(w2_scale.shape)} do not fit x {tuple(x.shape)}")
+    w13b, s13, w2b, s2 = (t.view(torch.uint8) for t in (w13, w13_scale, w2, w2_scale))
+    return _fused_moe(x, topk_ids, topk_weights, w13b, s13, w2b, s2, limit, inter, fp8=False)
+
+
+def dsv4_moe_fp8(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13: torch.Tensor,
+                 w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, limit: float) -> torch.Tensor:
+    """FP8-converted experts (e4m3 with fp32 multipliers per 128x128 block of each projection), W8A16, the same
+    kernels: w13 e4m3 [E, 2I, D] (w1 rows, then w3 rows), w13_scale fp32 [E, 2, ceil(I/128), ceil(D/128)] (w1's
+    grid, w3's grid), w2 e4m3 [E, D, I], w2_scale fp32 [E, 1, ceil(D/128), ceil(I/128)] -> [T, D] in x's dtype."""
+    num_tokens, hidden = x.shape
+    num_experts, inter = w13.shape[0], w13.shape[1] // 2
+    nb = lambda n: -(-n // 128)  # noqa: E731
+    if (w13.shape[2] != hidden or w2.shape != (num_experts, hidden, inter) or x.stride(1) != 1
+            or w13_scale.shape != (num_experts, 2, nb(inter), nb(hidden))
+            or w2_scale.shape != (num_experts, 1, nb(hidden), nb(inter))):
+        raise ValueError(f"FP8 experts w13 {tuple(w13.shape)} / {tuple(w13_scale.shape)}, w2 {tuple(w2.shape)} / "
+                         f"{tuple(w2_scale.shape)} do not fit x {tuple(x.shape)}")
+    return _fused_moe(x, topk_ids, topk_weights, w13, w13_scale.float(), w2, w2_scale.float(), limit, inter, fp8=True)
+
+
+def _fused_moe(x, topk_ids, topk_weights, w13, s13, w2, s2, limit: float, inter: int, fp8: bool) -> torch.Tensor:
+    num_tokens, hidden = x.shape
+    num_experts, top_k = w13.shape[0], topk_ids.shape[1]
     if num_tokens == 0:
         return torch.zeros_like(x)
     block_m = _block_m(num_tokens * top_k, num_experts)
     rows, block_expert = dsv4_moe_align(topk_ids, num_experts, block_m)
     num_blocks = block_expert.shape[0]
     h = torch.empty(num_blocks * block_m, inter, dtype=x.dtype, device=x.device)
-    w13b, s13, w2b, s2 = (t.view(torch.uint8) for t in (w13, w13_scale, w2, w2_scale))
+    # FP8 scale grids are [E, halves, row blocks, column blocks]; MXFP4 scale bytes [E, rows, inputs / 32]
+    s13_row, s13_half = (s13.stride(2), s13.stride(1)) if fp8 else (s13.stride(1), 0)
+    s2_row = s2.stride(2) if fp8 else s2.stride(1)
     block_n, block_k = 64, 64
     _moe_gate_up_kernel[(num_blocks, triton.cdiv(inter, block_n))](
-        x, rows, block_expert, w13b, s13, h, hidden, inter, top_k, num_experts, x.stride(0), w13b.stride(0),
-        w13b.stride(1), s13.stride(0), s13.stride(1), h.stride(0), float(limit), BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_K=block_k)
+        x, rows, block_expert, w13, s13, h, hidden, inter, top_k, num_experts, x.stride(0), w13.stride(0),
+        w13.stride(1), s13.stride(0), s13_row, h.stride(0), s13_half, float(limit), BLOCK_M=block_m,
+        BLOCK_N=block_n, BLOCK_K=block_k, WEIGHT_FP8=fp8)
     weights = topk_weights.flatten().float().contiguous()
     pairs = torch.empty(num_tokens * top_k, hidden, dtype=torch.float32, device=x.device)
     _moe_down_kernel[(num_blocks, triton.cdiv(hidden, block_n))](
-        h, rows, block_expert, w2b, s2, weights, pairs, hidden, inter, num_experts, h.stride(0), w2b.stride(0),
-        w2b.stride(1), s2.stride(0), s2.stride(1), pairs.stride(0), BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_K=block_k)
+        h, rows, block_expert, w2, s2, weights, pairs, hidden, inter, num_experts, h.stride(0), w2.stride(0),
+        w2.stride(1), s2.stride(0), s2_row, pairs.stride(0), BLOCK_M=block_m, BLOCK_N=block_n,
+        BLOCK_K=block_k, WEIGHT_FP8=fp8)
     return pairs.view(num_tokens, top_k, hidden).sum(dim=1).to(x.dtype)

@@ -37,17 +37,44 @@ def align_ref(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple:
     return rows, experts
 
 
-def fused_moe_mxfp4_ref(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13: torch.Tensor,
-                        w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
-                        limit: float) -> torch.Tensor:
-    """x [T, D], topk_ids / topk_weights [T, k] -> [T, D] fp32: sum_j w_j * w2_e . swiglu_L(w1_e x, w3_e x)."""
-    inter = w13.shape[1] // 2
+def _moe_ref(x, topk_ids, topk_weights, expert_weights, limit: float) -> torch.Tensor:
+    """sum_j w_j * w2_e . swiglu_L(w1_e x, w3_e x) with `expert_weights(e)` -> fp32 (w1, w3, w2) of expert e."""
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     for e in topk_ids.unique().tolist():
         tok, slot = (topk_ids == e).nonzero(as_tuple=True)
-        w13e = dequant_mxfp4_ref(w13[e], w13_scale[e])
-        h = x[tok].float() @ w13e.T
-        act = F.silu(h[:, :inter].clamp(max=limit)) * h[:, inter:].clamp(min=-limit, max=limit)
-        y = act @ dequant_mxfp4_ref(w2[e], w2_scale[e]).T
-        out.index_add_(0, tok, y * topk_weights[tok, slot, None].float())
+        w1, w3, w2 = expert_weights(e)
+        xt = x[tok].float()
+        act = F.silu((xt @ w1.T).clamp(max=limit)) * (xt @ w3.T).clamp(min=-limit, max=limit)
+        out.index_add_(0, tok, (act @ w2.T) * topk_weights[tok, slot, None].float())
     return out
+
+
+def fused_moe_mxfp4_ref(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13: torch.Tensor,
+                        w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
+                        limit: float) -> torch.Tensor:
+    """x [T, D], topk_ids / topk_weights [T, k] -> [T, D] fp32, from MXFP4 experts (layouts above)."""
+    inter = w13.shape[1] // 2
+
+    def weights(e):
+        w13e = dequant_mxfp4_ref(w13[e], w13_scale[e])
+        return w13e[:inter], w13e[inter:], dequant_mxfp4_ref(w2[e], w2_scale[e])
+
+    return _moe_ref(x, topk_ids, topk_weights, weights, limit)
+
+def _dequant_fp8_grid(w: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+    """e4m3 [N, K] times fp32 multipliers [ceil(N/128), ceil(K/128)] -> fp32 [N, K]."""
+    n, k = w.shape
+    return w.float() * grid.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
+
+
+def fused_moe_fp8_ref(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13: torch.Tensor,
+                      w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
+                      limit: float) -> torch.Tensor:
+    """The same function for FP8-converted experts (layouts in dsv4_moe_mxfp4.dsv4_moe_fp8)."""
+    inter = w13.shape[1] // 2
+
+    def weights(e):
+        return (_dequant_fp8_grid(w13[e, :inter], w13_scale[e, 0]), _dequant_fp8_grid(w13[e, inter:], w13_scale[e, 1]),
+                _dequant_fp8_grid(w2[e], w2_scale[e, 0]))
+
+    return _moe_ref(x, topk_ids, topk_weights, weights, limit)

@@ -230,14 +230,15 @@ def _materialize(plan: TensorPlan, reader: TensorReader, config: DeepseekV4Confi
 
 def iter_checkpoint(model_dir: str, config: Optional[DeepseekV4Config] = None, dtype: torch.dtype = torch.float32,
                     part: str = "main", device="cpu", keep_fp8: frozenset = frozenset(),
-                    keep_fp4: bool = False) -> Iterator[tuple]:
+                    keep_fp4: bool = False, keep_fp8_experts: bool = False) -> Iterator[tuple]:
     """Yield (native name, tensor) once for every tensor of `expected_tensors(config, part)`.
 
     Tensors are dequantized to `dtype` in their logical shape; fp32-kept tensors stay float32 and
     `tid2eid` becomes int64. Tensors of the other part are ignored. Raises CheckpointError.
     Names in `keep_fp8` (FP8 linears, see `fp8_linear_names`) are yielded as stored, e4m3, followed by
     (`<module>.weight_scale_inv`, their fp32 128x128 block multipliers). With `keep_fp4`, routed experts stored
-    MXFP4 are yielded packed (uint8 [out, in/2]), followed by (`<name>_scale`, uint8 exponent bytes [out, in/32]).
+    MXFP4 are yielded packed (uint8 [out, in/2]), followed by (`<name>_scale`, uint8 exponent bytes [out, in/32]);
+    with `keep_fp8_experts`, FP8-converted experts as stored, followed by (`<name>_scale`, fp32 block multipliers).
     """
     config = config if config is not None else load_config(model_dir)
     plans = plan_checkpoint(model_dir, config, part)
@@ -246,12 +247,14 @@ def iter_checkpoint(model_dir: str, config: Optional[DeepseekV4Config] = None, d
     bar = progress_bar(total=len(plans), desc=f"Loading weights ({part})", unit="tensor")  # hub loads take minutes
     with TensorReader() as reader, bar:
         for plan in plans:
-            if plan.name in keep_fp8:
+            expert_fp8 = keep_fp8_experts and plan.fmt == "fp8" and plan.spec.kind == TensorKind.EXPERT
+            if plan.name in keep_fp8 or expert_fp8:
                 if plan.fmt != "fp8" or block != FP8_BLOCK:
                     raise CheckpointError(f"tensor '{plan.name}' is not stored as FP8 with 128x128 blocks")
                 scale = scale_to_float(reader.read(plan.scale.record, plan.scale.index))
                 yield plan.name, reader.read(plan.weight.record, plan.weight.index).to(device)
-                yield plan.name[:-len("weight")] + "weight_scale_inv", scale.to(device)
+                yield (plan.name + "_scale" if expert_fp8 else plan.name[:-len("weight")] + "weight_scale_inv"), \
+                    scale.to(device)
             elif keep_fp4 and plan.fmt == "fp4":
                 scale = reader.read(plan.scale.record, plan.scale.index)
                 if scale.dtype != torch.float8_e8m0fnu:  # float multipliers: exact powers of two, or refused

@@ -17,8 +17,9 @@ import torch
 from torch import nn
 
 from sglang.srt.configs.deepseek_v4 import DeepseekV4Config
-from sglang.srt.layers.quantization.fp8 import fp8_linears_supported, replace_fp8_linears
-from sglang.srt.layers.quantization.mxfp4 import mxfp4_experts_supported, replace_mxfp4_experts
+from sglang.srt.layers.moe.experts import replace_routed_experts
+from sglang.srt.layers.quantization.fp8 import Fp8RoutedExperts, fp8_linears_supported, replace_fp8_linears
+from sglang.srt.layers.quantization.mxfp4 import Mxfp4RoutedExperts, mxfp4_experts_supported
 from sglang.srt.layers.rotary import RotaryEmbedding
 from sglang.srt.model_loader.loader import checkpoint_bytes, detect_quantization, fp8_linear_names, iter_checkpoint
 from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
@@ -36,15 +37,15 @@ _FLOAT_DTYPES = frozenset((torch.float32, torch.bfloat16, torch.float16))  # FP8
 
 
 def build_meta_model(cls, config: DeepseekV4Config, dtype: torch.dtype, fp8_weights: frozenset = frozenset(),
-                     mxfp4_experts: bool = False) -> nn.Module:
+                     experts: Optional[str] = None) -> nn.Module:
     """The model on the meta device in its final form: the linears of `fp8_weights` (native weight names) are
-    Fp8BlockLinear, with `mxfp4_experts` the routed experts Mxfp4RoutedExperts; float parameters in `dtype` except
-    the fp32-kept ones."""
+    Fp8BlockLinear, the routed experts Mxfp4RoutedExperts (`experts` "fp4") or Fp8RoutedExperts ("fp8") when kept
+    quantized; float parameters in `dtype` except the fp32-kept ones."""
     with torch.device("meta"):
         model = cls(config)
         replace_fp8_linears(model, fp8_weights, lambda name: config.o_groups if name.endswith(".wo_a") else 1)
-        if mxfp4_experts:
-            replace_mxfp4_experts(model)
+        if experts is not None:
+            replace_routed_experts(model, {"fp4": Mxfp4RoutedExperts, "fp8": Fp8RoutedExperts}[experts])
     for name, param in model.named_parameters():
         if param.dtype in _FLOAT_DTYPES and not _FP32_PARAM.search(name):
             param.data = param.data.to(dtype)
@@ -60,9 +61,9 @@ def materialize(model: nn.Module, device) -> nn.Module:
 
 
 def build_model(cls, config: DeepseekV4Config, dtype: torch.dtype, device, fp8_weights: frozenset = frozenset(),
-                mxfp4_experts: bool = False) -> nn.Module:
+                experts: Optional[str] = None) -> nn.Module:
     """Construct without initialising weights (meta), then materialise on `device`."""
-    return materialize(build_meta_model(cls, config, dtype, fp8_weights, mxfp4_experts), device)
+    return materialize(build_meta_model(cls, config, dtype, fp8_weights, experts), device)
 
 
 def parameter_bytes(model: Optional[nn.Module]) -> int:
@@ -98,30 +99,37 @@ MODEL_CLASSES = {"main": DeepseekV4ForCausalLM, "mtp": DeepseekV4ForCausalLMNext
 
 
 def kept_formats(args, model_path: str, config: DeepseekV4Config, device: torch.device, parts: tuple) -> tuple:
-    """(native names of the FP8 linears kept FP8 per part, whether MXFP4 experts stay packed) on `device`."""
+    """(native names of the FP8 linears kept FP8 per part, the stored format the routed experts keep: "fp4" (packed
+    MXFP4), "fp8" (FP8-converted) or None (dequantized at load)) on `device`."""
     keep_fp8 = args.quantization == "fp8" and fp8_linears_supported(device)
     fp8 = {part: fp8_linear_names(model_path, config, part) if keep_fp8 else frozenset() for part in parts}
-    keep_fp4 = (args.quantization in ("fp8", "mxfp4") and mxfp4_experts_supported(device)
-                and detect_quantization(model_path, config).experts == "fp4")
-    return fp8, keep_fp4
+    stored = detect_quantization(model_path, config).experts
+    experts = None
+    if stored == "fp4" and args.quantization in ("fp8", "mxfp4") and mxfp4_experts_supported(device):
+        experts = "fp4"
+    elif stored == "fp8" and keep_fp8 and (config.quantization_config is None
+                                            or tuple(config.quantization_config.weight_block_size) == (128, 128)):
+        experts = "fp8"
+    return fp8, experts
 
 
 def load_models(args, model_path: str, config: DeepseekV4Config, dtype: torch.dtype,
                 device: torch.device) -> LoadedModels:
     """The target model, and the MTP draft under speculative decoding, built, checked against memory and loaded."""
     parts = ("main", "mtp") if args.speculative_algorithm is not None else ("main",)
-    fp8, keep_fp4 = kept_formats(args, model_path, config, device, parts)
-    metas = {part: build_meta_model(MODEL_CLASSES[part], config, dtype, fp8[part], keep_fp4) for part in parts}
+    fp8, experts = kept_formats(args, model_path, config, device, parts)
+    metas = {part: build_meta_model(MODEL_CLASSES[part], config, dtype, fp8[part], experts) for part in parts}
     need = sum(parameter_bytes(m) for m in metas.values())
     stored = checkpoint_bytes(model_path, config, parts)
     kept = f"{sum(map(len, fp8.values()))} linears kept FP8, routed experts " + (
-        "kept MXFP4" if keep_fp4 else f"in {args.dtype}")
+        {"fp4": "kept MXFP4", "fp8": "kept FP8"}.get(experts) or f"in {args.dtype}")
     check_fits(need, stored, device, args.mem_fraction_static, kept)
     models = {}
     for part in parts:
         models[part] = materialize(metas[part], device)
         models[part].load_weights(iter_checkpoint(model_path, config, dtype=dtype, part=part, device=device,
-                                                  keep_fp8=fp8[part], keep_fp4=keep_fp4))
+                                                  keep_fp8=fp8[part], keep_fp4=experts == "fp4",
+                                                  keep_fp8_experts=experts == "fp8"))
     draft = models.get("mtp")
     if draft is not None:
         draft.set_embed_and_head(models["main"].embed, models["main"].head)

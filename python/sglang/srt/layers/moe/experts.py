@@ -127,3 +127,16 @@ def append_shared_expert(routed: RoutedExperts, shared: SharedExpert) -> int:
             fused = torch.cat((stacked.data, extra.data.to(stacked.dtype).unsqueeze(0)), dim=0)
             setattr(routed, name, nn.Parameter(fused, requires_grad=stacked.requires_grad))
     return shared_id
+
+
+def replace_routed_experts(model: nn.Module, cls) -> int:
+    """Swap every RoutedExperts of `model` for `cls(num_experts, hidden, intermediate, limit)` (a quantized layout,
+    before the model is materialised); returns how many."""
+    found = 0
+    for name, module in list(model.named_modules()):
+        if isinstance(module, RoutedExperts):
+            e, i, d = module.w1.shape
+            parent_name, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(parent_name), attr, cls(e, d, i, module.limit))
+            found += 1
+    return found

@@ -96,3 +96,46 @@ def replace_fp8_linears(model: nn.Module, weight_names: frozenset, groups_of=lam
     if found != len(weight_names):
         raise KeyError(f"{len(weight_names) - found} FP8 checkpoint tensors match no linear of the model")
     return found
+
+
+class Fp8RoutedExperts(nn.Module):
+    """Routed experts of an FP8-converted checkpoint kept FP8 (e4m3 with fp32 multipliers per 128x128 block of each
+    projection), computed by sgl_kernel's fused dsv4_moe_fp8 (the MXFP4 MoE's kernels with FP8 tiles, W8A16):
+    w13 [E, 2I, D] (w1 rows, then w3 rows), w13_scale [E, 2, ceil(I/128), ceil(D/128)], w2 [E, D, I],
+    w2_scale [E, 1, ceil(D/128), ceil(I/128)]."""
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, limit: float) -> None:
+        super().__init__()
+        e, d, i = num_experts, hidden_size, intermediate_size
+        self.intermediate_size, self.limit = i, limit
+
+        def param(*shape, dtype):
+            return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
+
+        nb = lambda n: math.ceil(n / BLOCK)  # noqa: E731
+        self.w13 = param(e, 2 * i, d, dtype=torch.float8_e4m3fn)
+        self.w13_scale = param(e, 2, nb(i), nb(d), dtype=torch.float32)
+        self.w2 = param(e, d, i, dtype=torch.float8_e4m3fn)
+        self.w2_scale = param(e, 1, nb(d), nb(i), dtype=torch.float32)
+
+    def load_expert(self, which: str, expert: int, tensor: torch.Tensor, is_scale: bool) -> str:
+        """Copy one expert's `which` (w1 / w2 / w3) e4m3 weight or fp32 block grid; returns the parameter written."""
+        i = self.intermediate_size
+        name = ("w2" if which == "w2" else "w13") + ("_scale" if is_scale else "")
+        target = getattr(self, name)[expert]
+        if is_scale:
+            target = target[1 if which == "w3" else 0]
+        elif which != "w2":
+            target = target[:i] if which == "w1" else target[i:]
+        if tuple(tensor.shape) != tuple(target.shape):
+            raise ValueError(f"expert {expert} {which}{' scale' if is_scale else ''}: shape {tuple(tensor.shape)}, "
+                             f"expected {tuple(target.shape)}")
+        with torch.no_grad():
+            target.copy_(tensor)
+        return name
+
+    def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+        from sgl_kernel.dsv4_moe_mxfp4 import dsv4_moe_fp8
+
+        return dsv4_moe_fp8(x, topk_ids, topk_weights, self.w13, self.w13_scale, self.w2, self.w2_scale, self.limit)
+

@@ -61,16 +61,3 @@ class Mxfp4RoutedExperts(nn.Module):
         return dsv4_moe_mxfp4(x, topk_ids, topk_weights, self.w13, self.w13_scale, self.w2, self.w2_scale,
                               self.limit)
 
-
-def replace_mxfp4_experts(model: nn.Module) -> int:
-    """Swap every RoutedExperts of `model` for an Mxfp4RoutedExperts of the same shape (before materialising)."""
-    from sglang.srt.layers.moe.experts import RoutedExperts
-
-    found = 0
-    for name, module in list(model.named_modules()):
-        if isinstance(module, RoutedExperts):
-            e, i, d = module.w1.shape
-            parent_name, _, attr = name.rpartition(".")
-            setattr(model.get_submodule(parent_name), attr, Mxfp4RoutedExperts(e, d, i, module.limit))
-            found += 1
-    return found
