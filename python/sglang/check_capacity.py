@@ -96,7 +96,7 @@ def _weights(model: str, config, args, pc, device: torch.device) -> tuple:
     """(per-GPU weight bytes, checkpoint bytes) of the engine's models for `device`."""
     from sglang.srt.distributed.sharding import rank_parameter_bytes
     from sglang.srt.model_loader.checkpoint_spec import TensorKind, expected_tensors
-    from sglang.srt.model_loader.loader import checkpoint_bytes
+    from sglang.srt.model_loader.loader import checkpoint_bytes, plan_checkpoint
     from sglang.srt.model_loader.model_builder import MODEL_CLASSES, build_meta_model, kept_formats
 
     parts = ("main", "mtp") if args.speculative_num_draft_tokens else ("main",)
@@ -117,8 +117,9 @@ def _weights(model: str, config, args, pc, device: torch.device) -> tuple:
                 else:
                     stored += n * (4 if spec.kind in (TensorKind.FP32, TensorKind.INDEX) else 2)
     else:
-        fp8, experts = kept_formats(args, model, config, device, parts)
-        stored = checkpoint_bytes(model, config, parts)
+        plans = {part: plan_checkpoint(model, config, part) for part in parts}
+        fp8, experts = kept_formats(args, plans, config, device)
+        stored = sum(checkpoint_bytes(p) for p in plans.values())
     dtype = {"float32": torch.float32, "float16": torch.float16}.get(args.dtype, torch.bfloat16)
     need = sum(rank_parameter_bytes(build_meta_model(MODEL_CLASSES[p], config, dtype, fp8[p], experts), pc)
                for p in parts)

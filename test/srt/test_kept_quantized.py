@@ -35,7 +35,7 @@ def test_quantized_weights_stay_quantized_and_agree(kept_on_cpu):
     from sglang.srt.layers.moe.experts import RoutedExperts, SharedExpert
     from sglang.srt.layers.quantization.fp8 import Fp8BlockLinear
     from sglang.srt.layers.quantization.mxfp4 import Mxfp4RoutedExperts
-    from sglang.srt.model_loader.loader import fp8_linear_names, load_config
+    from sglang.srt.model_loader.loader import fp8_linear_names, load_config, plan_checkpoint
 
     path = checkpoint("tiny", quantize=True)
     config = load_config(path)
@@ -44,7 +44,7 @@ def test_quantized_weights_stay_quantized_and_agree(kept_on_cpu):
     assert eng.server_args.quantization == "fp8"
     model = eng.model_runner.model
     fp8 = {n: m for n, m in model.named_modules() if isinstance(m, Fp8BlockLinear)}
-    assert len(fp8) == len(fp8_linear_names(path, config, "main")) > 0
+    assert len(fp8) == len(fp8_linear_names(plan_checkpoint(path, config, "main"), config)) > 0
     assert all(m.weight.dtype == torch.float8_e4m3fn and m.weight_scale_inv.dtype == torch.float32
                for m in fp8.values())
     assert fp8["layers.0.attn.wo_a"].groups == config.o_groups > 1
@@ -112,12 +112,12 @@ def test_weights_that_do_not_fit_are_refused_before_loading(monkeypatch, caplog)
     import logging
 
     import sglang.srt.model_loader.model_builder as model_builder
-    from sglang.srt.model_loader.loader import checkpoint_bytes, load_config
+    from sglang.srt.model_loader.loader import checkpoint_bytes, load_config, plan_checkpoint
 
     path = checkpoint("tiny", quantize=True)
     with caplog.at_level(logging.INFO, logger="sglang.srt.model_loader.model_builder"):
         eng = engine("tiny", quantize=True, disable_cuda_graph=True, log_level="info")
-    stored = checkpoint_bytes(path, load_config(path))
+    stored = checkpoint_bytes(plan_checkpoint(path, load_config(path), "main"))
     assert eng.model_runner.checkpoint_bytes == stored
     assert f"(checkpoint {stored / 1e9:.2f} GB" in caplog.text and "weights on cpu" in caplog.text
     allocated = []

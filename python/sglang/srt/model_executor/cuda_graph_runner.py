@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+from abc import ABC, abstractmethod
 from typing import Optional
 
 import torch
@@ -32,7 +33,7 @@ _REQS, _POSITIONS, _OUT_LOC, _SWA, _IDS = range(5)  # rows of the static input b
 _PADDING = (0, 0, 0, -1, 0)  # a padded row: request 0, position 0, full slot 0, no window slot, token 0
 
 
-class StaticGraphRunner:
+class StaticGraphRunner(ABC):
     """Static input block, padding, capture and replay; a subclass defines `_run(bs)` (the captured work, returning
     a tuple of output tensors) and the step that stages its inputs."""
 
@@ -75,8 +76,9 @@ class StaticGraphRunner:
         write_slots_on_device(allocator.req_to_token_pool.req_to_token, allocator.full_to_swa, v[_REQS],
                               v[_POSITIONS], v[_OUT_LOC], v[_SWA])
 
+    @abstractmethod
     def _run(self, bs: int) -> tuple:
-        raise NotImplementedError
+        """The work one graph captures, for `bs` requests of static rows; returns its output tensors."""
 
     # ---- capture ------------------------------------------------------------------------------------
     @torch.inference_mode()

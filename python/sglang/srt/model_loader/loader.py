@@ -230,7 +230,8 @@ def _materialize(plan: TensorPlan, reader: TensorReader, config: DeepseekV4Confi
 
 def iter_checkpoint(model_dir: str, config: Optional[DeepseekV4Config] = None, dtype: torch.dtype = torch.float32,
                     part: str = "main", device="cpu", keep_fp8: frozenset = frozenset(),
-                    keep_fp4: bool = False, keep_fp8_experts: bool = False) -> Iterator[tuple]:
+                    keep_fp4: bool = False, keep_fp8_experts: bool = False,
+                    plans: Optional[list] = None) -> Iterator[tuple]:
     """Yield (native name, tensor) once for every tensor of `expected_tensors(config, part)`.
 
     Tensors are dequantized to `dtype` in their logical shape; fp32-kept tensors stay float32 and
@@ -239,9 +240,10 @@ def iter_checkpoint(model_dir: str, config: Optional[DeepseekV4Config] = None, d
     (`<module>.weight_scale_inv`, their fp32 128x128 block multipliers). With `keep_fp4`, routed experts stored
     MXFP4 are yielded packed (uint8 [out, in/2]), followed by (`<name>_scale`, uint8 exponent bytes [out, in/32]);
     with `keep_fp8_experts`, FP8-converted experts as stored, followed by (`<name>_scale`, fp32 block multipliers).
+    `plans`: this part's `plan_checkpoint`, when the caller already has it.
     """
     config = config if config is not None else load_config(model_dir)
-    plans = plan_checkpoint(model_dir, config, part)
+    plans = plans if plans is not None else plan_checkpoint(model_dir, config, part)
     qc = config.quantization_config
     block = tuple(qc.weight_block_size) if qc is not None else FP8_BLOCK
     bar = progress_bar(total=len(plans), desc=f"Loading weights ({part})", unit="tensor")  # hub loads take minutes
@@ -273,15 +275,10 @@ _STORED_SIZE = {"F8_E4M3": 1, "F8_E8M0": 1, "F8_E5M2": 1, "I8": 1, "U8": 1, "BF1
                 "F64": 8, "I64": 8}
 
 
-def checkpoint_bytes(model_dir: str, config: DeepseekV4Config, parts: tuple = ("main",)) -> int:
-    """Bytes the tensors of `parts` take in the checkpoint (weights and scales, as stored; headers only)."""
-    total = 0
-    for part in parts:
-        for plan in plan_checkpoint(model_dir, config, part):
-            for st in (plan.weight, plan.scale):
-                if st is not None:
-                    total += math.prod(st.shape) * _STORED_SIZE.get(st.record.dtype_name, 2)
-    return total
+def checkpoint_bytes(plans: list) -> int:
+    """Bytes the planned tensors take in the checkpoint (weights and scales, as stored; headers only)."""
+    return sum(math.prod(st.shape) * _STORED_SIZE.get(st.record.dtype_name, 2)
+               for plan in plans for st in (plan.weight, plan.scale) if st is not None)
 
 
 @dataclass(frozen=True)
@@ -300,20 +297,23 @@ class CheckpointQuantization:
 
 def detect_quantization(model_dir: str, config: DeepseekV4Config) -> CheckpointQuantization:
     """The stored formats of the main part's linears and routed experts (from the headers only)."""
-    plans = plan_checkpoint(model_dir, config, "main")
+    return quantization_of(plan_checkpoint(model_dir, config, "main"))
+
+
+def quantization_of(plans: list) -> CheckpointQuantization:
     linears = {p.fmt for p in plans if p.spec.kind == TensorKind.LINEAR}
     experts = {p.fmt for p in plans if p.spec.kind == TensorKind.EXPERT}
     return CheckpointQuantization("fp8" if "fp8" in linears else None,
                                   next((f for f in ("fp4", "fp8") if f in experts), None))
 
 
-def fp8_linear_names(model_dir: str, config: DeepseekV4Config, part: str) -> frozenset:
-    """Native names of the linears stored FP8 with 128x128 blocks that stay FP8 on a GPU: every LINEAR but the
-    shared experts' (fused into the routed experts' bf16 grouped GEMM)."""
+def fp8_linear_names(plans: list, config: DeepseekV4Config) -> frozenset:
+    """Native names of the planned linears stored FP8 with 128x128 blocks that stay FP8 on a GPU: every LINEAR but
+    the shared experts' (a bf16 SharedExpert, or fused into the routed experts' bf16 grouped GEMM)."""
     qc = config.quantization_config
     if qc is not None and tuple(qc.weight_block_size) != FP8_BLOCK:
         return frozenset()
-    return frozenset(p.name for p in plan_checkpoint(model_dir, config, part)
+    return frozenset(p.name for p in plans
                      if p.spec.kind == TensorKind.LINEAR and p.fmt == "fp8" and ".shared_experts." not in p.name)
 
 

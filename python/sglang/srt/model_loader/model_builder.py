@@ -21,7 +21,8 @@ from sglang.srt.layers.moe.experts import replace_routed_experts
 from sglang.srt.layers.quantization.fp8 import Fp8RoutedExperts, fp8_linears_supported, replace_fp8_linears
 from sglang.srt.layers.quantization.mxfp4 import Mxfp4RoutedExperts, mxfp4_experts_supported
 from sglang.srt.layers.rotary import RotaryEmbedding
-from sglang.srt.model_loader.loader import checkpoint_bytes, detect_quantization, fp8_linear_names, iter_checkpoint
+from sglang.srt.model_loader.loader import (
+    checkpoint_bytes, fp8_linear_names, iter_checkpoint, plan_checkpoint, quantization_of)
 from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 from sglang.srt.models.deepseek_v4_nextn import DeepseekV4ForCausalLMNextN
 from sglang.srt.platform import memory_budget_bytes
@@ -60,12 +61,6 @@ def materialize(model: nn.Module, device) -> nn.Module:
     return model.eval()
 
 
-def build_model(cls, config: DeepseekV4Config, dtype: torch.dtype, device, fp8_weights: frozenset = frozenset(),
-                experts: Optional[str] = None) -> nn.Module:
-    """Construct without initialising weights (meta), then materialise on `device`."""
-    return materialize(build_meta_model(cls, config, dtype, fp8_weights, experts), device)
-
-
 def parameter_bytes(model: Optional[nn.Module]) -> int:
     if model is None:
         return 0
@@ -98,12 +93,12 @@ def check_fits(weight_bytes: int, stored_bytes: int, device: torch.device, mem_f
 MODEL_CLASSES = {"main": DeepseekV4ForCausalLM, "mtp": DeepseekV4ForCausalLMNextN}
 
 
-def kept_formats(args, model_path: str, config: DeepseekV4Config, device: torch.device, parts: tuple) -> tuple:
-    """(native names of the FP8 linears kept FP8 per part, the stored format the routed experts keep: "fp4" (packed
-    MXFP4), "fp8" (FP8-converted) or None (dequantized at load)) on `device`."""
+def kept_formats(args, plans: dict, config: DeepseekV4Config, device: torch.device) -> tuple:
+    """From each part's checkpoint plan: (native names of the FP8 linears kept FP8 per part, the stored format the
+    routed experts keep: "fp4" (packed MXFP4), "fp8" (FP8-converted) or None (dequantized at load)) on `device`."""
     keep_fp8 = args.quantization == "fp8" and fp8_linears_supported(device)
-    fp8 = {part: fp8_linear_names(model_path, config, part) if keep_fp8 else frozenset() for part in parts}
-    stored = detect_quantization(model_path, config).experts
+    fp8 = {part: fp8_linear_names(p, config) if keep_fp8 else frozenset() for part, p in plans.items()}
+    stored = quantization_of(plans["main"]).experts
     experts = None
     if stored == "fp4" and args.quantization in ("fp8", "mxfp4") and mxfp4_experts_supported(device):
         experts = "fp4"
@@ -117,10 +112,11 @@ def load_models(args, model_path: str, config: DeepseekV4Config, dtype: torch.dt
                 device: torch.device) -> LoadedModels:
     """The target model, and the MTP draft under speculative decoding, built, checked against memory and loaded."""
     parts = ("main", "mtp") if args.speculative_algorithm is not None else ("main",)
-    fp8, experts = kept_formats(args, model_path, config, device, parts)
+    plans = {part: plan_checkpoint(model_path, config, part) for part in parts}  # headers read once per part
+    fp8, experts = kept_formats(args, plans, config, device)
     metas = {part: build_meta_model(MODEL_CLASSES[part], config, dtype, fp8[part], experts) for part in parts}
     need = sum(parameter_bytes(m) for m in metas.values())
-    stored = checkpoint_bytes(model_path, config, parts)
+    stored = sum(checkpoint_bytes(p) for p in plans.values())
     kept = f"{sum(map(len, fp8.values()))} linears kept FP8, routed experts " + (
         {"fp4": "kept MXFP4", "fp8": "kept FP8"}.get(experts) or f"in {args.dtype}")
     check_fits(need, stored, device, args.mem_fraction_static, kept)
@@ -129,7 +125,7 @@ def load_models(args, model_path: str, config: DeepseekV4Config, dtype: torch.dt
         models[part] = materialize(metas[part], device)
         models[part].load_weights(iter_checkpoint(model_path, config, dtype=dtype, part=part, device=device,
                                                   keep_fp8=fp8[part], keep_fp4=experts == "fp4",
-                                                  keep_fp8_experts=experts == "fp8"))
+                                                  keep_fp8_experts=experts == "fp8", plans=plans[part]))
     draft = models.get("mtp")
     if draft is not None:
         draft.set_embed_and_head(models["main"].embed, models["main"].head)

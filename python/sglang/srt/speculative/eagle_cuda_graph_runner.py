@@ -82,19 +82,19 @@ class EagleCudaGraphRunner(StaticGraphRunner):
         return result, draft.next_token_logits.argmax(dim=-1), draft.hidden_states[last_rows]
 
     @torch.inference_mode()
-    def forward(self, slots: torch.Tensor, last_tokens: list, draft_tokens: torch.Tensor,
-                draft_streams: torch.Tensor) -> tuple:
+    def forward(self, slots: torch.Tensor, last_tokens: list, draft_tokens: list, draft_streams: list) -> tuple:
         """One cycle of B requests: `slots` plan_extend's [4, B * R] table of the verify positions (R per request, in
-        request order), `last_tokens` x_c per request (host), the pending drafts d_1 [B] and streams S_1 [B, n, D]
-        (device). Returns (result [B, 2k + 3] float64: k+1 tokens, accepted drafts, k+1 logprobs; next d_1 [B];
-        next S_1 [B, n, D]) as views of the graph's outputs, valid until the next replay."""
+        request order), `last_tokens` x_c per request (host), each request's pending draft d_1 (0-d) and streams S_1
+        [n, D] (device tensors, stacked straight into the static buffers). Returns (result [B, 2k + 3] float64: k+1
+        tokens, accepted drafts, k+1 logprobs; next d_1 [B]; next S_1 [B, n, D]) as views of the graph's outputs,
+        valid until the next replay."""
         raw = len(last_tokens)
         if slots.shape != (4, raw * self.rows_per_req):
             raise ValueError(f"a speculative cycle needs {self.rows_per_req} new positions per request: slots "
                              f"{tuple(slots.shape)} for {raw} requests")
         bs = self.padded_size(raw)
         self._stage(slots, last_tokens, bs)
-        self.draft_tokens[:raw].copy_(draft_tokens)
-        self.draft_streams[:raw].copy_(draft_streams)
+        torch.stack(draft_tokens, out=self.draft_tokens[:raw])
+        torch.stack(draft_streams, out=self.draft_streams[:raw])
         result, next_tokens, next_streams = self._replay(bs)
         return result[:raw], next_tokens[:raw], next_streams[:raw]

@@ -157,8 +157,8 @@ class EagleWorker(DecodeWorker):
         k = self.num_steps
         slots = self.allocator.plan_extend([r.alloc for r in reqs], [c + k + 1 for c in starts])  # written in replay
         result, next_tokens, next_streams = self.runner.graph_runner.forward(
-            slots, [r.output_ids[-1] for r in reqs], torch.stack([r.spec.draft_token for r in reqs]),
-            torch.stack([r.spec.draft_streams for r in reqs]))
+            slots, [r.output_ids[-1] for r in reqs], [r.spec.draft_token for r in reqs],
+            [r.spec.draft_streams for r in reqs])
         next_drafts = (next_tokens.clone(), next_streams.clone())  # the next replay overwrites the graph's outputs
         tokens, logprobs = self._unpack(read_back(result))
         return SpecVerifyResult(reqs, starts, tokens, logprobs, None, next_drafts)
