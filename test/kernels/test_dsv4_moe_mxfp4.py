@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sgl_kernel.dsv4_moe_mxfp4 import dsv4_moe_align, dsv4_moe_fp8, dsv4_moe_mxfp4
+from sgl_kernel.dsv4_moe_mxfp4 import MoeConfig, MoeLaunch, dsv4_moe_align, dsv4_moe_fp8, dsv4_moe_mxfp4
 from sgl_kernel.dsv4_moe_mxfp4_ref import align_ref, dequant_mxfp4_ref, fused_moe_fp8_ref, fused_moe_mxfp4_ref
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -66,6 +66,24 @@ def test_fused_equals_reference(tokens, top_k, experts, hidden, inter, skew, lim
     got = dsv4_moe_mxfp4(x, ids, weights, w13, s13, w2, s2, limit)
     ref = fused_moe_mxfp4_ref(x, ids, weights, w13, s13, w2, s2, limit)
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4 * ref.abs().max().item())
+
+
+@pytest.mark.parametrize("config", [
+    MoeConfig(16, MoeLaunch(scale_bcast=False), MoeLaunch(scale_bcast=False)),  # one scale load per packed byte
+    MoeConfig(32, MoeLaunch(block_n=32, block_k=128), MoeLaunch(block_n=128, block_k=32)),  # K tile past hidden
+], ids=["gathered-scales", "wide-k"])
+def test_fused_launch_variants_equal_reference(config):
+    """Every tile shape the sweep may pick computes the same function (K tiles wider than the hidden size, 32-wide
+    ones: one scale per tile row)."""
+    w13, s13, w2, s2 = _experts(8, 96, 64, seed=7)
+    ids, weights = _routing(23, 4, 8, seed=3, skew=True)
+    x = torch.randn(23, 96, generator=torch.Generator().manual_seed(1)) * 0.05
+    got = dsv4_moe_mxfp4(x, ids, weights, w13, s13, w2, s2, 10.0, config=config)
+    ref = fused_moe_mxfp4_ref(x, ids, weights, w13, s13, w2, s2, 10.0)
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4 * ref.abs().max().item())
+    got8 = dsv4_moe_fp8(x, ids, weights, *_fp8_experts(8, 96, 64, seed=7), 10.0, config=config)
+    torch.testing.assert_close(got8, fused_moe_fp8_ref(x, ids, weights, *_fp8_experts(8, 96, 64, seed=7), 10.0),
+                               rtol=1e-4, atol=1e-4 * got8.abs().max().item())
 
 
 def _fp8_experts(num_experts: int, hidden: int, inter: int, seed: int, device="cpu") -> tuple:

@@ -54,7 +54,7 @@ def _act_quant_kernel(x_ptr, q_ptr, s_ptr, K, KB, stride_x, stride_q, stride_s, 
 @triton.jit
 def _fp8_block_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, c_ptr, M, N, K, KB, stride_am, stride_as, stride_wn,
                            stride_ws, stride_cm, QUANT_A: tl.constexpr, BLOCK_M: tl.constexpr,
-                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREC: tl.constexpr):
     pid_m = tl.program_id(1)
     pid_n = tl.program_id(0)
     g = tl.program_id(2)
@@ -78,7 +78,7 @@ def _fp8_block_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, c_ptr, M, N, K, KB, str
             sa = tl.load(as_ptrs + kb, mask=m_ok, other=0.0)
             acc += tl.dot(a, w, out_dtype=tl.float32) * sa[:, None] * sw[None, :]
         else:
-            acc += tl.dot(a, w.to(a.dtype), out_dtype=tl.float32) * sw[None, :]
+            acc += tl.dot(a, w.to(a.dtype), out_dtype=tl.float32, input_precision=PREC) * sw[None, :]
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     c_ptrs = c_ptr + rm.to(tl.int64)[:, None] * stride_cm + g * N + rn[None, :]
@@ -158,5 +158,5 @@ def _launch(a: torch.Tensor, a_scale, w: torch.Tensor, w_scale: torch.Tensor, gr
     _fp8_block_gemm_kernel[grid](a, a_scale, w, w_scale, out, m, n, k, kb, a.stride(0), a_scale.stride(0),
                                  w.stride(0), w_scale.stride(0), out.stride(0), QUANT_A=quantize_act,
                                  BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=BLOCK, num_warps=warps,
-                                 num_stages=stages)
+                                 num_stages=stages, PREC="ieee" if a.dtype == torch.float32 else "tf32")
     return out

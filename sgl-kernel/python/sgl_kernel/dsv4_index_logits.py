@@ -152,16 +152,18 @@ def _check_kernel_limits(q: torch.Tensor, key_format: str) -> None:
         f"fp8_index keys: one scale per row supported (dI <= {FP8_INDEX_BLOCK}), got dI={D}"
 
 
-def _launch_config(shared_lists: bool, heads_pad: int) -> dict:
+def _launch_config(shared_lists: bool, heads_pad: int, fp32: bool = False) -> dict:
     """Static launch settings (never keyed on token or candidate counts). BLOCK_T: rows per tile (> 1 only when
     rows share candidate lists: prefill); BLOCK_E x E_BLOCKS candidates per program; FP4_GATHER: decode FP4 keys
     with one gather per value instead of join/reshape. From the H200 sweep (benchmark/kernels/sweep_dsv4.py):
-    FP4 gather decode 1.9x faster at batch 64; 8-row prefill tiles 2.2x (FP8) / 1.4x (FP4) faster than 2-row."""
+    FP4 gather decode 1.9x faster at batch 64; 8-row prefill tiles 2.2x (FP8) / 1.4x (FP4) faster than 2-row.
+    fp32 queries (engine runs in fp32, the oracle checks) take 2-row tiles and one stage: 8 rows x 64 heads x 128
+    fp32 staged twice need 311 KB of shared memory, an H200 has 227 KB."""
     if shared_lists:
-        return dict(BLOCK_T=PREFILL_ROWS_PER_TILE, BLOCK_E=64, E_BLOCKS=4, FP4_GATHER=True,
-                    num_warps=8, num_stages=2)
+        return dict(BLOCK_T=2 if fp32 else PREFILL_ROWS_PER_TILE, BLOCK_E=64, E_BLOCKS=4, FP4_GATHER=True,
+                    num_warps=8, num_stages=1 if fp32 else 2)
     return dict(BLOCK_T=1, BLOCK_E=BLOCK_E, E_BLOCKS=E_BLOCKS, FP4_GATHER=True,
-                num_warps=4 if heads_pad <= 64 else 8, num_stages=3)
+                num_warps=4 if heads_pad <= 64 else 8, num_stages=1 if fp32 else 3)
 
 
 def dsv4_index_logits(q: torch.Tensor, weights: torch.Tensor, key_cache: torch.Tensor, key_format: str,
@@ -176,7 +178,7 @@ def dsv4_index_logits(q: torch.Tensor, weights: torch.Tensor, key_cache: torch.T
     if T == 0 or E == 0:
         return out
     heads_pad = max(16, triton.next_power_of_2(H))
-    cfg = launch_config or _launch_config(row_map is not None and R < T, heads_pad)
+    cfg = launch_config or _launch_config(row_map is not None and R < T, heads_pad, q.dtype == torch.float32)
     block_t, block_e, e_blocks = cfg["BLOCK_T"], cfg["BLOCK_E"], cfg["E_BLOCKS"]
     dot_dtype = _DOT_DTYPES[q.dtype]
     grid = (triton.cdiv(T, block_t), triton.cdiv(E, e_blocks * block_e))

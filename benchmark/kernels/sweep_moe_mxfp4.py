@@ -1,0 +1,110 @@
+"""Tile sweep of the fused MXFP4 MoE kernels (sgl_kernel.dsv4_moe_mxfp4) at DeepSeek-V4 Flash shapes on a GPU: each
+kernel (gate-up with the SwiGLU, down with the router weights) timed alone for every candidate launch, per token
+count, against the bytes-read floor of the packed experts it touches (same-run copy bandwidth). Prints the best
+launches per (kernel, tokens) and writes every row to --out; `moe_config` takes its settings from here.
+
+    python benchmark/kernels/sweep_moe_mxfp4.py [--tokens 1 32 256 4096] [--budget-s 420] [--fp8] [--out r.json]
+
+Candidates whose compile or launch fails (shared memory) are recorded as failed. The sweep stops adding candidates
+once --budget-s has passed (decode candidates first), so one device call always returns its rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import os
+import sys
+import time
+
+import torch
+import triton
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import copy_bandwidth_gbps  # noqa: E402
+
+
+def main() -> None:
+    from sgl_kernel.dsv4_moe_mxfp4 import MoeLaunch, dsv4_moe_align, moe_config, moe_down, moe_gate_up
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--experts", type=int, default=256)
+    ap.add_argument("--top-k", type=int, default=6)
+    ap.add_argument("--hidden", type=int, default=4096)
+    ap.add_argument("--intermediate", type=int, default=2048)
+    ap.add_argument("--tokens", type=int, nargs="+", default=[1, 32, 256, 4096])
+    ap.add_argument("--budget-s", type=float, default=420.0)
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    e, d, i, k = args.experts, args.hidden, args.intermediate, args.top_k
+    g = torch.Generator(device="cuda").manual_seed(0)
+    w13 = torch.randint(0, 256, (e, 2 * i, d // 2), device="cuda", generator=g, dtype=torch.int32).to(torch.uint8)
+    s13 = torch.randint(120, 126, (e, 2 * i, d // 32), device="cuda", generator=g, dtype=torch.int32).to(torch.uint8)
+    w2 = torch.randint(0, 256, (e, d, i // 2), device="cuda", generator=g, dtype=torch.int32).to(torch.uint8)
+    s2 = torch.randint(120, 126, (e, d, i // 32), device="cuda", generator=g, dtype=torch.int32).to(torch.uint8)
+    bw = copy_bandwidth_gbps() * 1e9
+    print(f"copy bandwidth {bw / 1e9:.0f} GB/s", flush=True)
+    t0 = time.time()
+    rows_out = []
+
+    def candidates(prefill: bool):
+        if prefill:
+            grid = itertools.product([64, 128], [64, 128], [64, 128], [4, 8], [2, 3], [True])
+        else:
+            grid = itertools.product([16], [32, 64, 128], [64, 128, 256], [4, 8], [1, 3], [True, False])
+        for block_m, bn, bk, warps, stages, bcast in grid:
+            yield block_m, MoeLaunch(bn, bk, warps, stages, bcast)
+
+    for t in args.tokens:
+        ids = torch.stack([torch.randperm(e, device="cuda", generator=g)[:k] for _ in range(t)])
+        weights = torch.rand(t, k, device="cuda", generator=g)
+        x = (torch.randn(t, d, device="cuda", generator=g) * 0.05).bfloat16()
+        touched = ids.unique().numel()
+        gate_up_floor = touched * (w13[0].numel() + s13[0].numel()) / bw * 1e3
+        down_floor = touched * (w2[0].numel() + s2[0].numel()) / bw * 1e3
+        default = moe_config(t * k, e, fp8=False)
+        prefill = t * k / e > 16
+        aligned = {}
+        for block_m, launch in candidates(prefill):
+            if time.time() - t0 > args.budget_s:
+                print(f"budget reached at tokens {t}", flush=True)
+                break
+            if block_m not in aligned:
+                aligned[block_m] = dsv4_moe_align(ids, e, block_m)
+            rows, bexp = aligned[block_m]
+            for kernel in ("gate_up", "down"):
+                if kernel == "gate_up":
+                    fn = lambda: moe_gate_up(x, rows, bexp, w13, s13, i, k, 10.0, block_m, launch, False)  # noqa: E731
+                    floor = gate_up_floor
+                else:
+                    h = moe_gate_up(x, rows, bexp, w13, s13, i, k, 10.0, block_m, default.gate_up, False)
+                    fn = lambda: moe_down(h, rows, bexp, w2, s2, weights, d, block_m, launch, False)  # noqa: E731
+                    floor = down_floor
+                row = {"tokens": t, "kernel": kernel, "block_m": block_m, **dataclasses.asdict(launch)}
+                try:
+                    ms = triton.testing.do_bench(fn, warmup=10, rep=40)
+                    row.update(ms=ms, floor_ms=floor, fraction_of_copy_bw=floor / ms)
+                except Exception as exc:  # noqa: BLE001 - out of shared memory etc.: record and go on
+                    row.update(failed=type(exc).__name__)
+                rows_out.append(row)
+        for kernel in ("gate_up", "down"):
+            ok = sorted((r for r in rows_out if r["tokens"] == t and r["kernel"] == kernel and "ms" in r),
+                        key=lambda r: r["ms"])
+            launch = default.gate_up if kernel == "gate_up" else default.down
+            base = [r for r in ok if r["block_m"] == default.block_m
+                    and all(r[f.name] == getattr(launch, f.name) for f in dataclasses.fields(launch))]
+            base_txt = f"default {base[0]['ms'] * 1e3:.1f} us" if base else "default not measured"
+            print(f"tokens {t:5d} {kernel:8s} ({touched} experts; {base_txt}); best:", flush=True)
+            for r in ok[:5]:
+                print(f"   {r['ms'] * 1e3:9.1f} us  {r['fraction_of_copy_bw']:.2f} of copy bw  bm {r['block_m']} "
+                      f"bn {r['block_n']} bk {r['block_k']} w {r['num_warps']} s {r['num_stages']} "
+                      f"bcast {r['scale_bcast']}", flush=True)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump({"device": torch.cuda.get_device_name(), "copy_bw": bw, "rows": rows_out}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
