@@ -92,7 +92,7 @@ def plan_capacity(config, args, pc, weight_bytes: int, checkpoint_bytes: int, to
         return CapacityReport(weight_bytes, checkpoint_bytes, budget, None, at_context, str(err))
 
 
-def _weights(model: str, config, args, pc, device: torch.device) -> tuple:
+def per_rank_weight_bytes(model: str, config, args, pc, device: torch.device) -> tuple:
     """(per-GPU weight bytes, checkpoint bytes) of the engine's models for `device`."""
     from sglang.srt.distributed.sharding import rank_parameter_bytes
     from sglang.srt.model_loader.checkpoint_spec import TensorKind, expected_tensors
@@ -181,7 +181,7 @@ def main(argv=None) -> int:
     amd = a.gpu in AMD_GPUS and a.gpu_memory_gb is None
     device = torch.device("cpu") if amd else torch.device("cuda")  # AMD: the engine dequantizes at load today
     total = int(a.gpu_memory_gb * 1e9 if a.gpu_memory_gb else GPUS[a.gpu])
-    weights, stored = _weights(a.model, config, args, pc, device)
+    weights, stored = per_rank_weight_bytes(a.model, config, args, pc, device)
     report = plan_capacity(config, args, pc, weights, stored, total, int(total * a.gpu_free_fraction) - weights,
                            graph_reserve=int(a.cuda_graph_reserve_gb * 1e9), at_context=a.at_context)
     gpus = f"{a.tp} x {a.gpu_memory_gb or a.gpu}"

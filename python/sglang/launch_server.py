@@ -68,11 +68,15 @@ def launch_server(server_args: ServerArgs, sock: Optional[socket.socket] = None)
     logger.info("serving %s on http://%s:%d", server_args.model_path, server_args.host, server_args.port)
     config = uvicorn.Config(app, host=server_args.host, port=server_args.port, log_level=server_args.log_level,
                             timeout_keep_alive=5)
+    server = app.state.uvicorn_server = uvicorn.Server(config)
     try:
-        uvicorn.Server(config).run(sockets=[sock])
+        server.run(sockets=[sock])
     finally:
         proc.kill()
         sock.close()
+    if app.state.fatal_error:
+        logger.error("server stopped: %s", app.state.fatal_error)
+        sys.exit(1)
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

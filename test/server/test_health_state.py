@@ -45,7 +45,8 @@ class FakeTokenizerManager:
 ])
 def test_health_reads_the_scheduler_state(failed_steps, alive, dead_reason, step_ok, status, probes):
     tm = FakeTokenizerManager(failed_steps, dead_reason, step_ok)
-    proc = SimpleNamespace(is_alive=lambda: alive, exitcode=None if alive else -9)
+    proc = SimpleNamespace(is_alive=lambda: alive, exitcode=None if alive else -9,
+                           describe_exit=lambda: "the scheduler process died (exit code -9)")
     client = TestClient(create_app(tm, ServerArgs(model_path="m"), scheduler_proc=proc))  # no lifespan needed
     assert client.get("/health").status_code == status
     assert tm.num_steps == probes

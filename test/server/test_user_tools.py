@@ -113,10 +113,12 @@ def test_help_gives_every_flag_a_default():
 
 def test_every_server_arg_is_read():
     """A flag must do something: each ServerArgs field is read outside server_args.py, except the ones that
-    server_args.py itself refuses (--tp above 1) or logs as changing nothing."""
+    server_args.py itself refuses beyond their default (DP attention, multi-node, until they land), turns into the
+    ParallelConfig (--ep) or logs as changing nothing."""
     from sglang.srt.server_args import ServerArgs
 
-    handled_in_server_args = {"tp_size", "trust_remote_code"}
+    handled_in_server_args = {"trust_remote_code", "ep_size", "dp_size", "enable_dp_attention", "nnodes",
+                              "node_rank"}
     sources = []
     for dirpath, _, files in os.walk(os.path.join(ROOT, "python", "sglang")):
         for name in files:

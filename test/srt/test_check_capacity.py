@@ -16,7 +16,7 @@ from oracle import checkpoint, engine
 @pytest.mark.parametrize("spec", [False, True])
 def test_planner_equals_engine_on_cpu(monkeypatch, spec):
     import sglang.srt.model_executor.model_runner as model_runner
-    from sglang.check_capacity import _weights, plan_capacity
+    from sglang.check_capacity import per_rank_weight_bytes, plan_capacity
     from sglang.srt.distributed.sharding import ParallelConfig
     from sglang.srt.model_loader.loader import load_config
 
@@ -28,7 +28,7 @@ def test_planner_equals_engine_on_cpu(monkeypatch, spec):
     runner, args = eng.model_runner, eng.server_args
     path = checkpoint("tiny", quantize=True)
     config = load_config(path)
-    weights, stored = _weights(path, config, args, ParallelConfig(), torch.device("cpu"))
+    weights, stored = per_rank_weight_bytes(path, config, args, ParallelConfig(), torch.device("cpu"))
     assert (weights, stored) == (runner.weight_bytes, runner.checkpoint_bytes)
     report = plan_capacity(config, args, ParallelConfig(), weights, stored, total, free, device_type="cpu",
                            dtype=runner.dtype)

@@ -60,8 +60,17 @@ class ServerArgs:
     speculative_num_steps: Optional[int] = None
     speculative_eagle_topk: Optional[int] = None
     speculative_num_draft_tokens: Optional[int] = None
-    # Serving
+    # Parallelism: tensor-parallel ranks (heads, vocabulary, experts' intermediate dims), expert-parallel
+    # ranks (routed experts) among them; DP attention (attention data-parallel over dp groups) is refused until it lands
     tp_size: int = 1
+    ep_size: int = 1
+    dp_size: int = 1
+    enable_dp_attention: bool = False
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: Optional[str] = None
+    dist_timeout: float = 300.0  # seconds a collective may wait for a dead or hung rank before the server exits
+    # Serving
     reasoning_parser: Optional[str] = None
     tool_call_parser: Optional[str] = None
     api_key: Optional[str] = None
@@ -107,8 +116,20 @@ class ServerArgs:
         if not 0 < self.schedule_conservativeness < float("inf"):
             raise ValueError(f"--schedule-conservativeness must be a positive number, got "
                              f"{self.schedule_conservativeness}")
-        if self.tp_size != 1:
-            raise ValueError(f"--tp {self.tp_size}: tensor parallelism is not implemented yet; use --tp 1")
+        for name in ("tp_size", "ep_size", "dp_size", "nnodes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.tp_size % self.ep_size:
+            raise ValueError(f"--ep-size {self.ep_size} must divide --tp-size {self.tp_size}")
+        if self.enable_dp_attention or self.dp_size > 1:
+            raise ValueError("--enable-dp-attention / --dp-size > 1: data-parallel attention is not implemented yet; "
+                             "use --tp (and --ep) alone")
+        if self.nnodes > 1:
+            raise ValueError("--nnodes > 1: multi-node serving is not implemented yet")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"--node-rank must be in [0, {self.nnodes}), got {self.node_rank}")
+        if not self.dist_timeout > 0:
+            raise ValueError(f"--dist-timeout must be positive, got {self.dist_timeout}")
         if self.reasoning_parser not in (None, "deepseek-v4"):
             raise ValueError(f"--reasoning-parser must be deepseek-v4, got {self.reasoning_parser!r}")
         if self.tool_call_parser not in (None, "deepseekv4"):
@@ -120,6 +141,11 @@ class ServerArgs:
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"--log-level must be one of {LOG_LEVELS}, got {self.log_level!r}")
         return self
+
+    def parallel_config(self):
+        from sglang.srt.distributed.sharding import ParallelConfig
+
+        return ParallelConfig(self.tp_size, self.ep_size, self.dp_size, self.enable_dp_attention)
 
     def log_inert_flags(self) -> None:
         """Flags SGLang users pass out of habit that change nothing here: accepted, and said so."""
@@ -196,7 +222,20 @@ class ServerArgs:
         p.add_argument("--speculative-num-draft-tokens", type=int,
                        help="must equal --speculative-num-steps + 1 (default: that)")
         p.add_argument("--tp", "--tp-size", dest="tp_size", type=int, default=1,
-                       help="tensor-parallel size; only 1 until tensor parallelism lands")
+                       help="tensor-parallel ranks, one model process each (default: 1)")
+        p.add_argument("--ep", "--ep-size", dest="ep_size", type=int, default=1,
+                       help="expert-parallel ranks among the --tp ranks: routed experts split over them (default: 1)")
+        p.add_argument("--dp", "--dp-size", dest="dp_size", type=int, default=1,
+                       help="data-parallel attention groups, with --enable-dp-attention (default: 1; not yet)")
+        p.add_argument("--enable-dp-attention", action="store_true",
+                       help="attention data-parallel over --dp groups (default: off; not implemented yet)")
+        p.add_argument("--nnodes", type=int, default=1, help="nodes of one model instance (default: 1; 1 only yet)")
+        p.add_argument("--node-rank", type=int, default=0, help="this node's rank (default: 0)")
+        p.add_argument("--dist-init-addr",
+                       help="host:port where the ranks meet (default: 127.0.0.1 and a free port)")
+        p.add_argument("--dist-timeout", type=float, default=300.0,
+                       help="seconds a collective waits for a dead or hung rank before the server exits "
+                            "(default: 300)")
         p.add_argument("--reasoning-parser", choices=("deepseek-v4",),
                        help="split thinking into reasoning_content (default: off)")
         p.add_argument("--tool-call-parser", choices=("deepseekv4",),

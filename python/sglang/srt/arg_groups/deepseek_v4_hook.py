@@ -127,6 +127,7 @@ def apply_deepseek_v4_defaults(args: "ServerArgs") -> list:
             setattr(args, name, value)
             applied.append(f"{name}={value}")
 
+    args.parallel_config().validate(config)  # names the heads / groups / experts that do not split
     default("page_size", DEFAULT_PAGE_SIZE)
     validate_page_size(args.page_size, config)
     applied += apply_platform_defaults(args)  # attention backend, sparse prefill, fusion, budgets, AITER

@@ -103,6 +103,10 @@ def choose_shared_experts_fusion(args: "ServerArgs", where: str) -> bool:
     if args.enforce_shared_experts_fusion and args.disable_shared_experts_fusion:
         raise ValueError("--enforce-shared-experts-fusion and --disable-shared-experts-fusion are mutually "
                          "exclusive")
+    if args.tp_size > 1:  # each rank holds another part of the shared expert than of the routed experts
+        if args.enforce_shared_experts_fusion:
+            raise ValueError("--enforce-shared-experts-fusion needs --tp 1")
+        return False
     if args.enforce_shared_experts_fusion:
         return True
     if args.disable_shared_experts_fusion:

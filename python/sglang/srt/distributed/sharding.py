@@ -93,3 +93,61 @@ def rank_parameter_bytes(model, pc: ParallelConfig) -> int:
     for name, t in list(model.named_parameters()) + list(model.named_buffers()):
         total += math.prod(shard_shape(name, tuple(t.shape), pc)) * t.element_size()
     return total
+
+
+# The same rules for the tensors the checkpoint loader streams (native names; experts one tensor per expert, their
+# index renumbered on the rank that holds them). `weight_scale_inv` (FP8 128x128 block multipliers) splits by blocks.
+_TENSOR_RULES = [
+    (re.compile(r"\.ffn\.experts\.\d+\.(w1|w3)\.weight(_scale)?$"), ("moe_tp", None)),
+    (re.compile(r"\.ffn\.experts\.\d+\.w2\.weight(_scale)?$"), (None, "moe_tp")),
+    *[(p, d) for p, d in _RULES if "ffn\\.experts" not in p.pattern],  # the stacked routed-expert rules
+]
+_EXPERT_TENSOR = re.compile(r"^(?P<prefix>.*\.ffn\.experts)\.(?P<e>\d+)\.(?P<rest>.*)$")
+_PADDED = re.compile(r"^(embed|head)\.weight$")  # vocabulary rows: the last rank's part is zero-padded
+
+
+@dataclass(frozen=True)
+class RankCoords:
+    """This rank's index along each parallel kind (distributed/parallel_state.py derives them)."""
+    tp: int = 0
+    attn_tp: int = 0
+    ep: int = 0
+    moe_tp: int = 0
+
+
+def local_expert_range(num_experts: int, pc: ParallelConfig, coords: RankCoords) -> range:
+    per_rank = num_experts // pc.ep
+    return range(coords.ep * per_rank, (coords.ep + 1) * per_rank)
+
+
+def rank_tensor(name: str, tensor, pc: ParallelConfig, coords: RankCoords, num_experts: int):
+    """(the name this rank loads it under, its part) for one checkpoint tensor, or None when the tensor is an
+    expert another rank holds. Raises ValueError for a split that does not divide (FP8 block scales included)."""
+    m = _EXPERT_TENSOR.match(name)
+    if m:
+        experts = local_expert_range(num_experts, pc, coords)
+        e = int(m["e"])
+        if e not in experts:
+            return None
+        name = f"{m['prefix']}.{e - experts.start}.{m['rest']}"
+    for pattern, dims in _TENSOR_RULES:
+        if pattern.search(name) and len(dims) == tensor.dim():
+            for dim, kind in enumerate(dims):
+                if kind is not None and getattr(pc, kind) > 1:
+                    tensor = _part(name, tensor, dim, getattr(pc, kind), getattr(coords, kind))
+            break
+    return name, tensor
+
+
+def _part(name: str, tensor, dim: int, parts: int, index: int):
+    n = tensor.shape[dim]
+    if n % parts == 0:
+        size = n // parts
+        return tensor.narrow(dim, index * size, size)
+    if not _PADDED.search(name):
+        raise ValueError(f"tensor '{name}': dim {dim} of size {n} does not split over {parts} ranks")
+    size = math.ceil(n / parts)
+    start, stop = min(index * size, n), min((index + 1) * size, n)
+    out = tensor.new_zeros(tensor.shape[:dim] + (size,) + tensor.shape[dim + 1:])
+    out.narrow(dim, 0, stop - start).copy_(tensor.narrow(dim, start, stop - start))
+    return out

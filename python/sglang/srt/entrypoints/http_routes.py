@@ -49,7 +49,7 @@ def health_routes(tm: TokenizerManager, args: ServerArgs, metrics=None, schedule
         if tm.dead_reason:
             return tm.dead_reason
         if scheduler_proc is not None and not scheduler_proc.is_alive():  # before the watchdog's next look
-            return f"the scheduler process died (exit code {scheduler_proc.exitcode})"
+            return scheduler_proc.describe_exit()
         return None
 
     def steps_failing() -> Optional[str]:

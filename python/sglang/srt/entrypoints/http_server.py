@@ -16,6 +16,8 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import os
+import signal
 from typing import Optional
 
 from fastapi import FastAPI, Request
@@ -57,8 +59,17 @@ def create_app(tm: TokenizerManager, args: ServerArgs, metrics=None, scheduler_p
             async def watchdog():
                 while scheduler_proc.is_alive():
                     await asyncio.sleep(1.0)
-                logger.error("the scheduler process died (exit code %s)", scheduler_proc.exitcode)
-                tm.fail_all(f"the scheduler process died (exit code {scheduler_proc.exitcode}); restart the server")
+                why = scheduler_proc.describe_exit()
+                logger.error("%s", why)
+                tm.fail_all(f"{why}; restart the server")
+                if args.tp_size > 1:  # the other ranks cannot go on without it: stop them and the server
+                    scheduler_proc.kill()
+                    app.state.fatal_error = why
+                    server = getattr(app.state, "uvicorn_server", None)
+                    if server is not None:  # uvicorn's graceful shutdown; launch_server then exits with 1
+                        server.should_exit = True
+                    else:
+                        os.kill(os.getpid(), signal.SIGTERM)
 
             watch = asyncio.get_running_loop().create_task(watchdog())
         yield
@@ -66,6 +77,7 @@ def create_app(tm: TokenizerManager, args: ServerArgs, metrics=None, scheduler_p
             watch.cancel()
 
     app = FastAPI(title="sglang (DeepSeek-V4)", lifespan=lifespan)
+    app.state.fatal_error = None
     app.state.max_request_body_bytes = int(args.max_request_body_mb * 2**20)
 
     @app.middleware("http")

@@ -1,6 +1,12 @@
 """The scheduler process: owns the ModelRunner and Scheduler, talks to the HTTP process over ZMQ.
 `start_scheduler` spawns it (for the HTTP server and sglang.Engine(launch_subprocess=True)) and waits until ready.
 
+With --tp N it spawns N of them, one per rank (distributed/parallel_state.py). Rank 0 alone talks to the HTTP
+process: each loop it broadcasts the messages it received to every rank, and every rank then admits, aborts and steps
+exactly alike (the scheduler is deterministic and the sampling seeds are equal), so the ranks run the same batches
+and meet in the same collectives; only rank 0 sends outputs. A rank that dies or stops answering fails the others'
+next collective within --dist-timeout; the parent sees a rank process gone and stops the server, naming it.
+
 Loop: drain incoming messages (blocking only when idle), then run one scheduler step and send every request's
 progress. A failure inside a step aborts only the requests that cause it (Scheduler.step isolates them); a failure
 outside the model step (a scheduler bug) aborts every request, and the loop goes on. Either way the failed step is
@@ -39,6 +45,7 @@ class PortArgs:
 
 class SchedulerProcess:
     def __init__(self, server_args: ServerArgs, port_args: PortArgs) -> None:
+        from sglang.srt.distributed.parallel_state import get_parallel_state
         from sglang.srt.managers.scheduler import Scheduler
         from sglang.srt.model_executor.model_runner import ModelRunner
         from sglang.srt.utils.hf_transformers_utils import load_tokenizer
@@ -48,6 +55,10 @@ class SchedulerProcess:
         self.scheduler = Scheduler(self.runner, self.tokenizer)
         self.sent: dict = {}  # rid -> output tokens already sent
         self._last_log = (time.perf_counter(), 0)
+        self.ranks = get_parallel_state().tp
+        self.is_leader = self.ranks.rank_in_group == 0
+        if not self.is_leader:
+            return
         ctx = zmq.Context()
         self.recv = ctx.socket(zmq.PULL)
         self.recv.setsockopt(zmq.LINGER, 0)
@@ -81,16 +92,24 @@ class SchedulerProcess:
                     updated = self._abort_all("internal error in the scheduler; see the server log")
                     self.scheduler.consecutive_failed_steps += 1
             outputs = answers + [self._progress(req) for req in updated]
-            if outputs:
+            if outputs and self.is_leader:
                 self.send.send_pyobj(BatchOutput(outputs, self._stats()))
-            self._log_progress()
+            if self.is_leader:
+                self._log_progress()
+
+    def _receive(self, block: bool) -> list:
+        """Rank 0: the messages waiting (up to 1 s for the first when idle); every rank: the same list."""
+        msgs = []
+        if self.is_leader:
+            timeout = 1000 if block else 0
+            while self.recv.poll(timeout):
+                timeout = 0
+                msgs.append(self.recv.recv_pyobj())
+        return self.ranks.broadcast_object(msgs)
 
     def _handle_messages(self, block: bool) -> list:
         answers = []
-        timeout = 1000 if block else 0
-        while self.recv.poll(timeout):
-            timeout = 0
-            msg = self.recv.recv_pyobj()
+        for msg in self._receive(block):
             if isinstance(msg, TokenizedGenerateReqInput):
                 answer = self._add(msg)
                 if answer is not None:
@@ -185,11 +204,16 @@ def _exit_with_parent() -> None:
         pass
 
 
-def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, pipe) -> None:
-    """Entry point of the spawned scheduler process; reports readiness (or the start-up error) on `pipe`."""
+def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, pipe, rank: int = 0,
+                          init_method: str = "") -> None:
+    """Entry point of a spawned scheduler process (rank `rank` of --tp); reports readiness (or the start-up error) on
+    `pipe`."""
     _exit_with_parent()
-    configure_logging(server_args.log_level, prefix=" scheduler")
+    tp = server_args.tp_size
+    configure_logging(server_args.log_level, prefix=" scheduler" if tp == 1 else f" rank {rank}")
     try:
+        if tp > 1:
+            _join_ranks(server_args, rank, init_method)
         proc = SchedulerProcess(server_args, port_args)
     except Exception as e:
         pipe.send(f"{type(e).__name__}: {e}")
@@ -198,25 +222,94 @@ def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, pipe) ->
     proc.run_forever()
 
 
+def _join_ranks(server_args: ServerArgs, rank: int, init_method: str) -> None:
+    import torch
+
+    from sglang.srt.distributed.parallel_state import init_parallel_state
+
+    on_gpu = server_args.device != "cpu"
+    if on_gpu:
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    init_parallel_state(server_args.parallel_config(), rank, "nccl" if on_gpu else "gloo", init_method,
+                        timeout_s=server_args.dist_timeout)
+
+
+class SchedulerRanks:
+    """The scheduler processes of one server (one per --tp rank), seen as one: alive while every rank is."""
+
+    def __init__(self, procs: list) -> None:
+        self.procs = procs
+
+    def is_alive(self) -> bool:
+        return all(p.is_alive() for p in self.procs)
+
+    @property
+    def exitcode(self):
+        return next((p.exitcode for p in self.procs if not p.is_alive()), None)
+
+    def describe_exit(self) -> str:
+        dead = [f"rank {r} (exit code {p.exitcode})" for r, p in enumerate(self.procs) if not p.is_alive()]
+        if len(self.procs) == 1:
+            return f"the scheduler process died (exit code {self.procs[0].exitcode})"
+        return "scheduler " + ", ".join(dead) + " exited"
+
+    def kill(self) -> None:
+        for p in self.procs:
+            if p.is_alive():
+                p.kill()
+
+    def join(self, timeout: float = None) -> None:
+        for p in self.procs:
+            p.join(timeout)
+
+
+def _init_method(server_args: ServerArgs) -> str:
+    if server_args.dist_init_addr:
+        return f"tcp://{server_args.dist_init_addr}"
+    import socket
+
+    with socket.socket() as s:  # a free port for the ranks to meet on
+        s.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+
+
 def start_scheduler(server_args: ServerArgs):
-    """Spawn the scheduler process and wait until it has loaded the model; returns (process, ready, ports).
-    Used by the HTTP server and by sglang.Engine(launch_subprocess=True)."""
+    """Spawn the scheduler process(es) and wait until every rank has loaded the model; returns (SchedulerRanks,
+    rank 0's ready message, ports). Used by the HTTP server and by sglang.Engine(launch_subprocess=True)."""
     ipc_dir = tempfile.mkdtemp(prefix="sglang-ipc-")
     ports = PortArgs(scheduler_input=f"ipc://{os.path.join(ipc_dir, 'scheduler')}",
                      tokenizer_input=f"ipc://{os.path.join(ipc_dir, 'tokenizer')}")
     ctx = mp.get_context("spawn")
-    reader, writer = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=run_scheduler_process, args=(server_args, ports, writer), daemon=True,
-                       name="sglang-scheduler")
-    proc.start()
-    while not reader.poll(1.0):
-        if not proc.is_alive():
-            raise RuntimeError(f"the scheduler process exited during start-up (code {proc.exitcode}); if this is a "
-                               f"script creating sglang.Engine(launch_subprocess=True), it needs the "
-                               f"`if __name__ == \"__main__\":` guard (the scheduler process is spawned and "
-                               f"re-imports the script)")
-    ready = reader.recv()
-    if not isinstance(ready, SchedulerReady):
-        proc.join(timeout=5)
-        raise RuntimeError(f"the scheduler process failed to start: {ready}")
-    return proc, ready, ports
+    init_method = _init_method(server_args) if server_args.tp_size > 1 else ""
+    procs, readers = [], []
+    for rank in range(server_args.tp_size):
+        reader, writer = ctx.Pipe(duplex=False)
+        name = "sglang-scheduler" + (f"-rank{rank}" if server_args.tp_size > 1 else "")
+        proc = ctx.Process(target=run_scheduler_process, args=(server_args, ports, writer, rank, init_method),
+                           daemon=True, name=name)
+        proc.start()
+        procs.append(proc)
+        readers.append(reader)
+    ranks = SchedulerRanks(procs)
+    readies = []
+    try:
+        for rank, (proc, reader) in enumerate(zip(procs, readers)):
+            while not reader.poll(1.0):
+                if not ranks.is_alive():
+                    errors = [f"rank {r}: {m.recv()}" for r, m in enumerate(readers) if r != rank and m.poll()]
+                    if errors:
+                        raise RuntimeError("the scheduler process failed to start: " + "; ".join(errors))
+                    raise RuntimeError(f"{ranks.describe_exit()} during start-up; if this is a script creating "
+                                       f"sglang.Engine(launch_subprocess=True), it needs the "
+                                       f"`if __name__ == \"__main__\":` guard (the scheduler process is spawned and "
+                                       f"re-imports the script)")
+            readies.append(reader.recv())
+        failed = [(r, m) for r, m in enumerate(readies) if not isinstance(m, SchedulerReady)]
+        if failed:
+            raise RuntimeError("the scheduler process failed to start: " + "; ".join(
+                (f"rank {r}: {m}" if len(procs) > 1 else str(m)) for r, m in failed))
+    except BaseException:
+        ranks.kill()
+        ranks.join(timeout=5)
+        raise
+    return ranks, readies[0], ports

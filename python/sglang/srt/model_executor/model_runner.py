@@ -8,6 +8,7 @@ from typing import Optional
 import torch
 
 from sglang.srt.configs.deepseek_v4 import DeepseekV4Config
+from sglang.srt.distributed.parallel_state import get_parallel_state
 from sglang.srt.environ import envs
 from sglang.srt.layers.attention.dsv4.torch_backend import TorchAttnBackend
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
@@ -35,7 +36,12 @@ class ModelRunner:
         self.dtype = _DTYPES[args.dtype]
         self.model_path = resolve_model_path(args.model_path)
         self.model_config = config = DeepseekV4Config.from_pretrained(self.model_path)
-        torch.manual_seed(args.random_seed)
+        torch.manual_seed(args.random_seed)  # the same on every rank: sampling agrees without a broadcast
+        state = get_parallel_state()
+        if state.config != args.parallel_config():
+            raise RuntimeError(f"--tp {args.tp_size} --ep {args.ep_size}: this process joined {state.config}; "
+                               f"multi-rank engines start through launch_server or Engine(launch_subprocess=True)")
+        self.tp_rank = state.rank
         if self.device.type == "cpu":
             torch.set_num_threads(envs.SGLANG_CPU_NUM_THREADS.get())
 

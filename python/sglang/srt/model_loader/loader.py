@@ -13,7 +13,7 @@ import logging
 import math
 import threading
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import torch
 from tqdm import tqdm
@@ -231,7 +231,7 @@ def _materialize(plan: TensorPlan, reader: TensorReader, config: DeepseekV4Confi
 def iter_checkpoint(model_dir: str, config: Optional[DeepseekV4Config] = None, dtype: torch.dtype = torch.float32,
                     part: str = "main", device="cpu", keep_fp8: frozenset = frozenset(),
                     keep_fp4: bool = False, keep_fp8_experts: bool = False,
-                    plans: Optional[list] = None) -> Iterator[tuple]:
+                    plans: Optional[list] = None, select: Optional[Callable[[str], bool]] = None) -> Iterator[tuple]:
     """Yield (native name, tensor) once for every tensor of `expected_tensors(config, part)`.
 
     Tensors are dequantized to `dtype` in their logical shape; fp32-kept tensors stay float32 and
@@ -240,7 +240,8 @@ def iter_checkpoint(model_dir: str, config: Optional[DeepseekV4Config] = None, d
     (`<module>.weight_scale_inv`, their fp32 128x128 block multipliers). With `keep_fp4`, routed experts stored
     MXFP4 are yielded packed (uint8 [out, in/2]), followed by (`<name>_scale`, uint8 exponent bytes [out, in/32]);
     with `keep_fp8_experts`, FP8-converted experts as stored, followed by (`<name>_scale`, fp32 block multipliers).
-    `plans`: this part's `plan_checkpoint`, when the caller already has it.
+    `plans`: this part's `plan_checkpoint`, when the caller already has it. `select(name)` False: the tensor is
+    skipped unread (another rank's experts).
     """
     config = config if config is not None else load_config(model_dir)
     plans = plans if plans is not None else plan_checkpoint(model_dir, config, part)
@@ -249,6 +250,9 @@ def iter_checkpoint(model_dir: str, config: Optional[DeepseekV4Config] = None, d
     bar = progress_bar(total=len(plans), desc=f"Loading weights ({part})", unit="tensor")  # hub loads take minutes
     with TensorReader() as reader, bar:
         for plan in plans:
+            if select is not None and not select(plan.name):
+                bar.update(1)
+                continue
             expert_fp8 = keep_fp8_experts and plan.fmt == "fp8" and plan.spec.kind == TensorKind.EXPERT
             if plan.name in keep_fp8 or expert_fp8:
                 if plan.fmt != "fp8" or block != FP8_BLOCK:

@@ -17,6 +17,8 @@ import torch
 from torch import nn
 
 from sglang.srt.configs.deepseek_v4 import DeepseekV4Config
+from sglang.srt.distributed.parallel_state import get_parallel_state
+from sglang.srt.distributed.sharding import rank_tensor
 from sglang.srt.layers.moe.experts import replace_routed_experts
 from sglang.srt.layers.quantization.fp8 import Fp8RoutedExperts, fp8_linears_supported, replace_fp8_linears
 from sglang.srt.layers.quantization.mxfp4 import Mxfp4RoutedExperts, mxfp4_experts_supported
@@ -44,7 +46,8 @@ def build_meta_model(cls, config: DeepseekV4Config, dtype: torch.dtype, fp8_weig
     quantized; float parameters in `dtype` except the fp32-kept ones."""
     with torch.device("meta"):
         model = cls(config)
-        replace_fp8_linears(model, fp8_weights, lambda name: config.o_groups if name.endswith(".wo_a") else 1)
+        local_groups = config.o_groups // get_parallel_state().attn_tp.world_size
+        replace_fp8_linears(model, fp8_weights, lambda name: local_groups if name.endswith(".wo_a") else 1)
         if experts is not None:
             replace_routed_experts(model, {"fp4": Mxfp4RoutedExperts, "fp8": Fp8RoutedExperts}[experts])
     for name, param in model.named_parameters():
@@ -90,6 +93,35 @@ def check_fits(weight_bytes: int, stored_bytes: int, device: torch.device, mem_f
             "the model over more GPUs")
 
 
+def rank_weights(config: DeepseekV4Config, stream):
+    """`stream(select)` -> (name, tensor) pairs; under tensor / expert parallelism, this rank's parts only (other
+    ranks' experts are not read; see distributed/sharding.py), else the stream itself."""
+    state = get_parallel_state()
+    if state.config.tp == 1:
+        return stream(None)
+    pc, coords, num_experts = state.config, state.coords, config.n_routed_experts
+
+    def select(name: str) -> bool:
+        return rank_tensor(name, _NAME_ONLY, pc, coords, num_experts) is not None
+
+    def parts():
+        for name, tensor in stream(select):
+            kept = rank_tensor(name, tensor, pc, coords, num_experts)
+            if kept is not None:
+                yield kept[0], kept[1].contiguous()
+    return parts()
+
+
+class _NameOnly:
+    """Stands for a tensor not read yet: rank_tensor decides on the name alone when the tensor has no dims."""
+
+    def dim(self) -> int:
+        return -1
+
+
+_NAME_ONLY = _NameOnly()
+
+
 MODEL_CLASSES = {"main": DeepseekV4ForCausalLM, "mtp": DeepseekV4ForCausalLMNextN}
 
 
@@ -123,9 +155,9 @@ def load_models(args, model_path: str, config: DeepseekV4Config, dtype: torch.dt
     models = {}
     for part in parts:
         models[part] = materialize(metas[part], device)
-        models[part].load_weights(iter_checkpoint(model_path, config, dtype=dtype, part=part, device=device,
-                                                  keep_fp8=fp8[part], keep_fp4=experts == "fp4",
-                                                  keep_fp8_experts=experts == "fp8", plans=plans[part]))
+        models[part].load_weights(rank_weights(config, lambda select: iter_checkpoint(
+            model_path, config, dtype=dtype, part=part, device=device, keep_fp8=fp8[part],
+            keep_fp4=experts == "fp4", keep_fp8_experts=experts == "fp8", plans=plans[part], select=select)))
     draft = models.get("mtp")
     if draft is not None:
         draft.set_embed_and_head(models["main"].embed, models["main"].head)

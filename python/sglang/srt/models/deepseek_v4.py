@@ -14,12 +14,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from sglang.srt.configs.deepseek_v4 import CSA_RATIO, DeepseekV4Config
+from sglang.srt.distributed.parallel_state import get_parallel_state
+from sglang.srt.distributed.sharding import local_expert_range
 from sglang.srt.layers.attention.dsv4.hadamard import hadamard_rotate
 from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
 from sglang.srt.layers.mhc import hc_head, hc_post, hc_pre
 from sglang.srt.layers.moe.experts import RoutedExperts, SharedExpert, append_shared_expert
 from sglang.srt.layers.moe.router import Gate
 from sglang.srt.layers.norm import RMSNorm, rms_normalize
+from sglang.srt.layers.parallel_linear import ParallelLMHead, VocabParallelEmbedding
 from sglang.srt.layers.quantization.fp8 import Fp8BlockLinear
 from sglang.srt.layers.rotary import RotaryEmbedding
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
@@ -95,18 +98,22 @@ class Attention(nn.Module):
         c = config
         self.layer_id = layer_id
         self.ratio = c.compress_ratio(layer_id)
-        self.n_heads, self.head_dim, self.groups = c.num_attention_heads, c.head_dim, c.o_groups
+        # Tensor parallel: this rank's heads and whole output groups (sharding.py); the shared K=V head, the
+        # query latent, compressors and indexer are replicated. wo_b's partial sums are all-reduced.
+        self.tp_group = get_parallel_state().attn_tp
+        tp = self.tp_group.world_size
+        self.n_heads, self.head_dim, self.groups = c.num_attention_heads // tp, c.head_dim, c.o_groups // tp
         self.softmax_scale = c.head_dim ** -0.5
         self.eps = c.rms_norm_eps
         self.wq_a = nn.Linear(c.hidden_size, c.q_lora_rank, bias=False)
         self.q_norm = RMSNorm(c.q_lora_rank, c.rms_norm_eps)
-        self.wq_b = nn.Linear(c.q_lora_rank, c.num_attention_heads * c.head_dim, bias=False)
+        self.wq_b = nn.Linear(c.q_lora_rank, self.n_heads * c.head_dim, bias=False)
         self.wkv = nn.Linear(c.hidden_size, c.head_dim, bias=False)
         self.kv_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
-        self.wo_a = nn.Linear(c.num_attention_heads * c.head_dim // c.o_groups, c.o_groups * c.o_lora_rank,
+        self.wo_a = nn.Linear(c.num_attention_heads * c.head_dim // c.o_groups, self.groups * c.o_lora_rank,
                               bias=False)
-        self.wo_b = nn.Linear(c.o_groups * c.o_lora_rank, c.hidden_size, bias=False)
-        self.attn_sink = nn.Parameter(torch.zeros(c.num_attention_heads, dtype=torch.float32))
+        self.wo_b = nn.Linear(self.groups * c.o_lora_rank, c.hidden_size, bias=False)
+        self.attn_sink = nn.Parameter(torch.zeros(self.n_heads, dtype=torch.float32))
         self.rotary = make_rotary(c, compressed=self.ratio > 0)
         self.compressor = Compressor(c, layer_id, self.ratio, c.head_dim, self.rotary, False) if self.ratio else None
         self.indexer = Indexer(c, layer_id, self.rotary) if c.is_csa(layer_id) else None
@@ -129,9 +136,9 @@ class Attention(nn.Module):
         o = self.rotary.apply(o, positions, inverse=True)
         o = o.reshape(-1, self.groups, self.n_heads * self.head_dim // self.groups)  # [T, G, H*Dh/G]
         if isinstance(self.wo_a, Fp8BlockLinear):  # one grouped FP8 GEMM
-            return self.wo_b(self.wo_a(o.flatten(1)))
+            return self.tp_group.all_reduce(self.wo_b(self.wo_a(o.flatten(1))))
         wo_a = self.wo_a.weight.view(self.groups, -1, o.shape[-1])  # [G, Ro, H*Dh/G]
-        return self.wo_b(torch.einsum("tgi,goi->tgo", o, wo_a).flatten(1))
+        return self.tp_group.all_reduce(self.wo_b(torch.einsum("tgi,goi->tgo", o, wo_a).flatten(1)))
 
 
 class MoE(nn.Module):
@@ -144,18 +151,33 @@ class MoE(nn.Module):
         c = config
         self.gate = Gate(c.hidden_size, c.n_routed_experts, c.num_experts_per_tok, c.vocab_size,
                          c.routed_scaling_factor, use_hash=c.is_hash_layer(layer_id))
-        self.experts = RoutedExperts(c.n_routed_experts, c.hidden_size, c.moe_intermediate_size, c.swiglu_limit)
-        self.shared_experts = SharedExpert(c.hidden_size, c.moe_intermediate_size, c.swiglu_limit)
+        # Expert / tensor parallel (sharding.py): this rank's experts, each with its part of the intermediate dim,
+        # and its part of the shared expert; every rank sees every token, and one all-reduce sums the parts.
+        state = get_parallel_state()
+        pc = state.config
+        self.tp_group = state.tp
+        self.local_experts = local_expert_range(c.n_routed_experts, pc, state.coords)
+        self.expert_parallel = pc.ep > 1
+        self.experts = RoutedExperts(len(self.local_experts), c.hidden_size, c.moe_intermediate_size // pc.moe_tp,
+                                     c.swiglu_limit)
+        self.shared_experts = SharedExpert(c.hidden_size, c.moe_intermediate_size // pc.tp, c.swiglu_limit)
         self.shared_expert_id = None  # set when fused
 
     def fuse_shared_experts(self) -> None:
+        if self.tp_group.world_size > 1:  # the shared expert's part differs from the routed experts' parts
+            raise ValueError("shared-experts fusion needs --tp 1")
         self.shared_expert_id = append_shared_expert(self.experts, self.shared_experts)
         self.shared_experts = None
 
     def forward(self, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
         weights, ids = self.gate(x, input_ids)
+        if self.expert_parallel:
+            # Pairs routed to another rank's experts: weight 0 on a local expert (fixed shapes, no host read).
+            local = ids - self.local_experts.start
+            mine = (local >= 0) & (local < len(self.local_experts))
+            ids, weights = torch.where(mine, local, 0), torch.where(mine, weights, 0.0)
         if self.shared_experts is not None:
-            return self.experts(x, ids, weights) + self.shared_experts(x)
+            return self.tp_group.all_reduce(self.experts(x, ids, weights) + self.shared_experts(x))
         # Fused: one more column per token, expert E at weight 1. The grouped pass adds it after the routed
         # experts, in the unfused order, so the sum is the same.
         ids = torch.cat((ids, ids.new_full((ids.shape[0], 1), self.shared_expert_id)), dim=1)
@@ -210,10 +232,11 @@ class DeepseekV4ForCausalLM(nn.Module):
         super().__init__()
         c = config
         self.config = c
-        self.embed = nn.Embedding(c.vocab_size, c.hidden_size)
+        tp = get_parallel_state().tp
+        self.embed = VocabParallelEmbedding(c.vocab_size, c.hidden_size, tp)
         self.layers = nn.ModuleList(DeepseekV4DecoderLayer(c, i) for i in range(c.num_hidden_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+        self.head = ParallelLMHead(c.hidden_size, c.vocab_size, tp)
         self.hc_head_fn = nn.Parameter(torch.zeros(c.hc_mult, c.hc_mult * c.hidden_size, dtype=torch.float32))
         self.hc_head_base = nn.Parameter(torch.zeros(c.hc_mult, dtype=torch.float32))
         self.hc_head_scale = nn.Parameter(torch.ones(1, dtype=torch.float32))

@@ -1,0 +1,143 @@
+"""Tensor and expert parallelism on CPU (gloo, one process per rank): TP2, EP2 (TP2 x EP2), TP4 and TP4 x EP2 give
+prompt logprobs within 1e-5 of the single-rank engine and identical greedy tokens, on the tiny config and on one
+with unusual dimensions (a vocabulary no rank count divides: padded LM-head parts), with speculative decoding on and
+off. Also: the sharding rules' refusals, and the per-rank weight bytes equal the planner's count."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import pytest
+import torch
+
+from oracle import PAGE_SIZES, TINY, checkpoint, random_ids
+from sglang.srt.distributed.sharding import ParallelConfig, RankCoords, rank_tensor
+from sglang.srt.model_loader.tiny_checkpoint import make_tiny_checkpoint
+
+# Eight heads in four output groups, a prime vocabulary (509: every rank count pads the last LM-head part).
+WIDE = {**TINY, "num_attention_heads": 8, "o_groups": 4, "vocab_size": 509}
+_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tp_worker.py")
+
+
+def _wide_checkpoint() -> str:
+    path = os.path.join(tempfile.gettempdir(), f"sglang-tp-wide-{os.getpid()}")
+    if not os.path.exists(os.path.join(path, "config.json")):
+        make_tiny_checkpoint(path, WIDE, seed=0, quantize=False, dtype="float32")
+    return path
+
+
+def _engine_kwargs(model_path: str, page_size: int, spec: bool, **parallel) -> dict:
+    kwargs = dict(model_path=model_path, device="cpu", dtype="float32", page_size=page_size, log_level="warning",
+                  max_running_requests=4, max_total_tokens=4096, disable_cuda_graph=True, **parallel)
+    if spec:
+        kwargs.update(speculative_algorithm="EAGLE", speculative_num_steps=2)
+    return kwargs
+
+
+def _run_ranks(kwargs: dict, prompts: list, new_tokens: int, world: int) -> list:
+    """Start `world` worker processes, wait (bounded), and return each rank's outputs."""
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = {"init_method": f"file://{tmp}/rendezvous", "engine": kwargs, "prompts": prompts,
+                "new_tokens": new_tokens, "out": f"{tmp}/out"}
+        spec_path = f"{tmp}/spec.json"
+        with open(spec_path, "w") as f:
+            json.dump(spec, f)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+        procs = [subprocess.Popen([sys.executable, _WORKER, spec_path, str(r)], env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True) for r in range(world)]
+        logs = []
+        try:
+            for p in procs:
+                logs.append(p.communicate(timeout=600)[0])
+        finally:
+            for p in procs:
+                p.kill()
+        for r, (p, log) in enumerate(zip(procs, logs)):
+            assert p.returncode == 0, f"rank {r} failed:\n{log[-4000:]}"
+        return [json.load(open(f"{tmp}/out.{r}")) for r in range(world)]
+
+
+def _single_rank(kwargs: dict, prompts: list, new_tokens: int) -> list:
+    import sglang
+
+    eng = sglang.Engine(**kwargs)
+    try:
+        return eng.generate(input_ids=prompts, return_logprob=True, logprob_start_len=0,
+                            sampling_params={"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True})
+    finally:
+        eng.shutdown()
+
+
+def _assert_same(got: list, ref: list) -> None:
+    for g, r in zip(got, ref):
+        assert g["output_ids"] == r["output_ids"]
+        for key in ("input_token_logprobs", "output_token_logprobs"):
+            a = [lp for lp, _, _ in g["meta_info"][key] if lp is not None]
+            b = [lp for lp, _, _ in r["meta_info"][key] if lp is not None]
+            assert len(a) == len(b) and max(abs(x - y) for x, y in zip(a, b)) <= 1e-5, key
+
+
+@pytest.mark.parametrize("config,tp,ep,spec", [
+    ("tiny", 2, 1, False),
+    ("tiny", 2, 2, False),  # EP2: four experts per rank, each whole
+    ("tiny", 2, 1, True),  # the MTP draft sharded the same way
+    ("wide", 4, 1, False),
+    ("wide", 4, 2, True),  # TP4 x EP2: two experts' halves per rank
+], ids=["tp2", "ep2", "tp2-spec", "wide-tp4", "wide-tp4-ep2-spec"])
+def test_ranks_match_single_rank(config, tp, ep, spec):
+    path = checkpoint("tiny") if config == "tiny" else _wide_checkpoint()
+    vocab = TINY["vocab_size"] if config == "tiny" else WIDE["vocab_size"]
+    prompts = [random_ids(40, seed=1, vocab=vocab), random_ids(23, seed=2, vocab=vocab)]
+    ref = _single_rank(_engine_kwargs(path, PAGE_SIZES["tiny"], spec), prompts, 6)
+    kwargs = _engine_kwargs(path, PAGE_SIZES["tiny"], spec, tp_size=tp, ep_size=ep)
+    outs = _run_ranks(kwargs, prompts, 6, tp)
+    planned = _planned_weight_bytes(kwargs)
+    for rank_out in outs:
+        _assert_same(rank_out["outputs"], ref)
+        assert rank_out["weight_bytes"] == planned  # what the capacity planner counts per GPU
+
+
+def _planned_weight_bytes(kwargs: dict) -> int:
+    from sglang.check_capacity import per_rank_weight_bytes
+    from sglang.srt.arg_groups.deepseek_v4_hook import resolve_server_args
+    from sglang.srt.configs.deepseek_v4 import DeepseekV4Config
+    from sglang.srt.server_args import ServerArgs
+
+    args = resolve_server_args(ServerArgs(**{**kwargs, "log_level": "warning"}))
+    config = DeepseekV4Config.from_pretrained(kwargs["model_path"])
+    return per_rank_weight_bytes(kwargs["model_path"], config, args, args.parallel_config(), torch.device("cpu"))[0]
+
+
+def test_split_rules_refuse_what_does_not_divide():
+    with pytest.raises(ValueError, match="attention heads do not split over 8"):
+        ParallelConfig(tp=8).validate(_cfg(TINY))
+    with pytest.raises(ValueError, match="o_groups 2"):
+        ParallelConfig(tp=4).validate(_cfg({**TINY, "num_attention_heads": 8}))
+    with pytest.raises(ValueError, match="--ep 3 must divide --tp 4"):
+        ParallelConfig(tp=4, ep=3).validate(_cfg(WIDE))
+    with pytest.raises(ValueError, match="does not split over 3 ranks"):
+        rank_tensor("layers.0.attn.wq_b.weight", torch.zeros(8, 4), ParallelConfig(tp=3), RankCoords(attn_tp=1), 8)
+
+
+def test_rank_tensor_parts():
+    pc = ParallelConfig(tp=4, ep=2)
+    # expert 5 lives on EP rank 1 (experts 4..7) as local expert 1; its w1 rows split over moe_tp = 2
+    w1 = torch.arange(8 * 3).view(8, 3)
+    name, part = rank_tensor("layers.2.ffn.experts.5.w1.weight", w1, pc, RankCoords(tp=3, attn_tp=3, ep=1, moe_tp=1),
+                             8)
+    assert name == "layers.2.ffn.experts.1.w1.weight" and torch.equal(part, w1[4:])
+    assert rank_tensor("layers.2.ffn.experts.5.w1.weight", w1, pc, RankCoords(ep=0), 8) is None
+    # the LM head of 509 rows: 128 per rank, the last part padded with zeros
+    head = torch.ones(509, 2)
+    _, last = rank_tensor("head.weight", head, pc, RankCoords(tp=3), 8)
+    assert last.shape == (128, 2) and last[:125].eq(1).all() and last[125:].eq(0).all()
+
+
+def _cfg(d: dict):
+    from sglang.srt.configs.deepseek_v4 import DeepseekV4Config
+
+    return DeepseekV4Config.from_dict(d)

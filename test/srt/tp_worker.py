@@ -1,0 +1,36 @@
+"""One rank of a multi-rank engine on CPU over gloo, run by test_tensor_parallel.py as a separate process:
+
+    python tp_worker.py SPEC_JSON RANK
+
+SPEC: {"init_method", "engine": Engine kwargs, "prompts": [[ids]], "new_tokens", "out"}. Every rank runs the same
+requests in one batch (the engine is deterministic, so every rank schedules alike) and writes its outputs to
+OUT.RANK as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def main() -> None:
+    spec = json.load(open(sys.argv[1]))
+    rank = int(sys.argv[2])
+    import sglang
+    from sglang.srt.distributed.parallel_state import init_parallel_state
+    from sglang.srt.server_args import ServerArgs
+
+    kwargs = spec["engine"]
+    init_parallel_state(ServerArgs(**kwargs).parallel_config(), rank, "gloo", spec["init_method"], timeout_s=120)
+    eng = sglang.Engine(**kwargs)
+    sampling = {"temperature": 0, "max_new_tokens": spec["new_tokens"], "ignore_eos": True}
+    outs = eng.generate(input_ids=spec["prompts"], return_logprob=True, logprob_start_len=0,
+                        sampling_params=sampling)
+    weight_bytes = eng.model_runner.weight_bytes
+    eng.shutdown()
+    with open(f"{spec['out']}.{rank}", "w") as f:
+        json.dump({"outputs": outs, "weight_bytes": weight_bytes}, f)
+
+
+if __name__ == "__main__":
+    main()
