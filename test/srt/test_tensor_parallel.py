@@ -81,19 +81,23 @@ def _assert_same(got: list, ref: list) -> None:
             assert len(a) == len(b) and max(abs(x - y) for x, y in zip(a, b)) <= 1e-5, key
 
 
-@pytest.mark.parametrize("config,tp,ep,spec", [
-    ("tiny", 2, 1, False),
-    ("tiny", 2, 2, False),  # EP2: four experts per rank, each whole
-    ("tiny", 2, 1, True),  # the MTP draft sharded the same way
-    ("wide", 4, 1, False),
-    ("wide", 4, 2, True),  # TP4 x EP2: two experts' halves per rank
-], ids=["tp2", "ep2", "tp2-spec", "wide-tp4", "wide-tp4-ep2-spec"])
-def test_ranks_match_single_rank(config, tp, ep, spec):
+# EP2 also runs chunked prefill (16-token chunks) and the static decode path (the CPU form of CUDA graphs).
+STATIC_CHUNKED = dict(chunked_prefill_size=16, disable_cuda_graph=False)
+
+
+@pytest.mark.parametrize("config,tp,ep,spec,extra", [
+    ("tiny", 2, 1, False, {}),
+    ("tiny", 2, 2, False, STATIC_CHUNKED),  # EP2: four experts per rank, each whole
+    ("tiny", 2, 1, True, {}),  # the MTP draft sharded the same way
+    ("wide", 4, 1, False, {}),
+    ("wide", 4, 2, True, {}),  # TP4 x EP2: two experts' halves per rank
+], ids=["tp2", "ep2-static-chunked", "tp2-spec", "wide-tp4", "wide-tp4-ep2-spec"])
+def test_ranks_match_single_rank(config, tp, ep, spec, extra):
     path = checkpoint("tiny") if config == "tiny" else _wide_checkpoint()
     vocab = TINY["vocab_size"] if config == "tiny" else WIDE["vocab_size"]
     prompts = [random_ids(40, seed=1, vocab=vocab), random_ids(23, seed=2, vocab=vocab)]
-    ref = _single_rank(_engine_kwargs(path, PAGE_SIZES["tiny"], spec), prompts, 6)
-    kwargs = _engine_kwargs(path, PAGE_SIZES["tiny"], spec, tp_size=tp, ep_size=ep)
+    ref = _single_rank({**_engine_kwargs(path, PAGE_SIZES["tiny"], spec), **extra}, prompts, 6)
+    kwargs = {**_engine_kwargs(path, PAGE_SIZES["tiny"], spec, tp_size=tp, ep_size=ep), **extra}
     outs = _run_ranks(kwargs, prompts, 6, tp)
     planned = _planned_weight_bytes(kwargs)
     for rank_out in outs:

@@ -70,6 +70,8 @@ class ServerArgs:
     node_rank: int = 0
     dist_init_addr: Optional[str] = None
     dist_timeout: float = 300.0  # seconds a collective may wait for a dead or hung rank before the server exits
+    # Prefix cache (radix tree over the pools); off under speculative decoding until that combination lands
+    disable_radix_cache: bool = False
     # Serving
     reasoning_parser: Optional[str] = None
     tool_call_parser: Optional[str] = None
@@ -236,6 +238,9 @@ class ServerArgs:
         p.add_argument("--dist-timeout", type=float, default=300.0,
                        help="seconds a collective waits for a dead or hung rank before the server exits "
                             "(default: 300)")
+        p.add_argument("--disable-radix-cache", action="store_true",
+                       help="do not reuse cached prompt prefixes across requests (default: reuse them; off with "
+                            "--speculative-algorithm for now)")
         p.add_argument("--reasoning-parser", choices=("deepseek-v4",),
                        help="split thinking into reasoning_content (default: off)")
         p.add_argument("--tool-call-parser", choices=("deepseekv4",),

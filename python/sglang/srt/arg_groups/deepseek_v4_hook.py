@@ -65,6 +65,9 @@ def apply_speculative_defaults(args: "ServerArgs", config: DeepseekV4Config) -> 
     if args.speculative_num_draft_tokens != args.speculative_num_steps + 1:
         raise ValueError(f"--speculative-num-draft-tokens must equal --speculative-num-steps + 1 "
                          f"({args.speculative_num_steps + 1}) with top-k 1, got {args.speculative_num_draft_tokens}")
+    if not args.disable_radix_cache:  # the draft's rows before a cached prefix's end are not kept yet
+        args.disable_radix_cache = True
+        applied.append("disable_radix_cache=True (speculative decoding)")
     return applied
 
 

@@ -114,6 +114,12 @@ class Engine:
     def _output(self, req: Req, latency: float) -> dict:
         return OutputState.of_req(req).to_dict(output_text(self.tokenizer, req), latency)
 
+    def flush_cache(self) -> bool:
+        """Empty the prefix cache (in-process engine); False when refused because requests are running."""
+        if self._remote is not None:
+            raise NotImplementedError("flush_cache of a launch_subprocess engine: use the server's /flush_cache")
+        return self.scheduler.flush_cache()
+
     def shutdown(self) -> None:
         """Release the model and pools (and stop the scheduler process, if any)."""
         if self._remote is not None:

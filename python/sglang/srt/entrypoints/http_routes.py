@@ -113,8 +113,13 @@ def health_routes(tm: TokenizerManager, args: ServerArgs, metrics=None, schedule
 
     @router.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache():
+        if tm.states:  # the scheduler refuses too: a running request may be reading a cached prefix
+            raise RequestError(f"cannot flush the cache while {len(tm.states)} request(s) are running; retry when "
+                               f"the server is idle", 400)
         await tm.flush_cache()
-        return PlainTextResponse("Cache flushed (no prefix cache is enabled, nothing was cached)\n")
+        if args.disable_radix_cache:
+            return PlainTextResponse("Cache flushed (the prefix cache is disabled: nothing was cached)\n")
+        return PlainTextResponse("Cache flushed\n")
 
     @router.get("/metrics")
     async def get_metrics():

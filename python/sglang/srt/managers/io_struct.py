@@ -50,6 +50,7 @@ class ReqOutput:
     error: Optional[str] = None  # set when admission refused it (finished_reason.status_code: 400, or 500 on a bug)
     spec_accept_length: Optional[float] = None  # tokens per verification so far (speculative decoding)
     queue_time: Optional[float] = None  # seconds from arrival to first admission, sent once finished
+    cached_tokens: int = 0  # prompt tokens reused from the prefix cache
 
 
 # /health answers 503 once this many scheduler steps in a row failed for every request in them (a load balancer then
@@ -68,6 +69,7 @@ class SchedulerStats:
     consecutive_failed_steps: int = 0  # the latest steps in which no request could be served
     num_retractions: int = 0  # requests retracted since start (the pools ran out mid-decode)
     new_token_ratio: float = 0.0  # share of remaining max_new_tokens admission reserves for running requests
+    cache_hit_rate: float = 0.0  # prompt tokens served from the prefix cache / prompt tokens looked up, since start
 
     @property
     def healthy(self) -> bool:

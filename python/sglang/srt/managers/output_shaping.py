@@ -59,6 +59,7 @@ class OutputState:
     top_logprobs: list = field(default_factory=list)  # per output token: [(logprob, id)] or None
     finished_reason: Optional[dict] = None  # FinishReason.to_json() once finished
     spec_accept_length: Optional[float] = None  # tokens per verification (speculative decoding)
+    cached_tokens: int = 0  # prompt tokens reused from the prefix cache
     input_token_logprobs: Optional[list] = None  # shaped entries, see set_input_logprobs
 
     @classmethod
@@ -67,7 +68,8 @@ class OutputState:
                     logprob_start_len=req.logprob_start_len, top_logprobs_num=req.top_logprobs_num,
                     output_ids=req.output_ids, logprobs=req.output_token_logprobs,
                     top_logprobs=req.output_top_logprobs, spec_accept_length=req.spec_accept_length,
-                    finished_reason=req.finished_reason.to_json() if req.finished_reason else None)
+                    finished_reason=req.finished_reason.to_json() if req.finished_reason else None,
+                    cached_tokens=req.cached_tokens)
         if req.return_logprob:
             state.set_input_logprobs(req.input_token_logprobs)
         return state
@@ -83,7 +85,7 @@ class OutputState:
 
     def meta_info(self, e2e_latency: float) -> dict:
         meta = {"id": self.rid, "prompt_tokens": self.prompt_tokens, "completion_tokens": len(self.output_ids),
-                "cached_tokens": 0, "finish_reason": self.finished_reason, "e2e_latency": e2e_latency}
+                "cached_tokens": self.cached_tokens, "finish_reason": self.finished_reason, "e2e_latency": e2e_latency}
         if self.spec_accept_length is not None:
             meta["spec_accept_length"] = self.spec_accept_length
         if self.return_logprob:

@@ -60,6 +60,9 @@ class Req:
     admitted_time: Optional[float] = None  # first admission (queue time = admitted_time - created_time)
     num_retractions: int = 0  # times the scheduler freed its slots to re-prefill it later
     grammar: Optional[Any] = None  # xgrammar GrammarMatcher of a constrained request (set at admission)
+    cached_tokens: int = 0  # prompt tokens reused from the prefix cache (at the first admission)
+    cache_node: Optional[Any] = None  # the radix-cache node it reuses (locked while it runs)
+    prompt_cached: bool = False  # its prefilled prompt was given to the prefix cache
 
     @property
     def fill_ids(self) -> list:

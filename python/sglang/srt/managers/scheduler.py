@@ -353,8 +353,62 @@ class Scheduler:
             budget -= need
             self.waiting.popleft()
             req.alloc = self.allocator.alloc_req()
+            self._reuse_prefix(req)
             req.admitted_time = req.admitted_time or time.perf_counter()
             self.running.append(req)
+
+    def _reuse_prefix(self, req: Req) -> None:
+        """Start the request on the longest cached prefix it may use: at least one token is left to prefill, and
+        every prompt position whose logprob it asked for is computed (its logprob needs the row before it)."""
+        cache = self.allocator.cache
+        if cache is None:
+            return
+        tokens = req.fill_ids
+        limit = len(tokens) - 1 if not req.return_logprob else min(len(tokens) - 1, req.logprob_start - 1)
+        match = cache.match_prefix(tokens, limit)
+        if match.num_tokens == 0:
+            return
+        cache.lock(match.node)
+        req.cache_node = match.node
+        self.allocator.attach_prefix(req.alloc, match.pages, match.num_tokens, match.node)
+        self.runner.token_to_kv_pool.restore_state(match.node.state_slot, req.alloc.req_pool_idx, match.num_tokens)
+        req.num_computed = match.num_tokens
+        if not req.admitted_time:  # the first admission's reuse is what the client is told
+            req.cached_tokens = min(match.num_tokens, len(req.origin_input_ids))
+
+    def flush_cache(self) -> bool:
+        """Empty the prefix cache; refused (False) while requests run or wait."""
+        while self.in_flight is not None and not self.running and not self.waiting:
+            self.step()  # an overlapped step launched past the last requests' end: read and discard it
+        if self.running or self.waiting or self.in_flight is not None:
+            return False
+        self.allocator.flush_cache()
+        return True
+
+    def _cache_prompt(self, req: Req) -> None:
+        """Its prompt prefilled, a request gives the prefix cache the prompt up to its last page boundary (so
+        requests sharing it can start there while it runs) and locks that node instead of the one it matched."""
+        alloc, pool = req.alloc, self.runner.token_to_kv_pool
+        node = self.allocator.cache_running(alloc, req.fill_ids,
+                                            lambda slot, end: pool.save_state(alloc.req_pool_idx, slot, end))
+        if node is not None:
+            self.allocator.cache.lock(node)
+            if req.cache_node is not None:
+                self.allocator.cache.unlock(req.cache_node)
+            req.cache_node = node
+
+    def _release(self, req: Req, cache: bool) -> None:
+        """Give back a request's slots (to the prefix cache first when `cache`) and its lock on a cached prefix."""
+        alloc, pool = req.alloc, self.runner.token_to_kv_pool
+        if cache and self.allocator.cache is not None:
+            self.allocator.cache_req(alloc, req.fill_ids,
+                                     lambda slot, end: pool.save_state(alloc.req_pool_idx, slot, end))
+        else:
+            self.allocator.free_req(alloc)
+        if req.cache_node is not None:
+            self.allocator.cache.unlock(req.cache_node)
+            req.cache_node = None
+        req.alloc = None
 
     def _next_batch(self, lag: int = 0, may_retract: bool = True) -> Optional[ScheduleBatch]:
         """The next step's requests: every decoding request's row (`lag` positions further: the step after the one in
@@ -406,8 +460,8 @@ class Scheduler:
         draft, for speculative decoding): it is re-prefilled and resumes where it stopped. Its prompt logprobs are
         computed again by that prefill."""
         self.running.remove(req)
-        self.allocator.free_req(req.alloc)
-        req.alloc, req.num_computed = None, 0
+        self._release(req, cache=False)
+        req.num_computed, req.prompt_cached = 0, False
         del req.input_token_logprobs[:]
         req.num_retractions += 1
         self.num_retractions += 1
@@ -465,6 +519,9 @@ class Scheduler:
                 self.free_request(req)
             elif req.alloc is not None:
                 live.append(req)
+                if self.allocator.cache is not None and req.prefill_done and not req.prompt_cached:
+                    req.prompt_cached = True
+                    self._cache_prompt(req)
         self.allocator.release_windows([r.alloc for r in live],
                                        [r.num_computed - (self.config.sliding_window - 1) for r in live])
 
@@ -534,6 +591,5 @@ class Scheduler:
         """Return every slot of a running request (finished, aborted or failed)."""
         if req in self.running:
             self.running.remove(req)
-        if req.alloc is not None:
-            self.allocator.free_req(req.alloc)
-            req.alloc = None
+        if req.alloc is not None:  # only what finished normally is cached (a failed step may have left garbage)
+            self._release(req, cache=req.finished and req.finished_reason.type in ("stop", "length"))

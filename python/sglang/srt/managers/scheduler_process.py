@@ -119,7 +119,8 @@ class SchedulerProcess:
                 if req is not None:
                     answers.append(self._progress(req))
             elif isinstance(msg, FlushCacheReq):
-                pass  # no prefix cache yet: nothing is cached across requests
+                if not self.scheduler.flush_cache():
+                    logger.warning("flush_cache refused: requests are running")
             else:
                 logger.error("unknown message %r", type(msg).__name__)
         return answers
@@ -158,7 +159,7 @@ class SchedulerProcess:
             completion_tokens=len(req.output_ids),
             finished_reason=req.finished_reason.to_json() if req.finished else None,
             input_token_logprobs=list(req.input_token_logprobs) if (first or req.finished) and req.return_logprob
-            else None, spec_accept_length=req.spec_accept_length,
+            else None, spec_accept_length=req.spec_accept_length, cached_tokens=req.cached_tokens,
             queue_time=req.admitted_time - req.created_time if req.finished and req.admitted_time else None)
         if req.finished:
             self.sent.pop(req.rid, None)
@@ -189,7 +190,8 @@ class SchedulerProcess:
                               pools_all_free=s.allocator.is_all_free(),
                               consecutive_failed_steps=s.consecutive_failed_steps,
                               spec_accept_length=s.mean_accept_length, num_retractions=s.num_retractions,
-                              new_token_ratio=s.new_token_ratio.value)
+                              new_token_ratio=s.new_token_ratio.value,
+                              cache_hit_rate=s.allocator.cache.hit_rate() if s.allocator.cache else 0.0)
 
 
 def _exit_with_parent() -> None:

@@ -154,6 +154,7 @@ class TokenizerManager:
             state.detok.add(out.new_token_ids)
         state.finished_reason = out.finished_reason
         state.spec_accept_length = out.spec_accept_length
+        state.cached_tokens = out.cached_tokens
         state.queue_time = out.queue_time if out.queue_time is not None else state.queue_time
         finished = out.finished_reason is not None
         text = state.detok.visible_text(out.finished_reason) if state.detok else ""

@@ -16,10 +16,12 @@ mem_cache/ ask the capacity methods (available_pages, token_usage, is_all_free, 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 
 from sglang.srt.mem_cache.allocator import PageAllocator, PoolExhaustedError
+from sglang.srt.mem_cache.radix_cache import CacheCallbacks, RadixCache, TreeNode
 from sglang.srt.mem_cache.req_to_token_pool import ReqToTokenPool
 
 _FEW_POSITIONS = 256  # up to this many new positions in a step, extend_batch builds its lists in plain Python
@@ -41,17 +43,30 @@ class ReqAllocation:
     num_tokens: int = 0  # positions [0, num_tokens) have full slots
     window_start: int = 0  # positions [window_start, num_tokens) hold window slots
     window_slots: list = field(default_factory=list)  # window slot of position window_start + i
+    cached_pages: set = field(default_factory=set)  # pages the prefix cache owns (read-only here, never freed here)
+    tail_node: Optional[TreeNode] = None  # the cache node whose window tail this request still reads ...
+    tail_end: int = 0  # ... which ends at this position
 
 
 class DeepSeekV4TokenAllocator:
     def __init__(self, req_to_token_pool: ReqToTokenPool, num_pages: int, page_size: int, num_swa_slots: int,
-                 device) -> None:
+                 device, window: int = 0, num_state_slots: int = 0) -> None:
         self.req_to_token_pool = req_to_token_pool
         self.page_size = page_size
         self.pages = PageAllocator(num_pages, "KV page")
         self.swa_slots = PageAllocator(num_swa_slots, "window KV")
         self.full_to_swa = torch.full((num_pages * page_size,), -1, dtype=torch.int64, device=device)
         self.device = device
+        # Prefix cache (mem_cache/radix_cache.py), when num_state_slots > 0: requests keep the window tail of their
+        # last page boundary (what a cached prefix ending there needs), and the cache's unlocked pages and tails
+        # count as available, evicted on demand.
+        self.window = window
+        self.live: dict = {}  # request slot -> ReqAllocation of every live request (their kept tails can be dropped)
+        self.state_slots = PageAllocator(num_state_slots + 1, "prefix state") if num_state_slots else None
+        self.cache = None
+        if self.state_slots is not None:
+            self.cache = RadixCache(page_size, window, CacheCallbacks(
+                free_pages=self.pages.free, free_tail=self._free_tail, free_state=lambda s: self.state_slots.free([s])))
 
     # ---- capacity -------------------------------------------------------------------------------
     def total_pages(self) -> int:
@@ -59,10 +74,33 @@ class DeepSeekV4TokenAllocator:
         return self.pages.size - 1
 
     def available_pages(self) -> int:
-        return self.pages.available()
+        """Free pages, plus those the prefix cache would give back."""
+        return self.pages.available() + (self.cache.evictable_pages() if self.cache else 0)
 
     def available_window_slots(self) -> int:
-        return self.swa_slots.available()
+        """Free window slots, plus the cache's unlocked tails and the boundary tails requests keep for it."""
+        if self.cache is None:
+            return self.swa_slots.available()
+        return self.swa_slots.available() + self.cache.evictable_tail_slots() + self._kept_tail_slots()
+
+    def _kept_keep_from(self, alloc: ReqAllocation) -> int:
+        # window + 2 positions: a query of an overlapped step in flight (one position further) still sees them
+        return alloc.num_tokens - self.window - 1
+
+    def _kept_tail_slots(self) -> int:
+        return sum(max(0, min(self._kept_keep_from(a), a.num_tokens) - a.window_start) for a in self.live.values())
+
+    def _reclaim(self, num_pages: int, num_window_slots: int) -> None:
+        """Evict cached prefixes until the free lists hold the request (least recently used first)."""
+        if self.cache is None:
+            return
+        if num_window_slots > self.swa_slots.available():
+            self.cache.evict_tails(num_window_slots - self.swa_slots.available())
+        if num_window_slots > self.swa_slots.available():  # then the tails requests keep for the cache
+            for alloc in self.live.values():
+                self._drop_window(alloc, self._kept_keep_from(alloc))
+        if num_pages > self.pages.available():
+            self.cache.evict_pages(num_pages - self.pages.available())
 
     def available_req_slots(self) -> int:
         return self.req_to_token_pool.available_size()
@@ -72,8 +110,13 @@ class DeepSeekV4TokenAllocator:
         return 1 - self.available_pages() / self.total_pages()
 
     def is_all_free(self) -> bool:
-        """No page, window slot or request slot is held."""
-        return self.pages.is_full() and self.swa_slots.is_full() and self.req_to_token_pool.is_full()
+        """No request holds a page, window slot or request slot (what the prefix cache keeps is reusable, not
+        held; `flush_cache` gives it back too)."""
+        cached_pages = self.cache.num_pages if self.cache else 0
+        cached_slots = self.cache.num_tail_slots if self.cache else 0
+        return (self.pages.available() + cached_pages == self.pages.size - 1
+                and self.swa_slots.available() + cached_slots == self.swa_slots.size - 1
+                and self.req_to_token_pool.is_full())
 
     def pages_needed(self, alloc: ReqAllocation | None, new_num_tokens: int) -> int:
         have = len(alloc.pages) if alloc else 0
@@ -88,7 +131,9 @@ class DeepSeekV4TokenAllocator:
     def alloc_req(self) -> ReqAllocation:
         if self.req_to_token_pool.available_size() == 0:
             raise PoolExhaustedError("request", 1, 0)
-        return ReqAllocation(req_pool_idx=self.req_to_token_pool.alloc())
+        alloc = ReqAllocation(req_pool_idx=self.req_to_token_pool.alloc())
+        self.live[alloc.req_pool_idx] = alloc
+        return alloc
 
     def extend(self, alloc: ReqAllocation, new_num_tokens: int) -> torch.Tensor:
         """Give positions [alloc.num_tokens, new_num_tokens) full and window slots; returns their full slots."""
@@ -110,10 +155,11 @@ class DeepSeekV4TokenAllocator:
                                  f"{self.req_to_token_pool.max_context_len}")
         n_pages = sum(self.pages_needed(a, n) for a, n in zip(allocs, new_num_tokens))
         n_new = sum(max(0, n - a.num_tokens) for a, n in zip(allocs, new_num_tokens))
-        if n_pages > self.pages.available():
-            raise PoolExhaustedError(self.pages.name, n_pages, self.pages.available())
-        if n_new > self.swa_slots.available():
-            raise PoolExhaustedError(self.swa_slots.name, n_new, self.swa_slots.available())
+        if n_pages > self.available_pages():  # free plus what the prefix cache would give back
+            raise PoolExhaustedError(self.pages.name, n_pages, self.available_pages())
+        if n_new > self.available_window_slots():
+            raise PoolExhaustedError(self.swa_slots.name, n_new, self.available_window_slots())
+        self._reclaim(n_pages, n_new)  # nothing changes before it is sure to succeed
         # Host lists per request (a few entries each), then the positions and slots of all of them in a constant
         # number of vectorised host ops: a long prefill chunk costs no Python loop over its tokens.
         grown, pool_idx, starts, lens, first_pages, page_offsets, pages, swa = [], [], [], [], [], [], [], []
@@ -182,7 +228,14 @@ class DeepSeekV4TokenAllocator:
     def release_windows(self, allocs: list, keep_froms: list) -> None:
         """`release_window` for each request of a step: one host -> device copy and one fill for all of them."""
         full, freed = [], []
+        # With the prefix cache, keep the tail of each request's last page boundary (a cached prefix may end there),
+        # while the window pool is at most 3/4 used: running requests come first.
+        keep_tails = self.cache is not None and self.swa_slots.available() * 4 >= self.swa_slots.size
         for alloc, keep_from in zip(allocs, keep_froms):
+            if alloc.tail_node is not None and keep_from >= alloc.tail_end:  # past the cached tail: evictable now
+                self._unread_tail(alloc)
+            if keep_tails:
+                keep_from = min(keep_from, alloc.num_tokens // self.page_size * self.page_size - self.window)
             drop = min(keep_from, alloc.num_tokens) - alloc.window_start
             if drop <= 0:
                 continue
@@ -214,25 +267,149 @@ class DeepSeekV4TokenAllocator:
             alloc.window_start = num_tokens
 
     def free_req(self, alloc: ReqAllocation) -> None:
-        """Return every page, window slot and the request slot."""
-        self.release_window(alloc, alloc.num_tokens)
-        self.pages.free(alloc.pages)
-        alloc.pages = []
+        """Return every page (but the prefix cache's), window slot and the request slot."""
+        self._drop_window(alloc, alloc.num_tokens)
+        self.pages.free([p for p in alloc.pages if p not in alloc.cached_pages])
+        alloc.pages, alloc.cached_pages = [], set()
         alloc.num_tokens = alloc.window_start = 0
+        self._unread_tail(alloc)
+        self.live.pop(alloc.req_pool_idx, None)
         self.req_to_token_pool.free(alloc.req_pool_idx)
+
+    def _drop_window(self, alloc: ReqAllocation, keep_from: int) -> None:
+        """release_window without the prefix cache's tail rule."""
+        cache, self.cache = self.cache, None
+        try:
+            self.release_window(alloc, keep_from)
+        finally:
+            self.cache = cache
+
+    # ---- prefix cache ---------------------------------------------------------------------------
+    def attach_prefix(self, alloc: ReqAllocation, pages: list, num_tokens: int, node: TreeNode) -> None:
+        """Start a fresh request on a cached prefix: its first len(pages) pages (the cache's), positions
+        [0, num_tokens) done, its window reading the cached tail through full_to_swa; the caller restores its CSA
+        staging state (DeepSeekV4TokenToKVPool.restore_state) and holds a lock on the cache node."""
+        assert not alloc.pages and num_tokens == len(pages) * self.page_size
+        alloc.pages, alloc.cached_pages = list(pages), set(pages)
+        alloc.num_tokens = alloc.window_start = num_tokens
+        self._read_tail(alloc, node, num_tokens)
+        ps = self.page_size
+        full = torch.tensor(pages, dtype=torch.int64)[:, None] * ps + torch.arange(ps)[None, :]
+        row = self.req_to_token_pool.req_to_token[alloc.req_pool_idx]
+        row[:num_tokens] = self._to_device(full.flatten()).to(torch.int32)
+
+    def cache_running(self, alloc: ReqAllocation, tokens: list, save_state) -> Optional[TreeNode]:
+        """Give the prefix cache tokens[:P] of a request that goes on (P: its last page boundary; called when its
+        prompt is prefilled): the cache takes the pages it lacked and the window tail at P, which the request keeps
+        reading. Returns the node ending at P (the caller locks it), or None when nothing was cached."""
+        if not self._can_pin_tail(alloc, tokens):
+            return None
+        given = self._give(alloc, tokens, save_state)
+        if given is None:
+            return None
+        node, end, tail_taken = given
+        if tail_taken:  # window slots before P - window are out of every later query's window: free them
+            drop = end - alloc.window_start
+            self._unmap(self._full_slots(alloc, alloc.window_start, end - self.window))
+            self.swa_slots.free(alloc.window_slots[:drop - self.window])
+            del alloc.window_slots[:drop]
+            alloc.window_start = end
+            self._read_tail(alloc, node, end)
+        return node
+
+    def _can_pin_tail(self, alloc: ReqAllocation, tokens: list) -> bool:
+        """Whether the window pool affords the cache a running request's tail: the tail stays allocated until the
+        request's window has slid past it, so afterwards every live request must still be able to grow to a full
+        window (window + 1 slots) from the free slots."""
+        w, end = self.window, min(len(tokens), alloc.num_tokens) // self.page_size * self.page_size
+        if alloc.window_start > end - w:
+            return False
+        need = sum(max(0, w + 1 - len(a.window_slots)) for a in self.live.values())
+        held, after = len(alloc.window_slots), alloc.num_tokens - end
+        need += max(0, w + 1 - after) - max(0, w + 1 - held)
+        freed = end - w - alloc.window_start  # positions before the tail: out of every window, freed by the give
+        return self.swa_slots.available() + freed >= need
+
+    def _read_tail(self, alloc: ReqAllocation, node: TreeNode, end: int) -> None:
+        """The request's window reads `node`'s tail (ending at `end`) until it slides past it."""
+        self._unread_tail(alloc)
+        node.tail_readers += 1
+        alloc.tail_node, alloc.tail_end = node, end
+
+    def _unread_tail(self, alloc: ReqAllocation) -> None:
+        if alloc.tail_node is not None:
+            alloc.tail_node.tail_readers -= 1
+            alloc.tail_node = None
+
+    def cache_req(self, alloc: ReqAllocation, tokens: list, save_state) -> None:
+        """Free a finished request, first giving the prefix cache tokens[:P] (P: its last page boundary) with the
+        window tail and (via `save_state(slot, P)`) the staging state there."""
+        given = self._give(alloc, tokens, save_state)
+        if given is not None and given[2]:  # the tail [P - window, P) is the cache's now: free the rest of the window
+            end, lo = given[1], given[1] - self.window - alloc.window_start
+            self._unmap(self._full_slots(alloc, alloc.window_start, end - self.window)
+                        + self._full_slots(alloc, end, alloc.num_tokens))
+            self.swa_slots.free(alloc.window_slots[:lo] + alloc.window_slots[lo + self.window:])
+            alloc.window_slots, alloc.window_start = [], alloc.num_tokens
+        self.free_req(alloc)
+
+    def _give(self, alloc: ReqAllocation, tokens: list, save_state) -> Optional[tuple]:
+        """Insert tokens[:P] with its pages, tail and state; returns (node, P, whether the cache took the tail) or
+        None. The pages the cache took join alloc.cached_pages."""
+        ps, w = self.page_size, self.window
+        end = min(len(tokens), alloc.num_tokens) // ps * ps
+        if self.cache is None or end < max(ps, w) or alloc.window_start > end - w:
+            return None
+        # The tail's window KV is reached through the tree's pages (full_to_swa): where the tree already holds these
+        # tokens in other pages (computed twice, concurrently), this request's tail cannot serve it.
+        known = self.cache.cached_pages(tokens[:end])
+        if any(p != q for p, q in zip(known[(end - w) // ps:], alloc.pages[(end - w) // ps:end // ps])):
+            return None
+        if self.state_slots.available() == 0:
+            self.cache.evict_tails(1)
+        if self.state_slots.available() == 0:
+            return None
+        slot = self.state_slots.alloc(1)[0]
+        save_state(slot, end)
+        i = end - w - alloc.window_start
+        tail_swa = alloc.window_slots[i:i + w]
+        tail_full = self._full_slots(alloc, end - w, end)
+        pages = alloc.pages[:end // ps]
+        node, dup_pages, dup_tail, dup_slot = self.cache.insert(tokens[:end], pages, tail_full, tail_swa, slot)
+        alloc.cached_pages |= set(pages) - set(dup_pages)
+        if dup_slot is not None:
+            self.state_slots.free([dup_slot])
+        return node, end, not dup_tail[1]
+
+    def _free_tail(self, full: list, swa: list) -> None:
+        self._unmap(full)
+        self.swa_slots.free(swa)
+
+    def flush_cache(self) -> None:
+        if self.cache is not None:
+            self.cache.reset()
 
     # ---- integrity --------------------------------------------------------------------------------
     def check_all_free(self) -> None:
-        """Raise if any page, window slot or request slot is still held (call when idle)."""
+        """Raise if any page, window slot or request slot is still held by a request (call when idle): what is held
+        must be exactly what the prefix cache keeps (nothing after flush_cache)."""
         problems = []
-        if not self.pages.is_full():
-            problems.append(f"{self.pages.size - 1 - self.pages.available()} KV pages held")
-        if not self.swa_slots.is_full():
-            problems.append(f"{self.swa_slots.size - 1 - self.swa_slots.available()} window slots held")
+        cached_pages = self.cache.num_pages if self.cache else 0
+        cached_slots = self.cache.num_tail_slots if self.cache else 0
+        cached_states = self.state_slots.size - 1 - self.state_slots.available() if self.state_slots else 0
+        if self.pages.size - 1 - self.pages.available() != cached_pages:
+            problems.append(f"{self.pages.size - 1 - self.pages.available()} KV pages held, {cached_pages} of them "
+                            f"by the prefix cache")
+        if self.swa_slots.size - 1 - self.swa_slots.available() != cached_slots:
+            problems.append(f"{self.swa_slots.size - 1 - self.swa_slots.available()} window slots held, "
+                            f"{cached_slots} of them by the prefix cache")
+        if self.cache is not None and cached_states != sum(n.state_slot is not None for n in self.cache.nodes()):
+            problems.append(f"{cached_states} prefix-state slots held")
         if not self.req_to_token_pool.is_full():
             problems.append(f"{self.req_to_token_pool.size - self.req_to_token_pool.available_size()} "
                             f"request slots held")
-        if bool((self.full_to_swa != -1).any()):
-            problems.append("full_to_swa still maps some slots")
+        mapped = int((self.full_to_swa != -1).sum())
+        if mapped != cached_slots:
+            problems.append(f"full_to_swa maps {mapped} slots, the prefix cache's tails {cached_slots}")
         if problems:
             raise AssertionError("memory pool leak: " + "; ".join(problems))

@@ -32,6 +32,7 @@ class PoolShape:
     num_swa_slots: int  # including the reserved slot 0
     max_num_reqs: int  # request slots, excluding the reserved slot 0
     num_draft_tokens: int = 0  # speculative drafts per step; grows the rings so rejected drafts never clobber state
+    num_state_slots: int = 0  # saved CSA staging states of cached prefixes (0: no prefix cache)
 
 
 def ring_size(ratio: int, overlap: bool, num_draft_tokens: int = 0) -> int:
@@ -42,16 +43,45 @@ def ring_size(ratio: int, overlap: bool, num_draft_tokens: int = 0) -> int:
 
 
 class CompressorState:
-    """Staging ring of one compressor: fp32 [(max_reqs + 1) * ring, 2, width] holding (content, gate logit)."""
+    """Staging ring of one compressor: fp32 [(max_reqs + 1) * ring, 2, width] holding (content, gate logit).
+    CSA (overlapping) compressors also keep, per request, the m rows before each page boundary (`boundary`, written
+    by every forward; two halves by page parity, so a step already in flight past a finished request's end cannot
+    overwrite the rows of the boundary being saved) and `num_state_slots` saved copies (`saved`): the state a cached
+    prefix ending there needs (mem_cache/radix_cache.py). HCA needs none: a page boundary closes its window."""
 
     def __init__(self, ratio: int, overlap: bool, width: int, shape: PoolShape, device) -> None:
         self.ratio, self.overlap, self.width = ratio, overlap, width
         self.ring = ring_size(ratio, overlap, shape.num_draft_tokens)
         self.buf = torch.zeros((shape.max_num_reqs + 1) * self.ring, 2, width, dtype=torch.float32, device=device)
+        self.boundary = self.saved = None
+        self.page_size = shape.page_size
+        if overlap and shape.num_state_slots:
+            self.boundary = torch.zeros((shape.max_num_reqs + 1) * 2 * ratio, 2, width, dtype=torch.float32,
+                                        device=device)
+            self.saved = torch.zeros((shape.num_state_slots + 1) * ratio, 2, width, dtype=torch.float32,
+                                     device=device)  # slot 0 reserved, as in every allocator
+
+    def _boundary_rows(self, req_pool_idx: int, end: int) -> slice:
+        first = (req_pool_idx * 2 + (end - 1) // self.page_size % 2) * self.ratio
+        return slice(first, first + self.ratio)
+
+    def save(self, req_pool_idx: int, slot: int, end: int) -> None:
+        """Keep request req_pool_idx's rows of the boundary at `end` (a page boundary) in state slot `slot`."""
+        m = self.ratio
+        self.saved[slot * m:(slot + 1) * m] = self.boundary[self._boundary_rows(req_pool_idx, end)]
+
+    def restore(self, slot: int, req_pool_idx: int, end: int) -> None:
+        """Give request req_pool_idx the state saved in `slot` for a prefix of `end` tokens (a page boundary): its
+        ring rows of positions [end - m, end) and its boundary rows."""
+        m = self.ratio
+        rows = self.saved[slot * m:(slot + 1) * m]
+        self.boundary[self._boundary_rows(req_pool_idx, end)] = rows
+        ring_rows = req_pool_idx * self.ring + torch.remainder(torch.arange(end - m, end), self.ring)
+        self.buf[ring_rows.to(self.buf.device)] = rows
 
     @property
     def nbytes(self) -> int:
-        return self.buf.numel() * self.buf.element_size()
+        return sum(t.numel() * t.element_size() for t in (self.buf, self.boundary, self.saved) if t is not None)
 
 
 class DeepSeekV4TokenToKVPool:
@@ -97,3 +127,14 @@ class DeepSeekV4TokenToKVPool:
 
     def compressor_state(self, layer_id: int, is_indexer: bool) -> CompressorState:
         return (self.index_state if is_indexer else self.attn_state)[layer_id]
+
+    def csa_states(self) -> list:
+        return [s for s in list(self.attn_state.values()) + list(self.index_state.values()) if s.saved is not None]
+
+    def save_state(self, req_pool_idx: int, slot: int, end: int) -> None:
+        for state in self.csa_states():
+            state.save(req_pool_idx, slot, end)
+
+    def restore_state(self, slot: int, req_pool_idx: int, end: int) -> None:
+        for state in self.csa_states():
+            state.restore(slot, req_pool_idx, end)

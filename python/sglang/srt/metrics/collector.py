@@ -39,6 +39,8 @@ class MetricsCollector:
                                      "for running requests", labels, registry=r)
         self.queue_time = Histogram("sglang:queue_time_seconds", "time from arrival to first admission", labels,
                                     buckets=_LATENCY_BUCKETS, registry=r)
+        self.cache_hit_rate = Gauge("sglang:cache_hit_rate", "prompt tokens served from the prefix cache / prompt "
+                                    "tokens looked up, since start", labels, registry=r)
         self.model_name = model_name
         self._retractions_seen = 0
         self._last = None  # (time, generated tokens) of the previous stats message
@@ -51,6 +53,7 @@ class MetricsCollector:
         if stats.spec_accept_length is not None:
             self.spec_accept_length.labels(m).set(stats.spec_accept_length)
         self.new_token_ratio.labels(m).set(stats.new_token_ratio)
+        self.cache_hit_rate.labels(m).set(stats.cache_hit_rate)
         if stats.num_retractions > self._retractions_seen:  # the scheduler counts since start; this counter follows
             self.num_retractions.labels(m).inc(stats.num_retractions - self._retractions_seen)
             self._retractions_seen = stats.num_retractions

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Optional
 
@@ -109,14 +110,23 @@ class ModelRunner:
             config, args, budget, self.dtype, with_draft=self.draft_model is not None, probe=probe)
         num_layers = config.num_hidden_layers + (config.num_nextn_predict_layers if self.draft_model else 0)
         shape = self.pool_plan.shape
+        if not args.disable_radix_cache and not probe:  # one saved CSA staging state per cached prefix end
+            shape = dataclasses.replace(shape, num_state_slots=2 * shape.max_num_reqs)
         self.req_to_token_pool = ReqToTokenPool(shape.max_num_reqs, args.context_length, self.device)
         self.token_allocator = DeepSeekV4TokenAllocator(self.req_to_token_pool, shape.num_pages, shape.page_size,
-                                                        shape.num_swa_slots, self.device)
+                                                        shape.num_swa_slots, self.device, window=config.sliding_window,
+                                                        num_state_slots=shape.num_state_slots)
         self.token_to_kv_pool = DeepSeekV4TokenToKVPool(config, num_layers, shape, kv_format, index_format,
                                                         index_keys_rotated=index_kind in ("fp4", "fp8"),
                                                         device=self.device)
         if not probe:
             logger.info("%s", self.pool_plan.format())
+            if shape.num_state_slots:
+                w, ps = config.sliding_window, shape.page_size
+                logger.info("prefix cache: on (--disable-radix-cache to turn off); each running request keeps up to "
+                            "%d window slots, a cached session tail %d: the window pool (%d slots, "
+                            "--swa-full-tokens-ratio) keeps the tails of up to %d idle sessions, %d state slots",
+                            w + ps, w, shape.num_swa_slots - 1, (shape.num_swa_slots - 1) // w, shape.num_state_slots)
 
     # ---- forward ----------------------------------------------------------------------------------
     def attach(self, forward_batch: ForwardBatch, attn_backend=None) -> None:

@@ -96,9 +96,11 @@ def matched_stop(reason: Optional[dict]):
     return None if reason is None else reason.get("matched")
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+    """OpenAI's usage object; prompt tokens served from the prefix cache in prompt_tokens_details.cached_tokens."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
 async def merge(streams: list) -> AsyncIterator[tuple]:

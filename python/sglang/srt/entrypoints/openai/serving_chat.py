@@ -141,9 +141,10 @@ async def create_chat_completion(req: ChatCompletionRequest, raw: Request, tm: T
         return sse_response(_stream(req, tm, streams, parsers, len(ids), rid, created, model_name),
                             "POST /v1/chat/completions (stream)")
     finals = await collect(streams, raw)
-    choices, completion_tokens = [], 0
+    choices, completion_tokens, cached = [], 0, 0
     for i, (chunk, p) in enumerate(zip(finals, parsers)):
         completion_tokens += chunk.meta_info["completion_tokens"]
+        cached += chunk.meta_info["cached_tokens"]
         reasoning, content = (p.reasoning.parse_non_stream(chunk.text) if p.reasoning else (None, chunk.text))
         message = {"role": "assistant", "content": content, "reasoning_content": reasoning, "tool_calls": None}
         reason = finish_reason(chunk.meta_info["finish_reason"])
@@ -160,7 +161,7 @@ async def create_chat_completion(req: ChatCompletionRequest, raw: Request, tm: T
         if req.return_meta_info:
             choices[-1]["meta_info"] = chunk.meta_info
     return JSONResponse({"id": rid, "object": "chat.completion", "created": created, "model": model_name,
-                         "choices": choices, "usage": usage(len(ids) * req.n, completion_tokens)})
+                         "choices": choices, "usage": usage(len(ids) * req.n, completion_tokens, cached)})
 
 
 def _deltas(p: ChoiceParsers, text: str, final: bool, tools: Optional[list]) -> list:
@@ -202,7 +203,7 @@ async def _stream(req, tm, streams, parsers, prompt_tokens, rid, created, model_
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     sent_text = [0] * len(streams)
     sent_tokens = [0] * len(streams)
-    completion_tokens = 0
+    completion_tokens = cached = 0
     tools = _tools_json(req)
 
     def frame(i, delta, reason=None, logprobs=None, matched=None):
@@ -223,10 +224,11 @@ async def _stream(req, tm, streams, parsers, prompt_tokens, rid, created, model_
             yield frame(i, {}, logprobs=logprobs)
         if chunk.finished:
             completion_tokens += chunk.meta_info["completion_tokens"]
+            cached += chunk.meta_info["cached_tokens"]
             reason = finish_reason(chunk.meta_info["finish_reason"])
             if parsers[i].num_calls and reason == "stop":
                 reason = "tool_calls"
             yield frame(i, {}, reason, matched=matched_stop(chunk.meta_info["finish_reason"]))
     if include_usage:
         yield sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model_name,
-                   "choices": [], "usage": usage(prompt_tokens * req.n, completion_tokens)})
+                   "choices": [], "usage": usage(prompt_tokens * req.n, completion_tokens, cached)})

@@ -44,10 +44,11 @@ async def create_completion(req: CompletionRequest, raw: Request, tm: TokenizerM
         return sse_response(_stream(req, tm, choices, prompts, echo, rid, created, model_name),
                             "POST /v1/completions (stream)")
     finals = await collect(choices, raw)
-    out_choices, completion_tokens = [], 0
+    out_choices, completion_tokens, cached = [], 0, 0
     for i, chunk in enumerate(finals):
         p_index = i // req.n
         completion_tokens += chunk.meta_info["completion_tokens"]
+        cached += chunk.meta_info["cached_tokens"]
         reason = chunk.meta_info["finish_reason"]
         out_choices.append({
             "index": i, "text": echo[p_index] + chunk.text,
@@ -56,7 +57,7 @@ async def create_completion(req: CompletionRequest, raw: Request, tm: TokenizerM
             "finish_reason": finish_reason(reason), "matched_stop": matched_stop(reason)})
     prompt_tokens = sum(len(ids) for _, ids in prompts) * req.n
     return JSONResponse({"id": rid, "object": "text_completion", "created": created, "model": model_name,
-                         "choices": out_choices, "usage": usage(prompt_tokens, completion_tokens)})
+                         "choices": out_choices, "usage": usage(prompt_tokens, completion_tokens, cached)})
 
 
 async def _stream(req, tm, choices, prompts, echo, rid, created, model_name):
@@ -65,7 +66,7 @@ async def _stream(req, tm, choices, prompts, echo, rid, created, model_name):
     # text_offset of each choice's next token, continued across frames so the streamed entries equal the
     # non-streaming response's (which start after the echoed prompt)
     offsets = [len(echo[i // req.n]) for i in range(len(choices))]
-    completion_tokens = 0
+    completion_tokens = cached = 0
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
     def frame(i, text, logprobs=None, reason=None):
@@ -90,10 +91,11 @@ async def _stream(req, tm, choices, prompts, echo, rid, created, model_name):
         sent_text[i], sent_tokens[i] = len(chunk.text), len(chunk.output_ids)
         if chunk.finished:
             completion_tokens += chunk.meta_info["completion_tokens"]
+            cached += chunk.meta_info["cached_tokens"]
             yield frame(i, delta, logprobs, chunk.meta_info["finish_reason"])
         else:
             yield frame(i, delta, logprobs)
     if include_usage:
         prompt_tokens = sum(len(ids) for _, ids in prompts) * req.n
         yield sse({"id": rid, "object": "text_completion", "created": created, "model": model_name,
-                   "choices": [], "usage": usage(prompt_tokens, completion_tokens)})
+                   "choices": [], "usage": usage(prompt_tokens, completion_tokens, cached)})

@@ -129,6 +129,8 @@ class DeepseekV4AttnBackendBase(AttentionBackend):
                               hadamard=compressor.is_indexer and self.pool.index_keys_rotated,
                               compute_dtype=compute_dtype)
         self.ops.update_ring(state.buf, plan.ring_dst, fresh, plan.ring_src)  # after the pool has read the ring
+        if state.boundary is not None and plan.boundary_dst is not None and plan.boundary_dst.numel():
+            self.ops.update_ring(state.boundary, plan.boundary_dst, fresh, plan.boundary_src)
 
     # ---- indexer -------------------------------------------------------------------------------
     def forward_indexer(self, indexer, q: torch.Tensor, weights: torch.Tensor, forward_batch) -> torch.Tensor:

@@ -72,6 +72,12 @@ def decode_compress_plan(req_to_token: torch.Tensor, req_pool_indices: torch.Ten
     first_full = req_to_token[req, w * ratio].to(torch.int64)
     entry_slots = torch.where(done, entry_slots_of(first_full, w, ratio, page_size),
                               torch.full_like(first_full, DUMP_ENTRY_SLOT))
+    boundary_dst = None
+    if overlap:  # rows in the last m positions of a page: the request's boundary rows; the rest: request 0's (dump)
+        at_end = torch.remainder(positions, page_size) >= page_size - ratio
+        half = torch.remainder(torch.div(positions, page_size, rounding_mode="floor"), 2)  # page parity
+        boundary_dst = (torch.where(at_end, req, 0) * 2 + half) * ratio + torch.remainder(positions, ratio)
     return CompressPlan(ratio=ratio, overlap=overlap, ring=ring, num_new=num_rows,
                         entry_slots=entry_slots, entry_positions=w * ratio, source_rows=source,
-                        ring_dst=req * ring + torch.remainder(positions, ring), ring_src=rows)
+                        ring_dst=req * ring + torch.remainder(positions, ring), ring_src=rows,
+                        boundary_dst=boundary_dst, boundary_src=rows if overlap else None)

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from typing import Optional
+
 import torch
 
 from sglang.srt.mem_cache.deepseek_v4_pool import ring_size
@@ -33,6 +35,10 @@ class CompressPlan:
     source_rows: torch.Tensor  # [N, S] rows of cat(ring, fresh), -1 = empty
     ring_dst: torch.Tensor  # [R] ring rows written after pooling
     ring_src: torch.Tensor  # [R] fresh rows written there
+    # CSA only: fresh rows among the last m positions of a page, written to the request's boundary rows (the
+    # staging state a prefix cached at that page's end needs; mem_cache/radix_cache.py); None for HCA
+    boundary_dst: Optional[torch.Tensor] = None
+    boundary_src: Optional[torch.Tensor] = None
 
 
 @dataclass
@@ -112,7 +118,20 @@ def build_compress_plan(forward_batch, ratio: int, overlap: bool, page_size: int
     req_to_token = forward_batch.req_to_token_pool.req_to_token
     first_full = req_to_token[forward_batch.req_pool_indices[b], w * ratio].to(torch.int64)
     entry_slots = entry_slots_of(first_full, w, ratio, page_size)
+    boundary_dst = boundary_src = None
+    if overlap:  # positions of [s, n) in the last m of a page: [P - m, P) and [P + page - m, n) for P = n // page
+        last = torch.div(n, page_size, rounding_mode="floor") * page_size
+        lo = torch.stack((torch.maximum(s, last - ratio), torch.maximum(s, last + page_size - ratio)), 1).flatten()
+        hi = torch.stack((torch.minimum(n, last), n), 1).flatten()
+        lens = (hi - lo).clamp(min=0)
+        bb = torch.repeat_interleave(torch.arange(len(lens)), lens)
+        pos = lo[bb] + torch.arange(len(bb)) - (torch.cumsum(lens, 0) - lens)[bb]
+        req = torch.div(bb, 2, rounding_mode="floor")
+        half = torch.div(pos, page_size, rounding_mode="floor") % 2  # page parity (mem_cache CompressorState)
+        boundary_dst = ((r[req] * 2 + half) * ratio + pos % ratio).to(device, non_blocking=True)
+        boundary_src = (row0[req] + pos - s[req]).to(device, non_blocking=True)
     return CompressPlan(ratio=ratio, overlap=overlap, ring=ring, num_new=int(source_rows.shape[0]),
                         entry_slots=entry_slots, entry_positions=w * ratio, source_rows=source_rows,
                         ring_dst=(r[kb] * ring + keep % ring).to(device, non_blocking=True),
-                        ring_src=(row0[kb] + keep - s[kb]).to(device, non_blocking=True))
+                        ring_src=(row0[kb] + keep - s[kb]).to(device, non_blocking=True),
+                        boundary_dst=boundary_dst, boundary_src=boundary_src)

@@ -1,0 +1,234 @@
+"""RadixCache: prefix reuse over DeepSeek-V4's pools, keyed by whole pages of tokens.
+
+A node's key is a run of tokens, a multiple of `page_size`, and it owns the pages holding them: each page carries the
+compressed KV of every compressed layer and the indexer keys for its tokens (DeepSeekV4TokenAllocator), so the pages
+are the whole history of a prefix. Node ends are page-aligned, and a page is a multiple of every compression ratio,
+so at a node's end no compressor window is open: HCA (128:1) has no pending state to keep, CSA (4:1, overlapping)
+only the previous window's staging rows. What a continuation needs beyond the pages is kept per usable end, apart
+from the pages and freed first under pressure:
+- `tail`: the window slots of the `window` tokens before the end (their window KV, mapped by full_to_swa);
+- `state_slot`: the saved CSA staging rows at the end (every CSA compressor's previous-window rows).
+A match ends at the deepest node end on the prefix's path that still has both; deeper cached pages are recomputed.
+Nodes are locked (with their ancestors) by the requests using them and evicted least recently used first, leaves
+first. All of it is host-side bookkeeping; freeing goes through the callbacks (the allocator owns the pools).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+
+@dataclass(eq=False)
+class TreeNode:
+    parent: Optional["TreeNode"]
+    key: list  # tokens, a multiple of page_size
+    pages: list  # one page per page_size tokens of key
+    children: dict = field(default_factory=dict)  # first page's tokens (tuple) -> child
+    tail_full: Optional[list] = None  # full slots of the `window` tokens before this node's end ...
+    tail_swa: Optional[list] = None  # ... and their window slots
+    state_slot: Optional[int] = None
+    lock_ref: int = 0  # requests using this node's pages (or a descendant's)
+    tail_readers: int = 0  # requests whose window still reaches into this node's tail
+    last_access: int = 0
+
+    @property
+    def usable(self) -> bool:
+        return self.tail_swa is not None and self.state_slot is not None
+
+
+@dataclass
+class PrefixMatch:
+    num_tokens: int  # tokens reusable (a multiple of page_size; 0: no reuse)
+    pages: list  # the pages of those tokens
+    node: Optional[TreeNode]  # the usable end (lock it while in use); None when nothing matched
+
+
+@dataclass
+class CacheCallbacks:
+    free_pages: Callable[[list], None]
+    free_tail: Callable[[list, list], None]  # (full slots, window slots)
+    free_state: Callable[[int], None]
+
+
+class RadixCache:
+    def __init__(self, page_size: int, window: int, callbacks: CacheCallbacks) -> None:
+        if page_size % window and window % page_size:
+            raise ValueError(f"page size {page_size} and window {window} must divide one another")
+        self.page_size, self.window, self.cb = page_size, window, callbacks
+        self.root = TreeNode(None, [], [])
+        self._clock = itertools.count(1)
+        self.num_pages = 0  # pages held by the tree
+        self.num_tail_slots = 0
+        self.hit_tokens = self.queried_tokens = 0
+
+    # ---- lookup --------------------------------------------------------------------------------
+    def match_prefix(self, tokens: list, limit: Optional[int] = None) -> PrefixMatch:
+        """The longest reusable prefix of tokens[:limit] (limit default: all): page-aligned, ending at a usable
+        node end. Counts toward the hit rate."""
+        limit = len(tokens) if limit is None else min(limit, len(tokens))
+        limit -= limit % self.page_size
+        node, pos, pages = self.root, 0, []
+        best = PrefixMatch(0, [], None)
+        now = next(self._clock)
+        while pos < limit:
+            child = node.children.get(tuple(tokens[pos:pos + self.page_size]))
+            if child is None:
+                break
+            n = self._common_pages(child.key, tokens, pos, limit)
+            pages += child.pages[:n]
+            pos += n * self.page_size
+            child.last_access = now
+            if n < len(child.pages):
+                break
+            node = child
+            if node.usable:
+                best = PrefixMatch(pos, list(pages), node)
+        self.queried_tokens += len(tokens)
+        self.hit_tokens += best.num_tokens
+        return best
+
+    def cached_pages(self, tokens: list) -> list:
+        """The tree's pages along tokens' path (whole pages, usable end or not); no hit counted, nothing touched."""
+        node, pos, pages = self.root, 0, []
+        while pos < len(tokens):
+            child = node.children.get(tuple(tokens[pos:pos + self.page_size]))
+            if child is None:
+                break
+            n = self._common_pages(child.key, tokens, pos, len(tokens))
+            pages += child.pages[:n]
+            pos += n * self.page_size
+            if n < len(child.pages):
+                break
+            node = child
+        return pages
+
+    def _common_pages(self, key: list, tokens: list, pos: int, limit: int) -> int:
+        ps, n = self.page_size, 0
+        while n * ps < len(key) and pos + (n + 1) * ps <= limit and \
+                key[n * ps:(n + 1) * ps] == tokens[pos + n * ps:pos + (n + 1) * ps]:
+            n += 1
+        return n
+
+    # ---- insertion -----------------------------------------------------------------------------
+    def insert(self, tokens: list, pages: list, tail_full: list, tail_swa: list, state_slot: int) -> tuple:
+        """Cache tokens (page-aligned, one page per page_size tokens) with the tail and state at their end. The
+        tree takes what it did not have; returns (the node ending there, then the pages, (tail full, tail window) and
+        state slot or None it already had or did not take: the caller's still; pages the caller got from this tree are
+        the same ids, not returned)."""
+        ps = self.page_size
+        assert len(tokens) == len(pages) * ps and len(tail_swa) == len(tail_full) == min(self.window, len(tokens))
+        node, pos, dup_pages = self.root, 0, []
+        now = next(self._clock)
+        while pos < len(tokens):
+            first = tuple(tokens[pos:pos + ps])
+            child = node.children.get(first)
+            if child is None:
+                child = TreeNode(node, list(tokens[pos:]), list(pages[pos // ps:]), last_access=now)
+                node.children[first] = child
+                self.num_pages += len(child.pages)
+                node, pos = child, len(tokens)
+                break
+            n = self._common_pages(child.key, tokens, pos, len(tokens))
+            if n < len(child.pages):
+                child = self._split(child, n)
+            dup_pages += [p for p, q in zip(pages[pos // ps:pos // ps + n], child.pages) if p != q]
+            child.last_access = now
+            node, pos = child, pos + n * ps
+        if node.usable or node is self.root:
+            return node, dup_pages, (tail_full, tail_swa), state_slot
+        if node.tail_swa is not None:  # keep the tree's tail; the state slot is new
+            dup_tail = (tail_full, tail_swa)
+        else:
+            node.tail_full, node.tail_swa, dup_tail = list(tail_full), list(tail_swa), ([], [])
+            self.num_tail_slots += len(tail_swa)
+        if node.state_slot is None:
+            node.state_slot, state_slot = state_slot, None
+        return node, dup_pages, dup_tail, state_slot
+
+    def _split(self, child: TreeNode, n: int) -> TreeNode:
+        """Cut `child` after its first n pages; returns the upper part (no tail or state: not a usable end)."""
+        ps = self.page_size
+        upper = TreeNode(child.parent, child.key[:n * ps], child.pages[:n], lock_ref=child.lock_ref,
+                         last_access=child.last_access)
+        child.parent.children[tuple(child.key[:ps])] = upper
+        child.key, child.pages, child.parent = child.key[n * ps:], child.pages[n:], upper
+        upper.children[tuple(child.key[:ps])] = child
+        return upper
+
+    # ---- locking -------------------------------------------------------------------------------
+    def lock(self, node: Optional[TreeNode]) -> None:
+        while node is not None and node is not self.root:
+            node.lock_ref += 1
+            node = node.parent
+
+    def unlock(self, node: Optional[TreeNode]) -> None:
+        while node is not None and node is not self.root:
+            assert node.lock_ref > 0, "radix cache: unlock without lock"
+            node.lock_ref -= 1
+            node = node.parent
+
+    # ---- eviction ------------------------------------------------------------------------------
+    def nodes(self) -> list:
+        out, stack = [], [self.root]
+        while stack:
+            node = stack.pop()
+            out.append(node)
+            stack.extend(node.children.values())
+        return out[1:]
+
+    def evictable_pages(self) -> int:
+        """Pages that evicting every unlocked subtree would free."""
+        return sum(len(n.pages) for n in self.nodes() if n.lock_ref == 0)
+
+    def evictable_tail_slots(self) -> int:
+        return sum(len(n.tail_swa) for n in self.nodes() if n.tail_readers == 0 and n.tail_swa is not None)
+
+    def evict_pages(self, num_pages: int) -> int:
+        """Free at least num_pages pages (unlocked leaves, least recently used first) or all that can be; returns
+        how many were freed."""
+        freed = 0
+        while freed < num_pages:
+            leaves = [n for n in self.nodes() if not n.children and n.lock_ref == 0]
+            if not leaves:
+                break
+            leaf = min(leaves, key=lambda n: n.last_access)
+            freed += len(leaf.pages)
+            self._drop_end(leaf)
+            self.cb.free_pages(leaf.pages)
+            self.num_pages -= len(leaf.pages)
+            del leaf.parent.children[tuple(leaf.key[:self.page_size])]
+        return freed
+
+    def evict_tails(self, num_slots: int) -> int:
+        """Free at least num_slots window slots from node ends no request reads, least recently used first (their
+        pages stay; a request past a tail locks the node for its pages only); returns how many were freed."""
+        freed = 0
+        ends = sorted((n for n in self.nodes() if n.tail_readers == 0 and n.tail_swa is not None),
+                      key=lambda n: n.last_access)
+        for node in ends:
+            if freed >= num_slots:
+                break
+            freed += len(node.tail_swa)
+            self._drop_end(node)
+        return freed
+
+    def _drop_end(self, node: TreeNode) -> None:
+        if node.tail_swa is not None:
+            self.cb.free_tail(node.tail_full, node.tail_swa)
+            self.num_tail_slots -= len(node.tail_swa)
+            node.tail_full = node.tail_swa = None
+        if node.state_slot is not None:
+            self.cb.free_state(node.state_slot)
+            node.state_slot = None
+
+    def reset(self) -> None:
+        """Free everything (no request may hold a lock)."""
+        if any(n.lock_ref or n.tail_readers for n in self.nodes()):
+            raise RuntimeError("radix cache: cannot flush while requests use cached prefixes")
+        self.evict_pages(self.num_pages + 1)
+        assert self.num_pages == 0 and self.num_tail_slots == 0 and not self.root.children
+
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0

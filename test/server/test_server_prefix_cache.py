@@ -1,0 +1,61 @@
+"""The prefix cache through the server: a repeated chat reports usage.prompt_tokens_details.cached_tokens (and
+/generate meta_info.cached_tokens), Prometheus shows sglang:cache_hit_rate, /flush_cache is refused (400) while a
+request runs and empties the cache when idle; --disable-radix-cache reports no cached tokens."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+
+import httpx
+
+from server_process import launch
+
+ARGS = ["--model-path", "tiny-deepseek-v4", "--device", "cpu", "--max-total-tokens", "4096", "--enable-metrics",
+        "--page-size", "128"]
+CHAT = {"model": "tiny-deepseek-v4", "max_tokens": 4, "temperature": 0,
+        "messages": [{"role": "system", "content": "You are a careful assistant. " * 60},
+                     {"role": "user", "content": "Say hello."}]}
+
+
+def test_cached_tokens_metrics_and_flush(tmp_path):
+    server = launch(ARGS, str(tmp_path), timeout=180)
+    try:
+        url = server.base_url
+        first = httpx.post(f"{url}/v1/chat/completions", json=CHAT, timeout=60).json()
+        second = httpx.post(f"{url}/v1/chat/completions", json=CHAT, timeout=60).json()
+        assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert 0 < cached < second["usage"]["prompt_tokens"]
+        assert second["choices"][0]["message"] == first["choices"][0]["message"]
+        metrics = httpx.get(f"{url}/metrics", timeout=10).text
+        rate = float(re.search(r'sglang:cache_hit_rate\{[^}]*\} ([0-9.e+-]+)', metrics).group(1))
+        assert rate > 0
+
+        long_req = threading.Thread(target=lambda: httpx.post(f"{url}/generate", timeout=120, json={
+            "text": "hello", "sampling_params": {"max_new_tokens": 400, "ignore_eos": True}}))
+        long_req.start()
+        time.sleep(1.0)
+        busy = httpx.post(f"{url}/flush_cache", timeout=10)
+        long_req.join()
+        assert busy.status_code == 400 and "running" in busy.text
+        server.wait_pools_free()
+        ok = httpx.post(f"{url}/flush_cache", timeout=10)
+        assert ok.status_code == 200 and ok.text == "Cache flushed\n"
+        again = httpx.post(f"{url}/generate", timeout=60,
+                           json={"input_ids": [5] * 40, "sampling_params": {"max_new_tokens": 2}}).json()
+        assert again["meta_info"]["cached_tokens"] == 0
+    finally:
+        server.stop()
+
+
+def test_disabled_cache_reports_nothing(tmp_path):
+    server = launch([*ARGS, "--disable-radix-cache"], str(tmp_path), timeout=180)
+    try:
+        for _ in range(2):
+            out = httpx.post(f"{server.base_url}/v1/chat/completions", json=CHAT, timeout=60).json()
+            assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        assert "disabled" in httpx.post(f"{server.base_url}/flush_cache", timeout=10).text
+    finally:
+        server.stop()
