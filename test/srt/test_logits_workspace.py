@@ -15,7 +15,8 @@ from sglang.srt.environ import envs
 
 @functools.lru_cache(maxsize=None)
 def eng():
-    return engine("tiny", chunked_prefill_size=-1)
+    # the same prompt runs several times and every run's indexer choices are compared: no prefix reuse
+    return engine("tiny", chunked_prefill_size=-1, disable_radix_cache=True)
 
 
 def run_recording(e, ids, budget_bytes=None, pooled=True) -> tuple:

@@ -144,7 +144,7 @@ async def create_chat_completion(req: ChatCompletionRequest, raw: Request, tm: T
     choices, completion_tokens, cached = [], 0, 0
     for i, (chunk, p) in enumerate(zip(finals, parsers)):
         completion_tokens += chunk.meta_info["completion_tokens"]
-        cached += chunk.meta_info["cached_tokens"]
+        cached += chunk.meta_info.get("cached_tokens", 0)
         reasoning, content = (p.reasoning.parse_non_stream(chunk.text) if p.reasoning else (None, chunk.text))
         message = {"role": "assistant", "content": content, "reasoning_content": reasoning, "tool_calls": None}
         reason = finish_reason(chunk.meta_info["finish_reason"])
@@ -224,7 +224,7 @@ async def _stream(req, tm, streams, parsers, prompt_tokens, rid, created, model_
             yield frame(i, {}, logprobs=logprobs)
         if chunk.finished:
             completion_tokens += chunk.meta_info["completion_tokens"]
-            cached += chunk.meta_info["cached_tokens"]
+            cached += chunk.meta_info.get("cached_tokens", 0)
             reason = finish_reason(chunk.meta_info["finish_reason"])
             if parsers[i].num_calls and reason == "stop":
                 reason = "tool_calls"

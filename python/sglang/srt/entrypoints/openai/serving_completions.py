@@ -48,7 +48,7 @@ async def create_completion(req: CompletionRequest, raw: Request, tm: TokenizerM
     for i, chunk in enumerate(finals):
         p_index = i // req.n
         completion_tokens += chunk.meta_info["completion_tokens"]
-        cached += chunk.meta_info["cached_tokens"]
+        cached += chunk.meta_info.get("cached_tokens", 0)
         reason = chunk.meta_info["finish_reason"]
         out_choices.append({
             "index": i, "text": echo[p_index] + chunk.text,
@@ -91,7 +91,7 @@ async def _stream(req, tm, choices, prompts, echo, rid, created, model_name):
         sent_text[i], sent_tokens[i] = len(chunk.text), len(chunk.output_ids)
         if chunk.finished:
             completion_tokens += chunk.meta_info["completion_tokens"]
-            cached += chunk.meta_info["cached_tokens"]
+            cached += chunk.meta_info.get("cached_tokens", 0)
             yield frame(i, delta, logprobs, chunk.meta_info["finish_reason"])
         else:
             yield frame(i, delta, logprobs)
