@@ -2,7 +2,7 @@
 hit rate, through the offline engine (CPU or GPU).
 
     python benchmark/bench_prefix_cache.py [--model-path tiny-deepseek-v4] [--device cpu] [--sessions 4]
-        [--turns 4] [--system-tokens 600] [--turn-tokens 200] [--out result.json]
+        [--turns 4] [--system-tokens 300] [--turn-tokens 150] [--page-size N] [--out result.json]
 
 Each session starts with a shared system prompt plus its own first message; every turn resends the whole conversation
 plus --turn-tokens new tokens and generates one token (what TTFT measures). Sessions are interleaved turn by turn, as
@@ -23,7 +23,8 @@ def run(args, cache: bool) -> dict:
     import sglang
 
     eng = sglang.Engine(model_path=args.model_path, device=args.device, log_level="warning",
-                        disable_radix_cache=not cache, max_total_tokens=args.max_total_tokens)
+                        disable_radix_cache=not cache, max_total_tokens=args.max_total_tokens,
+                        page_size=args.page_size)
     g = torch.Generator().manual_seed(0)
     vocab = eng.model_runner.model_config.vocab_size
 
@@ -56,9 +57,10 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--sessions", type=int, default=4)
     ap.add_argument("--turns", type=int, default=4)
-    ap.add_argument("--system-tokens", type=int, default=600)
-    ap.add_argument("--turn-tokens", type=int, default=200)
+    ap.add_argument("--system-tokens", type=int, default=300)
+    ap.add_argument("--turn-tokens", type=int, default=150)
     ap.add_argument("--max-total-tokens", type=int, default=32768)
+    ap.add_argument("--page-size", type=int, help="default: the engine's (256 for DeepSeek-V4)")
     ap.add_argument("--out")
     args = ap.parse_args()
     rows = [run(args, cache) for cache in (True, False)]
