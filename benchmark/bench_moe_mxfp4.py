@@ -25,6 +25,16 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() / (triton.testing.do_bench(lambda: dst.copy_(src), warmup=20, rep=200) * 1e-3)
 
 
+def random_mxfp4_experts(e: int, d: int, i: int, g: torch.Generator) -> tuple:
+    """Random packed MXFP4 experts on the GPU: (w13, w13_scale, w2, w2_scale), exponent bytes 120..125."""
+    def packed(n, kk):
+        codes = torch.randint(0, 256, (e, n, kk // 2), device="cuda", generator=g, dtype=torch.int32).to(torch.uint8)
+        return codes, torch.randint(120, 126, (e, n, kk // 32), device="cuda", generator=g,
+                                    dtype=torch.int32).to(torch.uint8)
+
+    return (*packed(2 * i, d), *packed(d, i))
+
+
 def main() -> None:
     from sgl_kernel.dsv4_moe_mxfp4 import dsv4_moe_mxfp4
     from sgl_kernel.dsv4_moe_mxfp4_ref import dequant_mxfp4_ref
@@ -40,14 +50,7 @@ def main() -> None:
     args = ap.parse_args()
     e, d, i, k = args.experts, args.hidden, args.intermediate, args.top_k
     g = torch.Generator(device="cuda").manual_seed(0)
-
-    def packed(n, kk):
-        codes = torch.randint(0, 256, (e, n, kk // 2), device="cuda", generator=g, dtype=torch.int32).to(torch.uint8)
-        return codes, torch.randint(120, 126, (e, n, kk // 32), device="cuda", generator=g,
-                                    dtype=torch.int32).to(torch.uint8)
-
-    w13, s13 = packed(2 * i, d)
-    w2, s2 = packed(d, i)
+    w13, s13, w2, s2 = random_mxfp4_experts(e, d, i, g)
     expert_bytes = (w13[0].numel() + s13[0].numel() + w2[0].numel() + s2[0].numel())
     bf16 = RoutedExperts(e, d, i, 10.0).cuda().bfloat16()
     with torch.no_grad():

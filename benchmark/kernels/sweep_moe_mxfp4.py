@@ -23,6 +23,8 @@ import torch
 import triton
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench_moe_mxfp4 import random_mxfp4_experts  # noqa: E402
 from common import copy_bandwidth_gbps  # noqa: E402
 
 
@@ -40,10 +42,7 @@ def main() -> None:
     args = ap.parse_args()
     e, d, i, k = args.experts, args.hidden, args.intermediate, args.top_k
     g = torch.Generator(device="cuda").manual_seed(0)
-    w13 = torch.randint(0, 256, (e, 2 * i, d // 2), device="cuda", generator=g, dtype=torch.int32).to(torch.uint8)
-    s13 = torch.randint(120, 126, (e, 2 * i, d // 32), device="cuda", generator=g, dtype=torch.int32).to(torch.uint8)
-    w2 = torch.randint(0, 256, (e, d, i // 2), device="cuda", generator=g, dtype=torch.int32).to(torch.uint8)
-    s2 = torch.randint(120, 126, (e, d, i // 32), device="cuda", generator=g, dtype=torch.int32).to(torch.uint8)
+    w13, s13, w2, s2 = random_mxfp4_experts(e, d, i, g)
     bw = copy_bandwidth_gbps() * 1e9
     print(f"copy bandwidth {bw / 1e9:.0f} GB/s", flush=True)
     t0 = time.time()
@@ -64,7 +63,7 @@ def main() -> None:
         touched = ids.unique().numel()
         gate_up_floor = touched * (w13[0].numel() + s13[0].numel()) / bw * 1e3
         down_floor = touched * (w2[0].numel() + s2[0].numel()) / bw * 1e3
-        default = moe_config(t * k, e, fp8=False)
+        default = moe_config(t * k, e)
         prefill = t * k / e > 16
         aligned = {}
         for block_m, launch in candidates(prefill):

@@ -38,7 +38,12 @@ def _insert(cache, pools, tokens, first_page, first_slot, state, pages=None):
     pools._free(pools.swa, dup_swa)
     if dup_state is not None:
         pools._free(pools.states, [dup_state])
+    _check_counters(cache)
     return pages
+
+
+def _check_counters(cache) -> None:
+    assert cache.recount() == (cache.evictable_pages(), cache.evictable_tail_slots())
 
 
 def test_match_insert_split_and_duplicates():
@@ -74,15 +79,21 @@ def test_locks_eviction_and_flush():
     _insert(cache, pools, b, first_page=3, first_slot=5, state=2)
     m = cache.match_prefix(a)
     cache.lock(m.node)
+    cache.add_tail_reader(m.node)
+    _check_counters(cache)
+    assert cache.evictable_tail_slots() == W  # b's tail only: a's is read
+    cache.remove_tail_reader(m.node)
     assert cache.evictable_pages() == 2
     assert cache.evict_pages(10) == 2  # only b's leaf
     assert pools.pages == {1, 2} and pools.states == {1} and cache.match_prefix(b).num_tokens == 0
     with pytest.raises(RuntimeError, match="while requests use"):
         cache.reset()
     cache.unlock(m.node)
+    _check_counters(cache)
     assert cache.evict_tails(1) == W  # pages stay, the end is no longer usable
     assert cache.num_pages == 2 and cache.match_prefix(a).num_tokens == 0 and not pools.swa and not pools.states
     cache.reset()
+    _check_counters(cache)
     assert not pools.pages and cache.num_pages == 0
 
 

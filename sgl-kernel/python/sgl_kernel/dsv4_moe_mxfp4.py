@@ -191,7 +191,7 @@ class MoeConfig:
     down: MoeLaunch
 
 
-def moe_config(num_pairs: int, num_experts: int, fp8: bool) -> MoeConfig:
+def moe_config(num_pairs: int, num_experts: int) -> MoeConfig:
     """Launch settings by pairs per expert (static for a batch size: graph capture sees one). From the H200 sweep
     (benchmark/kernels/sweep_moe_mxfp4.py, Flash widths, 496 launches): decode (<= 16 pairs per expert) 16-row
     blocks, long K tiles (gate-up 32 x 256, down 64 x 256); prefill 128-row blocks with 128-wide N tiles. Scales
@@ -243,7 +243,7 @@ def _fused_moe(x, topk_ids, topk_weights, w13, s13, w2, s2, limit: float, inter:
     num_experts, top_k = w13.shape[0], topk_ids.shape[1]
     if num_tokens == 0:
         return torch.zeros_like(x)
-    cfg = config or moe_config(num_tokens * top_k, num_experts, fp8)
+    cfg = config or moe_config(num_tokens * top_k, num_experts)
     rows, block_expert = dsv4_moe_align(topk_ids, num_experts, cfg.block_m)
     h = moe_gate_up(x, rows, block_expert, w13, s13, inter, top_k, limit, cfg.block_m, cfg.gate_up, fp8)
     pairs = moe_down(h, rows, block_expert, w2, s2, topk_weights, hidden, cfg.block_m, cfg.down, fp8)

@@ -120,16 +120,23 @@ def local_expert_range(num_experts: int, pc: ParallelConfig, coords: RankCoords)
     return range(coords.ep * per_rank, (coords.ep + 1) * per_rank)
 
 
+def local_name(name: str, pc: ParallelConfig, coords: RankCoords, num_experts: int):
+    """The name this rank loads checkpoint tensor `name` under (experts renumbered), or None when it is an expert
+    another rank holds (the loader then does not read it)."""
+    m = _EXPERT_TENSOR.match(name)
+    if not m:
+        return name
+    experts = local_expert_range(num_experts, pc, coords)
+    e = int(m["e"])
+    return f"{m['prefix']}.{e - experts.start}.{m['rest']}" if e in experts else None
+
+
 def rank_tensor(name: str, tensor, pc: ParallelConfig, coords: RankCoords, num_experts: int):
     """(the name this rank loads it under, its part) for one checkpoint tensor, or None when the tensor is an
     expert another rank holds. Raises ValueError for a split that does not divide (FP8 block scales included)."""
-    m = _EXPERT_TENSOR.match(name)
-    if m:
-        experts = local_expert_range(num_experts, pc, coords)
-        e = int(m["e"])
-        if e not in experts:
-            return None
-        name = f"{m['prefix']}.{e - experts.start}.{m['rest']}"
+    name = local_name(name, pc, coords, num_experts)
+    if name is None:
+        return None
     for pattern, dims in _TENSOR_RULES:
         if pattern.search(name) and len(dims) == tensor.dim():
             for dim, kind in enumerate(dims):

@@ -388,23 +388,24 @@ class Scheduler:
     def _cache_prompt(self, req: Req) -> None:
         """Its prompt prefilled, a request gives the prefix cache the prompt up to its last page boundary (so
         requests sharing it can start there while it runs) and locks that node instead of the one it matched."""
-        alloc, pool = req.alloc, self.runner.token_to_kv_pool
-        node = self.allocator.cache_running(alloc, req.fill_ids,
-                                            lambda slot, end: pool.save_state(alloc.req_pool_idx, slot, end))
+        node = self.allocator.cache_running(req.alloc, req.fill_ids, self._state_saver(req.alloc))
         if node is not None:
             self.allocator.cache.lock(node)
             if req.cache_node is not None:
                 self.allocator.cache.unlock(req.cache_node)
             req.cache_node = node
 
+    def _state_saver(self, alloc):
+        """save_state(slot, end) for the allocator: the request's CSA staging rows at `end` into state slot `slot`."""
+        pool = self.runner.token_to_kv_pool
+        return lambda slot, end: pool.save_state(alloc.req_pool_idx, slot, end)
+
     def _release(self, req: Req, cache: bool) -> None:
         """Give back a request's slots (to the prefix cache first when `cache`) and its lock on a cached prefix."""
-        alloc, pool = req.alloc, self.runner.token_to_kv_pool
         if cache and self.allocator.cache is not None:
-            self.allocator.cache_req(alloc, req.fill_ids,
-                                     lambda slot, end: pool.save_state(alloc.req_pool_idx, slot, end))
+            self.allocator.cache_req(req.alloc, req.fill_ids, self._state_saver(req.alloc))
         else:
-            self.allocator.free_req(alloc)
+            self.allocator.free_req(req.alloc)
         if req.cache_node is not None:
             self.allocator.cache.unlock(req.cache_node)
             req.cache_node = None

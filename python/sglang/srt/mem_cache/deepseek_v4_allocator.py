@@ -225,12 +225,13 @@ class DeepSeekV4TokenAllocator:
         """Free the window slots of positions < keep_from (they can no longer be in any query's window)."""
         self.release_windows([alloc], [keep_from])
 
-    def release_windows(self, allocs: list, keep_froms: list) -> None:
+    def release_windows(self, allocs: list, keep_froms: list, keep_boundary_tails: bool = True) -> None:
         """`release_window` for each request of a step: one host -> device copy and one fill for all of them."""
         full, freed = [], []
         # With the prefix cache, keep the tail of each request's last page boundary (a cached prefix may end there),
         # while the window pool is at most 3/4 used: running requests come first.
-        keep_tails = self.cache is not None and self.swa_slots.available() * 4 >= self.swa_slots.size
+        keep_tails = (keep_boundary_tails and self.cache is not None
+                      and self.swa_slots.available() * 4 >= self.swa_slots.size)
         for alloc, keep_from in zip(allocs, keep_froms):
             if alloc.tail_node is not None and keep_from >= alloc.tail_end:  # past the cached tail: evictable now
                 self._unread_tail(alloc)
@@ -278,11 +279,7 @@ class DeepSeekV4TokenAllocator:
 
     def _drop_window(self, alloc: ReqAllocation, keep_from: int) -> None:
         """release_window without the prefix cache's tail rule."""
-        cache, self.cache = self.cache, None
-        try:
-            self.release_window(alloc, keep_from)
-        finally:
-            self.cache = cache
+        self.release_windows([alloc], [keep_from], keep_boundary_tails=False)
 
     # ---- prefix cache ---------------------------------------------------------------------------
     def attach_prefix(self, alloc: ReqAllocation, pages: list, num_tokens: int, node: TreeNode) -> None:
@@ -333,12 +330,12 @@ class DeepSeekV4TokenAllocator:
     def _read_tail(self, alloc: ReqAllocation, node: TreeNode, end: int) -> None:
         """The request's window reads `node`'s tail (ending at `end`) until it slides past it."""
         self._unread_tail(alloc)
-        node.tail_readers += 1
+        self.cache.add_tail_reader(node)
         alloc.tail_node, alloc.tail_end = node, end
 
     def _unread_tail(self, alloc: ReqAllocation) -> None:
         if alloc.tail_node is not None:
-            alloc.tail_node.tail_readers -= 1
+            self.cache.remove_tail_reader(alloc.tail_node)
             alloc.tail_node = None
 
     def cache_req(self, alloc: ReqAllocation, tokens: list, save_state) -> None:
@@ -405,6 +402,10 @@ class DeepSeekV4TokenAllocator:
                             f"{cached_slots} of them by the prefix cache")
         if self.cache is not None and cached_states != sum(n.state_slot is not None for n in self.cache.nodes()):
             problems.append(f"{cached_states} prefix-state slots held")
+        if self.cache is not None and self.cache.recount() != (self.cache.evictable_pages(),
+                                                              self.cache.evictable_tail_slots()):
+            problems.append(f"prefix cache counters {self.cache.evictable_pages(), self.cache.evictable_tail_slots()} "
+                            f"!= recount {self.cache.recount()}")
         if not self.req_to_token_pool.is_full():
             problems.append(f"{self.req_to_token_pool.size - self.req_to_token_pool.available_size()} "
                             f"request slots held")

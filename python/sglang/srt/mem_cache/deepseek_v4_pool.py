@@ -70,14 +70,17 @@ class CompressorState:
         m = self.ratio
         self.saved[slot * m:(slot + 1) * m] = self.boundary[self._boundary_rows(req_pool_idx, end)]
 
-    def restore(self, slot: int, req_pool_idx: int, end: int) -> None:
+    def ring_rows(self, req_pool_idx: int, end: int) -> torch.Tensor:
+        """Ring rows of request req_pool_idx's positions [end - m, end) (host)."""
+        return req_pool_idx * self.ring + torch.remainder(torch.arange(end - self.ratio, end), self.ring)
+
+    def restore(self, slot: int, req_pool_idx: int, end: int, ring_rows: torch.Tensor) -> None:
         """Give request req_pool_idx the state saved in `slot` for a prefix of `end` tokens (a page boundary): its
-        ring rows of positions [end - m, end) and its boundary rows."""
+        ring rows of positions [end - m, end) (`ring_rows`, on the device) and its boundary rows."""
         m = self.ratio
         rows = self.saved[slot * m:(slot + 1) * m]
         self.boundary[self._boundary_rows(req_pool_idx, end)] = rows
-        ring_rows = req_pool_idx * self.ring + torch.remainder(torch.arange(end - m, end), self.ring)
-        self.buf[ring_rows.to(self.buf.device)] = rows
+        self.buf[ring_rows] = rows
 
     @property
     def nbytes(self) -> int:
@@ -136,5 +139,8 @@ class DeepSeekV4TokenToKVPool:
             state.save(req_pool_idx, slot, end)
 
     def restore_state(self, slot: int, req_pool_idx: int, end: int) -> None:
+        rows: dict = {}  # one host -> device copy per ring size (every CSA compressor has the same)
         for state in self.csa_states():
-            state.restore(slot, req_pool_idx, end)
+            if state.ring not in rows:
+                rows[state.ring] = state.ring_rows(req_pool_idx, end).to(self.device)
+            state.restore(slot, req_pool_idx, end, rows[state.ring])

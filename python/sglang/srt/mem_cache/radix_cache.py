@@ -15,6 +15,7 @@ first. All of it is host-side bookkeeping; freeing goes through the callbacks (t
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -61,6 +62,9 @@ class RadixCache:
         self._clock = itertools.count(1)
         self.num_pages = 0  # pages held by the tree
         self.num_tail_slots = 0
+        # Kept as the tree changes (the scheduler asks every step): pages of unlocked nodes, tail slots of unread ends
+        self.num_evictable_pages = 0
+        self.num_evictable_tail_slots = 0
         self.hit_tokens = self.queried_tokens = 0
 
     # ---- lookup --------------------------------------------------------------------------------
@@ -128,6 +132,7 @@ class RadixCache:
                 child = TreeNode(node, list(tokens[pos:]), list(pages[pos // ps:]), last_access=now)
                 node.children[first] = child
                 self.num_pages += len(child.pages)
+                self.num_evictable_pages += len(child.pages)
                 node, pos = child, len(tokens)
                 break
             n = self._common_pages(child.key, tokens, pos, len(tokens))
@@ -143,6 +148,8 @@ class RadixCache:
         else:
             node.tail_full, node.tail_swa, dup_tail = list(tail_full), list(tail_swa), ([], [])
             self.num_tail_slots += len(tail_swa)
+            if node.tail_readers == 0:
+                self.num_evictable_tail_slots += len(tail_swa)
         if node.state_slot is None:
             node.state_slot, state_slot = state_slot, None
         return node, dup_pages, dup_tail, state_slot
@@ -160,6 +167,8 @@ class RadixCache:
     # ---- locking -------------------------------------------------------------------------------
     def lock(self, node: Optional[TreeNode]) -> None:
         while node is not None and node is not self.root:
+            if node.lock_ref == 0:
+                self.num_evictable_pages -= len(node.pages)
             node.lock_ref += 1
             node = node.parent
 
@@ -167,7 +176,21 @@ class RadixCache:
         while node is not None and node is not self.root:
             assert node.lock_ref > 0, "radix cache: unlock without lock"
             node.lock_ref -= 1
+            if node.lock_ref == 0:
+                self.num_evictable_pages += len(node.pages)
             node = node.parent
+
+    def add_tail_reader(self, node: TreeNode) -> None:
+        """A request's window reads node's tail (node locked by it): the tail is not evictable meanwhile."""
+        if node.tail_readers == 0 and node.tail_swa is not None:
+            self.num_evictable_tail_slots -= len(node.tail_swa)
+        node.tail_readers += 1
+
+    def remove_tail_reader(self, node: TreeNode) -> None:
+        assert node.tail_readers > 0, "radix cache: tail reader removed twice"
+        node.tail_readers -= 1
+        if node.tail_readers == 0 and node.tail_swa is not None:
+            self.num_evictable_tail_slots += len(node.tail_swa)
 
     # ---- eviction ------------------------------------------------------------------------------
     def nodes(self) -> list:
@@ -180,25 +203,34 @@ class RadixCache:
 
     def evictable_pages(self) -> int:
         """Pages that evicting every unlocked subtree would free."""
-        return sum(len(n.pages) for n in self.nodes() if n.lock_ref == 0)
+        return self.num_evictable_pages
 
     def evictable_tail_slots(self) -> int:
-        return sum(len(n.tail_swa) for n in self.nodes() if n.tail_readers == 0 and n.tail_swa is not None)
+        return self.num_evictable_tail_slots
+
+    def recount(self) -> tuple:
+        """(evictable pages, evictable tail slots) counted from the nodes: what the running counters must equal."""
+        nodes = self.nodes()
+        return (sum(len(n.pages) for n in nodes if n.lock_ref == 0),
+                sum(len(n.tail_swa) for n in nodes if n.tail_readers == 0 and n.tail_swa is not None))
 
     def evict_pages(self, num_pages: int) -> int:
-        """Free at least num_pages pages (unlocked leaves, least recently used first) or all that can be; returns
-        how many were freed."""
+        """Free at least num_pages pages (unlocked leaves, least recently used first; a parent left childless joins
+        them) or all that can be; returns how many were freed."""
+        heap = [(n.last_access, id(n), n) for n in self.nodes() if not n.children and n.lock_ref == 0]
+        heapq.heapify(heap)
         freed = 0
-        while freed < num_pages:
-            leaves = [n for n in self.nodes() if not n.children and n.lock_ref == 0]
-            if not leaves:
-                break
-            leaf = min(leaves, key=lambda n: n.last_access)
+        while freed < num_pages and heap:
+            _, _, leaf = heapq.heappop(heap)
             freed += len(leaf.pages)
             self._drop_end(leaf)
             self.cb.free_pages(leaf.pages)
             self.num_pages -= len(leaf.pages)
-            del leaf.parent.children[tuple(leaf.key[:self.page_size])]
+            self.num_evictable_pages -= len(leaf.pages)
+            parent = leaf.parent
+            del parent.children[tuple(leaf.key[:self.page_size])]
+            if parent is not self.root and not parent.children and parent.lock_ref == 0:
+                heapq.heappush(heap, (parent.last_access, id(parent), parent))
         return freed
 
     def evict_tails(self, num_slots: int) -> int:
@@ -218,6 +250,8 @@ class RadixCache:
         if node.tail_swa is not None:
             self.cb.free_tail(node.tail_full, node.tail_swa)
             self.num_tail_slots -= len(node.tail_swa)
+            if node.tail_readers == 0:
+                self.num_evictable_tail_slots -= len(node.tail_swa)
             node.tail_full = node.tail_swa = None
         if node.state_slot is not None:
             self.cb.free_state(node.state_slot)

@@ -18,7 +18,7 @@ from torch import nn
 
 from sglang.srt.configs.deepseek_v4 import DeepseekV4Config
 from sglang.srt.distributed.parallel_state import get_parallel_state
-from sglang.srt.distributed.sharding import rank_tensor
+from sglang.srt.distributed.sharding import local_name, rank_tensor
 from sglang.srt.layers.moe.experts import replace_routed_experts
 from sglang.srt.layers.quantization.fp8 import Fp8RoutedExperts, fp8_linears_supported, replace_fp8_linears
 from sglang.srt.layers.quantization.mxfp4 import Mxfp4RoutedExperts, mxfp4_experts_supported
@@ -102,7 +102,7 @@ def rank_weights(config: DeepseekV4Config, stream):
     pc, coords, num_experts = state.config, state.coords, config.n_routed_experts
 
     def select(name: str) -> bool:
-        return rank_tensor(name, _NAME_ONLY, pc, coords, num_experts) is not None
+        return local_name(name, pc, coords, num_experts) is not None
 
     def parts():
         for name, tensor in stream(select):
@@ -110,16 +110,6 @@ def rank_weights(config: DeepseekV4Config, stream):
             if kept is not None:
                 yield kept[0], kept[1].contiguous()
     return parts()
-
-
-class _NameOnly:
-    """Stands for a tensor not read yet: rank_tensor decides on the name alone when the tensor has no dims."""
-
-    def dim(self) -> int:
-        return -1
-
-
-_NAME_ONLY = _NameOnly()
 
 
 MODEL_CLASSES = {"main": DeepseekV4ForCausalLM, "mtp": DeepseekV4ForCausalLMNextN}

@@ -71,15 +71,18 @@ class DeepseekV4AttnBackendBase(AttentionBackend):
         needed = () if fb.forward_mode == ForwardMode.DRAFT_EXTEND else self.config.distinct_ratios
         for ratio in needed:
             overlap = ratio == CSA_RATIO
-            num_ring_rows = self._any_state(ratio).buf.shape[0]
+            state = self._any_state(ratio)
+            num_ring_rows = state.buf.shape[0]
+            boundary = state.boundary is not None  # the prefix cache's boundary rows (CSA, cache on)
             if fb.capacity_static:
                 plan = decode_compress_plan(req_to_token, fb.req_pool_indices, fb.positions, ratio, overlap,
-                                            self.page_size, self.num_draft_tokens, num_ring_rows)
+                                            self.page_size, self.num_draft_tokens, num_ring_rows, boundary)
                 seq_lens = static_seq_lens(fb.positions, fb.req_pool_indices.shape[0])
                 entry_slots = decode_entry_slots(req_to_token, fb.req_pool_indices, seq_lens, ratio,
                                                  self.page_size, capacity=req_to_token.shape[1] // ratio)
             else:
-                plan = build_compress_plan(fb, ratio, overlap, self.page_size, self.num_draft_tokens, num_ring_rows)
+                plan = build_compress_plan(fb, ratio, overlap, self.page_size, self.num_draft_tokens, num_ring_rows,
+                                           boundary)
                 entry_slots = build_entry_slots(fb, ratio, self.page_size)
             visible = torch.div(fb.positions + 1, ratio, rounding_mode="floor")
             ratios[ratio] = RatioMetadata(ratio=ratio, entry_slots=entry_slots, row_visible=visible, plan=plan)
@@ -129,7 +132,7 @@ class DeepseekV4AttnBackendBase(AttentionBackend):
                               hadamard=compressor.is_indexer and self.pool.index_keys_rotated,
                               compute_dtype=compute_dtype)
         self.ops.update_ring(state.buf, plan.ring_dst, fresh, plan.ring_src)  # after the pool has read the ring
-        if state.boundary is not None and plan.boundary_dst is not None and plan.boundary_dst.numel():
+        if plan.boundary_dst is not None and plan.boundary_dst.numel():
             self.ops.update_ring(state.boundary, plan.boundary_dst, fresh, plan.boundary_src)
 
     # ---- indexer -------------------------------------------------------------------------------

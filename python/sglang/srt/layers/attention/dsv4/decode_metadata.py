@@ -45,7 +45,7 @@ def static_seq_lens(positions: torch.Tensor, num_reqs: int) -> torch.Tensor:
 
 def decode_compress_plan(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, positions: torch.Tensor,
                          ratio: int, overlap: bool, page_size: int, num_draft_tokens: int,
-                         num_ring_rows: int) -> CompressPlan:
+                         num_ring_rows: int, boundary: bool = False) -> CompressPlan:
     """The plan of T = B * R rows (R per request, at consecutive positions), T candidate entries (see the module
     docstring)."""
     ring = ring_size(ratio, overlap, num_draft_tokens)
@@ -73,11 +73,11 @@ def decode_compress_plan(req_to_token: torch.Tensor, req_pool_indices: torch.Ten
     entry_slots = torch.where(done, entry_slots_of(first_full, w, ratio, page_size),
                               torch.full_like(first_full, DUMP_ENTRY_SLOT))
     boundary_dst = None
-    if overlap:  # rows in the last m positions of a page: the request's boundary rows; the rest: request 0's (dump)
+    if boundary:  # rows in the last m positions of a page: the request's boundary rows; the rest: request 0's (dump)
         at_end = torch.remainder(positions, page_size) >= page_size - ratio
         half = torch.remainder(torch.div(positions, page_size, rounding_mode="floor"), 2)  # page parity
         boundary_dst = (torch.where(at_end, req, 0) * 2 + half) * ratio + torch.remainder(positions, ratio)
     return CompressPlan(ratio=ratio, overlap=overlap, ring=ring, num_new=num_rows,
                         entry_slots=entry_slots, entry_positions=w * ratio, source_rows=source,
                         ring_dst=req * ring + torch.remainder(positions, ring), ring_src=rows,
-                        boundary_dst=boundary_dst, boundary_src=rows if overlap else None)
+                        boundary_dst=boundary_dst, boundary_src=rows if boundary else None)

@@ -35,8 +35,8 @@ class CompressPlan:
     source_rows: torch.Tensor  # [N, S] rows of cat(ring, fresh), -1 = empty
     ring_dst: torch.Tensor  # [R] ring rows written after pooling
     ring_src: torch.Tensor  # [R] fresh rows written there
-    # CSA only: fresh rows among the last m positions of a page, written to the request's boundary rows (the
-    # staging state a prefix cached at that page's end needs; mem_cache/radix_cache.py); None for HCA
+    # CSA with the prefix cache on: fresh rows among the last m positions of a page, written to the request's
+    # boundary rows (the staging state a prefix cached at that page's end needs; mem_cache/radix_cache.py); else None
     boundary_dst: Optional[torch.Tensor] = None
     boundary_src: Optional[torch.Tensor] = None
 
@@ -88,7 +88,7 @@ def build_entry_slots(forward_batch, ratio: int, page_size: int) -> torch.Tensor
 
 
 def build_compress_plan(forward_batch, ratio: int, overlap: bool, page_size: int, num_draft_tokens: int,
-                        num_ring_rows: int) -> CompressPlan:
+                        num_ring_rows: int, boundary: bool = False) -> CompressPlan:
     """Host-side planning over requests, vectorised over the batch (sizes are data-dependent and known on the host:
     no device reads); the index tensors go to the device without a synchronisation."""
     ring = ring_size(ratio, overlap, num_draft_tokens)
@@ -119,7 +119,7 @@ def build_compress_plan(forward_batch, ratio: int, overlap: bool, page_size: int
     first_full = req_to_token[forward_batch.req_pool_indices[b], w * ratio].to(torch.int64)
     entry_slots = entry_slots_of(first_full, w, ratio, page_size)
     boundary_dst = boundary_src = None
-    if overlap:  # positions of [s, n) in the last m of a page: [P - m, P) and [P + page - m, n) for P = n // page
+    if boundary:  # positions of [s, n) in the last m of a page: [P - m, P) and [P + page - m, n) for P = n // page
         last = torch.div(n, page_size, rounding_mode="floor") * page_size
         lo = torch.stack((torch.maximum(s, last - ratio), torch.maximum(s, last + page_size - ratio)), 1).flatten()
         hi = torch.stack((torch.minimum(n, last), n), 1).flatten()
