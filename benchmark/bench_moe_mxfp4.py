@@ -1,7 +1,8 @@
 """The fused MXFP4 MoE (sgl_kernel.dsv4_moe_mxfp4) at DeepSeek-V4 Flash shapes on a GPU, against the bytes-read floor
 and the bf16 grouped-GEMM experts, all measured in one run.
 
-    python benchmark/bench_moe_mxfp4.py [--experts 256] [--top-k 6] [--tokens 1 8 32 128 256 4096] [--out r.json]
+    python benchmark/bench_moe_mxfp4.py [--experts 256] [--top-k 6] [--tokens 1 8 32 128 256 4096] [--profile]
+        [--out r.json]
 
 Per token count: router choices drawn uniformly (top-k distinct of E), the fused kernel's time
 (triton.testing.do_bench), the floor = bytes of the FP4 experts actually touched (distinct experts x (codes + scale
@@ -35,6 +36,19 @@ def random_mxfp4_experts(e: int, d: int, i: int, g: torch.Generator) -> tuple:
     return (*packed(2 * i, d), *packed(d, i))
 
 
+def kernel_table(fn, steps: int = 20) -> str:
+    """GPU kernels of `fn` (warm) per call: torch.profiler's table, device time and launch counts."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize()
+    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=15, max_name_column_width=60)
+
+
 def main() -> None:
     from sgl_kernel.dsv4_moe_mxfp4 import dsv4_moe_mxfp4
     from sgl_kernel.dsv4_moe_mxfp4_ref import dequant_mxfp4_ref
@@ -46,6 +60,7 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=4096)
     ap.add_argument("--intermediate", type=int, default=2048)
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 32, 128, 256, 4096])
+    ap.add_argument("--profile", action="store_true", help="print torch.profiler's kernel table per token count")
     ap.add_argument("--out")
     args = ap.parse_args()
     e, d, i, k = args.experts, args.hidden, args.intermediate, args.top_k
@@ -72,6 +87,8 @@ def main() -> None:
         floor_ms = touched * expert_bytes / bw * 1e3
         row = {"tokens": t, "experts_touched": touched, "fused_mxfp4_ms": ms, "bf16_grouped_ms": ms_bf16,
                "floor_ms": floor_ms, "fraction_of_copy_bw": floor_ms / ms, "speedup_vs_bf16": ms_bf16 / ms}
+        if args.profile:
+            print(kernel_table(lambda: dsv4_moe_mxfp4(x, ids, weights, w13, s13, w2, s2, 10.0)), flush=True)
         rows.append(row)
         print(f"tokens {t:5d}: {touched:3d} experts touched | fused MXFP4 {ms * 1e3:9.1f} us "
               f"({row['fraction_of_copy_bw']:.2f} of copy bw; floor {floor_ms * 1e3:.1f} us) | bf16 grouped "

@@ -3,7 +3,7 @@ kernel (gate-up with the SwiGLU, down with the router weights) timed alone for e
 count, against the bytes-read floor of the packed experts it touches (same-run copy bandwidth). Prints the best
 launches per (kernel, tokens) and writes every row to --out; `moe_config` takes its settings from here.
 
-    python benchmark/kernels/sweep_moe_mxfp4.py [--tokens 1 32 256 4096] [--budget-s 420] [--fp8] [--out r.json]
+    python benchmark/kernels/sweep_moe_mxfp4.py [--tokens 1 32 256 4096] [--budget-s 420] [--out r.json]
 
 Candidates whose compile or launch fails (shared memory) are recorded as failed. The sweep stops adding candidates
 once --budget-s has passed (decode candidates first), so one device call always returns its rows.
@@ -49,12 +49,19 @@ def main() -> None:
     rows_out = []
 
     def candidates(prefill: bool):
+        """tl.dot_scaled launches beside the best in-register launches, so each row compares the two paths in one
+        run."""
         if prefill:
-            grid = itertools.product([64, 128], [64, 128], [64, 128], [4, 8], [2, 3], [True])
+            grid = itertools.product([64, 128], [64, 128], [64, 128], [4, 8], [2, 3])
+            baseline = [(128, MoeLaunch(128, 128, 8, 2, scaled_dot=False)), (128, MoeLaunch(128, 64, 4, 3,
+                                                                                             scaled_dot=False))]
         else:
-            grid = itertools.product([16], [32, 64, 128], [64, 128, 256], [4, 8], [1, 3], [True, False])
-        for block_m, bn, bk, warps, stages, bcast in grid:
-            yield block_m, MoeLaunch(bn, bk, warps, stages, bcast)
+            grid = itertools.product([16], [32, 64, 128], [128, 256], [4, 8], [1, 3])
+            baseline = [(16, MoeLaunch(32, 256, 4, 3, scaled_dot=False)), (16, MoeLaunch(64, 256, 4, 1,
+                                                                                         scaled_dot=False))]
+        yield from baseline
+        for block_m, bn, bk, warps, stages in grid:
+            yield block_m, MoeLaunch(bn, bk, warps, stages)
 
     for t in args.tokens:
         ids = torch.stack([torch.randperm(e, device="cuda", generator=g)[:k] for _ in range(t)])
@@ -63,7 +70,7 @@ def main() -> None:
         touched = ids.unique().numel()
         gate_up_floor = touched * (w13[0].numel() + s13[0].numel()) / bw * 1e3
         down_floor = touched * (w2[0].numel() + s2[0].numel()) / bw * 1e3
-        default = moe_config(t * k, e)
+        default = moe_config(t * k, e)  # the in-register baselines above take their own
         prefill = t * k / e > 16
         aligned = {}
         for block_m, launch in candidates(prefill):
@@ -99,7 +106,7 @@ def main() -> None:
             for r in ok[:5]:
                 print(f"   {r['ms'] * 1e3:9.1f} us  {r['fraction_of_copy_bw']:.2f} of copy bw  bm {r['block_m']} "
                       f"bn {r['block_n']} bk {r['block_k']} w {r['num_warps']} s {r['num_stages']} "
-                      f"bcast {r['scale_bcast']}", flush=True)
+                      f"scaled_dot {r['scaled_dot']}", flush=True)
         if args.out:
             with open(args.out, "w") as f:
                 json.dump({"device": torch.cuda.get_device_name(), "copy_bw": bw, "rows": rows_out}, f, indent=1)

@@ -9,19 +9,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sgl_kernel.dsv4_moe_mxfp4 import MoeConfig, MoeLaunch, dsv4_moe_align, dsv4_moe_fp8, dsv4_moe_mxfp4
+from sgl_kernel.dsv4_moe_mxfp4 import MoeConfig, MoeLaunch, dsv4_moe_align, dsv4_moe_fp8, dsv4_moe_mxfp4, moe_config
 from sgl_kernel.dsv4_moe_mxfp4_ref import align_ref, dequant_mxfp4_ref, fused_moe_fp8_ref, fused_moe_mxfp4_ref
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 def _experts(num_experts: int, hidden: int, inter: int, seed: int, device="cpu") -> tuple:
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(device).manual_seed(seed)  # drawn where they live: Flash widths are GBs of int32 draws
 
     def packed(n, k):
-        codes = torch.randint(0, 256, (num_experts, n, k // 2), generator=g, dtype=torch.int32).to(torch.uint8)
-        scale = torch.randint(120, 126, (num_experts, n, k // 32), generator=g, dtype=torch.int32).to(torch.uint8)
-        return codes.to(device), scale.to(device)
+        codes = torch.randint(0, 256, (num_experts, n, k // 2), generator=g, dtype=torch.int32, device=device)
+        scale = torch.randint(120, 126, (num_experts, n, k // 32), generator=g, dtype=torch.int32, device=device)
+        return codes.to(torch.uint8), scale.to(torch.uint8)
 
     return (*packed(2 * inter, hidden), *packed(hidden, inter))
 
@@ -86,13 +86,27 @@ def test_fused_launch_variants_equal_reference(config):
                                rtol=1e-4, atol=1e-4 * got8.abs().max().item())
 
 
+@pytest.mark.parametrize("tokens,block_m,block_k", [(1, 16, 64), (23, 16, 32), (70, 32, 128)])
+def test_scaled_dot_equals_reference(tokens, block_m, block_k):
+    """fp16 activations take tl.dot_scaled (the interpreter computes fp16 exactly): the same function as the
+    reference on the same fp16 inputs, K tiles of one scale group and past the hidden size."""
+    w13, s13, w2, s2 = _experts(8, 96, 64, seed=5)
+    ids, weights = _routing(tokens, 4, 8, seed=3, skew=tokens > 20)
+    x = (torch.randn(tokens, 96, generator=torch.Generator().manual_seed(2)) * 0.05).half()
+    launch = MoeLaunch(block_n=32, block_k=block_k)
+    got = dsv4_moe_mxfp4(x, ids, weights, w13, s13, w2, s2, 10.0, config=MoeConfig(block_m, launch, launch))
+    ref = fused_moe_mxfp4_ref(x, ids, weights, w13, s13, w2, s2, 10.0)
+    assert got.dtype == torch.float16
+    torch.testing.assert_close(got.float(), ref, rtol=2e-3, atol=2e-3 * ref.abs().max().item())
+
+
 def _fp8_experts(num_experts: int, hidden: int, inter: int, seed: int, device="cpu") -> tuple:
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(device).manual_seed(seed)
 
     def grid(halves, n, k):
-        w = (torch.randn(num_experts, halves * n, k, generator=g) * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
-        e = torch.randint(-14, -9, (num_experts, halves, -(-n // 128), -(-k // 128)), generator=g)
-        return w.to(device), torch.ldexp(torch.ones(e.shape), e).to(device)
+        w = torch.randn(num_experts, halves * n, k, generator=g, device=device).mul_(64).clamp_(-448, 448)
+        e = torch.randint(-14, -9, (num_experts, halves, -(-n // 128), -(-k // 128)), generator=g, device=device)
+        return w.to(torch.float8_e4m3fn), torch.ldexp(torch.ones(e.shape, device=device), e)
 
     return (*grid(2, inter, hidden), *grid(1, hidden, inter))
 
@@ -135,15 +149,18 @@ def test_gpu_fp8_experts_flash_widths(tokens):
 
 @pytest.mark.gpu
 @needs_cuda
+@pytest.mark.parametrize("path", ["default", "in-register"])
 @pytest.mark.parametrize("tokens", [1, 32, 4096])
-def test_gpu_flash_widths(tokens):
+def test_gpu_flash_widths(tokens, path):
     """Flash widths (hidden 4096, intermediate 2048, top-6 of 256 experts) in bf16: relative error vs the fp32
-    reference on the same bf16 inputs below 1% (bf16 intermediate rows and outputs)."""
+    reference on the same bf16 inputs below 1% (bf16 intermediate rows and outputs), for the default launches
+    (tl.dot_scaled) and the in-register dequantization."""
     w13, s13, w2, s2 = _experts(256, 4096, 2048, seed=0, device="cuda")
     ids, weights = _routing(tokens, 6, 256, seed=1, skew=False, device="cuda")
     x = (torch.randn(tokens, 4096, device="cuda") * 0.05).bfloat16()
-    got = dsv4_moe_mxfp4(x, ids, weights, w13, s13, w2, s2, 10.0).float()
+    config = moe_config(tokens * 6, 256, scaled_dot=path == "default")
+    got = dsv4_moe_mxfp4(x, ids, weights, w13, s13, w2, s2, 10.0, config=config).float()
     ref = fused_moe_mxfp4_ref(x, ids, weights, w13, s13, w2, s2, 10.0)
     err = ((got - ref).norm() / ref.norm()).item()
-    print(f"tokens {tokens}: relative error {err:.2e}")
+    print(f"tokens {tokens} {path}: relative error {err:.2e}")
     assert err < 1e-2

@@ -5,13 +5,15 @@ ones (W8A16, e4m3 with 128x128 block multipliers: `WEIGHT_FP8`), in three device
    blocks of BLOCK_M rows, each block one expert's, padded with -1; `block_expert[b]` = the block's expert, or
    num_experts past the last block. The block count is capacity-static: ceil(T*k / BLOCK_M) + min(E, T*k) bounds it.
 2. `_moe_gate_up_kernel`: per block and tile of the intermediate dim, x rows (gathered by token) times the expert's
-   w1 and w3 rows, dequantized in registers (e2m1 code value * 2^(exponent byte - 127)), then the clamped SwiGLU
-   silu(min(g, L)) * clamp(u, -L, L), written to an intermediate row per padded row.
+   w1 and w3 rows, then the clamped SwiGLU silu(min(g, L)) * clamp(u, -L, L), written to an intermediate row per
+   padded row. bf16 / fp16 activations with MXFP4 weights go through tl.dot_scaled (the compiler upcasts e2m1 with
+   its e8m0 scales: native MX MMA where the GPU has one); fp32 activations (GPU oracle runs) and FP8 weights are
+   dequantized in registers (e2m1 code value * 2^(exponent byte - 127), or e4m3 * block multiplier).
 3. `_moe_down_kernel`: the intermediate rows times w2, scaled by the pair's router weight, written to the pair's row
    of a [T*k, D] fp32 buffer; the k rows of each token are summed last (a fixed order: deterministic).
-Packed bytes hold inputs 2j (low nibble) and 2j + 1 (high nibble), so each K step multiplies the even and the odd
-input columns of the activations by the two nibble planes: no interleaving in registers. The torch reference is
-dsv4_moe_mxfp4_ref.py.
+Packed bytes hold inputs 2j (low nibble) and 2j + 1 (high nibble) (the OCP order tl.dot_scaled reads); the
+in-register path multiplies the even and the odd input columns of the activations by the two nibble planes. The
+torch reference is dsv4_moe_mxfp4_ref.py.
 """
 
 from __future__ import annotations
@@ -77,6 +79,19 @@ def _fp4_tile(w_ptr, s_ptr, rows, row_ok, k0, K, stride_wn, stride_sn, BLOCK_N: 
 
 
 @triton.jit
+def _fp4_packed(w_ptr, s_ptr, rows, row_ok, k0, K, stride_wn, stride_sn, BLOCK_K: tl.constexpr):
+    """The packed codes [BLOCK_N, BLOCK_K / 2] and scale bytes [BLOCK_N, BLOCK_K / 32] of weight rows `rows` at inputs
+    k0 .. k0 + BLOCK_K, as tl.dot_scaled takes them (the compiler's e2m1 upcast; masked codes 0, scales 2^0)."""
+    col = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+    b = tl.load(w_ptr + rows[:, None] * stride_wn + col[None, :], mask=row_ok[:, None] & (col < K // 2)[None, :],
+                other=0)
+    gi = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+    s = tl.load(s_ptr + rows[:, None] * stride_sn + gi[None, :], mask=row_ok[:, None] & (gi < K // 32)[None, :],
+                other=127)
+    return b, s
+
+
+@triton.jit
 def _fp8_tile(w_ptr, s_ptr, rows, row_ok, k0, K, stride_wn, stride_sr, BLOCK_K: tl.constexpr):
     """The dequantized FP8 tile [BLOCK_N, BLOCK_K] of weight rows `rows` at inputs k0 .. k0 + BLOCK_K: e4m3 codes
     times their 128x128 block's fp32 multiplier (`s_ptr` at this projection's scale grid, rows of 128)."""
@@ -91,7 +106,7 @@ def _fp8_tile(w_ptr, s_ptr, rows, row_ok, k0, K, stride_wn, stride_sr, BLOCK_K: 
 def _moe_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, h_ptr, D, I, TOPK, E, stride_x, stride_we,
                         stride_wn, stride_se, stride_sn, stride_h, stride_shalf, limit, BLOCK_M: tl.constexpr,
                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WEIGHT_FP8: tl.constexpr,
-                        SCALE_BCAST: tl.constexpr, PREC: tl.constexpr):
+                        SCALE_BCAST: tl.constexpr, PREC: tl.constexpr, A_FMT: tl.constexpr):
     blk = tl.program_id(0)
     e = tl.load(bexp_ptr + blk)
     if e < E:
@@ -107,7 +122,15 @@ def _moe_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, h_ptr, D, I, TO
         acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, D, BLOCK_K):
-            if WEIGHT_FP8:  # rows of w13 [2I, D] e4m3; scales [2, I/128, D/128]: gate half 0, up half 1
+            if A_FMT != "":  # 16-bit activations, e2m1 weights: the compiler's scaled dot
+                k = k0 + tl.arange(0, BLOCK_K)
+                xk = tl.load(x_ptr + tok.to(tl.int64)[:, None] * stride_x + k[None, :],
+                             mask=valid[:, None] & (k < D)[None, :], other=0.0)
+                wg, sg = _fp4_packed(w_e, s_e, n, n_ok, k0, D, stride_wn, stride_sn, BLOCK_K)
+                wu, su = _fp4_packed(w_e, s_e, I + n, n_ok, k0, D, stride_wn, stride_sn, BLOCK_K)
+                acc_g = tl.dot_scaled(xk, None, A_FMT, tl.trans(wg), sg, "e2m1", acc=acc_g, fast_math=True)
+                acc_u = tl.dot_scaled(xk, None, A_FMT, tl.trans(wu), su, "e2m1", acc=acc_u, fast_math=True)
+            elif WEIGHT_FP8:  # rows of w13 [2I, D] e4m3; scales [2, I/128, D/128]: gate half 0, up half 1
                 k = k0 + tl.arange(0, BLOCK_K)
                 xk = tl.load(x_ptr + tok.to(tl.int64)[:, None] * stride_x + k[None, :],
                              mask=valid[:, None] & (k < D)[None, :], other=0.0)
@@ -139,7 +162,7 @@ def _moe_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, h_ptr, D, I, TO
 def _moe_down_kernel(h_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, wts_ptr, out_ptr, D, I, E, stride_h, stride_we,
                      stride_wn, stride_se, stride_sn, stride_o, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr, WEIGHT_FP8: tl.constexpr, SCALE_BCAST: tl.constexpr,
-                     PREC: tl.constexpr):
+                     PREC: tl.constexpr, A_FMT: tl.constexpr):
     blk = tl.program_id(0)
     e = tl.load(bexp_ptr + blk)
     if e < E:
@@ -153,7 +176,13 @@ def _moe_down_kernel(h_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, wts_ptr, out_ptr, 
         j = tl.arange(0, BLOCK_K // 2)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, I, BLOCK_K):
-            if WEIGHT_FP8:
+            if A_FMT != "":
+                k = k0 + tl.arange(0, BLOCK_K)
+                hk = tl.load(h_ptr + r.to(tl.int64)[:, None] * stride_h + k[None, :],
+                             mask=valid[:, None] & (k < I)[None, :], other=0.0)
+                wb, sb = _fp4_packed(w_e, s_e, n, n_ok, k0, I, stride_wn, stride_sn, BLOCK_K)
+                acc = tl.dot_scaled(hk, None, A_FMT, tl.trans(wb), sb, "e2m1", acc=acc, fast_math=True)
+            elif WEIGHT_FP8:
                 k = k0 + tl.arange(0, BLOCK_K)
                 hk = tl.load(h_ptr + r.to(tl.int64)[:, None] * stride_h + k[None, :],
                              mask=valid[:, None] & (k < I)[None, :], other=0.0)
@@ -180,7 +209,8 @@ class MoeLaunch:
     block_k: int = 64
     num_warps: int = 4
     num_stages: int = 2
-    scale_bcast: bool = True
+    scale_bcast: bool = True  # the in-register path (fp32 activations): one scale load per 32 inputs
+    scaled_dot: bool = True  # bf16 / fp16 activations x MXFP4 weights through tl.dot_scaled
 
 
 @dataclass(frozen=True)
@@ -191,15 +221,24 @@ class MoeConfig:
     down: MoeLaunch
 
 
-def moe_config(num_pairs: int, num_experts: int) -> MoeConfig:
-    """Launch settings by pairs per expert (static for a batch size: graph capture sees one). From the H200 sweep
-    (benchmark/kernels/sweep_moe_mxfp4.py, Flash widths, 496 launches): decode (<= 16 pairs per expert) 16-row
-    blocks, long K tiles (gate-up 32 x 256, down 64 x 256); prefill 128-row blocks with 128-wide N tiles. Scales
-    broadcast per 32 inputs beat one load per packed byte by 2.8-5x everywhere. fp8 takes the same tiles."""
+def moe_config(num_pairs: int, num_experts: int, scaled_dot: bool = True, fp8: bool = False) -> MoeConfig:
+    """Launch settings by pairs per expert (static for a batch size: graph capture sees one) and path (tl.dot_scaled
+    for 16-bit activations with MXFP4 weights, else in-register dequantization). From the H200 sweeps
+    (benchmark/kernels/sweep_moe_mxfp4.py, Flash widths; RESULTS.md "Fused MXFP4 MoE on an H200"): decode (<= 16
+    pairs per expert) 16-row blocks with long K tiles; prefill 128-row blocks (64 up to 64 pairs per expert). The
+    scaled dot beat the in-register path 1.2-4.6x per kernel (swapping its operands, weights as the MMA's first
+    one, never won and was dropped)."""
     per_expert = num_pairs / num_experts
-    if per_expert <= 16:
-        return MoeConfig(16, MoeLaunch(32, 256, 4, 3), MoeLaunch(64, 256, 4, 1))
-    return MoeConfig(64 if per_expert <= 64 else 128, MoeLaunch(128, 128, 8, 2), MoeLaunch(128, 64, 4, 3))
+    block_m = 16 if per_expert <= 16 else 64 if per_expert <= 64 else 128
+    if scaled_dot:
+        if block_m == 16:
+            return MoeConfig(16, MoeLaunch(64, 256, 4, 1), MoeLaunch(64, 256, 4, 1))
+        return MoeConfig(block_m, MoeLaunch(64, 64, 4, 3), MoeLaunch(128, 64, 4, 3))
+    if block_m == 16:  # scale bytes broadcast per 32 inputs beat one load per packed byte 2.8-5x everywhere
+        return MoeConfig(16, MoeLaunch(32, 256, 4, 3, scaled_dot=False), MoeLaunch(64, 256, 4, 1, scaled_dot=False))
+    # FP8 weight tiles need narrower gate-up tiles: 128 x 128 with 128-row blocks wants 256 KB of shared memory
+    gate_up = MoeLaunch(64, 128, 4, 2, scaled_dot=False) if fp8 else MoeLaunch(128, 128, 8, 2, scaled_dot=False)
+    return MoeConfig(block_m, gate_up, MoeLaunch(128, 64, 4, 3, scaled_dot=False))
 
 
 def dsv4_moe_mxfp4(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13: torch.Tensor,
@@ -243,7 +282,8 @@ def _fused_moe(x, topk_ids, topk_weights, w13, s13, w2, s2, limit: float, inter:
     num_experts, top_k = w13.shape[0], topk_ids.shape[1]
     if num_tokens == 0:
         return torch.zeros_like(x)
-    cfg = config or moe_config(num_tokens * top_k, num_experts)
+    scaled = not fp8 and x.dtype in (torch.bfloat16, torch.float16)
+    cfg = config or moe_config(num_tokens * top_k, num_experts, scaled_dot=scaled, fp8=fp8)
     rows, block_expert = dsv4_moe_align(topk_ids, num_experts, cfg.block_m)
     h = moe_gate_up(x, rows, block_expert, w13, s13, inter, top_k, limit, cfg.block_m, cfg.gate_up, fp8)
     pairs = moe_down(h, rows, block_expert, w2, s2, topk_weights, hidden, cfg.block_m, cfg.down, fp8)
@@ -254,6 +294,13 @@ def _precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"  # fp32 engine runs (oracle checks) stay fp32 on a GPU
 
 
+def _scaled_dot_format(launch: MoeLaunch, dtype: torch.dtype, fp8: bool) -> str:
+    """tl.dot_scaled's activation format, or "" for the in-register dequantization (fp32 activations, FP8 weights)."""
+    if not launch.scaled_dot or fp8:
+        return ""
+    return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "")
+
+
 def moe_gate_up(x, rows, block_expert, w13, s13, inter: int, top_k: int, limit: float, block_m: int,
                 launch: MoeLaunch, fp8: bool) -> torch.Tensor:
     """Step 2 alone (the benchmark sweep times it): the activated intermediate rows [num_blocks * block_m, I]."""
@@ -261,11 +308,12 @@ def moe_gate_up(x, rows, block_expert, w13, s13, inter: int, top_k: int, limit: 
     h = torch.empty(num_blocks * block_m, inter, dtype=x.dtype, device=x.device)
     # FP8 scale grids are [E, halves, row blocks, column blocks]; MXFP4 scale bytes [E, rows, inputs / 32]
     s13_row, s13_half = (s13.stride(2), s13.stride(1)) if fp8 else (s13.stride(1), 0)
+    a_fmt = _scaled_dot_format(launch, x.dtype, fp8)
     _moe_gate_up_kernel[(num_blocks, triton.cdiv(inter, launch.block_n))](
         x, rows, block_expert, w13, s13, h, hidden, inter, top_k, w13.shape[0], x.stride(0), w13.stride(0),
         w13.stride(1), s13.stride(0), s13_row, h.stride(0), s13_half, float(limit), BLOCK_M=block_m,
         BLOCK_N=launch.block_n, BLOCK_K=launch.block_k, WEIGHT_FP8=fp8, SCALE_BCAST=launch.scale_bcast,
-        PREC=_precision(x.dtype), num_warps=launch.num_warps, num_stages=launch.num_stages)
+        PREC=_precision(x.dtype), A_FMT=a_fmt, num_warps=launch.num_warps, num_stages=launch.num_stages)
     return h
 
 
@@ -276,9 +324,10 @@ def moe_down(h, rows, block_expert, w2, s2, topk_weights, hidden: int, block_m: 
     weights = topk_weights.flatten().float().contiguous()
     pairs = torch.empty(weights.numel(), hidden, dtype=torch.float32, device=h.device)
     s2_row = s2.stride(2) if fp8 else s2.stride(1)
+    a_fmt = _scaled_dot_format(launch, h.dtype, fp8)
     _moe_down_kernel[(num_blocks, triton.cdiv(hidden, launch.block_n))](
         h, rows, block_expert, w2, s2, weights, pairs, hidden, inter, w2.shape[0], h.stride(0), w2.stride(0),
         w2.stride(1), s2.stride(0), s2_row, pairs.stride(0), BLOCK_M=block_m, BLOCK_N=launch.block_n,
         BLOCK_K=launch.block_k, WEIGHT_FP8=fp8, SCALE_BCAST=launch.scale_bcast, PREC=_precision(h.dtype),
-        num_warps=launch.num_warps, num_stages=launch.num_stages)
+        A_FMT=a_fmt, num_warps=launch.num_warps, num_stages=launch.num_stages)
     return pairs

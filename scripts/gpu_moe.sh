@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The fused MoE on a GPU in one device call (issue 13): its GPU tests at Flash widths (tl.dot_scaled and the
+# in-register path), the fp32 W8A16 tests, the launch sweep, the whole-op benchmark with a kernel profile and (E2E=1,
+# the default) the quantized Flash slice's agreement with the dequantized engine.
+#   [SWEEP_S=240] [E2E=0] bash scripts/gpu_moe.sh   (carry .whl: the test wheels)   Logs and JSON go to $OUT.
+set -u -o pipefail
+OUT=${OUT:-/tmp/gpu-out}
+mkdir -p "$OUT"
+FAILED=()
+step() { local name=$1; shift; echo "=== $name"; ( "$@" ) 2>&1 | tee -a "$OUT/moe_log.txt" | tail -"${TAIL:-20}" \
+  || { FAILED+=("$name"); echo "=== FAILED: $name"; }; }
+export PYTHONUNBUFFERED=1 SGLANG_CACHE_DIR=/tmp/sgcache
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site:$PWD/python:$PWD/sgl-kernel/python
+else
+  export PYTHONPATH=$PWD/python:$PWD/sgl-kernel/python
+fi
+TAIL=14 step "MoE GPU tests (1, 32 tokens)" python3 -m pytest -q -s -m gpu test/kernels/test_dsv4_moe_mxfp4.py \
+  -k "not 4096" -p no:cacheprovider
+TAIL=6 step "fp32 W8A16 GPU tests" python3 -m pytest -q -m gpu test/kernels/test_dsv4_fp8_gemm.py -k fp32 \
+  -p no:cacheprovider
+TAIL=60 step "sweep" python3 benchmark/kernels/sweep_moe_mxfp4.py --tokens 1 32 256 4096 \
+  --budget-s "${SWEEP_S:-240}" --out "$OUT/sweep_moe.json"
+TAIL=8 step "whole op" python3 benchmark/bench_moe_mxfp4.py --profile --tokens 1 8 32 128 256 4096 \
+  --out "$OUT/moe_mxfp4.json"
+if [ "${E2E:-1}" = 1 ]; then  # the quantized Flash slice against the dequantized engine (fp32 and bf16 agreement)
+  TAIL=10 step "checkpoint (hub formats)" python3 scripts/make_slice_checkpoint.py \
+    benchmark/configs/flash-slice-4l32e.config.json /tmp/w/q --quantize
+  TAIL=25 step "end-to-end agreement" python3 benchmark/bench_fp8_linears.py --model-path /tmp/w/q --skip-kernels \
+    --out "$OUT/fp8_end_to_end.json"
+fi
+if [ ${#FAILED[@]} -gt 0 ]; then printf 'failed step: %s\n' "${FAILED[@]}"; exit 1; fi
+echo "all steps passed"
