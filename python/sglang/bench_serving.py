@@ -5,7 +5,14 @@
     python -m sglang.bench_serving --backend openai --dataset-name sharegpt --dataset-path sharegpt.json
 
 Without --dataset-name the dataset is `random` (prompts of random token ids from the tokenizer, offline), or
-`sharegpt` when --dataset-path is given.
+`sharegpt` when --dataset-path is given; the datasets are in bench_serving_datasets.py. `multi-turn` sends each
+conversation's turns one after the other, every turn with the whole conversation before it:
+
+    python -m sglang.bench_serving --backend sglang-oai-chat --dataset-name multi-turn --mt-num-sessions 32 \
+        --mt-turns 4 --mt-first-len 2048 --mt-turn-len 128 --mt-output-len 128
+
+The prompt tokens the server reused from its prefix cache (meta_info.cached_tokens or
+usage.prompt_tokens_details.cached_tokens) are summed and reported as the prompt-token cache hit rate.
 
 Backends: `sglang` streams the native /generate, `openai` (alias `sglang-oai`) streams /v1/completions,
 `openai-chat` (alias `sglang-oai-chat`) streams /v1/chat/completions. Requests arrive all at once
@@ -21,116 +28,17 @@ import contextlib
 import dataclasses
 import json
 import math
-import random
 import time
-from typing import Awaitable, Callable, Optional, Union
+from typing import Awaitable, Callable, Optional
 
 import aiohttp
 import numpy as np
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
+from sglang.bench_serving_datasets import DatasetRow, add_dataset_args, get_dataset
 from sglang.utils_openai_client import (add_server_args, fetch_model_id, iter_sse, load_tokenizer,
                                         raise_for_status, server_root)
-
-# ---- datasets ---------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class DatasetRow:
-    prompt: Union[str, list]  # text, or token ids (random-ids)
-    prompt_len: int
-    output_len: int
-
-
-def _lengths(rng: np.random.Generator, full: int, ratio: float, n: int) -> list[int]:
-    """Uniform in [ratio * full, full] (at least 1), as SGLang's --random-range-ratio; 1.0 fixes the length."""
-    return rng.integers(max(int(full * ratio), 1), full + 1, size=n).tolist()
-
-
-def _plain_ids(tok: Tokenizer) -> np.ndarray:
-    # Special tokens (BOS, DSML markers, ...) would change how the server parses a random prompt.
-    special = set(tok.get_added_tokens_decoder())
-    return np.array([i for i in range(tok.get_vocab_size()) if i not in special])
-
-
-def _random_token_lists(tok: Tokenizer, rng: np.random.Generator, lens: list[int]) -> list[list[int]]:
-    vocab = _plain_ids(tok)
-    return [rng.choice(vocab, size=n).tolist() for n in lens]
-
-
-def _random_texts(tok: Tokenizer, rng: np.random.Generator, lens: list[int]) -> list[str]:
-    """Texts of about `lens` tokens each: random ids, decoded, re-encoded and cut to length (decoding
-    merges or splits pieces, so the raw ids would not round-trip), then decoded again."""
-    vocab = _plain_ids(tok)
-    texts = tok.decode_batch(_random_token_lists(tok, rng, lens))
-    ids = []
-    for enc, n in zip(tok.encode_batch(texts, add_special_tokens=False), lens):
-        cut = enc.ids[:n]
-        ids.append(cut + rng.choice(vocab, size=n - len(cut)).tolist())
-    return tok.decode_batch(ids)
-
-
-def _encoded_lens(tok: Tokenizer, texts: list[str]) -> list[int]:
-    return [len(e.ids) for e in tok.encode_batch(texts, add_special_tokens=False)]
-
-
-def sample_random(args: argparse.Namespace, tok: Tokenizer, rng: np.random.Generator) -> list[DatasetRow]:
-    in_lens = _lengths(rng, args.random_input_len, args.random_range_ratio, args.num_prompts)
-    out_lens = _lengths(rng, args.random_output_len, args.random_range_ratio, args.num_prompts)
-    if args.dataset_name == "random-ids":
-        ids = _random_token_lists(tok, rng, in_lens)
-        return [DatasetRow(p, len(p), o) for p, o in zip(ids, out_lens)]
-    texts = _random_texts(tok, rng, in_lens)
-    return [DatasetRow(t, n, o) for t, n, o in zip(texts, _encoded_lens(tok, texts), out_lens)]
-
-
-def sample_sharegpt(args: argparse.Namespace, tok: Tokenizer) -> list[DatasetRow]:
-    """First human turn as the prompt; the reply's length (or --sharegpt-output-len) as the output length."""
-    if not args.dataset_path:
-        raise SystemExit("--dataset-name sharegpt needs --dataset-path "
-                         "(e.g. ShareGPT_V3_unfiltered_cleaned_split.json)")
-    with open(args.dataset_path, encoding="utf-8") as f:
-        data = json.load(f)
-    pairs = [(c[0]["value"], c[1]["value"]) for c in (d.get("conversations", []) for d in data) if len(c) >= 2]
-    random.Random(args.seed).shuffle(pairs)
-    rows = []
-    for prompt, reply in pairs:
-        if len(rows) == args.num_prompts:
-            break
-        prompt_len = len(tok.encode(prompt, add_special_tokens=False).ids)
-        output_len = args.sharegpt_output_len or len(tok.encode(reply, add_special_tokens=False).ids)
-        if prompt_len < 2 or output_len < 2:  # too short to time
-            continue
-        if args.sharegpt_context_len and prompt_len + output_len > args.sharegpt_context_len:
-            continue
-        rows.append(DatasetRow(prompt, prompt_len, output_len))
-    if len(rows) < args.num_prompts:
-        print(f"sharegpt: only {len(rows)} usable conversations (asked for {args.num_prompts})")
-    return rows
-
-
-def sample_generated_shared_prefix(args: argparse.Namespace, tok: Tokenizer,
-                                   rng: np.random.Generator) -> list[DatasetRow]:
-    """--gsp-num-groups random system prompts, each shared by --gsp-prompts-per-group random questions
-    (exercises the prefix cache). Ignores --num-prompts, like SGLang."""
-    groups, per_group = args.gsp_num_groups, args.gsp_prompts_per_group
-    systems = _random_texts(tok, rng, [args.gsp_system_prompt_len] * groups)
-    questions = _random_texts(tok, rng, [args.gsp_question_len] * (groups * per_group))
-    texts = [f"{systems[i // per_group]}\n\n{q}" for i, q in enumerate(questions)]
-    rows = [DatasetRow(t, n, args.gsp_output_len) for t, n in zip(texts, _encoded_lens(tok, texts))]
-    random.Random(args.seed).shuffle(rows)
-    return rows
-
-
-def get_dataset(args: argparse.Namespace, tok: Tokenizer) -> list[DatasetRow]:
-    rng = np.random.default_rng(args.seed)
-    if args.dataset_name in ("random", "random-ids"):
-        return sample_random(args, tok, rng)
-    if args.dataset_name == "sharegpt":
-        return sample_sharegpt(args, tok)
-    return sample_generated_shared_prefix(args, tok, rng)
-
 
 # ---- requests ---------------------------------------------------------------------------------------
 
@@ -159,6 +67,7 @@ class RequestOutput:
     chunks: list = dataclasses.field(default_factory=list)  # (perf_counter time, tokens) per arrival
     tokens_seen: int = 0  # sum of the chunks' tokens, kept as we go (summing per chunk is quadratic)
     accept_length: Optional[float] = None  # speculative decoding, from meta_info
+    cached_tokens: int = 0  # prompt tokens the server reused from its prefix cache
     finish_reason: Optional[str] = None
     error: str = ""
 
@@ -212,6 +121,7 @@ async def request_generate(session: aiohttp.ClientSession, spec: RequestSpec, ro
     out.output_len_reported = "completion_tokens" in meta
     out.output_len = meta.get("completion_tokens", 0)
     out.accept_length = meta.get("spec_accept_length", meta.get("accept_length"))
+    out.cached_tokens = meta.get("cached_tokens") or 0
     reason = meta.get("finish_reason")
     if out.finish_reason is None:  # not stopped by the client (--omit-max-tokens)
         out.finish_reason = reason.get("type") if isinstance(reason, dict) else reason  # SGLang sends {"type": ...}
@@ -239,13 +149,18 @@ async def request_openai(session: aiohttp.ClientSession, spec: RequestSpec, row:
                          chat: bool = False) -> RequestOutput:
     """/v1/completions or /v1/chat/completions; each content chunk counts as one arrival, the token total
     comes from the final `usage` chunk (stream_options.include_usage)."""
-    if chat and isinstance(row.prompt, list):
-        raise ValueError("the chat backend needs text prompts; random-ids sends token ids")
+    messages = isinstance(row.prompt, list) and bool(row.prompt) and isinstance(row.prompt[0], dict)
+    if isinstance(row.prompt, list) and chat != messages:
+        raise ValueError("the chat backend needs text prompts or messages; random-ids sends token ids"
+                         if chat else "chat messages need a chat backend")
     body = {"model": spec.model, "max_tokens": row.output_len, "temperature": 0.0, "stream": spec.stream,
             "ignore_eos": spec.ignore_eos}
     if not spec.send_max_tokens:
         del body["max_tokens"]
-    body.update({"messages": [{"role": "user", "content": row.prompt}]} if chat else {"prompt": row.prompt})
+    if chat:
+        body["messages"] = row.prompt if messages else [{"role": "user", "content": row.prompt}]
+    else:
+        body["prompt"] = row.prompt
     if spec.stream:
         body["stream_options"] = {"include_usage": True}
     path = "/v1/chat/completions" if chat else "/v1/completions"
@@ -269,6 +184,7 @@ async def request_openai(session: aiohttp.ClientSession, spec: RequestSpec, row:
     out.prompt_len = usage.get("prompt_tokens", row.prompt_len)
     out.output_len_reported = "completion_tokens" in usage
     out.output_len = usage.get("completion_tokens", 0)
+    out.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
     return out
 
 
@@ -313,7 +229,37 @@ class _Concurrency:
     peak: int = 0
 
 
-async def _arrivals(rows: list[DatasetRow], rate: float, seed: int):
+def _conversations(rows: list[DatasetRow]) -> list[list[DatasetRow]]:
+    """Rows grouped into what arrives together: each multi-turn session's turns (in order), every other row alone."""
+    groups, by_session = [], {}
+    for row in rows:
+        if row.session is None:
+            groups.append([row])
+        elif row.session in by_session:
+            by_session[row.session].append(row)
+        else:
+            by_session[row.session] = [row]
+            groups.append(by_session[row.session])
+    return groups
+
+
+def _with_history(row: DatasetRow, history: Optional[tuple], chat: bool, tok: Tokenizer) -> DatasetRow:
+    """A turn as sent: after the conversation so far (`history`: the previous turn as sent and its answer), as chat
+    messages or as one text."""
+    if history is None:
+        return row
+    prev, answer = history
+    if chat:
+        before = prev.prompt if isinstance(prev.prompt, list) else [{"role": "user", "content": prev.prompt}]
+        prompt = before + [{"role": "assistant", "content": answer}, {"role": "user", "content": row.prompt}]
+        n = sum(len(e.ids) for e in tok.encode_batch([m["content"] for m in prompt], add_special_tokens=False))
+    else:
+        prompt = f"{prev.prompt}{answer}\n\n{row.prompt}"
+        n = len(tok.encode(prompt, add_special_tokens=False).ids)
+    return dataclasses.replace(row, prompt=prompt, prompt_len=n)
+
+
+async def _arrivals(rows: list, rate: float, seed: int):
     """Yield rows all at once (rate inf) or with exponential gaps (a Poisson process of `rate` req/s)."""
     rng = np.random.default_rng(seed)
     for i, row in enumerate(rows):
@@ -363,10 +309,27 @@ async def _benchmark(args: argparse.Namespace, rows: list[DatasetRow], tok: Toke
                     level.now -= 1
                     pbar.update(1)
 
+        chat = fn is request_chat
+
+        async def conversation(turns: list) -> list:
+            """A row alone, or a multi-turn session's turns one after the other, each after the previous answer
+            with the conversation so far; a failed turn fails the ones after it (they need its answer)."""
+            outs, history = [], None
+            for row in turns:
+                if outs and not outs[-1].success:
+                    outs.append(RequestOutput(prompt_len=row.prompt_len, error="an earlier turn of the "
+                                              "conversation failed"))
+                    pbar.update(1)
+                    continue
+                row = _with_history(row, history, chat, tok)
+                outs.append(await one(row))
+                history = (row, outs[-1].generated_text)
+            return outs
+
         start, tasks = time.perf_counter(), []
-        async for row in _arrivals(rows, args.request_rate, args.seed):
-            tasks.append(asyncio.create_task(one(row)))
-        outputs = await asyncio.gather(*tasks)
+        async for turns in _arrivals(_conversations(rows), args.request_rate, args.seed):
+            tasks.append(asyncio.create_task(conversation(turns)))
+        outputs = [out for outs in await asyncio.gather(*tasks) for out in outs]
         duration = time.perf_counter() - start
         pbar.close()
     return list(outputs), duration, level.peak, start
@@ -388,6 +351,8 @@ class BenchResult:
     total_input_tokens: int
     total_output_tokens: int
     total_output_tokens_retokenized: int
+    total_cached_tokens: int  # prompt tokens the server reported reusing from its prefix cache
+    cache_hit_rate: float  # total_cached_tokens / total_input_tokens
     request_throughput: float
     input_throughput: float
     output_throughput: float
@@ -458,6 +423,7 @@ def compute_result(args, outputs: list[RequestOutput], duration: float, peak: in
                    tok: Tokenizer) -> BenchResult:
     ok = [o for o in outputs if o.success]
     n_in, n_out = sum(o.prompt_len for o in ok), sum(o.output_len for o in ok)
+    n_cached = sum(o.cached_tokens for o in ok)
     retok = sum(len(e.ids) for e in tok.encode_batch([o.generated_text for o in ok], add_special_tokens=False))
     per_s = (lambda x: x / duration) if duration > 0 else (lambda x: 0.0)
     accept = [o.accept_length for o in ok if o.accept_length is not None]
@@ -469,7 +435,8 @@ def compute_result(args, outputs: list[RequestOutput], duration: float, peak: in
         backend=args.backend, dataset_name=args.dataset_name, request_rate=args.request_rate,
         max_concurrency=args.max_concurrency, completed=len(ok), failed=len(outputs) - len(ok),
         duration=duration, total_input_tokens=n_in, total_output_tokens=n_out,
-        total_output_tokens_retokenized=retok, request_throughput=per_s(len(ok)),
+        total_output_tokens_retokenized=retok, total_cached_tokens=n_cached,
+        cache_hit_rate=n_cached / n_in if n_in else 0.0, request_throughput=per_s(len(ok)),
         input_throughput=per_s(n_in), output_throughput=per_s(n_out), total_throughput=per_s(n_in + n_out),
         max_output_tokens_per_s=_peak_output_rate(ok, start, duration), max_concurrent_requests=peak,
         concurrency=per_s(sum(o.latency for o in ok)),
@@ -498,6 +465,8 @@ def print_result(r: BenchResult) -> None:
     line("Total input tokens", r.total_input_tokens)
     line("Total generated tokens", r.total_output_tokens)
     line("Total generated tokens (retokenized)", r.total_output_tokens_retokenized)
+    line("Total cached input tokens", r.total_cached_tokens)
+    line("Prompt-token cache hit rate", r.cache_hit_rate)
     line("Request throughput (req/s)", r.request_throughput)
     line("Input token throughput (tok/s)", r.input_throughput)
     line("Output token throughput (tok/s)", r.output_throughput)
@@ -530,23 +499,7 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     add_server_args(p)
     p.add_argument("--tokenizer", default=None,
                    help="tokenizer.json, a directory holding one, or a hub id (default: the DeepSeek-V4 tokenizer)")
-    p.add_argument("--dataset-name", default=None,
-                   choices=["sharegpt", "random", "random-ids", "generated-shared-prefix"],
-                   help="default: sharegpt when --dataset-path is given, else random (offline: random token ids "
-                        "of the tokenizer, no file or download)")
-    p.add_argument("--dataset-path", default="", help="ShareGPT JSON for --dataset-name sharegpt")
-    p.add_argument("--num-prompts", type=int, default=1000)
-    p.add_argument("--sharegpt-output-len", type=int, default=None, help="fixed output length for sharegpt")
-    p.add_argument("--sharegpt-context-len", type=int, default=None, help="drop conversations longer than this")
-    p.add_argument("--random-input-len", type=int, default=1024)
-    p.add_argument("--random-output-len", type=int, default=1024)
-    p.add_argument("--random-range-ratio", type=float, default=0.0,
-                   help="lengths uniform in [ratio * len, len]; 1.0 = fixed lengths")
-    p.add_argument("--gsp-num-groups", type=int, default=64)
-    p.add_argument("--gsp-prompts-per-group", type=int, default=16)
-    p.add_argument("--gsp-system-prompt-len", type=int, default=2048)
-    p.add_argument("--gsp-question-len", type=int, default=128)
-    p.add_argument("--gsp-output-len", type=int, default=256)
+    add_dataset_args(p)
     p.add_argument("--request-rate", type=float, default=float("inf"),
                    help="requests per second, Poisson arrivals; inf sends all at once")
     p.add_argument("--max-concurrency", type=int, default=None, help="cap on requests in flight")

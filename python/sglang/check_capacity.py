@@ -72,8 +72,8 @@ def plan_capacity(config, args, pc, weight_bytes: int, checkpoint_bytes: int, to
                   at_context: int = 131072) -> CapacityReport:
     """The engine's pool plan per GPU for resolved server args `args` (page_size, max_running_requests,
     context_length, chunked_prefill_size, swa_full_tokens_ratio, max_total_tokens, kv_cache_dtype,
-    enable_deepseek_v4_fp4_indexer, speculative_num_draft_tokens, mem_fraction_static). Under DP-attention each GPU
-    holds the pools of its DP group's requests (max_running_requests / dp)."""
+    enable_deepseek_v4_fp4_indexer, speculative_num_draft_tokens, mem_fraction_static, disable_radix_cache). Under
+    DP-attention each GPU holds the pools of its DP group's requests (max_running_requests / dp)."""
     from sglang.srt.mem_cache.pool_sizing import plan_pools_for_args, pool_budget_bytes
 
     budget = pool_budget_bytes(device_type, free_after_weights, total, args.mem_fraction_static, graph_reserve)
@@ -151,6 +151,8 @@ def main(argv=None) -> int:
     ap.add_argument("--chunked-prefill-size", type=int, default=8192)
     ap.add_argument("--swa-full-tokens-ratio", type=float, default=0.1)
     ap.add_argument("--speculative-num-steps", type=int, default=0)
+    ap.add_argument("--disable-radix-cache", action="store_true", help="no prefix-cache staging states (default: the "
+                                                                        "cache is on, as in the engine)")
     ap.add_argument("--quantization", choices=("fp8", "mxfp4", "none"), help="for a checkpoint directory: default "
                     "detected")
     ap.add_argument("--at-context", type=int, default=131072)
@@ -177,7 +179,8 @@ def main(argv=None) -> int:
         swa_full_tokens_ratio=a.swa_full_tokens_ratio, max_total_tokens=a.max_total_tokens,
         kv_cache_dtype=a.kv_cache_dtype, enable_deepseek_v4_fp4_indexer=a.enable_deepseek_v4_fp4_indexer,
         speculative_num_draft_tokens=a.speculative_num_steps + 1 if a.speculative_num_steps else 0,
-        mem_fraction_static=a.mem_fraction_static, quantization=a.quantization, dtype="bfloat16")
+        mem_fraction_static=a.mem_fraction_static, quantization=a.quantization, dtype="bfloat16",
+        disable_radix_cache=a.disable_radix_cache)
     amd = a.gpu in AMD_GPUS and a.gpu_memory_gb is None
     device = torch.device("cpu") if amd else torch.device("cuda")  # AMD: the engine dequantizes at load today
     total = int(a.gpu_memory_gb * 1e9 if a.gpu_memory_gb else GPUS[a.gpu])

@@ -32,6 +32,7 @@ class Stub:
     bodies: list = dataclasses.field(default_factory=list)  # OpenAI request bodies served
     inflight: int = 0
     peak_inflight: int = 0
+    seen: list = dataclasses.field(default_factory=list)  # text prompts served, for the reported cached tokens
 
     def reset(self) -> None:
         """Defaults and empty logs (the app is built once; tests share one Stub and reset it)."""
@@ -46,6 +47,14 @@ class Stub:
                 return [self.answers[question]], "stop"
         n = max_tokens if ignore_eos else min(max_tokens, EOS_AFTER)
         return [TOKEN] * n, "length" if n == max_tokens else "stop"
+
+    def cached_tokens(self, prompt) -> int:
+        """A prefix cache's report: the words of the longest earlier text prompt this one starts with."""
+        if not isinstance(prompt, str):
+            return 0
+        hit = max((len(p.split()) for p in self.seen if prompt.startswith(p)), default=0)
+        self.seen.append(prompt)
+        return hit
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._count])
@@ -94,9 +103,11 @@ class Stub:
         chat = request.path.endswith("chat/completions")
         prompt = body["messages"][-1]["content"] if chat else body["prompt"]
         pieces, finish = self.reply(prompt, body["max_tokens"], body.get("ignore_eos", False))
-        n_prompt = len(prompt) if isinstance(prompt, list) else len(prompt.split())
+        whole = "\n".join(m["content"] for m in body["messages"]) if chat else prompt  # every message counts
+        n_prompt = len(whole) if isinstance(whole, list) else len(whole.split())
         self.bodies.append(body)
-        usage = {"prompt_tokens": n_prompt, "completion_tokens": len(pieces), "total_tokens": n_prompt + len(pieces)}
+        usage = {"prompt_tokens": n_prompt, "completion_tokens": len(pieces), "total_tokens": n_prompt + len(pieces),
+                 "prompt_tokens_details": {"cached_tokens": self.cached_tokens(whole)}}
         self.log.append((request.path, n_prompt, len(pieces)))
 
         def choice(text: str, done: bool, stream: bool) -> dict:
@@ -119,9 +130,11 @@ class Stub:
         pieces, finish = self.reply(prompt, sp["max_new_tokens"], sp.get("ignore_eos", False))
         n_prompt = len(prompt) if isinstance(prompt, list) else len(prompt.split())
         self.log.append((request.path, n_prompt, len(pieces)))
+        cached = self.cached_tokens(prompt)
 
         def payload(i: int) -> dict:
             meta = {"id": "r1", "prompt_tokens": n_prompt, "completion_tokens": i, "e2e_latency": 0.01,
+                    "cached_tokens": cached,
                     "finish_reason": {"type": finish} if i == len(pieces) else None}
             if self.accept_length:
                 meta["spec_accept_length"] = self.accept_length

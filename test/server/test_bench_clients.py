@@ -318,7 +318,9 @@ def test_mmlu_fits_the_served_context(server, stub, tmp_path, capsys):
 
 SMALL = ["--random-input-len", "32", "--random-output-len", "8", "--random-range-ratio", "0.5",
          "--gsp-num-groups", "2", "--gsp-prompts-per-group", "3", "--gsp-system-prompt-len", "24",
-         "--gsp-question-len", "8", "--gsp-output-len", "5", "--sharegpt-output-len", "6"]
+         "--gsp-question-len", "8", "--gsp-output-len", "5", "--sharegpt-output-len", "6",
+         "--mt-num-sessions", "3", "--mt-turns", "3", "--mt-first-len", "20", "--mt-turn-len", "6",
+         "--mt-output-len", "4"]
 
 
 def _write_sharegpt(path) -> None:
@@ -351,6 +353,7 @@ def _check_metrics(r) -> None:
 @pytest.mark.parametrize("backend, dataset", [
     ("sglang", "random"), ("openai", "random"), ("sglang", "random-ids"), ("sglang-oai", "random-ids"),
     ("sglang", "generated-shared-prefix"), ("openai", "sharegpt"), ("openai-chat", "sharegpt"),
+    ("sglang", "multi-turn"), ("openai-chat", "multi-turn"),
 ])
 def test_bench_serving(server, stub, tmp_path, backend, dataset):
     _write_sharegpt(tmp_path / "sharegpt.json")
@@ -369,6 +372,26 @@ def test_bench_serving(server, stub, tmp_path, backend, dataset):
     record = json.loads((tmp_path / "bench.jsonl").read_text().splitlines()[-1])
     assert record["completed"] == len(rows) and record["args"]["backend"] == backend
     assert record["request_rate"] == "inf"  # strict JSON, no Infinity
+    assert r.total_cached_tokens == sum(o.cached_tokens for o in r.outputs)
+    if dataset == "multi-turn":  # every later turn resends the conversation: the stub reports it as cached
+        assert r.total_cached_tokens > 0 and 0 < r.cache_hit_rate < 1
+        assert r.total_input_tokens > sum(row.prompt_len for row in rows)  # history counted, not just new text
+
+
+def test_multi_turn_sends_each_turn_after_the_previous_answer(server, stub, tmp_path):
+    """Turn t of a session is the conversation so far: turn t-1 as sent, its answer, then the new message."""
+    args, r = _bench(server, tmp_path, "--backend", "openai-chat", "--dataset-name", "multi-turn",
+                     "--warmup-requests", "0")
+    rows = bench_serving.get_dataset(args, load_tokenizer(None))
+    assert r.completed == len(rows) == 9 and {row.session for row in rows} == {0, 1, 2}
+    by_first = {}
+    for body in stub.bodies:
+        by_first.setdefault(body["messages"][0]["content"], []).append(body["messages"])
+    assert len(by_first) == 3
+    for turns in by_first.values():
+        assert [len(m) for m in sorted(turns, key=len)] == [1, 3, 5]
+        first, second, third = sorted(turns, key=len)
+        assert second[:1] == first and third[:3] == second and second[1]["role"] == "assistant"
 
 
 def test_default_dataset_needs_no_file(tmp_path):

@@ -1,6 +1,7 @@
-"""`python -m sglang.launch_server --tp 2 --device cpu`: two scheduler ranks over gloo serve chat requests, /generate
-returns the single-rank engine's greedy tokens and prompt logprobs (within 1e-5), and killing a rank stops the
-server with exit code 1 and a log line naming the rank, with no scheduler process left behind."""
+"""`python -m sglang.launch_server --tp 2 --device cpu` (and `--tp 2 --dp 2 --enable-dp-attention`): two scheduler
+ranks over gloo serve chat requests, /generate returns the single-rank engine's greedy tokens and prompt logprobs
+(within 1e-5), and killing a rank stops the server with exit code 1 and a log line naming the rank, with no
+scheduler process left behind."""
 
 from __future__ import annotations
 
@@ -31,17 +32,22 @@ def _rank_pids(server_pid: int) -> list:
     return sorted(pids)
 
 
-def test_tp2_server_serves_and_stops_when_a_rank_dies(tmp_path):
+def _single_rank(input_ids, sampling: dict):
+    """The in-process single-rank engine's outputs (with prompt logprobs) for `input_ids` (one list or several)."""
     import sglang
 
-    ids = [100, 2000, 3000, 4000, 5000, 6000, 7000, 8000, 9000, 10000, 11000]
-    sampling = {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}
     eng = sglang.Engine(model_path="tiny-deepseek-v4", device="cpu", dtype="float32", log_level="warning",
                         max_total_tokens=4096, max_running_requests=4)
     try:
-        ref = eng.generate(input_ids=ids, sampling_params=sampling, return_logprob=True, logprob_start_len=0)
+        return eng.generate(input_ids=input_ids, sampling_params=sampling, return_logprob=True, logprob_start_len=0)
     finally:
         eng.shutdown()
+
+
+def test_tp2_server_serves_and_stops_when_a_rank_dies(tmp_path):
+    ids = [100, 2000, 3000, 4000, 5000, 6000, 7000, 8000, 9000, 10000, 11000]
+    sampling = {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}
+    ref = _single_rank(ids, sampling)
 
     server = launch([*ARGS, "--tp", "2"], str(tmp_path), timeout=240)
     try:
@@ -77,3 +83,34 @@ def _zombie(pid: int) -> bool:
         return open(f"/proc/{pid}/stat").read().split()[2] == "Z"
     except OSError:
         return True
+
+
+def test_dp_attention_server_matches_single_rank(tmp_path):
+    """`--tp 2 --dp 2 --enable-dp-attention`: requests sent together land on both DP groups (round robin) and each
+    returns the single-rank engine's greedy tokens and prompt logprobs."""
+    import concurrent.futures
+
+    prompts = [[100 + 37 * i + j for j in range(9 + 5 * i)] for i in range(4)]
+    sampling = {"temperature": 0, "max_new_tokens": 5, "ignore_eos": True}
+    refs = _single_rank(prompts, sampling)
+
+    server = launch([*ARGS, "--tp", "2", "--dp", "2", "--enable-dp-attention"], str(tmp_path), timeout=240)
+    try:
+        def one(ids):
+            return httpx.post(f"{server.base_url}/generate", timeout=120, json={
+                "input_ids": ids, "sampling_params": sampling, "return_logprob": True, "logprob_start_len": 0}).json()
+
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            got = list(pool.map(one, prompts))
+        for g, r in zip(got, refs):
+            assert g["output_ids"] == r["output_ids"]
+            a = [lp for lp, _, _ in g["meta_info"]["input_token_logprobs"][1:]]
+            b = [lp for lp, _, _ in r["meta_info"]["input_token_logprobs"][1:]]
+            assert max(abs(x - y) for x, y in zip(a, b)) <= 1e-5
+        chat = httpx.post(f"{server.base_url}/v1/chat/completions", timeout=60, json={
+            "model": "tiny-deepseek-v4", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4})
+        assert chat.status_code == 200 and chat.json()["usage"]["completion_tokens"] == 4
+        info = httpx.get(f"{server.base_url}/server_info", timeout=30).json()
+        assert info["dp_size"] == 2 and info["disable_cuda_graph"] and info["disable_overlap_schedule"]
+    finally:
+        server.stop()

@@ -59,6 +59,17 @@ def test_readme_bench_serving_command(server):
     assert "Failed requests" not in proc.stdout
 
 
+def test_readme_multi_turn_command(server):
+    """The README's multi-turn bench_serving run: every turn completes and later turns reuse the cached history."""
+    cmd = re.search(r"`(python -m\s+sglang\.bench_serving --backend sglang-oai-chat --dataset-name multi-turn [^`]*)`",
+                    README, re.S).group(1).split()
+    proc = subprocess.run([sys.executable, *cmd[1:], "--port", server.base_url.rsplit(":", 1)[1]],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.search(r"Successful requests:\s+12\n", proc.stdout), proc.stdout
+    assert float(re.search(r"Prompt-token cache hit rate:\s+([0-9.]+)", proc.stdout).group(1)) > 0.3, proc.stdout
+
+
 def test_readme_openai_client_example(server, tmp_path):
     before = README[:README.index("import openai")]
     assert "pip install openai" in before[-300:]  # said right above the example: not a dependency of sglang
@@ -113,8 +124,8 @@ def test_help_gives_every_flag_a_default():
 
 def test_every_server_arg_is_read():
     """A flag must do something: each ServerArgs field is read outside server_args.py, except the ones that
-    server_args.py itself refuses beyond their default (DP attention, multi-node, until they land), turns into the
-    ParallelConfig (--ep) or logs as changing nothing."""
+    server_args.py itself refuses beyond their default (multi-node, until it lands), turns into the ParallelConfig
+    (--ep, --dp, --enable-dp-attention) or logs as changing nothing."""
     from sglang.srt.server_args import ServerArgs
 
     handled_in_server_args = {"trust_remote_code", "ep_size", "dp_size", "enable_dp_attention", "nnodes",

@@ -13,8 +13,8 @@ import torch
 from oracle import checkpoint, engine
 
 
-@pytest.mark.parametrize("spec", [False, True])
-def test_planner_equals_engine_on_cpu(monkeypatch, spec):
+@pytest.mark.parametrize("spec,cache", [(False, True), (True, True), (False, False)])
+def test_planner_equals_engine_on_cpu(monkeypatch, spec, cache):
     import sglang.srt.model_executor.model_runner as model_runner
     from sglang.check_capacity import per_rank_weight_bytes, plan_capacity
     from sglang.srt.distributed.sharding import ParallelConfig
@@ -24,7 +24,7 @@ def test_planner_equals_engine_on_cpu(monkeypatch, spec):
     monkeypatch.setattr(model_runner, "memory_budget_bytes", lambda device: (free, total))
     kw = dict(speculative_algorithm="EAGLE", speculative_num_steps=2) if spec else {}
     eng = engine("tiny", quantize=True, disable_cuda_graph=True, mem_fraction_static=0.01, max_running_requests=6,
-                 **kw)
+                 disable_radix_cache=not cache, **kw)
     runner, args = eng.model_runner, eng.server_args
     path = checkpoint("tiny", quantize=True)
     config = load_config(path)
@@ -34,6 +34,11 @@ def test_planner_equals_engine_on_cpu(monkeypatch, spec):
                            dtype=runner.dtype)
     assert report.plan == runner.pool_plan  # the same shape, tokens, bytes per token and totals
     assert report.plan.shape.num_pages == runner.token_allocator.pages.size
+    # staging state as planned: the compressors' rings plus, with the prefix cache, its boundary rows and saved states
+    pool = runner.token_to_kv_pool
+    states = list(pool.attn_state.values()) + list(pool.index_state.values())
+    assert sum(s.nbytes for s in states) == report.plan.state_bytes
+    assert report.plan.shape.num_state_slots == (2 * 6 if cache else 0)
     assert report.fits and "max total tokens" in report.format()
 
 

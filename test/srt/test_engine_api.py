@@ -150,6 +150,10 @@ def test_subprocess_engine_matches_in_process():
                                                                          "stop": stop}, return_logprob=True)
         with pytest.raises(ValueError, match="context length"):
             eng.generate(input_ids=[5, 6], sampling_params={"max_new_tokens": 5000})
+        again = eng.generate(input_ids=ids[1], sampling_params=params)  # its prefix is cached by now
+        assert eng.flush_cache()
+        flushed = eng.generate(input_ids=ids[1], sampling_params=params)
+        assert again["meta_info"]["cached_tokens"] == 16 and flushed["meta_info"]["cached_tokens"] == 0
         proc = eng._remote.proc
     finally:
         eng.shutdown()

@@ -1,8 +1,9 @@
 """The prefix cache (mem_cache/radix_cache.py) is exact (CPU, fp32): greedy outputs identical and prompt logprobs
 within 1e-5 (other prefill shapes) with and without it, for multi-turn chats, a concurrent batch sharing a system
-prompt, interleaved sessions evicting each other's window tails and pages, and chunked prefill; later turns report
-cached tokens; nothing leaks (what is held is exactly what the cache keeps), and after a flush every pool is free.
-The flush is refused while requests wait or run."""
+prompt, interleaved sessions evicting each other's window tails and pages, and chunked prefill, with and without
+speculative decoding (where the draft's acceptance is also the same: its window rows at a cached end are exact);
+later turns report cached tokens; nothing leaks (what is held is exactly what the cache keeps), and after a flush
+every pool is free. The flush is refused while requests wait or run."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from oracle import engine, random_ids
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.sampling.sampling_params import SamplingParams
 
-GREEDY = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
+GREEDY = {"temperature": 0, "max_new_tokens": 14, "ignore_eos": True}
 
 
 def _run_sessions(eng, sessions: list, turns: int, logprob_tail: int = 4) -> list:
@@ -28,9 +29,14 @@ def _run_sessions(eng, sessions: list, turns: int, logprob_tail: int = 4) -> lis
     return outs
 
 
+SPEC = dict(speculative_algorithm="EAGLE", speculative_num_steps=2)
+
+
 def _assert_same(got: list, ref: list) -> None:
     for g, r in zip(got, ref):
         assert g["output_ids"] == r["output_ids"]
+        # speculative: the same drafts accepted (the draft's window at the cached end is what it computed itself)
+        assert g["meta_info"].get("spec_accept_length") == r["meta_info"].get("spec_accept_length")
         a = [lp for lp, _, _ in g["meta_info"]["input_token_logprobs"] if lp is not None]
         b = [lp for lp, _, _ in r["meta_info"]["input_token_logprobs"] if lp is not None]
         assert len(a) == len(b) and max(abs(x - y) for x, y in zip(a, b)) <= 1e-5
@@ -55,9 +61,10 @@ def _both(run, **kwargs) -> tuple:
     return results
 
 
-def test_multi_turn_sessions_identical_and_cached():
+@pytest.mark.parametrize("spec", [False, True], ids=["plain", "speculative"])
+def test_multi_turn_sessions_identical_and_cached(spec):
     sessions = [random_ids(45, seed=1), random_ids(30, seed=2)]
-    cached, plain = _both(lambda eng: _run_sessions(eng, sessions, turns=3))
+    cached, plain = _both(lambda eng: _run_sessions(eng, sessions, turns=3), **(SPEC if spec else {}))
     _assert_same(cached, plain)
     later = [o["meta_info"]["cached_tokens"] for o in cached[2:]]
     assert all(c > 0 and c % 16 == 0 for c in later), later
@@ -80,12 +87,59 @@ def test_shared_system_prompt_batch():
     assert all(o["meta_info"]["cached_tokens"] == 48 for o in cached[1:])
 
 
-def test_eviction_under_pressure_and_chunked_prefill():
+@pytest.mark.parametrize("spec", [False, True], ids=["plain", "speculative"])
+def test_eviction_under_pressure_and_chunked_prefill(spec):
     """Small pools: sessions evict each other's tails and pages; chunks of 16 tokens."""
     sessions = [random_ids(60, seed=30 + i) for i in range(4)]
-    kwargs = dict(max_total_tokens=512, chunked_prefill_size=16, max_running_requests=2)
+    kwargs = dict(max_total_tokens=512, chunked_prefill_size=16, max_running_requests=2, **(SPEC if spec else {}))
     cached, plain = _both(lambda eng: _run_sessions(eng, sessions, turns=3), **kwargs)
     _assert_same(cached, plain)
+
+
+@pytest.mark.parametrize("spec", [False, True], ids=["plain", "speculative"])
+def test_speculative_end_needs_the_same_next_token(spec):
+    """A cached end whose next token differs: reused without speculative decoding; with it the end is passed over
+    (its last MTP row was computed with the other token), the outputs identical either way."""
+    system = random_ids(48, seed=9)  # ends exactly at a page boundary: the next token is the user's
+
+    def run(eng):
+        return [eng.generate(input_ids=system + tail, sampling_params=GREEDY, return_logprob=True,
+                             logprob_start_len=50) for tail in ([5, 6, 7], [5, 6, 9], [8, 6, 9])]
+
+    cached, plain = _both(run, **(SPEC if spec else {}))
+    _assert_same(cached, plain)
+    assert [o["meta_info"]["cached_tokens"] for o in cached] == [0, 48, 0 if spec else 48]
+
+
+def test_speculative_draft_state_at_a_cached_end_is_exact():
+    """The first draft after a prefill that started on a cached end: the MTP's output streams equal those of the
+    engine without the cache (they read the cached tail's MTP rows, the last one computed with this request's
+    token; a finished request gives no end past its last draft-extended row)."""
+    system = random_ids(48, seed=9)
+    # sampled (seeded): its cycles run eagerly and its last cycle's MTP rows are never the committed tokens'; with 14
+    # tokens the page boundary at 64 falls in that cycle, so the cache keeps its sequence only up to 48
+    FIRST = {"temperature": 1.0, "seed": 3, "max_new_tokens": 14, "ignore_eos": True}
+    streams, cached_tokens = [], []
+    for cache in (True, False):
+        eng = engine("tiny", disable_radix_cache=not cache, **SPEC)
+        try:
+            first = system + [5, 6, 7]
+            out = eng.generate(input_ids=first, sampling_params=FIRST)["output_ids"]
+            for prompt in (system + [5, 6, 9], system + [8, 6, 9], first + out + [3, 4]):
+                req = Req(rid=str(len(streams)), origin_input_ids=prompt,
+                          sampling_params=SamplingParams(temperature=0, max_new_tokens=4, ignore_eos=True))
+                eng.scheduler.add_request(req)
+                while req.spec is None:
+                    eng.scheduler.step()
+                streams.append(req.spec.draft_streams.clone())
+                cached_tokens.append(req.cached_tokens)
+                while not req.finished:
+                    eng.scheduler.step()
+        finally:
+            eng.shutdown()
+    assert cached_tokens == [48, 0, 48, 0, 0, 0]
+    for cached, plain in zip(streams[:3], streams[3:]):
+        assert (cached - plain).abs().max().item() <= 1e-5
 
 
 def test_flush_refused_while_requests_wait():
@@ -108,7 +162,7 @@ def test_soak_no_leak(num_requests):
     eng = engine("tiny", max_total_tokens=1024, max_running_requests=4)
     try:
         history = [random_ids(20, seed=i) for i in range(5)]
-        sp = {"temperature": 0, "max_new_tokens": 3, "ignore_eos": True}
+        sp = {"temperature": 0, "max_new_tokens": 14, "ignore_eos": True}
         for n in range(0, num_requests, 5):
             outs = eng.generate(input_ids=history, sampling_params=sp)
             for h, o in zip(history, outs):

@@ -105,6 +105,27 @@ def test_ranks_match_single_rank(config, tp, ep, spec, extra):
         assert rank_out["weight_bytes"] == planned  # what the capacity planner counts per GPU
 
 
+@pytest.mark.parametrize("config,tp,ep,extra", [
+    ("tiny", 2, 1, {}),  # two DP groups of one attention rank each, the MoE over both ranks
+    ("wide", 4, 2, {"chunked_prefill_size": 16}),  # two groups of two attention ranks, TP4 x EP2 MoE, chunks
+], ids=["dp2", "wide-dp2-tp4-ep2-chunked"])
+def test_dp_attention_matches_single_rank(config, tp, ep, extra):
+    """Each DP group runs its own requests (of other lengths: the groups run other numbers of forwards, the idle one
+    serving the other's MoE); every request equals the single-rank engine's."""
+    path = checkpoint("tiny") if config == "tiny" else _wide_checkpoint()
+    vocab = TINY["vocab_size"] if config == "tiny" else WIDE["vocab_size"]
+    groups = [[random_ids(40, seed=1, vocab=vocab), random_ids(23, seed=2, vocab=vocab)],
+              [random_ids(70, seed=3, vocab=vocab)]]
+    kwargs = {**_engine_kwargs(path, PAGE_SIZES["tiny"], False, tp_size=tp, ep_size=ep, dp_size=2,
+                               enable_dp_attention=True), **extra}
+    outs = _run_ranks(kwargs, groups, 6, tp)
+    refs = [_single_rank({**_engine_kwargs(path, PAGE_SIZES["tiny"], False), **extra}, g, 6) for g in groups]
+    planned = _planned_weight_bytes(kwargs)
+    for rank, rank_out in enumerate(outs):
+        _assert_same(rank_out["outputs"], refs[rank // (tp // 2)])
+        assert rank_out["weight_bytes"] == planned
+
+
 def _planned_weight_bytes(kwargs: dict) -> int:
     from sglang.check_capacity import per_rank_weight_bytes
     from sglang.srt.arg_groups.deepseek_v4_hook import resolve_server_args
@@ -137,7 +158,7 @@ def test_rank_tensor_parts():
     assert rank_tensor("layers.2.ffn.experts.5.w1.weight", w1, pc, RankCoords(ep=0), 8) is None
     # the LM head of 509 rows: 128 per rank, the last part padded with zeros
     head = torch.ones(509, 2)
-    _, last = rank_tensor("head.weight", head, pc, RankCoords(tp=3), 8)
+    _, last = rank_tensor("head.weight", head, pc, RankCoords(tp=3, attn_tp=3), 8)
     assert last.shape == (128, 2) and last[:125].eq(1).all() and last[125:].eq(0).all()
 
 

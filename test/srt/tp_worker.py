@@ -4,7 +4,7 @@
 
 SPEC: {"init_method", "engine": Engine kwargs, "prompts": [[ids]], "new_tokens", "out"}. Every rank runs the same
 requests in one batch (the engine is deterministic, so every rank schedules alike) and writes its outputs to
-OUT.RANK as JSON.
+OUT.RANK as JSON. With DP attention "prompts" holds one list per DP group: each group runs its own.
 """
 
 from __future__ import annotations
@@ -21,11 +21,12 @@ def main() -> None:
     from sglang.srt.server_args import ServerArgs
 
     kwargs = spec["engine"]
-    init_parallel_state(ServerArgs(**kwargs).parallel_config(), rank, "gloo", spec["init_method"], timeout_s=120)
+    state = init_parallel_state(ServerArgs(**kwargs).parallel_config(), rank, "gloo", spec["init_method"],
+                                timeout_s=120)
     eng = sglang.Engine(**kwargs)
     sampling = {"temperature": 0, "max_new_tokens": spec["new_tokens"], "ignore_eos": True}
-    outs = eng.generate(input_ids=spec["prompts"], return_logprob=True, logprob_start_len=0,
-                        sampling_params=sampling)
+    prompts = spec["prompts"][state.dp_rank] if kwargs.get("enable_dp_attention") else spec["prompts"]
+    outs = eng.generate(input_ids=prompts, return_logprob=True, logprob_start_len=0, sampling_params=sampling)
     weight_bytes = eng.model_runner.weight_bytes
     eng.shutdown()
     with open(f"{spec['out']}.{rank}", "w") as f:

@@ -61,7 +61,7 @@ class ServerArgs:
     speculative_eagle_topk: Optional[int] = None
     speculative_num_draft_tokens: Optional[int] = None
     # Parallelism: tensor-parallel ranks (heads, vocabulary, experts' intermediate dims), expert-parallel
-    # ranks (routed experts) among them; DP attention (attention data-parallel over dp groups) is refused until it lands
+    # ranks (routed experts) among them; DP attention: attention data-parallel over dp groups, the MoE over all ranks
     tp_size: int = 1
     ep_size: int = 1
     dp_size: int = 1
@@ -70,7 +70,7 @@ class ServerArgs:
     node_rank: int = 0
     dist_init_addr: Optional[str] = None
     dist_timeout: float = 300.0  # seconds a collective may wait for a dead or hung rank before the server exits
-    # Prefix cache (radix tree over the pools); off under speculative decoding until that combination lands
+    # Prefix cache (radix tree over the pools)
     disable_radix_cache: bool = False
     # Serving
     reasoning_parser: Optional[str] = None
@@ -123,9 +123,12 @@ class ServerArgs:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.tp_size % self.ep_size:
             raise ValueError(f"--ep-size {self.ep_size} must divide --tp-size {self.tp_size}")
-        if self.enable_dp_attention or self.dp_size > 1:
-            raise ValueError("--enable-dp-attention / --dp-size > 1: data-parallel attention is not implemented yet; "
-                             "use --tp (and --ep) alone")
+        if self.dp_size > 1 and not self.enable_dp_attention:
+            raise ValueError(f"--dp-size {self.dp_size} needs --enable-dp-attention (data parallelism is over the "
+                             f"attention of one model instance)")
+        if self.dp_size > 1 and self.speculative_algorithm is not None:
+            raise ValueError("--enable-dp-attention with --dp-size > 1 does not run speculative decoding yet; drop "
+                             "--speculative-algorithm or the DP attention")
         if self.nnodes > 1:
             raise ValueError("--nnodes > 1: multi-node serving is not implemented yet")
         if not 0 <= self.node_rank < self.nnodes:
@@ -228,9 +231,9 @@ class ServerArgs:
         p.add_argument("--ep", "--ep-size", dest="ep_size", type=int, default=1,
                        help="expert-parallel ranks among the --tp ranks: routed experts split over them (default: 1)")
         p.add_argument("--dp", "--dp-size", dest="dp_size", type=int, default=1,
-                       help="data-parallel attention groups, with --enable-dp-attention (default: 1; not yet)")
+                       help="data-parallel attention groups, with --enable-dp-attention (default: 1)")
         p.add_argument("--enable-dp-attention", action="store_true",
-                       help="attention data-parallel over --dp groups (default: off; not implemented yet)")
+                       help="attention data-parallel over --dp groups, the MoE over all --tp ranks (default: off)")
         p.add_argument("--nnodes", type=int, default=1, help="nodes of one model instance (default: 1; 1 only yet)")
         p.add_argument("--node-rank", type=int, default=0, help="this node's rank (default: 0)")
         p.add_argument("--dist-init-addr",

@@ -65,9 +65,6 @@ def apply_speculative_defaults(args: "ServerArgs", config: DeepseekV4Config) -> 
     if args.speculative_num_draft_tokens != args.speculative_num_steps + 1:
         raise ValueError(f"--speculative-num-draft-tokens must equal --speculative-num-steps + 1 "
                          f"({args.speculative_num_steps + 1}) with top-k 1, got {args.speculative_num_draft_tokens}")
-    if not args.disable_radix_cache:  # the draft's rows before a cached prefix's end are not kept yet
-        args.disable_radix_cache = True
-        applied.append("disable_radix_cache=True (speculative decoding)")
     return applied
 
 
@@ -115,6 +112,20 @@ def apply_quantization(args: "ServerArgs", model_dir: str, config: DeepseekV4Con
     return [f"quantization={args.quantization} (checkpoint: {stored.describe()}{note})"]
 
 
+def apply_dp_attention_defaults(args: "ServerArgs") -> list:
+    """DP attention runs every forward as a round of all ranks (distributed/dp_attention.py): the round's host-side
+    exchange cannot sit inside a captured CUDA graph, nor beside an overlapped step, so both are turned off."""
+    applied = []
+    if args.dp_size > 1:
+        if not args.disable_cuda_graph:
+            args.disable_cuda_graph = True
+            applied.append("disable_cuda_graph=True (DP attention)")
+        if not args.disable_overlap_schedule:
+            args.disable_overlap_schedule = True
+            applied.append("disable_overlap_schedule=True (DP attention)")
+    return applied
+
+
 def apply_deepseek_v4_defaults(args: "ServerArgs") -> list:
     """Fill the options left unset with DeepSeek-V4 defaults and validate; returns 'name=value' of each default
     applied (printed at start)."""
@@ -143,6 +154,7 @@ def apply_deepseek_v4_defaults(args: "ServerArgs") -> list:
     default("mem_fraction_static", 0.25 if on_cpu else 0.85)
     applied += apply_quantization(args, model_dir, config)
     applied += apply_speculative_defaults(args, config)
+    applied += apply_dp_attention_defaults(args)
     applied += apply_cuda_graph_defaults(args)
     if args.kv_cache_dtype == "fp8_e4m3" and config.nope_head_dim % 64:
         raise ValueError(f"--kv-cache-dtype fp8_e4m3 needs head_dim - qk_rope_head_dim ({config.nope_head_dim}) "

@@ -16,6 +16,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from sglang.srt.distributed.dp_attention import init_dp_attention
 from sglang.srt.distributed.sharding import ParallelConfig, RankCoords
 
 
@@ -114,6 +115,7 @@ def init_parallel_state(pc: ParallelConfig, rank: int, backend: str, init_method
     elif pc.attn_tp == 1:
         attn_tp = GroupCoordinator((rank,), 0)
     _STATE = ParallelState(pc, rank, tp, attn_tp)
+    init_dp_attention(tp, pc.dp if pc.dp_attention else 1, pc.attn_tp, _STATE.dp_rank)
     return _STATE
 
 
@@ -122,3 +124,4 @@ def destroy_parallel_state() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
     _STATE = _SINGLE
+    init_dp_attention(None, 1, 1, 0)

@@ -11,7 +11,8 @@ Per parameter (by native name; FP8 block scales and packed FP4 codes and scales 
   all-reduced), `attn.attn_sink` over attn_tp; the shared K=V head (`attn.wkv`), the low-rank `attn.wq_a`, norms,
   compressors and the lightning indexer are replicated (every rank selects the same entries);
 - routed experts: dim 0 over ep, the intermediate dim over moe_tp; shared expert w1/w3 rows and w2 columns over tp;
-- embedding and LM head rows (vocabulary) over tp; router, mHC weights and everything else replicated.
+- embedding and LM head rows (vocabulary) over attn_tp (each DP group holds the whole vocabulary: it embeds and
+  samples its own requests); router, mHC weights and everything else replicated.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ _RULES = [
     (re.compile(r"\.ffn\.experts\.w2(_scale)?$"), ("ep", None, "moe_tp")),
     (re.compile(r"\.ffn\.shared_experts\.(w1|w3)\.(weight|weight_scale_inv)$"), ("tp", None)),
     (re.compile(r"\.ffn\.shared_experts\.w2\.(weight|weight_scale_inv)$"), (None, "tp")),
-    (re.compile(r"^(embed|head)\.weight$"), ("tp", None)),
+    (re.compile(r"^(embed|head)\.weight$"), ("attn_tp", None)),
 ]
 
 

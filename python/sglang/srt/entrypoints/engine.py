@@ -18,6 +18,7 @@ import logging
 import time
 from typing import Optional, Union
 
+from sglang.srt.distributed.dp_attention import get_dp_attention
 from sglang.srt.arg_groups.deepseek_v4_hook import resolve_server_args
 from sglang.srt.managers.output_shaping import OutputState, output_text
 from sglang.srt.managers.schedule_batch import Req
@@ -95,10 +96,16 @@ class Engine:
             return self._remote.run(reqs)
         start = time.perf_counter()
         added = []
+        dp = get_dp_attention()
         try:
             for req in reqs:
                 self.scheduler.add_request(req)
                 added.append(req)
+            if dp.active:  # every rank steps, in rounds, until every DP group's requests are done
+                while dp.any_rank(self.scheduler.has_work()):
+                    if self.scheduler.has_work():
+                        self.scheduler.step()
+                    self.model_runner.finish_dp_round()
             while any(not r.finished for r in reqs):
                 self.scheduler.step()
         except BaseException:
@@ -115,9 +122,9 @@ class Engine:
         return OutputState.of_req(req).to_dict(output_text(self.tokenizer, req), latency)
 
     def flush_cache(self) -> bool:
-        """Empty the prefix cache (in-process engine); False when refused because requests are running."""
+        """Empty the prefix cache; False when refused because requests are running."""
         if self._remote is not None:
-            raise NotImplementedError("flush_cache of a launch_subprocess engine: use the server's /flush_cache")
+            return self._remote.flush_cache()
         return self.scheduler.flush_cache()
 
     def shutdown(self) -> None:

@@ -49,6 +49,17 @@ class SubprocessScheduler:
         except RequestError as e:
             raise ValueError(e.message) from None
 
+    def flush_cache(self) -> bool:
+        """Ask the scheduler process to empty its prefix cache, as the server's /flush_cache does: refused (False)
+        while requests run; the message is ordered before any later request on the same socket."""
+        async def flush() -> bool:
+            if self.tm.states:
+                return False
+            await self.tm.flush_cache()
+            return True
+
+        return asyncio.run_coroutine_threadsafe(flush(), self.loop).result()
+
     def shutdown(self) -> None:
         """Stop the scheduler process, cancel the loop's tasks and close the loop; idempotent."""
         if self._closed:

@@ -54,6 +54,9 @@ class Req:
     spec: Optional[Any] = None  # SpecState of speculative decoding (the pending draft), set by EagleWorker
     spec_num_verify: int = 0  # speculative verifications of this request
     spec_num_accepted_tokens: int = 0  # tokens they committed (accepted drafts + bonus)
+    # speculative: positions [0, draft_len) hold the MTP's window rows of the committed tokens (row p was computed
+    # with token p + 1); the prefix cache keeps ends only up to it
+    draft_len: int = 0
     created_time: float = field(default_factory=time.perf_counter)
     first_token_time: Optional[float] = None
     min_tokens_stop_ids: list = field(default_factory=list)  # masked until min_new_tokens (set at admission)
@@ -107,7 +110,7 @@ class Req:
         every request of every step, so it copies only counters (a step starts with no request finished)."""
         return ReqCheckpoint(self.num_computed, len(self.output_ids), len(self.input_token_logprobs),
                              self.first_token_time, self.spec, self.spec_num_verify, self.spec_num_accepted_tokens,
-                             None if self.generator is None else self.generator.get_state())
+                             self.draft_len, None if self.generator is None else self.generator.get_state())
 
     def restore(self, cp: "ReqCheckpoint") -> None:
         """Undo a step that failed: back to the state `cp` was taken in (the seeded generator included, so a
@@ -120,6 +123,7 @@ class Req:
         del self.input_token_logprobs[cp.num_input_logprobs:]
         self.finished_reason, self.first_token_time, self.spec = None, cp.first_token_time, cp.spec
         self.spec_num_verify, self.spec_num_accepted_tokens = cp.spec_num_verify, cp.spec_num_accepted_tokens
+        self.draft_len = cp.draft_len
         if cp.generator_state is not None:
             self.generator.set_state(cp.generator_state)
 
@@ -133,6 +137,7 @@ class ReqCheckpoint:
     spec: Optional[Any]  # the SpecState itself: a step replaces it, never mutates it
     spec_num_verify: int
     spec_num_accepted_tokens: int
+    draft_len: int
     generator_state: Optional[torch.Tensor]
 
 

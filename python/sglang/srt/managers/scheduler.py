@@ -372,7 +372,7 @@ class Scheduler:
         req.cache_node = match.node
         self.allocator.attach_prefix(req.alloc, match.pages, match.num_tokens, match.node)
         self.runner.token_to_kv_pool.restore_state(match.node.state_slot, req.alloc.req_pool_idx, match.num_tokens)
-        req.num_computed = match.num_tokens
+        req.num_computed = req.draft_len = match.num_tokens  # the match's draft rows are the request's own
         if not req.admitted_time:  # the first admission's reuse is what the client is told
             req.cached_tokens = min(match.num_tokens, len(req.origin_input_ids))
 
@@ -388,7 +388,9 @@ class Scheduler:
     def _cache_prompt(self, req: Req) -> None:
         """Its prompt prefilled, a request gives the prefix cache the prompt up to its last page boundary (so
         requests sharing it can start there while it runs) and locks that node instead of the one it matched."""
-        node = self.allocator.cache_running(req.alloc, req.fill_ids, self._state_saver(req.alloc))
+        # speculative: the cache keeps ends only where the MTP's window rows are the committed tokens'
+        node = self.allocator.cache_running(req.alloc, req.fill_ids, self._state_saver(req.alloc),
+                                            req.draft_len if self.worker.speculative else None)
         if node is not None:
             self.allocator.cache.lock(node)
             if req.cache_node is not None:
@@ -403,7 +405,8 @@ class Scheduler:
     def _release(self, req: Req, cache: bool) -> None:
         """Give back a request's slots (to the prefix cache first when `cache`) and its lock on a cached prefix."""
         if cache and self.allocator.cache is not None:
-            self.allocator.cache_req(req.alloc, req.fill_ids, self._state_saver(req.alloc))
+            self.allocator.cache_req(req.alloc, req.fill_ids, self._state_saver(req.alloc),
+                                     req.draft_len if self.worker.speculative else None)
         else:
             self.allocator.free_req(req.alloc)
         if req.cache_node is not None:
@@ -462,7 +465,7 @@ class Scheduler:
         computed again by that prefill."""
         self.running.remove(req)
         self._release(req, cache=False)
-        req.num_computed, req.prompt_cached = 0, False
+        req.num_computed, req.draft_len, req.prompt_cached = 0, 0, False
         del req.input_token_logprobs[:]
         req.num_retractions += 1
         self.num_retractions += 1

@@ -1,10 +1,13 @@
 """The scheduler process: owns the ModelRunner and Scheduler, talks to the HTTP process over ZMQ.
 `start_scheduler` spawns it (for the HTTP server and sglang.Engine(launch_subprocess=True)) and waits until ready.
 
-With --tp N it spawns N of them, one per rank (distributed/parallel_state.py). Rank 0 alone talks to the HTTP
+With --tp N it spawns N of them, one per rank (distributed/parallel_state.py). Rank 0 alone receives from the HTTP
 process: each loop it broadcasts the messages it received to every rank, and every rank then admits, aborts and steps
 exactly alike (the scheduler is deterministic and the sampling seeds are equal), so the ranks run the same batches
-and meet in the same collectives; only rank 0 sends outputs. A rank that dies or stops answering fails the others'
+and meet in the same collectives; only rank 0 sends outputs. With --enable-dp-attention --dp D, rank 0 gives each
+new request to a DP group (round robin), the ranks of a group admit and step alike, the first rank of each group
+sends its requests' outputs, and every loop is a round of all ranks (distributed/dp_attention.py): a group with
+nothing to run serves the others' MoE layers with idle forwards. A rank that dies or stops answering fails the others'
 next collective within --dist-timeout; the parent sees a rank process gone and stops the server, naming it.
 
 Loop: drain incoming messages (blocking only when idle), then run one scheduler step and send every request's
@@ -45,6 +48,7 @@ class PortArgs:
 
 class SchedulerProcess:
     def __init__(self, server_args: ServerArgs, port_args: PortArgs) -> None:
+        from sglang.srt.distributed.dp_attention import get_dp_attention
         from sglang.srt.distributed.parallel_state import get_parallel_state
         from sglang.srt.managers.scheduler import Scheduler
         from sglang.srt.model_executor.model_runner import ModelRunner
@@ -55,14 +59,18 @@ class SchedulerProcess:
         self.scheduler = Scheduler(self.runner, self.tokenizer)
         self.sent: dict = {}  # rid -> output tokens already sent
         self._last_log = (time.perf_counter(), 0)
-        self.ranks = get_parallel_state().tp
-        self.is_leader = self.ranks.rank_in_group == 0
-        if not self.is_leader:
+        state = get_parallel_state()
+        self.ranks, self.dp, self.dp_rank = state.tp, get_dp_attention(), state.dp_rank
+        self.is_leader = self.ranks.rank_in_group == 0  # receives and broadcasts every message
+        self.sends = state.attn_tp.rank_in_group == 0  # sends its DP group's outputs
+        self._next_group = 0  # rank 0: the DP group of the next new request (round robin)
+        if not self.sends:
             return
         ctx = zmq.Context()
-        self.recv = ctx.socket(zmq.PULL)
-        self.recv.setsockopt(zmq.LINGER, 0)
-        self.recv.bind(port_args.scheduler_input)
+        if self.is_leader:
+            self.recv = ctx.socket(zmq.PULL)
+            self.recv.setsockopt(zmq.LINGER, 0)
+            self.recv.bind(port_args.scheduler_input)
         self.send = ctx.socket(zmq.PUSH)
         self.send.setsockopt(zmq.LINGER, 0)
         self.send.connect(port_args.tokenizer_input)
@@ -82,7 +90,10 @@ class SchedulerProcess:
             if os.getppid() != parent:  # the HTTP process is gone (reparented): nothing can reach us
                 logger.warning("the server process exited; the scheduler stops")
                 return
-            answers = self._handle_messages(block=not self.scheduler.has_work())
+            busy = self.scheduler.has_work()
+            if self.dp.active:  # wait for messages only when no DP group has work
+                busy = self.dp.any_rank(busy)
+            answers = self._handle_messages(block=not busy)
             updated = []
             if self.scheduler.has_work():
                 try:
@@ -91,25 +102,33 @@ class SchedulerProcess:
                     logger.error("scheduler step failed:\n%s", traceback.format_exc())
                     updated = self._abort_all("internal error in the scheduler; see the server log")
                     self.scheduler.consecutive_failed_steps += 1
+            self.runner.finish_dp_round()
             outputs = answers + [self._progress(req) for req in updated]
-            if outputs and self.is_leader:
+            if outputs and self.sends:
                 self.send.send_pyobj(BatchOutput(outputs, self._stats()))
-            if self.is_leader:
+            if self.sends:
                 self._log_progress()
 
     def _receive(self, block: bool) -> list:
-        """Rank 0: the messages waiting (up to 1 s for the first when idle); every rank: the same list."""
+        """Rank 0: the messages waiting (up to 1 s for the first when idle), each with the DP group that takes it (new
+        requests round robin; the rest every group); every rank: the same list."""
         msgs = []
         if self.is_leader:
             timeout = 1000 if block else 0
             while self.recv.poll(timeout):
                 timeout = 0
-                msgs.append(self.recv.recv_pyobj())
+                msg = self.recv.recv_pyobj()
+                group = None
+                if isinstance(msg, TokenizedGenerateReqInput) and self.dp.active:
+                    group, self._next_group = self._next_group, (self._next_group + 1) % self.dp.dp
+                msgs.append((msg, group))
         return self.ranks.broadcast_object(msgs)
 
     def _handle_messages(self, block: bool) -> list:
         answers = []
-        for msg in self._receive(block):
+        for msg, group in self._receive(block):
+            if group is not None and group != self.dp_rank:
+                continue  # another DP group's request
             if isinstance(msg, TokenizedGenerateReqInput):
                 answer = self._add(msg)
                 if answer is not None:

@@ -295,13 +295,16 @@ class DeepSeekV4TokenAllocator:
         row = self.req_to_token_pool.req_to_token[alloc.req_pool_idx]
         row[:num_tokens] = self._to_device(full.flatten()).to(torch.int32)
 
-    def cache_running(self, alloc: ReqAllocation, tokens: list, save_state) -> Optional[TreeNode]:
-        """Give the prefix cache tokens[:P] of a request that goes on (P: its last page boundary; called when its
-        prompt is prefilled): the cache takes the pages it lacked and the window tail at P, which the request keeps
-        reading. Returns the node ending at P (the caller locks it), or None when nothing was cached."""
-        if not self._can_pin_tail(alloc, tokens):
+    def cache_running(self, alloc: ReqAllocation, tokens: list, save_state,
+                      draft_len: Optional[int] = None) -> Optional[TreeNode]:
+        """Give the prefix cache tokens[:P] of a request that goes on (P: its last page boundary, at most draft_len
+        under speculative decoding; called when its prompt is prefilled): the cache takes the pages it lacked and the
+        window tail at P, which the request keeps reading. Returns the node ending at P (the caller locks it), or
+        None when nothing was cached."""
+        end = self._cache_end(alloc, tokens, draft_len)
+        if not self._can_pin_tail(alloc, end):
             return None
-        given = self._give(alloc, tokens, save_state)
+        given = self._give(alloc, tokens, end, draft_len is not None, save_state)
         if given is None:
             return None
         node, end, tail_taken = given
@@ -314,11 +317,17 @@ class DeepSeekV4TokenAllocator:
             self._read_tail(alloc, node, end)
         return node
 
-    def _can_pin_tail(self, alloc: ReqAllocation, tokens: list) -> bool:
+    def _cache_end(self, alloc: ReqAllocation, tokens: list, draft_len: Optional[int]) -> int:
+        """The end a request can give the cache: its last page boundary among computed positions (and, speculating,
+        positions with the draft's rows: the tail's MTP rows must be the committed tokens')."""
+        end = min(len(tokens), alloc.num_tokens, len(tokens) if draft_len is None else draft_len)
+        return end // self.page_size * self.page_size
+
+    def _can_pin_tail(self, alloc: ReqAllocation, end: int) -> bool:
         """Whether the window pool affords the cache a running request's tail: the tail stays allocated until the
         request's window has slid past it, so afterwards every live request must still be able to grow to a full
         window (window + 1 slots) from the free slots."""
-        w, end = self.window, min(len(tokens), alloc.num_tokens) // self.page_size * self.page_size
+        w = self.window
         if alloc.window_start > end - w:
             return False
         need = sum(max(0, w + 1 - len(a.window_slots)) for a in self.live.values())
@@ -338,10 +347,11 @@ class DeepSeekV4TokenAllocator:
             self.cache.remove_tail_reader(alloc.tail_node)
             alloc.tail_node = None
 
-    def cache_req(self, alloc: ReqAllocation, tokens: list, save_state) -> None:
-        """Free a finished request, first giving the prefix cache tokens[:P] (P: its last page boundary) with the
-        window tail and (via `save_state(slot, P)`) the staging state there."""
-        given = self._give(alloc, tokens, save_state)
+    def cache_req(self, alloc: ReqAllocation, tokens: list, save_state, draft_len: Optional[int] = None) -> None:
+        """Free a finished request, first giving the prefix cache tokens[:P] (P: its last page boundary, at most
+        draft_len under speculative decoding) with the window tail and (via `save_state(slot, P)`) the staging state
+        there."""
+        given = self._give(alloc, tokens, self._cache_end(alloc, tokens, draft_len), draft_len is not None, save_state)
         if given is not None and given[2]:  # the tail [P - window, P) is the cache's now: free the rest of the window
             end, lo = given[1], given[1] - self.window - alloc.window_start
             self._unmap(self._full_slots(alloc, alloc.window_start, end - self.window)
@@ -350,11 +360,11 @@ class DeepSeekV4TokenAllocator:
             alloc.window_slots, alloc.window_start = [], alloc.num_tokens
         self.free_req(alloc)
 
-    def _give(self, alloc: ReqAllocation, tokens: list, save_state) -> Optional[tuple]:
-        """Insert tokens[:P] with its pages, tail and state; returns (node, P, whether the cache took the tail) or
-        None. The pages the cache took join alloc.cached_pages."""
+    def _give(self, alloc: ReqAllocation, tokens: list, end: int, speculative: bool, save_state) -> Optional[tuple]:
+        """Insert tokens[:end] with its pages, tail (speculative: and the token after it, which the tail's last MTP
+        row was computed with) and state; returns (node, end, whether the cache took the tail) or None. The pages the
+        cache took join alloc.cached_pages."""
         ps, w = self.page_size, self.window
-        end = min(len(tokens), alloc.num_tokens) // ps * ps
         if self.cache is None or end < max(ps, w) or alloc.window_start > end - w:
             return None
         # The tail's window KV is reached through the tree's pages (full_to_swa): where the tree already holds these
@@ -372,7 +382,8 @@ class DeepSeekV4TokenAllocator:
         tail_swa = alloc.window_slots[i:i + w]
         tail_full = self._full_slots(alloc, end - w, end)
         pages = alloc.pages[:end // ps]
-        node, dup_pages, dup_tail, dup_slot = self.cache.insert(tokens[:end], pages, tail_full, tail_swa, slot)
+        node, dup_pages, dup_tail, dup_slot = self.cache.insert(tokens[:end], pages, tail_full, tail_swa, slot,
+                                                                tokens[end] if speculative else None)
         alloc.cached_pages |= set(pages) - set(dup_pages)
         if dup_slot is not None:
             self.state_slots.free([dup_slot])

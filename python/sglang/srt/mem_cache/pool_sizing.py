@@ -73,6 +73,19 @@ def state_bytes_per_request(config: DeepseekV4Config, num_draft_tokens: int = 0)
     return total
 
 
+def prefix_state_bytes(config: DeepseekV4Config, max_running_requests: int, num_state_slots: int) -> int:
+    """The prefix cache's fp32 (content, gate) CSA staging rows: per request slot the m rows before a page boundary in
+    two halves (page parity), and `num_state_slots` saved copies (slot 0 reserved), for every CSA compressor."""
+    if num_state_slots == 0:
+        return 0
+    rows = (max_running_requests + 1) * 2 + num_state_slots + 1
+    total = 0
+    for i in config.csa_layers:
+        ratio = config.compress_ratio(i)
+        total += rows * ratio * 2 * (2 * config.head_dim + 2 * config.index_head_dim) * 4
+    return total
+
+
 @dataclass(frozen=True)
 class PoolPlan:
     shape: PoolShape
@@ -89,7 +102,8 @@ class PoolPlan:
             self.per_token.format(),
             f"page size {s.page_size}, pages {s.num_pages - 1}, full tokens {self.max_total_tokens}, "
             f"window slots {s.num_swa_slots - 1}, request slots {s.max_num_reqs}",
-            f"staging state {self.state_bytes / 2**20:.1f} MiB, pools total {self.total_bytes / 2**20:.1f} MiB",
+            f"staging state {self.state_bytes / 2**20:.1f} MiB (prefix-cache state slots {s.num_state_slots}), "
+            f"pools total {self.total_bytes / 2**20:.1f} MiB",
             f"max context {min(self.context_length, self.max_total_tokens)} tokens; at {s.max_num_reqs} "
             f"concurrent requests {self.max_total_tokens // max(1, s.max_num_reqs)} tokens each",
         ])
@@ -98,10 +112,13 @@ class PoolPlan:
 def plan_pools(config: DeepseekV4Config, *, page_size: int, max_running_requests: int, context_length: int,
                chunked_prefill_size: int, swa_full_tokens_ratio: float, budget_bytes: int, kv_entry_bytes: int,
                index_entry_bytes: int, num_window_layers: int, max_total_tokens: int | None = None,
-               num_draft_tokens: int = 0) -> PoolPlan:
-    """Split `budget_bytes` between the pools; raises ValueError when not even one full context fits."""
+               num_draft_tokens: int = 0, prefix_cache: bool = False) -> PoolPlan:
+    """Split `budget_bytes` between the pools; raises ValueError when not even one full context fits. `prefix_cache`:
+    two saved staging states per request slot (one per cached prefix end; the cache evicts the rest)."""
     per_token = bytes_per_token(config, kv_entry_bytes, index_entry_bytes, num_window_layers)
-    state = (max_running_requests + 1) * state_bytes_per_request(config, num_draft_tokens)
+    num_state_slots = 2 * max_running_requests if prefix_cache else 0
+    state = ((max_running_requests + 1) * state_bytes_per_request(config, num_draft_tokens)
+             + prefix_state_bytes(config, max_running_requests, num_state_slots))
     req_to_token = (max_running_requests + 1) * context_length * 4
     # Each full slot also costs its full_to_swa entry (8 B); live windows cost swa_ratio of the window bytes.
     cost = per_token.growth + 8 + swa_full_tokens_ratio * per_token.window.per_token
@@ -119,7 +136,8 @@ def plan_pools(config: DeepseekV4Config, *, page_size: int, max_running_requests
     min_window = max_running_requests * (config.sliding_window + num_draft_tokens) + chunk
     swa_slots = max(int(tokens * swa_full_tokens_ratio), min_window)
     shape = PoolShape(page_size=page_size, num_pages=tokens // page_size + 1, num_swa_slots=swa_slots + 1,
-                      max_num_reqs=max_running_requests, num_draft_tokens=num_draft_tokens)
+                      max_num_reqs=max_running_requests, num_draft_tokens=num_draft_tokens,
+                      num_state_slots=num_state_slots)
     total = (tokens * (per_token.growth + 8) + swa_slots * per_token.window.per_token + state + req_to_token)
     return PoolPlan(shape=shape, max_total_tokens=tokens, context_length=context_length, per_token=per_token,
                     state_bytes=state, total_bytes=int(total))
@@ -149,7 +167,8 @@ def plan_pools_for_args(config: DeepseekV4Config, args, budget_bytes: int, dtype
         swa_full_tokens_ratio=args.swa_full_tokens_ratio, budget_bytes=budget_bytes,
         kv_entry_bytes=kv_format.bytes_per_entry, index_entry_bytes=index_format.bytes_per_entry,
         num_window_layers=num_layers, max_total_tokens=2 * args.page_size if probe else args.max_total_tokens,
-        num_draft_tokens=args.speculative_num_draft_tokens or 0)
+        num_draft_tokens=args.speculative_num_draft_tokens or 0,
+        prefix_cache=not args.disable_radix_cache and not probe)
     return plan, kv_format, index_format, index_kind
 
 

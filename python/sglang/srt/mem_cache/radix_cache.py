@@ -9,6 +9,9 @@ from the pages and freed first under pressure:
 - `tail`: the window slots of the `window` tokens before the end (their window KV, mapped by full_to_swa);
 - `state_slot`: the saved CSA staging rows at the end (every CSA compressor's previous-window rows).
 A match ends at the deepest node end on the prefix's path that still has both; deeper cached pages are recomputed.
+Under speculative decoding the tail also holds the MTP layer's window rows, and the last of them (position end - 1)
+was computed with the token after the end (`next_token`): an end is usable only by a request whose token there is
+the same, so the draft's window is exactly what it would have computed itself.
 Nodes are locked (with their ancestors) by the requests using them and evicted least recently used first, leaves
 first. All of it is host-side bookkeeping; freeing goes through the callbacks (the allocator owns the pools).
 """
@@ -29,6 +32,7 @@ class TreeNode:
     children: dict = field(default_factory=dict)  # first page's tokens (tuple) -> child
     tail_full: Optional[list] = None  # full slots of the `window` tokens before this node's end ...
     tail_swa: Optional[list] = None  # ... and their window slots
+    next_token: Optional[int] = None  # speculative decoding: the token the tail's last MTP row was computed with
     state_slot: Optional[int] = None
     lock_ref: int = 0  # requests using this node's pages (or a descendant's)
     tail_readers: int = 0  # requests whose window still reaches into this node's tail
@@ -87,7 +91,7 @@ class RadixCache:
             if n < len(child.pages):
                 break
             node = child
-            if node.usable:
+            if node.usable and (node.next_token is None or (pos < len(tokens) and tokens[pos] == node.next_token)):
                 best = PrefixMatch(pos, list(pages), node)
         self.queried_tokens += len(tokens)
         self.hit_tokens += best.num_tokens
@@ -116,8 +120,10 @@ class RadixCache:
         return n
 
     # ---- insertion -----------------------------------------------------------------------------
-    def insert(self, tokens: list, pages: list, tail_full: list, tail_swa: list, state_slot: int) -> tuple:
-        """Cache tokens (page-aligned, one page per page_size tokens) with the tail and state at their end. The
+    def insert(self, tokens: list, pages: list, tail_full: list, tail_swa: list, state_slot: int,
+               next_token: Optional[int] = None) -> tuple:
+        """Cache tokens (page-aligned, one page per page_size tokens) with the tail (and its `next_token`, speculative
+        decoding) and state at their end. The
         tree takes what it did not have; returns (the node ending there, then the pages, (tail full, tail window) and
         state slot or None it already had or did not take: the caller's still; pages the caller got from this tree are
         the same ids, not returned)."""
@@ -147,6 +153,7 @@ class RadixCache:
             dup_tail = (tail_full, tail_swa)
         else:
             node.tail_full, node.tail_swa, dup_tail = list(tail_full), list(tail_swa), ([], [])
+            node.next_token = next_token
             self.num_tail_slots += len(tail_swa)
             if node.tail_readers == 0:
                 self.num_evictable_tail_slots += len(tail_swa)
@@ -252,7 +259,7 @@ class RadixCache:
             self.num_tail_slots -= len(node.tail_swa)
             if node.tail_readers == 0:
                 self.num_evictable_tail_slots -= len(node.tail_swa)
-            node.tail_full = node.tail_swa = None
+            node.tail_full = node.tail_swa = node.next_token = None
         if node.state_slot is not None:
             self.cb.free_state(node.state_slot)
             node.state_slot = None

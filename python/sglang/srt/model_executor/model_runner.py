@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import Optional
 
 import torch
 
+from sglang.srt.distributed.dp_attention import get_dp_attention
 from sglang.srt.configs.deepseek_v4 import DeepseekV4Config
 from sglang.srt.distributed.parallel_state import get_parallel_state
 from sglang.srt.environ import envs
@@ -110,8 +110,6 @@ class ModelRunner:
             config, args, budget, self.dtype, with_draft=self.draft_model is not None, probe=probe)
         num_layers = config.num_hidden_layers + (config.num_nextn_predict_layers if self.draft_model else 0)
         shape = self.pool_plan.shape
-        if not args.disable_radix_cache and not probe:  # one saved CSA staging state per cached prefix end
-            shape = dataclasses.replace(shape, num_state_slots=2 * shape.max_num_reqs)
         self.req_to_token_pool = ReqToTokenPool(shape.max_num_reqs, args.context_length, self.device)
         self.token_allocator = DeepSeekV4TokenAllocator(self.req_to_token_pool, shape.num_pages, shape.page_size,
                                                         shape.num_swa_slots, self.device, window=config.sliding_window,
@@ -140,6 +138,14 @@ class ModelRunner:
     def forward(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
         self.attach(forward_batch)
         return self.model(forward_batch.input_ids, forward_batch.positions, forward_batch)
+
+    @torch.inference_mode()
+    def finish_dp_round(self) -> None:
+        """DP attention: after this rank's step, serve the other DP groups' forwards with idle ones until every rank
+        is done (distributed/dp_attention.py); nothing without DP attention."""
+        dp = get_dp_attention()
+        if dp.active:
+            dp.finish_round({"main": self.model.forward_idle})
 
     def can_run_decode_graph(self, batch_size: int) -> bool:
         """Whether a DECODE batch of this size runs the static path (replayed graphs on a GPU)."""

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sglang.srt.configs.deepseek_v4 import CSA_RATIO, DeepseekV4Config
+from sglang.srt.distributed.dp_attention import get_dp_attention
 from sglang.srt.distributed.parallel_state import get_parallel_state
 from sglang.srt.distributed.sharding import local_expert_range
 from sglang.srt.layers.attention.dsv4.hadamard import hadamard_rotate
@@ -170,6 +171,14 @@ class MoE(nn.Module):
         self.shared_experts = None
 
     def forward(self, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+        dp = get_dp_attention()
+        if dp.active:  # every DP group's tokens through this rank's experts; the sum keeps this group's rows
+            all_x = dp.gather(x)
+            return dp.reduce_own(self._partial(all_x, dp.input_ids))
+        return self.tp_group.all_reduce(self._partial(x, input_ids))  # fused shared expert: tp 1, the identity
+
+    def _partial(self, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+        """This rank's part of the MoE output: its experts' (and shared-expert part's) sum, before the all-reduce."""
         weights, ids = self.gate(x, input_ids)
         if self.expert_parallel:
             # Pairs routed to another rank's experts: weight 0 on a local expert (fixed shapes, no host read).
@@ -177,7 +186,7 @@ class MoE(nn.Module):
             mine = (local >= 0) & (local < len(self.local_experts))
             ids, weights = torch.where(mine, local, 0), torch.where(mine, weights, 0.0)
         if self.shared_experts is not None:
-            return self.tp_group.all_reduce(self.experts(x, ids, weights) + self.shared_experts(x))
+            return self.experts(x, ids, weights) + self.shared_experts(x)
         # Fused: one more column per token, expert E at weight 1. The grouped pass adds it after the routed
         # experts, in the unfused order, so the sum is the same.
         ids = torch.cat((ids, ids.new_full((ids.shape[0], 1), self.shared_expert_id)), dim=1)
@@ -232,7 +241,7 @@ class DeepseekV4ForCausalLM(nn.Module):
         super().__init__()
         c = config
         self.config = c
-        tp = get_parallel_state().tp
+        tp = get_parallel_state().attn_tp  # each DP group embeds and samples its own requests
         self.embed = VocabParallelEmbedding(c.vocab_size, c.hidden_size, tp)
         self.layers = nn.ModuleList(DeepseekV4DecoderLayer(c, i) for i in range(c.num_hidden_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
@@ -245,6 +254,8 @@ class DeepseekV4ForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 forward_batch: ForwardBatch) -> LogitsProcessorOutput:
         c = self.config
+        if get_dp_attention().active:  # a round of every DP group (distributed/dp_attention.py)
+            get_dp_attention().begin_forward("main", input_ids)
         streams = self.embed(input_ids).unsqueeze(1).repeat(1, c.hc_mult, 1)  # [T, n, D]
         for layer in self.layers:
             streams = layer(streams, positions, input_ids, forward_batch)
@@ -252,6 +263,16 @@ class DeepseekV4ForCausalLM(nn.Module):
                                    c.hc_eps, c.rms_norm_eps))
         return self.logits_processor(hidden, self.head, forward_batch,
                                      pre_hc_streams=streams if forward_batch.capture_hidden else None)
+
+    def forward_idle(self) -> None:
+        """DP attention: this group has nothing to run while another does; its MoE layers still serve the other
+        groups' tokens (distributed/dp_attention.py)."""
+        dp = get_dp_attention()
+        weight = self.embed.weight
+        dp.input_ids = dp.gather(torch.zeros(0, dtype=torch.int64, device=weight.device))
+        x = weight.new_zeros(0, self.config.hidden_size)
+        for layer in self.layers:
+            layer.ffn(x, dp.input_ids[:0])
 
     def load_weights(self, weights) -> None:
         """Copy (native name, tensor) pairs into parameters; per-expert tensors fill the stacked slices."""

@@ -128,6 +128,9 @@ class EagleWorker(DecodeWorker):
             return
         hidden = output.hidden_states[torch.cat(rows).to(output.hidden_states.device)]
         logits, streams = self._draft_forward(reqs, starts, lens, ids, hidden)
+        for req, start, n in zip(reqs, starts, lens):
+            if start <= req.draft_len:
+                req.draft_len = start + n
         # a retracted request resumes with the draft it had (its prefill re-fills the draft's window only)
         done = [b for b, req in enumerate(reqs) if req.prefill_done and req.spec is None]
         if done:
@@ -183,6 +186,8 @@ class EagleWorker(DecodeWorker):
             if req.finished:
                 continue
             self.allocator.truncate(req.alloc, req.num_computed)
+            if c <= req.draft_len:  # rows c .. num_computed - 1 get the committed tokens' rows (here or in the graph)
+                req.draft_len = req.num_computed
             if verified.next_drafts is not None:  # the captured cycle draft-extended already
                 req.spec = SpecState(verified.next_drafts[0][b], verified.next_drafts[1][b], None)
                 continue

@@ -1,0 +1,122 @@
+"""Data-parallel attention (--enable-dp-attention --dp N): N groups of attn_tp = tp / N ranks each run their own
+requests through attention, and every MoE runs over the tokens of all groups (the DeepSeek serving layout).
+
+Every forward of the model is a round of the whole world: each rank says what it runs (`ForwardKind` and its
+number of tokens, the same on every rank of a DP group) in one object all-gather; a rank with nothing to run
+answers "done" and, while any other group still runs forwards, runs an idle forward of the same model (its MoE
+layers with no tokens of its own: its experts still serve the other groups' tokens), so every rank meets every
+collective in the same order. Inside a forward each MoE gathers the groups' tokens (padded to the largest group, one
+all-gather over the world, one part per group), computes its experts' and shared-expert part for all of them, sums
+the parts (one all-reduce) and keeps its own group's rows.
+
+With dp = 1 none of this runs: `DpAttention.active` is False and the model calls nothing here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+DONE = "done"
+
+
+@dataclass
+class DpForward:
+    """The current round: the forward kind ("main" or "draft") and every DP group's token count."""
+
+    kind: str
+    counts: list  # tokens per DP group, in group order
+    group: int  # this rank's DP group
+
+    @property
+    def offset(self) -> int:
+        return sum(self.counts[:self.group])
+
+
+class DpAttention:
+    def __init__(self, world, dp: int, attn_tp: int, dp_rank: int) -> None:
+        self.world, self.dp, self.attn_tp, self.dp_rank = world, dp, attn_tp, dp_rank
+        self.current: Optional[DpForward] = None
+        self.input_ids: Optional[torch.Tensor] = None  # every group's input ids of the current forward (hash routing)
+
+    @property
+    def active(self) -> bool:
+        return self.dp > 1
+
+    # ---- rounds ----------------------------------------------------------------------------------------------
+    def _exchange(self, kind: str, num_tokens: int) -> list:
+        """(kind, tokens) of every world rank, in rank order."""
+        box = [None] * self.world.world_size
+        dist.all_gather_object(box, (kind, num_tokens), group=self.world.cpu_group)
+        return box
+
+    def _round(self, entries: list) -> Optional[DpForward]:
+        kinds = {k for k, _ in entries if k != DONE}
+        if not kinds:
+            return None
+        if len(kinds) > 1:
+            raise RuntimeError(f"DP attention: DP groups run different forwards in one round ({sorted(kinds)})")
+        counts = [entries[g * self.attn_tp][1] if entries[g * self.attn_tp][0] != DONE else 0
+                  for g in range(self.dp)]
+        return DpForward(kinds.pop(), counts, self.dp_rank)
+
+    def begin_forward(self, kind: str, input_ids: torch.Tensor) -> DpForward:
+        """Called by the model at the start of each forward (every group's counts, every group's input ids)."""
+        self.current = self._round(self._exchange(kind, int(input_ids.shape[0])))
+        self.input_ids = self.gather(input_ids)
+        return self.current
+
+    def finish_round(self, idle: dict) -> None:
+        """After this rank's step: serve idle forwards (`idle[kind](input_ids)` runs that model with no tokens of
+        its own) until every rank is done."""
+        while True:
+            fwd = self._round(self._exchange(DONE, 0))
+            if fwd is None:
+                self.current = None
+                return
+            self.current = fwd
+            fn: Callable = idle[fwd.kind]
+            fn()
+
+    def any_rank(self, flag: bool) -> bool:
+        """Whether `flag` holds on any rank (the loop's "anyone has work")."""
+        box = [None] * self.world.world_size
+        dist.all_gather_object(box, bool(flag), group=self.world.cpu_group)
+        return any(box)
+
+    # ---- tokens ----------------------------------------------------------------------------------------------
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        """This group's rows `x` [n, ...] -> every group's rows, in group order (padded all-gather over the world; one
+        part per group: the ranks of a group hold the same rows)."""
+        fwd = self.current
+        pad = max(fwd.counts)
+        if pad == 0:
+            return x[:0]
+        buf = x.new_zeros((pad,) + tuple(x.shape[1:]))
+        buf[:x.shape[0]] = x
+        parts = [torch.empty_like(buf) for _ in range(self.world.world_size)]
+        dist.all_gather(parts, buf, group=self.world.group)
+        return torch.cat([parts[g * self.attn_tp][:n] for g, n in enumerate(fwd.counts)])
+
+    def reduce_own(self, y: torch.Tensor) -> torch.Tensor:
+        """Every rank's partial sums over all groups' rows -> this group's rows of the total."""
+        self.world.all_reduce(y)
+        fwd = self.current
+        return y[fwd.offset:fwd.offset + fwd.counts[fwd.group]]
+
+
+_NONE = DpAttention(None, 1, 1, 0)
+_DP: DpAttention = _NONE
+
+
+def get_dp_attention() -> DpAttention:
+    return _DP
+
+
+def init_dp_attention(world, dp: int, attn_tp: int, dp_rank: int) -> DpAttention:
+    global _DP
+    _DP = DpAttention(world, dp, attn_tp, dp_rank) if dp > 1 else _NONE
+    return _DP
