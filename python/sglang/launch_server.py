@@ -3,6 +3,8 @@
 Process model: this process runs the HTTP server and the TokenizerManager (tokenize, encode chats, detokenize);
 the model and scheduler run in a spawned scheduler process, so a long forward never blocks the API.
 The listening address is bound first, before anything is loaded, so a port in use fails in a second.
+Multi-node (--nnodes N --node-rank R --dist-init-addr HOST:PORT): node 0 serves HTTP and runs the first ranks;
+every other node runs its ranks headless and exits (code 1) when one of them ends.
 """
 
 from __future__ import annotations
@@ -79,6 +81,26 @@ def launch_server(server_args: ServerArgs, sock: Optional[socket.socket] = None)
         sys.exit(1)
 
 
+def run_headless(server_args: ServerArgs) -> None:
+    """A node other than 0: start this node's ranks, then wait; when one ends (node 0 stopped, a rank failed), stop
+    the others and exit 1."""
+    import time
+
+    from sglang.srt.managers.scheduler_process import start_scheduler
+
+    configure_logging(server_args.log_level)
+    ranks, _, _ = start_scheduler(server_args)
+    logger.info("node %d of %d: ranks %d..%d ready; node 0 serves HTTP", server_args.node_rank, server_args.nnodes,
+                ranks.first, ranks.first + len(ranks.procs) - 1)
+    try:
+        while ranks.is_alive():
+            time.sleep(0.5)
+    finally:
+        ranks.kill()
+    logger.error("node %d stopped: %s", server_args.node_rank, ranks.describe_exit())
+    sys.exit(1)
+
+
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Appends "(default: X)" unless the help already says what the default is (options whose default is
     decided at start, such as --page-size, state it in words)."""
@@ -103,6 +125,12 @@ def main(argv=None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
     configure_logging(args.log_level)  # first: resolving may generate the built-in model (a progress bar)
+    if args.node_rank > 0:  # headless: no HTTP address of its own
+        try:
+            server_args = resolve_server_args(ServerArgs.from_cli_args(args))
+        except ValueError as e:
+            parser.error(str(e))
+        run_headless(server_args)
     try:
         sock = bind_listen_socket(args.host, args.port)
     except OSError as e:

@@ -44,6 +44,16 @@ def _single_rank(input_ids, sampling: dict):
         eng.shutdown()
 
 
+def _generate_matches(base_url: str, ids: list, sampling: dict, ref: dict) -> None:
+    """/generate returns the reference's greedy tokens and its prompt logprobs within 1e-5."""
+    got = httpx.post(f"{base_url}/generate", timeout=120, json={
+        "input_ids": ids, "sampling_params": sampling, "return_logprob": True, "logprob_start_len": 0}).json()
+    assert got["output_ids"] == ref["output_ids"]
+    a = [lp for lp, _, _ in got["meta_info"]["input_token_logprobs"][1:]]
+    b = [lp for lp, _, _ in ref["meta_info"]["input_token_logprobs"][1:]]
+    assert max(abs(x - y) for x, y in zip(a, b)) <= 1e-5
+
+
 def test_tp2_server_serves_and_stops_when_a_rank_dies(tmp_path):
     ids = [100, 2000, 3000, 4000, 5000, 6000, 7000, 8000, 9000, 10000, 11000]
     sampling = {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}
@@ -57,12 +67,7 @@ def test_tp2_server_serves_and_stops_when_a_rank_dies(tmp_path):
             "model": "tiny-deepseek-v4", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8,
             "temperature": 0})
         assert chat.status_code == 200 and chat.json()["usage"]["completion_tokens"] == 8
-        got = httpx.post(f"{server.base_url}/generate", timeout=60, json={
-            "input_ids": ids, "sampling_params": sampling, "return_logprob": True, "logprob_start_len": 0}).json()
-        assert got["output_ids"] == ref["output_ids"]
-        a = [lp for lp, _, _ in got["meta_info"]["input_token_logprobs"][1:]]
-        b = [lp for lp, _, _ in ref["meta_info"]["input_token_logprobs"][1:]]
-        assert max(abs(x - y) for x, y in zip(a, b)) <= 1e-5
+        _generate_matches(server.base_url, ids, sampling, ref)
 
         os.kill(ranks[1], signal.SIGKILL)
         start = time.time()
@@ -96,17 +101,8 @@ def test_dp_attention_server_matches_single_rank(tmp_path):
 
     server = launch([*ARGS, "--tp", "2", "--dp", "2", "--enable-dp-attention"], str(tmp_path), timeout=240)
     try:
-        def one(ids):
-            return httpx.post(f"{server.base_url}/generate", timeout=120, json={
-                "input_ids": ids, "sampling_params": sampling, "return_logprob": True, "logprob_start_len": 0}).json()
-
-        with concurrent.futures.ThreadPoolExecutor(4) as pool:
-            got = list(pool.map(one, prompts))
-        for g, r in zip(got, refs):
-            assert g["output_ids"] == r["output_ids"]
-            a = [lp for lp, _, _ in g["meta_info"]["input_token_logprobs"][1:]]
-            b = [lp for lp, _, _ in r["meta_info"]["input_token_logprobs"][1:]]
-            assert max(abs(x - y) for x, y in zip(a, b)) <= 1e-5
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:  # sent together: both groups get requests
+            list(pool.map(lambda pr: _generate_matches(server.base_url, pr[0], sampling, pr[1]), zip(prompts, refs)))
         chat = httpx.post(f"{server.base_url}/v1/chat/completions", timeout=60, json={
             "model": "tiny-deepseek-v4", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4})
         assert chat.status_code == 200 and chat.json()["usage"]["completion_tokens"] == 4
@@ -114,3 +110,33 @@ def test_dp_attention_server_matches_single_rank(tmp_path):
         assert info["dp_size"] == 2 and info["disable_cuda_graph"] and info["disable_overlap_schedule"]
     finally:
         server.stop()
+
+
+def test_two_nodes_on_loopback(tmp_path):
+    """`--tp 2 --nnodes 2`: node 1 runs rank 1 headless, node 0 serves; the outputs equal the single-rank engine's;
+    when node 0 stops, node 1 exits with code 1 within the bounded --dist-timeout."""
+    import sys
+
+    from server_process import free_port
+
+    ids = [7, 300, 4000, 50, 600, 7000, 80, 900]
+    sampling = {"temperature": 0, "max_new_tokens": 5, "ignore_eos": True}
+    ref = _single_rank(ids, sampling)
+    common = [*ARGS, "--tp", "2", "--nnodes", "2", "--dist-init-addr", f"127.0.0.1:{free_port()}",
+              "--dist-timeout", "20"]
+    node1_log = open(tmp_path / "node1.log", "w")
+    node1 = subprocess.Popen([sys.executable, "-m", "sglang.launch_server", "--log-level", "info", *common,
+                              "--node-rank", "1"], stdout=node1_log, stderr=subprocess.STDOUT)
+    try:
+        server = launch([*common, "--node-rank", "0"], str(tmp_path), timeout=240)
+        try:
+            assert _rank_pids(server.proc.pid) and len(_rank_pids(server.proc.pid)) == 1  # rank 0 only here
+            _generate_matches(server.base_url, ids, sampling, ref)
+        finally:
+            server.stop()
+        assert node1.wait(timeout=90) == 1
+        log = open(tmp_path / "node1.log").read()
+        assert "node 1 of 2: ranks 1..1 ready" in log and "node 1 stopped: scheduler rank 1" in log, log[-3000:]
+    finally:
+        if node1.poll() is None:
+            node1.kill()

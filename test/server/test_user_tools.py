@@ -124,12 +124,11 @@ def test_help_gives_every_flag_a_default():
 
 def test_every_server_arg_is_read():
     """A flag must do something: each ServerArgs field is read outside server_args.py, except the ones that
-    server_args.py itself refuses beyond their default (multi-node, until it lands), turns into the ParallelConfig
-    (--ep, --dp, --enable-dp-attention) or logs as changing nothing."""
+    server_args.py itself turns into the ParallelConfig (--ep, --dp, --enable-dp-attention) or logs as changing
+    nothing."""
     from sglang.srt.server_args import ServerArgs
 
-    handled_in_server_args = {"trust_remote_code", "ep_size", "dp_size", "enable_dp_attention", "nnodes",
-                              "node_rank"}
+    handled_in_server_args = {"trust_remote_code", "ep_size", "dp_size", "enable_dp_attention"}
     sources = []
     for dirpath, _, files in os.walk(os.path.join(ROOT, "python", "sglang")):
         for name in files:

@@ -130,7 +130,14 @@ class ServerArgs:
             raise ValueError("--enable-dp-attention with --dp-size > 1 does not run speculative decoding yet; drop "
                              "--speculative-algorithm or the DP attention")
         if self.nnodes > 1:
-            raise ValueError("--nnodes > 1: multi-node serving is not implemented yet")
+            if self.tp_size % self.nnodes:
+                raise ValueError(f"--nnodes {self.nnodes} must divide --tp-size {self.tp_size} (ranks per node)")
+            if not self.dist_init_addr:
+                raise ValueError("--nnodes > 1 needs --dist-init-addr HOST:PORT (node 0's address, where the ranks "
+                                 "of every node meet)")
+            if self.dp_size > 1:
+                raise ValueError("--enable-dp-attention with --nnodes > 1 is not supported yet (each DP group's "
+                                 "outputs reach the HTTP server on node 0 only over local IPC)")
         if not 0 <= self.node_rank < self.nnodes:
             raise ValueError(f"--node-rank must be in [0, {self.nnodes}), got {self.node_rank}")
         if not self.dist_timeout > 0:
@@ -234,8 +241,11 @@ class ServerArgs:
                        help="data-parallel attention groups, with --enable-dp-attention (default: 1)")
         p.add_argument("--enable-dp-attention", action="store_true",
                        help="attention data-parallel over --dp groups, the MoE over all --tp ranks (default: off)")
-        p.add_argument("--nnodes", type=int, default=1, help="nodes of one model instance (default: 1; 1 only yet)")
-        p.add_argument("--node-rank", type=int, default=0, help="this node's rank (default: 0)")
+        p.add_argument("--nnodes", type=int, default=1,
+                       help="nodes of one model instance: each runs --tp-size / --nnodes ranks; node 0 serves HTTP "
+                            "(default: 1)")
+        p.add_argument("--node-rank", type=int, default=0,
+                       help="this node's rank: 0 serves HTTP, the others run their ranks headless (default: 0)")
         p.add_argument("--dist-init-addr",
                        help="host:port where the ranks meet (default: 127.0.0.1 and a free port)")
         p.add_argument("--dist-timeout", type=float, default=300.0,

@@ -256,10 +256,11 @@ def _join_ranks(server_args: ServerArgs, rank: int, init_method: str) -> None:
 
 
 class SchedulerRanks:
-    """The scheduler processes of one server (one per --tp rank), seen as one: alive while every rank is."""
+    """The scheduler processes of this node (one per rank, from global rank `first`), seen as one: alive while
+    every rank is."""
 
-    def __init__(self, procs: list) -> None:
-        self.procs = procs
+    def __init__(self, procs: list, first: int = 0) -> None:
+        self.procs, self.first = procs, first
 
     def is_alive(self) -> bool:
         return all(p.is_alive() for p in self.procs)
@@ -269,8 +270,9 @@ class SchedulerRanks:
         return next((p.exitcode for p in self.procs if not p.is_alive()), None)
 
     def describe_exit(self) -> str:
-        dead = [f"rank {r} (exit code {p.exitcode})" for r, p in enumerate(self.procs) if not p.is_alive()]
-        if len(self.procs) == 1:
+        dead = [f"rank {r} (exit code {p.exitcode})" for r, p in enumerate(self.procs, self.first)
+                if not p.is_alive()]
+        if len(self.procs) == 1 and self.first == 0:
             return f"the scheduler process died (exit code {self.procs[0].exitcode})"
         return "scheduler " + ", ".join(dead) + " exited"
 
@@ -295,15 +297,18 @@ def _init_method(server_args: ServerArgs) -> str:
 
 
 def start_scheduler(server_args: ServerArgs):
-    """Spawn the scheduler process(es) and wait until every rank has loaded the model; returns (SchedulerRanks,
-    rank 0's ready message, ports). Used by the HTTP server and by sglang.Engine(launch_subprocess=True)."""
+    """Spawn this node's scheduler process(es) (--tp-size / --nnodes ranks from node_rank's first) and wait until
+    each has loaded the model; returns (SchedulerRanks, the first rank's ready message, ports). Used by the HTTP
+    server (node 0), headless nodes and sglang.Engine(launch_subprocess=True)."""
     ipc_dir = tempfile.mkdtemp(prefix="sglang-ipc-")
     ports = PortArgs(scheduler_input=f"ipc://{os.path.join(ipc_dir, 'scheduler')}",
                      tokenizer_input=f"ipc://{os.path.join(ipc_dir, 'tokenizer')}")
     ctx = mp.get_context("spawn")
     init_method = _init_method(server_args) if server_args.tp_size > 1 else ""
     procs, readers = [], []
-    for rank in range(server_args.tp_size):
+    per_node = server_args.tp_size // server_args.nnodes
+    first = server_args.node_rank * per_node
+    for rank in range(first, first + per_node):
         reader, writer = ctx.Pipe(duplex=False)
         name = "sglang-scheduler" + (f"-rank{rank}" if server_args.tp_size > 1 else "")
         proc = ctx.Process(target=run_scheduler_process, args=(server_args, ports, writer, rank, init_method),
@@ -311,13 +316,13 @@ def start_scheduler(server_args: ServerArgs):
         proc.start()
         procs.append(proc)
         readers.append(reader)
-    ranks = SchedulerRanks(procs)
+    ranks = SchedulerRanks(procs, first)
     readies = []
     try:
-        for rank, (proc, reader) in enumerate(zip(procs, readers)):
+        for rank, (proc, reader) in enumerate(zip(procs, readers), first):
             while not reader.poll(1.0):
                 if not ranks.is_alive():
-                    errors = [f"rank {r}: {m.recv()}" for r, m in enumerate(readers) if r != rank and m.poll()]
+                    errors = [f"rank {r}: {m.recv()}" for r, m in enumerate(readers, first) if r != rank and m.poll()]
                     if errors:
                         raise RuntimeError("the scheduler process failed to start: " + "; ".join(errors))
                     raise RuntimeError(f"{ranks.describe_exit()} during start-up; if this is a script creating "
@@ -328,7 +333,7 @@ def start_scheduler(server_args: ServerArgs):
         failed = [(r, m) for r, m in enumerate(readies) if not isinstance(m, SchedulerReady)]
         if failed:
             raise RuntimeError("the scheduler process failed to start: " + "; ".join(
-                (f"rank {r}: {m}" if len(procs) > 1 else str(m)) for r, m in failed))
+                (f"rank {r + first}: {m}" if len(procs) > 1 else str(m)) for r, m in failed))
     except BaseException:
         ranks.kill()
         ranks.join(timeout=5)
