@@ -105,21 +105,22 @@ def test_ranks_match_single_rank(config, tp, ep, spec, extra):
         assert rank_out["weight_bytes"] == planned  # what the capacity planner counts per GPU
 
 
-@pytest.mark.parametrize("config,tp,ep,extra", [
-    ("tiny", 2, 1, {}),  # two DP groups of one attention rank each, the MoE over both ranks
-    ("wide", 4, 2, {"chunked_prefill_size": 16}),  # two groups of two attention ranks, TP4 x EP2 MoE, chunks
-], ids=["dp2", "wide-dp2-tp4-ep2-chunked"])
-def test_dp_attention_matches_single_rank(config, tp, ep, extra):
-    """Each DP group runs its own requests (of other lengths: the groups run other numbers of forwards, the idle one
-    serving the other's MoE); every request equals the single-rank engine's."""
+@pytest.mark.parametrize("config,tp,ep,spec,extra", [
+    ("tiny", 2, 1, False, {}),  # two DP groups of one attention rank each, the MoE over both ranks
+    ("tiny", 2, 1, True, {"chunked_prefill_size": 16}),  # MTP: prefill and decode cycles interleave across groups
+    ("wide", 4, 2, False, {"chunked_prefill_size": 16}),  # two groups of two attention ranks, TP4 x EP2 MoE, chunks
+], ids=["dp2", "dp2-spec-chunked", "wide-dp2-tp4-ep2-chunked"])
+def test_dp_attention_matches_single_rank(config, tp, ep, spec, extra):
+    """Each DP group runs its own requests (of other lengths: the groups run other numbers and kinds of forwards,
+    the idle one serving the other's MoE); every request equals the single-rank engine's."""
     path = checkpoint("tiny") if config == "tiny" else _wide_checkpoint()
     vocab = TINY["vocab_size"] if config == "tiny" else WIDE["vocab_size"]
     groups = [[random_ids(40, seed=1, vocab=vocab), random_ids(23, seed=2, vocab=vocab)],
               [random_ids(70, seed=3, vocab=vocab)]]
-    kwargs = {**_engine_kwargs(path, PAGE_SIZES["tiny"], False, tp_size=tp, ep_size=ep, dp_size=2,
+    kwargs = {**_engine_kwargs(path, PAGE_SIZES["tiny"], spec, tp_size=tp, ep_size=ep, dp_size=2,
                                enable_dp_attention=True), **extra}
     outs = _run_ranks(kwargs, groups, 6, tp)
-    refs = [_single_rank({**_engine_kwargs(path, PAGE_SIZES["tiny"], False), **extra}, g, 6) for g in groups]
+    refs = [_single_rank({**_engine_kwargs(path, PAGE_SIZES["tiny"], spec), **extra}, g, 6) for g in groups]
     planned = _planned_weight_bytes(kwargs)
     for rank, rank_out in enumerate(outs):
         _assert_same(rank_out["outputs"], refs[rank // (tp // 2)])

@@ -126,9 +126,6 @@ class ServerArgs:
         if self.dp_size > 1 and not self.enable_dp_attention:
             raise ValueError(f"--dp-size {self.dp_size} needs --enable-dp-attention (data parallelism is over the "
                              f"attention of one model instance)")
-        if self.dp_size > 1 and self.speculative_algorithm is not None:
-            raise ValueError("--enable-dp-attention with --dp-size > 1 does not run speculative decoding yet; drop "
-                             "--speculative-algorithm or the DP attention")
         if self.nnodes > 1:
             if self.tp_size % self.nnodes:
                 raise ValueError(f"--nnodes {self.nnodes} must divide --tp-size {self.tp_size} (ranks per node)")

@@ -1,13 +1,15 @@
 """Data-parallel attention (--enable-dp-attention --dp N): N groups of attn_tp = tp / N ranks each run their own
 requests through attention, and every MoE runs over the tokens of all groups (the DeepSeek serving layout).
 
-Every forward of the model is a round of the whole world: each rank says what it runs (`ForwardKind` and its
-number of tokens, the same on every rank of a DP group) in one object all-gather; a rank with nothing to run
-answers "done" and, while any other group still runs forwards, runs an idle forward of the same model (its MoE
-layers with no tokens of its own: its experts still serve the other groups' tokens), so every rank meets every
-collective in the same order. Inside a forward each MoE gathers the groups' tokens (padded to the largest group, one
-all-gather over the world, one part per group), computes its experts' and shared-expert part for all of them, sums
-the parts (one all-reduce) and keeps its own group's rows.
+Every forward of a model is a round of the whole world: each rank says what it runs (its kind: "main" for the
+target model, "draft0".. for the MTP layers; and its number of tokens, the same on every rank of a DP group) in one
+object all-gather. A round runs one kind ("main" first, else the lowest draft step): the groups that asked for
+another kind run an idle forward of it and ask again, a rank done with its step answers "done" and does the same
+until every rank is done. An idle forward runs that model's MoE layers with no tokens of its own (its experts still
+serve the other groups' tokens), so every rank meets every collective in the same order. Inside a forward each
+MoE gathers the groups' tokens (padded to the largest group, one all-gather over the world, one part per group),
+computes its experts' and shared-expert part for all of them, sums the parts (one all-reduce) and keeps its own
+group's rows.
 
 With dp = 1 none of this runs: `DpAttention.active` is False and the model calls nothing here.
 """
@@ -39,6 +41,7 @@ class DpForward:
 class DpAttention:
     def __init__(self, world, dp: int, attn_tp: int, dp_rank: int) -> None:
         self.world, self.dp, self.attn_tp, self.dp_rank = world, dp, attn_tp, dp_rank
+        self.idle: dict = {}  # kind -> the idle forward of that model (registered by the ModelRunner)
         self.current: Optional[DpForward] = None
         self.input_ids: Optional[torch.Tensor] = None  # every group's input ids of the current forward (hash routing)
 
@@ -54,32 +57,40 @@ class DpAttention:
         return box
 
     def _round(self, entries: list) -> Optional[DpForward]:
+        """The round's kind ("main" first, else the lowest draft step) and each group's tokens in it (0 for a group
+        that asked for another kind or is done); None when every rank is done."""
         kinds = {k for k, _ in entries if k != DONE}
         if not kinds:
             return None
-        if len(kinds) > 1:
-            raise RuntimeError(f"DP attention: DP groups run different forwards in one round ({sorted(kinds)})")
-        counts = [entries[g * self.attn_tp][1] if entries[g * self.attn_tp][0] != DONE else 0
-                  for g in range(self.dp)]
-        return DpForward(kinds.pop(), counts, self.dp_rank)
+        kind = "main" if "main" in kinds else min(kinds)
+        counts = [n if k == kind else 0 for k, n in (entries[g * self.attn_tp] for g in range(self.dp))]
+        return DpForward(kind, counts, self.dp_rank)
+
+    def _serve(self, fwd: DpForward) -> None:
+        """An idle forward of the round's kind: this group has no tokens in it."""
+        self.current = fwd
+        fn: Callable = self.idle[fwd.kind]
+        fn()
 
     def begin_forward(self, kind: str, input_ids: torch.Tensor) -> DpForward:
-        """Called by the model at the start of each forward (every group's counts, every group's input ids)."""
-        self.current = self._round(self._exchange(kind, int(input_ids.shape[0])))
-        self.input_ids = self.gather(input_ids)
-        return self.current
+        """Called by a model at the start of each forward: waits (serving other kinds' rounds) for a round of its
+        kind; then every group's counts and input ids are known."""
+        while True:
+            fwd = self._round(self._exchange(kind, int(input_ids.shape[0])))
+            if fwd.kind == kind:
+                self.current = fwd
+                self.input_ids = self.gather(input_ids)
+                return fwd
+            self._serve(fwd)
 
-    def finish_round(self, idle: dict) -> None:
-        """After this rank's step: serve idle forwards (`idle[kind](input_ids)` runs that model with no tokens of
-        its own) until every rank is done."""
+    def finish_round(self) -> None:
+        """After this rank's step: serve idle forwards until every rank is done."""
         while True:
             fwd = self._round(self._exchange(DONE, 0))
             if fwd is None:
                 self.current = None
                 return
-            self.current = fwd
-            fn: Callable = idle[fwd.kind]
-            fn()
+            self._serve(fwd)
 
     def any_rank(self, flag: bool) -> bool:
         """Whether `flag` holds on any rank (the loop's "anyone has work")."""

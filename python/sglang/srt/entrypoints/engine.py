@@ -18,8 +18,8 @@ import logging
 import time
 from typing import Optional, Union
 
-from sglang.srt.distributed.dp_attention import get_dp_attention
 from sglang.srt.arg_groups.deepseek_v4_hook import resolve_server_args
+from sglang.srt.distributed.dp_attention import get_dp_attention
 from sglang.srt.managers.output_shaping import OutputState, output_text
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.managers.scheduler import Scheduler

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Optional
 
 import torch
 
-from sglang.srt.distributed.dp_attention import get_dp_attention
 from sglang.srt.configs.deepseek_v4 import DeepseekV4Config
+from sglang.srt.distributed.dp_attention import get_dp_attention
 from sglang.srt.distributed.parallel_state import get_parallel_state
 from sglang.srt.environ import envs
 from sglang.srt.layers.attention.dsv4.torch_backend import TorchAttnBackend
@@ -48,6 +49,11 @@ class ModelRunner:
 
         loaded = load_models(args, self.model_path, config, self.dtype, self.device)
         self.model, self.draft_model = loaded.model, loaded.draft_model
+        dp = get_dp_attention()
+        if dp.active:  # the idle forwards this rank runs for other DP groups' rounds (distributed/dp_attention.py)
+            dp.idle = {"main": self.model.forward_idle}
+            for j in range(len(self.draft_model.mtp) if self.draft_model is not None else 0):
+                dp.idle[f"draft{j}"] = functools.partial(self.draft_model.forward_idle, j)
         self.weight_bytes, self.checkpoint_bytes = loaded.weight_bytes, loaded.checkpoint_bytes
         if args.platform_decisions.shared_experts_fusion:
             fused = sum(fuse_shared_experts(m) for m in (self.model, self.draft_model) if m is not None)
@@ -145,7 +151,7 @@ class ModelRunner:
         is done (distributed/dp_attention.py); nothing without DP attention."""
         dp = get_dp_attention()
         if dp.active:
-            dp.finish_round({"main": self.model.forward_idle})
+            dp.finish_round()
 
     def can_run_decode_graph(self, batch_size: int) -> bool:
         """Whether a DECODE batch of this size runs the static path (replayed graphs on a GPU)."""

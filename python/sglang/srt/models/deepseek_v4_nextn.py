@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from sglang.srt.configs.deepseek_v4 import DeepseekV4Config
+from sglang.srt.distributed.dp_attention import get_dp_attention
 from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
 from sglang.srt.layers.mhc import hc_head
 from sglang.srt.layers.norm import RMSNorm
@@ -66,10 +67,19 @@ class DeepseekV4ForCausalLMNextN(nn.Module):
         if not self._shared:
             raise RuntimeError("call set_embed_and_head(target.embed, target.head) before running the draft")
         embed, head = self._shared
+        if get_dp_attention().active:  # a round of every DP group (distributed/dp_attention.py)
+            get_dp_attention().begin_forward(f"draft{step}", input_ids)
         streams, hidden = self.mtp[step](forward_batch.spec_hidden_states, embed(input_ids), positions, input_ids,
                                          forward_batch)
         return self.logits_processor(hidden, head, forward_batch,
                                      pre_hc_streams=streams if forward_batch.capture_hidden else None)
+
+    def forward_idle(self, step: int) -> None:
+        """DP attention: another group runs MTP layer `step`; this one serves its MoE with no tokens of its own."""
+        dp = get_dp_attention()
+        weight = self._shared[0].weight  # the target's embedding: the model's dtype and device
+        dp.input_ids = dp.gather(torch.zeros(0, dtype=torch.int64, device=weight.device))
+        self.mtp[step].ffn(weight.new_zeros(0, self.config.hidden_size), dp.input_ids[:0])
 
     def load_weights(self, weights) -> None:
         from sglang.srt.models.weight_loading import load_native_weights
