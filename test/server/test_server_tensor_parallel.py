@@ -91,8 +91,8 @@ def _zombie(pid: int) -> bool:
 
 
 def test_dp_attention_server_matches_single_rank(tmp_path):
-    """`--tp 2 --dp 2 --enable-dp-attention`: requests sent together land on both DP groups (round robin) and each
-    returns the single-rank engine's greedy tokens and prompt logprobs."""
+    """`--tp 2 --dp 2 --enable-dp-attention`: requests sent together land on both DP groups (round robin), each
+    returns the single-rank engine's greedy tokens and prompt logprobs, and the server's stats merge both groups'."""
     import concurrent.futures
 
     prompts = [[100 + 37 * i + j for j in range(9 + 5 * i)] for i in range(4)]
@@ -108,6 +108,8 @@ def test_dp_attention_server_matches_single_rank(tmp_path):
         assert chat.status_code == 200 and chat.json()["usage"]["completion_tokens"] == 4
         info = httpx.get(f"{server.base_url}/server_info", timeout=30).json()
         assert info["dp_size"] == 2 and info["disable_cuda_graph"] and info["disable_overlap_schedule"]
+        stats = server.wait_pools_free()  # both groups' stats, merged: every generated token counted once
+        assert stats["num_generated_tokens"] == 4 * 5 + 4, stats
     finally:
         server.stop()
 

@@ -70,10 +70,30 @@ class SchedulerStats:
     num_retractions: int = 0  # requests retracted since start (the pools ran out mid-decode)
     new_token_ratio: float = 0.0  # share of remaining max_new_tokens admission reserves for running requests
     cache_hit_rate: float = 0.0  # prompt tokens served from the prefix cache / prompt tokens looked up, since start
+    dp_rank: int = 0  # the DP group these stats are of (DP attention: each group's first rank sends its own)
 
     @property
     def healthy(self) -> bool:
         return self.consecutive_failed_steps < UNHEALTHY_AFTER_FAILED_STEPS
+
+    @staticmethod
+    def merge(groups: list) -> "SchedulerStats":
+        """The server's stats from each DP group's latest: counts summed, ratios averaged, health the worst."""
+        if len(groups) == 1:
+            return groups[0]
+        mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+        accept = [g.spec_accept_length for g in groups if g.spec_accept_length is not None]
+        return SchedulerStats(
+            num_running_reqs=sum(g.num_running_reqs for g in groups),
+            num_waiting_reqs=sum(g.num_waiting_reqs for g in groups),
+            token_usage=mean([g.token_usage for g in groups]),
+            num_generated_tokens=sum(g.num_generated_tokens for g in groups),
+            pools_all_free=all(g.pools_all_free for g in groups),
+            spec_accept_length=mean(accept) if accept else None,
+            consecutive_failed_steps=max(g.consecutive_failed_steps for g in groups),
+            num_retractions=sum(g.num_retractions for g in groups),
+            new_token_ratio=mean([g.new_token_ratio for g in groups]),
+            cache_hit_rate=mean([g.cache_hit_rate for g in groups]))
 
 
 @dataclass

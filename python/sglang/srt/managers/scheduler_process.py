@@ -210,7 +210,8 @@ class SchedulerProcess:
                               consecutive_failed_steps=s.consecutive_failed_steps,
                               spec_accept_length=s.mean_accept_length, num_retractions=s.num_retractions,
                               new_token_ratio=s.new_token_ratio.value,
-                              cache_hit_rate=s.allocator.cache.hit_rate() if s.allocator.cache else 0.0)
+                              cache_hit_rate=s.allocator.cache.hit_rate() if s.allocator.cache else 0.0,
+                              dp_rank=self.dp_rank)
 
 
 def _exit_with_parent() -> None:

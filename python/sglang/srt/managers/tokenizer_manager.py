@@ -21,7 +21,7 @@ import zmq.asyncio
 
 from sglang.srt.managers.detokenizer import IncrementalDetokenizer
 from sglang.srt.managers.io_struct import (
-    AbortReq, BatchOutput, FlushCacheReq, ReqOutput, SchedulerReady, TokenizedGenerateReqInput)
+    AbortReq, BatchOutput, FlushCacheReq, ReqOutput, SchedulerReady, SchedulerStats, TokenizedGenerateReqInput)
 from sglang.srt.managers.output_shaping import OutputState
 from sglang.srt.sampling.sampling_params import SamplingParams
 
@@ -76,6 +76,7 @@ class TokenizerManager:
         self.states: dict = {}
         self.dead_reason: Optional[str] = None
         self.last_stats = None
+        self.group_stats: dict = {}  # DP group -> its latest SchedulerStats
         self._loop_task: Optional[asyncio.Task] = None
 
     def start(self) -> None:
@@ -173,9 +174,10 @@ class TokenizerManager:
     async def _handle_loop(self) -> None:
         while True:
             batch: BatchOutput = await self.recv.recv_pyobj()
-            self.last_stats = batch.stats
+            self.group_stats[batch.stats.dp_rank] = batch.stats  # DP attention: one sender per group
+            self.last_stats = SchedulerStats.merge(list(self.group_stats.values()))
             if self.metrics:
-                self.metrics.observe_stats(batch.stats)
+                self.metrics.observe_stats(self.last_stats)
             for out in batch.outputs:
                 state = self.states.get(out.rid)
                 if state is not None:
