@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 import sglang.srt.managers.scheduler as scheduler_module
+import sglang.srt.managers.scheduler_output_processor_mixin as output_module
 from oracle import engine, random_ids
 from sglang.srt.managers.io_struct import UNHEALTHY_AFTER_FAILED_STEPS
 from sglang.srt.managers.scheduler_process import SchedulerProcess
@@ -93,9 +94,8 @@ def inject(monkeypatch, eng, where: str) -> None:
         return wrapper
 
     if where == "sample":
-        for name in ("sample", "sample_async"):  # sample_async: overlapped decode steps
-            monkeypatch.setattr(scheduler_module, name,
-                                failing(getattr(scheduler_module, name), lambda _, reqs, *rest: culprit_in(reqs)))
+        for module, name in ((output_module, "sample"), (scheduler_module, "sample_async")):  # async: overlap
+            monkeypatch.setattr(module, name, failing(getattr(module, name), lambda _, reqs, *rest: culprit_in(reqs)))
     elif where == "forward":
         monkeypatch.setattr(runner, "forward", failing_after(runner.forward, in_forward))
         # decode steps run through the static buffers (replayed CUDA graphs on a GPU)
@@ -139,14 +139,14 @@ def test_a_failing_request_fails_alone(monkeypatch, speculative, where):
 
 def test_consecutive_failed_steps_flip_health_and_recover(monkeypatch):
     eng = isolation_engine(False)
-    proc = SimpleNamespace(scheduler=eng.scheduler)  # SchedulerProcess._stats: what every output carries
+    proc = SimpleNamespace(scheduler=eng.scheduler, dp_rank=0)  # SchedulerProcess._stats: what outputs carry
     assert SchedulerProcess._stats(proc).healthy
 
     def broken(*args):
         raise RuntimeError("the device is gone")
 
     with monkeypatch.context() as patch:
-        patch.setattr(scheduler_module, "sample", broken)
+        patch.setattr(output_module, "sample", broken)
         for i in range(UNHEALTHY_AFTER_FAILED_STEPS):
             assert SchedulerProcess._stats(proc).healthy
             out = eng.generate(input_ids=GOOD[1], sampling_params=GREEDY)  # one step, which fails

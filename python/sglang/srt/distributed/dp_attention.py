@@ -27,7 +27,7 @@ DONE = "done"
 
 @dataclass
 class DpForward:
-    """The current round: the forward kind ("main" or "draft") and every DP group's token count."""
+    """The current round: its kind ("main", or "draftJ" for MTP layer J) and every DP group's tokens in it."""
 
     kind: str
     counts: list  # tokens per DP group, in group order
