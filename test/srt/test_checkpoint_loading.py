@@ -167,6 +167,19 @@ def test_sharded_equals_single_file_and_index(ckpts):
     assert all(torch.equal(single[n], sharded[n]) for n in single)
 
 
+def test_streamed_shards_equal_single_file(ckpts, tmp_path):
+    """shard_gb streams the tensors into shards as they are drawn (benchmark-sized configs): the same tensors, an
+    index naming every shard; one file when everything fits one shard."""
+    streamed = make_tiny_checkpoint(str(tmp_path / "s"), TINY_CONFIG, seed=0, quantize=True, shard_gb=0.0005)
+    with open(os.path.join(streamed, "model.safetensors.index.json")) as f:
+        shards = set(json.load(f)["weight_map"].values())
+    assert len(shards) > 2 and shards == {n for n in os.listdir(streamed) if n.endswith(".safetensors")}
+    single, got = _load_all(ckpts["quant"]), _load_all(streamed)
+    assert single.keys() == got.keys() and all(torch.equal(single[n], got[n]) for n in single)
+    one = make_tiny_checkpoint(str(tmp_path / "one"), TINY_CONFIG, seed=0, quantize=True, shard_gb=10.0)
+    assert sorted(n for n in os.listdir(one) if "safetensors" in n) == ["model.safetensors"]
+
+
 def test_maker_is_deterministic(tmp_path):
     a = make_tiny_checkpoint(str(tmp_path / "a"), TINY_CONFIG, seed=3, quantize=True, num_shards=2)
     b = make_tiny_checkpoint(str(tmp_path / "b"), TINY_CONFIG, seed=3, quantize=True, num_shards=2)

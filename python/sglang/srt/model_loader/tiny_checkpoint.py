@@ -25,7 +25,7 @@ from sglang.srt.environ import envs
 from sglang.srt.model_loader.loader import progress_bar
 from sglang.srt.model_loader.checkpoint_spec import TensorKind, TensorSpec, expected_tensors
 from sglang.srt.model_loader.quant_formats import FP8_BLOCK, quantize_fp8_block, quantize_mxfp4
-from sglang.srt.model_loader.weight_utils import save_sharded
+from sglang.srt.model_loader.weight_utils import save_sharded, save_streaming
 
 # docs/dsv4-configs.md 2.1, verbatim: 4 layers (SWA, CSA, HCA ratio 8, CSA), hash + scored MoE, one MTP.
 TINY_CONFIG = {
@@ -58,23 +58,26 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 logger = logging.getLogger(__name__)
 
 
-def _generator(seed: int, name: str) -> torch.Generator:
-    return torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+def _generator(seed: int, name: str, device="cpu") -> torch.Generator:
+    return torch.Generator(device).manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
 
 
-def random_tensor(name: str, spec: TensorSpec, config: DeepseekV4Config, seed: int = 0) -> torch.Tensor:
-    """fp32 (int64 for tid2eid) random values for one native tensor, at a scale that keeps activations O(1)."""
-    g = _generator(seed, name)
+def random_tensor(name: str, spec: TensorSpec, config: DeepseekV4Config, seed: int = 0,
+                  device="cpu") -> torch.Tensor:
+    """fp32 (int64 for tid2eid) random values for one native tensor, at a scale that keeps activations O(1). Drawn
+    on `device` (a GPU draws benchmark-sized checkpoints fast; its values differ from the CPU's)."""
+    g = _generator(seed, name, device)
     shape, leaf = spec.shape, name.rsplit(".", 1)[-1]
 
     def randn(std: float) -> torch.Tensor:
-        return torch.randn(shape, generator=g) * std
+        return torch.randn(shape, generator=g, device=device) * std
 
     def uniform(lo: float, hi: float) -> torch.Tensor:
-        return lo + (hi - lo) * torch.rand(shape, generator=g)
+        return lo + (hi - lo) * torch.rand(shape, generator=g, device=device)
 
     if spec.kind == TensorKind.INDEX:  # distinct experts per token id
-        return torch.rand(shape[0], config.n_routed_experts, generator=g).argsort(dim=1)[:, : shape[1]].contiguous()
+        return torch.rand(shape[0], config.n_routed_experts, generator=g, device=device).argsort(dim=1)[
+            :, : shape[1]].contiguous()
     if leaf.startswith("hc_"):
         if name.endswith("_fn"):  # rows hit an RMS-normalised n_hc*D vector: unit-variance mixes
             return randn(1.0 / math.sqrt(shape[1]))
@@ -92,25 +95,31 @@ def random_tensor(name: str, spec: TensorSpec, config: DeepseekV4Config, seed: i
     return randn(1.0 / math.sqrt(shape[1]))  # linear [out, in]
 
 
+def iter_checkpoint_tensors(config: DeepseekV4Config, seed: int = 0, quantize: bool = False,
+                            dtype: torch.dtype = torch.bfloat16, device="cpu"):
+    """(stored name, tensor on the CPU) for every main and MTP tensor, as the hub stores it, one at a time."""
+    block = tuple(config.quantization_config.weight_block_size) if config.quantization_config else FP8_BLOCK
+    specs = [item for part in ("main", "mtp") for item in expected_tensors(config, part).items()]
+    for name, spec in progress_bar(specs, desc="Generating random weights", unit="tensor"):
+        t = random_tensor(name, spec, config, seed, device)
+        if spec.kind == TensorKind.INDEX:
+            pairs = [(name, t)]
+        elif spec.kind == TensorKind.FP32:
+            pairs = [(name, t.float())]
+        elif quantize and spec.kind == TensorKind.LINEAR:
+            pairs = zip((name, name[: -len("weight")] + "scale"), quantize_fp8_block(t, block))
+        elif quantize and spec.kind == TensorKind.EXPERT:
+            pairs = zip((name, name[: -len("weight")] + "scale"), quantize_mxfp4(t))
+        else:
+            pairs = [(name, t.to(dtype))]
+        for n, v in pairs:
+            yield n, v.cpu()
+
+
 def checkpoint_tensors(config: DeepseekV4Config, seed: int = 0, quantize: bool = False,
                        dtype: torch.dtype = torch.bfloat16) -> dict:
     """Stored name -> tensor for every main and MTP tensor, as the hub stores it."""
-    block = tuple(config.quantization_config.weight_block_size) if config.quantization_config else FP8_BLOCK
-    out = {}
-    specs = [item for part in ("main", "mtp") for item in expected_tensors(config, part).items()]
-    for name, spec in progress_bar(specs, desc="Generating random weights", unit="tensor"):
-        t = random_tensor(name, spec, config, seed)
-        if spec.kind == TensorKind.INDEX:
-            out[name] = t
-        elif spec.kind == TensorKind.FP32:
-            out[name] = t.float()
-        elif quantize and spec.kind == TensorKind.LINEAR:
-            out[name], out[name[: -len("weight")] + "scale"] = quantize_fp8_block(t, block)
-        elif quantize and spec.kind == TensorKind.EXPERT:
-            out[name], out[name[: -len("weight")] + "scale"] = quantize_mxfp4(t)
-        else:
-            out[name] = t.to(dtype)
-    return out
+    return dict(iter_checkpoint_tensors(config, seed, quantize, dtype))
 
 
 def native_config_dict(config: dict, quantize: bool, dtype: str) -> dict:
@@ -136,23 +145,29 @@ def copy_tokenizer(out_dir: str) -> None:
 
 
 def make_tiny_checkpoint(out_dir: str, config: Optional[dict] = None, seed: int = 0, quantize: bool = False,
-                         num_shards: int = 1, dtype: str = "bfloat16") -> str:
+                         num_shards: int = 1, dtype: str = "bfloat16", shard_gb: Optional[float] = None,
+                         device="cpu") -> str:
     """Write a native-format random checkpoint (config.json, safetensors, tokenizer) to `out_dir`.
 
     `quantize=True` stores the FP8 linears as F8_E4M3 + F8_E8M0 `.scale` (128x128) and routed experts as
     I8 packed FP4 + F8_E8M0 `.scale` (per 32), like the hub; `dtype` is the storage of plain float tensors
-    ("bfloat16" like the hub, or "float32" for exact-oracle checkpoints). Returns `out_dir`.
+    ("bfloat16" like the hub, or "float32" for exact-oracle checkpoints). `shard_gb`: stream the tensors into shards
+    of about that size (host memory holds one shard; for benchmark-sized configs) instead of `num_shards` equal ones;
+    `device`: where the values are drawn and quantized. Returns `out_dir`.
     """
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
     native = native_config_dict(config if config is not None else TINY_CONFIG, quantize, dtype)
     cfg = DeepseekV4Config.from_dict(native)
-    tensors = checkpoint_tensors(cfg, seed, quantize, _DTYPES[dtype])
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(native, f, indent=2)
         f.write("\n")
-    save_sharded(out_dir, tensors, num_shards)
+    if shard_gb is not None:
+        save_streaming(out_dir, iter_checkpoint_tensors(cfg, seed, quantize, _DTYPES[dtype], device),
+                       int(shard_gb * 1e9))
+    else:
+        save_sharded(out_dir, dict(iter_checkpoint_tensors(cfg, seed, quantize, _DTYPES[dtype], device)), num_shards)
     copy_tokenizer(out_dir)
     return out_dir
 

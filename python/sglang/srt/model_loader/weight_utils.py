@@ -119,6 +119,43 @@ class TensorReader:
         return f.get_slice(record.name)[index]
 
 
+def save_streaming(out_dir: str, tensors, shard_bytes: int, metadata: Optional[dict] = None) -> list:
+    """Write (name, tensor) pairs as they come, a shard each time `shard_bytes` have gathered (host memory holds one
+    shard, not the checkpoint), then the index; one file when it all fits one shard. Returns the file names."""
+    os.makedirs(out_dir, exist_ok=True)
+    meta = {"format": "pt", **(metadata or {})}
+    parts, shard, size, total, weight_map = [], {}, 0, 0, {}
+
+    def flush() -> None:
+        nonlocal shard, size
+        part = os.path.join(out_dir, f".part-{len(parts):05d}.safetensors")
+        save_file(shard, part, metadata=meta)
+        parts.append((part, list(shard)))
+        shard, size = {}, 0
+
+    for name, t in tensors:
+        shard[name] = t.contiguous()
+        size += t.numel() * t.element_size()
+        total += t.numel() * t.element_size()
+        if size >= shard_bytes:
+            flush()
+    if shard or not parts:
+        flush()
+    if len(parts) == 1:
+        os.replace(parts[0][0], os.path.join(out_dir, "model.safetensors"))
+        return ["model.safetensors"]
+    files = []
+    for k, (part, names) in enumerate(parts):
+        fname = f"model-{k + 1:05d}-of-{len(parts):05d}.safetensors"
+        os.replace(part, os.path.join(out_dir, fname))
+        files.append(fname)
+        weight_map.update({n: fname for n in names})
+    with open(os.path.join(out_dir, INDEX_FILE), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+        f.write("\n")
+    return files
+
+
 def save_sharded(out_dir: str, tensors: dict, num_shards: int = 1, metadata: Optional[dict] = None) -> list:
     """Write `tensors` (name -> tensor, in the given order) as one file or `num_shards` shards + index.
 
