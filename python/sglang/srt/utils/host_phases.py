@@ -38,6 +38,7 @@ class HostPhases:
 
 def time_host_phases(scheduler, steps: int) -> HostPhases:
     import sglang.srt.managers.scheduler as scheduler_module
+    import sglang.srt.managers.scheduler_output_processor_mixin as output_module
     from sglang.srt.utils.device_readback import ReadBack
 
     spent = {"allocate": 0.0, "forward": 0.0, "sample": 0.0, "wait": 0.0, "finish": 0.0}
@@ -56,7 +57,7 @@ def time_host_phases(scheduler, steps: int) -> HostPhases:
         for target, name, phase, minus in [
             (scheduler.allocator, "plan_extend", "allocate", ()), (scheduler.allocator, "write_slots", "allocate", ()),
             (runner, "forward_decode", "forward", ()), (runner, "forward", "forward", ()),
-            (scheduler_module, "sample", "sample", ("wait",)), (scheduler_module, "sample_async", "sample", ()),
+            (output_module, "sample", "sample", ("wait",)), (scheduler_module, "sample_async", "sample", ()),
             (ReadBack, "wait", "wait", ()),
             (scheduler, "finish_step", "finish", ()),
         ]:
