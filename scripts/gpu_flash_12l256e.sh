@@ -5,17 +5,7 @@
 #   bash scripts/gpu_flash_12l256e.sh   (carry .whl and .whl_serve)   Logs go to $OUT.
 # A dry run on CPU: CONFIG=TINY_CONFIG_JSON DEVICE=cpu REFUSAL=0 DECODE=0 NUM_PROMPTS=4 INPUT_LEN=64 bash ...
 set -u -o pipefail
-OUT=${OUT:-/tmp/gpu-out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 SGLANG_CACHE_DIR=/tmp/sgcache
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-fi
-if ! python3 -c "import fastapi, uvicorn, aiohttp, prometheus_client, httpx" 2>/dev/null && [ -d .whl_serve ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/serve .whl_serve/*.whl
-  export PYTHONPATH=/tmp/serve
-fi
-export PYTHONPATH=/tmp/site:$PWD/python:$PWD/sgl-kernel/python${PYTHONPATH:+:$PYTHONPATH}
+source scripts/gpu_env.sh
 CONFIG=${CONFIG:-benchmark/configs/flash-12l256e.config.json}
 W=${W:-/tmp/w/f12}
 FAILED=()

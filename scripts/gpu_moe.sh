@@ -4,18 +4,10 @@
 # the default) the quantized Flash slice's agreement with the dequantized engine.
 #   [SWEEP_S=240] [E2E=0] bash scripts/gpu_moe.sh   (carry .whl: the test wheels)   Logs and JSON go to $OUT.
 set -u -o pipefail
-OUT=${OUT:-/tmp/gpu-out}
-mkdir -p "$OUT"
+source scripts/gpu_env.sh
 FAILED=()
 step() { local name=$1; shift; echo "=== $name"; ( "$@" ) 2>&1 | tee -a "$OUT/moe_log.txt" | tail -"${TAIL:-20}" \
   || { FAILED+=("$name"); echo "=== FAILED: $name"; }; }
-export PYTHONUNBUFFERED=1 SGLANG_CACHE_DIR=/tmp/sgcache
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site:$PWD/python:$PWD/sgl-kernel/python
-else
-  export PYTHONPATH=$PWD/python:$PWD/sgl-kernel/python
-fi
 TAIL=14 step "MoE GPU tests (1, 32 tokens)" python3 -m pytest -q -s -m gpu test/kernels/test_dsv4_moe_mxfp4.py \
   -k "not 4096" -p no:cacheprovider
 TAIL=6 step "fp32 W8A16 GPU tests" python3 -m pytest -q -m gpu test/kernels/test_dsv4_fp8_gemm.py -k fp32 \

@@ -5,17 +5,7 @@
 #   bash scripts/gpu_prefix_cache.sh   (carry .whl and .whl_serve: the test and server wheels for Python 3.12)
 # A dry run on CPU: MODEL=tiny-deepseek-v4 TESTS=0 SESSIONS=2 GSP_GROUPS=2 FIRST_LEN=300 TURN_LEN=40 bash scripts/gpu_prefix_cache.sh
 set -u -o pipefail
-OUT=${OUT:-/tmp/gpu-out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 SGLANG_CACHE_DIR=/tmp/sgcache
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-fi
-if ! python3 -c "import fastapi, uvicorn, aiohttp, prometheus_client, httpx" 2>/dev/null && [ -d .whl_serve ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/serve .whl_serve/*.whl
-  export PYTHONPATH=/tmp/serve
-fi
-export PYTHONPATH=/tmp/site:$PWD/python:$PWD/sgl-kernel/python${PYTHONPATH:+:$PYTHONPATH}
+source scripts/gpu_env.sh
 FAILED=()
 if [ "${TESTS:-1}" = 1 ]; then
   SGLANG_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider test/srt/test_prefix_cache.py \
