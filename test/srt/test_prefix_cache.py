@@ -90,6 +90,23 @@ def test_shared_system_prompt_batch():
 
 
 @pytest.mark.parametrize("spec", [False, True], ids=["plain", "speculative"])
+def test_shared_system_prompt_after_a_longer_prompt(spec):
+    """The first prompt goes on past the shared system prompt, so the cache's end is past where the others leave
+    it: the second request ends a chunk there and gives the cache an end (its tail and state) on the first one's
+    pages, which the rest reuse."""
+    system = random_ids(50, seed=7)
+
+    def run(eng):
+        prompts = [system + random_ids(40, seed=8)] + [system + random_ids(30 + i, seed=20 + i) for i in range(3)]
+        return [eng.generate(input_ids=p, sampling_params=GREEDY, return_logprob=True, logprob_start_len=52)
+                for p in prompts]
+
+    cached, plain = _both(run, **(SPEC if spec else {}))
+    _assert_same(cached, plain)
+    assert [o["meta_info"]["cached_tokens"] for o in cached] == [0, 0, 48, 48]
+
+
+@pytest.mark.parametrize("spec", [False, True], ids=["plain", "speculative"])
 def test_eviction_under_pressure_and_chunked_prefill(spec):
     """Small pools: sessions evict each other's tails and pages; chunks of 16 tokens."""
     sessions = [random_ids(60, seed=30 + i) for i in range(4)]

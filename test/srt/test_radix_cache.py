@@ -33,7 +33,8 @@ def _insert(cache, pools, tokens, first_page, first_slot, state, pages=None):
     pools.pages.update(pages)
     pools.swa.update(swa)
     pools.states.add(state)
-    _, dup_pages, (dup_full, dup_swa), dup_state = cache.insert(tokens, pages, [0] * W, swa, state)
+    tail_full = [pages[-1] * PS + i for i in range(W)]  # W == PS: the tail is the last page
+    _, dup_pages, (dup_full, dup_swa), dup_state = cache.insert(tokens, pages, tail_full, swa, state)
     pools._free(pools.pages, dup_pages)
     pools._free(pools.swa, dup_swa)
     if dup_state is not None:
@@ -53,8 +54,10 @@ def test_match_insert_split_and_duplicates():
     _insert(cache, pools, a, first_page=1, first_slot=1, state=1)
     m = cache.match_prefix(a + [7, 8, 9])
     assert m.num_tokens == 12 and m.pages == [1, 2, 3]
-    # a shorter prompt: the only usable end is past it, so nothing is reusable
-    assert cache.match_prefix(a[:10]).num_tokens == 0
+    # a shorter prompt: the only usable end is past it, so nothing is reusable (but the tree holds two of its pages)
+    assert cache.match_prefix(a[:10]).num_tokens == 0 and cache.match_prefix(a[:10]).path_tokens == 8
+    pages, node = cache.path(a[:8] + [0] * 4)
+    assert pages == [1, 2] and node.key == a and cache.has_tail_in({3}) and not cache.has_tail_in({1, 2})
     # a sibling sharing two pages splits the node; the shared part is not a usable end by itself
     b = a[:8] + [5, 5, 5, 5]
     _insert(cache, pools, b, first_page=10, first_slot=10, state=2, pages=[1, 2, 13])
@@ -64,7 +67,7 @@ def test_match_insert_split_and_duplicates():
     # caching the split point itself makes it a usable end (a duplicate page id there comes back)
     _insert(cache, pools, a[:8], first_page=20, first_slot=20, state=3, pages=[1, 21])
     assert pools.pages == {1, 2, 3, 13}
-    assert cache.match_prefix(a[:8] + [6] * 4).num_tokens == 8
+    assert cache.match_prefix(a[:8] + [6] * 4).num_tokens == 8 == cache.match_prefix(a[:8] + [6] * 4).path_tokens
     # the same prefix again: its tail and state are duplicates, returned
     _insert(cache, pools, a, first_page=30, first_slot=30, state=4, pages=[1, 2, 3])
     assert pools.swa == {1, 2, 3, 4, 10, 11, 12, 13, 20, 21, 22, 23} and pools.states == {1, 2, 3}

@@ -66,6 +66,7 @@ class Req:
     cached_tokens: int = 0  # prompt tokens reused from the prefix cache (at the first admission)
     cache_node: Optional[Any] = None  # the radix-cache node it reuses (locked while it runs)
     prompt_cached: bool = False  # its prefilled prompt was given to the prefix cache
+    split_end: int = 0  # where its prompt leaves the cache's pages with no usable end: a chunk ends there, cached
 
     @property
     def fill_ids(self) -> list:

@@ -366,6 +366,11 @@ class Scheduler(SchedulerOutputProcessorMixin):
         tokens = req.fill_ids
         limit = len(tokens) - 1 if not req.return_logprob else min(len(tokens) - 1, req.logprob_start - 1)
         match = cache.match_prefix(tokens, limit)
+        # The tree holds deeper pages of this prompt but no end there (the requests that computed them went on past
+        # it): end a chunk there and give the cache that end, for the requests after this one (_cache_running).
+        deep = match.path_tokens > match.num_tokens and match.path_tokens >= max(self.allocator.page_size,
+                                                                                  self.allocator.window)
+        req.split_end = match.path_tokens if deep else 0
         if match.num_tokens == 0:
             return
         cache.lock(match.node)
@@ -385,17 +390,25 @@ class Scheduler(SchedulerOutputProcessorMixin):
         self.allocator.flush_cache()
         return True
 
-    def _cache_prompt(self, req: Req) -> None:
-        """Its prompt prefilled, a request gives the prefix cache the prompt up to its last page boundary (so
-        requests sharing it can start there while it runs) and locks that node instead of the one it matched."""
+    def _cache_running(self, req: Req) -> None:
+        """A running request gives the prefix cache its computed positions up to their last page boundary (when its
+        prompt is prefilled, and at its split end) so requests sharing them can start there while it runs; first it
+        switches to the cache's copies of pages the cache already holds. It locks the node it reads instead of the
+        one it matched."""
+        adopted = self.allocator.adopt_cached_pages(req.alloc, req.fill_ids)
+        if adopted is not None:
+            self._relock(req, adopted)
         # speculative: the cache keeps ends only where the MTP's window rows are the committed tokens'
         node = self.allocator.cache_running(req.alloc, req.fill_ids, self._state_saver(req.alloc),
                                             req.draft_len if self.worker.speculative else None)
         if node is not None:
-            self.allocator.cache.lock(node)
-            if req.cache_node is not None:
-                self.allocator.cache.unlock(req.cache_node)
-            req.cache_node = node
+            self._relock(req, node)
+
+    def _relock(self, req: Req, node) -> None:
+        self.allocator.cache.lock(node)  # before the unlock: shared ancestors stay locked throughout
+        if req.cache_node is not None:
+            self.allocator.cache.unlock(req.cache_node)
+        req.cache_node = node
 
     def _state_saver(self, alloc):
         """save_state(slot, end) for the allocator: the request's CSA staging rows at `end` into state slot `slot`."""
@@ -446,6 +459,8 @@ class Scheduler(SchedulerOutputProcessorMixin):
         for req in (r for r in self.running if not r.prefill_done):
             room = (len(req.alloc.pages) + pages) * self.allocator.page_size - req.num_computed
             n = min(req.prefill_len - req.num_computed, budget, window_free, room)
+            if req.split_end > req.num_computed:
+                n = min(n, req.split_end - req.num_computed)
             if n <= 0:
                 page_bound = room <= 0
                 break
@@ -485,9 +500,14 @@ class Scheduler(SchedulerOutputProcessorMixin):
                 self.free_request(req)
             elif req.alloc is not None:
                 live.append(req)
-                if self.allocator.cache is not None and req.prefill_done and not req.prompt_cached:
+                if self.allocator.cache is None:
+                    continue
+                if req.split_end and req.num_computed >= req.split_end:
+                    req.split_end = 0
+                    self._cache_running(req)
+                if req.prefill_done and not req.prompt_cached:
                     req.prompt_cached = True
-                    self._cache_prompt(req)
+                    self._cache_running(req)
         self.allocator.release_windows([r.alloc for r in live],
                                        [r.num_computed - (self.config.sliding_window - 1) for r in live])
 

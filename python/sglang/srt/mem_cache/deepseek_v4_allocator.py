@@ -295,6 +295,42 @@ class DeepSeekV4TokenAllocator:
         row = self.req_to_token_pool.req_to_token[alloc.req_pool_idx]
         row[:num_tokens] = self._to_device(full.flatten()).to(torch.int32)
 
+    def adopt_cached_pages(self, alloc: ReqAllocation, tokens: list) -> Optional[TreeNode]:
+        """Where the prefix cache holds the request's computed positions in pages of its own (the same tokens,
+        computed earlier by another request, with no usable end where this request's path leaves them), switch the
+        request to the cache's pages and free its copies: its page table and window map then point where a cached
+        end's tail must (cache_running can give the tree an end there), and the pool holds the prefix once.
+        Returns the deepest node whose pages it now reads (the caller locks it), or None when nothing changed."""
+        if self.cache is None:
+            return None
+        ps = self.page_size
+        known, node = self.cache.path(tokens[:alloc.num_tokens // ps * ps])
+        swaps = [i for i, p in enumerate(known) if alloc.pages[i] != p and alloc.pages[i] not in alloc.cached_pages]
+        if not swaps:
+            return None
+        windowed = [i for i in swaps if (i + 1) * ps > alloc.window_start]
+        if windowed and self.cache.has_tail_in({known[i] for i in windowed}):
+            return None  # those full slots already map a cached tail's window: leave this request's copies be
+        positions, new_full, old_moved, new_moved, moved_swa = [], [], [], [], []
+        for i in swaps:
+            positions += range(i * ps, (i + 1) * ps)
+            new_full += range(known[i] * ps, (known[i] + 1) * ps)
+            for p in range(max(i * ps, alloc.window_start), min((i + 1) * ps, alloc.num_tokens)):
+                old_moved.append(alloc.pages[i] * ps + p % ps)
+                new_moved.append(known[i] * ps + p % ps)
+                moved_swa.append(alloc.window_slots[p - alloc.window_start])
+        dev = self._to_device(torch.tensor([positions, new_full], dtype=torch.int64))
+        self.req_to_token_pool.req_to_token[alloc.req_pool_idx, dev[0]] = dev[1].to(torch.int32)
+        if old_moved:
+            self._unmap(old_moved)
+            moved = self._to_device(torch.tensor([new_moved, moved_swa], dtype=torch.int64))
+            self.full_to_swa[moved[0]] = moved[1]
+        self.pages.free([alloc.pages[i] for i in swaps])
+        for i in swaps:
+            alloc.pages[i] = known[i]
+            alloc.cached_pages.add(known[i])
+        return node
+
     def cache_running(self, alloc: ReqAllocation, tokens: list, save_state,
                       draft_len: Optional[int] = None) -> Optional[TreeNode]:
         """Give the prefix cache tokens[:P] of a request that goes on (P: its last page boundary, at most draft_len

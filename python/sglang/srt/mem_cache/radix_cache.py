@@ -9,6 +9,10 @@ from the pages and freed first under pressure:
 - `tail`: the window slots of the `window` tokens before the end (their window KV, mapped by full_to_swa);
 - `state_slot`: the saved CSA staging rows at the end (every CSA compressor's previous-window rows).
 A match ends at the deepest node end on the prefix's path that still has both; deeper cached pages are recomputed.
+Where a request's path leaves the tree inside a node (requests sharing a system prompt but not what follows it), the
+tree holds pages there but no end: the request reports that point (`PrefixMatch.path_tokens`), stops a prefill chunk
+there, switches to the tree's pages and gives the tree an end (its tail and state) there, which the requests after it
+reuse (scheduler `_cache_running`, allocator `adopt_cached_pages`).
 Under speculative decoding the tail also holds the MTP layer's window rows, and the last of them (position end - 1)
 was computed with the token after the end (`next_token`): an end is usable only by a request whose token there is
 the same, so the draft's window is exactly what it would have computed itself.
@@ -48,6 +52,7 @@ class PrefixMatch:
     num_tokens: int  # tokens reusable (a multiple of page_size; 0: no reuse)
     pages: list  # the pages of those tokens
     node: Optional[TreeNode]  # the usable end (lock it while in use); None when nothing matched
+    path_tokens: int = 0  # tokens the tree holds pages for along the path (usable end or not; >= num_tokens)
 
 
 @dataclass
@@ -93,24 +98,37 @@ class RadixCache:
             node = child
             if node.usable and (node.next_token is None or (pos < len(tokens) and tokens[pos] == node.next_token)):
                 best = PrefixMatch(pos, list(pages), node)
+        best.path_tokens = pos
         self.queried_tokens += len(tokens)
         self.hit_tokens += best.num_tokens
         return best
 
     def cached_pages(self, tokens: list) -> list:
         """The tree's pages along tokens' path (whole pages, usable end or not); no hit counted, nothing touched."""
-        node, pos, pages = self.root, 0, []
+        return self.path(tokens)[0]
+
+    def path(self, tokens: list) -> tuple:
+        """(the tree's pages along tokens' path, the deepest node holding some of them or None); nothing touched."""
+        node, pos, pages, last = self.root, 0, [], None
         while pos < len(tokens):
             child = node.children.get(tuple(tokens[pos:pos + self.page_size]))
             if child is None:
                 break
             n = self._common_pages(child.key, tokens, pos, len(tokens))
+            if n == 0:
+                break
             pages += child.pages[:n]
             pos += n * self.page_size
+            last = child
             if n < len(child.pages):
                 break
             node = child
-        return pages
+        return pages, last
+
+    def has_tail_in(self, pages: set) -> bool:
+        """Whether a node's window tail lies in one of these pages (their full slots are mapped to its window)."""
+        ps = self.page_size
+        return any(s // ps in pages for n in self.nodes() if n.tail_full for s in n.tail_full)
 
     def _common_pages(self, key: list, tokens: list, pos: int, limit: int) -> int:
         ps, n = self.page_size, 0
