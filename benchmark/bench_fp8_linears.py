@@ -5,8 +5,9 @@ and end-to-end agreement of the FP8 engine with the dequantized (bf16) one on a 
 
 Kernels: DeepSeek-V4 Flash's FP8 linears (wq_a, wq_b, wkv, grouped wo_a, wo_b, indexer wq_b) at M = 1, 32 (decode)
 and 4096, 8192 (prefill) rows: bf16 `torch.matmul` on the dequantized weight, sgl_kernel's W8A8 (activation quant +
-FP8 GEMM), W8A16 and the engine's path (layers/quantization/fp8.py: W8A16 kernel for <= 64 rows, dequantize +
-matmul above), timed with triton.testing.do_bench. Decode rows are reported as the
+FP8 GEMM), W8A16, cuBLAS's blockwise-scaled W8A8 (torch._scaled_mm, prefill rows, where the device has it) and
+the engine's path (layers/quantization/fp8.py: W8A16 kernel for <= 64 rows, cuBLAS W8A8 or dequantize + matmul
+above), timed with triton.testing.do_bench. Decode rows are reported as the
 fraction of copy bandwidth the FP8 weight bytes reach, prefill rows as TFLOP/s and the speed-up over bf16.
 End to end (--model-path, a checkpoint written by `scripts/make_slice_checkpoint.py ... --quantize`): one prefill of
 --tokens random tokens through each engine, logits of every position; top-1 agreement and mean |logprob diff| of the
@@ -40,7 +41,7 @@ def copy_bandwidth() -> float:
 def kernel_rows() -> list:
     from sgl_kernel.dsv4_fp8_gemm import dsv4_fp8_block_gemm
     from sgl_kernel.dsv4_fp8_gemm_ref import dequant_weight_ref
-    from sglang.srt.layers.quantization.fp8 import fp8_linear
+    from sglang.srt.layers.quantization.fp8 import cublas_blockwise_ok, cublas_w8a8, fp8_linear
 
     bw = copy_bandwidth()
     print(f"copy bandwidth {bw / 1e9:.0f} GB/s")
@@ -60,17 +61,28 @@ def kernel_rows() -> list:
                                               warmup=25, rep=100)
             t_engine = triton.testing.do_bench(lambda: fp8_linear(x, w, ws, groups), warmup=25, rep=100)
             flops = 2 * m * groups * n * k
+            cublas = {}
+            if m > 64 and cublas_blockwise_ok(x.device, n, k):  # the engine's prefill path where cuBLAS has it
+                t_cublas = triton.testing.do_bench(lambda: cublas_w8a8(x, w, ws, groups), warmup=25, rep=100)
+                ref = dsv4_fp8_block_gemm(x, w, ws, groups).float()
+                got = cublas_w8a8(x, w, ws, groups).float()
+                cublas = {"cublas_w8a8_ms": t_cublas, "cublas_speedup_vs_bf16": t_bf16 / t_cublas,
+                          "cublas_tflops": flops / t_cublas / 1e9,
+                          "cublas_vs_triton_w8a8_rel_err": ((got - ref).norm() / ref.norm()).item()}
             row = {"name": name, "m": m, "n": groups * n, "k": k, "groups": groups, "bf16_ms": t_bf16,
                    "w8a8_ms": t_w8a8, "w8a16_ms": t_w8a16, "engine_ms": t_engine,
                    "engine_speedup_vs_bf16": t_bf16 / t_engine, "w8a8_tflops": flops / t_w8a8 / 1e9,
                    "bf16_tflops": flops / t_bf16 / 1e9, "speedup_vs_bf16": t_bf16 / t_w8a8,
-                   "w8a8_weight_bw_fraction": w.numel() / (t_w8a8 * 1e-3) / bw}
+                   "w8a8_weight_bw_fraction": w.numel() / (t_w8a8 * 1e-3) / bw, **cublas}
             rows.append(row)
             print(f"{name:13s} M {m:5d} N {groups * n:6d} K {k:5d}: bf16 {t_bf16 * 1e3:8.1f} us "
                   f"({row['bf16_tflops']:6.1f} TF/s) | W8A8 {t_w8a8 * 1e3:8.1f} us ({row['w8a8_tflops']:6.1f} TF/s, "
                   f"{row['speedup_vs_bf16']:.2f}x, weight bytes at {row['w8a8_weight_bw_fraction']:.2f} of copy bw) | "
                   f"W8A16 {t_w8a16 * 1e3:8.1f} us | engine path {t_engine * 1e3:8.1f} us "
-                  f"({row['engine_speedup_vs_bf16']:.2f}x)", flush=True)
+                  f"({row['engine_speedup_vs_bf16']:.2f}x)" + (
+                      f" | cuBLAS W8A8 {cublas['cublas_w8a8_ms'] * 1e3:8.1f} us ({cublas['cublas_tflops']:6.1f} TF/s, "
+                      f"{cublas['cublas_speedup_vs_bf16']:.2f}x, vs Triton W8A8 "
+                      f"{cublas['cublas_vs_triton_w8a8_rel_err']:.1e})" if cublas else ""), flush=True)
     return rows
 
 
@@ -147,6 +159,9 @@ def main() -> None:
         out["kernels"] = kernel_rows()
         prefill = [r["speedup_vs_bf16"] for r in out["kernels"] if r["m"] >= 4096]
         print(f"prefill shapes: W8A8 / bf16 speed-up median {statistics.median(prefill):.2f}x")
+        engine = [r["engine_speedup_vs_bf16"] for r in out["kernels"] if r["m"] >= 4096]
+        print(f"prefill shapes: engine path / bf16 speed-up median {statistics.median(engine):.2f}x, "
+              f"min {min(engine):.2f}x")
     if args.model_path:
         out["end_to_end"] = end_to_end(args.model_path, args.tokens)
     if args.out:

@@ -47,6 +47,19 @@ def test_act_quant_matches_reference(groups, k):
     assert ((deq.view(6, -1) - x).abs() <= x.abs() * 2 ** -3 + step).all()  # 3 mantissa bits; subnormal steps
 
 
+@pytest.mark.parametrize("m", [5, 8])
+def test_act_quant_cublas_layout(m):
+    """The layout torch._scaled_mm's blockwise recipe takes: rows padded with zeros to a multiple of 4 (multiplier 1),
+    multipliers outer-dim major; the same codes and multipliers as the plain layout."""
+    x = torch.randn(m, 2 * 256, generator=torch.Generator().manual_seed(m))
+    q, s = dsv4_fp8_act_quant(x, 2)
+    cq, cs = dsv4_fp8_act_quant(x, 2, cublas_layout=True)
+    rows = -(-m // 4) * 4
+    assert cq.shape == (rows, 512) and cs.shape == (rows, 4) and cs.stride() == (1, rows)
+    assert torch.equal(cq[:m].view(torch.uint8), q.view(torch.uint8)) and torch.equal(cs[:m], s)
+    assert not cq[m:].float().any() and bool((cs[m:] == 1).all())
+
+
 @pytest.mark.parametrize("m,groups,n,k", [(5, 1, 96, 384), (20, 3, 80, 200), (70, 2, 130, 128), (0, 1, 64, 128)])
 def test_scaled_gemm_equals_fp32_product(m, groups, n, k):
     w, ws = _weight(groups * n, k, seed=n)
@@ -71,6 +84,25 @@ def test_w8a16_and_end_to_end(groups, n, k):
     # activation rounding (and the interpreter's own e4m3 rounding): within a few percent of the W8A16 result
     err = (w8 - ref16).norm() / ref16.norm()
     assert err < 0.05, err
+
+
+@pytest.mark.parametrize("split_k", [2, 3])
+@pytest.mark.parametrize("quantize_act", [False, True])
+def test_split_k_equals_one_pass(split_k, quantize_act):
+    """Split-K (few rows: each split sums its K blocks into an fp32 slice, the slices summed after) gives the one-pass
+    result, with a partial last K block and two groups."""
+    from sgl_kernel.dsv4_fp8_gemm import _launch
+
+    groups, n, k = 2, 80, 600  # 5 K blocks, the last partial
+    w, ws = _weight(groups * n, k, seed=3)
+    x = torch.randn(3, groups * k, generator=torch.Generator().manual_seed(2))
+    a, a_s = (dsv4_fp8_act_quant(x, groups) if quantize_act else (x, None))
+    one = _launch(a, a_s, w, ws, groups, torch.float32, split_k=1)
+    split = _launch(a, a_s, w, ws, groups, torch.float32, split_k=split_k)
+    torch.testing.assert_close(split, one, rtol=1e-5, atol=1e-5 * one.abs().max().item())
+    ref = fp8_block_linear_ref(x, w, ws, groups) if quantize_act else torch.cat(
+        [x[:, i * k:(i + 1) * k] @ dequant_weight_ref(w, ws)[i * n:(i + 1) * n].T for i in range(groups)], dim=1)
+    torch.testing.assert_close(split, ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
 
 
 def test_bad_shapes_are_refused():
@@ -113,3 +145,24 @@ def test_gpu_w8a16_fp32_activations(m):
     got = dsv4_fp8_block_gemm(x, w, ws, out_dtype=torch.float32, quantize_act=False)
     ref = x @ dequant_weight_ref(w, ws).T
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4 * ref.abs().max().item())
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("m", [65, 4096])
+@pytest.mark.parametrize("groups,n,k", [(1, 1024, 4096), (8, 1024, 4096), (1, 4096, 8192)])
+def test_gpu_cublas_w8a8(m, groups, n, k):
+    """The prefill path on sm90 (layers/quantization/fp8.py): cuBLAS's blockwise-scaled GEMM through torch._scaled_mm
+    equals the fp32 product of the same FP8 operands within bf16 output rounding (it must be there on an H200)."""
+    from sglang.srt.layers.quantization.fp8 import cublas_blockwise_ok, cublas_w8a8
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("cuBLAS's blockwise FP8 recipe is sm90's")
+    assert cublas_blockwise_ok(torch.device("cuda"), n, k)
+    w, ws = _weight(groups * n, k, seed=n, device="cuda")
+    x = torch.randn(m, groups * k, device="cuda", dtype=torch.bfloat16)
+    got = cublas_w8a8(x, w, ws, groups).float()
+    ref = fp8_block_linear_ref(x, w, ws, groups)
+    err = ((got - ref).norm() / ref.norm()).item()
+    print(f"cuBLAS W8A8 m {m} groups {groups} n {n} k {k}: relative error {err:.2e}")
+    assert got.shape == (m, groups * n) and err < 1e-2

@@ -14,6 +14,8 @@ multiple of 128; partial K blocks are masked.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
@@ -22,21 +24,24 @@ from sgl_kernel.dsv4_fp8_gemm_ref import BLOCK, FP8_E4M3_MAX
 
 
 @triton.jit
-def _act_quant_kernel(x_ptr, q_ptr, s_ptr, K, KB, stride_x, stride_q, stride_s, BLOCK_K: tl.constexpr,
-                      FP8_MAX: tl.constexpr, ROUND_IN_FP32: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
+def _act_quant_kernel(x_ptr, q_ptr, s_ptr, M, K, KB, stride_x, stride_q, stride_s, stride_sc,
+                      BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, FP8_MAX: tl.constexpr,
+                      ROUND_IN_FP32: tl.constexpr):
+    """One 128-channel block of BLOCK_M rows: per row, the power-of-two multiplier 2^e with amax / 2^e <= 448
+    (from amax's bits, exact) and the e4m3 codes of x / 2^e."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     g = tl.program_id(1) // KB
     b = tl.program_id(1) % KB
     k = b * BLOCK_K + tl.arange(0, BLOCK_K)
-    mask = k < K
-    x = tl.load(x_ptr + row * stride_x + g * K + k, mask=mask, other=0.0).to(tl.float32)
-    bits = tl.max(tl.abs(x), axis=0).to(tl.int32, bitcast=True)
+    mask = (rows[:, None] < M) & (k[None, :] < K)
+    x = tl.load(x_ptr + rows[:, None] * stride_x + g * K + k[None, :], mask=mask, other=0.0).to(tl.float32)
+    bits = tl.max(tl.abs(x), axis=1).to(tl.int32, bitcast=True)
     exponent = ((bits >> 23) & 0xFF) - 127
     e = exponent - 8 + ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)  # amax / 448 <= 2^e
     e = tl.maximum(e, -126)
     scale = ((e + 127) << 23).to(tl.float32, bitcast=True)
     inv = ((127 - e) << 23).to(tl.float32, bitcast=True)  # exact: both are powers of two
-    q = tl.minimum(tl.maximum(x * inv, -FP8_MAX), FP8_MAX)
+    q = tl.minimum(tl.maximum(x * inv[:, None], -FP8_MAX), FP8_MAX)
     if ROUND_IN_FP32:
         # The CPU interpreter's fp8 conversion does not round to nearest: round to the nearest e4m3 value (ties to
         # even) in fp32 first, so the cast only re-encodes an exact value. The spacing at q is 2^(max(E, -6) - 3);
@@ -47,29 +52,35 @@ def _act_quant_kernel(x_ptr, q_ptr, s_ptr, K, KB, stride_x, stride_q, stride_s, 
         y = q * ((127 - ue) << 23).to(tl.float32, bitcast=True)
         y = (y + 12582912.0) - 12582912.0
         q = y * ((ue + 127) << 23).to(tl.float32, bitcast=True)
-    tl.store(q_ptr + row * stride_q + g * K + k, q.to(q_ptr.dtype.element_ty), mask=mask)
-    tl.store(s_ptr + row * stride_s + g * KB + b, scale)
+    tl.store(q_ptr + rows[:, None] * stride_q + g * K + k[None, :], q.to(q_ptr.dtype.element_ty), mask=mask)
+    tl.store(s_ptr + rows * stride_s + (g * KB + b) * stride_sc, scale, mask=rows < M)
 
 
 @triton.jit
-def _fp8_block_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, c_ptr, M, N, K, KB, stride_am, stride_as, stride_wn,
-                           stride_ws, stride_cm, QUANT_A: tl.constexpr, BLOCK_M: tl.constexpr,
-                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREC: tl.constexpr):
+def _fp8_block_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, c_ptr, M, N, K, KB, SPLITS, KB_PER_SPLIT, stride_am,
+                           stride_as, stride_wn, stride_ws, stride_cm, stride_cs, QUANT_A: tl.constexpr,
+                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                           PREC: tl.constexpr):
+    """One [BLOCK_M, BLOCK_N] tile of group g over K blocks [split * KB_PER_SPLIT, ...) (split-K: few rows leave
+    too few tiles to fill the GPU; each split writes its fp32 partial sums to its own slice, summed afterwards)."""
     pid_m = tl.program_id(1)
     pid_n = tl.program_id(0)
-    g = tl.program_id(2)
+    g = tl.program_id(2) // SPLITS
+    split = tl.program_id(2) % SPLITS
+    kb_lo = split * KB_PER_SPLIT
+    kb_hi = tl.minimum(kb_lo + KB_PER_SPLIT, KB)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
     m_ok = rm < M
     n_ok = rn < N
     w_row = (g * N + rn).to(tl.int64)  # absolute weight row: its scale row is w_row // 128
-    a_ptrs = a_ptr + rm.to(tl.int64)[:, None] * stride_am + g * K + rk[None, :]
-    w_ptrs = w_ptr + w_row[None, :] * stride_wn + rk[:, None]  # [BLOCK_K, BLOCK_N], W transposed
+    a_ptrs = a_ptr + rm.to(tl.int64)[:, None] * stride_am + g * K + kb_lo * BLOCK_K + rk[None, :]
+    w_ptrs = w_ptr + w_row[None, :] * stride_wn + kb_lo * BLOCK_K + rk[:, None]  # [BLOCK_K, BLOCK_N], W transposed
     ws_ptrs = ws_ptr + (w_row // BLOCK_K) * stride_ws
     as_ptrs = as_ptr + rm.to(tl.int64) * stride_as + g * KB
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kb in range(0, KB):
+    for kb in range(kb_lo, kb_hi):
         k_ok = kb * BLOCK_K + rk < K
         a = tl.load(a_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         w = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
@@ -81,7 +92,7 @@ def _fp8_block_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, c_ptr, M, N, K, KB, str
             acc += tl.dot(a, w.to(a.dtype), out_dtype=tl.float32, input_precision=PREC) * sw[None, :]
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
-    c_ptrs = c_ptr + rm.to(tl.int64)[:, None] * stride_cm + g * N + rn[None, :]
+    c_ptrs = c_ptr + split.to(tl.int64) * stride_cs + rm.to(tl.int64)[:, None] * stride_cm + g * N + rn[None, :]
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
@@ -92,16 +103,28 @@ def _rows(x: torch.Tensor, groups: int) -> torch.Tensor:
     return x
 
 
-def dsv4_fp8_act_quant(x: torch.Tensor, groups: int = 1) -> tuple:
-    """x [M, G * K] -> (e4m3 [M, G * K], fp32 power-of-two multipliers [M, G * ceil(K / 128)])."""
+def dsv4_fp8_act_quant(x: torch.Tensor, groups: int = 1, cublas_layout: bool = False) -> tuple:
+    """x [M, G * K] -> (e4m3 [M, G * K], fp32 power-of-two multipliers [M, G * ceil(K / 128)]).
+    cublas_layout: what cuBLAS's blockwise-scaled GEMM takes (torch._scaled_mm): rows padded with zeros to a
+    multiple of 4, the multipliers outer-dim major (stride (1, padded M))."""
     x = _rows(x, groups)
     m, k = x.shape[0], x.shape[1] // groups
     kb = triton.cdiv(k, BLOCK)
-    q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
-    s = torch.empty(m, groups * kb, dtype=torch.float32, device=x.device)
+    rows = m + (-m % 4 if cublas_layout else 0)
+    q = torch.empty(rows, x.shape[1], dtype=torch.float8_e4m3fn, device=x.device)
+    if cublas_layout:
+        s = torch.empty(groups * kb, rows, dtype=torch.float32, device=x.device).t()
+        if rows > m:
+            q[m:].zero_()
+            s[m:].fill_(1.0)
+    else:
+        s = torch.empty(m, groups * kb, dtype=torch.float32, device=x.device)
     if m and k:
-        _act_quant_kernel[(m, groups * kb)](x, q, s, k, kb, x.stride(0), q.stride(0), s.stride(0), BLOCK_K=BLOCK,
-                                           FP8_MAX=FP8_E4M3_MAX, ROUND_IN_FP32=x.device.type != "cuda")
+        # 16 rows per program: one row of 128 channels per program made this launch-bound (2.5x the cuBLAS GEMM it
+        # feeds at Flash's prefill shapes on an H200)
+        _act_quant_kernel[(triton.cdiv(m, 16), groups * kb)](
+            x, q, s, m, k, kb, x.stride(0), q.stride(0), s.stride(0), s.stride(1), BLOCK_M=16, BLOCK_K=BLOCK,
+            FP8_MAX=FP8_E4M3_MAX, ROUND_IN_FP32=x.device.type != "cuda")
     return q, s
 
 
@@ -141,22 +164,49 @@ def dsv4_fp8_scaled_gemm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor
     return _launch(a, a_scale, w, w_scale, groups, out_dtype)
 
 
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4
+    if device.index not in _SMS:
+        _SMS[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _SMS[device.index]
+
+
+_SMS: dict = {}
+
+
+def _splits(tiles: int, kb: int, device: torch.device) -> int:
+    """K splits so that tiles x splits reach about twice the SMs (at least 2 K blocks per split)."""
+    want = -(-2 * _num_sms(device) // tiles)
+    return max(1, min(want, kb // 2))
+
+
 def _launch(a: torch.Tensor, a_scale, w: torch.Tensor, w_scale: torch.Tensor, groups: int,
-            out_dtype: torch.dtype) -> torch.Tensor:
+            out_dtype: torch.dtype, split_k: Optional[int] = None) -> torch.Tensor:
     a = _rows(a, groups)
     m, k = a.shape[0], a.shape[1] // groups
     n = w.shape[0] // groups
     kb = triton.cdiv(k, BLOCK)
-    out = torch.empty(m, groups * n, dtype=out_dtype, device=a.device)
     if m == 0:
-        return out
+        return torch.empty(m, groups * n, dtype=out_dtype, device=a.device)
     quantize_act = a_scale is not None
     if not quantize_act:
         a_scale = w_scale  # not read
     block_m, block_n, warps, stages = _config(m, a.element_size())
-    grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m), groups)
-    _fp8_block_gemm_kernel[grid](a, a_scale, w, w_scale, out, m, n, k, kb, a.stride(0), a_scale.stride(0),
-                                 w.stride(0), w_scale.stride(0), out.stride(0), QUANT_A=quantize_act,
-                                 BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=BLOCK, num_warps=warps,
-                                 num_stages=stages, PREC="ieee" if a.dtype == torch.float32 else "tf32")
+    tiles = triton.cdiv(n, block_n) * triton.cdiv(m, block_m) * groups
+    splits = split_k or (_splits(tiles, kb, a.device) if m <= 64 else 1)
+    per_split = triton.cdiv(kb, splits)
+    splits = triton.cdiv(kb, per_split)  # no empty split
+    if splits == 1:
+        c = out = torch.empty(m, groups * n, dtype=out_dtype, device=a.device)
+    else:
+        c = torch.empty(splits, m, groups * n, dtype=torch.float32, device=a.device)
+    grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m), groups * splits)
+    _fp8_block_gemm_kernel[grid](a, a_scale, w, w_scale, c, m, n, k, kb, splits, per_split, a.stride(0),
+                                 a_scale.stride(0), w.stride(0), w_scale.stride(0), c.stride(-2),
+                                 c.stride(0) if splits > 1 else 0, QUANT_A=quantize_act, BLOCK_M=block_m,
+                                 BLOCK_N=block_n, BLOCK_K=BLOCK, num_warps=warps, num_stages=stages,
+                                 PREC="ieee" if a.dtype == torch.float32 else "tf32")
+    if splits > 1:
+        out = c.sum(0).to(out_dtype)
     return out

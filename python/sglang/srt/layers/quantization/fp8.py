@@ -1,14 +1,16 @@
 """FP8 block-scaled linears that stay FP8 on the GPU (the hub's e4m3 weights, one multiplier per 128x128 block).
 
 `Fp8BlockLinear` replaces an `nn.Linear` whose checkpoint tensor is stored FP8 (model_loader.loader.fp8_linear_names):
-it holds `weight` (e4m3 [out, in]) and `weight_scale_inv` (fp32 [ceil(out / 128), ceil(in / 128)]). It computes
-W8A16, the function of the dequantized model (activations are not rounded, so outputs equal the dequantized
-engine's up to summation order): up to SKINNY_ROWS rows (decode, verify) sgl_kernel's dsv4_fp8_block_gemm converts
-the FP8 tiles in registers, reading one byte per weight; more rows (prefill) dequantize the weight to the compute
-dtype and use the vendor GEMM (the dequantization is a few percent of such a GEMM). The kernel's W8A8 mode (FP8 MMA
-on quantized activations, the hub's `activation_scheme: dynamic`) exists and is tested, but measured 0.2-0.6x of the
-bf16 matmul on an H200 so far (benchmark/RESULTS.md), so the engine does not use it yet. `groups` > 1 is
-DeepSeek-V4's grouped low-rank output projection (wo_a): input [T, G * in], one weight slice per group.
+it holds `weight` (e4m3 [out, in]) and `weight_scale_inv` (fp32 [ceil(out / 128), ceil(in / 128)]).
+- Up to SKINNY_ROWS rows (decode, verify): W8A16, the dequantized model's function (activations not rounded):
+  sgl_kernel's dsv4_fp8_block_gemm converts the FP8 tiles in registers, reading one byte per weight, split over K
+  when the row tiles alone would leave the GPU's SMs idle.
+- More rows (prefill): W8A8 as DeepSeek's reference and the hub's `activation_scheme: dynamic` define it
+  (activations quantized per token and 128 channels to e4m3 with power-of-two multipliers), through cuBLAS's
+  blockwise-scaled GEMM (torch._scaled_mm, sm90 with CUDA >= 12.9; on an H200 it equals sgl_kernel's own W8A8
+  kernel bit for bit, and is faster); without it (or with SGLANG_DSV4_FP8_PREFILL=dequant, or fp32 activations)
+  the weight is dequantized to the compute dtype for the vendor GEMM (W8A16). Measurements: benchmark/RESULTS.md.
+`groups` > 1 is DeepSeek-V4's grouped low-rank output projection (wo_a): input [T, G * in], one weight slice per group.
 
 Where FP8 stays: CUDA only. CPU and ROCm dequantize at load (the HF oracle stays exact on CPU; ROCm's e4m3fnuz
 rescaling is not built yet), so `fp8_linears_supported` is False there and no module is replaced.
@@ -16,14 +18,17 @@ rescaling is not built yet), so `fp8_linears_supported` is False there and no mo
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
 from torch import nn
 
 from sglang.srt import platform as plat
+from sglang.srt.environ import envs
 
 BLOCK = 128
+logger = logging.getLogger(__name__)
 
 
 def fp8_linears_supported(device: torch.device) -> bool:
@@ -44,12 +49,54 @@ def dequantize_weight(w: torch.Tensor, w_scale: torch.Tensor, dtype: torch.dtype
     return out.mul_(w_scale.to(dtype).repeat_interleave(BLOCK, 0)[:n].repeat_interleave(BLOCK, 1)[:, :k])
 
 
+def cublas_blockwise_ok(device: torch.device, n: int, k: int) -> bool:
+    """Whether torch._scaled_mm runs DeepSeek's recipe (activations per 1x128, weights per 128x128; cuBLAS >= 12.9
+    on sm90) for an [n, k] weight: whole 128-blocks, and ceil(k / 128) a multiple of 4 (the weight multipliers'
+    leading dimension cuBLAS wants). Probed once per device with a small GEMM."""
+    if n % BLOCK or k % BLOCK or (k // BLOCK) % 4 or envs.SGLANG_DSV4_FP8_PREFILL.get() != "auto":
+        return False
+    key = str(device)
+    if key not in _CUBLAS_OK:
+        try:
+            a = torch.zeros(4, 512, dtype=torch.float8_e4m3fn, device=device)
+            w = torch.zeros(128, 512, dtype=torch.float8_e4m3fn, device=device)
+            torch._scaled_mm(a, w.t(), scale_a=torch.ones(4, 4, device=device).t().contiguous().t(),
+                             scale_b=torch.ones(1, 4, device=device).t(), out_dtype=torch.bfloat16)
+            _CUBLAS_OK[key] = True
+        except (RuntimeError, TypeError, ValueError) as e:
+            logger.info("FP8 prefill GEMMs dequantize the weights: torch._scaled_mm has no blockwise scaling here "
+                        "(%s)", str(e).splitlines()[0][:200])
+            _CUBLAS_OK[key] = False
+    return _CUBLAS_OK[key]
+
+
+_CUBLAS_OK: dict = {}
+
+
+def cublas_w8a8(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, groups: int = 1) -> torch.Tensor:
+    """W8A8 as DeepSeek's reference computes it: activations quantized per token and 128 channels (power-of-two
+    multipliers, sgl_kernel's act quant), then cuBLAS's blockwise-scaled FP8 GEMM, one per group."""
+    from sgl_kernel.dsv4_fp8_gemm import dsv4_fp8_act_quant
+
+    m = x.shape[0]
+    a, a_scale = dsv4_fp8_act_quant(x, groups, cublas_layout=True)
+    k, n = a.shape[1] // groups, w.shape[0] // groups
+    kb, nb = k // BLOCK, n // BLOCK
+    outs = [torch._scaled_mm(a[:, g * k:(g + 1) * k], w[g * n:(g + 1) * n].t(),
+                             scale_a=a_scale[:, g * kb:(g + 1) * kb], scale_b=w_scale[g * nb:(g + 1) * nb].t(),
+                             out_dtype=x.dtype) for g in range(groups)]
+    out = outs[0] if groups == 1 else torch.stack(outs, 1).flatten(1)
+    return out[:m]
+
+
 def fp8_linear(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, groups: int = 1) -> torch.Tensor:
     """x [M, G * K] (contiguous rows) -> [M, G * N] in x's dtype, W8A16 (see the module docstring)."""
     from sgl_kernel.dsv4_fp8_gemm import dsv4_fp8_block_gemm
 
     if x.shape[0] <= SKINNY_ROWS:
         return dsv4_fp8_block_gemm(x, w, w_scale, groups, out_dtype=x.dtype, quantize_act=False)
+    if x.dtype != torch.float32 and cublas_blockwise_ok(x.device, w.shape[0] // groups, w.shape[1]):
+        return cublas_w8a8(x, w, w_scale, groups)
     wd = dequantize_weight(w, w_scale, x.dtype)
     if groups == 1:
         return x @ wd.T
