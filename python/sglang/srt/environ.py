@@ -106,9 +106,10 @@ class Envs:
 
     SGLANG_DSV4_FP8_PREFILL = EnvVar(
         "SGLANG_DSV4_FP8_PREFILL", "auto", _choice("auto", "dequant"),
-        "FP8 linears with more than 64 rows (prefill): auto = W8A8 as DeepSeek's reference (activations quantized "
-        "per token and 128 channels, cuBLAS's blockwise-scaled GEMM via torch._scaled_mm) where the device has it "
-        "(sm90, CUDA >= 12.9), else the weight dequantized + the bf16 GEMM (W8A16); dequant forces the latter")
+        "FP8 linears with at least 4,096 rows (long prefill chunks): auto = W8A8 as DeepSeek's reference "
+        "(activations quantized per token and 128 channels, cuBLAS's blockwise-scaled GEMM via torch._scaled_mm) "
+        "where the device has it (sm90, CUDA >= 12.9), else the weight dequantized + the bf16 GEMM (W8A16); dequant "
+        "forces the latter")
 
     # Platform (ROCm / AMD); decided in arg_groups/platform_defaults.py, documented in docs/platforms.md
     SGLANG_USE_AITER = EnvVar("SGLANG_USE_AITER", None, _tristate,

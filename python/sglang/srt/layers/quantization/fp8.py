@@ -5,11 +5,13 @@ it holds `weight` (e4m3 [out, in]) and `weight_scale_inv` (fp32 [ceil(out / 128)
 - Up to SKINNY_ROWS rows (decode, verify): W8A16, the dequantized model's function (activations not rounded):
   sgl_kernel's dsv4_fp8_block_gemm converts the FP8 tiles in registers, reading one byte per weight, split over K
   when the row tiles alone would leave the GPU's SMs idle.
-- More rows (prefill): W8A8 as DeepSeek's reference and the hub's `activation_scheme: dynamic` define it
-  (activations quantized per token and 128 channels to e4m3 with power-of-two multipliers), through cuBLAS's
+- CUBLAS_MIN_ROWS rows and more (long prefill chunks): W8A8 as DeepSeek's reference and the hub's
+  `activation_scheme: dynamic` define it (activations quantized per token and 128 channels to e4m3 with power-of-two
+  multipliers), through cuBLAS's
   blockwise-scaled GEMM (torch._scaled_mm, sm90 with CUDA >= 12.9; on an H200 it equals sgl_kernel's own W8A8
-  kernel bit for bit, and is faster); without it (or with SGLANG_DSV4_FP8_PREFILL=dequant, or fp32 activations)
-  the weight is dequantized to the compute dtype for the vendor GEMM (W8A16). Measurements: benchmark/RESULTS.md.
+  kernel bit for bit, and is faster); between the two, without it (or with SGLANG_DSV4_FP8_PREFILL=dequant, or fp32
+  activations) the weight is dequantized to the compute dtype for the vendor GEMM (W8A16). Measurements:
+  benchmark/RESULTS.md.
 `groups` > 1 is DeepSeek-V4's grouped low-rank output projection (wo_a): input [T, G * in], one weight slice per group.
 
 Where FP8 stays: CUDA only. CPU and ROCm dequantize at load (the HF oracle stays exact on CPU; ROCm's e4m3fnuz
@@ -36,6 +38,9 @@ def fp8_linears_supported(device: torch.device) -> bool:
 
 
 SKINNY_ROWS = 64  # up to this many rows the Triton kernel reads FP8 tiles; above, dequantize + vendor GEMM
+# From this many rows cuBLAS's blockwise W8A8 (where present) replaces dequantize + GEMM: on an H200 it was faster at
+# 4,096 and 8,192 rows and slower at 1,024 (benchmark/RESULTS.md, Flash slice prefill)
+CUBLAS_MIN_ROWS = 4096
 
 
 def dequantize_weight(w: torch.Tensor, w_scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -95,7 +100,8 @@ def fp8_linear(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, groups: 
 
     if x.shape[0] <= SKINNY_ROWS:
         return dsv4_fp8_block_gemm(x, w, w_scale, groups, out_dtype=x.dtype, quantize_act=False)
-    if x.dtype != torch.float32 and cublas_blockwise_ok(x.device, w.shape[0] // groups, w.shape[1]):
+    if x.shape[0] >= CUBLAS_MIN_ROWS and x.dtype != torch.float32 and \
+            cublas_blockwise_ok(x.device, w.shape[0] // groups, w.shape[1]):
         return cublas_w8a8(x, w, w_scale, groups)
     wd = dequantize_weight(w, w_scale, x.dtype)
     if groups == 1:
