@@ -36,15 +36,18 @@ def _routing(tokens: int, top_k: int, num_experts: int, seed: int, skew: bool, d
     return ids.to(device), weights.to(device)
 
 
-@pytest.mark.parametrize("tokens,top_k,experts,block_m", [(1, 6, 16, 16), (37, 4, 8, 16), (300, 6, 32, 64)])
-def test_align_equals_reference(tokens, top_k, experts, block_m):
+@pytest.mark.parametrize("tokens,top_k,experts,block_m,foreign", [
+    (1, 6, 16, 16, False), (37, 4, 8, 16, False), (300, 6, 32, 64, False), (37, 4, 8, 16, True), (1, 6, 16, 16, True)])
+def test_align_equals_reference(tokens, top_k, experts, block_m, foreign):
     ids, _ = _routing(tokens, top_k, experts, seed=tokens, skew=tokens == 37)
+    if foreign:  # expert parallelism: the upper half of the experts is another rank's
+        ids = torch.where(ids >= experts // 2, -1, ids)
     rows, block_expert = dsv4_moe_align(ids, experts, block_m)
     ref_rows, ref_experts = align_ref(ids, experts, block_m)
     n = len(ref_experts)
-    assert block_expert.shape[0] >= n and block_expert.shape[0] == -(-tokens * top_k // block_m) + min(experts,
+    assert block_expert.shape[0] >= n and block_expert.shape[0] == -(-tokens * top_k // block_m) + min(experts + 1,
                                                                                                        tokens * top_k)
-    assert block_expert[:n].tolist() == ref_experts and (block_expert[n:] == experts).all()
+    assert block_expert[:n].tolist() == ref_experts and (block_expert[n:] == experts + 1).all()
     assert rows[:n * block_m].tolist() == ref_rows and (rows[n * block_m:] == -1).all()
 
 
@@ -66,6 +69,30 @@ def test_fused_equals_reference(tokens, top_k, experts, hidden, inter, skew, lim
     got = dsv4_moe_mxfp4(x, ids, weights, w13, s13, w2, s2, limit)
     ref = fused_moe_mxfp4_ref(x, ids, weights, w13, s13, w2, s2, limit)
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4 * ref.abs().max().item())
+
+
+@pytest.mark.parametrize("scaled_dot", [False, True], ids=["in-register", "scaled-dot"])
+def test_other_ranks_pairs_add_nothing(scaled_dot):
+    """Expert parallelism: pairs whose id is -1 (another rank's expert) add nothing and run no GEMM (their blocks are
+    expert E's, which the gate-up kernel skips and the down kernel fills with zeros); MXFP4 and FP8 experts."""
+    w13, s13, w2, s2 = _experts(8, 96, 64, seed=9)
+    ids, weights = _routing(23, 4, 8, seed=4, skew=False)
+    ids = torch.where(ids % 3 == 0, -1, ids)
+    x = torch.randn(23, 96, generator=torch.Generator().manual_seed(1)) * 0.05
+    if scaled_dot:
+        x = x.half()
+    got = dsv4_moe_mxfp4(x, ids, weights, w13, s13, w2, s2, 10.0).float()
+    ref = fused_moe_mxfp4_ref(x, ids, weights, w13, s13, w2, s2, 10.0)
+    tol = 2e-3 if scaled_dot else 1e-4
+    torch.testing.assert_close(got, ref, rtol=tol, atol=tol * ref.abs().max().item())
+    kept = torch.where(ids < 0, 0, ids)  # the same pairs on expert 0 at weight 0: the old dispatch's result
+    torch.testing.assert_close(got, fused_moe_mxfp4_ref(x, kept, torch.where(ids < 0, 0.0, weights), w13, s13, w2,
+                                                        s2, 10.0), rtol=tol, atol=tol * ref.abs().max().item())
+    if not scaled_dot:
+        f8 = _fp8_experts(8, 96, 64, seed=9)
+        got8 = dsv4_moe_fp8(x, ids, weights, *f8, 10.0)
+        torch.testing.assert_close(got8, fused_moe_fp8_ref(x, ids, weights, *f8, 10.0), rtol=1e-4,
+                                   atol=1e-4 * got8.abs().max().item())
 
 
 @pytest.mark.parametrize("config", [

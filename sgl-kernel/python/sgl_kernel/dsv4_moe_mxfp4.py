@@ -2,8 +2,10 @@
 ones (W8A16, e4m3 with 128x128 block multipliers: `WEIGHT_FP8`), in three device steps.
 
 1. `dsv4_moe_align` (torch ops, no host read, graph-capturable): the (token, slot) pairs sorted by expert into
-   blocks of BLOCK_M rows, each block one expert's, padded with -1; `block_expert[b]` = the block's expert, or
-   num_experts past the last block. The block count is capacity-static: ceil(T*k / BLOCK_M) + min(E, T*k) bounds it.
+   blocks of BLOCK_M rows, each block one expert's, padded with -1; `block_expert[b]` = the block's expert. Pairs
+   whose id is -1 (another rank's expert under expert parallelism) come last, in blocks of expert E: no GEMM runs
+   for them, the down kernel only writes their rows 0. Blocks past the work have expert E + 1. The block count is
+   capacity-static: ceil(T*k / BLOCK_M) + min(E + 1, T*k) bounds it.
 2. `_moe_gate_up_kernel`: per block and tile of the intermediate dim, x rows (gathered by token) times the expert's
    w1 and w3 rows, then the clamped SwiGLU silu(min(g, L)) * clamp(u, -L, L), written to an intermediate row per
    padded row. bf16 / fp16 activations with MXFP4 weights go through tl.dot_scaled (the compiler upcasts e2m1 with
@@ -29,18 +31,20 @@ FP4_BLOCK = 32
 
 
 def dsv4_moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple:
-    """topk_ids [T, k] -> (rows [num_blocks * block_m] int64: pair index t*k + j or -1; block_expert [num_blocks]
-    int64, num_experts for blocks past the work)."""
+    """topk_ids [T, k] (-1: not this rank's expert) -> (rows [num_blocks * block_m] int64: pair index t*k + j or -1;
+    block_expert [num_blocks] int64: the block's expert, num_experts for the blocks of -1 pairs, num_experts + 1 past
+    the work)."""
     flat = topk_ids.flatten().long()
+    flat = torch.where(flat < 0, num_experts, flat)  # other ranks' pairs: bucket E, sorted last
     n, device = flat.numel(), flat.device
-    counts = torch.zeros(num_experts, dtype=torch.int64, device=device)
+    counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=device)
     counts.scatter_add_(0, flat, torch.ones_like(flat))  # bincount would read the device
     padded = (counts + block_m - 1) // block_m * block_m
     ends = torch.cumsum(padded, 0)
     order = torch.argsort(flat, stable=True)
     sorted_e = flat[order]
     rank = torch.arange(n, device=device) - (torch.cumsum(counts, 0) - counts)[sorted_e]
-    num_blocks = triton.cdiv(n, block_m) + min(num_experts, n)
+    num_blocks = triton.cdiv(n, block_m) + min(num_experts + 1, n)
     rows = torch.full((num_blocks * block_m,), -1, dtype=torch.int64, device=device)
     rows[(ends - padded)[sorted_e] + rank] = order
     block_expert = torch.searchsorted(ends, torch.arange(num_blocks, device=device) * block_m, right=True)
@@ -200,6 +204,13 @@ def _moe_down_kernel(h_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, wts_ptr, out_ptr, 
         wt = tl.load(wts_ptr + tl.where(valid, pair, 0), mask=valid, other=0.0).to(tl.float32)
         out_rows = out_ptr + tl.where(valid, pair, 0).to(tl.int64)[:, None] * stride_o + n[None, :]
         tl.store(out_rows, acc * wt[:, None], mask=valid[:, None] & n_ok[None, :])
+    elif e == E:  # pairs of another rank's experts: their rows of the pair buffer are 0
+        r = blk * BLOCK_M + tl.arange(0, BLOCK_M)
+        pair = tl.load(rows_ptr + r)
+        valid = pair >= 0
+        n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        out_rows = out_ptr + tl.where(valid, pair, 0).to(tl.int64)[:, None] * stride_o + n[None, :]
+        tl.store(out_rows, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), mask=valid[:, None] & (n < D)[None, :])
 
 
 @dataclass(frozen=True)

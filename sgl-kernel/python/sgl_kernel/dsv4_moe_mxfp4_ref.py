@@ -25,10 +25,10 @@ def dequant_mxfp4_ref(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor
 
 def align_ref(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple:
     """The block layout of dsv4_moe_align, in plain Python: (pair index per padded row, -1 padding; expert per block,
-    num_experts = no work)."""
-    pairs = topk_ids.flatten().tolist()
+    num_experts for the blocks of pairs whose id is -1 (another rank's expert), after every real expert's)."""
+    pairs = [num_experts if x < 0 else x for x in topk_ids.flatten().tolist()]
     rows, experts = [], []
-    for e in range(num_experts):
+    for e in range(num_experts + 1):
         mine = [p for p, x in enumerate(pairs) if x == e]
         for start in range(0, len(mine), block_m):
             chunk = mine[start:start + block_m]
@@ -38,9 +38,10 @@ def align_ref(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple:
 
 
 def _moe_ref(x, topk_ids, topk_weights, expert_weights, limit: float) -> torch.Tensor:
-    """sum_j w_j * w2_e . swiglu_L(w1_e x, w3_e x) with `expert_weights(e)` -> fp32 (w1, w3, w2) of expert e."""
+    """sum_j w_j * w2_e . swiglu_L(w1_e x, w3_e x) with `expert_weights(e)` -> fp32 (w1, w3, w2) of expert e; pairs
+    with e = -1 (another rank's expert) add nothing."""
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-    for e in topk_ids.unique().tolist():
+    for e in [e for e in topk_ids.unique().tolist() if e >= 0]:
         tok, slot = (topk_ids == e).nonzero(as_tuple=True)
         w1, w3, w2 = expert_weights(e)
         xt = x[tok].float()

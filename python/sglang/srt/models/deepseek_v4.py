@@ -181,10 +181,11 @@ class MoE(nn.Module):
         """This rank's part of the MoE output: its experts' (and shared-expert part's) sum, before the all-reduce."""
         weights, ids = self.gate(x, input_ids)
         if self.expert_parallel:
-            # Pairs routed to another rank's experts: weight 0 on a local expert (fixed shapes, no host read).
+            # Pairs routed to another rank's experts: id -1, which the experts skip (fixed shapes, no host read;
+            # that rank computes them and the all-reduce adds them).
             local = ids - self.local_experts.start
             mine = (local >= 0) & (local < len(self.local_experts))
-            ids, weights = torch.where(mine, local, 0), torch.where(mine, weights, 0.0)
+            ids, weights = torch.where(mine, local, -1), torch.where(mine, weights, 0.0)
         if self.shared_experts is not None:
             return self.experts(x, ids, weights) + self.shared_experts(x)
         # Fused: one more column per token, expert E at weight 1. The grouped pass adds it after the routed

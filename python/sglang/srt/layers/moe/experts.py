@@ -51,7 +51,8 @@ class RoutedExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         """x [T, D], topk_ids/topk_weights [T, k] -> [T, D]: one grouped GEMM per projection over rows sorted by expert
-        when torch offers it for this device and dtype, else the dense fallback (neither reads the device)."""
+        when torch offers it for this device and dtype, else the dense fallback (neither reads the device). An id of
+        -1 is another rank's expert (expert parallelism): that pair adds nothing and is not computed."""
         if grouped_mm_supported(x):
             return self._forward_grouped(x, topk_ids, topk_weights)
         return self._forward_dense(x, topk_ids, topk_weights)
@@ -60,26 +61,34 @@ class RoutedExperts(nn.Module):
         """Every expert on every token, weighted by the router (0 for experts not picked): fixed shapes, no host read
         (CUDA-graph safe). The fallback where torch has no grouped GEMM for this device and dtype (fp32 on a GPU,
         GPUs before Hopper): E times the work, meant for small models and tests."""
-        coef = torch.zeros(x.shape[0], self.w1.shape[0], dtype=x.dtype, device=x.device)
-        coef.scatter_add_(1, topk_ids, topk_weights.to(x.dtype))  # [T, E]
+        num_experts = self.w1.shape[0]
+        coef = torch.zeros(x.shape[0], num_experts + 1, dtype=x.dtype, device=x.device)  # column E: other ranks'
+        coef.scatter_add_(1, torch.where(topk_ids < 0, num_experts, topk_ids), topk_weights.to(x.dtype))
+        coef = coef[:, :num_experts]  # [T, E]
         h = clamped_swiglu(torch.einsum("td,eid->eti", x, self.w1), torch.einsum("td,eid->eti", x, self.w3),
                            self.limit)
         return torch.einsum("te,etd->td", coef, torch.einsum("eti,edi->etd", h, self.w2))
 
     def _forward_grouped(self, x, topk_ids, topk_weights) -> torch.Tensor:
+        num_experts, num_tokens = self.w1.shape[0], x.shape[0]
         flat_ids = topk_ids.flatten()
+        flat_ids = torch.where(flat_ids < 0, num_experts, flat_ids)  # other ranks' pairs sort last, in no group
         order = torch.argsort(flat_ids, stable=True)
-        rows = order // topk_ids.shape[1]  # the token of each sorted (token, expert) pair
+        sorted_ids = flat_ids[order]
+        # the token of each sorted (token, expert) pair; other ranks' pairs land in a dropped row past the tokens
+        rows = torch.where(sorted_ids < num_experts, order // topk_ids.shape[1], num_tokens)
         weights = topk_weights.flatten()[order, None].to(x.dtype)
-        num_experts = self.w1.shape[0]
-        counts = torch.zeros(num_experts, dtype=torch.int32, device=x.device)
+        counts = torch.zeros(num_experts + 1, dtype=torch.int32, device=x.device)
         counts.scatter_add_(0, flat_ids, torch.ones_like(flat_ids, dtype=torch.int32))  # bincount would sync
-        offs = torch.cumsum(counts, dim=0, dtype=torch.int32)  # end row of each expert's group
-        xs = x[rows]
+        offs = torch.cumsum(counts[:num_experts], dim=0, dtype=torch.int32)  # end row of each expert's group
+        xs = x[rows.clamp(max=num_tokens - 1)]
+        # rows past offs[-1] (other ranks' pairs) are no group's: the GEMMs skip them, their outputs are garbage that
+        # index_add_ sends to the dropped row
         h = clamped_swiglu(torch._grouped_mm(xs, self.w1.transpose(1, 2), offs=offs),
                            torch._grouped_mm(xs, self.w3.transpose(1, 2), offs=offs), self.limit)
         y = torch._grouped_mm(h, self.w2.transpose(1, 2), offs=offs) * weights
-        return torch.zeros_like(x).index_add_(0, rows, y)
+        out = torch.zeros(num_tokens + 1, x.shape[1], dtype=x.dtype, device=x.device).index_add_(0, rows, y)
+        return out[:num_tokens]
 
 
 def grouped_mm_supported(x: torch.Tensor) -> bool:
