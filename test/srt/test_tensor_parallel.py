@@ -1,7 +1,8 @@
 """Tensor and expert parallelism on CPU (gloo, one process per rank): TP2, EP2 (TP2 x EP2), TP4 and TP4 x EP2 give
 prompt logprobs within 1e-5 of the single-rank engine and identical greedy tokens, on the tiny config and on one
 with unusual dimensions (a vocabulary no rank count divides: padded LM-head parts), with speculative decoding on and
-off. Also: the sharding rules' refusals, and the per-rank weight bytes equal the planner's count."""
+off; the prefix cache under TP2 x EP2. Also: the sharding rules' refusals, and the per-rank weight bytes equal the
+planner's count."""
 
 from __future__ import annotations
 
@@ -38,11 +39,11 @@ def _engine_kwargs(model_path: str, page_size: int, spec: bool, **parallel) -> d
     return kwargs
 
 
-def _run_ranks(kwargs: dict, prompts: list, new_tokens: int, world: int) -> list:
+def _run_ranks(kwargs: dict, prompts: list, new_tokens: int, world: int, logprob_tail: int = 0) -> list:
     """Start `world` worker processes, wait (bounded), and return each rank's outputs."""
     with tempfile.TemporaryDirectory() as tmp:
         spec = {"init_method": f"file://{tmp}/rendezvous", "engine": kwargs, "prompts": prompts,
-                "new_tokens": new_tokens, "out": f"{tmp}/out"}
+                "new_tokens": new_tokens, "out": f"{tmp}/out", "logprob_tail": logprob_tail}
         spec_path = f"{tmp}/spec.json"
         with open(spec_path, "w") as f:
             json.dump(spec, f)
@@ -61,13 +62,16 @@ def _run_ranks(kwargs: dict, prompts: list, new_tokens: int, world: int) -> list
         return [json.load(open(f"{tmp}/out.{r}")) for r in range(world)]
 
 
-def _single_rank(kwargs: dict, prompts: list, new_tokens: int) -> list:
+def _single_rank(kwargs: dict, prompts: list, new_tokens: int, logprob_tail: int = 0) -> list:
     import sglang
 
     eng = sglang.Engine(**kwargs)
+    sampling = {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True}
     try:
-        return eng.generate(input_ids=prompts, return_logprob=True, logprob_start_len=0,
-                            sampling_params={"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True})
+        if logprob_tail:  # as tp_worker.py: one request after another
+            return [eng.generate(input_ids=p, return_logprob=True, logprob_start_len=len(p) - logprob_tail,
+                                 sampling_params=sampling) for p in prompts]
+        return eng.generate(input_ids=prompts, return_logprob=True, logprob_start_len=0, sampling_params=sampling)
     finally:
         eng.shutdown()
 
@@ -103,6 +107,20 @@ def test_ranks_match_single_rank(config, tp, ep, spec, extra):
     for rank_out in outs:
         _assert_same(rank_out["outputs"], ref)
         assert rank_out["weight_bytes"] == planned  # what the capacity planner counts per GPU
+
+
+def test_prefix_cache_under_tensor_and_expert_parallelism():
+    """TP2 x EP2 with the prefix cache (on by default), requests one after another sharing a system prompt: the third
+    starts at the end the second gave the cache where it left the first one's pages. Every rank's cache makes the
+    same decisions: outputs and cached-token counts equal the single-rank engine's."""
+    system = random_ids(50, seed=7)
+    prompts = [system + random_ids(40, seed=8)] + [system + random_ids(30 + i, seed=20 + i) for i in range(2)]
+    kwargs = _engine_kwargs(checkpoint("tiny"), PAGE_SIZES["tiny"], False)
+    ref = _single_rank(kwargs, prompts, 4, logprob_tail=4)
+    assert [o["meta_info"]["cached_tokens"] for o in ref] == [0, 0, 48]
+    for rank_out in _run_ranks({**kwargs, "tp_size": 2, "ep_size": 2}, prompts, 4, 2, logprob_tail=4):
+        _assert_same(rank_out["outputs"], ref)
+        assert [o["meta_info"]["cached_tokens"] for o in rank_out["outputs"]] == [0, 0, 48]
 
 
 @pytest.mark.parametrize("config,tp,ep,spec,extra", [

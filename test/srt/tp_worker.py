@@ -2,8 +2,8 @@
 
     python tp_worker.py SPEC_JSON RANK
 
-SPEC: {"init_method", "engine": Engine kwargs, "prompts": [[ids]], "new_tokens", "out"}. Every rank runs the same
-requests in one batch (the engine is deterministic, so every rank schedules alike) and writes its outputs to
+SPEC: {"init_method", "engine": Engine kwargs, "prompts": [[ids]], "new_tokens", "out", optional "logprob_tail": n
+(run the prompts one after another, logprobs of their last n tokens)}. Every rank runs the same requests in one batch (the engine is deterministic, so every rank schedules alike) and writes its outputs to
 OUT.RANK as JSON. With DP attention "prompts" holds one list per DP group: each group runs its own.
 """
 
@@ -26,7 +26,11 @@ def main() -> None:
     eng = sglang.Engine(**kwargs)
     sampling = {"temperature": 0, "max_new_tokens": spec["new_tokens"], "ignore_eos": True}
     prompts = spec["prompts"][state.dp_rank] if kwargs.get("enable_dp_attention") else spec["prompts"]
-    outs = eng.generate(input_ids=prompts, return_logprob=True, logprob_start_len=0, sampling_params=sampling)
+    if spec.get("logprob_tail"):  # one request after another (the prefix cache's case), logprobs of the tail only
+        outs = [eng.generate(input_ids=p, return_logprob=True, logprob_start_len=len(p) - spec["logprob_tail"],
+                             sampling_params=sampling) for p in prompts]
+    else:
+        outs = eng.generate(input_ids=prompts, return_logprob=True, logprob_start_len=0, sampling_params=sampling)
     weight_bytes = eng.model_runner.weight_bytes
     eng.shutdown()
     with open(f"{spec['out']}.{rank}", "w") as f:
