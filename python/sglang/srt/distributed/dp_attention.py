@@ -7,9 +7,10 @@ object all-gather. A round runs one kind ("main" first, else the lowest draft st
 another kind run an idle forward of it and ask again, a rank done with its step answers "done" and does the same
 until every rank is done. An idle forward runs that model's MoE layers with no tokens of its own (its experts still
 serve the other groups' tokens), so every rank meets every collective in the same order. Inside a forward each
-MoE gathers the groups' tokens (padded to the largest group, one all-gather over the world, one part per group),
-computes its experts' and shared-expert part for all of them, sums the parts (one all-reduce) and keeps its own
-group's rows.
+MoE gathers the groups' tokens (one all-gather over the world of the groups' rows padded to the largest group, each
+rank of a group sending its 1/attn_tp of them), computes its experts' and shared-expert part for all of them, and
+sums the parts with one reduce-scatter that leaves each rank its 1/attn_tp of its own group's rows (then an
+all-gather inside the attention-TP group when attn_tp > 1): half the bytes of an all-reduce of every row.
 
 With dp = 1 none of this runs: `DpAttention.active` is False and the model calls nothing here.
 """
@@ -32,15 +33,14 @@ class DpForward:
     kind: str
     counts: list  # tokens per DP group, in group order
     group: int  # this rank's DP group
-
-    @property
-    def offset(self) -> int:
-        return sum(self.counts[:self.group])
+    pad: int = 0  # rows per group in the padded exchange: the largest count, rounded up to a multiple of attn_tp
+    real_rows: Optional[torch.Tensor] = None  # the padded rows holding tokens (set at the first gather)
 
 
 class DpAttention:
-    def __init__(self, world, dp: int, attn_tp: int, dp_rank: int) -> None:
+    def __init__(self, world, dp: int, attn_tp: int, dp_rank: int, attn_group=None) -> None:
         self.world, self.dp, self.attn_tp, self.dp_rank = world, dp, attn_tp, dp_rank
+        self.attn_group = attn_group  # this rank's attention-TP group (GroupCoordinator)
         self.idle: dict = {}  # kind -> the idle forward of that model (registered by the ModelRunner)
         self.current: Optional[DpForward] = None
         self.input_ids: Optional[torch.Tensor] = None  # every group's input ids of the current forward (hash routing)
@@ -64,7 +64,7 @@ class DpAttention:
             return None
         kind = "main" if "main" in kinds else min(kinds)
         counts = [n if k == kind else 0 for k, n in (entries[g * self.attn_tp] for g in range(self.dp))]
-        return DpForward(kind, counts, self.dp_rank)
+        return DpForward(kind, counts, self.dp_rank, -(-max(counts) // self.attn_tp) * self.attn_tp)
 
     def _serve(self, fwd: DpForward) -> None:
         """An idle forward of the round's kind: this group has no tokens in it."""
@@ -100,23 +100,43 @@ class DpAttention:
 
     # ---- tokens ----------------------------------------------------------------------------------------------
     def gather(self, x: torch.Tensor) -> torch.Tensor:
-        """This group's rows `x` [n, ...] -> every group's rows, in group order (padded all-gather over the world; one
-        part per group: the ranks of a group hold the same rows)."""
+        """This group's rows `x` [n, ...] -> every group's rows, in group order. One all-gather over the world of
+        [pad / attn_tp] rows per rank: group g's rows land at [g * pad, (g + 1) * pad), each of its ranks sending its
+        slice (the ranks of a group hold the same rows); the padding is then dropped."""
         fwd = self.current
-        pad = max(fwd.counts)
-        if pad == 0:
+        if fwd.pad == 0:
             return x[:0]
-        buf = x.new_zeros((pad,) + tuple(x.shape[1:]))
-        buf[:x.shape[0]] = x
-        parts = [torch.empty_like(buf) for _ in range(self.world.world_size)]
-        dist.all_gather(parts, buf, group=self.world.group)
-        return torch.cat([parts[g * self.attn_tp][:n] for g, n in enumerate(fwd.counts)])
+        part = fwd.pad // self.attn_tp
+        a = self.world.rank_in_group % self.attn_tp
+        mine = x[a * part:(a + 1) * part]
+        if mine.shape[0] < part:
+            mine = torch.cat((mine, mine.new_zeros((part - mine.shape[0],) + tuple(x.shape[1:]))))
+        full = x.new_empty((self.world.world_size * part,) + tuple(x.shape[1:]))
+        dist.all_gather_into_tensor(full, mine.contiguous(), group=self.world.group)
+        return full[self._real_rows(fwd, x.device)]
+
+    def _real_rows(self, fwd: DpForward, device) -> torch.Tensor:
+        if fwd.real_rows is None:  # once per round: every MoE layer's gather and reduce use it
+            rows = [g * fwd.pad + i for g, n in enumerate(fwd.counts) for i in range(n)]
+            fwd.real_rows = torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True)
+        return fwd.real_rows
 
     def reduce_own(self, y: torch.Tensor) -> torch.Tensor:
-        """Every rank's partial sums over all groups' rows -> this group's rows of the total."""
-        self.world.all_reduce(y)
+        """Every rank's partial sums over all groups' rows -> this group's rows of the total: the rows back in the
+        padded layout, one reduce-scatter over the world (each rank gets its slice of its own group's rows), and an
+        all-gather of the slices inside the attention-TP group."""
         fwd = self.current
-        return y[fwd.offset:fwd.offset + fwd.counts[fwd.group]]
+        n = fwd.counts[fwd.group]
+        if fwd.pad == 0:
+            return y[:0]
+        part = fwd.pad // self.attn_tp
+        padded = y.new_zeros((self.dp * fwd.pad,) + tuple(y.shape[1:]))
+        padded[self._real_rows(fwd, y.device)] = y
+        mine = y.new_empty((part,) + tuple(y.shape[1:]))
+        dist.reduce_scatter_tensor(mine, padded, group=self.world.group)
+        if self.attn_tp > 1:
+            mine = self.attn_group.all_gather(mine, dim=0)
+        return mine[:n]
 
 
 _NONE = DpAttention(None, 1, 1, 0)
@@ -127,7 +147,7 @@ def get_dp_attention() -> DpAttention:
     return _DP
 
 
-def init_dp_attention(world, dp: int, attn_tp: int, dp_rank: int) -> DpAttention:
+def init_dp_attention(world, dp: int, attn_tp: int, dp_rank: int, attn_group=None) -> DpAttention:
     global _DP
-    _DP = DpAttention(world, dp, attn_tp, dp_rank) if dp > 1 else _NONE
+    _DP = DpAttention(world, dp, attn_tp, dp_rank, attn_group) if dp > 1 else _NONE
     return _DP

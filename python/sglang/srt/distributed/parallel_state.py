@@ -115,7 +115,7 @@ def init_parallel_state(pc: ParallelConfig, rank: int, backend: str, init_method
     elif pc.attn_tp == 1:
         attn_tp = GroupCoordinator((rank,), 0)
     _STATE = ParallelState(pc, rank, tp, attn_tp)
-    init_dp_attention(tp, pc.dp if pc.dp_attention else 1, pc.attn_tp, _STATE.dp_rank)
+    init_dp_attention(tp, pc.dp if pc.dp_attention else 1, pc.attn_tp, _STATE.dp_rank, attn_tp)
     return _STATE
 
 
