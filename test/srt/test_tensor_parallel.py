@@ -127,10 +127,14 @@ def test_prefix_cache_under_tensor_and_expert_parallelism():
     ("tiny", 2, 1, False, {}),  # two DP groups of one attention rank each, the MoE over both ranks
     ("tiny", 2, 1, True, {"chunked_prefill_size": 16}),  # MTP: prefill and decode cycles interleave across groups
     ("wide", 4, 2, False, {"chunked_prefill_size": 16}),  # two groups of two attention ranks, TP4 x EP2 MoE, chunks
-], ids=["dp2", "dp2-spec-chunked", "wide-dp2-tp4-ep2-chunked"])
+    ("tiny", 2, 1, False, {"disable_cuda_graph": False}),  # decode on the static path (the CPU form of graphs)
+    ("wide", 4, 2, False, STATIC_CHUNKED),  # static rounds with batch 1 padded to the 2 attention ranks
+], ids=["dp2", "dp2-spec-chunked", "wide-dp2-tp4-ep2-chunked", "dp2-static", "wide-dp2-tp4-ep2-static-chunked"])
 def test_dp_attention_matches_single_rank(config, tp, ep, spec, extra):
     """Each DP group runs its own requests (of other lengths: the groups run other numbers and kinds of forwards,
-    the idle one serving the other's MoE); every request equals the single-rank engine's."""
+    the idle one serving the other's MoE); every request equals the single-rank engine's. On the static decode
+    path the groups' decode steps meet in static rounds (2 and 1 requests: both run 2 rows) or, beside the other
+    group's prefill chunk, run eagerly."""
     path = checkpoint("tiny") if config == "tiny" else _wide_checkpoint()
     vocab = TINY["vocab_size"] if config == "tiny" else WIDE["vocab_size"]
     groups = [[random_ids(40, seed=1, vocab=vocab), random_ids(23, seed=2, vocab=vocab)],
@@ -143,6 +147,8 @@ def test_dp_attention_matches_single_rank(config, tp, ep, spec, extra):
     for rank, rank_out in enumerate(outs):
         _assert_same(rank_out["outputs"], refs[rank // (tp // 2)])
         assert rank_out["weight_bytes"] == planned
+        # static decode steps met in static rounds (each group decodes 6 tokens; the rest ran as ordinary rounds)
+        assert (rank_out["static_rounds"] >= 3) == (extra.get("disable_cuda_graph") is False), rank_out["static_rounds"]
 
 
 def _planned_weight_bytes(kwargs: dict) -> int:

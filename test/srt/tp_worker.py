@@ -3,8 +3,9 @@
     python tp_worker.py SPEC_JSON RANK
 
 SPEC: {"init_method", "engine": Engine kwargs, "prompts": [[ids]], "new_tokens", "out", optional "logprob_tail": n
-(run the prompts one after another, logprobs of their last n tokens)}. Every rank runs the same requests in one batch (the engine is deterministic, so every rank schedules alike) and writes its outputs to
-OUT.RANK as JSON. With DP attention "prompts" holds one list per DP group: each group runs its own.
+(run the prompts one after another, logprobs of their last n tokens)}. Every rank runs the same requests in one
+batch (the engine is deterministic, so every rank schedules alike) and writes its outputs, weight bytes and DP static
+rounds to OUT.RANK as JSON. With DP attention "prompts" holds one list per DP group: each group runs its own.
 """
 
 from __future__ import annotations
@@ -32,9 +33,12 @@ def main() -> None:
     else:
         outs = eng.generate(input_ids=prompts, return_logprob=True, logprob_start_len=0, sampling_params=sampling)
     weight_bytes = eng.model_runner.weight_bytes
+    from sglang.srt.distributed.dp_attention import get_dp_attention
+
+    static_rounds = get_dp_attention().num_static_rounds
     eng.shutdown()
     with open(f"{spec['out']}.{rank}", "w") as f:
-        json.dump({"outputs": outs, "weight_bytes": weight_bytes}, f)
+        json.dump({"outputs": outs, "weight_bytes": weight_bytes, "static_rounds": static_rounds}, f)
 
 
 if __name__ == "__main__":

@@ -113,13 +113,14 @@ def apply_quantization(args: "ServerArgs", model_dir: str, config: DeepseekV4Con
 
 
 def apply_dp_attention_defaults(args: "ServerArgs") -> list:
-    """DP attention runs every forward as a round of all ranks (distributed/dp_attention.py): the round's host-side
-    exchange cannot sit inside a captured CUDA graph, nor beside an overlapped step, so both are turned off."""
+    """DP attention runs every forward as a round of all ranks (distributed/dp_attention.py). Decode graphs open
+    their round before the replay; whole speculative cycles (several rounds in one graph) and overlapped steps (a
+    round beside the one in flight) cannot, so those are turned off."""
     applied = []
     if args.dp_size > 1:
-        if not args.disable_cuda_graph:
+        if not args.disable_cuda_graph and args.speculative_algorithm is not None:
             args.disable_cuda_graph = True
-            applied.append("disable_cuda_graph=True (DP attention)")
+            applied.append("disable_cuda_graph=True (DP attention with speculative decoding)")
         if not args.disable_overlap_schedule:
             args.disable_overlap_schedule = True
             applied.append("disable_overlap_schedule=True (DP attention)")

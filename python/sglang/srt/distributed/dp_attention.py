@@ -12,6 +12,13 @@ rank of a group sending its 1/attn_tp of them), computes its experts' and shared
 sums the parts with one reduce-scatter that leaves each rank its 1/attn_tp of its own group's rows (then an
 all-gather inside the attention-TP group when attn_tp > 1): half the bytes of an all-reduce of every row.
 
+Static rounds (CUDA graphs): a DECODE step on the static path opens its round before the graph replays
+(`open_round`, the host exchange outside the graph) and asks for a static one. When every group running that kind
+asked so, the round is static: every busy group runs the largest of their padded batch sizes (a captured size), and
+the MoE exchange keeps every padded row (fixed shapes, no index built from the counts), so the replayed collectives
+match; idle groups serve it eagerly with zero rows of that size. Otherwise the static step runs its rows eagerly in
+an ordinary round. At capture, every rank captures the same sizes in the same order on static rounds it sets itself.
+
 With dp = 1 none of this runs: `DpAttention.active` is False and the model calls nothing here.
 """
 
@@ -35,6 +42,7 @@ class DpForward:
     group: int  # this rank's DP group
     pad: int = 0  # rows per group in the padded exchange: the largest count, rounded up to a multiple of attn_tp
     real_rows: Optional[torch.Tensor] = None  # the padded rows holding tokens (set at the first gather)
+    static: bool = False  # a static round: every padded row goes through the MoE (fixed shapes, graph-safe)
 
 
 class DpAttention:
@@ -43,6 +51,8 @@ class DpAttention:
         self.attn_group = attn_group  # this rank's attention-TP group (GroupCoordinator)
         self.idle: dict = {}  # kind -> the idle forward of that model (registered by the ModelRunner)
         self.current: Optional[DpForward] = None
+        self.opened: Optional[str] = None  # the kind whose round a static step opened before its forward
+        self.num_static_rounds = 0  # rounds run static (tests and logs)
         self.input_ids: Optional[torch.Tensor] = None  # every group's input ids of the current forward (hash routing)
 
     @property
@@ -50,21 +60,28 @@ class DpAttention:
         return self.dp > 1
 
     # ---- rounds ----------------------------------------------------------------------------------------------
-    def _exchange(self, kind: str, num_tokens: int) -> list:
-        """(kind, tokens) of every world rank, in rank order."""
+    def _exchange(self, kind: str, num_tokens: int, static: bool = False) -> list:
+        """(kind, tokens, static) of every world rank, in rank order."""
         box = [None] * self.world.world_size
-        dist.all_gather_object(box, (kind, num_tokens), group=self.world.cpu_group)
+        dist.all_gather_object(box, (kind, num_tokens, static), group=self.world.cpu_group)
         return box
 
     def _round(self, entries: list) -> Optional[DpForward]:
-        """The round's kind ("main" first, else the lowest draft step) and each group's tokens in it (0 for a group
-        that asked for another kind or is done); None when every rank is done."""
-        kinds = {k for k, _ in entries if k != DONE}
+        """The round's kind ("main" first, else the lowest draft step), each group's tokens in it (0 for a group
+        that asked for another kind or is done) and whether it is static (every group of that kind asked so); None
+        when every rank is done."""
+        kinds = {k for k, _, _ in entries if k != DONE}
         if not kinds:
             return None
         kind = "main" if "main" in kinds else min(kinds)
-        counts = [n if k == kind else 0 for k, n in (entries[g * self.attn_tp] for g in range(self.dp))]
-        return DpForward(kind, counts, self.dp_rank, -(-max(counts) // self.attn_tp) * self.attn_tp)
+        leaders = [entries[g * self.attn_tp] for g in range(self.dp)]
+        counts = [n if k == kind else 0 for k, n, _ in leaders]
+        static = all(st for k, _, st in leaders if k == kind)
+        self.num_static_rounds += static
+        return self._forward(kind, counts, static)
+
+    def _forward(self, kind: str, counts: list, static: bool) -> DpForward:
+        return DpForward(kind, counts, self.dp_rank, -(-max(counts) // self.attn_tp) * self.attn_tp, static=static)
 
     def _serve(self, fwd: DpForward) -> None:
         """An idle forward of the round's kind: this group has no tokens in it."""
@@ -74,12 +91,35 @@ class DpAttention:
 
     def begin_forward(self, kind: str, input_ids: torch.Tensor) -> DpForward:
         """Called by a model at the start of each forward: waits (serving other kinds' rounds) for a round of its
-        kind; then every group's counts and input ids are known."""
+        kind, unless a static step opened it already; then every group's counts and input ids are known."""
+        if self.opened == kind:
+            self.opened = None
+        else:
+            self._await(kind, int(input_ids.shape[0]), False)
+        self.input_ids = self.gather(input_ids)
+        return self.current
+
+    def open_round(self, kind: str, num_tokens: int) -> DpForward:
+        """A static step's round, opened before its forward (outside any graph): static when every group of that
+        kind asked for one (then every busy group runs max(counts) rows), else an ordinary round."""
+        fwd = self._await(kind, num_tokens, True)
+        self.opened = kind
+        return fwd
+
+    def static_round(self, kind: str, num_tokens: int) -> None:
+        """Capture: a static round of `num_tokens` rows in every group, set without an exchange (every rank captures
+        the same sizes in the same order)."""
+        self.current, self.opened = self._forward(kind, [num_tokens] * self.dp, True), kind
+
+    def close_round(self) -> None:
+        """After a replayed graph (which ran no Python): the opened round is spent."""
+        self.opened = None
+
+    def _await(self, kind: str, num_tokens: int, static: bool) -> DpForward:
         while True:
-            fwd = self._round(self._exchange(kind, int(input_ids.shape[0])))
+            fwd = self._round(self._exchange(kind, num_tokens, static))
             if fwd.kind == kind:
                 self.current = fwd
-                self.input_ids = self.gather(input_ids)
                 return fwd
             self._serve(fwd)
 
@@ -113,7 +153,7 @@ class DpAttention:
             mine = torch.cat((mine, mine.new_zeros((part - mine.shape[0],) + tuple(x.shape[1:]))))
         full = x.new_empty((self.world.world_size * part,) + tuple(x.shape[1:]))
         dist.all_gather_into_tensor(full, mine.contiguous(), group=self.world.group)
-        return full[self._real_rows(fwd, x.device)]
+        return full if fwd.static else full[self._real_rows(fwd, x.device)]
 
     def _real_rows(self, fwd: DpForward, device) -> torch.Tensor:
         if fwd.real_rows is None:  # once per round: every MoE layer's gather and reduce use it
@@ -130,8 +170,11 @@ class DpAttention:
         if fwd.pad == 0:
             return y[:0]
         part = fwd.pad // self.attn_tp
-        padded = y.new_zeros((self.dp * fwd.pad,) + tuple(y.shape[1:]))
-        padded[self._real_rows(fwd, y.device)] = y
+        if fwd.static:  # y has every padded row already
+            padded = y
+        else:
+            padded = y.new_zeros((self.dp * fwd.pad,) + tuple(y.shape[1:]))
+            padded[self._real_rows(fwd, y.device)] = y
         mine = y.new_empty((part,) + tuple(y.shape[1:]))
         dist.reduce_scatter_tensor(mine, padded, group=self.world.group)
         if self.attn_tp > 1:

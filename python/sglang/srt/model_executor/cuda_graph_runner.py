@@ -12,6 +12,9 @@ map nothing, read no window key, store nothing, complete no entry and write only
 
 On CPU the same static path runs eagerly (no graphs): the CPU test suite checks it against the general path.
 Batches above the largest size, and every batch under --disable-cuda-graph, run the general (eager) path.
+
+DP attention (DECODE only): the step opens its round before the replay (distributed/dp_attention.py); a static round
+replays the round's batch size (the largest of the busy groups'), an ordinary one runs this step's rows eagerly.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Optional
 
 import torch
 
+from sglang.srt.distributed.dp_attention import get_dp_attention
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.mem_cache.deepseek_v4_allocator import write_slots_on_device
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
@@ -80,6 +84,10 @@ class StaticGraphRunner(ABC):
     def _run(self, bs: int) -> tuple:
         """The work one graph captures, for `bs` requests of static rows; returns its output tensors."""
 
+    def _capture_round(self, bs: int) -> None:
+        """Before each capture or warm-up run: the DP round it runs in (set, not exchanged), for runners whose work
+        joins DP rounds."""
+
     # ---- capture ------------------------------------------------------------------------------------
     @torch.inference_mode()
     def capture(self) -> None:
@@ -91,9 +99,11 @@ class StaticGraphRunner(ABC):
         for bs in reversed(self.batch_sizes):
             with torch.cuda.stream(stream):
                 for _ in range(2):  # warm-up: Triton compilation, cuBLAS workspaces, lazy allocations
+                    self._capture_round(bs)
                     self._run(bs)
             stream.synchronize()
             graph = torch.cuda.CUDAGraph()
+            self._capture_round(bs)
             with torch.cuda.graph(graph, pool=pool, stream=stream):
                 out = self._run(bs)
             pool = graph.pool()
@@ -144,6 +154,11 @@ class CudaGraphRunner(StaticGraphRunner):
                             out_cache_loc=v[_OUT_LOC], req_pool_indices=v[_REQS], extend_seq_lens=self.ones[:bs],
                             extend_start_loc=self.rows[:bs], row_req=self.rows[:bs], capacity_static=True)
 
+    def _capture_round(self, bs: int) -> None:
+        dp = get_dp_attention()
+        if dp.active:
+            dp.static_round("main", bs)
+
     def _run(self, bs: int) -> tuple:
         self._write_slots(bs)
         forward_batch = self.forward_batch(bs)
@@ -161,8 +176,14 @@ class CudaGraphRunner(StaticGraphRunner):
             raise ValueError(f"decode needs one new position per request: slots {tuple(slots.shape)} for "
                              f"{raw if input_ids is None else len(input_ids)} rows")
         bs = self.padded_size(raw)
+        static, dp = True, get_dp_attention()
+        if dp.active:  # the round first, outside the graph: the largest busy group's size, or an eager run
+            fwd = dp.open_round("main", bs)
+            static = fwd.static
+            bs = max(fwd.counts) if static else bs
         self._stage(slots, input_ids, bs)
         if input_ids is None:
             self.inputs[_IDS, :raw].copy_(input_ids_device)  # device to device, after the block copy
-        (logits,) = self._replay(bs)
+        (logits,) = self._replay(bs) if static else self._run(bs)
+        dp.close_round()
         return LogitsProcessorOutput(next_token_logits=logits[:raw])
