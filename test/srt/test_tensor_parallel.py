@@ -1,8 +1,8 @@
 """Tensor and expert parallelism on CPU (gloo, one process per rank): TP2, EP2 (TP2 x EP2), TP4 and TP4 x EP2 give
 prompt logprobs within 1e-5 of the single-rank engine and identical greedy tokens, on the tiny config and on one
 with unusual dimensions (a vocabulary no rank count divides: padded LM-head parts), with speculative decoding on and
-off; the prefix cache under TP2 x EP2. Also: the sharding rules' refusals, and the per-rank weight bytes equal the
-planner's count."""
+off, and from a hub-quantized checkpoint; DP attention (eager, MTP, and on the static decode path); the prefix cache
+under TP2 x EP2. Also: the sharding rules' refusals, and the per-rank weight bytes equal the planner's count."""
 
 from __future__ import annotations
 
@@ -95,10 +95,12 @@ STATIC_CHUNKED = dict(chunked_prefill_size=16, disable_cuda_graph=False)
     ("tiny", 2, 1, True, {}),  # the MTP draft sharded the same way
     ("wide", 4, 1, False, {}),
     ("wide", 4, 2, True, {}),  # TP4 x EP2: two experts' halves per rank
-], ids=["tp2", "ep2-static-chunked", "tp2-spec", "wide-tp4", "wide-tp4-ep2-spec"])
+    ("tiny-quantized", 2, 2, False, {}),  # hub formats (FP8 linears, MXFP4 experts): each rank reads its slices
+], ids=["tp2", "ep2-static-chunked", "tp2-spec", "wide-tp4", "wide-tp4-ep2-spec", "quantized-tp2-ep2"])
 def test_ranks_match_single_rank(config, tp, ep, spec, extra):
-    path = checkpoint("tiny") if config == "tiny" else _wide_checkpoint()
-    vocab = TINY["vocab_size"] if config == "tiny" else WIDE["vocab_size"]
+    path = {"tiny": lambda: checkpoint("tiny"), "tiny-quantized": lambda: checkpoint("tiny", quantize=True),
+            "wide": _wide_checkpoint}[config]()
+    vocab = WIDE["vocab_size"] if config == "wide" else TINY["vocab_size"]
     prompts = [random_ids(40, seed=1, vocab=vocab), random_ids(23, seed=2, vocab=vocab)]
     ref = _single_rank({**_engine_kwargs(path, PAGE_SIZES["tiny"], spec), **extra}, prompts, 6)
     kwargs = {**_engine_kwargs(path, PAGE_SIZES["tiny"], spec, tp_size=tp, ep_size=ep), **extra}
@@ -124,12 +126,13 @@ def test_prefix_cache_under_tensor_and_expert_parallelism():
 
 
 @pytest.mark.parametrize("config,tp,ep,spec,extra", [
-    ("tiny", 2, 1, False, {}),  # two DP groups of one attention rank each, the MoE over both ranks
-    ("tiny", 2, 1, True, {"chunked_prefill_size": 16}),  # MTP: prefill and decode cycles interleave across groups
-    ("wide", 4, 2, False, {"chunked_prefill_size": 16}),  # two groups of two attention ranks, TP4 x EP2 MoE, chunks
-    ("tiny", 2, 1, False, {"disable_cuda_graph": False}),  # decode on the static path (the CPU form of graphs)
-    ("wide", 4, 2, False, STATIC_CHUNKED),  # static rounds with batch 1 padded to the 2 attention ranks
-], ids=["dp2", "dp2-spec-chunked", "wide-dp2-tp4-ep2-chunked", "dp2-static", "wide-dp2-tp4-ep2-static-chunked"])
+    # two DP groups of one attention rank each, the MoE over both ranks; decode on the static path (the CPU form of
+    # CUDA graphs): static rounds, or eager ones beside the other group's prefill
+    ("tiny", 2, 1, False, {"disable_cuda_graph": False}),
+    ("tiny", 2, 1, True, {"chunked_prefill_size": 16}),  # MTP (eager): prefill and decode cycles interleave
+    ("wide", 4, 2, False, STATIC_CHUNKED),  # two groups of two attention ranks, TP4 x EP2 MoE, chunks, static rounds
+    # with batch 1 padded to the 2 attention ranks
+], ids=["dp2-static", "dp2-spec-chunked", "wide-dp2-tp4-ep2-static-chunked"])
 def test_dp_attention_matches_single_rank(config, tp, ep, spec, extra):
     """Each DP group runs its own requests (of other lengths: the groups run other numbers and kinds of forwards,
     the idle one serving the other's MoE); every request equals the single-rank engine's. On the static decode
