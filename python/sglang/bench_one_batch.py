@@ -2,6 +2,7 @@
 
     python -m sglang.bench_one_batch --model-path tiny-deepseek-v4 --batch-size 1 8 --input-len 256 --output-len 32
     python -m sglang.bench_one_batch --model-path tiny-deepseek-v4 --correctness-test   # print completions
+    python -m sglang.bench_one_batch --model-path tiny-deepseek-v4 --device cpu --tp 2 --batch-size 2 --input-len 16
 
 The batch's prompts are prefilled whole, as many per forward as --chunked-prefill-size allows, then all requests
 decode together for --output-len steps. Each
@@ -135,9 +136,7 @@ def correctness_test(engine) -> None:
         print(f"prompt: {prompt!r}\ncompletion ({out['meta_info']['completion_tokens']} tokens): {out['text']!r}\n")
 
 
-def main() -> None:
-    import sglang
-
+def parse_args() -> tuple:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ServerArgs.add_cli_args(parser)
     parser.add_argument("--batch-size", type=int, nargs="+", default=[1])
@@ -151,37 +150,91 @@ def main() -> None:
     server_args = ServerArgs.from_cli_args(args)
     if server_args.log_level == "info":
         server_args.log_level = "warning"
+    if server_args.nnodes > 1:
+        raise SystemExit("bench_one_batch runs on one node; use launch_server --nnodes and bench_serving")
+    return args, server_args
+
+
+def main() -> None:
+    """One process per --tp rank (rank 0 here, the others spawned): every rank runs the same batches (the engine is
+    deterministic, so they schedule alike and meet in the same collectives); rank 0 reports. With DP attention each
+    group runs its own copy of the batch (figures are per group)."""
+    args, server_args = parse_args()
+    if server_args.tp_size == 1:
+        bench(args, server_args, rank=0)
+        return
+    import multiprocessing as mp
+
+    from sglang.srt.managers.scheduler_process import init_method_for
+
+    init_method = init_method_for(server_args)
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_bench_rank, args=(args, server_args, r, init_method), daemon=True)
+             for r in range(1, server_args.tp_size)]
+    for p in procs:
+        p.start()
+    try:
+        _bench_rank(args, server_args, 0, init_method)
+        for p in procs:
+            p.join(server_args.dist_timeout)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+    failed = [f"rank {r} (exit code {p.exitcode})" for r, p in enumerate(procs, 1) if p.exitcode != 0]
+    if failed:
+        raise SystemExit("bench_one_batch: " + ", ".join(failed) + " failed")
+
+
+def _bench_rank(args, server_args: ServerArgs, rank: int, init_method: str) -> None:
+    from sglang.srt.managers.scheduler_process import join_ranks
+
+    join_ranks(server_args, rank, init_method)
+    bench(args, server_args, rank)
+
+
+def bench(args, server_args: ServerArgs, rank: int) -> None:
+    """The whole benchmark on this rank's engine; only rank 0 prints and writes results."""
+    import sglang
+
+    report = print if rank == 0 else (lambda *a, **k: None)
     engine = sglang.Engine(**dataclasses.asdict(server_args))
     if args.correctness_test:
-        correctness_test(engine)
+        correctness_test(engine) if rank == 0 else engine.generate(
+            prompt=PROMPTS, sampling_params={"temperature": 0, "max_new_tokens": 16})
         return
     logging.getLogger().setLevel(logging.WARNING)
     graphs = engine.model_runner.graph_runner
-    print("decode: " + ("general eager path (--disable-cuda-graph)" if graphs is None else
-                        f"static buffers, {'CUDA graphs' if graphs.graphs else 'eager'} for batch sizes "
-                        f"{graphs.batch_sizes} (larger batches: general eager path)"))
+    report("decode: " + ("general eager path (--disable-cuda-graph)" if graphs is None else
+                         f"static buffers, {'CUDA graphs' if graphs.graphs else 'eager'} for batch sizes "
+                         f"{graphs.batch_sizes} (larger batches: general eager path)"))
+    if server_args.tp_size > 1:
+        report(f"ranks: tp {server_args.tp_size}, ep {server_args.ep_size}"
+               + (f", DP attention {server_args.dp_size} (figures per DP group: each runs the batch)"
+                  if server_args.enable_dp_attention else ""))
     results = []
     for bs in args.batch_size:
         for input_len in args.input_len:
             # Warm-up at this exact shape, so no first-use cost (allocation, kernel compilation) is timed.
             run_once(engine, bs, input_len, 1 + WARMUP_DECODE_STEPS * tokens_per_step(engine), seed=0)
             results.append(run_once(engine, bs, input_len, args.output_len, seed=1))
-            print(results[-1].columns(), flush=True)  # at once: a later shape may fail
+            report(results[-1].columns(), flush=True)  # at once: a later shape may fail
     # Host phases, then profiles, only after every timed pass: once the CUDA profiler ran, CUPTI stays attached and
     # slows each launch.
     for r in results:
         if args.profile_steps > 0:
             r.host_phases = host_phases(engine, r.batch_size, r.input_len, args.profile_steps, seed=3)
-            print(f"batch {r.batch_size:4d} input {r.input_len:6d} | host {r.host_phases.columns()}")
+            report(f"batch {r.batch_size:4d} input {r.input_len:6d} | host {r.host_phases.columns()}")
     for r in results:
         if args.profile_steps > 0:
             r.profile = profile_decode(engine, r.batch_size, r.input_len, args.profile_steps, seed=2)
-            print(f"{r.columns()} | {r.profile.columns()}")
+            report(f"{r.columns()} | {r.profile.columns()}")
             for name, ms, count in r.profile.top_kernels:
-                print(f"    {ms:7.3f} ms/step {count:6.1f}x  {name[:110]}")
-        if args.result_filename:
+                report(f"    {ms:7.3f} ms/step {count:6.1f}x  {name[:110]}")
+        if args.result_filename and rank == 0:
             with open(args.result_filename, "a") as f:
                 f.write(json.dumps(dataclasses.asdict(r)) + "\n")
+    engine.shutdown()
 
 
 if __name__ == "__main__":

@@ -194,3 +194,14 @@ def _cfg(d: dict):
     from sglang.srt.configs.deepseek_v4 import DeepseekV4Config
 
     return DeepseekV4Config.from_dict(d)
+
+
+def test_bench_one_batch_over_two_ranks():
+    """`bench_one_batch --tp 2` spawns the second rank, both run the batch, rank 0 alone reports."""
+    out = subprocess.run([sys.executable, "-m", "sglang.bench_one_batch", "--model-path", "tiny-deepseek-v4",
+                          "--device", "cpu", "--tp", "2", "--batch-size", "2", "--input-len", "16", "--output-len",
+                          "4", "--profile-steps", "0"], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    rows = [line for line in out.stdout.splitlines() if line.startswith("batch    2 input     16 | prefill")]
+    assert len(rows) == 1 and "ranks: tp 2, ep 1" in out.stdout, out.stdout

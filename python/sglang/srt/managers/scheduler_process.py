@@ -235,7 +235,7 @@ def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, pipe, ra
     configure_logging(server_args.log_level, prefix=" scheduler" if tp == 1 else f" rank {rank}")
     try:
         if tp > 1:
-            _join_ranks(server_args, rank, init_method)
+            join_ranks(server_args, rank, init_method)
         proc = SchedulerProcess(server_args, port_args)
     except Exception as e:
         pipe.send(f"{type(e).__name__}: {e}")
@@ -244,7 +244,8 @@ def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, pipe, ra
     proc.run_forever()
 
 
-def _join_ranks(server_args: ServerArgs, rank: int, init_method: str) -> None:
+def join_ranks(server_args: ServerArgs, rank: int, init_method: str) -> None:
+    """Make this process rank `rank` of the --tp world (its GPU, the process groups)."""
     import torch
 
     from sglang.srt.distributed.parallel_state import init_parallel_state
@@ -287,7 +288,7 @@ class SchedulerRanks:
             p.join(timeout)
 
 
-def _init_method(server_args: ServerArgs) -> str:
+def init_method_for(server_args: ServerArgs) -> str:
     if server_args.dist_init_addr:
         return f"tcp://{server_args.dist_init_addr}"
     import socket
@@ -305,7 +306,7 @@ def start_scheduler(server_args: ServerArgs):
     ports = PortArgs(scheduler_input=f"ipc://{os.path.join(ipc_dir, 'scheduler')}",
                      tokenizer_input=f"ipc://{os.path.join(ipc_dir, 'tokenizer')}")
     ctx = mp.get_context("spawn")
-    init_method = _init_method(server_args) if server_args.tp_size > 1 else ""
+    init_method = init_method_for(server_args) if server_args.tp_size > 1 else ""
     procs, readers = [], []
     per_node = server_args.tp_size // server_args.nnodes
     first = server_args.node_rank * per_node
