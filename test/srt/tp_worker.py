@@ -1,4 +1,5 @@
-"""One rank of a multi-rank engine on CPU over gloo, run by test_tensor_parallel.py as a separate process:
+"""One rank of a multi-rank engine (CPU over gloo; GPUs over NCCL, one per rank), run by test_tensor_parallel.py as a
+separate process:
 
     python tp_worker.py SPEC_JSON RANK
 
@@ -18,12 +19,13 @@ def main() -> None:
     spec = json.load(open(sys.argv[1]))
     rank = int(sys.argv[2])
     import sglang
-    from sglang.srt.distributed.parallel_state import init_parallel_state
+    from sglang.srt.distributed.parallel_state import get_parallel_state
+    from sglang.srt.managers.scheduler_process import join_ranks
     from sglang.srt.server_args import ServerArgs
 
     kwargs = spec["engine"]
-    state = init_parallel_state(ServerArgs(**kwargs).parallel_config(), rank, "gloo", spec["init_method"],
-                                timeout_s=120)
+    join_ranks(ServerArgs(**kwargs, dist_timeout=120), rank, spec["init_method"])  # gloo on CPU, NCCL on GPUs
+    state = get_parallel_state()
     eng = sglang.Engine(**kwargs)
     sampling = {"temperature": 0, "max_new_tokens": spec["new_tokens"], "ignore_eos": True}
     prompts = spec["prompts"][state.dp_rank] if kwargs.get("enable_dp_attention") else spec["prompts"]

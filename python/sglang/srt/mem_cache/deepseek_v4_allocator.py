@@ -295,22 +295,24 @@ class DeepSeekV4TokenAllocator:
         row = self.req_to_token_pool.req_to_token[alloc.req_pool_idx]
         row[:num_tokens] = self._to_device(full.flatten()).to(torch.int32)
 
-    def adopt_cached_pages(self, alloc: ReqAllocation, tokens: list) -> Optional[TreeNode]:
+    def adopt_cached_pages(self, alloc: ReqAllocation, tokens: list, with_window: bool = False) -> Optional[TreeNode]:
         """Where the prefix cache holds the request's computed positions in pages of its own (the same tokens,
         computed earlier by another request, with no usable end where this request's path leaves them), switch the
-        request to the cache's pages and free its copies: its page table and window map then point where a cached
-        end's tail must (cache_running can give the tree an end there), and the pool holds the prefix once.
-        Returns the deepest node whose pages it now reads (the caller locks it), or None when nothing changed."""
+        request to the cache's pages and free its copies, so the pool holds the prefix once. Pages holding positions
+        of its live window move only `with_window` (cache_running, right before the insert that hands their window
+        map to the tree with the tail): the cache's full slots then map this request's window slots, which no other
+        request or tail may do meanwhile. Returns the deepest node whose pages it now reads (the caller locks it), or
+        None when nothing changed."""
         if self.cache is None:
             return None
         ps = self.page_size
         known, node = self.cache.path(tokens[:alloc.num_tokens // ps * ps])
         swaps = [i for i, p in enumerate(known) if alloc.pages[i] != p and alloc.pages[i] not in alloc.cached_pages]
+        windowed = [i for i in swaps if (i + 1) * ps > alloc.window_start]
+        if windowed and (not with_window or self.cache.has_tail_in({known[i] for i in windowed})):
+            swaps = [i for i in swaps if i not in windowed]  # (a cached tail's window already maps those slots)
         if not swaps:
             return None
-        windowed = [i for i in swaps if (i + 1) * ps > alloc.window_start]
-        if windowed and self.cache.has_tail_in({known[i] for i in windowed}):
-            return None  # those full slots already map a cached tail's window: leave this request's copies be
         positions, new_full, old_moved, new_moved, moved_swa = [], [], [], [], []
         for i in swaps:
             positions += range(i * ps, (i + 1) * ps)
@@ -335,14 +337,17 @@ class DeepSeekV4TokenAllocator:
                       draft_len: Optional[int] = None) -> Optional[TreeNode]:
         """Give the prefix cache tokens[:P] of a request that goes on (P: its last page boundary, at most draft_len
         under speculative decoding; called when its prompt is prefilled): the cache takes the pages it lacked and the
-        window tail at P, which the request keeps reading. Returns the node ending at P (the caller locks it), or
-        None when nothing was cached."""
+        window tail at P, which the request keeps reading. Returns the node ending at P (the caller locks it), else
+        the node of the cache's pages it switched to (adopt_cached_pages), or None."""
         end = self._cache_end(alloc, tokens, draft_len)
-        if not self._can_pin_tail(alloc, end):
+        if not self._can_pin_tail(alloc, end) or not self._state_slot_ready():
             return None
+        # The tail's pages become the tree's copies where it holds them: the insert below then takes the tail, and
+        # with it the window map adopt_cached_pages moved onto the tree's full slots.
+        adopted = self.adopt_cached_pages(alloc, tokens[:end], with_window=True)
         given = self._give(alloc, tokens, end, draft_len is not None, save_state)
         if given is None:
-            return None
+            return adopted
         node, end, tail_taken = given
         if tail_taken:  # window slots before P - window are out of every later query's window: free them
             drop = end - alloc.window_start
@@ -408,9 +413,7 @@ class DeepSeekV4TokenAllocator:
         known = self.cache.cached_pages(tokens[:end])
         if any(p != q for p, q in zip(known[(end - w) // ps:], alloc.pages[(end - w) // ps:end // ps])):
             return None
-        if self.state_slots.available() == 0:
-            self.cache.evict_tails(1)
-        if self.state_slots.available() == 0:
+        if not self._state_slot_ready():
             return None
         slot = self.state_slots.alloc(1)[0]
         save_state(slot, end)
@@ -424,6 +427,12 @@ class DeepSeekV4TokenAllocator:
         if dup_slot is not None:
             self.state_slots.free([dup_slot])
         return node, end, not dup_tail[1]
+
+    def _state_slot_ready(self) -> bool:
+        """A prefix-state slot is free (evicting the least recently used end's if none is)."""
+        if self.state_slots.available() == 0:
+            self.cache.evict_tails(1)
+        return self.state_slots.available() > 0
 
     def _free_tail(self, full: list, swa: list) -> None:
         self._unmap(full)

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Multi-GPU runs of tensor / expert / DP-attention parallelism (issue 16) in one device call on nvidia-h200-x2 (or x4,
+# x8: the TP4 / TP8 rows run when that many GPUs are there). NVLink multicast stays off (KINDS.md).
+#   1. test/srt/test_tensor_parallel.py on GPUs (SGLANG_TEST_DEVICE=cuda: one GPU per rank over NCCL, fp32)
+#   2. bench_one_batch on the Flash slice (bf16) and flash-12l256e (quantized): TP1 vs TP2 / TP2 x EP2 / DP-attention
+#      2 (and TP4 / TP8): decode tok/s at batch 1, 32, 128 and prefill of 8K prompts, with the profiler's top kernels
+#      (the all-reduce / all-gather / reduce-scatter kernels' ms per step among them)
+#   3. check_capacity's pool numbers next to the engine's start-up log for the same arguments
+#   bash scripts/gpu_multi.sh   (carry .whl)   [SKIP_F12=1: the Flash slice only]   Logs go to $OUT.
+# A dry run on CPU (gloo): TESTS=0 MODEL="tiny-deepseek-v4 --device cpu" DECODE_ARGS="--input-len 32 --output-len 4
+#   --batch-size 1 2 --profile-steps 0" PREFILL_ARGS="--input-len 64 --output-len 2 --batch-size 1 --profile-steps 0"
+#   bash scripts/gpu_multi.sh
+set -u -o pipefail
+source scripts/gpu_env.sh
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+N=$(python3 -c "import torch; print(torch.cuda.device_count())")
+DECODE_ARGS=${DECODE_ARGS:---input-len 1024 --output-len 32 --batch-size 1 32 128 --cuda-graph-bs 1 2 4 8 16 32 64 128 \
+--profile-steps 3}
+PREFILL_ARGS=${PREFILL_ARGS:---input-len 8192 --output-len 2 --batch-size 1 4 --profile-steps 0}
+echo "GPUs: $N"
+FAILED=()
+step() { local name=$1; shift; echo "=== $name"; ( "$@" ) 2>&1 | tee -a "$OUT/multi_log.txt" | tail -"${TAIL:-20}" \
+  || { FAILED+=("$name"); echo "=== FAILED: $name"; }; }
+if [ "${TESTS:-1}" = 1 ]; then
+  TAIL=6 step "TP / EP / DP exactness on GPUs" env SGLANG_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
+    test/srt/test_tensor_parallel.py
+fi
+LAYOUTS=("--tp 1" "--tp 2" "--tp 2 --ep 2" "--tp 2 --dp 2 --enable-dp-attention")
+[ "$N" -ge 4 ] && LAYOUTS+=("--tp 4" "--tp 4 --ep 4")
+[ "$N" -ge 8 ] && LAYOUTS+=("--tp 8" "--tp 8 --ep 8")
+if [ -n "${MODEL:-}" ]; then
+  MODELS=("$MODEL")
+  BASE=$MODEL
+else
+  TAIL=2 step "checkpoint: Flash slice" python3 scripts/make_slice_checkpoint.py \
+    benchmark/configs/flash-slice-4l32e.config.json /tmp/w/base --device cuda
+  MODELS=("/tmp/w/base --dtype bfloat16")
+  BASE=/tmp/w/base
+fi
+if [ -z "${MODEL:-}" ] && [ "${SKIP_F12:-0}" != 1 ]; then
+  TAIL=2 step "checkpoint: flash-12l256e quantized" python3 scripts/make_slice_checkpoint.py \
+    benchmark/configs/flash-12l256e.config.json /tmp/w/f12 --quantize --shard-gb 4 --device cuda
+  MODELS+=("/tmp/w/f12")
+fi
+for model in "${MODELS[@]}"; do
+  for layout in "${LAYOUTS[@]}"; do
+    # shellcheck disable=SC2086
+    TAIL=14 step "decode: $model $layout" python3 -m sglang.bench_one_batch --model-path $model $layout $DECODE_ARGS
+    # shellcheck disable=SC2086
+    TAIL=3 step "prefill: $model $layout" python3 -m sglang.bench_one_batch --model-path $model $layout $PREFILL_ARGS
+  done
+done
+for layout in "--tp 2" "--tp 2 --ep 2"; do  # the planner's numbers for the engine's arguments ...
+  # shellcheck disable=SC2086
+  TAIL=12 step "planner: $layout" python3 -m sglang.check_capacity ${BASE%% *} $layout --gpu h200
+  # ... and the engine's start-up log for the same (pools, weights per GPU)
+  # shellcheck disable=SC2086
+  TAIL=12 step "engine log: $layout" bash -c "python3 -m sglang.bench_one_batch --model-path $BASE $layout \
+    --batch-size 1 --input-len 16 --output-len 2 --profile-steps 0 --log-level debug 2>&1 \
+    | grep -E 'weights on|page size|full tokens|window slots|pools total'"
+done
+if [ ${#FAILED[@]} -gt 0 ]; then printf 'failed step: %s\n' "${FAILED[@]}"; exit 1; fi
+echo "all steps passed"
