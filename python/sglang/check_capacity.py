@@ -166,6 +166,7 @@ def main(argv=None) -> int:
 
         a.model = resolve_model_path(a.model)
         config = DeepseekV4Config.from_pretrained(a.model)
+        a.device = "cuda"  # the plan is a GPU's: quantized formats stay quantized there
         apply_quantization(a, a.model, config)
     pc = ParallelConfig(a.tp, a.ep, a.dp, a.enable_dp_attention)
     try:

@@ -97,3 +97,13 @@ def test_cli_real_configs(capsys):
     assert main(["flash", "--tp", "8", "--ep", "8", "--dp", "8", "--enable-dp-attention", "--gpu", "b200"]) == 0
     assert "DP-attention 8" in capsys.readouterr().out
     assert main(["flash", "--tp", "3"]) == 2
+
+
+def test_cli_checkpoint_directory(capsys):
+    """A checkpoint directory: its stored formats detected (kept quantized: the plan is a GPU's), TP2 x EP2."""
+    from oracle import checkpoint
+    from sglang.check_capacity import main
+
+    assert main([checkpoint("tiny", quantize=True), "--tp", "2", "--ep", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "TP2" in out and "fits" in out, out
