@@ -1,7 +1,7 @@
 """`python -m sglang.launch_server --tp 2 --device cpu` (and `--tp 2 --dp 2 --enable-dp-attention`): two scheduler
 ranks over gloo serve chat requests, /generate returns the single-rank engine's greedy tokens and prompt logprobs
 (within 1e-5), and killing a rank stops the server with exit code 1 and a log line naming the rank, with no
-scheduler process left behind."""
+scheduler process left behind. Two nodes on loopback, with and without DP attention."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import subprocess
 import time
 
 import httpx
+import pytest
 
 from server_process import launch
 
@@ -115,18 +116,21 @@ def test_dp_attention_server_matches_single_rank(tmp_path):
         server.stop()
 
 
-def test_two_nodes_on_loopback(tmp_path):
+@pytest.mark.parametrize("dp", [False, True], ids=["tp2", "dp-attention2"])
+def test_two_nodes_on_loopback(tmp_path, dp):
     """`--tp 2 --nnodes 2`: node 1 runs rank 1 headless, node 0 serves; the outputs equal the single-rank engine's;
-    when node 0 stops, node 1 exits with code 1 within the bounded --dist-timeout."""
+    when node 0 stops, node 1 exits with code 1 within the bounded --dist-timeout. With DP attention each node is
+    one DP group: node 1's group answers its requests over TCP (node 0's --dist-init-addr port + 1)."""
+    import concurrent.futures
     import sys
 
     from server_process import free_port
 
-    ids = [7, 300, 4000, 50, 600, 7000, 80, 900]
+    prompts = [[7, 300, 4000, 50, 600, 7000, 80, 900], [11, 222, 3333, 44, 555, 6666]]
     sampling = {"temperature": 0, "max_new_tokens": 5, "ignore_eos": True}
-    ref = _single_rank(ids, sampling)
+    refs = _single_rank(prompts, sampling)
     common = [*ARGS, "--tp", "2", "--nnodes", "2", "--dist-init-addr", f"127.0.0.1:{free_port()}",
-              "--dist-timeout", "20"]
+              "--dist-timeout", "20", *(["--dp", "2", "--enable-dp-attention"] if dp else [])]
     node1_log = open(tmp_path / "node1.log", "w")
     node1 = subprocess.Popen([sys.executable, "-m", "sglang.launch_server", "--log-level", "info", *common,
                               "--node-rank", "1"], stdout=node1_log, stderr=subprocess.STDOUT)
@@ -134,7 +138,9 @@ def test_two_nodes_on_loopback(tmp_path):
         server = launch([*common, "--node-rank", "0"], str(tmp_path), timeout=240)
         try:
             assert _rank_pids(server.proc.pid) and len(_rank_pids(server.proc.pid)) == 1  # rank 0 only here
-            _generate_matches(server.base_url, ids, sampling, ref)
+            with concurrent.futures.ThreadPoolExecutor(2) as pool:  # together: round robin over both DP groups
+                list(pool.map(lambda pr: _generate_matches(server.base_url, pr[0], sampling, pr[1]),
+                              zip(prompts, refs)))
         finally:
             server.stop()
         assert node1.wait(timeout=90) == 1

@@ -132,9 +132,6 @@ class ServerArgs:
             if not self.dist_init_addr:
                 raise ValueError("--nnodes > 1 needs --dist-init-addr HOST:PORT (node 0's address, where the ranks "
                                  "of every node meet)")
-            if self.dp_size > 1:
-                raise ValueError("--enable-dp-attention with --nnodes > 1 is not supported yet (each DP group's "
-                                 "outputs reach the HTTP server on node 0 only over local IPC)")
         if not 0 <= self.node_rank < self.nnodes:
             raise ValueError(f"--node-rank must be in [0, {self.nnodes}), got {self.node_rank}")
         if not self.dist_timeout > 0:
@@ -244,7 +241,8 @@ class ServerArgs:
         p.add_argument("--node-rank", type=int, default=0,
                        help="this node's rank: 0 serves HTTP, the others run their ranks headless (default: 0)")
         p.add_argument("--dist-init-addr",
-                       help="host:port where the ranks meet (default: 127.0.0.1 and a free port)")
+                       help="host:port where the ranks meet (default: 127.0.0.1 and a free port); with DP attention "
+                            "over several nodes, node 0 also takes the other nodes' DP groups' outputs on port + 1")
         p.add_argument("--dist-timeout", type=float, default=300.0,
                        help="seconds a collective waits for a dead or hung rank before the server exits "
                             "(default: 300)")

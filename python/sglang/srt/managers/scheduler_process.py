@@ -26,6 +26,7 @@ import os
 import tempfile
 import time
 import traceback
+from typing import Optional
 
 import zmq
 
@@ -44,6 +45,8 @@ class PortArgs:
 
     scheduler_input: str
     tokenizer_input: str
+    # DP attention over several nodes: node 0's TCP endpoint where DP groups led from other nodes send their outputs
+    tokenizer_input_remote: Optional[str] = None
 
 
 class SchedulerProcess:
@@ -73,7 +76,8 @@ class SchedulerProcess:
             self.recv.bind(port_args.scheduler_input)
         self.send = ctx.socket(zmq.PUSH)
         self.send.setsockopt(zmq.LINGER, 0)
-        self.send.connect(port_args.tokenizer_input)
+        remote = server_args.node_rank > 0 and port_args.tokenizer_input_remote
+        self.send.connect(port_args.tokenizer_input_remote if remote else port_args.tokenizer_input)
 
     def ready_message(self) -> SchedulerReady:
         r = self.runner
@@ -305,6 +309,9 @@ def start_scheduler(server_args: ServerArgs):
     ipc_dir = tempfile.mkdtemp(prefix="sglang-ipc-")
     ports = PortArgs(scheduler_input=f"ipc://{os.path.join(ipc_dir, 'scheduler')}",
                      tokenizer_input=f"ipc://{os.path.join(ipc_dir, 'tokenizer')}")
+    if server_args.nnodes > 1 and server_args.enable_dp_attention:  # DP groups led from other nodes answer over TCP
+        host, port = server_args.dist_init_addr.rsplit(":", 1)
+        ports.tokenizer_input_remote = f"tcp://{host}:{int(port) + 1}"
     ctx = mp.get_context("spawn")
     init_method = init_method_for(server_args) if server_args.tp_size > 1 else ""
     procs, readers = [], []

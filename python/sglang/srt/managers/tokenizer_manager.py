@@ -62,7 +62,7 @@ class ReqState(OutputState):
 
 class TokenizerManager:
     def __init__(self, tokenizer, ready: SchedulerReady, scheduler_input: str, tokenizer_input: str,
-                 metrics=None) -> None:
+                 metrics=None, tokenizer_input_remote: Optional[str] = None) -> None:
         self.tokenizer = tokenizer
         self.ready = ready
         self.metrics = metrics
@@ -73,6 +73,8 @@ class TokenizerManager:
         self.recv = ctx.socket(zmq.PULL)
         self.recv.setsockopt(zmq.LINGER, 0)
         self.recv.bind(tokenizer_input)
+        if tokenizer_input_remote:  # DP groups led from other nodes (DP attention over several nodes)
+            self.recv.bind(tokenizer_input_remote)
         self.states: dict = {}
         self.dead_reason: Optional[str] = None
         self.last_stats = None
