@@ -85,6 +85,9 @@ def test_other_ranks_pairs_add_nothing(scaled_dot):
     ref = fused_moe_mxfp4_ref(x, ids, weights, w13, s13, w2, s2, 10.0)
     tol = 2e-3 if scaled_dot else 1e-4
     torch.testing.assert_close(got, ref, rtol=tol, atol=tol * ref.abs().max().item())
+    split = MoeLaunch(block_n=32, block_k=32, split_k=2, scaled_dot=scaled_dot)  # each split zero-fills its slice
+    got_split = dsv4_moe_mxfp4(x, ids, weights, w13, s13, w2, s2, 10.0, config=MoeConfig(16, split, split)).float()
+    torch.testing.assert_close(got_split, ref, rtol=tol, atol=tol * ref.abs().max().item())
     kept = torch.where(ids < 0, 0, ids)  # the same pairs on expert 0 at weight 0: the old dispatch's result
     torch.testing.assert_close(got, fused_moe_mxfp4_ref(x, kept, torch.where(ids < 0, 0.0, weights), w13, s13, w2,
                                                         s2, 10.0), rtol=tol, atol=tol * ref.abs().max().item())
@@ -98,7 +101,9 @@ def test_other_ranks_pairs_add_nothing(scaled_dot):
 @pytest.mark.parametrize("config", [
     MoeConfig(16, MoeLaunch(scale_bcast=False), MoeLaunch(scale_bcast=False)),  # one scale load per packed byte
     MoeConfig(32, MoeLaunch(block_n=32, block_k=128), MoeLaunch(block_n=128, block_k=32)),  # K tile past hidden
-], ids=["gathered-scales", "wide-k"])
+    # split over K (decode: more programs than blocks x tiles): 2 splits of gate-up's 96 inputs, down's 64 in 3
+    MoeConfig(16, MoeLaunch(block_n=32, block_k=32, split_k=2), MoeLaunch(block_n=32, block_k=32, split_k=3)),
+], ids=["gathered-scales", "wide-k", "split-k"])
 def test_fused_launch_variants_equal_reference(config):
     """Every tile shape the sweep may pick computes the same function (K tiles wider than the hidden size, 32-wide
     ones: one scale per tile row)."""
@@ -113,14 +118,15 @@ def test_fused_launch_variants_equal_reference(config):
                                rtol=1e-4, atol=1e-4 * got8.abs().max().item())
 
 
-@pytest.mark.parametrize("tokens,block_m,block_k", [(1, 16, 64), (23, 16, 32), (70, 32, 128)])
-def test_scaled_dot_equals_reference(tokens, block_m, block_k):
+@pytest.mark.parametrize("tokens,block_m,block_k,split_k", [(1, 16, 64, 1), (23, 16, 32, 1), (70, 32, 128, 1),
+                                                             (1, 16, 32, 3), (23, 16, 32, 2)])
+def test_scaled_dot_equals_reference(tokens, block_m, block_k, split_k):
     """fp16 activations take tl.dot_scaled (the interpreter computes fp16 exactly): the same function as the
     reference on the same fp16 inputs, K tiles of one scale group and past the hidden size."""
     w13, s13, w2, s2 = _experts(8, 96, 64, seed=5)
     ids, weights = _routing(tokens, 4, 8, seed=3, skew=tokens > 20)
     x = (torch.randn(tokens, 96, generator=torch.Generator().manual_seed(2)) * 0.05).half()
-    launch = MoeLaunch(block_n=32, block_k=block_k)
+    launch = MoeLaunch(block_n=32, block_k=block_k, split_k=split_k)
     got = dsv4_moe_mxfp4(x, ids, weights, w13, s13, w2, s2, 10.0, config=MoeConfig(block_m, launch, launch))
     ref = fused_moe_mxfp4_ref(x, ids, weights, w13, s13, w2, s2, 10.0)
     assert got.dtype == torch.float16

@@ -108,10 +108,15 @@ def _fp8_tile(w_ptr, s_ptr, rows, row_ok, k0, K, stride_wn, stride_sr, BLOCK_K: 
 
 @triton.jit
 def _moe_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, h_ptr, D, I, TOPK, E, stride_x, stride_we,
-                        stride_wn, stride_se, stride_sn, stride_h, stride_shalf, limit, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WEIGHT_FP8: tl.constexpr,
-                        SCALE_BCAST: tl.constexpr, PREC: tl.constexpr, A_FMT: tl.constexpr):
+                        stride_wn, stride_se, stride_sn, stride_h, stride_shalf, limit, K_PER_SPLIT, stride_ps,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                        WEIGHT_FP8: tl.constexpr, SCALE_BCAST: tl.constexpr, PREC: tl.constexpr, A_FMT: tl.constexpr,
+                        SPLIT_K: tl.constexpr):
+    """SPLIT_K > 1: program_id(2) sums K [split * K_PER_SPLIT, ...) only and writes the raw fp32 gate and up sums to
+    h_ptr [SPLIT_K, rows, 2, I] (stride_ps per split); the caller sums the splits and applies the SwiGLU."""
     blk = tl.program_id(0)
+    k_lo = tl.program_id(2) * K_PER_SPLIT
+    k_hi = tl.minimum(k_lo + K_PER_SPLIT, D)
     e = tl.load(bexp_ptr + blk)
     if e < E:
         r = blk * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -125,7 +130,7 @@ def _moe_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, h_ptr, D, I, TO
         j = tl.arange(0, BLOCK_K // 2)
         acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, D, BLOCK_K):
+        for k0 in range(k_lo, k_hi, BLOCK_K):
             if A_FMT != "":  # 16-bit activations, e2m1 weights: the compiler's scaled dot
                 k = k0 + tl.arange(0, BLOCK_K)
                 xk = tl.load(x_ptr + tok.to(tl.int64)[:, None] * stride_x + k[None, :],
@@ -156,18 +161,28 @@ def _moe_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, h_ptr, D, I, TO
                 acc_g += tl.dot(x_odd, tl.trans(g_hi.to(dt)), out_dtype=tl.float32, input_precision=PREC)
                 acc_u += tl.dot(x_even, tl.trans(u_lo.to(dt)), out_dtype=tl.float32, input_precision=PREC)
                 acc_u += tl.dot(x_odd, tl.trans(u_hi.to(dt)), out_dtype=tl.float32, input_precision=PREC)
-        g = tl.minimum(acc_g, limit)
-        act = g / (1.0 + tl.exp(-g)) * tl.minimum(tl.maximum(acc_u, -limit), limit)
-        h_rows = h_ptr + r.to(tl.int64)[:, None] * stride_h + n[None, :]
-        tl.store(h_rows, act.to(h_ptr.dtype.element_ty), mask=valid[:, None] & n_ok[None, :])
+        if SPLIT_K == 1:
+            g = tl.minimum(acc_g, limit)
+            act = g / (1.0 + tl.exp(-g)) * tl.minimum(tl.maximum(acc_u, -limit), limit)
+            h_rows = h_ptr + r.to(tl.int64)[:, None] * stride_h + n[None, :]
+            tl.store(h_rows, act.to(h_ptr.dtype.element_ty), mask=valid[:, None] & n_ok[None, :])
+        else:
+            p_rows = h_ptr + tl.program_id(2).to(tl.int64) * stride_ps + r.to(tl.int64)[:, None] * stride_h + n[None, :]
+            tl.store(p_rows, acc_g, mask=valid[:, None] & n_ok[None, :])
+            tl.store(p_rows + I, acc_u, mask=valid[:, None] & n_ok[None, :])
 
 
 @triton.jit
 def _moe_down_kernel(h_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, wts_ptr, out_ptr, D, I, E, stride_h, stride_we,
-                     stride_wn, stride_se, stride_sn, stride_o, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr, WEIGHT_FP8: tl.constexpr, SCALE_BCAST: tl.constexpr,
-                     PREC: tl.constexpr, A_FMT: tl.constexpr):
+                     stride_wn, stride_se, stride_sn, stride_o, K_PER_SPLIT, stride_os, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WEIGHT_FP8: tl.constexpr,
+                     SCALE_BCAST: tl.constexpr, PREC: tl.constexpr, A_FMT: tl.constexpr):
+    """program_id(2): the K split [split * K_PER_SPLIT, ...), writing its weighted partial sums to out_ptr's slice
+    split (stride_os; 0 with one split)."""
     blk = tl.program_id(0)
+    k_lo = tl.program_id(2) * K_PER_SPLIT
+    k_hi = tl.minimum(k_lo + K_PER_SPLIT, I)
+    out_ptr += tl.program_id(2).to(tl.int64) * stride_os
     e = tl.load(bexp_ptr + blk)
     if e < E:
         r = blk * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -179,7 +194,7 @@ def _moe_down_kernel(h_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, wts_ptr, out_ptr, 
         s_e = s_ptr + e.to(tl.int64) * stride_se
         j = tl.arange(0, BLOCK_K // 2)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, I, BLOCK_K):
+        for k0 in range(k_lo, k_hi, BLOCK_K):
             if A_FMT != "":
                 k = k0 + tl.arange(0, BLOCK_K)
                 hk = tl.load(h_ptr + r.to(tl.int64)[:, None] * stride_h + k[None, :],
@@ -222,6 +237,7 @@ class MoeLaunch:
     num_stages: int = 2
     scale_bcast: bool = True  # the in-register path (fp32 activations): one scale load per 32 inputs
     scaled_dot: bool = True  # bf16 / fp16 activations x MXFP4 weights through tl.dot_scaled
+    split_k: int = 1  # K splits (more programs for decode's few blocks; fp32 partial sums added after)
 
 
 @dataclass(frozen=True)
@@ -312,33 +328,52 @@ def _scaled_dot_format(launch: MoeLaunch, dtype: torch.dtype, fp8: bool) -> str:
     return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "")
 
 
+def _k_splits(k: int, launch: MoeLaunch) -> tuple:
+    """(splits, K per split: a multiple of the K tile) for launch.split_k over a K of k (no empty split)."""
+    per = triton.cdiv(triton.cdiv(k, max(1, launch.split_k)), launch.block_k) * launch.block_k
+    return triton.cdiv(k, per), per
+
+
 def moe_gate_up(x, rows, block_expert, w13, s13, inter: int, top_k: int, limit: float, block_m: int,
                 launch: MoeLaunch, fp8: bool) -> torch.Tensor:
-    """Step 2 alone (the benchmark sweep times it): the activated intermediate rows [num_blocks * block_m, I]."""
+    """Step 2 alone (the benchmark sweep times it): the activated intermediate rows [num_blocks * block_m, I]. Split
+    over K, the kernel writes fp32 gate and up sums per split; their sum goes through the clamped SwiGLU here."""
     num_blocks, hidden = block_expert.shape[0], x.shape[1]
-    h = torch.empty(num_blocks * block_m, inter, dtype=x.dtype, device=x.device)
+    splits, per_split = _k_splits(hidden, launch)
+    if splits == 1:
+        out = torch.empty(num_blocks * block_m, inter, dtype=x.dtype, device=x.device)
+    else:
+        out = torch.empty(splits, num_blocks * block_m, 2 * inter, dtype=torch.float32, device=x.device)
     # FP8 scale grids are [E, halves, row blocks, column blocks]; MXFP4 scale bytes [E, rows, inputs / 32]
     s13_row, s13_half = (s13.stride(2), s13.stride(1)) if fp8 else (s13.stride(1), 0)
     a_fmt = _scaled_dot_format(launch, x.dtype, fp8)
-    _moe_gate_up_kernel[(num_blocks, triton.cdiv(inter, launch.block_n))](
-        x, rows, block_expert, w13, s13, h, hidden, inter, top_k, w13.shape[0], x.stride(0), w13.stride(0),
-        w13.stride(1), s13.stride(0), s13_row, h.stride(0), s13_half, float(limit), BLOCK_M=block_m,
-        BLOCK_N=launch.block_n, BLOCK_K=launch.block_k, WEIGHT_FP8=fp8, SCALE_BCAST=launch.scale_bcast,
-        PREC=_precision(x.dtype), A_FMT=a_fmt, num_warps=launch.num_warps, num_stages=launch.num_stages)
-    return h
+    _moe_gate_up_kernel[(num_blocks, triton.cdiv(inter, launch.block_n), splits)](
+        x, rows, block_expert, w13, s13, out, hidden, inter, top_k, w13.shape[0], x.stride(0), w13.stride(0),
+        w13.stride(1), s13.stride(0), s13_row, out.stride(-2), s13_half, float(limit), per_split,
+        out.stride(0) if splits > 1 else 0, BLOCK_M=block_m, BLOCK_N=launch.block_n, BLOCK_K=launch.block_k,
+        WEIGHT_FP8=fp8, SCALE_BCAST=launch.scale_bcast, PREC=_precision(x.dtype), A_FMT=a_fmt, SPLIT_K=splits,
+        num_warps=launch.num_warps, num_stages=launch.num_stages)
+    if splits == 1:
+        return out
+    gate_up = out.sum(0)  # rows of -1 pairs hold garbage: their h rows are never read
+    gate = gate_up[:, :inter].clamp(max=limit)
+    return (torch.nn.functional.silu(gate) * gate_up[:, inter:].clamp(min=-limit, max=limit)).to(x.dtype)
 
 
 def moe_down(h, rows, block_expert, w2, s2, topk_weights, hidden: int, block_m: int, launch: MoeLaunch,
              fp8: bool) -> torch.Tensor:
-    """Step 3 alone: each (token, slot) pair's weighted expert output [T * k, D] fp32."""
+    """Step 3 alone: each (token, slot) pair's weighted expert output [T * k, D] fp32 (split over K: the splits'
+    partial sums added)."""
     num_blocks, inter = block_expert.shape[0], h.shape[1]
     weights = topk_weights.flatten().float().contiguous()
-    pairs = torch.empty(weights.numel(), hidden, dtype=torch.float32, device=h.device)
+    splits, per_split = _k_splits(inter, launch)
+    pairs = torch.empty(splits, weights.numel(), hidden, dtype=torch.float32, device=h.device)
     s2_row = s2.stride(2) if fp8 else s2.stride(1)
     a_fmt = _scaled_dot_format(launch, h.dtype, fp8)
-    _moe_down_kernel[(num_blocks, triton.cdiv(hidden, launch.block_n))](
+    _moe_down_kernel[(num_blocks, triton.cdiv(hidden, launch.block_n), splits)](
         h, rows, block_expert, w2, s2, weights, pairs, hidden, inter, w2.shape[0], h.stride(0), w2.stride(0),
-        w2.stride(1), s2.stride(0), s2_row, pairs.stride(0), BLOCK_M=block_m, BLOCK_N=launch.block_n,
-        BLOCK_K=launch.block_k, WEIGHT_FP8=fp8, SCALE_BCAST=launch.scale_bcast, PREC=_precision(h.dtype),
-        A_FMT=a_fmt, num_warps=launch.num_warps, num_stages=launch.num_stages)
-    return pairs
+        w2.stride(1), s2.stride(0), s2_row, pairs.stride(1), per_split, pairs.stride(0) if splits > 1 else 0,
+        BLOCK_M=block_m, BLOCK_N=launch.block_n, BLOCK_K=launch.block_k, WEIGHT_FP8=fp8,
+        SCALE_BCAST=launch.scale_bcast, PREC=_precision(h.dtype), A_FMT=a_fmt, num_warps=launch.num_warps,
+        num_stages=launch.num_stages)
+    return pairs[0] if splits == 1 else pairs.sum(0)
