@@ -184,6 +184,8 @@ class CudaGraphRunner(StaticGraphRunner):
         self._stage(slots, input_ids, bs)
         if input_ids is None:
             self.inputs[_IDS, :raw].copy_(input_ids_device)  # device to device, after the block copy
-        (logits,) = self._replay(bs) if static else self._run(bs)
-        dp.close_round()
+        try:
+            (logits,) = self._replay(bs) if static else self._run(bs)
+        finally:
+            dp.close_round()
         return LogitsProcessorOutput(next_token_logits=logits[:raw])
