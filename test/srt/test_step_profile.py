@@ -90,6 +90,18 @@ def test_summary_of_a_cuda_trace():
     assert names == ["attention", "gemm", "norm", "Memcpy DtoH (Device -> Pinned)", "kernel_before",
                      "Memset (Device)"]
     assert p.top_kernels[0][1:] == pytest.approx((80 / 2 / 1e3, 0.5)) and p.top_kernels[4][1] == pytest.approx(5e-3 / 2)
+    assert p.collective_ms_per_step == 0 and "collectives" not in text
+
+
+def test_collective_kernels_are_summed():
+    """NCCL's kernels (the TP all-reduce, DP attention's all-gather / reduce-scatter) get their own per-step sum."""
+    trace = synthetic_trace() + [
+        TraceEvent("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "kernel", 60, 80),
+        TraceEvent("ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "kernel", 160,
+                   166)]
+    p = summarize(trace, gpu_trace=True)
+    assert p.collective_ms_per_step == pytest.approx((20 + 6) / 2 / 1e3)
+    assert "collectives ms/step  0.013" in p.columns()
 
 
 def test_cpu_trace_has_no_gpu_numbers():

@@ -63,6 +63,7 @@ class StepProfile:
     syncs_per_step: Optional[float]
     # The GPU work that took longest, summed per name: (name, ms per step, runs per step), longest first.
     top_kernels: tuple = ()
+    collective_ms_per_step: Optional[float] = None  # NCCL / RCCL kernels (all-reduce, all-gather, reduce-scatter)
 
     def columns(self) -> str:
         """One table cell group, n/a where nothing was measured."""
@@ -71,7 +72,8 @@ class StepProfile:
 
         return (f"wall ms/step {self.wall_ms_per_step:8.2f} | GPU ms/step {fmt(self.gpu_ms_per_step, '7.2f')} "
                 f"| busy {fmt(self.gpu_busy, '6.1%')} | launches/step {fmt(self.launches_per_step, '6.1f')} "
-                f"| syncs/step {fmt(self.syncs_per_step, '5.1f')}")
+                f"| syncs/step {fmt(self.syncs_per_step, '5.1f')}"
+                + (f" | collectives ms/step {self.collective_ms_per_step:6.3f}" if self.collective_ms_per_step else ""))
 
 
 def is_launch(name: str) -> bool:
@@ -117,9 +119,16 @@ def summarize(events: list, gpu_trace: bool) -> StepProfile:
             total, count = by_name.get(e.name, (0.0, 0))
             by_name[e.name] = (total + e.end_us - max(e.start_us, start), count + 1)
     top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:TOP_KERNELS]
+    collective_us = sum(us for name, (us, _) in by_name.items() if is_collective(name))
     return StepProfile(n, wall_us / n / 1e3, busy_us / n / 1e3, busy_us / wall_us, kernels / n,
                        sum(map(is_launch, host)) / n, sum(map(is_sync, host)) / n,
-                       tuple((name, us / n / 1e3, count / n) for name, (us, count) in top))
+                       tuple((name, us / n / 1e3, count / n) for name, (us, count) in top),
+                       collective_us / n / 1e3)
+
+
+def is_collective(name: str) -> bool:
+    """A communication kernel of NCCL (or RCCL, which keeps its names): ncclDevKernel_AllReduce_..., ncclKernel_..."""
+    return name.startswith(("ncclDevKernel", "ncclKernel", "ncclDevFunc"))
 
 
 def profile_steps(step: Callable[[], object], steps: int, device: torch.device) -> StepProfile:
