@@ -99,12 +99,10 @@ STATIC_CHUNKED = dict(chunked_prefill_size=16, disable_cuda_graph=False)
     ("tiny", 2, 1, True, {}),  # the MTP draft sharded the same way
     ("wide", 4, 1, False, {}),
     ("wide", 4, 2, True, {}),  # TP4 x EP2: two experts' halves per rank
-    ("tiny-quantized", 2, 2, False, {}),  # hub formats (FP8 linears, MXFP4 experts): each rank reads its slices
-], ids=["tp2", "ep2-static-chunked", "tp2-spec", "wide-tp4", "wide-tp4-ep2-spec", "quantized-tp2-ep2"])
+], ids=["tp2", "ep2-static-chunked", "tp2-spec", "wide-tp4", "wide-tp4-ep2-spec"])
 def test_ranks_match_single_rank(config, tp, ep, spec, extra):
-    path = {"tiny": lambda: checkpoint("tiny"), "tiny-quantized": lambda: checkpoint("tiny", quantize=True),
-            "wide": _wide_checkpoint}[config]()
-    vocab = WIDE["vocab_size"] if config == "wide" else TINY["vocab_size"]
+    path = checkpoint("tiny") if config == "tiny" else _wide_checkpoint()
+    vocab = TINY["vocab_size"] if config == "tiny" else WIDE["vocab_size"]
     prompts = [random_ids(40, seed=1, vocab=vocab), random_ids(23, seed=2, vocab=vocab)]
     ref = _single_rank({**_engine_kwargs(path, PAGE_SIZES["tiny"], spec), **extra}, prompts, 6)
     kwargs = {**_engine_kwargs(path, PAGE_SIZES["tiny"], spec, tp_size=tp, ep_size=ep), **extra}
@@ -115,13 +113,14 @@ def test_ranks_match_single_rank(config, tp, ep, spec, extra):
         assert rank_out["weight_bytes"] == planned  # what the capacity planner counts per GPU
 
 
-def test_prefix_cache_under_tensor_and_expert_parallelism():
-    """TP2 x EP2 with the prefix cache (on by default), requests one after another sharing a system prompt: the third
-    starts at the end the second gave the cache where it left the first one's pages. Every rank's cache makes the
-    same decisions: outputs and cached-token counts equal the single-rank engine's."""
+def test_prefix_cache_and_quantized_checkpoint_under_tensor_and_expert_parallelism():
+    """TP2 x EP2 from a hub-quantized checkpoint (FP8 linears, MXFP4 experts: each rank reads its slices) with the
+    prefix cache (on by default), requests one after another sharing a system prompt: the third starts at the end the
+    second gave the cache where it left the first one's pages. Every rank's cache makes the same decisions: outputs
+    and cached-token counts equal the single-rank engine's."""
     system = random_ids(50, seed=7)
     prompts = [system + random_ids(40, seed=8)] + [system + random_ids(30 + i, seed=20 + i) for i in range(2)]
-    kwargs = _engine_kwargs(checkpoint("tiny"), PAGE_SIZES["tiny"], False)
+    kwargs = _engine_kwargs(checkpoint("tiny", quantize=True), PAGE_SIZES["tiny"], False)
     ref = _single_rank(kwargs, prompts, 4, logprob_tail=4)
     assert [o["meta_info"]["cached_tokens"] for o in ref] == [0, 0, 48]
     for rank_out in _run_ranks({**kwargs, "tp_size": 2, "ep_size": 2}, prompts, 4, 2, logprob_tail=4):
