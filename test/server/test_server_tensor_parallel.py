@@ -1,7 +1,7 @@
 """`python -m sglang.launch_server --tp 2 --device cpu` (and `--tp 2 --dp 2 --enable-dp-attention`): two scheduler
 ranks over gloo serve chat requests, /generate returns the single-rank engine's greedy tokens and prompt logprobs
 (within 1e-5), and killing a rank stops the server with exit code 1 and a log line naming the rank, with no
-scheduler process left behind. Two nodes on loopback, with and without DP attention."""
+scheduler process left behind. Two nodes on loopback with DP attention."""
 
 from __future__ import annotations
 
