@@ -8,15 +8,7 @@
 # SERVER_SRC=DIR serves from another checkout (an older commit, for comparison); MODES picks the runs.
 # A dry run on CPU: MODEL=tiny-deepseek-v4 NUM_PROMPTS=8 INPUT_LEN=32 OUTPUT_LEN=8 CONCURRENCY=4 bash ...
 set -u -o pipefail
-OUT=${OUT:-/tmp/gpu-out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 SGLANG_CACHE_DIR=/tmp/sgcache
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-if ! python3 -c "import fastapi, uvicorn, aiohttp, jsonschema, prometheus_client, httpx" 2>/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/serve .whl_serve/*.whl
-  export PYTHONPATH=/tmp/serve
-fi
-export PYTHONPATH=/tmp/site:$PWD/python:$PWD/sgl-kernel/python${PYTHONPATH:+:$PYTHONPATH}
+source scripts/gpu_env.sh
 CONFIG=benchmark/configs/flash-slice-4l32e.config.json
 if [ -z "${MODEL:-}" ]; then
   python3 scripts/make_slice_checkpoint.py "$CONFIG" /tmp/w/base || exit 1
@@ -28,11 +20,7 @@ PYTHONPATH=/tmp/site:$SRC/python:$SRC/sgl-kernel/python${PYTHONPATH#*sgl-kernel/
   --model-path $MODEL --port $PORT --max-running-requests 256 --enable-metrics > "$OUT/server_log.txt" 2>&1 &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null' EXIT
-for _ in $(seq 600); do
-  curl -sf "http://127.0.0.1:$PORT/health" > /dev/null && break
-  kill -0 $SERVER 2>/dev/null || { tail -40 "$OUT/server_log.txt"; exit 1; }
-  sleep 1
-done
+wait_healthy $PORT $SERVER "$OUT/server_log.txt" 600 || exit 1
 grep -E "pool|CUDA graph|full tokens|concurrent" "$OUT/server_log.txt" | head -12
 python3 - "$PORT" "$OUT" <<'PY'
 import json, os, sys, threading, time

@@ -22,11 +22,7 @@ PORT=30700
 python3 -m sglang.launch_server --model-path "$W" --port $PORT --max-running-requests 64 --served-model-name f12 > "$OUT/server.txt" 2>&1 &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null' EXIT
-for _ in $(seq 900); do
-  curl -sf "http://127.0.0.1:$PORT/health" > /dev/null && break
-  kill -0 $SERVER 2>/dev/null || { tail -40 "$OUT/server.txt"; exit 1; }
-  sleep 1
-done
+wait_healthy $PORT $SERVER "$OUT/server.txt" 900 || exit 1
 grep -E "weights on|quantization|page size|full tokens|staging|CUDA graph" "$OUT/server.txt" | head -10
 for i in 1 2 3; do
   curl -sf "http://127.0.0.1:$PORT/v1/chat/completions" -H 'Content-Type: application/json' \

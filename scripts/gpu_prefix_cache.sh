@@ -21,11 +21,7 @@ for cache in on off; do
   extra=""; [ $cache = off ] && extra="--disable-radix-cache"
   python3 -m sglang.launch_server --model-path $MODEL --port $PORT $extra > "$OUT/server_$cache.txt" 2>&1 &
   SERVER=$!
-  for _ in $(seq 600); do
-    curl -sf "http://127.0.0.1:$PORT/health" > /dev/null && break
-    kill -0 $SERVER 2>/dev/null || { tail -40 "$OUT/server_$cache.txt"; exit 1; }
-    sleep 1
-  done
+  wait_healthy $PORT $SERVER "$OUT/server_$cache.txt" 600 || exit 1
   python3 -m sglang.bench_serving --backend sglang-oai-chat --port $PORT --dataset-name multi-turn \
     --mt-num-sessions "${SESSIONS:-32}" --mt-turns 4 --mt-first-len "${FIRST_LEN:-8192}" --mt-turn-len "${TURN_LEN:-256}" \
     --mt-output-len 64 --max-concurrency 16 --disable-tqdm --output-file "$OUT/multi_turn_$cache.jsonl" \

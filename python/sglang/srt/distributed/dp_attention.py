@@ -157,8 +157,8 @@ class DpAttention:
 
     def _real_rows(self, fwd: DpForward, device) -> torch.Tensor:
         if fwd.real_rows is None:  # once per round: every MoE layer's gather and reduce use it
-            rows = [g * fwd.pad + i for g, n in enumerate(fwd.counts) for i in range(n)]
-            fwd.real_rows = torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True)
+            rows = torch.cat([torch.arange(n, dtype=torch.int64) + g * fwd.pad for g, n in enumerate(fwd.counts)])
+            fwd.real_rows = rows.to(device, non_blocking=True)
         return fwd.real_rows
 
     def reduce_own(self, y: torch.Tensor) -> torch.Tensor:
