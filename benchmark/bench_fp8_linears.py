@@ -3,12 +3,15 @@ and end-to-end agreement of the FP8 engine with the dequantized (bf16) one on a 
 
     python benchmark/bench_fp8_linears.py [--model-path /tmp/w/q] [--tokens 1000] [--out result.json]
 
-Kernels: DeepSeek-V4 Flash's FP8 linears (wq_a, wq_b, wkv, grouped wo_a, wo_b, indexer wq_b) at M = 1, 32 (decode)
-and 4096, 8192 (prefill) rows: bf16 `torch.matmul` on the dequantized weight, sgl_kernel's W8A8 (activation quant +
-FP8 GEMM), W8A16, cuBLAS's blockwise-scaled W8A8 (torch._scaled_mm, prefill rows, where the device has it) and
-the engine's path (layers/quantization/fp8.py: W8A16 kernel for <= 64 rows, cuBLAS W8A8 or dequantize + matmul
-above), timed with triton.testing.do_bench. Decode rows are reported as the
-fraction of copy bandwidth the FP8 weight bytes reach, prefill rows as TFLOP/s and the speed-up over bf16.
+Kernels: DeepSeek-V4 Flash's FP8 linears (wq_a, wq_b, wkv, grouped wo_a, wo_b, indexer wq_b) at M = 1, 32 (decode),
+256, 1024 (large decode batches, short chunks) and 4096, 8192 (prefill) rows: bf16 `torch.matmul` on the dequantized
+weight, sgl_kernel's W8A8 (activation quant + FP8 GEMM), W8A16, cuBLAS's blockwise-scaled W8A8 (torch._scaled_mm,
+above 64 rows, where the device has it) and the engine's path (layers/quantization/fp8.py `fp8_path`: W8A8 up to 64
+rows, then cuBLAS W8A8, the grouped W8A8 or dequantize + matmul by shape). Decode rows (M <= 64) are timed from CUDA
+graph replays (triton.testing.do_bench_cudagraph: the engine replays decode graphs, and eager timing of a one-row GEMM
+measures the host's launch), the others eagerly (triton.testing.do_bench). Decode rows are reported as the fraction
+of copy bandwidth the FP8 weight bytes reach (W8A8, the engine's decode path, and W8A16), the others as TFLOP/s and
+the speed-up over bf16.
 End to end (--model-path, a checkpoint written by `scripts/make_slice_checkpoint.py ... --quantize`): one prefill of
 --tokens random tokens through each engine, logits of every position; top-1 agreement and mean |logprob diff| of the
 next tokens (teacher forced): FP8 vs dequantized in bf16 and in fp32, and the bf16 noise floor of the same
@@ -38,10 +41,17 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() / (ms * 1e-3)
 
 
+def timed(fn, m: int) -> float:
+    """ms per call: replayed from a CUDA graph for decode rows (as the engine runs them), eager for prefill rows."""
+    if m <= 64:
+        return triton.testing.do_bench_cudagraph(fn, rep=100)
+    return triton.testing.do_bench(fn, warmup=25, rep=100)
+
+
 def kernel_rows() -> list:
     from sgl_kernel.dsv4_fp8_gemm import dsv4_fp8_block_gemm
     from sgl_kernel.dsv4_fp8_gemm_ref import dequant_weight_ref
-    from sglang.srt.layers.quantization.fp8 import cublas_blockwise_ok, cublas_w8a8, fp8_linear
+    from sglang.srt.layers.quantization.fp8 import cublas_blockwise_ok, cublas_w8a8, fp8_linear, fp8_path
 
     bw = copy_bandwidth()
     print(f"copy bandwidth {bw / 1e9:.0f} GB/s")
@@ -51,15 +61,14 @@ def kernel_rows() -> list:
         w = (torch.randn(groups * n, k, device="cuda", generator=g) * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
         ws = torch.full((triton.cdiv(groups * n, 128), triton.cdiv(k, 128)), 2.0 ** -10, device="cuda")
         wb = dequant_weight_ref(w, ws).bfloat16().view(groups, n, k)
-        for m in (1, 32, 4096, 8192):
+        for m in (1, 32, 256, 1024, 4096, 8192):
             x = torch.randn(m, groups * k, device="cuda", dtype=torch.bfloat16)
             xg = x.view(m, groups, k).transpose(0, 1)  # [G, M, K]
             bf16 = (lambda: torch.matmul(x, wb[0].T)) if groups == 1 else (lambda: torch.bmm(xg, wb.transpose(1, 2)))
-            t_bf16 = triton.testing.do_bench(bf16, warmup=25, rep=100)
-            t_w8a8 = triton.testing.do_bench(lambda: dsv4_fp8_block_gemm(x, w, ws, groups), warmup=25, rep=100)
-            t_w8a16 = triton.testing.do_bench(lambda: dsv4_fp8_block_gemm(x, w, ws, groups, quantize_act=False),
-                                              warmup=25, rep=100)
-            t_engine = triton.testing.do_bench(lambda: fp8_linear(x, w, ws, groups), warmup=25, rep=100)
+            t_bf16 = timed(bf16, m)
+            t_w8a8 = timed(lambda: dsv4_fp8_block_gemm(x, w, ws, groups), m)
+            t_w8a16 = timed(lambda: dsv4_fp8_block_gemm(x, w, ws, groups, quantize_act=False), m)
+            t_engine = timed(lambda: fp8_linear(x, w, ws, groups), m)
             flops = 2 * m * groups * n * k
             cublas = {}
             if m > 64 and cublas_blockwise_ok(x.device, n, k):  # the engine's prefill path where cuBLAS has it
@@ -71,14 +80,18 @@ def kernel_rows() -> list:
                           "cublas_vs_triton_w8a8_rel_err": ((got - ref).norm() / ref.norm()).item()}
             row = {"name": name, "m": m, "n": groups * n, "k": k, "groups": groups, "bf16_ms": t_bf16,
                    "w8a8_ms": t_w8a8, "w8a16_ms": t_w8a16, "engine_ms": t_engine,
-                   "engine_speedup_vs_bf16": t_bf16 / t_engine, "w8a8_tflops": flops / t_w8a8 / 1e9,
+                   "engine_speedup_vs_bf16": t_bf16 / t_engine,
+                   "engine_path": fp8_path(m, n, k, groups, x.dtype, x.device, graph=m <= 64),  # graphs: m <= 64
+                   "w8a8_tflops": flops / t_w8a8 / 1e9,
                    "bf16_tflops": flops / t_bf16 / 1e9, "speedup_vs_bf16": t_bf16 / t_w8a8,
-                   "w8a8_weight_bw_fraction": w.numel() / (t_w8a8 * 1e-3) / bw, **cublas}
+                   "w8a8_weight_bw_fraction": w.numel() / (t_w8a8 * 1e-3) / bw,
+                   "w8a16_weight_bw_fraction": w.numel() / (t_w8a16 * 1e-3) / bw, "graph_replay": m <= 64, **cublas}
             rows.append(row)
             print(f"{name:13s} M {m:5d} N {groups * n:6d} K {k:5d}: bf16 {t_bf16 * 1e3:8.1f} us "
                   f"({row['bf16_tflops']:6.1f} TF/s) | W8A8 {t_w8a8 * 1e3:8.1f} us ({row['w8a8_tflops']:6.1f} TF/s, "
                   f"{row['speedup_vs_bf16']:.2f}x, weight bytes at {row['w8a8_weight_bw_fraction']:.2f} of copy bw) | "
-                  f"W8A16 {t_w8a16 * 1e3:8.1f} us | engine path {t_engine * 1e3:8.1f} us "
+                  f"W8A16 {t_w8a16 * 1e3:8.1f} us ({row['w8a16_weight_bw_fraction']:.2f} of copy bw) | "
+                  f"engine path ({row['engine_path']}) {t_engine * 1e3:8.1f} us "
                   f"({row['engine_speedup_vs_bf16']:.2f}x)" + (
                       f" | cuBLAS W8A8 {cublas['cublas_w8a8_ms'] * 1e3:8.1f} us ({cublas['cublas_tflops']:6.1f} TF/s, "
                       f"{cublas['cublas_speedup_vs_bf16']:.2f}x, vs Triton W8A8 "

@@ -2,12 +2,15 @@
 and the bf16 grouped-GEMM experts, all measured in one run.
 
     python benchmark/bench_moe_mxfp4.py [--experts 256] [--top-k 6] [--tokens 1 8 32 128 256 4096] [--profile]
-        [--out r.json]
+        [--config-from sweep.json] [--out r.json]
 
-Per token count: router choices drawn uniformly (top-k distinct of E), the fused kernel's time
-(triton.testing.do_bench), the floor = bytes of the FP4 experts actually touched (distinct experts x (codes + scale
+Per token count: router choices drawn uniformly (top-k distinct of E), the fused op's time replayed from a CUDA graph
+(triton.testing.do_bench_cudagraph: the engine's decode replays graphs; eager timing at 1 token measures the host's
+~20 launches, not the GPU), the floor = bytes of the FP4 experts actually touched (distinct experts x (codes + scale
 bytes)) / same-run copy bandwidth, their ratio (the issue's target: >= 0.6 of copy bandwidth at <= 32 tokens), and
 the engine's bf16 path (`RoutedExperts`, torch._grouped_mm) on the dequantized weights for comparison.
+--config-from takes each token count's launches from a sweep's JSON (benchmark/kernels/sweep_moe_mxfp4.py): the row
+count per block with the lowest gate-up + down time, each kernel's best launch at it; otherwise `moe_config`'s.
 """
 
 from __future__ import annotations
@@ -49,8 +52,30 @@ def kernel_table(fn, steps: int = 20) -> str:
     return prof.key_averages().table(sort_by="cuda_time_total", row_limit=15, max_name_column_width=60)
 
 
+def swept_config(rows: list, tokens: int):
+    """The sweep's best MoeConfig for `tokens` (None if it has no rows for it): per rows-per-block, each kernel's
+    fastest launch; the block size whose two launches sum lowest."""
+    import dataclasses
+
+    from sgl_kernel.dsv4_moe_mxfp4 import MoeConfig, MoeLaunch
+
+    fields = [f.name for f in dataclasses.fields(MoeLaunch)]
+    best = {}
+    for r in rows:
+        if r["tokens"] == tokens and "ms" in r:
+            key = (r["block_m"], r["kernel"])
+            if key not in best or r["ms"] < best[key]["ms"]:
+                best[key] = r
+    sizes = [b for b in {bm for bm, _ in best} if (b, "gate_up") in best and (b, "down") in best]
+    if not sizes:
+        return None
+    bm = min(sizes, key=lambda b: best[(b, "gate_up")]["ms"] + best[(b, "down")]["ms"])
+    launch = lambda r: MoeLaunch(**{f: r[f] for f in fields if f in r})  # noqa: E731
+    return MoeConfig(bm, launch(best[(bm, "gate_up")]), launch(best[(bm, "down")]))
+
+
 def main() -> None:
-    from sgl_kernel.dsv4_moe_mxfp4 import dsv4_moe_mxfp4
+    from sgl_kernel.dsv4_moe_mxfp4 import dsv4_moe_mxfp4, moe_config
     from sgl_kernel.dsv4_moe_mxfp4_ref import dequant_mxfp4_ref
     from sglang.srt.layers.moe.experts import RoutedExperts
 
@@ -61,8 +86,10 @@ def main() -> None:
     ap.add_argument("--intermediate", type=int, default=2048)
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 32, 128, 256, 4096])
     ap.add_argument("--profile", action="store_true", help="print torch.profiler's kernel table per token count")
+    ap.add_argument("--config-from", help="a sweep's JSON: each token count's best launches from it")
     ap.add_argument("--out")
     args = ap.parse_args()
+    swept = json.load(open(args.config_from))["rows"] if args.config_from else []
     e, d, i, k = args.experts, args.hidden, args.intermediate, args.top_k
     g = torch.Generator(device="cuda").manual_seed(0)
     w13, s13, w2, s2 = random_mxfp4_experts(e, d, i, g)
@@ -81,18 +108,24 @@ def main() -> None:
         ids = torch.stack([torch.randperm(e, device="cuda", generator=g)[:k] for _ in range(t)])
         weights = torch.rand(t, k, device="cuda", generator=g)
         x = (torch.randn(t, d, device="cuda", generator=g) * 0.05).bfloat16()
-        ms = triton.testing.do_bench(lambda: dsv4_moe_mxfp4(x, ids, weights, w13, s13, w2, s2, 10.0), rep=200)
-        ms_bf16 = triton.testing.do_bench(lambda: bf16(x, ids, weights), rep=200)
+        cfg = swept_config(swept, t) or moe_config(t * k, e)
+        fused = lambda: dsv4_moe_mxfp4(x, ids, weights, w13, s13, w2, s2, 10.0, config=cfg)  # noqa: E731
+        ref = dsv4_moe_mxfp4(x, ids, weights, w13, s13, w2, s2, 10.0, config=moe_config(t * k, e)).float()
+        err = ((fused().float() - ref).norm() / ref.norm()).item()  # vs the default launches
+        ms = triton.testing.do_bench_cudagraph(fused, rep=200)
+        ms_bf16 = triton.testing.do_bench_cudagraph(lambda: bf16(x, ids, weights), rep=200)
         touched = ids.unique().numel()
         floor_ms = touched * expert_bytes / bw * 1e3
         row = {"tokens": t, "experts_touched": touched, "fused_mxfp4_ms": ms, "bf16_grouped_ms": ms_bf16,
-               "floor_ms": floor_ms, "fraction_of_copy_bw": floor_ms / ms, "speedup_vs_bf16": ms_bf16 / ms}
+               "floor_ms": floor_ms, "fraction_of_copy_bw": floor_ms / ms, "speedup_vs_bf16": ms_bf16 / ms,
+               "config": str(cfg), "relative_difference_vs_default_launches": err}
         if args.profile:
-            print(kernel_table(lambda: dsv4_moe_mxfp4(x, ids, weights, w13, s13, w2, s2, 10.0)), flush=True)
+            print(kernel_table(fused), flush=True)
         rows.append(row)
         print(f"tokens {t:5d}: {touched:3d} experts touched | fused MXFP4 {ms * 1e3:9.1f} us "
               f"({row['fraction_of_copy_bw']:.2f} of copy bw; floor {floor_ms * 1e3:.1f} us) | bf16 grouped "
-              f"{ms_bf16 * 1e3:9.1f} us ({row['speedup_vs_bf16']:.2f}x)", flush=True)
+              f"{ms_bf16 * 1e3:9.1f} us ({row['speedup_vs_bf16']:.2f}x) | {cfg} (differs from the default launches by "
+              f"{err:.1e})", flush=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "copy_bw": bw, "rows": rows}, f, indent=1)

@@ -2,7 +2,9 @@
 # The fused MoE on a GPU in one device call (issue 13): its GPU tests at Flash widths (tl.dot_scaled and the
 # in-register path), the fp32 W8A16 tests, the launch sweep, the whole-op benchmark with a kernel profile and (E2E=1,
 # the default) the quantized Flash slice's agreement with the dequantized engine.
-#   [SWEEP_S=240] [E2E=0] bash scripts/gpu_moe.sh   (carry .whl: the test wheels)   Logs and JSON go to $OUT.
+# The whole-op figures use the sweep's best launches per token count (--config-from).
+#   [SWEEP_S=240] [SWEEP_TOKENS="1 32 256 4096"] [E2E=0] bash scripts/gpu_moe.sh   (carry .whl: the test wheels)
+# Logs and JSON go to $OUT.
 set -u -o pipefail
 source scripts/gpu_env.sh
 FAILED=()
@@ -12,10 +14,10 @@ TAIL=14 step "MoE GPU tests (1, 32 tokens)" python3 -m pytest -q -s -m gpu test/
   -k "not 4096" -p no:cacheprovider
 TAIL=6 step "fp32 W8A16 GPU tests" python3 -m pytest -q -m gpu test/kernels/test_dsv4_fp8_gemm.py -k fp32 \
   -p no:cacheprovider
-TAIL=60 step "sweep" python3 benchmark/kernels/sweep_moe_mxfp4.py --tokens 1 32 256 4096 \
+TAIL=60 step "sweep" python3 benchmark/kernels/sweep_moe_mxfp4.py --tokens ${SWEEP_TOKENS:-1 32 256 4096} \
   --budget-s "${SWEEP_S:-240}" --out "$OUT/sweep_moe.json"
 TAIL=8 step "whole op" python3 benchmark/bench_moe_mxfp4.py --profile --tokens 1 8 32 128 256 4096 \
-  --out "$OUT/moe_mxfp4.json"
+  --config-from "$OUT/sweep_moe.json" --out "$OUT/moe_mxfp4.json"
 if [ "${E2E:-1}" = 1 ]; then  # the quantized Flash slice against the dequantized engine (fp32 and bf16 agreement)
   TAIL=10 step "checkpoint (hub formats)" python3 scripts/make_slice_checkpoint.py \
     benchmark/configs/flash-slice-4l32e.config.json /tmp/w/q --quantize

@@ -5,8 +5,9 @@ launches per (kernel, tokens) and writes every row to --out; `moe_config` takes 
 
     python benchmark/kernels/sweep_moe_mxfp4.py [--tokens 1 32 256 4096] [--budget-s 420] [--out r.json]
 
-Decode candidates include K splits (MoeLaunch.split_k: more programs than expert blocks x N tiles; the fp32 partial
-sums, and for gate-up the SwiGLU, are applied after the kernel, inside the timed call).
+Candidates: tl.dot_scaled launches beside the in-register path. K splits (MoeLaunch.split_k), 1-8-row multiply-adds
+and one MMA per 32-input scale group (RESULTS.md, 2026-12-02 sixth session), and the next K tile prefetched into
+registers (2026-12-03), lost to one split of the scaled dot at every decode size on the H200 and are not swept.
 
 Candidates whose compile or launch fails (shared memory) are recorded as failed. The sweep stops adding candidates
 once --budget-s has passed (decode candidates first), so one device call always returns its rows.
@@ -58,13 +59,12 @@ def main() -> None:
             grid = itertools.product([64, 128], [64, 128], [64, 128], [4, 8], [2, 3])
             baseline = [(128, MoeLaunch(128, 128, 8, 2, scaled_dot=False)), (128, MoeLaunch(128, 64, 4, 3,
                                                                                              scaled_dot=False))]
-        else:  # decode: few blocks, so K splits (fp32 partial sums added after) may fill the SMs
-            grid = itertools.product([16], [32, 64, 128], [128, 256], [4, 8], [1, 3], [1, 2, 4])
-            baseline = [(16, MoeLaunch(32, 256, 4, 3, scaled_dot=False)), (16, MoeLaunch(64, 256, 4, 1,
-                                                                                         scaled_dot=False))]
+        else:  # decode: 16-row scaled dots (earlier sweeps' winners)
+            grid = itertools.product([16], [64, 128], [128, 256], [4], [1, 3])
+            baseline = [(16, MoeLaunch(64, 256, 4, 1, scaled_dot=False))]
         yield from baseline
-        for block_m, bn, bk, warps, stages, *split in grid:
-            yield block_m, MoeLaunch(bn, bk, warps, stages, split_k=split[0] if split else 1)
+        for block_m, bn, bk, warps, stages in grid:
+            yield block_m, MoeLaunch(bn, bk, warps, stages)
 
     for t in args.tokens:
         ids = torch.stack([torch.randperm(e, device="cuda", generator=g)[:k] for _ in range(t)])

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sgl_kernel.dsv4_fp8_gemm import dsv4_fp8_act_quant, dsv4_fp8_block_gemm, dsv4_fp8_scaled_gemm
+from sgl_kernel.dsv4_fp8_gemm import dsv4_fp8_act_quant, dsv4_fp8_block_gemm, dsv4_fp8_dequant, dsv4_fp8_scaled_gemm
 from sgl_kernel.dsv4_fp8_gemm_ref import (
     act_quant_ref, act_scale_exponent, dequant_weight_ref, fp8_block_linear_ref)
 
@@ -84,6 +84,17 @@ def test_w8a16_and_end_to_end(groups, n, k):
     # activation rounding (and the interpreter's own e4m3 rounding): within a few percent of the W8A16 result
     err = (w8 - ref16).norm() / ref16.norm()
     assert err < 0.05, err
+
+
+@pytest.mark.parametrize("n,k", [(256, 384), (200, 300), (33, 130)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_dequant_equals_reference(n, k, dtype):
+    """The one-pass dequantization equals the reference exactly, partial 128-blocks and tiles included."""
+    w, ws = _weight(n, k, seed=n + k)
+    got = dsv4_fp8_dequant(w, ws, dtype)
+    assert got.dtype == dtype and torch.equal(got, dequant_weight_ref(w, ws).to(dtype))
+    with pytest.raises(ValueError, match="scale"):
+        dsv4_fp8_dequant(w, ws[:, :1], dtype)
 
 
 @pytest.mark.parametrize("split_k", [2, 3])
@@ -166,3 +177,27 @@ def test_gpu_cublas_w8a8(m, groups, n, k):
     err = ((got - ref).norm() / ref.norm()).item()
     print(f"cuBLAS W8A8 m {m} groups {groups} n {n} k {k}: relative error {err:.2e}")
     assert got.shape == (m, groups * n) and err < 1e-2
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("path", ["w8a8", "cublas_w8a8", "dequant", "w8a16"])
+@pytest.mark.parametrize("m,groups,n,k", [(1, 1, 32768, 1024), (32, 8, 1024, 4096), (128, 1, 1024, 4096),
+                                          (256, 8, 1024, 4096), (2048, 1, 512, 4096)])
+def test_gpu_engine_paths(m, groups, n, k, path):
+    """Each kernel `fp8_path` may pick (W8A8, cuBLAS W8A8, one-pass dequantize + bf16 GEMM, W8A16) through
+    fp8_linear, against the fp32 product of the same operands: W8A8 within its activation rounding, the others within
+    bf16's; the one-pass dequantization equals torch's bit for bit."""
+    from sglang.srt.layers.quantization.fp8 import cublas_blockwise_ok, dequantize_weight, fp8_linear
+
+    if path == "cublas_w8a8" and not cublas_blockwise_ok(torch.device("cuda"), n, k):
+        pytest.skip("no cuBLAS blockwise FP8 recipe on this GPU")
+    w, ws = _weight(groups * n, k, seed=m + n, device="cuda")
+    assert torch.equal(dsv4_fp8_dequant(w, ws), dequantize_weight(w, ws, torch.bfloat16))
+    x = torch.randn(m, groups * k, device="cuda", dtype=torch.bfloat16)
+    got = fp8_linear(x, w, ws, groups, path=path).float()
+    wf = dequant_weight_ref(w, ws)
+    ref = torch.cat([x[:, i * k:(i + 1) * k].float() @ wf[i * n:(i + 1) * n].T for i in range(groups)], dim=1)
+    err = ((got - ref).norm() / ref.norm()).item()
+    print(f"path {path} m {m} groups {groups} n {n} k {k}: relative error {err:.2e}")
+    assert got.shape == (m, groups * n) and err < (5e-2 if "w8a8" in path else 1e-2)

@@ -36,13 +36,19 @@ def _routing(tokens: int, top_k: int, num_experts: int, seed: int, skew: bool, d
     return ids.to(device), weights.to(device)
 
 
-@pytest.mark.parametrize("tokens,top_k,experts,block_m,foreign", [
-    (1, 6, 16, 16, False), (37, 4, 8, 16, False), (300, 6, 32, 64, False), (37, 4, 8, 16, True), (1, 6, 16, 16, True)])
-def test_align_equals_reference(tokens, top_k, experts, block_m, foreign):
+_ALIGN_CASES = [(1, 6, 16, 16, False), (37, 4, 8, 16, False), (300, 6, 32, 64, False), (37, 4, 8, 16, True),
+                (1, 6, 16, 16, True), (42, 6, 256, 16, True)]
+
+
+@pytest.mark.parametrize("tokens,top_k,experts,block_m,foreign,one_program", [
+    (*case, one) for case in _ALIGN_CASES for one in (False, True) if not one or case[0] * case[1] <= 256])
+def test_align_equals_reference(tokens, top_k, experts, block_m, foreign, one_program):
+    """Both sorts (torch ops; the one-program kernel decode uses on a GPU, up to 256 pairs: 252 here, over 256
+    experts) give the reference's blocks, other ranks' pairs (-1) in the blocks of expert E."""
     ids, _ = _routing(tokens, top_k, experts, seed=tokens, skew=tokens == 37)
     if foreign:  # expert parallelism: the upper half of the experts is another rank's
         ids = torch.where(ids >= experts // 2, -1, ids)
-    rows, block_expert = dsv4_moe_align(ids, experts, block_m)
+    rows, block_expert = dsv4_moe_align(ids, experts, block_m, one_program=one_program)
     ref_rows, ref_experts = align_ref(ids, experts, block_m)
     n = len(ref_experts)
     assert block_expert.shape[0] >= n and block_expert.shape[0] == -(-tokens * top_k // block_m) + min(experts + 1,
@@ -197,3 +203,16 @@ def test_gpu_flash_widths(tokens, path):
     err = ((got - ref).norm() / ref.norm()).item()
     print(f"tokens {tokens} {path}: relative error {err:.2e}")
     assert err < 1e-2
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("tokens", [1, 8, 32, 42])
+def test_gpu_align_one_program_equals_torch_ops(tokens):
+    """On the GPU (the one-program sort's home: barriers between its scratch writes and reads), Flash's 256 experts:
+    the same blocks as the torch ops, other ranks' pairs included."""
+    ids, _ = _routing(tokens, 6, 256, seed=tokens, skew=False, device="cuda")
+    ids[0, 0] = -1
+    rows, block_expert = dsv4_moe_align(ids, 256, 16, one_program=True)
+    ref_rows, ref_expert = dsv4_moe_align(ids, 256, 16, one_program=False)
+    assert torch.equal(rows, ref_rows) and torch.equal(block_expert, ref_expert)

@@ -10,6 +10,9 @@ Groups: x [M, G * K] and W [G * N, K]; output columns [g * N, (g + 1) * N) are x
 group's activations quantized on their own. G = 1 is a plain linear; DeepSeek-V4's grouped low-rank output
 projection `wo_a` uses G = o_groups. Weight-scale rows are looked up by absolute weight row, so N need not be a
 multiple of 128; partial K blocks are masked.
+
+`dsv4_fp8_dequant` writes the dequantized weight in one pass (for a vendor GEMM on it: torch's convert-then-scale
+took ~10x the copy time at Flash shapes on an H200).
 """
 
 from __future__ import annotations
@@ -94,6 +97,32 @@ def _fp8_block_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, c_ptr, M, N, K, KB, SPL
         w_ptrs += BLOCK_K
     c_ptrs = c_ptr + split.to(tl.int64) * stride_cs + rm.to(tl.int64)[:, None] * stride_cm + g * N + rn[None, :]
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _dequant_kernel(w_ptr, s_ptr, out_ptr, N, K, stride_w, stride_s, stride_o, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr):
+    """One [BLOCK_N, BLOCK_K] tile: e4m3 codes times their 128x128 block's multiplier, in the output dtype."""
+    rn = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    mask = (rn[:, None] < N) & (rk[None, :] < K)
+    w = tl.load(w_ptr + rn[:, None] * stride_w + rk[None, :], mask=mask, other=0.0).to(tl.float32)
+    s = tl.load(s_ptr + (rn // 128)[:, None] * stride_s + (rk // 128)[None, :], mask=mask, other=0.0)
+    tl.store(out_ptr + rn[:, None] * stride_o + rk[None, :], (w * s).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def dsv4_fp8_dequant(w: torch.Tensor, w_scale: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """e4m3 [N, K] with multipliers [ceil(N / 128), ceil(K / 128)] -> [N, K] in `dtype`, one pass (exact for bf16 /
+    fp16 / fp32 outputs in range: an e4m3 value times a power of two)."""
+    n, k = w.shape
+    if tuple(w_scale.shape) != (triton.cdiv(n, BLOCK), triton.cdiv(k, BLOCK)) or w.stride(1) != 1:
+        raise ValueError(f"weight {tuple(w.shape)} / scale {tuple(w_scale.shape)}: not an FP8 block-scaled weight")
+    out = torch.empty(n, k, dtype=dtype, device=w.device)
+    if n and k:
+        _dequant_kernel[(triton.cdiv(n, 32), triton.cdiv(k, 256))](
+            w, w_scale, out, n, k, w.stride(0), w_scale.stride(0), out.stride(0), BLOCK_N=32, BLOCK_K=256,
+            num_warps=4)
+    return out
 
 
 def _rows(x: torch.Tensor, groups: int) -> torch.Tensor:

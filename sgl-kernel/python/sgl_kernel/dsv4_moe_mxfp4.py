@@ -30,13 +30,23 @@ import triton.language as tl
 FP4_BLOCK = 32
 
 
-def dsv4_moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple:
+ALIGN_ONE_PROGRAM_PAIRS = 256  # up to this many (token, slot) pairs one program sorts them (decode); more: torch ops
+
+
+def dsv4_moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int, one_program: Optional[bool] = None) -> tuple:
     """topk_ids [T, k] (-1: not this rank's expert) -> (rows [num_blocks * block_m] int64: pair index t*k + j or -1;
     block_expert [num_blocks] int64: the block's expert, num_experts for the blocks of -1 pairs, num_experts + 1 past
-    the work)."""
+    the work). one_program (default: on a GPU, up to ALIGN_ONE_PROGRAM_PAIRS pairs): one Triton program instead of
+    ~12 small torch kernels (decode: ~50 us of a 1-token MoE on an H200 were these launches)."""
+    n = topk_ids.numel()
+    num_blocks = triton.cdiv(n, block_m) + min(num_experts + 1, n)
+    if one_program is None:
+        one_program = topk_ids.is_cuda and n <= ALIGN_ONE_PROGRAM_PAIRS
+    if one_program:
+        return _align_one_program(topk_ids, num_experts, block_m, num_blocks)
     flat = topk_ids.flatten().long()
     flat = torch.where(flat < 0, num_experts, flat)  # other ranks' pairs: bucket E, sorted last
-    n, device = flat.numel(), flat.device
+    device = flat.device
     counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=device)
     counts.scatter_add_(0, flat, torch.ones_like(flat))  # bincount would read the device
     padded = (counts + block_m - 1) // block_m * block_m
@@ -44,10 +54,58 @@ def dsv4_moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tu
     order = torch.argsort(flat, stable=True)
     sorted_e = flat[order]
     rank = torch.arange(n, device=device) - (torch.cumsum(counts, 0) - counts)[sorted_e]
-    num_blocks = triton.cdiv(n, block_m) + min(num_experts + 1, n)
     rows = torch.full((num_blocks * block_m,), -1, dtype=torch.int64, device=device)
     rows[(ends - padded)[sorted_e] + rank] = order
     block_expert = torch.searchsorted(ends, torch.arange(num_blocks, device=device) * block_m, right=True)
+    return rows, block_expert
+
+
+@triton.jit
+def _align_kernel(ids_ptr, rows_ptr, bexp_ptr, ends_ptr, n, E, num_rows, num_blocks, BLOCK_M: tl.constexpr,
+                  P: tl.constexpr, EP: tl.constexpr, NB: tl.constexpr, CHUNK: tl.constexpr):
+    """dsv4_moe_align in one program: per-expert counts (a histogram; padding lanes in bin EP - 1, past E), padded
+    block ends (a cumulative sum, kept in ends_ptr), each pair's rank among its expert's earlier pairs (pairwise
+    comparisons, CHUNK columns at a time: the stable sort's order), then the rows and each block's expert (the count
+    of expert ends at or before the block's first row: searchsorted). Barriers order the scratch writes before reads."""
+    i = tl.arange(0, P)
+    ok = i < n
+    ids = tl.load(ids_ptr + i, mask=ok, other=0).to(tl.int32)
+    ids = tl.where(ok, tl.where(ids < 0, E, ids), EP - 1)
+    e = tl.arange(0, EP)
+    counts = tl.where(e <= E, tl.histogram(ids, EP), 0)
+    tl.store(ends_ptr + e, tl.cumsum((counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M, 0))
+    rank = tl.zeros([P], dtype=tl.int32)
+    for j0 in tl.static_range(0, P, CHUNK):
+        j = j0 + tl.arange(0, CHUNK)
+        idj = tl.load(ids_ptr + j, mask=j < n, other=0).to(tl.int32)
+        idj = tl.where(j < n, tl.where(idj < 0, E, idj), EP - 1)
+        same = (idj[None, :] == ids[:, None]) & (j[None, :] < i[:, None])
+        rank += tl.sum(same.to(tl.int32), axis=1)
+    for r0 in range(0, num_rows, 1024):
+        r = r0 + tl.arange(0, 1024)
+        tl.store(rows_ptr + r, tl.full([1024], -1, tl.int64), mask=r < num_rows)
+    tl.debug_barrier()
+    start = tl.load(ends_ptr + ids - 1, mask=ok & (ids > 0), other=0, cache_modifier=".cg")
+    tl.store(rows_ptr + start + rank, i.to(tl.int64), mask=ok)
+    b = tl.arange(0, NB)
+    expert = tl.zeros([NB], dtype=tl.int32)
+    for e0 in tl.static_range(0, EP, CHUNK):
+        ec = e0 + tl.arange(0, CHUNK)
+        ends = tl.load(ends_ptr + ec, mask=ec <= E, other=2**30, cache_modifier=".cg")
+        expert += tl.sum((ends[None, :] <= (b * BLOCK_M)[:, None]).to(tl.int32), axis=1)
+    tl.store(bexp_ptr + b, expert.to(tl.int64), mask=b < num_blocks)
+
+
+def _align_one_program(topk_ids: torch.Tensor, num_experts: int, block_m: int, num_blocks: int) -> tuple:
+    n, device = topk_ids.numel(), topk_ids.device
+    rows = torch.empty(num_blocks * block_m, dtype=torch.int64, device=device)
+    block_expert = torch.empty(num_blocks, dtype=torch.int64, device=device)
+    ep = triton.next_power_of_2(num_experts + 2)  # bins 0..E and one past for padding lanes
+    ends = torch.empty(ep, dtype=torch.int32, device=device)
+    p = max(16, triton.next_power_of_2(n))
+    _align_kernel[(1,)](topk_ids.contiguous().view(-1), rows, block_expert, ends, n, num_experts, rows.numel(),
+                        num_blocks, BLOCK_M=block_m, P=p, EP=ep, NB=max(16, triton.next_power_of_2(num_blocks)),
+                        CHUNK=min(p, 32), num_warps=4)
     return rows, block_expert
 
 
@@ -96,6 +154,14 @@ def _fp4_packed(w_ptr, s_ptr, rows, row_ok, k0, K, stride_wn, stride_sn, BLOCK_K
 
 
 @triton.jit
+def _x_rows(x_ptr, tok, valid, stride_x, k0, K, BLOCK_K: tl.constexpr):
+    """Activation rows [BLOCK_M, BLOCK_K] of tokens `tok` at inputs k0 .. k0 + BLOCK_K (invalid rows and inputs 0)."""
+    k = k0 + tl.arange(0, BLOCK_K)
+    return tl.load(x_ptr + tok.to(tl.int64)[:, None] * stride_x + k[None, :], mask=valid[:, None] & (k < K)[None, :],
+                   other=0.0)
+
+
+@triton.jit
 def _fp8_tile(w_ptr, s_ptr, rows, row_ok, k0, K, stride_wn, stride_sr, BLOCK_K: tl.constexpr):
     """The dequantized FP8 tile [BLOCK_N, BLOCK_K] of weight rows `rows` at inputs k0 .. k0 + BLOCK_K: e4m3 codes
     times their 128x128 block's fp32 multiplier (`s_ptr` at this projection's scale grid, rows of 128)."""
@@ -132,19 +198,16 @@ def _moe_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, h_ptr, D, I, TO
         acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(k_lo, k_hi, BLOCK_K):
             if A_FMT != "":  # 16-bit activations, e2m1 weights: the compiler's scaled dot
-                k = k0 + tl.arange(0, BLOCK_K)
-                xk = tl.load(x_ptr + tok.to(tl.int64)[:, None] * stride_x + k[None, :],
-                             mask=valid[:, None] & (k < D)[None, :], other=0.0)
+                xk = _x_rows(x_ptr, tok, valid, stride_x, k0, D, BLOCK_K)
                 wg, sg = _fp4_packed(w_e, s_e, n, n_ok, k0, D, stride_wn, stride_sn, BLOCK_K)
                 wu, su = _fp4_packed(w_e, s_e, I + n, n_ok, k0, D, stride_wn, stride_sn, BLOCK_K)
                 acc_g = tl.dot_scaled(xk, None, A_FMT, tl.trans(wg), sg, "e2m1", acc=acc_g, fast_math=True)
                 acc_u = tl.dot_scaled(xk, None, A_FMT, tl.trans(wu), su, "e2m1", acc=acc_u, fast_math=True)
             elif WEIGHT_FP8:  # rows of w13 [2I, D] e4m3; scales [2, I/128, D/128]: gate half 0, up half 1
-                k = k0 + tl.arange(0, BLOCK_K)
-                xk = tl.load(x_ptr + tok.to(tl.int64)[:, None] * stride_x + k[None, :],
-                             mask=valid[:, None] & (k < D)[None, :], other=0.0)
+                xk = _x_rows(x_ptr, tok, valid, stride_x, k0, D, BLOCK_K)
                 g = _fp8_tile(w_e, s_e, n, n_ok, k0, D, stride_wn, stride_sn, BLOCK_K)
-                u = _fp8_tile(w_e + I * stride_wn, s_e + stride_shalf, n, n_ok, k0, D, stride_wn, stride_sn, BLOCK_K)
+                u = _fp8_tile(w_e + I * stride_wn, s_e + stride_shalf, n, n_ok, k0, D, stride_wn, stride_sn,
+                              BLOCK_K)
                 acc_g += tl.dot(xk, tl.trans(g.to(xk.dtype)), out_dtype=tl.float32, input_precision=PREC)
                 acc_u += tl.dot(xk, tl.trans(u.to(xk.dtype)), out_dtype=tl.float32, input_precision=PREC)
             else:
@@ -153,7 +216,8 @@ def _moe_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, h_ptr, D, I, TO
                 x_rows = x_ptr + tok.to(tl.int64)[:, None] * stride_x + kk[None, :]
                 x_even = tl.load(x_rows, mask=x_ok, other=0.0)
                 x_odd = tl.load(x_rows + 1, mask=x_ok, other=0.0)
-                g_lo, g_hi = _fp4_tile(w_e, s_e, n, n_ok, k0, D, stride_wn, stride_sn, BLOCK_N, BLOCK_K, SCALE_BCAST)
+                g_lo, g_hi = _fp4_tile(w_e, s_e, n, n_ok, k0, D, stride_wn, stride_sn, BLOCK_N, BLOCK_K,
+                                       SCALE_BCAST)
                 u_lo, u_hi = _fp4_tile(w_e, s_e, I + n, n_ok, k0, D, stride_wn, stride_sn, BLOCK_N, BLOCK_K,
                                        SCALE_BCAST)
                 dt = x_even.dtype
@@ -196,15 +260,11 @@ def _moe_down_kernel(h_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, wts_ptr, out_ptr, 
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(k_lo, k_hi, BLOCK_K):
             if A_FMT != "":
-                k = k0 + tl.arange(0, BLOCK_K)
-                hk = tl.load(h_ptr + r.to(tl.int64)[:, None] * stride_h + k[None, :],
-                             mask=valid[:, None] & (k < I)[None, :], other=0.0)
+                hk = _x_rows(h_ptr, r, valid, stride_h, k0, I, BLOCK_K)
                 wb, sb = _fp4_packed(w_e, s_e, n, n_ok, k0, I, stride_wn, stride_sn, BLOCK_K)
                 acc = tl.dot_scaled(hk, None, A_FMT, tl.trans(wb), sb, "e2m1", acc=acc, fast_math=True)
             elif WEIGHT_FP8:
-                k = k0 + tl.arange(0, BLOCK_K)
-                hk = tl.load(h_ptr + r.to(tl.int64)[:, None] * stride_h + k[None, :],
-                             mask=valid[:, None] & (k < I)[None, :], other=0.0)
+                hk = _x_rows(h_ptr, r, valid, stride_h, k0, I, BLOCK_K)
                 w = _fp8_tile(w_e, s_e, n, n_ok, k0, I, stride_wn, stride_sn, BLOCK_K)
                 acc += tl.dot(hk, tl.trans(w.to(hk.dtype)), out_dtype=tl.float32, input_precision=PREC)
             else:
@@ -254,12 +314,17 @@ def moe_config(num_pairs: int, num_experts: int, scaled_dot: bool = True, fp8: b
     (benchmark/kernels/sweep_moe_mxfp4.py, Flash widths; RESULTS.md "Fused MXFP4 MoE on an H200"): decode (<= 16
     pairs per expert) 16-row blocks with long K tiles; prefill 128-row blocks (64 up to 64 pairs per expert). The
     scaled dot beat the in-register path 1.2-4.6x per kernel (swapping its operands, weights as the MMA's first
-    one, never won and was dropped)."""
+    one, never won and was dropped; so did K splits, 1-8-row multiply-adds and one MMA per 32-input scale group with
+    the multiplier on the fp32 partial: 2026-12-02 sixth session; and the next K tile prefetched into registers
+    before the current tile's MMAs, 1.2-1.5x slower: 2026-12-03). Decode: one token's few experts want long K tiles
+    (and 128-wide down tiles), 8 tokens and more 64 x 128 tiles, one stage each."""
     per_expert = num_pairs / num_experts
     block_m = 16 if per_expert <= 16 else 64 if per_expert <= 64 else 128
     if scaled_dot:
+        if block_m == 16 and num_pairs * 8 <= num_experts:
+            return MoeConfig(16, MoeLaunch(64, 256, 4, 1), MoeLaunch(128, 256, 4, 1))
         if block_m == 16:
-            return MoeConfig(16, MoeLaunch(64, 256, 4, 1), MoeLaunch(64, 256, 4, 1))
+            return MoeConfig(16, MoeLaunch(64, 128, 4, 1), MoeLaunch(64, 128, 4, 1))
         return MoeConfig(block_m, MoeLaunch(64, 64, 4, 3), MoeLaunch(128, 64, 4, 3))
     if block_m == 16:  # scale bytes broadcast per 32 inputs beat one load per packed byte 2.8-5x everywhere
         return MoeConfig(16, MoeLaunch(32, 256, 4, 3, scaled_dot=False), MoeLaunch(64, 256, 4, 1, scaled_dot=False))

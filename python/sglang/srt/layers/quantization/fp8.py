@@ -1,17 +1,23 @@
 """FP8 block-scaled linears that stay FP8 on the GPU (the hub's e4m3 weights, one multiplier per 128x128 block).
 
 `Fp8BlockLinear` replaces an `nn.Linear` whose checkpoint tensor is stored FP8 (model_loader.loader.fp8_linear_names):
-it holds `weight` (e4m3 [out, in]) and `weight_scale_inv` (fp32 [ceil(out / 128), ceil(in / 128)]).
-- Up to SKINNY_ROWS rows (decode, verify): W8A16, the dequantized model's function (activations not rounded):
-  sgl_kernel's dsv4_fp8_block_gemm converts the FP8 tiles in registers, reading one byte per weight, split over K
-  when the row tiles alone would leave the GPU's SMs idle.
-- CUBLAS_MIN_ROWS rows and more (long prefill chunks): W8A8 as DeepSeek's reference and the hub's
-  `activation_scheme: dynamic` define it (activations quantized per token and 128 channels to e4m3 with power-of-two
-  multipliers), through cuBLAS's
-  blockwise-scaled GEMM (torch._scaled_mm, sm90 with CUDA >= 12.9; on an H200 it equals sgl_kernel's own W8A8
-  kernel bit for bit, and is faster); between the two, without it (or with SGLANG_DSV4_FP8_PREFILL=dequant, or fp32
-  activations) the weight is dequantized to the compute dtype for the vendor GEMM (W8A16). Measurements:
-  benchmark/RESULTS.md.
+it holds `weight` (e4m3 [out, in]) and `weight_scale_inv` (fp32 [ceil(out / 128), ceil(in / 128)]). `fp8_path`
+picks the kernel per call from the rows, the weight's shape and whether a CUDA graph is being captured, as measured
+fastest on an H200 (every path at Flash's shapes, 1-4,096 rows: benchmark/RESULTS.md, 2026-12-03):
+- "w8a8": up to SKINNY_ROWS rows (decode, verify), and in graphs grouped weights (wo_a) up to GROUPED_W8A8_MAX_ROWS:
+  W8A8 as DeepSeek's reference and the hub's `activation_scheme: dynamic` define it (activations quantized per token
+  and 128 channels to e4m3 with power-of-two multipliers), sgl_kernel's dsv4_fp8_block_gemm: FP8 tiles straight into
+  the FP8 MMA, split over K when the row tiles alone would leave SMs idle (1.2-1.8x W8A16 on the wide weights).
+- "cublas_w8a8": the same W8A8 through cuBLAS's blockwise-scaled GEMM (torch._scaled_mm, sm90 with CUDA >= 12.9;
+  bit-equal to the Triton kernel, and faster): in graphs (decode batches above SKINNY_ROWS) for wide weights
+  (CUBLAS_MIN_N outputs per group and more: wq_b, wo_b, the indexer's wq_b) and from CUBLAS_MIN_ROWS rows for any;
+  eagerly (prefill chunks) from CUBLAS_EAGER_MIN_ROWS rows, as its activation quantization and scale layout cost
+  about 0.1 ms of host time a call, which only long chunks hide.
+- "dequant": the rest above SKINNY_ROWS rows: the weight dequantized in one pass (sgl_kernel's dsv4_fp8_dequant) for
+  the vendor bf16 GEMM. Also wherever cuBLAS lacks the recipe, with SGLANG_DSV4_FP8_PREFILL=dequant, and for fp32
+  activations.
+- "w8a16": fp32 activations (an engine run with --dtype float32, the oracle checks) up to SKINNY_ROWS rows, and
+  GPUs without FP8 MMA (before sm89): the FP8 tiles converted in registers, the dequantized model's function.
 `groups` > 1 is DeepSeek-V4's grouped low-rank output projection (wo_a): input [T, G * in], one weight slice per group.
 
 Where FP8 stays: CUDA only. CPU and ROCm dequantize at load (the HF oracle stays exact on CPU; ROCm's e4m3fnuz
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import Optional
 
 import torch
 from torch import nn
@@ -37,10 +44,42 @@ def fp8_linears_supported(device: torch.device) -> bool:
     return device.type == "cuda" and not plat.is_hip()
 
 
-SKINNY_ROWS = 64  # up to this many rows the Triton kernel reads FP8 tiles; above, dequantize + vendor GEMM
-# From this many rows cuBLAS's blockwise W8A8 (where present) replaces dequantize + GEMM: on an H200 it was faster at
-# 4,096 and 8,192 rows and slower at 1,024 (benchmark/RESULTS.md, Flash slice prefill)
-CUBLAS_MIN_ROWS = 4096
+SKINNY_ROWS = 64  # decode / verify rows: sgl_kernel's FP8 GEMM (W8A8, or W8A16 for fp32 / no FP8 MMA)
+CUBLAS_MIN_N = 4096  # in graphs: outputs per group from which cuBLAS's W8A8 is fastest above SKINNY_ROWS rows
+CUBLAS_MIN_ROWS = 2048  # in graphs: rows from which it is fastest (or even) for narrower weights too
+GROUPED_W8A8_MAX_ROWS = 512  # in graphs, grouped wo_a: the Triton W8A8 up to here (cuBLAS runs one GEMM per group)
+CUBLAS_EAGER_MIN_ROWS = 4096  # eager: rows from which cuBLAS's W8A8 beat dequantize + GEMM in the engine's prefill
+
+
+def fp8_mma_supported(device: torch.device) -> bool:
+    """FP8 tensor-core MMA: NVIDIA sm89 and later."""
+    if device.type != "cuda":
+        return False
+    index = torch.cuda.current_device() if device.index is None else device.index
+    if index not in _FP8_MMA:
+        _FP8_MMA[index] = torch.cuda.get_device_capability(index) >= (8, 9)
+    return _FP8_MMA[index]
+
+
+_FP8_MMA: dict = {}
+
+
+def fp8_path(m: int, n: int, k: int, groups: int, dtype: torch.dtype, device: torch.device, graph: bool) -> str:
+    """The kernel for `m` rows of `dtype` activations through an FP8 weight of `groups` x [n, k], in a CUDA graph
+    being captured (`graph`) or eagerly (module docstring): "w8a8", "cublas_w8a8", "dequant" or "w8a16"."""
+    if dtype == torch.float32:
+        return "w8a16" if m <= SKINNY_ROWS else "dequant"
+    mma = fp8_mma_supported(device)
+    if m <= SKINNY_ROWS:
+        return "w8a8" if mma else "w8a16"
+    cublas = cublas_blockwise_ok(device, n, k)
+    if not graph:
+        return "cublas_w8a8" if cublas and m >= CUBLAS_EAGER_MIN_ROWS else "dequant"
+    if cublas and (n >= CUBLAS_MIN_N or m >= CUBLAS_MIN_ROWS):
+        return "cublas_w8a8"
+    if groups > 1 and m <= GROUPED_W8A8_MAX_ROWS and mma and envs.SGLANG_DSV4_FP8_PREFILL.get() == "auto":
+        return "w8a8"
+    return "dequant"
 
 
 def dequantize_weight(w: torch.Tensor, w_scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -94,16 +133,19 @@ def cublas_w8a8(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, groups:
     return out[:m]
 
 
-def fp8_linear(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, groups: int = 1) -> torch.Tensor:
-    """x [M, G * K] (contiguous rows) -> [M, G * N] in x's dtype, W8A16 (see the module docstring)."""
-    from sgl_kernel.dsv4_fp8_gemm import dsv4_fp8_block_gemm
+def fp8_linear(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, groups: int = 1,
+               path: Optional[str] = None) -> torch.Tensor:
+    """x [M, G * K] (contiguous rows) -> [M, G * N] in x's dtype, by the kernel `fp8_path` picks (or `path`)."""
+    from sgl_kernel.dsv4_fp8_gemm import dsv4_fp8_block_gemm, dsv4_fp8_dequant
 
-    if x.shape[0] <= SKINNY_ROWS:
-        return dsv4_fp8_block_gemm(x, w, w_scale, groups, out_dtype=x.dtype, quantize_act=False)
-    if x.shape[0] >= CUBLAS_MIN_ROWS and x.dtype != torch.float32 and \
-            cublas_blockwise_ok(x.device, w.shape[0] // groups, w.shape[1]):
+    if path is None:
+        graph = x.is_cuda and torch.cuda.is_current_stream_capturing()
+        path = fp8_path(x.shape[0], w.shape[0] // groups, w.shape[1], groups, x.dtype, x.device, graph)
+    if path in ("w8a8", "w8a16"):
+        return dsv4_fp8_block_gemm(x, w, w_scale, groups, out_dtype=x.dtype, quantize_act=path == "w8a8")
+    if path == "cublas_w8a8":
         return cublas_w8a8(x, w, w_scale, groups)
-    wd = dequantize_weight(w, w_scale, x.dtype)
+    wd = dsv4_fp8_dequant(w, w_scale, x.dtype) if x.is_cuda else dequantize_weight(w, w_scale, x.dtype)
     if groups == 1:
         return x @ wd.T
     xg = x.view(x.shape[0], groups, -1).transpose(0, 1)  # [G, M, K] @ [G, K, N] -> [M, G * N]

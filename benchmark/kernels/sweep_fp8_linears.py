@@ -1,0 +1,90 @@
+"""Every path of an FP8 linear at Flash's six FP8 shapes and 1-4,096 rows, on a GPU: which is fastest for each
+(shape, rows)? `fp8_path` (layers/quantization/fp8.py) encodes the answer (benchmark/RESULTS.md, 2026-12-03).
+
+    python benchmark/kernels/sweep_fp8_linears.py [--out r.json]
+
+Timed from CUDA graph replays (triton.testing.do_bench_cudagraph), so host launch time is out: bf16 on the
+dequantized weight, Triton W8A8, Triton W8A16 (up to 256 rows), cuBLAS's W8A8 (where the device has the recipe),
+torch's dequantization + bf16 and the one-pass dsv4_fp8_dequant + bf16. Then cuBLAS's W8A8 at 4,096 rows split into
+its activation quantization and its _scaled_mm, 5 alternated eager rounds each (its run-to-run spread).
+"""
+import argparse
+import json
+import statistics
+
+import torch
+import triton
+
+from sgl_kernel.dsv4_fp8_gemm import dsv4_fp8_act_quant, dsv4_fp8_block_gemm, dsv4_fp8_dequant
+from sglang.srt.layers.quantization.fp8 import cublas_blockwise_ok, cublas_w8a8, dequantize_weight
+
+SHAPES = [("wq_a", 1024, 4096, 1), ("wq_b", 32768, 1024, 1), ("wkv", 512, 4096, 1), ("wo_a", 1024, 4096, 8),
+          ("wo_b", 4096, 8192, 1), ("indexer.wq_b", 8192, 1024, 1)]
+MS = [1, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
+
+
+def mm(x, wd, groups):
+    if groups == 1:
+        return x @ wd.T
+    m = x.shape[0]
+    n, k = wd.shape[0] // groups, wd.shape[1]
+    return torch.bmm(x.view(m, groups, k).transpose(0, 1), wd.view(groups, n, k).transpose(1, 2)).transpose(0, 1)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    rows = []
+    for name, n, k, groups in SHAPES:
+        w = (torch.randn(groups * n, k, device="cuda", generator=g) * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
+        ws = torch.full((groups * n // 128, k // 128), 2.0 ** -10, device="cuda")
+        wb = dsv4_fp8_dequant(w, ws)
+        assert torch.equal(wb, dequantize_weight(w, ws, torch.bfloat16))
+        cub_ok = cublas_blockwise_ok(torch.device("cuda"), n, k)
+        for m in MS:
+            x = torch.randn(m, groups * k, device="cuda", dtype=torch.bfloat16)
+            paths = {"bf16": lambda: mm(x, wb, groups),
+                     "triton_w8a8": lambda: dsv4_fp8_block_gemm(x, w, ws, groups),
+                     "torch_dequant_bf16": lambda: mm(x, dequantize_weight(w, ws, torch.bfloat16), groups),
+                     "triton_dequant_bf16": lambda: mm(x, dsv4_fp8_dequant(w, ws), groups)}
+            if m <= 256:
+                paths["triton_w8a16"] = lambda: dsv4_fp8_block_gemm(x, w, ws, groups, quantize_act=False)
+            if cub_ok:
+                paths["cublas_w8a8"] = lambda: cublas_w8a8(x, w, ws, groups)
+            row = {"name": name, "m": m, "n": groups * n, "k": k, "groups": groups}
+            for p, fn in paths.items():
+                row[p + "_us"] = triton.testing.do_bench_cudagraph(fn, rep=50) * 1e3
+            best = min(paths, key=lambda p: row[p + "_us"])
+            row["best"] = best
+            rows.append(row)
+            print(f"{name:12s} M {m:5d}: " + " | ".join(f"{p} {row[p + '_us']:8.1f}" for p in paths)
+                  + f" | best {best} ({row['bf16_us'] / row[best + '_us']:.2f}x bf16)", flush=True)
+
+    print("cuBLAS W8A8 parts, 5 alternated rounds (eager do_bench, us)")
+    parts = {}
+    for name, n, k, groups in [("wkv", 512, 4096, 1), ("wo_a", 1024, 4096, 8), ("wq_a", 1024, 4096, 1)]:
+        w = (torch.randn(groups * n, k, device="cuda", generator=g) * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
+        ws = torch.full((groups * n // 128, k // 128), 2.0 ** -10, device="cuda")
+        x = torch.randn(4096, groups * k, device="cuda", dtype=torch.bfloat16)
+        a, sa = dsv4_fp8_act_quant(x, groups, cublas_layout=True)
+        kb, nb = k // 128, n // 128
+        fns = {"whole": lambda: cublas_w8a8(x, w, ws, groups),
+               "act_quant": lambda: dsv4_fp8_act_quant(x, groups, cublas_layout=True),
+               "scaled_mm": lambda: [torch._scaled_mm(a[:, i * k:(i + 1) * k], w[i * n:(i + 1) * n].t(),
+                                                      scale_a=sa[:, i * kb:(i + 1) * kb],
+                                                      scale_b=ws[i * nb:(i + 1) * nb].t(), out_dtype=torch.bfloat16)
+                                     for i in range(groups)]}
+        for r in range(5):
+            for p, fn in fns.items():
+                parts.setdefault(f"{name} {p}", []).append(triton.testing.do_bench(fn, warmup=25, rep=100) * 1e3)
+    for key, ts in parts.items():
+        print(f"{key:20s} median {statistics.median(ts):8.1f} rounds " + " ".join(f"{t:.1f}" for t in ts))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "rows": rows, "cublas_parts": parts}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
