@@ -14,8 +14,8 @@ of copy bandwidth the FP8 weight bytes reach (W8A8, the engine's decode path, an
 the speed-up over bf16.
 End to end (--model-path, a checkpoint written by `scripts/make_slice_checkpoint.py ... --quantize`): one prefill of
 --tokens random tokens through each engine, logits of every position; top-1 agreement and mean |logprob diff| of the
-next tokens (teacher forced): FP8 vs dequantized in bf16 and in fp32, and the bf16 noise floor of the same
-comparison (the dequantized engine against itself with other GEMM shapes).
+next tokens (teacher forced): FP8 vs dequantized in bf16 (also as forwards of 64 rows, the decode kernels) and in
+fp32, and the bf16 noise floor of the same comparison (the dequantized engine against itself with other GEMM shapes).
 """
 
 from __future__ import annotations
@@ -151,9 +151,12 @@ def compare(model_path: str, tokens: int, a: dict, b: dict, label: str) -> dict:
 
 
 def end_to_end(model_path: str, tokens: int) -> list:
-    """FP8 vs dequantized in bf16 and in fp32, and the bf16 noise floor: the dequantized engine against itself
-    with the prompt run as forwards of 256 tokens (other GEMM shapes, so other bf16 rounding)."""
+    """FP8 vs dequantized in bf16 (one forward: the prefill kernels; forwards of 64 rows: the decode / verify
+    kernels, W8A8) and in fp32, and the bf16 noise floor: the dequantized engine against itself with the prompt run as
+    forwards of 256 tokens (other GEMM shapes, so other bf16 rounding)."""
     return [compare(model_path, tokens, {"quantization": "fp8"}, {"quantization": "none"}, "fp8 vs dequantized, bf16"),
+            compare(model_path, tokens, {"quantization": "fp8", "chunk": 64}, {"quantization": "none", "chunk": 64},
+                    "fp8 vs dequantized, bf16, forwards of 64 rows (W8A8)"),
             compare(model_path, tokens, {"quantization": "fp8", "dtype": "float32"},
                     {"quantization": "none", "dtype": "float32"}, "fp8 vs dequantized, fp32"),
             compare(model_path, tokens, {"quantization": "none"}, {"quantization": "none", "chunk": 256},

@@ -4,9 +4,10 @@
     python benchmark/kernels/sweep_fp8_linears.py [--out r.json]
 
 Timed from CUDA graph replays (triton.testing.do_bench_cudagraph), so host launch time is out: bf16 on the
-dequantized weight, Triton W8A8, Triton W8A16 (up to 256 rows), cuBLAS's W8A8 (where the device has the recipe),
-torch's dequantization + bf16 and the one-pass dsv4_fp8_dequant + bf16. Then cuBLAS's W8A8 at 4,096 rows split into
-its activation quantization and its _scaled_mm, 5 alternated eager rounds each (its run-to-run spread).
+dequantized weight, Triton W8A8, Triton W8A16 and W8A8 with TMA weight copies (up to 256 rows), cuBLAS's W8A8
+(where the device has the recipe), torch's dequantization + bf16 and the one-pass dsv4_fp8_dequant + bf16. Then
+cuBLAS's W8A8 at 4,096 rows split into its activation quantization and its _scaled_mm, 5 alternated eager rounds
+each (its run-to-run spread).
 """
 import argparse
 import json
@@ -51,6 +52,7 @@ def main() -> None:
                      "triton_dequant_bf16": lambda: mm(x, dsv4_fp8_dequant(w, ws), groups)}
             if m <= 256:
                 paths["triton_w8a16"] = lambda: dsv4_fp8_block_gemm(x, w, ws, groups, quantize_act=False)
+                paths["triton_w8a8_tma"] = lambda: dsv4_fp8_block_gemm(x, w, ws, groups, tma=True)
             if cub_ok:
                 paths["cublas_w8a8"] = lambda: cublas_w8a8(x, w, ws, groups)
             row = {"name": name, "m": m, "n": groups * n, "k": k, "groups": groups}

@@ -5,9 +5,11 @@ launches per (kernel, tokens) and writes every row to --out; `moe_config` takes 
 
     python benchmark/kernels/sweep_moe_mxfp4.py [--tokens 1 32 256 4096] [--budget-s 420] [--out r.json]
 
-Candidates: tl.dot_scaled launches beside the in-register path. K splits (MoeLaunch.split_k), 1-8-row multiply-adds
-and one MMA per 32-input scale group (RESULTS.md, 2026-12-02 sixth session), and the next K tile prefetched into
-registers (2026-12-03), lost to one split of the scaled dot at every decode size on the H200 and are not swept.
+Candidates: tl.dot_scaled launches beside the in-register path, with the weight codes read by pointers and through
+TMA descriptors (MoeLaunch.tma: fewer registers, copies the compiler may pipeline). K splits (MoeLaunch.split_k),
+1-8-row multiply-adds and one MMA per 32-input scale group (RESULTS.md, 2026-12-02 sixth session), and the next K
+tile prefetched into registers (2026-12-03), lost to one split of the scaled dot at every decode size on the H200
+and are not swept.
 
 Candidates whose compile or launch fails (shared memory) are recorded as failed. The sweep stops adding candidates
 once --budget-s has passed (decode candidates first), so one device call always returns its rows.
@@ -65,6 +67,8 @@ def main() -> None:
         yield from baseline
         for block_m, bn, bk, warps, stages in grid:
             yield block_m, MoeLaunch(bn, bk, warps, stages)
+            if not prefill or (bn, bk, warps) in ((64, 64, 4), (128, 64, 4), (128, 128, 8)):  # the codes through TMA
+                yield block_m, MoeLaunch(bn, bk, warps, stages, tma=True)
 
     for t in args.tokens:
         ids = torch.stack([torch.randperm(e, device="cuda", generator=g)[:k] for _ in range(t)])
@@ -109,7 +113,7 @@ def main() -> None:
             for r in ok[:5]:
                 print(f"   {r['ms'] * 1e3:9.1f} us  {r['fraction_of_copy_bw']:.2f} of copy bw  bm {r['block_m']} "
                       f"bn {r['block_n']} bk {r['block_k']} w {r['num_warps']} s {r['num_stages']} "
-                      f"scaled_dot {r['scaled_dot']}", flush=True)
+                      f"scaled_dot {r['scaled_dot']} tma {r['tma']}", flush=True)
         if args.out:
             with open(args.out, "w") as f:
                 json.dump({"device": torch.cuda.get_device_name(), "copy_bw": bw, "rows": rows_out}, f, indent=1)

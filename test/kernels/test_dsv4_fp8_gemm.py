@@ -86,6 +86,25 @@ def test_w8a16_and_end_to_end(groups, n, k):
     assert err < 0.05, err
 
 
+@pytest.mark.parametrize("split_k", [1, 2])
+@pytest.mark.parametrize("quantize_act", [False, True])
+def test_tma_equals_pointer_loads(split_k, quantize_act):
+    """Weight tiles through a TMA descriptor give the pointer loads' result exactly: two groups of 80 rows (64-row
+    tiles crossing into the next group's rows, masked out), a partial last K block (608 = 4 * 128 + 96), and K
+    splits; a K that is not a multiple of 16 is refused."""
+    from sgl_kernel.dsv4_fp8_gemm import _launch
+
+    groups, n, k = 2, 80, 608
+    w, ws = _weight(groups * n, k, seed=4)
+    x = torch.randn(5, groups * k, generator=torch.Generator().manual_seed(3))
+    a, a_s = (dsv4_fp8_act_quant(x, groups) if quantize_act else (x, None))
+    ref = _launch(a, a_s, w, ws, groups, torch.float32, split_k=split_k)
+    assert torch.equal(_launch(a, a_s, w, ws, groups, torch.float32, split_k=split_k, tma=True), ref)
+    w2, ws2 = _weight(64, 600, seed=5)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        dsv4_fp8_block_gemm(torch.randn(2, 600), w2, ws2, tma=True)
+
+
 @pytest.mark.parametrize("n,k", [(256, 384), (200, 300), (33, 130)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_dequant_equals_reference(n, k, dtype):
@@ -201,3 +220,17 @@ def test_gpu_engine_paths(m, groups, n, k, path):
     err = ((got - ref).norm() / ref.norm()).item()
     print(f"path {path} m {m} groups {groups} n {n} k {k}: relative error {err:.2e}")
     assert got.shape == (m, groups * n) and err < (5e-2 if "w8a8" in path else 1e-2)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("m,groups,n,k", [(1, 1, 32768, 1024), (16, 8, 1024, 4096), (64, 1, 4096, 8192)])
+@pytest.mark.parametrize("quantize_act", [True, False])
+def test_gpu_tma_equals_pointer_loads(m, groups, n, k, quantize_act):
+    """At Flash's shapes on the GPU (real TMA copies, pipelined), weight tiles through a descriptor give the pointer
+    loads' result within fp32 summation order."""
+    w, ws = _weight(groups * n, k, seed=n + m, device="cuda")
+    x = torch.randn(m, groups * k, device="cuda", dtype=torch.bfloat16)
+    ref = dsv4_fp8_block_gemm(x, w, ws, groups, out_dtype=torch.float32, quantize_act=quantize_act)
+    got = dsv4_fp8_block_gemm(x, w, ws, groups, out_dtype=torch.float32, quantize_act=quantize_act, tma=True)
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4 * ref.abs().max().item())

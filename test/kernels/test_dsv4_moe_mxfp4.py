@@ -6,6 +6,8 @@ CPU (the Triton interpreter); GPU (skipped without CUDA): bf16 at DeepSeek-V4 Fl
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -124,15 +126,18 @@ def test_fused_launch_variants_equal_reference(config):
                                rtol=1e-4, atol=1e-4 * got8.abs().max().item())
 
 
-@pytest.mark.parametrize("tokens,block_m,block_k,split_k", [(1, 16, 64, 1), (23, 16, 32, 1), (70, 32, 128, 1),
-                                                             (1, 16, 32, 3), (23, 16, 32, 2)])
-def test_scaled_dot_equals_reference(tokens, block_m, block_k, split_k):
+@pytest.mark.parametrize("tokens,block_m,block_k,split_k,tma", [
+    (1, 16, 64, 1, False), (23, 16, 32, 1, False), (70, 32, 128, 1, False), (1, 16, 32, 3, False),
+    (23, 16, 32, 2, False), (1, 16, 64, 1, True), (70, 32, 128, 1, True), (23, 16, 32, 2, True)])
+def test_scaled_dot_equals_reference(tokens, block_m, block_k, split_k, tma):
     """fp16 activations take tl.dot_scaled (the interpreter computes fp16 exactly): the same function as the
-    reference on the same fp16 inputs, K tiles of one scale group and past the hidden size."""
+    reference on the same fp16 inputs, K tiles of one scale group and past the hidden size, with the codes read by
+    pointers and through TMA descriptors (tiles past a projection's rows, or past the tensor, only reach masked
+    outputs: the second 64-row down tile of 96 outputs, the last expert's)."""
     w13, s13, w2, s2 = _experts(8, 96, 64, seed=5)
     ids, weights = _routing(tokens, 4, 8, seed=3, skew=tokens > 20)
     x = (torch.randn(tokens, 96, generator=torch.Generator().manual_seed(2)) * 0.05).half()
-    launch = MoeLaunch(block_n=32, block_k=block_k, split_k=split_k)
+    launch = MoeLaunch(block_n=32 if not tma else 64, block_k=block_k, split_k=split_k, tma=tma)
     got = dsv4_moe_mxfp4(x, ids, weights, w13, s13, w2, s2, 10.0, config=MoeConfig(block_m, launch, launch))
     ref = fused_moe_mxfp4_ref(x, ids, weights, w13, s13, w2, s2, 10.0)
     assert got.dtype == torch.float16
@@ -188,16 +193,19 @@ def test_gpu_fp8_experts_flash_widths(tokens):
 
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize("path", ["default", "in-register"])
+@pytest.mark.parametrize("path", ["default", "in-register", "tma"])
 @pytest.mark.parametrize("tokens", [1, 32, 4096])
 def test_gpu_flash_widths(tokens, path):
     """Flash widths (hidden 4096, intermediate 2048, top-6 of 256 experts) in bf16: relative error vs the fp32
     reference on the same bf16 inputs below 1% (bf16 intermediate rows and outputs), for the default launches
-    (tl.dot_scaled) and the in-register dequantization."""
+    (tl.dot_scaled), the in-register dequantization and the default launches with the codes through TMA."""
     w13, s13, w2, s2 = _experts(256, 4096, 2048, seed=0, device="cuda")
     ids, weights = _routing(tokens, 6, 256, seed=1, skew=False, device="cuda")
     x = (torch.randn(tokens, 4096, device="cuda") * 0.05).bfloat16()
-    config = moe_config(tokens * 6, 256, scaled_dot=path == "default")
+    config = moe_config(tokens * 6, 256, scaled_dot=path != "in-register")
+    if path == "tma":
+        config = MoeConfig(config.block_m, dataclasses.replace(config.gate_up, tma=True),
+                           dataclasses.replace(config.down, tma=True))
     got = dsv4_moe_mxfp4(x, ids, weights, w13, s13, w2, s2, 10.0, config=config).float()
     ref = fused_moe_mxfp4_ref(x, ids, weights, w13, s13, w2, s2, 10.0)
     err = ((got - ref).norm() / ref.norm()).item()

@@ -60,12 +60,15 @@ def _act_quant_kernel(x_ptr, q_ptr, s_ptr, M, K, KB, stride_x, stride_q, stride_
 
 
 @triton.jit
-def _fp8_block_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, c_ptr, M, N, K, KB, SPLITS, KB_PER_SPLIT, stride_am,
+def _fp8_block_gemm_kernel(a_ptr, as_ptr, w_ptr, w_desc, ws_ptr, c_ptr, M, N, K, KB, SPLITS, KB_PER_SPLIT, stride_am,
                            stride_as, stride_wn, stride_ws, stride_cm, stride_cs, QUANT_A: tl.constexpr,
                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                           PREC: tl.constexpr):
+                           PREC: tl.constexpr, TMA: tl.constexpr):
     """One [BLOCK_M, BLOCK_N] tile of group g over K blocks [split * KB_PER_SPLIT, ...) (split-K: few rows leave
-    too few tiles to fill the GPU; each split writes its fp32 partial sums to its own slice, summed afterwards)."""
+    too few tiles to fill the GPU; each split writes its fp32 partial sums to its own slice, summed afterwards).
+    TMA: the weight tiles through the tensor descriptor `w_desc` over w [G * N, K] (no per-element address
+    registers; copies the compiler can pipeline); tile rows past this group's N only reach masked outputs, K past
+    the weight reads zeros."""
     pid_m = tl.program_id(1)
     pid_n = tl.program_id(0)
     g = tl.program_id(2) // SPLITS
@@ -86,7 +89,10 @@ def _fp8_block_gemm_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, c_ptr, M, N, K, KB, SPL
     for kb in range(kb_lo, kb_hi):
         k_ok = kb * BLOCK_K + rk < K
         a = tl.load(a_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        w = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        if TMA:
+            w = tl.trans(w_desc.load([g * N + pid_n * BLOCK_N, kb * BLOCK_K]))
+        else:
+            w = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
         sw = tl.load(ws_ptrs + kb, mask=n_ok, other=0.0)
         if QUANT_A:
             sa = tl.load(as_ptrs + kb, mask=m_ok, other=0.0)
@@ -169,9 +175,11 @@ def _config(m: int, a_bytes: int) -> tuple:
 
 
 def dsv4_fp8_block_gemm(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, groups: int = 1,
-                        out_dtype: torch.dtype = torch.bfloat16, quantize_act: bool = True) -> torch.Tensor:
+                        out_dtype: torch.dtype = torch.bfloat16, quantize_act: bool = True,
+                        tma: bool = False) -> torch.Tensor:
     """x [M, G * K] (bf16/fp16/fp32), w e4m3 [G * N, K], w_scale fp32 [ceil(G * N / 128), ceil(K / 128)] ->
-    [M, G * N] in out_dtype. quantize_act: W8A8 (FP8 MMA); else W8A16 (x's dtype MMA)."""
+    [M, G * N] in out_dtype. quantize_act: W8A8 (FP8 MMA); else W8A16 (x's dtype MMA). tma: the weight tiles
+    through a TMA descriptor (K a multiple of 16)."""
     x = _rows(x, groups)
     k = x.shape[1] // groups
     n = w.shape[0] // groups
@@ -181,16 +189,16 @@ def dsv4_fp8_block_gemm(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
                          f"in {groups} groups")
     if quantize_act:
         a, a_scale = dsv4_fp8_act_quant(x, groups)
-        return dsv4_fp8_scaled_gemm(a, a_scale, w, w_scale, groups, out_dtype)
-    return _launch(x, None, w, w_scale, groups, out_dtype)
+        return dsv4_fp8_scaled_gemm(a, a_scale, w, w_scale, groups, out_dtype, tma=tma)
+    return _launch(x, None, w, w_scale, groups, out_dtype, tma=tma)
 
 
 def dsv4_fp8_scaled_gemm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
-                         groups: int = 1, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+                         groups: int = 1, out_dtype: torch.dtype = torch.bfloat16, tma: bool = False) -> torch.Tensor:
     """The GEMM of already quantized activations: a e4m3 [M, G * K] with a_scale fp32 [M, G * ceil(K / 128)]."""
     if a_scale.shape != (a.shape[0], groups * triton.cdiv(a.shape[1] // groups, BLOCK)) or a_scale.stride(1) != 1:
         raise ValueError(f"activation scale {tuple(a_scale.shape)} does not fit {tuple(a.shape)} in {groups} groups")
-    return _launch(a, a_scale, w, w_scale, groups, out_dtype)
+    return _launch(a, a_scale, w, w_scale, groups, out_dtype, tma=tma)
 
 
 def _num_sms(device: torch.device) -> int:
@@ -211,7 +219,7 @@ def _splits(tiles: int, kb: int, device: torch.device) -> int:
 
 
 def _launch(a: torch.Tensor, a_scale, w: torch.Tensor, w_scale: torch.Tensor, groups: int,
-            out_dtype: torch.dtype, split_k: Optional[int] = None) -> torch.Tensor:
+            out_dtype: torch.dtype, split_k: Optional[int] = None, tma: bool = False) -> torch.Tensor:
     a = _rows(a, groups)
     m, k = a.shape[0], a.shape[1] // groups
     n = w.shape[0] // groups
@@ -231,11 +239,19 @@ def _launch(a: torch.Tensor, a_scale, w: torch.Tensor, w_scale: torch.Tensor, gr
     else:
         c = torch.empty(splits, m, groups * n, dtype=torch.float32, device=a.device)
     grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m), groups * splits)
-    _fp8_block_gemm_kernel[grid](a, a_scale, w, w_scale, c, m, n, k, kb, splits, per_split, a.stride(0),
+    w_desc = None
+    if tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        if k % 16 or w.stride(1) != 1 or w.stride(0) != k or w.data_ptr() % 16:
+            raise ValueError(f"tma needs a contiguous weight with K a multiple of 16, got {tuple(w.shape)} stride "
+                             f"{w.stride()}")
+        w_desc = TensorDescriptor.from_tensor(w, [block_n, BLOCK])
+    _fp8_block_gemm_kernel[grid](a, a_scale, w, w_desc, w_scale, c, m, n, k, kb, splits, per_split, a.stride(0),
                                  a_scale.stride(0), w.stride(0), w_scale.stride(0), c.stride(-2),
                                  c.stride(0) if splits > 1 else 0, QUANT_A=quantize_act, BLOCK_M=block_m,
-                                 BLOCK_N=block_n, BLOCK_K=BLOCK, num_warps=warps, num_stages=stages,
-                                 PREC="ieee" if a.dtype == torch.float32 else "tf32")
+                                 BLOCK_N=block_n, BLOCK_K=BLOCK, PREC="ieee" if a.dtype == torch.float32 else "tf32",
+                                 TMA=tma, num_warps=warps, num_stages=stages)
     if splits > 1:
         out = c.sum(0).to(out_dtype)
     return out

@@ -141,16 +141,28 @@ def _fp4_tile(w_ptr, s_ptr, rows, row_ok, k0, K, stride_wn, stride_sn, BLOCK_N: 
 
 
 @triton.jit
-def _fp4_packed(w_ptr, s_ptr, rows, row_ok, k0, K, stride_wn, stride_sn, BLOCK_K: tl.constexpr):
-    """The packed codes [BLOCK_N, BLOCK_K / 2] and scale bytes [BLOCK_N, BLOCK_K / 32] of weight rows `rows` at inputs
-    k0 .. k0 + BLOCK_K, as tl.dot_scaled takes them (the compiler's e2m1 upcast; masked codes 0, scales 2^0)."""
-    col = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-    b = tl.load(w_ptr + rows[:, None] * stride_wn + col[None, :], mask=row_ok[:, None] & (col < K // 2)[None, :],
-                other=0)
+def _fp4_scales(s_ptr, rows, row_ok, k0, K, stride_sn, BLOCK_K: tl.constexpr):
+    """The scale bytes [BLOCK_N, BLOCK_K / 32] of weight rows `rows` at inputs k0 .. k0 + BLOCK_K (masked: 2^0)."""
     gi = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-    s = tl.load(s_ptr + rows[:, None] * stride_sn + gi[None, :], mask=row_ok[:, None] & (gi < K // 32)[None, :],
-                other=127)
-    return b, s
+    return tl.load(s_ptr + rows[:, None] * stride_sn + gi[None, :], mask=row_ok[:, None] & (gi < K // 32)[None, :],
+                   other=127)
+
+
+@triton.jit
+def _fp4_packed(w_ptr, s_ptr, rows, row_ok, k0, K, stride_wn, stride_sn, BLOCK_K: tl.constexpr, w_desc, desc_row,
+                TMA: tl.constexpr):
+    """The packed codes [BLOCK_N, BLOCK_K / 2] and scale bytes [BLOCK_N, BLOCK_K / 32] of weight rows `rows` at inputs
+    k0 .. k0 + BLOCK_K, as tl.dot_scaled takes them (the compiler's e2m1 upcast; masked codes 0, scales 2^0).
+    TMA: the codes through the tensor descriptor `w_desc` over all experts' rows [E * rows per expert, K / 2], from
+    row `desc_row` (the first of `rows`): no address registers, and the compiler may pipeline the copies; rows past
+    this projection's (another projection's or expert's, or zeros past the tensor) only reach masked outputs."""
+    if TMA:
+        b = w_desc.load([desc_row.to(tl.int32), k0 // 2])  # < 2^31 rows: E * 2I is ~1 M at Flash's sizes
+    else:
+        col = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        b = tl.load(w_ptr + rows[:, None] * stride_wn + col[None, :], mask=row_ok[:, None] & (col < K // 2)[None, :],
+                    other=0)
+    return b, _fp4_scales(s_ptr, rows, row_ok, k0, K, stride_sn, BLOCK_K)
 
 
 @triton.jit
@@ -173,13 +185,14 @@ def _fp8_tile(w_ptr, s_ptr, rows, row_ok, k0, K, stride_wn, stride_sr, BLOCK_K: 
 
 
 @triton.jit
-def _moe_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, h_ptr, D, I, TOPK, E, stride_x, stride_we,
+def _moe_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w_ptr, w_desc, s_ptr, h_ptr, D, I, TOPK, E, stride_x, stride_we,
                         stride_wn, stride_se, stride_sn, stride_h, stride_shalf, limit, K_PER_SPLIT, stride_ps,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         WEIGHT_FP8: tl.constexpr, SCALE_BCAST: tl.constexpr, PREC: tl.constexpr, A_FMT: tl.constexpr,
-                        SPLIT_K: tl.constexpr):
+                        SPLIT_K: tl.constexpr, TMA: tl.constexpr):
     """SPLIT_K > 1: program_id(2) sums K [split * K_PER_SPLIT, ...) only and writes the raw fp32 gate and up sums to
-    h_ptr [SPLIT_K, rows, 2, I] (stride_ps per split); the caller sums the splits and applies the SwiGLU."""
+    h_ptr [SPLIT_K, rows, 2, I] (stride_ps per split); the caller sums the splits and applies the SwiGLU. TMA: the
+    scaled dot's weight codes through `w_desc` (_fp4_packed)."""
     blk = tl.program_id(0)
     k_lo = tl.program_id(2) * K_PER_SPLIT
     k_hi = tl.minimum(k_lo + K_PER_SPLIT, D)
@@ -199,8 +212,10 @@ def _moe_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, h_ptr, D, I, TO
         for k0 in range(k_lo, k_hi, BLOCK_K):
             if A_FMT != "":  # 16-bit activations, e2m1 weights: the compiler's scaled dot
                 xk = _x_rows(x_ptr, tok, valid, stride_x, k0, D, BLOCK_K)
-                wg, sg = _fp4_packed(w_e, s_e, n, n_ok, k0, D, stride_wn, stride_sn, BLOCK_K)
-                wu, su = _fp4_packed(w_e, s_e, I + n, n_ok, k0, D, stride_wn, stride_sn, BLOCK_K)
+                first = e * 2 * I + tl.program_id(1) * BLOCK_N  # w13's gate rows of this tile, all experts' rows
+                wg, sg = _fp4_packed(w_e, s_e, n, n_ok, k0, D, stride_wn, stride_sn, BLOCK_K, w_desc, first, TMA)
+                wu, su = _fp4_packed(w_e, s_e, I + n, n_ok, k0, D, stride_wn, stride_sn, BLOCK_K, w_desc, first + I,
+                                     TMA)
                 acc_g = tl.dot_scaled(xk, None, A_FMT, tl.trans(wg), sg, "e2m1", acc=acc_g, fast_math=True)
                 acc_u = tl.dot_scaled(xk, None, A_FMT, tl.trans(wu), su, "e2m1", acc=acc_u, fast_math=True)
             elif WEIGHT_FP8:  # rows of w13 [2I, D] e4m3; scales [2, I/128, D/128]: gate half 0, up half 1
@@ -237,10 +252,10 @@ def _moe_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, h_ptr, D, I, TO
 
 
 @triton.jit
-def _moe_down_kernel(h_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, wts_ptr, out_ptr, D, I, E, stride_h, stride_we,
+def _moe_down_kernel(h_ptr, rows_ptr, bexp_ptr, w_ptr, w_desc, s_ptr, wts_ptr, out_ptr, D, I, E, stride_h, stride_we,
                      stride_wn, stride_se, stride_sn, stride_o, K_PER_SPLIT, stride_os, BLOCK_M: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WEIGHT_FP8: tl.constexpr,
-                     SCALE_BCAST: tl.constexpr, PREC: tl.constexpr, A_FMT: tl.constexpr):
+                     SCALE_BCAST: tl.constexpr, PREC: tl.constexpr, A_FMT: tl.constexpr, TMA: tl.constexpr):
     """program_id(2): the K split [split * K_PER_SPLIT, ...), writing its weighted partial sums to out_ptr's slice
     split (stride_os; 0 with one split)."""
     blk = tl.program_id(0)
@@ -261,7 +276,8 @@ def _moe_down_kernel(h_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, wts_ptr, out_ptr, 
         for k0 in range(k_lo, k_hi, BLOCK_K):
             if A_FMT != "":
                 hk = _x_rows(h_ptr, r, valid, stride_h, k0, I, BLOCK_K)
-                wb, sb = _fp4_packed(w_e, s_e, n, n_ok, k0, I, stride_wn, stride_sn, BLOCK_K)
+                wb, sb = _fp4_packed(w_e, s_e, n, n_ok, k0, I, stride_wn, stride_sn, BLOCK_K, w_desc,
+                                     e * D + tl.program_id(1) * BLOCK_N, TMA)
                 acc = tl.dot_scaled(hk, None, A_FMT, tl.trans(wb), sb, "e2m1", acc=acc, fast_math=True)
             elif WEIGHT_FP8:
                 hk = _x_rows(h_ptr, r, valid, stride_h, k0, I, BLOCK_K)
@@ -298,6 +314,9 @@ class MoeLaunch:
     scale_bcast: bool = True  # the in-register path (fp32 activations): one scale load per 32 inputs
     scaled_dot: bool = True  # bf16 / fp16 activations x MXFP4 weights through tl.dot_scaled
     split_k: int = 1  # K splits (more programs for decode's few blocks; fp32 partial sums added after)
+    # scaled dot: weight codes through a TMA tensor descriptor (no per-element address registers: the decode launches
+    # compile to 255 registers and a stack with pointer loads, 188-233 and none with descriptors; Triton 3.6, sm90)
+    tma: bool = False
 
 
 @dataclass(frozen=True)
@@ -393,6 +412,17 @@ def _scaled_dot_format(launch: MoeLaunch, dtype: torch.dtype, fp8: bool) -> str:
     return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "")
 
 
+def _codes_descriptor(w: torch.Tensor, launch: MoeLaunch):
+    """A TMA descriptor over packed codes w [E, rows, K / 2] seen as [E * rows, K / 2], tiles [block_n, block_k / 2]
+    (launch.tma). TMA wants 16-byte tile rows, row strides and base: block_k >= 32, K / 2 a multiple of 16 bytes."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    if launch.block_k < 32 or w.shape[-1] % 16 or not w.is_contiguous() or w.data_ptr() % 16:
+        raise ValueError(f"MoeLaunch.tma needs block_k >= 32 and contiguous codes with rows of a multiple of 16 bytes, "
+                         f"got block_k {launch.block_k} and codes {tuple(w.shape)} stride {w.stride()}")
+    return TensorDescriptor.from_tensor(w.view(-1, w.shape[-1]), [launch.block_n, launch.block_k // 2])
+
+
 def _k_splits(k: int, launch: MoeLaunch) -> tuple:
     """(splits, K per split: a multiple of the K tile) for launch.split_k over a K of k (no empty split)."""
     per = triton.cdiv(triton.cdiv(k, max(1, launch.split_k)), launch.block_k) * launch.block_k
@@ -412,12 +442,13 @@ def moe_gate_up(x, rows, block_expert, w13, s13, inter: int, top_k: int, limit: 
     # FP8 scale grids are [E, halves, row blocks, column blocks]; MXFP4 scale bytes [E, rows, inputs / 32]
     s13_row, s13_half = (s13.stride(2), s13.stride(1)) if fp8 else (s13.stride(1), 0)
     a_fmt = _scaled_dot_format(launch, x.dtype, fp8)
+    w_desc = _codes_descriptor(w13, launch) if launch.tma and a_fmt else None
     _moe_gate_up_kernel[(num_blocks, triton.cdiv(inter, launch.block_n), splits)](
-        x, rows, block_expert, w13, s13, out, hidden, inter, top_k, w13.shape[0], x.stride(0), w13.stride(0),
+        x, rows, block_expert, w13, w_desc, s13, out, hidden, inter, top_k, w13.shape[0], x.stride(0), w13.stride(0),
         w13.stride(1), s13.stride(0), s13_row, out.stride(-2), s13_half, float(limit), per_split,
         out.stride(0) if splits > 1 else 0, BLOCK_M=block_m, BLOCK_N=launch.block_n, BLOCK_K=launch.block_k,
         WEIGHT_FP8=fp8, SCALE_BCAST=launch.scale_bcast, PREC=_precision(x.dtype), A_FMT=a_fmt, SPLIT_K=splits,
-        num_warps=launch.num_warps, num_stages=launch.num_stages)
+        TMA=w_desc is not None, num_warps=launch.num_warps, num_stages=launch.num_stages)
     if splits == 1:
         return out
     gate_up = out.sum(0)  # rows of -1 pairs hold garbage: their h rows are never read
@@ -435,10 +466,11 @@ def moe_down(h, rows, block_expert, w2, s2, topk_weights, hidden: int, block_m: 
     pairs = torch.empty(splits, weights.numel(), hidden, dtype=torch.float32, device=h.device)
     s2_row = s2.stride(2) if fp8 else s2.stride(1)
     a_fmt = _scaled_dot_format(launch, h.dtype, fp8)
+    w_desc = _codes_descriptor(w2, launch) if launch.tma and a_fmt else None
     _moe_down_kernel[(num_blocks, triton.cdiv(hidden, launch.block_n), splits)](
-        h, rows, block_expert, w2, s2, weights, pairs, hidden, inter, w2.shape[0], h.stride(0), w2.stride(0),
+        h, rows, block_expert, w2, w_desc, s2, weights, pairs, hidden, inter, w2.shape[0], h.stride(0), w2.stride(0),
         w2.stride(1), s2.stride(0), s2_row, pairs.stride(1), per_split, pairs.stride(0) if splits > 1 else 0,
         BLOCK_M=block_m, BLOCK_N=launch.block_n, BLOCK_K=launch.block_k, WEIGHT_FP8=fp8,
-        SCALE_BCAST=launch.scale_bcast, PREC=_precision(h.dtype), A_FMT=a_fmt, num_warps=launch.num_warps,
-        num_stages=launch.num_stages)
+        SCALE_BCAST=launch.scale_bcast, PREC=_precision(h.dtype), A_FMT=a_fmt, TMA=w_desc is not None,
+        num_warps=launch.num_warps, num_stages=launch.num_stages)
     return pairs[0] if splits == 1 else pairs.sum(0)
