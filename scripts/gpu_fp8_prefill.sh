@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# FP8 linears on a GPU in one device call (issue 13): the FP8 GEMM GPU tests (every engine path included), the
-# kernel table at Flash shapes (bf16, Triton W8A8 / W8A16, cuBLAS W8A8, the engine's path), every path at 1-4,096
-# rows (what `fp8_path` encodes), the quantized Flash slice's end-to-end agreement with the dequantized engine, and
-# prefill / decode speed with the measured rule and with dequantize + matmul above 64 rows
-# (SGLANG_DSV4_FP8_PREFILL=dequant).
+# FP8 linears on a GPU in one device call (issue 13), most decisive first: the FP8 GEMM GPU tests (every engine path,
+# TMA copies), every path at 1-4,096 rows (what `fp8_path` encodes), prefill / decode speed of the quantized Flash
+# slice with the measured rule and with dequantize + matmul above 64 rows (SGLANG_DSV4_FP8_PREFILL=dequant), its
+# end-to-end agreement with the dequantized engine, and the kernel table at Flash shapes (bf16, Triton W8A8 / W8A16,
+# cuBLAS W8A8, the engine's path).
 #   [ROUNDS=2] bash scripts/gpu_fp8_prefill.sh   (carry .whl: the test wheels)   Logs and JSON go to $OUT.
 set -u -o pipefail
 source scripts/gpu_env.sh
@@ -11,18 +11,18 @@ FAILED=()
 step() { local name=$1; shift; echo "=== $name"; ( "$@" ) 2>&1 | tee -a "$OUT/fp8_log.txt" | tail -"${TAIL:-20}" \
   || { FAILED+=("$name"); echo "=== FAILED: $name"; }; }
 TAIL=16 step "FP8 GEMM GPU tests" python3 -m pytest -q -s -m gpu test/kernels/test_dsv4_fp8_gemm.py -p no:cacheprovider
-TAIL=40 step "kernels" python3 benchmark/bench_fp8_linears.py --out "$OUT/fp8_kernels.json"
 TAIL=70 step "every path at 1-4,096 rows" python3 benchmark/kernels/sweep_fp8_linears.py --out "$OUT/fp8_paths.json"
 TAIL=4 step "checkpoint (hub formats)" python3 scripts/make_slice_checkpoint.py \
   benchmark/configs/flash-slice-4l32e.config.json /tmp/w/q --quantize --device cuda
-TAIL=6 step "end-to-end agreement" python3 benchmark/bench_fp8_linears.py --model-path /tmp/w/q --skip-kernels \
-  --out "$OUT/fp8_end_to_end.json"
 for round in $(seq "${ROUNDS:-2}"); do  # alternated, so drift between runs shows as a spread, not a difference
   for mode in auto dequant; do
     TAIL=4 step "one batch, FP8 prefill $mode (round $round)" env SGLANG_DSV4_FP8_PREFILL=$mode python3 -m \
-      sglang.bench_one_batch --model-path /tmp/w/q --input-len 1024 --output-len 32 --batch-size 1 32 \
-      --cuda-graph-bs 1 2 4 8 16 32
+      sglang.bench_one_batch --model-path /tmp/w/q --input-len 1024 --output-len 32 --batch-size 1 32 128 \
+      --cuda-graph-bs 1 2 4 8 16 32 64 128 --profile-steps 0
   done
 done
+TAIL=8 step "end-to-end agreement" python3 benchmark/bench_fp8_linears.py --model-path /tmp/w/q --skip-kernels \
+  --out "$OUT/fp8_end_to_end.json"
+TAIL=40 step "kernels" python3 benchmark/bench_fp8_linears.py --out "$OUT/fp8_kernels.json"
 if [ ${#FAILED[@]} -gt 0 ]; then printf 'failed step: %s\n' "${FAILED[@]}"; exit 1; fi
 echo "all steps passed"

@@ -6,10 +6,13 @@
 
 The batch's prompts are prefilled whole, as many per forward as --chunked-prefill-size allows, then all requests
 decode together for --output-len steps. Each
-(batch, input length) is first warmed up at its own shape (WARMUP_DECODE_STEPS decode steps), then timed; then, in a
+(batch, input length) is first warmed up at its own shape (WARMUP_DECODE_STEPS decode steps), then timed; the
+prefill is timed --prefill-repeats times (fresh prompts each, the extra ones finishing at their first token) and
+reported as the median with the range, since single prefills of one build spread by +-15% on an H200. Then, in a
 separate pass, --profile-steps decode steps are timed by host phase (sglang.srt.utils.host_phases), and in a last
 pass run under torch.profiler for the GPU-busy fraction, kernel launches and host syncs per step
-(sglang.srt.utils.step_profile; n/a on CPU, where there is no GPU trace).
+(sglang.srt.utils.step_profile; n/a on CPU, where there is no GPU trace); --profile-prefill adds one profiled
+prefill per shape (request admission included).
 """
 
 from __future__ import annotations
@@ -46,11 +49,16 @@ class BenchResult:
     decode_throughput_tok_s: float
     profile: Optional[StepProfile] = None  # from a separate profiled pass (--profile-steps)
     host_phases: Optional[HostPhases] = None  # host time by phase, from a separate pass before any profile
+    prefill_latencies_s: tuple = ()  # every timed prefill (--prefill-repeats); prefill_latency_s is their median
+    prefill_profile: Optional[StepProfile] = None  # one profiled prefill (--profile-prefill)
 
     def columns(self) -> str:
+        spread = (f" ({min(self.prefill_latencies_s) * 1e3:.1f}-{max(self.prefill_latencies_s) * 1e3:.1f}, "
+                  f"{len(self.prefill_latencies_s)} runs)" if len(self.prefill_latencies_s) > 1 else "")
         return (f"batch {self.batch_size:4d} input {self.input_len:6d} | prefill "
-                f"{self.prefill_latency_s * 1e3:9.1f} ms {self.prefill_throughput_tok_s:10.1f} tok/s | decode median "
-                f"{self.median_decode_latency_s * 1e3:8.2f} ms {self.decode_throughput_tok_s:9.1f} tok/s")
+                f"{self.prefill_latency_s * 1e3:9.1f} ms{spread} {self.prefill_throughput_tok_s:10.1f} tok/s | "
+                f"decode median {self.median_decode_latency_s * 1e3:8.2f} ms {self.decode_throughput_tok_s:9.1f} "
+                f"tok/s")
 
 
 def _sync(device: torch.device) -> None:
@@ -85,18 +93,29 @@ def prefill(engine, batch_size: int, input_len: int, output_len: int, seed: int)
     return time.perf_counter() - start
 
 
-def run_once(engine, batch_size: int, input_len: int, output_len: int, seed: int) -> BenchResult:
+def run_once(engine, batch_size: int, input_len: int, output_len: int, seed: int,
+             prefill_repeats: int = 1) -> BenchResult:
+    """Prefill and decode one batch; then prefill_repeats - 1 more prefills of fresh prompts (requests that finish at
+    their first token, so nothing is left running); the prefill latency is the median of all."""
     sched, runner = engine.scheduler, engine.model_runner
-    prefill_s = prefill(engine, batch_size, input_len, output_len, seed)
+    prefills = [prefill(engine, batch_size, input_len, output_len, seed)]
     steps = []
     while sched.running:  # no device sync per step: it would stall overlap scheduling (each step reads the last)
         t = time.perf_counter()
         sched.step()
         steps.append(time.perf_counter() - t)
     _sync(runner.device)
+    prefills += [prefill(engine, batch_size, input_len, 1, seed + 1000 + i) for i in range(prefill_repeats - 1)]
     median = statistics.median(steps) if steps else float("nan")  # the steady-state period of a step
+    prefill_s = statistics.median(prefills)
     return BenchResult(batch_size, input_len, output_len, prefill_s, batch_size * input_len / prefill_s, median,
-                       batch_size / median if steps else float("nan"))
+                       batch_size / median if steps else float("nan"), prefill_latencies_s=tuple(prefills))
+
+
+def profile_prefill(engine, batch_size: int, input_len: int, seed: int) -> StepProfile:
+    """One prefill of fresh prompts under torch.profiler (after one unprofiled warm-up); the requests finish at their
+    first token. Never part of a timed pass."""
+    return profile_steps(lambda: prefill(engine, batch_size, input_len, 1, seed), 1, engine.model_runner.device)
 
 
 def tokens_per_step(engine) -> int:
@@ -144,6 +163,10 @@ def parse_args() -> tuple:
     parser.add_argument("--output-len", type=int, default=32)
     parser.add_argument("--profile-steps", type=int, default=6,
                         help="decode steps profiled after the timed run, per batch (0: no profile)")
+    parser.add_argument("--prefill-repeats", type=int, default=3,
+                        help="timed prefills per shape, reported as median and range (>= 1)")
+    parser.add_argument("--profile-prefill", action="store_true",
+                        help="profile one prefill per shape (GPU busy, launches, syncs) after the timed runs")
     parser.add_argument("--correctness-test", action="store_true", help="print completions of a few prompts")
     parser.add_argument("--result-filename", help="append one JSON line per run")
     args = parser.parse_args()
@@ -152,6 +175,8 @@ def parse_args() -> tuple:
         server_args.log_level = "warning"
     if server_args.nnodes > 1:
         raise SystemExit("bench_one_batch runs on one node; use launch_server --nnodes and bench_serving")
+    if args.prefill_repeats < 1:
+        parser.error(f"--prefill-repeats must be >= 1, got {args.prefill_repeats}")
     return args, server_args
 
 
@@ -217,7 +242,8 @@ def bench(args, server_args: ServerArgs, rank: int) -> None:
         for input_len in args.input_len:
             # Warm-up at this exact shape, so no first-use cost (allocation, kernel compilation) is timed.
             run_once(engine, bs, input_len, 1 + WARMUP_DECODE_STEPS * tokens_per_step(engine), seed=0)
-            results.append(run_once(engine, bs, input_len, args.output_len, seed=1))
+            results.append(run_once(engine, bs, input_len, args.output_len, seed=1,
+                                    prefill_repeats=args.prefill_repeats))
             report(results[-1].columns(), flush=True)  # at once: a later shape may fail
     # Host phases, then profiles, only after every timed pass: once the CUDA profiler ran, CUPTI stays attached and
     # slows each launch.
@@ -226,6 +252,12 @@ def bench(args, server_args: ServerArgs, rank: int) -> None:
             r.host_phases = host_phases(engine, r.batch_size, r.input_len, args.profile_steps, seed=3)
             report(f"batch {r.batch_size:4d} input {r.input_len:6d} | host {r.host_phases.columns()}")
     for r in results:
+        if args.profile_prefill:
+            r.prefill_profile = profile_prefill(engine, r.batch_size, r.input_len, seed=4)
+            report(f"batch {r.batch_size:4d} input {r.input_len:6d} | prefill profile | "
+                   f"{r.prefill_profile.columns()}")
+            for name, ms, count in r.prefill_profile.top_kernels:
+                report(f"    {ms:7.3f} ms {count:6.1f}x  {name[:110]}")
         if args.profile_steps > 0:
             r.profile = profile_decode(engine, r.batch_size, r.input_len, args.profile_steps, seed=2)
             report(f"{r.columns()} | {r.profile.columns()}")

@@ -66,3 +66,18 @@ def test_no_fp8_mma_and_fp32(sm90, monkeypatch):
 
 def test_cuda_only():
     assert not fp8.fp8_mma_supported(torch.device("cpu"))
+
+
+def test_graph_capture_region():
+    """The graph runner's warm-up and capture runs are marked (utils/graph_capture), nested and exception-safe, so
+    fp8_linear picks the graph rule for the warm-up that compiles what the capture records."""
+    from sglang.srt.utils.graph_capture import graph_capture_region, in_graph_capture
+
+    assert not in_graph_capture()
+    with graph_capture_region():
+        assert in_graph_capture()
+        with pytest.raises(RuntimeError):
+            with graph_capture_region():
+                raise RuntimeError("a failed warm-up")
+        assert in_graph_capture()
+    assert not in_graph_capture()

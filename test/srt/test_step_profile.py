@@ -162,11 +162,14 @@ def test_bench_one_batch_prints_profile(monkeypatch, capsys, tmp_path):
     out = tmp_path / "r.jsonl"
     monkeypatch.setattr(sys, "argv", ["bench_one_batch", "--model-path", "tiny-deepseek-v4", "--batch-size", "1",
                                       "2", "--input-len", "16", "--output-len", "4", "--profile-steps", "2",
-                                      "--result-filename", str(out)])
+                                      "--prefill-repeats", "2", "--profile-prefill", "--result-filename", str(out)])
     bench_one_batch.main()
     printed = capsys.readouterr().out.splitlines()
-    lines = [ln for ln in printed if ln.startswith("batch") and "| wall ms/step" in ln]
+    lines = [ln for ln in printed if ln.startswith("batch") and "| wall ms/step" in ln and "prefill profile" not in ln]
     _check_columns(lines, 2)
+    assert all("2 runs)" in ln for ln in lines)
+    prefill_profiles = [ln for ln in printed if ln.startswith("batch") and "| prefill profile |" in ln]
+    _check_columns(prefill_profiles, 2)
     assert [int(re.match(r"batch\s+(\d+)", ln).group(1)) for ln in lines] == [1, 2]
     host = [ln for ln in printed if ln.startswith("batch") and "| host step" in ln]
     assert len(host) == 2 and all(p in host[0] for p in ("allocate", "forward", "sample", "wait", "finish", "other"))
@@ -178,7 +181,17 @@ def test_bench_one_batch_prints_profile(monkeypatch, capsys, tmp_path):
         assert phases["forward_ms"] > 0 and parts == pytest.approx(phases["step_ms"], rel=1e-6)
         assert r["median_decode_latency_s"] > 0 and r["profile"]["steps"] == 2
         assert r["profile"]["wall_ms_per_step"] > 0
+        assert len(r["prefill_latencies_s"]) == 2 and r["prefill_profile"]["steps"] == 1
+        assert r["prefill_latency_s"] == pytest.approx(sum(r["prefill_latencies_s"]) / 2)  # the median of two
         assert (r["profile"]["launches_per_step"] is None) == (not torch.cuda.is_available())
+
+
+def test_bench_one_batch_refuses_zero_prefill_repeats(monkeypatch):
+    from sglang import bench_one_batch
+
+    monkeypatch.setattr(sys, "argv", ["bench_one_batch", "--model-path", "tiny-deepseek-v4", "--prefill-repeats", "0"])
+    with pytest.raises(SystemExit):
+        bench_one_batch.parse_args()
 
 
 def test_bench_speculative_prints_profile(monkeypatch, capsys, tmp_path):

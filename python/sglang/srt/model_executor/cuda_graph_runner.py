@@ -30,6 +30,7 @@ from sglang.srt.distributed.dp_attention import get_dp_attention
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.mem_cache.deepseek_v4_allocator import write_slots_on_device
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang.srt.utils.graph_capture import graph_capture_region
 
 logger = logging.getLogger(__name__)
 
@@ -97,15 +98,16 @@ class StaticGraphRunner(ABC):
         pool = None
         stream = torch.cuda.Stream()
         for bs in reversed(self.batch_sizes):
-            with torch.cuda.stream(stream):
-                for _ in range(2):  # warm-up: Triton compilation, cuBLAS workspaces, lazy allocations
-                    self._capture_round(bs)
-                    self._run(bs)
-            stream.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            self._capture_round(bs)
-            with torch.cuda.graph(graph, pool=pool, stream=stream):
-                out = self._run(bs)
+            with graph_capture_region():  # the warm-up picks the kernels the capture records (utils/graph_capture)
+                with torch.cuda.stream(stream):
+                    for _ in range(2):  # warm-up: Triton compilation, cuBLAS workspaces, lazy allocations
+                        self._capture_round(bs)
+                        self._run(bs)
+                stream.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                self._capture_round(bs)
+                with torch.cuda.graph(graph, pool=pool, stream=stream):
+                    out = self._run(bs)
             pool = graph.pool()
             self.graphs[bs], self.outputs[bs] = graph, out
         torch.cuda.synchronize()

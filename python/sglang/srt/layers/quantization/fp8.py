@@ -2,8 +2,9 @@
 
 `Fp8BlockLinear` replaces an `nn.Linear` whose checkpoint tensor is stored FP8 (model_loader.loader.fp8_linear_names):
 it holds `weight` (e4m3 [out, in]) and `weight_scale_inv` (fp32 [ceil(out / 128), ceil(in / 128)]). `fp8_path`
-picks the kernel per call from the rows, the weight's shape and whether a CUDA graph is being captured, as measured
-fastest on an H200 (every path at Flash's shapes, 1-4,096 rows: benchmark/RESULTS.md, 2026-12-03):
+picks the kernel per call from the rows, the weight's shape and whether a CUDA graph is being captured or warmed up
+for (utils/graph_capture), as measured fastest on an H200 (every path at Flash's shapes, 1-4,096 rows:
+benchmark/RESULTS.md, 2026-12-03):
 - "w8a8": up to SKINNY_ROWS rows (decode, verify), and in graphs grouped weights (wo_a) up to GROUPED_W8A8_MAX_ROWS:
   W8A8 as DeepSeek's reference and the hub's `activation_scheme: dynamic` define it (activations quantized per token
   and 128 channels to e4m3 with power-of-two multipliers), sgl_kernel's dsv4_fp8_block_gemm: FP8 tiles straight into
@@ -35,6 +36,7 @@ from torch import nn
 
 from sglang.srt import platform as plat
 from sglang.srt.environ import envs
+from sglang.srt.utils.graph_capture import in_graph_capture
 
 BLOCK = 128
 logger = logging.getLogger(__name__)
@@ -139,7 +141,7 @@ def fp8_linear(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, groups: 
     from sgl_kernel.dsv4_fp8_gemm import dsv4_fp8_block_gemm, dsv4_fp8_dequant
 
     if path is None:
-        graph = x.is_cuda and torch.cuda.is_current_stream_capturing()
+        graph = x.is_cuda and in_graph_capture()  # graph warm-ups too: they compile what the capture records
         path = fp8_path(x.shape[0], w.shape[0] // groups, w.shape[1], groups, x.dtype, x.device, graph)
     if path in ("w8a8", "w8a16"):
         return dsv4_fp8_block_gemm(x, w, w_scale, groups, out_dtype=x.dtype, quantize_act=path == "w8a8")
