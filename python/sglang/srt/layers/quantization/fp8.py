@@ -12,8 +12,9 @@ benchmark/RESULTS.md, 2026-12-03):
 - "cublas_w8a8": the same W8A8 through cuBLAS's blockwise-scaled GEMM (torch._scaled_mm, sm90 with CUDA >= 12.9;
   bit-equal to the Triton kernel, and faster): in graphs (decode batches above SKINNY_ROWS) for wide weights
   (CUBLAS_MIN_N outputs per group and more: wq_b, wo_b, the indexer's wq_b) and from CUBLAS_MIN_ROWS rows for any;
-  eagerly (prefill chunks) from CUBLAS_EAGER_MIN_ROWS rows, as its activation quantization and scale layout cost
-  about 0.1 ms of host time a call, which only long chunks hide.
+  eagerly (prefill chunks) from CUBLAS_EAGER_MIN_ROWS rows only: eager calls at 256 rows took 4-13x their graph
+  replays (host time or cuBLAS's choices outside graphs, not told apart), and engine prefills of 1,024-row chunks
+  were slower with it.
 - "dequant": the rest above SKINNY_ROWS rows: the weight dequantized in one pass (sgl_kernel's dsv4_fp8_dequant) for
   the vendor bf16 GEMM. Also wherever cuBLAS lacks the recipe, with SGLANG_DSV4_FP8_PREFILL=dequant, and for fp32
   activations.
