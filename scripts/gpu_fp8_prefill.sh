@@ -16,9 +16,10 @@ TAIL=4 step "checkpoint (hub formats)" python3 scripts/make_slice_checkpoint.py 
   benchmark/configs/flash-slice-4l32e.config.json /tmp/w/q --quantize --device cuda
 for round in $(seq "${ROUNDS:-2}"); do  # alternated, so drift between runs shows as a spread, not a difference
   for mode in auto dequant; do
+    profile=(); [ "$round" = 1 ] && profile=(--profile-prefill)  # GPU busy / launches of one prefill per shape
     TAIL=4 step "one batch, FP8 prefill $mode (round $round)" env SGLANG_DSV4_FP8_PREFILL=$mode python3 -m \
       sglang.bench_one_batch --model-path /tmp/w/q --input-len 1024 --output-len 32 --batch-size 1 32 128 \
-      --cuda-graph-bs 1 2 4 8 16 32 64 128 --profile-steps 0
+      --cuda-graph-bs 1 2 4 8 16 32 64 128 --profile-steps 0 ${profile[@]+"${profile[@]}"}
   done
 done
 TAIL=8 step "end-to-end agreement" python3 benchmark/bench_fp8_linears.py --model-path /tmp/w/q --skip-kernels \
