@@ -17,7 +17,7 @@ import torch
 import triton
 
 from sgl_kernel.dsv4_fp8_gemm import dsv4_fp8_act_quant, dsv4_fp8_block_gemm, dsv4_fp8_dequant
-from sglang.srt.layers.quantization.fp8 import cublas_blockwise_ok, cublas_w8a8, dequantize_weight
+from sglang.srt.layers.quantization.fp8 import cublas_blockwise_ok, cublas_w8a8, dequantize_weight, fp8_linear
 
 SHAPES = [("wq_a", 1024, 4096, 1), ("wq_b", 32768, 1024, 1), ("wkv", 512, 4096, 1), ("wo_a", 1024, 4096, 8),
           ("wo_b", 4096, 8192, 1), ("indexer.wq_b", 8192, 1024, 1)]
@@ -49,7 +49,7 @@ def main() -> None:
             paths = {"bf16": lambda: mm(x, wb, groups),
                      "triton_w8a8": lambda: dsv4_fp8_block_gemm(x, w, ws, groups),
                      "torch_dequant_bf16": lambda: mm(x, dequantize_weight(w, ws, torch.bfloat16), groups),
-                     "triton_dequant_bf16": lambda: mm(x, dsv4_fp8_dequant(w, ws), groups)}
+                     "triton_dequant_bf16": lambda: fp8_linear(x, w, ws, groups, path="dequant")}  # the engine's
             if m <= 256:
                 paths["triton_w8a16"] = lambda: dsv4_fp8_block_gemm(x, w, ws, groups, quantize_act=False)
                 paths["triton_w8a8_tma"] = lambda: dsv4_fp8_block_gemm(x, w, ws, groups, tma=True)
