@@ -75,7 +75,7 @@ def swept_config(rows: list, tokens: int):
 
 
 def main() -> None:
-    from sgl_kernel.dsv4_moe_mxfp4 import dsv4_moe_mxfp4, moe_config
+    from sgl_kernel.dsv4_moe_mxfp4 import dsv4_moe_mxfp4, moe_config, tma_supported
     from sgl_kernel.dsv4_moe_mxfp4_ref import dequant_mxfp4_ref
     from sglang.srt.layers.moe.experts import RoutedExperts
 
@@ -108,9 +108,10 @@ def main() -> None:
         ids = torch.stack([torch.randperm(e, device="cuda", generator=g)[:k] for _ in range(t)])
         weights = torch.rand(t, k, device="cuda", generator=g)
         x = (torch.randn(t, d, device="cuda", generator=g) * 0.05).bfloat16()
-        cfg = swept_config(swept, t) or moe_config(t * k, e)
+        default = moe_config(t * k, e, tma=tma_supported(x.device))
+        cfg = swept_config(swept, t) or default
         fused = lambda: dsv4_moe_mxfp4(x, ids, weights, w13, s13, w2, s2, 10.0, config=cfg)  # noqa: E731
-        ref = dsv4_moe_mxfp4(x, ids, weights, w13, s13, w2, s2, 10.0, config=moe_config(t * k, e)).float()
+        ref = dsv4_moe_mxfp4(x, ids, weights, w13, s13, w2, s2, 10.0, config=default).float()
         err = ((fused().float() - ref).norm() / ref.norm()).item()  # vs the default launches
         ms = triton.testing.do_bench_cudagraph(fused, rep=200)
         ms_bf16 = triton.testing.do_bench_cudagraph(lambda: bf16(x, ids, weights), rep=200)

@@ -68,7 +68,7 @@ def main() -> None:
     print(f"Triton {triton.__version__}, sm90")
     common = {"WEIGHT_FP8": False, "SCALE_BCAST": True, "PREC": "tf32", "A_FMT": "bf16"}
     for t in args.tokens:
-        cfg = moe.moe_config(t * 6, 256)
+        cfg = moe.moe_config(t * 6, 256, tma=True)
         for name, kernel, launch, extra in (("gate_up", moe._moe_gate_up_kernel, cfg.gate_up, {"SPLIT_K": 1}),
                                             ("down", moe._moe_down_kernel, cfg.down, {})):
             for tma in {"off": [False], "on": [True], "both": [False, True]}[args.tma]:

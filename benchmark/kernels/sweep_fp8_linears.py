@@ -1,7 +1,7 @@
 """Every path of an FP8 linear at Flash's six FP8 shapes and 1-4,096 rows, on a GPU: which is fastest for each
 (shape, rows)? `fp8_path` (layers/quantization/fp8.py) encodes the answer (benchmark/RESULTS.md, 2026-12-03).
 
-    python benchmark/kernels/sweep_fp8_linears.py [--out r.json]
+    python benchmark/kernels/sweep_fp8_linears.py [--rows 1 16 32 64] [--skip-parts] [--out r.json]
 
 Timed from CUDA graph replays (triton.testing.do_bench_cudagraph), so host launch time is out: bf16 on the
 dequantized weight, Triton W8A8, Triton W8A16 and W8A8 with TMA weight copies (up to 256 rows), cuBLAS's W8A8
@@ -34,6 +34,8 @@ def mm(x, wd, groups):
 
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, nargs="+", default=MS)
+    ap.add_argument("--skip-parts", action="store_true", help="no cuBLAS W8A8 parts at 4,096 rows")
     ap.add_argument("--out")
     args = ap.parse_args()
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -44,7 +46,7 @@ def main() -> None:
         wb = dsv4_fp8_dequant(w, ws)
         assert torch.equal(wb, dequantize_weight(w, ws, torch.bfloat16))
         cub_ok = cublas_blockwise_ok(torch.device("cuda"), n, k)
-        for m in MS:
+        for m in args.rows:
             x = torch.randn(m, groups * k, device="cuda", dtype=torch.bfloat16)
             paths = {"bf16": lambda: mm(x, wb, groups),
                      "triton_w8a8": lambda: dsv4_fp8_block_gemm(x, w, ws, groups),
@@ -64,9 +66,11 @@ def main() -> None:
             print(f"{name:12s} M {m:5d}: " + " | ".join(f"{p} {row[p + '_us']:8.1f}" for p in paths)
                   + f" | best {best} ({row['bf16_us'] / row[best + '_us']:.2f}x bf16)", flush=True)
 
-    print("cuBLAS W8A8 parts, 5 alternated rounds (eager do_bench, us)")
     parts = {}
-    for name, n, k, groups in [("wkv", 512, 4096, 1), ("wo_a", 1024, 4096, 8), ("wq_a", 1024, 4096, 1)]:
+    if not args.skip_parts:
+        print("cuBLAS W8A8 parts, 5 alternated rounds (eager do_bench, us)")
+    part_shapes = [("wkv", 512, 4096, 1), ("wo_a", 1024, 4096, 8), ("wq_a", 1024, 4096, 1)]
+    for name, n, k, groups in [] if args.skip_parts else part_shapes:
         w = (torch.randn(groups * n, k, device="cuda", generator=g) * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
         ws = torch.full((groups * n // 128, k // 128), 2.0 ** -10, device="cuda")
         x = torch.randn(4096, groups * k, device="cuda", dtype=torch.bfloat16)

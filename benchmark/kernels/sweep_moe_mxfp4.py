@@ -35,7 +35,7 @@ from common import copy_bandwidth_gbps  # noqa: E402
 
 
 def main() -> None:
-    from sgl_kernel.dsv4_moe_mxfp4 import MoeLaunch, dsv4_moe_align, moe_config, moe_down, moe_gate_up
+    from sgl_kernel.dsv4_moe_mxfp4 import MoeLaunch, dsv4_moe_align, moe_config, moe_down, moe_gate_up, tma_supported
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--experts", type=int, default=256)
@@ -62,7 +62,7 @@ def main() -> None:
             baseline = [(128, MoeLaunch(128, 128, 8, 2, scaled_dot=False)), (128, MoeLaunch(128, 64, 4, 3,
                                                                                              scaled_dot=False))]
         else:  # decode: 16-row scaled dots (earlier sweeps' winners)
-            grid = itertools.product([16], [64, 128], [128, 256], [4], [1, 3])
+            grid = itertools.product([16], [32, 64, 128], [128, 256], [4], [1, 3])
             baseline = [(16, MoeLaunch(64, 256, 4, 1, scaled_dot=False))]
         yield from baseline
         for block_m, bn, bk, warps, stages in grid:
@@ -77,7 +77,7 @@ def main() -> None:
         touched = ids.unique().numel()
         gate_up_floor = touched * (w13[0].numel() + s13[0].numel()) / bw * 1e3
         down_floor = touched * (w2[0].numel() + s2[0].numel()) / bw * 1e3
-        default = moe_config(t * k, e)  # the in-register baselines above take their own
+        default = moe_config(t * k, e, tma=tma_supported(x.device))  # the in-register baselines above take their own
         prefill = t * k / e > 16
         aligned = {}
         for block_m, launch in candidates(prefill):

@@ -106,6 +106,27 @@ def test_other_ranks_pairs_add_nothing(scaled_dot):
                                    atol=1e-4 * got8.abs().max().item())
 
 
+def test_tma_launches_only_where_descriptors_exist(monkeypatch):
+    """The decode launches from 8 tokens take TMA copies only on NVIDIA sm90+ (tma_supported): never on the CPU,
+    ROCm (simulated) or an sm80 GPU (simulated), and never at 1 token or for prefill blocks or the in-register path."""
+    from sgl_kernel import dsv4_moe_mxfp4 as moe
+
+    assert not moe.tma_supported(torch.device("cpu"))
+    for hip, capability, want in ((None, (9, 0), True), (None, (8, 0), False), ("6.2", (9, 4), False)):
+        moe._TMA.clear()
+        monkeypatch.setattr(torch.version, "hip", hip)
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None, c=capability: c)
+        assert moe.tma_supported(torch.device("cuda", 0)) is want, (hip, capability)
+    moe._TMA.clear()
+    on = moe_config(48, 256, tma=True)  # 8 tokens, top-6
+    assert on.block_m == 16 and on.gate_up.tma and on.down.tma
+    assert not any(launch.tma for launch in (moe_config(48, 256, tma=False).gate_up, moe_config(48, 256).down))
+    one = moe_config(6, 256, tma=True)
+    assert not one.gate_up.tma and not one.down.tma
+    assert not moe_config(4096 * 6, 256, tma=True).gate_up.tma
+    assert not moe_config(48, 256, scaled_dot=False, tma=True).gate_up.tma
+
+
 @pytest.mark.parametrize("config", [
     MoeConfig(16, MoeLaunch(scale_bcast=False), MoeLaunch(scale_bcast=False)),  # one scale load per packed byte
     MoeConfig(32, MoeLaunch(block_n=32, block_k=128), MoeLaunch(block_n=128, block_k=32)),  # K tile past hidden
@@ -193,19 +214,20 @@ def test_gpu_fp8_experts_flash_widths(tokens):
 
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize("path", ["default", "in-register", "tma"])
-@pytest.mark.parametrize("tokens", [1, 32, 4096])
+@pytest.mark.parametrize("path", ["default", "in-register", "pointers", "tma"])
+@pytest.mark.parametrize("tokens", [1, 8, 32, 4096])
 def test_gpu_flash_widths(tokens, path):
     """Flash widths (hidden 4096, intermediate 2048, top-6 of 256 experts) in bf16: relative error vs the fp32
     reference on the same bf16 inputs below 1% (bf16 intermediate rows and outputs), for the default launches
-    (tl.dot_scaled), the in-register dequantization and the default launches with the codes through TMA."""
+    (tl.dot_scaled; TMA copies from 8 tokens on sm90), the in-register dequantization, and the scaled dot's launches
+    with every code read by pointers / through TMA."""
     w13, s13, w2, s2 = _experts(256, 4096, 2048, seed=0, device="cuda")
     ids, weights = _routing(tokens, 6, 256, seed=1, skew=False, device="cuda")
     x = (torch.randn(tokens, 4096, device="cuda") * 0.05).bfloat16()
-    config = moe_config(tokens * 6, 256, scaled_dot=path != "in-register")
-    if path == "tma":
-        config = MoeConfig(config.block_m, dataclasses.replace(config.gate_up, tma=True),
-                           dataclasses.replace(config.down, tma=True))
+    config = None if path == "default" else moe_config(tokens * 6, 256, scaled_dot=path != "in-register")
+    if path in ("pointers", "tma"):
+        config = MoeConfig(config.block_m, dataclasses.replace(config.gate_up, tma=path == "tma"),
+                           dataclasses.replace(config.down, tma=path == "tma"))
     got = dsv4_moe_mxfp4(x, ids, weights, w13, s13, w2, s2, 10.0, config=config).float()
     ref = fused_moe_mxfp4_ref(x, ids, weights, w13, s13, w2, s2, 10.0)
     err = ((got - ref).norm() / ref.norm()).item()

@@ -106,6 +106,18 @@ def _fp8_block_gemm_kernel(a_ptr, as_ptr, w_ptr, w_desc, ws_ptr, c_ptr, M, N, K,
 
 
 @triton.jit
+def _sum_splits_kernel(c_ptr, out_ptr, numel, SPLITS, BLOCK: tl.constexpr):
+    """out = the K splits' fp32 partial sums c [SPLITS, numel] added in split order, in out's dtype (one launch where
+    c.sum(0).to(dtype) took two)."""
+    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < numel
+    acc = tl.load(c_ptr + i, mask=ok, other=0.0)
+    for s in range(1, SPLITS):
+        acc += tl.load(c_ptr + s * numel + i, mask=ok, other=0.0)
+    tl.store(out_ptr + i, acc.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
 def _dequant_kernel(w_ptr, s_ptr, out_ptr, N, K, stride_w, stride_s, stride_o, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr):
     """One [BLOCK_N, BLOCK_K] tile: e4m3 codes times their 128x128 block's multiplier, in the output dtype."""
@@ -253,5 +265,6 @@ def _launch(a: torch.Tensor, a_scale, w: torch.Tensor, w_scale: torch.Tensor, gr
                                  BLOCK_N=block_n, BLOCK_K=BLOCK, PREC="ieee" if a.dtype == torch.float32 else "tf32",
                                  TMA=tma, num_warps=warps, num_stages=stages)
     if splits > 1:
-        out = c.sum(0).to(out_dtype)
+        out = torch.empty(m, groups * n, dtype=out_dtype, device=a.device)
+        _sum_splits_kernel[(triton.cdiv(out.numel(), 1024),)](c, out, out.numel(), splits, BLOCK=1024, num_warps=4)
     return out

@@ -327,21 +327,26 @@ class MoeConfig:
     down: MoeLaunch
 
 
-def moe_config(num_pairs: int, num_experts: int, scaled_dot: bool = True, fp8: bool = False) -> MoeConfig:
+def moe_config(num_pairs: int, num_experts: int, scaled_dot: bool = True, fp8: bool = False,
+               tma: bool = False) -> MoeConfig:
     """Launch settings by pairs per expert (static for a batch size: graph capture sees one) and path (tl.dot_scaled
-    for 16-bit activations with MXFP4 weights, else in-register dequantization). From the H200 sweeps
-    (benchmark/kernels/sweep_moe_mxfp4.py, Flash widths; RESULTS.md "Fused MXFP4 MoE on an H200"): decode (<= 16
-    pairs per expert) 16-row blocks with long K tiles; prefill 128-row blocks (64 up to 64 pairs per expert). The
-    scaled dot beat the in-register path 1.2-4.6x per kernel (swapping its operands, weights as the MMA's first
-    one, never won and was dropped; so did K splits, 1-8-row multiply-adds and one MMA per 32-input scale group with
-    the multiplier on the fp32 partial: 2026-12-02 sixth session; and the next K tile prefetched into registers
-    before the current tile's MMAs, 1.2-1.5x slower: 2026-12-03). Decode: one token's few experts want long K tiles
-    (and 128-wide down tiles), 8 tokens and more 64 x 128 tiles, one stage each."""
+    for 16-bit activations with MXFP4 weights, else in-register dequantization); `tma`: the device has TMA tensor
+    descriptors (`tma_supported`). From the H200 sweeps (benchmark/kernels/sweep_moe_mxfp4.py, Flash widths;
+    RESULTS.md "Fused MXFP4 MoE on an H200" and later): decode (<= 16 pairs per expert) 16-row blocks with long K
+    tiles; prefill 128-row blocks (64 up to 64 pairs per expert). The scaled dot beat the in-register path 1.2-4.6x
+    per kernel (swapping its operands, weights as the MMA's first one, never won and was dropped; so did K splits,
+    1-8-row multiply-adds and one MMA per 32-input scale group with the multiplier on the fp32 partial: 2026-12-02
+    sixth session; and the next K tile prefetched into registers before the current tile's MMAs, 1.2-1.5x slower:
+    2026-12-03). Decode: one token's few experts want gate-up's 256-wide K tiles unpipelined (its TMA copies were
+    1.2x slower there) and 3-stage 128-wide down tiles; from 8 tokens 3-stage 128-wide K tiles with the codes through
+    TMA (5-12% faster than pointer loads at 8 and 32 tokens: RESULTS.md, 2026-12-03 second session)."""
     per_expert = num_pairs / num_experts
     block_m = 16 if per_expert <= 16 else 64 if per_expert <= 64 else 128
     if scaled_dot:
         if block_m == 16 and num_pairs * 8 <= num_experts:
-            return MoeConfig(16, MoeLaunch(64, 256, 4, 1), MoeLaunch(128, 256, 4, 1))
+            return MoeConfig(16, MoeLaunch(64, 256, 4, 1), MoeLaunch(64, 128, 4, 3))
+        if block_m == 16 and tma:
+            return MoeConfig(16, MoeLaunch(64, 128, 4, 3, tma=True), MoeLaunch(128, 128, 4, 3, tma=True))
         if block_m == 16:
             return MoeConfig(16, MoeLaunch(64, 128, 4, 1), MoeLaunch(64, 128, 4, 1))
         return MoeConfig(block_m, MoeLaunch(64, 64, 4, 3), MoeLaunch(128, 64, 4, 3))
@@ -350,6 +355,24 @@ def moe_config(num_pairs: int, num_experts: int, scaled_dot: bool = True, fp8: b
     # FP8 weight tiles need narrower gate-up tiles: 128 x 128 with 128-row blocks wants 256 KB of shared memory
     gate_up = MoeLaunch(64, 128, 4, 2, scaled_dot=False) if fp8 else MoeLaunch(128, 128, 8, 2, scaled_dot=False)
     return MoeConfig(block_m, gate_up, MoeLaunch(128, 64, 4, 3, scaled_dot=False))
+
+
+def tma_supported(device: torch.device) -> bool:
+    """TMA tensor descriptors for the codes (MoeLaunch.tma): NVIDIA sm90 and later with a Triton that has them; never
+    on ROCm or the CPU interpreter (their launches keep pointer loads)."""
+    if device.type != "cuda" or torch.version.hip is not None:
+        return False
+    index = torch.cuda.current_device() if device.index is None else device.index
+    if index not in _TMA:
+        try:
+            from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: F401
+            _TMA[index] = torch.cuda.get_device_capability(index) >= (9, 0)
+        except ImportError:
+            _TMA[index] = False
+    return _TMA[index]
+
+
+_TMA: dict = {}
 
 
 def dsv4_moe_mxfp4(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13: torch.Tensor,
@@ -394,7 +417,8 @@ def _fused_moe(x, topk_ids, topk_weights, w13, s13, w2, s2, limit: float, inter:
     if num_tokens == 0:
         return torch.zeros_like(x)
     scaled = not fp8 and x.dtype in (torch.bfloat16, torch.float16)
-    cfg = config or moe_config(num_tokens * top_k, num_experts, scaled_dot=scaled, fp8=fp8)
+    cfg = config or moe_config(num_tokens * top_k, num_experts, scaled_dot=scaled, fp8=fp8,
+                               tma=tma_supported(x.device))
     rows, block_expert = dsv4_moe_align(topk_ids, num_experts, cfg.block_m)
     h = moe_gate_up(x, rows, block_expert, w13, s13, inter, top_k, limit, cfg.block_m, cfg.gate_up, fp8)
     pairs = moe_down(h, rows, block_expert, w2, s2, topk_weights, hidden, cfg.block_m, cfg.down, fp8)
