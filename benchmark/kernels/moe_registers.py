@@ -2,18 +2,23 @@
 GPU without one (Triton's bundled ptxas and cuobjdump): register pressure can be read on a CPU-only machine, with the
 Triton that is installed (3.6 on our H200 image; the numbers in RESULTS.md name the version).
 
-    python benchmark/kernels/moe_registers.py [--tokens 1 8 32] [--tma both]
+    python benchmark/kernels/moe_registers.py [--tokens 1 8 32] [--tma both] [--sass] [--warps 4 8]
 
 Each launch of `moe_config` for the token counts (Flash: 256 experts, top-6, bf16 activations, the scaled dot), with
 the codes read by pointers and through TMA descriptors (MoeLaunch.tma). 255 registers with a stack means the compiler
-spilled; fewer registers leave room for more programs per SM (65,536 registers per SM on an H100 / H200).
+spilled; fewer registers leave room for more programs per SM (65,536 registers per SM on an H100 / H200). --sass adds
+the K loop's instruction mix: instructions per thread and iteration over the weights each thread upcasts is the
+issue cost per weight that bounds the decode launches (RESULTS.md, 2026-12-04).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
+import itertools
 import os
+import re
 import subprocess
 import tempfile
 
@@ -41,29 +46,62 @@ def signature(kernel, consts: dict, desc_block) -> dict:
     return sig
 
 
-def resources(kernel, consts: dict, launch, tma: bool) -> str:
+def compile_sm90(kernel, consts: dict, launch, tma: bool):
+    """The launch compiled for sm90, specialized as the JIT specializes it at Flash's sizes: every pointer and int
+    argument divisible by 16 (aligned buffers, widths and strides) but TOPK (6). Without these hints the codes load
+    byte by byte and the figures are a different kernel's."""
     consts = dict(consts)
     desc = (launch.block_n, launch.block_k // 2) if tma else None
     if not tma:
         consts["w_desc"] = None
     sig = signature(kernel, consts, desc)
-    src = triton.compiler.ASTSource(fn=kernel, signature=sig,
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
+             if n not in consts and n not in ("TOPK", "limit", "w_desc")}
+    src = triton.compiler.ASTSource(fn=kernel, signature=sig, attrs=attrs,
                                     constexprs={(kernel.arg_names.index(n),): v for n, v in consts.items()})
-    c = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                       options={"num_warps": launch.num_warps, "num_stages": launch.num_stages})
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": launch.num_warps, "num_stages": launch.num_stages})
+
+
+def _tool(name: str, cubin: bytes, *flags: str) -> str:
+    path = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(c.asm["cubin"])
+        f.write(cubin)
         f.flush()
-        out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
-    line = next(ln for ln in out.splitlines() if "REG:" in ln).split()
+        return subprocess.run([path, *flags, f.name], capture_output=True, text=True, check=True).stdout
+
+
+def resources(c) -> str:
+    line = next(ln for ln in _tool("cuobjdump", c.asm["cubin"], "-res-usage").splitlines() if "REG:" in ln).split()
     return f"{line[0]} {line[1]} shared {c.metadata.shared} B"
+
+
+_INSTR = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)")
+
+
+def loop_mix(c, top: int = 10) -> str:
+    """The SASS of the K loop (the longest backward branch's body): instructions per iteration per thread and the
+    most frequent opcodes (the e2m1 upcast shows as PRMT / LOP3 / HMUL2, operand staging as LDS / STS)."""
+    instrs = [(int(m.group(1), 16), m.group(2), ln) for ln in _tool("cuobjdump", c.asm["cubin"], "-sass").splitlines()
+              if (m := _INSTR.match(ln))]
+    best = None
+    for addr, op, ln in instrs:
+        target = re.search(r"BRA\s+0x([0-9a-f]+)", ln) if op == "BRA" else None
+        if target and int(target.group(1), 16) < addr and (best is None or addr - int(target.group(1), 16) >
+                                                           best[1] - best[0]):
+            best = (int(target.group(1), 16), addr)
+    if best is None:
+        return "no loop"
+    ops = collections.Counter(op for addr, op, _ in instrs if best[0] <= addr <= best[1])
+    return f"K loop {sum(ops.values())} instructions: " + " ".join(f"{o} {n}" for o, n in ops.most_common(top))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--tma", choices=["off", "on", "both"], default="both")
+    ap.add_argument("--sass", action="store_true", help="also the K loop's instruction mix (cuobjdump -sass)")
+    ap.add_argument("--warps", type=int, nargs="+", default=[0], help="num_warps to compile (0: moe_config's)")
     args = ap.parse_args()
     print(f"Triton {triton.__version__}, sm90")
     common = {"WEIGHT_FP8": False, "SCALE_BCAST": True, "PREC": "tf32", "A_FMT": "bf16"}
@@ -71,11 +109,15 @@ def main() -> None:
         cfg = moe.moe_config(t * 6, 256, tma=True)
         for name, kernel, launch, extra in (("gate_up", moe._moe_gate_up_kernel, cfg.gate_up, {"SPLIT_K": 1}),
                                             ("down", moe._moe_down_kernel, cfg.down, {})):
-            for tma in {"off": [False], "on": [True], "both": [False, True]}[args.tma]:
-                launch_t = dataclasses.replace(launch, tma=tma)
+            for tma, warps in itertools.product({"off": [False], "on": [True], "both": [False, True]}[args.tma],
+                                                args.warps):
+                launch_t = dataclasses.replace(launch, tma=tma, num_warps=warps or launch.num_warps)
                 consts = {**common, **extra, "BLOCK_M": cfg.block_m, "BLOCK_N": launch.block_n,
                           "BLOCK_K": launch.block_k, "TMA": tma}
-                print(f"tokens {t:4d} {name:8s} {launch_t}: {resources(kernel, consts, launch_t, tma)}", flush=True)
+                c = compile_sm90(kernel, consts, launch_t, tma)
+                print(f"tokens {t:4d} {name:8s} {launch_t}: {resources(c)}", flush=True)
+                if args.sass:
+                    print(f"      {loop_mix(c)}", flush=True)
 
 
 if __name__ == "__main__":

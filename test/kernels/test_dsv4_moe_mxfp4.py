@@ -43,15 +43,18 @@ _ALIGN_CASES = [(1, 6, 16, 16, False), (37, 4, 8, 16, False), (300, 6, 32, 64, F
 
 
 @pytest.mark.parametrize("tokens,top_k,experts,block_m,foreign,one_program", [
-    (*case, one) for case in _ALIGN_CASES for one in (False, True) if not one or case[0] * case[1] <= 256])
+    (*case, one) for case in _ALIGN_CASES for one in (False, True)])
 def test_align_equals_reference(tokens, top_k, experts, block_m, foreign, one_program):
-    """Both sorts (torch ops; the one-program kernel decode uses on a GPU, up to 256 pairs: 252 here, over 256
-    experts) give the reference's blocks, other ranks' pairs (-1) in the blocks of expert E."""
+    """Both sorts (torch ops; the one-program kernel, 6 to 1,800 pairs here, over 8 to 256 experts) give the
+    reference's blocks, other ranks' pairs (-1) in the blocks of expert E."""
     ids, _ = _routing(tokens, top_k, experts, seed=tokens, skew=tokens == 37)
     if foreign:  # expert parallelism: the upper half of the experts is another rank's
         ids = torch.where(ids >= experts // 2, -1, ids)
     rows, block_expert = dsv4_moe_align(ids, experts, block_m, one_program=one_program)
     ref_rows, ref_experts = align_ref(ids, experts, block_m)
+    if one_program:
+        with pytest.raises(ValueError, match="one_program=False"):
+            dsv4_moe_align(torch.zeros(16385, 1, dtype=torch.int64), experts, block_m, one_program=True)
     n = len(ref_experts)
     assert block_expert.shape[0] >= n and block_expert.shape[0] == -(-tokens * top_k // block_m) + min(experts + 1,
                                                                                                        tokens * top_k)
@@ -107,8 +110,8 @@ def test_other_ranks_pairs_add_nothing(scaled_dot):
 
 
 def test_tma_launches_only_where_descriptors_exist(monkeypatch):
-    """The decode launches from 8 tokens take TMA copies only on NVIDIA sm90+ (tma_supported): never on the CPU,
-    ROCm (simulated) or an sm80 GPU (simulated), and never at 1 token or for prefill blocks or the in-register path."""
+    """The decode launches take TMA copies only on NVIDIA sm90+ (tma_supported): never on the CPU, ROCm (simulated)
+    or an sm80 GPU (simulated), never for one token's gate-up, prefill blocks or the in-register path."""
     from sgl_kernel import dsv4_moe_mxfp4 as moe
 
     assert not moe.tma_supported(torch.device("cpu"))
@@ -122,7 +125,7 @@ def test_tma_launches_only_where_descriptors_exist(monkeypatch):
     assert on.block_m == 16 and on.gate_up.tma and on.down.tma
     assert not any(launch.tma for launch in (moe_config(48, 256, tma=False).gate_up, moe_config(48, 256).down))
     one = moe_config(6, 256, tma=True)
-    assert not one.gate_up.tma and not one.down.tma
+    assert not one.gate_up.tma and one.down.tma and not moe_config(6, 256, tma=False).down.tma
     assert not moe_config(4096 * 6, 256, tma=True).gate_up.tma
     assert not moe_config(48, 256, scaled_dot=False, tma=True).gate_up.tma
 
@@ -237,7 +240,7 @@ def test_gpu_flash_widths(tokens, path):
 
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize("tokens", [1, 8, 32, 42])
+@pytest.mark.parametrize("tokens", [1, 8, 32, 42, 128, 341])
 def test_gpu_align_one_program_equals_torch_ops(tokens):
     """On the GPU (the one-program sort's home: barriers between its scratch writes and reads), Flash's 256 experts:
     the same blocks as the torch ops, other ranks' pairs included."""

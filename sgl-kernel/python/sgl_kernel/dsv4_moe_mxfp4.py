@@ -1,11 +1,11 @@
 """dsv4_moe_mxfp4 / dsv4_moe_fp8: DeepSeek-V4's routed experts from packed MXFP4 weights (W4A16) or FP8-converted
 ones (W8A16, e4m3 with 128x128 block multipliers: `WEIGHT_FP8`), in three device steps.
 
-1. `dsv4_moe_align` (torch ops, no host read, graph-capturable): the (token, slot) pairs sorted by expert into
-   blocks of BLOCK_M rows, each block one expert's, padded with -1; `block_expert[b]` = the block's expert. Pairs
-   whose id is -1 (another rank's expert under expert parallelism) come last, in blocks of expert E: no GEMM runs
-   for them, the down kernel only writes their rows 0. Blocks past the work have expert E + 1. The block count is
-   capacity-static: ceil(T*k / BLOCK_M) + min(E + 1, T*k) bounds it.
+1. `dsv4_moe_align` (one Triton program up to 2,048 pairs, else torch ops; no host read, graph-capturable): the
+   (token, slot) pairs sorted by expert into blocks of BLOCK_M rows, each block one expert's, padded with -1;
+   `block_expert[b]` = the block's expert. Pairs whose id is -1 (another rank's expert under expert parallelism)
+   come last, in blocks of expert E: no GEMM runs for them, the down kernel only writes their rows 0. Blocks past
+   the work have expert E + 1. The block count is capacity-static: ceil(T*k / BLOCK_M) + min(E + 1, T*k) bounds it.
 2. `_moe_gate_up_kernel`: per block and tile of the intermediate dim, x rows (gathered by token) times the expert's
    w1 and w3 rows, then the clamped SwiGLU silu(min(g, L)) * clamp(u, -L, L), written to an intermediate row per
    padded row. bf16 / fp16 activations with MXFP4 weights go through tl.dot_scaled (the compiler upcasts e2m1 with
@@ -30,7 +30,9 @@ import triton.language as tl
 FP4_BLOCK = 32
 
 
-ALIGN_ONE_PROGRAM_PAIRS = 256  # up to this many (token, slot) pairs one program sorts them (decode); more: torch ops
+# Up to this many (token, slot) pairs one program sorts them (decode, short prefill chunks); more: torch ops. On an
+# H200 the program took 2.4 / 9.5 / 23.1 / 217.6 us at 6 / 768 / 1,536 / 6,144 pairs, the torch ops 47-81 / 124.5 us.
+ALIGN_ONE_PROGRAM_PAIRS = 2048
 
 
 def dsv4_moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int, one_program: Optional[bool] = None) -> tuple:
@@ -61,39 +63,35 @@ def dsv4_moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int, one_p
 
 
 @triton.jit
-def _align_kernel(ids_ptr, rows_ptr, bexp_ptr, ends_ptr, n, E, num_rows, num_blocks, BLOCK_M: tl.constexpr,
-                  P: tl.constexpr, EP: tl.constexpr, NB: tl.constexpr, CHUNK: tl.constexpr):
-    """dsv4_moe_align in one program: per-expert counts (a histogram; padding lanes in bin EP - 1, past E), padded
-    block ends (a cumulative sum, kept in ends_ptr), each pair's rank among its expert's earlier pairs (pairwise
-    comparisons, CHUNK columns at a time: the stable sort's order), then the rows and each block's expert (the count
-    of expert ends at or before the block's first row: searchsorted). Barriers order the scratch writes before reads."""
+def _align_kernel(ids_ptr, rows_ptr, bexp_ptr, pad_ptr, n, E, num_rows, num_blocks, BLOCK_M: tl.constexpr,
+                  P: tl.constexpr, EP: tl.constexpr):
+    """dsv4_moe_align in one program, without per-pair cross-thread reductions (the pairwise-rank version spent ~30 us
+    in 1,300 warp reductions at 192 pairs on an H200): per-expert counts (a histogram; padding lanes in bin EP - 1,
+    past E), each expert's padding before it (an exclusive cumulative sum, kept in pad_ptr), the pairs sorted by
+    (expert, pair index) (a stable sort by expert), and each sorted pair's row = its sorted position + the padding
+    before its expert; each pair also writes its block's expert (every block of an expert holds one of its pairs).
+    A barrier orders the fills and the scratch write before the scatters and the gather."""
     i = tl.arange(0, P)
     ok = i < n
     ids = tl.load(ids_ptr + i, mask=ok, other=0).to(tl.int32)
     ids = tl.where(ok, tl.where(ids < 0, E, ids), EP - 1)
     e = tl.arange(0, EP)
     counts = tl.where(e <= E, tl.histogram(ids, EP), 0)
-    tl.store(ends_ptr + e, tl.cumsum((counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M, 0))
-    rank = tl.zeros([P], dtype=tl.int32)
-    for j0 in tl.static_range(0, P, CHUNK):
-        j = j0 + tl.arange(0, CHUNK)
-        idj = tl.load(ids_ptr + j, mask=j < n, other=0).to(tl.int32)
-        idj = tl.where(j < n, tl.where(idj < 0, E, idj), EP - 1)
-        same = (idj[None, :] == ids[:, None]) & (j[None, :] < i[:, None])
-        rank += tl.sum(same.to(tl.int32), axis=1)
+    pad = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M - counts
+    tl.store(pad_ptr + e, tl.cumsum(pad, 0) - pad)
     for r0 in range(0, num_rows, 1024):
         r = r0 + tl.arange(0, 1024)
         tl.store(rows_ptr + r, tl.full([1024], -1, tl.int64), mask=r < num_rows)
+    for b0 in range(0, num_blocks, 1024):
+        b = b0 + tl.arange(0, 1024)
+        tl.store(bexp_ptr + b, tl.full([1024], 0, tl.int64) + E + 1, mask=b < num_blocks)
+    key = tl.sort(ids * P + i)  # padding lanes (bin EP - 1) sort last
     tl.debug_barrier()
-    start = tl.load(ends_ptr + ids - 1, mask=ok & (ids > 0), other=0, cache_modifier=".cg")
-    tl.store(rows_ptr + start + rank, i.to(tl.int64), mask=ok)
-    b = tl.arange(0, NB)
-    expert = tl.zeros([NB], dtype=tl.int32)
-    for e0 in tl.static_range(0, EP, CHUNK):
-        ec = e0 + tl.arange(0, CHUNK)
-        ends = tl.load(ends_ptr + ec, mask=ec <= E, other=2**30, cache_modifier=".cg")
-        expert += tl.sum((ends[None, :] <= (b * BLOCK_M)[:, None]).to(tl.int32), axis=1)
-    tl.store(bexp_ptr + b, expert.to(tl.int64), mask=b < num_blocks)
+    expert = key // P
+    valid = expert <= E
+    row = i + tl.load(pad_ptr + expert, mask=valid, other=0, cache_modifier=".cg")
+    tl.store(rows_ptr + row, (key % P).to(tl.int64), mask=valid)
+    tl.store(bexp_ptr + row // BLOCK_M, expert.to(tl.int64), mask=valid)
 
 
 def _align_one_program(topk_ids: torch.Tensor, num_experts: int, block_m: int, num_blocks: int) -> tuple:
@@ -101,11 +99,13 @@ def _align_one_program(topk_ids: torch.Tensor, num_experts: int, block_m: int, n
     rows = torch.empty(num_blocks * block_m, dtype=torch.int64, device=device)
     block_expert = torch.empty(num_blocks, dtype=torch.int64, device=device)
     ep = triton.next_power_of_2(num_experts + 2)  # bins 0..E and one past for padding lanes
-    ends = torch.empty(ep, dtype=torch.int32, device=device)
+    pad_before = torch.empty(ep, dtype=torch.int32, device=device)
     p = max(16, triton.next_power_of_2(n))
-    _align_kernel[(1,)](topk_ids.contiguous().view(-1), rows, block_expert, ends, n, num_experts, rows.numel(),
-                        num_blocks, BLOCK_M=block_m, P=p, EP=ep, NB=max(16, triton.next_power_of_2(num_blocks)),
-                        CHUNK=min(p, 32), num_warps=4)
+    if p > 16384 or ep * p >= 2**31:  # shared memory for the sort; keys expert * P + pair in int32
+        raise ValueError(f"one_program aligns up to 16,384 pairs with expert * pairs < 2^31, got {n} pairs and "
+                         f"{num_experts} experts: use one_program=False")
+    _align_kernel[(1,)](topk_ids.contiguous().view(-1), rows, block_expert, pad_before, n, num_experts, rows.numel(),
+                        num_blocks, BLOCK_M=block_m, P=p, EP=ep, num_warps=4 if p <= 256 else 8 if p <= 2048 else 16)
     return rows, block_expert
 
 
@@ -314,8 +314,8 @@ class MoeLaunch:
     scale_bcast: bool = True  # the in-register path (fp32 activations): one scale load per 32 inputs
     scaled_dot: bool = True  # bf16 / fp16 activations x MXFP4 weights through tl.dot_scaled
     split_k: int = 1  # K splits (more programs for decode's few blocks; fp32 partial sums added after)
-    # scaled dot: weight codes through a TMA tensor descriptor (no per-element address registers: the decode launches
-    # compile to 255 registers and a stack with pointer loads, 188-233 and none with descriptors; Triton 3.6, sm90)
+    # scaled dot: weight codes through a TMA tensor descriptor (no per-element address registers, copies the compiler
+    # pipelines; 5-30% faster for most decode launches on an H200)
     tma: bool = False
 
 
@@ -336,15 +336,16 @@ def moe_config(num_pairs: int, num_experts: int, scaled_dot: bool = True, fp8: b
     tiles; prefill 128-row blocks (64 up to 64 pairs per expert). The scaled dot beat the in-register path 1.2-4.6x
     per kernel (swapping its operands, weights as the MMA's first one, never won and was dropped; so did K splits,
     1-8-row multiply-adds and one MMA per 32-input scale group with the multiplier on the fp32 partial: 2026-12-02
-    sixth session; and the next K tile prefetched into registers before the current tile's MMAs, 1.2-1.5x slower:
-    2026-12-03). Decode: one token's few experts want gate-up's 256-wide K tiles unpipelined (its TMA copies were
-    1.2x slower there) and 3-stage 128-wide down tiles; from 8 tokens 3-stage 128-wide K tiles with the codes through
-    TMA (5-12% faster than pointer loads at 8 and 32 tokens: RESULTS.md, 2026-12-03 second session)."""
+    sixth session; the next K tile prefetched into registers before the current tile's MMAs, 1.2-1.5x slower:
+    2026-12-03; and 8 warps: 2026-12-04). Decode, timed as CUDA-graph replays: one token's few experts want 256-wide
+    K tiles unpipelined, gate-up's codes by pointers (its TMA copies were 1.2x slower), down's through TMA (19.2 us
+    against 27.1 for 3-stage 128-wide tiles); from 8 tokens 3-stage 128-wide K tiles with the codes through TMA (5-12%
+    faster than pointer loads at 8 and 32 tokens: RESULTS.md, 2026-12-03 second session)."""
     per_expert = num_pairs / num_experts
     block_m = 16 if per_expert <= 16 else 64 if per_expert <= 64 else 128
     if scaled_dot:
         if block_m == 16 and num_pairs * 8 <= num_experts:
-            return MoeConfig(16, MoeLaunch(64, 256, 4, 1), MoeLaunch(64, 128, 4, 3))
+            return MoeConfig(16, MoeLaunch(64, 256, 4, 1), MoeLaunch(64, 256, 4, 1, tma=tma))
         if block_m == 16 and tma:
             return MoeConfig(16, MoeLaunch(64, 128, 4, 3, tma=True), MoeLaunch(128, 128, 4, 3, tma=True))
         if block_m == 16:
