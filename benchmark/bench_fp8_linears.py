@@ -30,7 +30,8 @@ import triton
 # (name, N per group, K, groups) of Flash's FP8 linears (hidden 4096, q_lora 1024, 64 heads x 512, 8 o-groups x 1024,
 # indexer 64 heads x 128)
 SHAPES = [("wq_a", 1024, 4096, 1), ("wq_b", 32768, 1024, 1), ("wkv", 512, 4096, 1), ("wo_a", 1024, 4096, 8),
-          ("wo_b", 4096, 8192, 1), ("indexer.wq_b", 8192, 1024, 1)]
+          ("wo_b", 4096, 8192, 1), ("indexer.wq_b", 8192, 1024, 1),
+          ("wq_kv_a", 1536, 4096, 1)]  # wq_a and wkv joined after loading (layers/fused_linear.py): the engine's
 
 
 def copy_bandwidth() -> float:

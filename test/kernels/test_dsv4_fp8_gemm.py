@@ -202,7 +202,8 @@ def test_gpu_cublas_w8a8(m, groups, n, k):
 @needs_cuda
 @pytest.mark.parametrize("path", ["w8a8", "cublas_w8a8", "dequant", "w8a16"])
 @pytest.mark.parametrize("m,groups,n,k", [(1, 1, 32768, 1024), (32, 8, 1024, 4096), (128, 1, 1024, 4096),
-                                          (256, 8, 1024, 4096), (2048, 1, 512, 4096)])
+                                         (256, 8, 1024, 4096), (2048, 1, 512, 4096),
+                                         (1, 1, 1536, 4096), (4096, 1, 1536, 4096)])  # wq_a + wkv joined
 def test_gpu_engine_paths(m, groups, n, k, path):
     """Each kernel `fp8_path` may pick (W8A8, cuBLAS W8A8, one-pass dequantize + bf16 GEMM, W8A16) through
     fp8_linear, against the fp32 product of the same operands: W8A8 within its activation rounding, the others within

@@ -19,6 +19,7 @@ from sglang.srt.distributed.parallel_state import get_parallel_state
 from sglang.srt.distributed.sharding import local_expert_range
 from sglang.srt.layers.attention.dsv4.hadamard import hadamard_rotate
 from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
+from sglang.srt.layers.fused_linear import concat_linears
 from sglang.srt.layers.mhc import hc_head, hc_post, hc_pre
 from sglang.srt.layers.moe.experts import RoutedExperts, SharedExpert, append_shared_expert
 from sglang.srt.layers.moe.router import Gate
@@ -107,6 +108,7 @@ class Attention(nn.Module):
         self.softmax_scale = c.head_dim ** -0.5
         self.eps = c.rms_norm_eps
         self.wq_a = nn.Linear(c.hidden_size, c.q_lora_rank, bias=False)
+        self.wq_kv_a = None  # wq_a and wkv as one linear, after loading (fuse_q_kv_a)
         self.q_norm = RMSNorm(c.q_lora_rank, c.rms_norm_eps)
         self.wq_b = nn.Linear(c.q_lora_rank, self.n_heads * c.head_dim, bias=False)
         self.wkv = nn.Linear(c.hidden_size, c.head_dim, bias=False)
@@ -119,13 +121,27 @@ class Attention(nn.Module):
         self.compressor = Compressor(c, layer_id, self.ratio, c.head_dim, self.rotary, False) if self.ratio else None
         self.indexer = Indexer(c, layer_id, self.rotary) if c.is_csa(layer_id) else None
 
+    def fuse_q_kv_a(self) -> bool:
+        """wq_a and wkv (both read x, both replicated under TP) as one linear: one GEMM and, for FP8, one activation
+        quantization. False where they cannot be joined (fused_linear.concat_linears); they then stay apart."""
+        fused = concat_linears([self.wq_a, self.wkv])
+        if fused is None:
+            return False
+        self.q_kv_split = [self.wq_a.out_features, self.wkv.out_features]
+        self.wq_kv_a, self.wq_a, self.wkv = fused, None, None
+        return True
+
     def forward(self, x: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch) -> torch.Tensor:
+        if self.wq_kv_a is not None:
+            q_a, kv = self.wq_kv_a(x).split(self.q_kv_split, -1)
+        else:
+            q_a, kv = self.wq_a(x), self.wkv(x)
         # Query: low-rank, normed latent qr (also the indexer's input), per-head unweighted RMSNorm, RoPE.
-        qr = self.q_norm(self.wq_a(x))
+        qr = self.q_norm(q_a)
         q = rms_normalize(self.wq_b(qr).view(-1, self.n_heads, self.head_dim), self.eps)
         q = self.rotary.apply(q, positions)
         # One shared key = value vector per token.
-        kv = self.rotary.apply(self.kv_norm(self.wkv(x)), positions)
+        kv = self.rotary.apply(self.kv_norm(kv), positions)
         # Compressed entries completed by these rows must exist before any row attends.
         topk_slots = None
         if self.compressor is not None:
@@ -203,6 +219,11 @@ def fuse_shared_experts(model: nn.Module) -> int:
     for moe in layers:
         moe.fuse_shared_experts()
     return len(layers)
+
+
+def fuse_q_kv_a(model: nn.Module) -> int:
+    """Join wq_a and wkv into one linear in every attention layer of `model` (after loading); returns how many."""
+    return sum(attn.fuse_q_kv_a() for attn in model.modules() if isinstance(attn, Attention) and attn.wq_a is not None)
 
 
 class DeepseekV4DecoderLayer(nn.Module):
