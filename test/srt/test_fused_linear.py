@@ -1,7 +1,8 @@
-"""concat_linears (layers/fused_linear.py): linears reading one input joined into one (the engine joins each
-attention's wq_a and wkv after loading) compute their parts' outputs side by side, for plain and FP8 block-scaled
-weights (the dequantize path and, under the Triton interpreter, the GPU's few-row kernel); parts that cannot be
-joined (other types, a bias, FP8 groups, an FP8 part but the last not filling whole 128-row scale blocks) give None."""
+"""concat_linears (layers/fused_linear.py): linears reading one input joined into one compute their parts' outputs
+side by side, for plain and FP8 block-scaled weights (the dequantize path and, under the Triton interpreter, the GPU's
+few-row kernel); parts that cannot be joined (other types, a bias, FP8 groups, an FP8 part but the last not filling
+whole 128-row scale blocks) give None. The engine joins each attention's wq_a and wkv and each compressor's wkv and
+wgate after loading (its agreement with HF's model: test_oracle_hf.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from oracle import engine
 from sglang.srt.layers.fused_linear import concat_linears
 from sglang.srt.layers.quantization.fp8 import Fp8BlockLinear
 
@@ -48,3 +50,14 @@ def test_parts_that_cannot_be_joined():
     assert concat_linears([nn.Linear(64, 8), nn.Linear(64, 8)]) is None  # biases
     assert concat_linears([nn.Linear(64, 8, bias=False), nn.Linear(32, 8, bias=False)]) is None
     assert concat_linears([nn.Linear(64, 8, bias=False), nn.Linear(64, 8, bias=False).double()]) is None
+
+
+def test_engine_joins_projections():
+    from sglang.srt.models.deepseek_v4 import Attention, Compressor
+
+    modules = list(engine("tiny", disable_cuda_graph=True).model_runner.model.modules())
+    attns = [m for m in modules if isinstance(m, Attention)]
+    compressors = [m for m in modules if isinstance(m, Compressor)]
+    assert attns and all(a.wq_kv_a is not None and a.wq_a is None and a.wkv is None for a in attns)
+    assert compressors and all(c.wkv_gate is not None and c.wkv is None and c.wgate is None for c in compressors)
+    assert all(c.wkv_gate.weight.dtype == torch.float32 for c in compressors)  # the reference's fp32 projections

@@ -22,7 +22,7 @@ from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, StaticG
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.model_loader.model_builder import load_models
 from sglang.srt.model_loader.model_path import resolve_model_path
-from sglang.srt.models.deepseek_v4 import Attention, fuse_q_kv_a, fuse_shared_experts
+from sglang.srt.models.deepseek_v4 import fuse_shared_experts, join_projections
 from sglang.srt.platform import memory_budget_bytes
 from sglang.srt.server_args import ServerArgs
 
@@ -55,10 +55,9 @@ class ModelRunner:
             for j in range(len(self.draft_model.mtp) if self.draft_model is not None else 0):
                 dp.idle[f"draft{j}"] = functools.partial(self.draft_model.forward_idle, j)
         self.weight_bytes, self.checkpoint_bytes = loaded.weight_bytes, loaded.checkpoint_bytes
-        models = [m for m in (self.model, self.draft_model) if m is not None]
-        fused = sum(fuse_q_kv_a(m) for m in models)
-        logger.info("wq_a and wkv joined into one linear in %d attention layers (%d kept apart)", fused,
-                    sum(isinstance(m, Attention) for model in models for m in model.modules()) - fused)
+        joined = [join_projections(m) for m in (self.model, self.draft_model) if m is not None]
+        logger.info("projections joined after loading: wq_a + wkv in %d of %d attentions, wkv + wgate in %d of %d "
+                    "compressors", *(sum(j[i] for j in joined) for i in range(4)))
         if args.platform_decisions.shared_experts_fusion:
             fused = sum(fuse_shared_experts(m) for m in (self.model, self.draft_model) if m is not None)
             logger.info("shared-experts fusion: the shared expert is routed expert %d in %d MoE layers",

@@ -50,20 +50,33 @@ class Compressor(nn.Module):
         super().__init__()
         self.layer_id, self.ratio, self.head_dim, self.is_indexer = layer_id, ratio, head_dim, is_indexer
         self.overlap = ratio == CSA_RATIO  # CSA: overlapping windows
-        width = (2 if self.overlap else 1) * head_dim
+        self.width = width = (2 if self.overlap else 1) * head_dim
         self.wkv = nn.Linear(config.hidden_size, width, bias=False)
         self.wgate = nn.Linear(config.hidden_size, width, bias=False)
+        self.wkv_gate = None  # wkv and wgate as one linear, after loading (join_projections)
         self.ape = nn.Parameter(torch.zeros(ratio, width, dtype=torch.float32))
         self.norm = RMSNorm(head_dim, config.rms_norm_eps)
         self.rotary = rotary
+
+    def join_projections(self) -> bool:
+        """wkv and wgate (both read x) as one linear: one fp32 GEMM whose output is already the backend's
+        [T, 2, width] (content, gate) layout."""
+        fused = concat_linears([self.wkv, self.wgate])
+        if fused is None:
+            return False
+        self.wkv_gate, self.wkv, self.wgate = fused, None, None
+        return True
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch) -> None:
         # The reference computes both projections in fp32 (the weights are kept in fp32: model_builder._FP32_PARAM);
         # ape is the bias of the token's slot in its window.
         xf = x.float()
-        kv = F.linear(xf, self.wkv.weight.float())
-        gate = F.linear(xf, self.wgate.weight.float()) + self.ape[positions % self.ratio]
-        forward_batch.attn_backend.forward_compressor(self, kv, gate, forward_batch, compute_dtype=x.dtype)
+        if self.wkv_gate is not None:
+            kv_gate = F.linear(xf, self.wkv_gate.weight.float()).view(-1, 2, self.width)
+        else:
+            kv_gate = torch.stack((F.linear(xf, self.wkv.weight.float()), F.linear(xf, self.wgate.weight.float())), 1)
+        kv_gate[:, 1] += self.ape[positions % self.ratio]
+        forward_batch.attn_backend.forward_compressor(self, kv_gate, forward_batch, compute_dtype=x.dtype)
 
 
 class Indexer(nn.Module):
@@ -108,7 +121,7 @@ class Attention(nn.Module):
         self.softmax_scale = c.head_dim ** -0.5
         self.eps = c.rms_norm_eps
         self.wq_a = nn.Linear(c.hidden_size, c.q_lora_rank, bias=False)
-        self.wq_kv_a = None  # wq_a and wkv as one linear, after loading (fuse_q_kv_a)
+        self.wq_kv_a = None  # wq_a and wkv as one linear, after loading (join_projections)
         self.q_norm = RMSNorm(c.q_lora_rank, c.rms_norm_eps)
         self.wq_b = nn.Linear(c.q_lora_rank, self.n_heads * c.head_dim, bias=False)
         self.wkv = nn.Linear(c.hidden_size, c.head_dim, bias=False)
@@ -121,7 +134,7 @@ class Attention(nn.Module):
         self.compressor = Compressor(c, layer_id, self.ratio, c.head_dim, self.rotary, False) if self.ratio else None
         self.indexer = Indexer(c, layer_id, self.rotary) if c.is_csa(layer_id) else None
 
-    def fuse_q_kv_a(self) -> bool:
+    def join_projections(self) -> bool:
         """wq_a and wkv (both read x, both replicated under TP) as one linear: one GEMM and, for FP8, one activation
         quantization. False where they cannot be joined (fused_linear.concat_linears); they then stay apart."""
         fused = concat_linears([self.wq_a, self.wkv])
@@ -221,9 +234,14 @@ def fuse_shared_experts(model: nn.Module) -> int:
     return len(layers)
 
 
-def fuse_q_kv_a(model: nn.Module) -> int:
-    """Join wq_a and wkv into one linear in every attention layer of `model` (after loading); returns how many."""
-    return sum(attn.fuse_q_kv_a() for attn in model.modules() if isinstance(attn, Attention) and attn.wq_a is not None)
+def join_projections(model: nn.Module) -> tuple:
+    """After loading, the linears of `model` that read the same input joined into one (fused_linear.py): each
+    attention's wq_a and wkv, each compressor's wkv and wgate. Returns (attentions joined, of; compressors joined,
+    of)."""
+    attns = [m for m in model.modules() if isinstance(m, Attention) and m.wq_a is not None]
+    compressors = [m for m in model.modules() if isinstance(m, Compressor) and m.wkv is not None]
+    return (sum(a.join_projections() for a in attns), len(attns),
+            sum(c.join_projections() for c in compressors), len(compressors))
 
 
 class DeepseekV4DecoderLayer(nn.Module):

@@ -37,12 +37,12 @@ class AttentionBackend(ABC):
         """
 
     @abstractmethod
-    def forward_compressor(self, compressor, kv: torch.Tensor, gate: torch.Tensor, forward_batch: "ForwardBatch",
+    def forward_compressor(self, compressor, fresh: torch.Tensor, forward_batch: "ForwardBatch",
                            compute_dtype: torch.dtype) -> None:
         """Pool every window completed by this forward's rows into compressed entries, post-process them
         (the compressor's RMSNorm and RoPE; Hadamard for quantized index keys) and store them, then stash the rows
-        later windows still need. kv / gate [T, c*d] fp32, gate with `ape` already added; compute_dtype: the model's
-        dtype, which the post-processing rounds to."""
+        later windows still need. fresh [T, 2, c*d] fp32: each row's content, then its gate with `ape` already
+        added; compute_dtype: the model's dtype, which the post-processing rounds to."""
 
     @abstractmethod
     def forward_indexer(self, indexer, q: torch.Tensor, weights: torch.Tensor,

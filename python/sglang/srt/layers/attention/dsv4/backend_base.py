@@ -113,11 +113,9 @@ class DeepseekV4AttnBackendBase(AttentionBackend):
                                          layer.attn_sink, layer.softmax_scale, fp8_rope_dim=self.fp8_rope_dim)
 
     # ---- compressor ----------------------------------------------------------------------------
-    def forward_compressor(self, compressor, kv: torch.Tensor, gate: torch.Tensor, forward_batch,
-                           compute_dtype: torch.dtype) -> None:
+    def forward_compressor(self, compressor, fresh: torch.Tensor, forward_batch, compute_dtype: torch.dtype) -> None:
         plan = forward_batch.attn_metadata.ratios[compressor.ratio].plan
         state = self.pool.compressor_state(compressor.layer_id, compressor.is_indexer)
-        fresh = torch.stack((kv, gate), dim=1)  # [T, 2, c*d]
         if plan.num_new:
             if compressor.is_indexer:
                 cache, fmt = self.pool.index_k[compressor.layer_id], self.pool.index_format
