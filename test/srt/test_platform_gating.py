@@ -289,6 +289,12 @@ def test_aiter_present_dispatch(stub_aiter):
         xf = xb.float()  # (computed here: a reference through RMSNorm would itself dispatch to the stub)
         ref = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + 1e-6) * exact.weight
         assert torch.allclose(out.float(), ref + 1, atol=2e-2)
+        joined = torch.randn(5, 96)  # a split view of a joined projection's output: rows 96 apart
+        out = norm(joined[:, :64])
+        x_in, _, _ = stub_aiter.calls[-1]
+        assert x_in.is_contiguous() and torch.equal(x_in, joined[:, :64])
+        xj = joined[:, :64]
+        assert torch.allclose(out, xj * torch.rsqrt(xj.square().mean(-1, keepdim=True) + 1e-6) * w + 1)
         calls = len(stub_aiter.calls)
         with envs.SGLANG_USE_AITER.override("0"):  # the override wins
             assert resolve(device="cuda").platform_decisions.aiter == "off (SGLANG_USE_AITER=0)"

@@ -138,7 +138,7 @@ def rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float,
     docstring ("rmsnorm(input) * weight, fp32 accumulate"), not checked on hardware."""
     aiter = _module()
     shape = x.shape
-    x2 = x.reshape(-1, shape[-1])
+    x2 = x.reshape(-1, shape[-1]).contiguous()  # row-strided views (a joined projection's split) made dense
     if weight is None:
         w = _ones(shape[-1], x.dtype, x.device)
     elif weight.dtype == x.dtype:
