@@ -122,6 +122,7 @@ class Attention(nn.Module):
         self.eps = c.rms_norm_eps
         self.wq_a = nn.Linear(c.hidden_size, c.q_lora_rank, bias=False)
         self.wq_kv_a = None  # wq_a and wkv as one linear, after loading (join_projections)
+        self.q_kv_split = [c.q_lora_rank, c.head_dim]  # its output's two parts
         self.q_norm = RMSNorm(c.q_lora_rank, c.rms_norm_eps)
         self.wq_b = nn.Linear(c.q_lora_rank, self.n_heads * c.head_dim, bias=False)
         self.wkv = nn.Linear(c.hidden_size, c.head_dim, bias=False)
@@ -140,7 +141,6 @@ class Attention(nn.Module):
         fused = concat_linears([self.wq_a, self.wkv])
         if fused is None:
             return False
-        self.q_kv_split = [self.wq_a.out_features, self.wkv.out_features]
         self.wq_kv_a, self.wq_a, self.wkv = fused, None, None
         return True
 
