@@ -25,5 +25,6 @@ done
 TAIL=8 step "end-to-end agreement" python3 benchmark/bench_fp8_linears.py --model-path /tmp/w/q --skip-kernels \
   --out "$OUT/fp8_end_to_end.json"
 TAIL=40 step "kernels" python3 benchmark/bench_fp8_linears.py --out "$OUT/fp8_kernels.json"
+TAIL=12 step "producers that quantize" python3 benchmark/bench_fp8_producers.py --out "$OUT/fp8_producers.json"
 if [ ${#FAILED[@]} -gt 0 ]; then printf 'failed step: %s\n' "${FAILED[@]}"; exit 1; fi
 echo "all steps passed"

@@ -235,3 +235,43 @@ def test_gpu_tma_equals_pointer_loads(m, groups, n, k, quantize_act):
     ref = dsv4_fp8_block_gemm(x, w, ws, groups, out_dtype=torch.float32, quantize_act=quantize_act)
     got = dsv4_fp8_block_gemm(x, w, ws, groups, out_dtype=torch.float32, quantize_act=quantize_act, tma=True)
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4 * ref.abs().max().item())
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("m,groups,n,k", [(16, 1, 1536, 4096), (4096, 1, 1536, 4096), (4096, 1, 40960, 1024),
+                                         (32, 8, 1024, 4096), (4096, 8, 1024, 4096)])
+def test_gpu_quantized_input_equals_own_quantization(m, groups, n, k):
+    """An Fp8BlockLinear handed rows quantized by their producer, in the layout its path wants (w8a8_input_layout),
+    computes what it computes quantizing the producer's 16-bit output itself: at decode rows (the Triton W8A8) and
+    prefill rows (cuBLAS's), for the joined projections after their RMSNorm (exactly) and the grouped wo_a after the
+    inverse RoPE (Flash's attention output [T, 64, 512], rope 64; within bf16 rounding, should the two RoPE kernels'
+    rotations round apart)."""
+    from sgl_kernel.dsv4_rmsnorm import dsv4_rms_norm, dsv4_rms_norm_fp8
+    from sgl_kernel.dsv4_rope import dsv4_rope, dsv4_rope_fp8
+    from sglang.srt.layers.quantization.fp8 import Fp8Activation, Fp8BlockLinear
+    from sglang.srt.layers.rotary import RotaryEmbedding
+
+    lin = Fp8BlockLinear(k, groups * n, groups).cuda()
+    w, ws = _weight(groups * n, k, seed=m + n, device="cuda")
+    lin.weight.data.copy_(w)
+    lin.weight_scale_inv.data.copy_(ws)
+    path = lin.w8a8_input_layout(m, torch.bfloat16, torch.device("cuda"))  # eager: cuBLAS from 4,096 rows
+    assert path == ("w8a8" if m <= 64 else "cublas_w8a8")
+    cublas = path == "cublas_w8a8"
+    if groups == 1:
+        x = torch.randn(m, k + 512, device="cuda", dtype=torch.bfloat16)[:, :k]  # strided rows, as q_a's
+        nw = torch.randn(k, device="cuda")
+        y, q, s = dsv4_rms_norm_fp8(x, nw, 1e-6, cublas_layout=cublas)
+        assert torch.equal(y, dsv4_rms_norm(x, nw, 1e-6))
+        ref = lin(y)
+    else:
+        o = torch.randn(m, 64, 512, device="cuda", dtype=torch.bfloat16)
+        positions = torch.randint(0, 60000, (m,), device="cuda")
+        inv = RotaryEmbedding(64, 10000.0, None).inv_freq.cuda()
+        q, s = dsv4_rope_fp8(o, positions, inv, True, cublas_layout=cublas)
+        ref = lin(dsv4_rope(o, positions, inv, True).flatten(1))
+    got = lin(Fp8Activation(q, s, m, torch.bfloat16, path))
+    err = ((got.float() - ref.float()).norm() / ref.float().norm()).item()
+    print(f"{path} m {m} groups {groups} n {n} k {k}: bit-equal {torch.equal(got, ref)}, relative difference {err:.1e}")
+    assert got.shape == (m, groups * n) and (torch.equal(got, ref) if groups == 1 else err < 1e-2)

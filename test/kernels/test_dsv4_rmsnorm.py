@@ -52,3 +52,51 @@ def test_gpu_bf16_and_dispatch(d):
     torch.testing.assert_close(got.float(), ref.float(), atol=2e-2, rtol=1e-2)
     assert norm._fused(x) is dsv4_rms_norm  # the engine's RMSNorm takes this path on CUDA
     torch.testing.assert_close(_torch_norm(x, w, 1e-6).float(), got.float(), atol=0, rtol=0)
+
+
+def _act_quant(y, cublas_layout):
+    from sgl_kernel.dsv4_fp8_gemm import dsv4_fp8_act_quant
+
+    return dsv4_fp8_act_quant(y, cublas_layout=cublas_layout)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("cublas_layout", [False, True])
+@pytest.mark.parametrize("d", [256, 384])  # 384: a masked tail past the last 128-block in the power-of-two row
+def test_fp8_output_is_norm_then_act_quant(dtype, cublas_layout, d):
+    """dsv4_rms_norm_fp8 writes the norm and, bit for bit, what dsv4_fp8_act_quant makes of it (codes and
+    multipliers, in either layout), from strided rows (the joined projection's split view)."""
+    from sgl_kernel.dsv4_rmsnorm import dsv4_rms_norm_fp8
+
+    g = torch.Generator().manual_seed(d)
+    x = (torch.randn(7, d + 64, generator=g) * 3).to(dtype)[:, 64:]  # rows strided by d + 64
+    x[3] = 0  # a zero row: multiplier 2^-126, codes 0
+    w = torch.randn(d, generator=g)
+    y, q, s = dsv4_rms_norm_fp8(x, w, 1e-6, cublas_layout=cublas_layout)
+    ref = dsv4_rms_norm(x, w, 1e-6)
+    rq, rs = _act_quant(ref, cublas_layout)
+    assert torch.equal(y, ref)
+    assert torch.equal(q.view(torch.uint8), rq.view(torch.uint8)) and q.shape == rq.shape
+    assert torch.equal(s, rs) and s.stride() == rs.stride()
+
+
+def test_fp8_output_refuses_partial_blocks():
+    from sgl_kernel.dsv4_rmsnorm import dsv4_rms_norm_fp8
+
+    with pytest.raises(ValueError, match="multiple of 128"):
+        dsv4_rms_norm_fp8(torch.randn(3, 96), None, 1e-6)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("d,cublas_layout", [(4096, False), (4096, True), (1024, True)])
+def test_gpu_fp8_output(d, cublas_layout):
+    from sgl_kernel.dsv4_rmsnorm import dsv4_rms_norm_fp8
+
+    x = torch.randn(300, d + 512, device="cuda", dtype=torch.bfloat16)[:, :d]
+    w = torch.randn(d, device="cuda")
+    y, q, s = dsv4_rms_norm_fp8(x, w, 1e-6, cublas_layout=cublas_layout)
+    ref = dsv4_rms_norm(x, w, 1e-6)
+    rq, rs = _act_quant(ref, cublas_layout)
+    assert torch.equal(y, ref) and torch.equal(s, rs) and s.stride() == rs.stride()
+    assert torch.equal(q.view(torch.uint8), rq.view(torch.uint8))

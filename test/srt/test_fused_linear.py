@@ -1,8 +1,9 @@
 """concat_linears (layers/fused_linear.py): linears reading one input joined into one compute their parts' outputs
 side by side, for plain and FP8 block-scaled weights (the dequantize path and, under the Triton interpreter, the GPU's
 few-row kernel); parts that cannot be joined (other types, a bias, FP8 groups, an FP8 part but the last not filling
-whole 128-row scale blocks) give None. The engine joins each attention's wq_a and wkv and each compressor's wkv and
-wgate after loading (its agreement with HF's model: test_oracle_hf.py)."""
+whole 128-row scale blocks) give None. The engine joins each attention's wq_a and wkv, each CSA attention's wq_b and
+its indexer's wq_b, and each compressor's wkv and wgate after loading (its agreement with HF's model:
+test_oracle_hf.py)."""
 
 from __future__ import annotations
 
@@ -59,5 +60,8 @@ def test_engine_joins_projections():
     attns = [m for m in modules if isinstance(m, Attention)]
     compressors = [m for m in modules if isinstance(m, Compressor)]
     assert attns and all(a.wq_kv_a is not None and a.wq_a is None and a.wkv is None for a in attns)
+    csa = [a for a in attns if a.indexer is not None]
+    assert csa and all(a.wq_b_indexer is not None and a.wq_b is None and a.indexer.wq_b is None for a in csa)
+    assert all(a.wq_b_indexer is None and a.wq_b is not None for a in attns if a.indexer is None)
     assert compressors and all(c.wkv_gate is not None and c.wkv is None and c.wgate is None for c in compressors)
     assert all(c.wkv_gate.weight.dtype == torch.float32 for c in compressors)  # the reference's fp32 projections

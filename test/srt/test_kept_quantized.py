@@ -44,9 +44,11 @@ def test_quantized_weights_stay_quantized_and_agree(kept_on_cpu):
     assert eng.server_args.quantization == "fp8"
     model = eng.model_runner.model
     fp8 = {n: m for n, m in model.named_modules() if isinstance(m, Fp8BlockLinear)}
-    # each attention's wq_a and wkv were joined into one FP8 linear after loading (fuse_q_kv_a)
-    joined = [n for n in fp8 if n.endswith(".attn.wq_kv_a")]
-    assert len(joined) == config.num_hidden_layers
+    # each attention's wq_a and wkv were joined into one FP8 linear after loading (join_projections)
+    # and each CSA attention's wq_b and its indexer's wq_b
+    joined = [n for n in fp8 if n.endswith(".attn.wq_kv_a") or n.endswith(".attn.wq_b_indexer")]
+    csa = sum(config.is_csa(i) for i in range(config.num_hidden_layers))
+    assert csa and len(joined) == config.num_hidden_layers + csa
     assert len(fp8) + len(joined) == len(fp8_linear_names(plan_checkpoint(path, config, "main"), config)) > 0
     assert all(m.weight.dtype == torch.float8_e4m3fn and m.weight_scale_inv.dtype == torch.float32
                for m in fp8.values())

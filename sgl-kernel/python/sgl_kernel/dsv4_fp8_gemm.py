@@ -27,24 +27,21 @@ from sgl_kernel.dsv4_fp8_gemm_ref import BLOCK, FP8_E4M3_MAX
 
 
 @triton.jit
-def _act_quant_kernel(x_ptr, q_ptr, s_ptr, M, K, KB, stride_x, stride_q, stride_s, stride_sc,
-                      BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, FP8_MAX: tl.constexpr,
-                      ROUND_IN_FP32: tl.constexpr):
-    """One 128-channel block of BLOCK_M rows: per row, the power-of-two multiplier 2^e with amax / 2^e <= 448
-    (from amax's bits, exact) and the e4m3 codes of x / 2^e."""
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    g = tl.program_id(1) // KB
-    b = tl.program_id(1) % KB
-    k = b * BLOCK_K + tl.arange(0, BLOCK_K)
-    mask = (rows[:, None] < M) & (k[None, :] < K)
-    x = tl.load(x_ptr + rows[:, None] * stride_x + g * K + k[None, :], mask=mask, other=0.0).to(tl.float32)
-    bits = tl.max(tl.abs(x), axis=1).to(tl.int32, bitcast=True)
+def fp8_block_scale(amax):
+    """Per row of a 128-channel block, from its amax (fp32 >= 0): (the power-of-two multiplier 2^e, its inverse), e
+    the smallest with amax / 2^e <= 448 (from amax's bits, exact; at least -126)."""
+    bits = amax.to(tl.int32, bitcast=True)
     exponent = ((bits >> 23) & 0xFF) - 127
     e = exponent - 8 + ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)  # amax / 448 <= 2^e
     e = tl.maximum(e, -126)
-    scale = ((e + 127) << 23).to(tl.float32, bitcast=True)
-    inv = ((127 - e) << 23).to(tl.float32, bitcast=True)  # exact: both are powers of two
-    q = tl.minimum(tl.maximum(x * inv[:, None], -FP8_MAX), FP8_MAX)
+    return ((e + 127) << 23).to(tl.float32, bitcast=True), ((127 - e) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def fp8_codes(x, inv, FP8_MAX: tl.constexpr, ROUND_IN_FP32: tl.constexpr):
+    """fp32 x times its row's inverse multiplier `inv` (broadcast by the caller), clamped to +-448: the e4m3 values,
+    still fp32, for the caller to cast."""
+    q = tl.minimum(tl.maximum(x * inv, -FP8_MAX), FP8_MAX)  # exact: inv is a power of two
     if ROUND_IN_FP32:
         # The CPU interpreter's fp8 conversion does not round to nearest: round to the nearest e4m3 value (ties to
         # even) in fp32 first, so the cast only re-encodes an exact value. The spacing at q is 2^(max(E, -6) - 3);
@@ -55,6 +52,30 @@ def _act_quant_kernel(x_ptr, q_ptr, s_ptr, M, K, KB, stride_x, stride_q, stride_
         y = q * ((127 - ue) << 23).to(tl.float32, bitcast=True)
         y = (y + 12582912.0) - 12582912.0
         q = y * ((ue + 127) << 23).to(tl.float32, bitcast=True)
+    return q
+
+
+@triton.jit
+def quantize_rows(x, FP8_MAX: tl.constexpr, ROUND_IN_FP32: tl.constexpr):
+    """fp32 rows [R, 128] of one 128-channel block -> (their e4m3 values, still fp32, for the caller to cast; the
+    multipliers [R]). Shared by the act-quant kernel and the producers that quantize their own output (RMSNorm, the
+    inverse RoPE), so all compute one function."""
+    scale, inv = fp8_block_scale(tl.max(tl.abs(x), axis=1))
+    return fp8_codes(x, inv[:, None], FP8_MAX, ROUND_IN_FP32), scale
+
+
+@triton.jit
+def _act_quant_kernel(x_ptr, q_ptr, s_ptr, M, K, KB, stride_x, stride_q, stride_s, stride_sc,
+                      BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, FP8_MAX: tl.constexpr,
+                      ROUND_IN_FP32: tl.constexpr):
+    """One 128-channel block of BLOCK_M rows (quantize_rows)."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    g = tl.program_id(1) // KB
+    b = tl.program_id(1) % KB
+    k = b * BLOCK_K + tl.arange(0, BLOCK_K)
+    mask = (rows[:, None] < M) & (k[None, :] < K)
+    x = tl.load(x_ptr + rows[:, None] * stride_x + g * K + k[None, :], mask=mask, other=0.0).to(tl.float32)
+    q, scale = quantize_rows(x, FP8_MAX, ROUND_IN_FP32)
     tl.store(q_ptr + rows[:, None] * stride_q + g * K + k[None, :], q.to(q_ptr.dtype.element_ty), mask=mask)
     tl.store(s_ptr + rows * stride_s + (g * KB + b) * stride_sc, scale, mask=rows < M)
 
@@ -150,22 +171,29 @@ def _rows(x: torch.Tensor, groups: int) -> torch.Tensor:
     return x
 
 
-def dsv4_fp8_act_quant(x: torch.Tensor, groups: int = 1, cublas_layout: bool = False) -> tuple:
-    """x [M, G * K] -> (e4m3 [M, G * K], fp32 power-of-two multipliers [M, G * ceil(K / 128)]).
-    cublas_layout: what cuBLAS's blockwise-scaled GEMM takes (torch._scaled_mm): rows padded with zeros to a
-    multiple of 4, the multipliers outer-dim major (stride (1, padded M))."""
-    x = _rows(x, groups)
-    m, k = x.shape[0], x.shape[1] // groups
-    kb = triton.cdiv(k, BLOCK)
+def fp8_act_buffers(m: int, width: int, blocks: int, cublas_layout: bool, device: torch.device) -> tuple:
+    """Empty (e4m3 [M, width], fp32 multipliers [M, blocks]) for M activation rows quantized per 128 channels.
+    cublas_layout: what cuBLAS's blockwise-scaled GEMM takes (torch._scaled_mm): rows padded to a multiple of 4
+    (the padding already zero, its multipliers 1), the multipliers outer-dim major (stride (1, padded M))."""
     rows = m + (-m % 4 if cublas_layout else 0)
-    q = torch.empty(rows, x.shape[1], dtype=torch.float8_e4m3fn, device=x.device)
+    q = torch.empty(rows, width, dtype=torch.float8_e4m3fn, device=device)
     if cublas_layout:
-        s = torch.empty(groups * kb, rows, dtype=torch.float32, device=x.device).t()
+        s = torch.empty(blocks, rows, dtype=torch.float32, device=device).t()
         if rows > m:
             q[m:].zero_()
             s[m:].fill_(1.0)
     else:
-        s = torch.empty(m, groups * kb, dtype=torch.float32, device=x.device)
+        s = torch.empty(m, blocks, dtype=torch.float32, device=device)
+    return q, s
+
+
+def dsv4_fp8_act_quant(x: torch.Tensor, groups: int = 1, cublas_layout: bool = False) -> tuple:
+    """x [M, G * K] -> (e4m3 [M, G * K], fp32 power-of-two multipliers [M, G * ceil(K / 128)]), in the cuBLAS
+    layout if asked (fp8_act_buffers)."""
+    x = _rows(x, groups)
+    m, k = x.shape[0], x.shape[1] // groups
+    kb = triton.cdiv(k, BLOCK)
+    q, s = fp8_act_buffers(m, x.shape[1], groups * kb, cublas_layout, x.device)
     if m and k:
         # 16 rows per program: one row of 128 channels per program made this launch-bound (2.5x the cuBLAS GEMM it
         # feeds at Flash's prefill shapes on an H200)

@@ -11,6 +11,7 @@ from torch import nn
 
 from sglang.srt.layers import aiter_ops
 from sglang.srt.layers.gpu_kernels import sgl_kernel_op
+from sglang.srt.layers.quantization.fp8 import Fp8Activation
 
 
 def _fused_kernel():
@@ -51,3 +52,11 @@ class RMSNorm(nn.Module):
         xf = x.float()
         xf = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + self.eps)
         return (self.weight.float() * xf).to(x.dtype)
+
+    def forward_fp8(self, x: torch.Tensor, path: str) -> tuple:
+        """x [M, D] -> (RMSNorm(x), the same rows quantized for the FP8 linear that reads them, an Fp8Activation for
+        `path`), by one sgl_kernel launch (quantization/fp8.w8a8_input_path says when: a GPU's W8A8 paths)."""
+        from sgl_kernel.dsv4_rmsnorm import dsv4_rms_norm_fp8
+
+        y, q, s = dsv4_rms_norm_fp8(x, self.weight, self.eps, cublas_layout=path == "cublas_w8a8")
+        return y, Fp8Activation(q, s, x.shape[0], x.dtype, path)

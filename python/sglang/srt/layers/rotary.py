@@ -3,7 +3,8 @@
 Pairs are (2i, 2i+1) of the rotary slice, rotated by pos * w_i, w_i = theta^(-2i/Dr). Compressed layers use
 compress_rope_theta with YaRN frequency interpolation and no magnitude factor; sliding-only layers and MTP use
 rope_theta without YaRN. The same table serves queries, window KV, compressed entries and indexer q/k.
-On GPUs `apply` runs sgl_kernel's one-launch `dsv4_rope`; the torch code here is the CPU path and its reference.
+On GPUs `apply` runs sgl_kernel's one-launch `dsv4_rope` (`apply_fp8`: its FP8-quantizing twin, for the attention
+output before an FP8 wo_a); the torch code here is the CPU path and its reference.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from torch import nn
 
 from sglang.srt.configs.deepseek_v4 import YarnScaling, yarn_ramp_bounds
 from sglang.srt.layers.gpu_kernels import sgl_kernel_op
+from sglang.srt.layers.quantization.fp8 import Fp8Activation
 
 
 def rope_inv_freq(rope_dim: int, theta: float, yarn: Optional[YarnScaling]) -> torch.Tensor:
@@ -54,6 +56,19 @@ class RotaryEmbedding(nn.Module):
             return fused(x, positions, self.inv_freq, inverse)
         cos, sin = self.cos_sin(positions)
         return apply_rotary(x, cos, sin, inverse)
+
+
+    def apply_fp8(self, x: torch.Tensor, positions: torch.Tensor, inverse: bool,
+                  path: str) -> Optional[Fp8Activation]:
+        """x [T, H, D] -> apply(x, ...).flatten(1) only quantized, for the FP8 linear that reads it (an Fp8Activation
+        for `path`), by one sgl_kernel launch that writes no 16-bit copy; None where that kernel does not cover x's
+        layout (rope_fp8_supported: DeepSeek-V4's D 512 with 64 rope dims is covered)."""
+        from sgl_kernel.dsv4_rope import dsv4_rope_fp8, rope_fp8_supported
+
+        if not rope_fp8_supported(x, self.rope_dim):
+            return None
+        q, s = dsv4_rope_fp8(x, positions, self.inv_freq, inverse, cublas_layout=path == "cublas_w8a8")
+        return Fp8Activation(q, s, x.shape[0], x.dtype, path)
 
 
 def _fused_kernel():

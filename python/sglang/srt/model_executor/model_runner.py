@@ -55,9 +55,12 @@ class ModelRunner:
             for j in range(len(self.draft_model.mtp) if self.draft_model is not None else 0):
                 dp.idle[f"draft{j}"] = functools.partial(self.draft_model.forward_idle, j)
         self.weight_bytes, self.checkpoint_bytes = loaded.weight_bytes, loaded.checkpoint_bytes
-        joined = [join_projections(m) for m in (self.model, self.draft_model) if m is not None]
-        logger.info("projections joined after loading: wq_a + wkv in %d of %d attentions, wkv + wgate in %d of %d "
-                    "compressors", *(sum(j[i] for j in joined) for i in range(4)))
+        for name, m in (("model", self.model), ("draft model", self.draft_model)):
+            if m is not None:
+                j = join_projections(m)
+                logger.info("%s: projections joined after loading: wq_a + wkv in %d of %d attentions, wq_b + the "
+                            "indexer's wq_b in %d of %d, wkv + wgate in %d of %d compressors", name, j.q_kv_a,
+                            j.attentions, j.q_b_indexer, j.indexers, j.wkv_gate, j.compressors)
         if args.platform_decisions.shared_experts_fusion:
             fused = sum(fuse_shared_experts(m) for m in (self.model, self.draft_model) if m is not None)
             logger.info("shared-experts fusion: the shared expert is routed expert %d in %d MoE layers",

@@ -9,6 +9,9 @@ through `forward_batch.attn_backend`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Optional, Union
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -25,7 +28,7 @@ from sglang.srt.layers.moe.experts import RoutedExperts, SharedExpert, append_sh
 from sglang.srt.layers.moe.router import Gate
 from sglang.srt.layers.norm import RMSNorm, rms_normalize
 from sglang.srt.layers.parallel_linear import ParallelLMHead, VocabParallelEmbedding
-from sglang.srt.layers.quantization.fp8 import Fp8BlockLinear
+from sglang.srt.layers.quantization.fp8 import Fp8Activation, Fp8BlockLinear, w8a8_input_path
 from sglang.srt.layers.rotary import RotaryEmbedding
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
@@ -92,11 +95,14 @@ class Indexer(nn.Module):
         self.rotary = rotary
         self.weight_scale = self.head_dim ** -0.5 * self.n_heads ** -0.5
 
-    def forward(self, x: torch.Tensor, qr: torch.Tensor, positions: torch.Tensor,
-                forward_batch: ForwardBatch) -> torch.Tensor:
-        """-> physical slots [T, index_topk] of the chosen compressed entries, -1 padded."""
+    def forward(self, x: torch.Tensor, qr: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch,
+                q_proj: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """-> physical slots [T, index_topk] of the chosen compressed entries, -1 padded. q_proj: wq_b(qr), where the
+        attention computed it (its joined wq_b_indexer); else computed here."""
         self.compressor(x, positions, forward_batch)  # the current token may complete a window
-        q = self.rotary.apply(self.wq_b(qr).view(-1, self.n_heads, self.head_dim), positions)
+        if q_proj is None:
+            q_proj = self.wq_b(qr)
+        q = self.rotary.apply(q_proj.view(-1, self.n_heads, self.head_dim), positions)
         weights = self.weights_proj(x).float() * self.weight_scale  # from x, not from q
         return forward_batch.attn_backend.forward_indexer(self, q, weights, forward_batch)
 
@@ -134,24 +140,38 @@ class Attention(nn.Module):
         self.rotary = make_rotary(c, compressed=self.ratio > 0)
         self.compressor = Compressor(c, layer_id, self.ratio, c.head_dim, self.rotary, False) if self.ratio else None
         self.indexer = Indexer(c, layer_id, self.rotary) if c.is_csa(layer_id) else None
+        self.wq_b_indexer = None  # wq_b and the indexer's wq_b as one linear, after loading (join_projections)
+        self.q_qi_split = [self.n_heads * c.head_dim, c.index_n_heads * c.index_head_dim]  # its output's two parts
 
-    def join_projections(self) -> bool:
-        """wq_a and wkv (both read x, both replicated under TP) as one linear: one GEMM and, for FP8, one activation
-        quantization. False where they cannot be joined (fused_linear.concat_linears); they then stay apart."""
+    def join_projections(self) -> tuple:
+        """Linears reading one input as one linear: one GEMM and, for FP8, one activation quantization. wq_a and wkv
+        (both read x, both replicated under TP); on CSA layers wq_b and the indexer's wq_b (both read qr; this rank's
+        heads of wq_b beside the replicated indexer weight). -> (wq_a + wkv joined, wq_b + indexer's joined); a pair
+        that cannot be joined (fused_linear.concat_linears) stays apart."""
         fused = concat_linears([self.wq_a, self.wkv])
-        if fused is None:
-            return False
-        self.wq_kv_a, self.wq_a, self.wkv = fused, None, None
-        return True
+        if fused is not None:
+            self.wq_kv_a, self.wq_a, self.wkv = fused, None, None
+        fused_b = concat_linears([self.wq_b, self.indexer.wq_b]) if self.indexer is not None else None
+        if fused_b is not None:
+            self.wq_b_indexer, self.wq_b, self.indexer.wq_b = fused_b, None, None
+        return fused is not None, fused_b is not None
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch,
+                x_in: Union[torch.Tensor, Fp8Activation, None] = None) -> torch.Tensor:
+        """x_in: wq_kv_a's input, x or x quantized by the norm that produced it (norm_for_linear); None: x."""
         if self.wq_kv_a is not None:
-            q_a, kv = self.wq_kv_a(x).split(self.q_kv_split, -1)
+            q_a, kv = self.wq_kv_a(x if x_in is None else x_in).split(self.q_kv_split, -1)
         else:
             q_a, kv = self.wq_a(x), self.wkv(x)
         # Query: low-rank, normed latent qr (also the indexer's input), per-head unweighted RMSNorm, RoPE.
-        qr = self.q_norm(q_a)
-        q = rms_normalize(self.wq_b(qr).view(-1, self.n_heads, self.head_dim), self.eps)
+        q_idx = None
+        if self.wq_b_indexer is not None:
+            qr, qr_in = norm_for_linear(self.q_norm, q_a, self.wq_b_indexer)
+            q, q_idx = self.wq_b_indexer(qr_in).split(self.q_qi_split, -1)
+        else:
+            qr, qr_in = norm_for_linear(self.q_norm, q_a, self.wq_b)
+            q = self.wq_b(qr_in)
+        q = rms_normalize(q.view(-1, self.n_heads, self.head_dim), self.eps)
         q = self.rotary.apply(q, positions)
         # One shared key = value vector per token.
         kv = self.rotary.apply(self.kv_norm(kv), positions)
@@ -160,13 +180,18 @@ class Attention(nn.Module):
         if self.compressor is not None:
             self.compressor(x, positions, forward_batch)
         if self.indexer is not None:
-            topk_slots = self.indexer(x, qr, positions, forward_batch)
+            topk_slots = self.indexer(x, qr, positions, forward_batch, q_proj=q_idx)
         o = forward_batch.attn_backend.forward(self, q, kv, forward_batch, topk_slots)
         # V carries RoPE in its last Dr dims: undo it at the query position, then the grouped output.
+        if isinstance(self.wo_a, Fp8BlockLinear):  # one grouped FP8 GEMM
+            path = w8a8_input_path(self.wo_a, o.flatten(1)) if o.dim() == 3 else None
+            # where it runs W8A8, the inverse RoPE writes wo_a's rows only quantized
+            o_in = self.rotary.apply_fp8(o, positions, True, path) if path is not None else None
+            if o_in is None:
+                o_in = self.rotary.apply(o, positions, inverse=True).flatten(1)
+            return self.tp_group.all_reduce(self.wo_b(self.wo_a(o_in)))
         o = self.rotary.apply(o, positions, inverse=True)
         o = o.reshape(-1, self.groups, self.n_heads * self.head_dim // self.groups)  # [T, G, H*Dh/G]
-        if isinstance(self.wo_a, Fp8BlockLinear):  # one grouped FP8 GEMM
-            return self.tp_group.all_reduce(self.wo_b(self.wo_a(o.flatten(1))))
         wo_a = self.wo_a.weight.view(self.groups, -1, o.shape[-1])  # [G, Ro, H*Dh/G]
         return self.tp_group.all_reduce(self.wo_b(torch.einsum("tgi,goi->tgo", o, wo_a).flatten(1)))
 
@@ -234,14 +259,42 @@ def fuse_shared_experts(model: nn.Module) -> int:
     return len(layers)
 
 
-def join_projections(model: nn.Module) -> tuple:
+def norm_for_linear(norm: RMSNorm, x: torch.Tensor, linear: Optional[nn.Module]) -> tuple:
+    """(norm(x), the input for `linear`): where `linear` is an FP8 linear that would quantize these rows itself (its
+    W8A8 paths), the norm's kernel writes them quantized too (an Fp8Activation), saving that launch; else norm(x)."""
+    path = w8a8_input_path(linear, x) if x.dim() == 2 else None
+    if path is None:
+        y = norm(x)
+        return y, y
+    return norm.forward_fp8(x, path)
+
+
+@dataclass
+class JoinedProjections:
+    """How many pairs `join_projections` joined, of how many candidates."""
+    q_kv_a: int = 0  # attentions' wq_a + wkv, of `attentions`
+    q_b_indexer: int = 0  # CSA attentions' wq_b + the indexer's wq_b, of `indexers`
+    wkv_gate: int = 0  # compressors' wkv + wgate, of `compressors`
+    attentions: int = 0
+    indexers: int = 0
+    compressors: int = 0
+
+
+def join_projections(model: nn.Module) -> JoinedProjections:
     """After loading, the linears of `model` that read the same input joined into one (fused_linear.py): each
-    attention's wq_a and wkv, each compressor's wkv and wgate. Returns (attentions joined, of; compressors joined,
-    of)."""
-    attns = [m for m in model.modules() if isinstance(m, Attention) and m.wq_a is not None]
-    compressors = [m for m in model.modules() if isinstance(m, Compressor) and m.wkv is not None]
-    return (sum(a.join_projections() for a in attns), len(attns),
-            sum(c.join_projections() for c in compressors), len(compressors))
+    attention's wq_a and wkv, each CSA attention's wq_b and its indexer's wq_b, each compressor's wkv and wgate."""
+    out = JoinedProjections()
+    for m in list(model.modules()):
+        if isinstance(m, Attention) and m.wq_a is not None:
+            out.attentions += 1
+            out.indexers += m.indexer is not None
+            q_kv_a, q_b_indexer = m.join_projections()
+            out.q_kv_a += q_kv_a
+            out.q_b_indexer += q_b_indexer
+        elif isinstance(m, Compressor) and m.wkv is not None:
+            out.compressors += 1
+            out.wkv_gate += m.join_projections()
+    return out
 
 
 class DeepseekV4DecoderLayer(nn.Module):
@@ -269,7 +322,8 @@ class DeepseekV4DecoderLayer(nn.Module):
     def forward(self, streams: torch.Tensor, positions: torch.Tensor, input_ids: torch.Tensor,
                 forward_batch: ForwardBatch) -> torch.Tensor:
         u, post, comb = self._pre(streams, "attn")
-        streams = hc_post(self.attn(self.attn_norm(u), positions, forward_batch), streams, post, comb)
+        x, x_in = norm_for_linear(self.attn_norm, u, self.attn.wq_kv_a)
+        streams = hc_post(self.attn(x, positions, forward_batch, x_in), streams, post, comb)
         u, post, comb = self._pre(streams, "ffn")
         return hc_post(self.ffn(self.ffn_norm(u), input_ids), streams, post, comb)
 

@@ -22,6 +22,10 @@ benchmark/RESULTS.md, 2026-12-03):
   GPUs without FP8 MMA (before sm89): the FP8 tiles converted in registers, the dequantized model's function.
 `groups` > 1 is DeepSeek-V4's grouped low-rank output projection (wo_a): input [T, G * in], one weight slice per group.
 
+Where the W8A8 paths run, the kernel producing a linear's input may quantize it as it writes it (`Fp8Activation`:
+the engine's RMSNorm before wq_kv_a and wq_b, the inverse RoPE before wo_a), which saves the linear's own activation
+quantization, a launch that reads the whole input again; `Fp8BlockLinear.w8a8_input_layout` says when and how.
+
 Where FP8 stays: CUDA only. CPU and ROCm dequantize at load (the HF oracle stays exact on CPU; ROCm's e4m3fnuz
 rescaling is not built yet), so `fp8_linears_supported` is False there and no module is replaced.
 """
@@ -30,7 +34,8 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Optional
+from dataclasses import dataclass
+from typing import Optional, Union
 
 import torch
 from torch import nn
@@ -120,18 +125,35 @@ def cublas_blockwise_ok(device: torch.device, n: int, k: int) -> bool:
 _CUBLAS_OK: dict = {}
 
 
+@dataclass
+class Fp8Activation:
+    """Activation rows already quantized as the W8A8 paths take them (e4m3 per token and 128 channels, power-of-two
+    multipliers: sgl_kernel's act quant) by the kernel that produced them, for the path `path`."""
+    q: torch.Tensor  # e4m3 [M (padded to a multiple of 4 for cuBLAS), K]
+    scale: torch.Tensor  # fp32 [M (padded likewise), ceil(K / 128)]: row-major for "w8a8", cuBLAS's layout else
+    rows: int  # M
+    dtype: torch.dtype  # the unquantized rows' dtype, the output's
+    path: str  # "w8a8" or "cublas_w8a8"
+
+
 def cublas_w8a8(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, groups: int = 1) -> torch.Tensor:
     """W8A8 as DeepSeek's reference computes it: activations quantized per token and 128 channels (power-of-two
     multipliers, sgl_kernel's act quant), then cuBLAS's blockwise-scaled FP8 GEMM, one per group."""
     from sgl_kernel.dsv4_fp8_gemm import dsv4_fp8_act_quant
 
-    m = x.shape[0]
     a, a_scale = dsv4_fp8_act_quant(x, groups, cublas_layout=True)
+    return cublas_scaled_mm(a, a_scale, x.shape[0], w, w_scale, groups, x.dtype)
+
+
+def cublas_scaled_mm(a: torch.Tensor, a_scale: torch.Tensor, m: int, w: torch.Tensor, w_scale: torch.Tensor,
+                     groups: int, out_dtype: torch.dtype) -> torch.Tensor:
+    """cuBLAS's blockwise-scaled FP8 GEMM of quantized rows (the cuBLAS layout of sgl_kernel's fp8_act_buffers), one
+    per group; the first `m` rows of the result."""
     k, n = a.shape[1] // groups, w.shape[0] // groups
     kb, nb = k // BLOCK, n // BLOCK
     outs = [torch._scaled_mm(a[:, g * k:(g + 1) * k], w[g * n:(g + 1) * n].t(),
                              scale_a=a_scale[:, g * kb:(g + 1) * kb], scale_b=w_scale[g * nb:(g + 1) * nb].t(),
-                             out_dtype=x.dtype) for g in range(groups)]
+                             out_dtype=out_dtype) for g in range(groups)]
     out = outs[0] if groups == 1 else torch.stack(outs, 1).flatten(1)
     return out[:m]
 
@@ -167,13 +189,33 @@ class Fp8BlockLinear(nn.Module):
             torch.empty(math.ceil(out_features / BLOCK), math.ceil(in_features / BLOCK), dtype=torch.float32),
             requires_grad=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [..., groups * in_features] -> [..., out_features] in x's dtype."""
+    def w8a8_input_layout(self, m: int, dtype: torch.dtype, device: torch.device) -> Optional[str]:
+        """The path ("w8a8": multipliers row-major; "cublas_w8a8": cuBLAS's layout) when this linear would quantize
+        `m` rows of `dtype` activations itself, so their producer may hand it an Fp8Activation; else None. (On CPU
+        never, but where tests declare FP8 MMA present and run the GPU's Triton kernels interpreted.)"""
+        path = fp8_path(m, self.out_features // self.groups, self.in_features, self.groups, dtype, device,
+                        in_graph_capture())
+        return path if path in ("w8a8", "cublas_w8a8") else None
+
+    def forward(self, x: Union[torch.Tensor, Fp8Activation]) -> torch.Tensor:
+        """x [..., groups * in_features] -> [..., out_features] in x's dtype; or quantized rows -> [M, out_features]."""
+        if isinstance(x, Fp8Activation):
+            return self._forward_quantized(x)
         lead = x.shape[:-1]
         rows = x.reshape(-1, x.shape[-1])
         if rows.stride(-1) != 1:
             rows = rows.contiguous()
         return fp8_linear(rows, self.weight, self.weight_scale_inv, self.groups).view(*lead, self.out_features)
+
+    def _forward_quantized(self, x: Fp8Activation) -> torch.Tensor:
+        if x.q.shape[1] != self.groups * self.in_features:
+            raise ValueError(f"quantized rows of {x.q.shape[1]} channels for a linear of {self.groups} x "
+                             f"{self.in_features} inputs")
+        if x.path == "cublas_w8a8":
+            return cublas_scaled_mm(x.q, x.scale, x.rows, self.weight, self.weight_scale_inv, self.groups, x.dtype)
+        from sgl_kernel.dsv4_fp8_gemm import dsv4_fp8_scaled_gemm
+
+        return dsv4_fp8_scaled_gemm(x.q, x.scale, self.weight, self.weight_scale_inv, self.groups, x.dtype)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, groups={self.groups}, fp8 e4m3"
@@ -240,3 +282,10 @@ class Fp8RoutedExperts(nn.Module):
 
         return dsv4_moe_fp8(x, topk_ids, topk_weights, self.w13, self.w13_scale, self.w2, self.w2_scale, self.limit)
 
+
+def w8a8_input_path(linear: Optional[nn.Module], x: torch.Tensor) -> Optional[str]:
+    """Where `linear` is an FP8 linear that would quantize the rows of `x` [M, K] itself (W8A8), the path their
+    producer should quantize them for (Fp8BlockLinear.w8a8_input_layout); else None."""
+    if not isinstance(linear, Fp8BlockLinear) or linear.in_features % BLOCK:  # whole blocks in each group
+        return None
+    return linear.w8a8_input_layout(x.numel() // x.shape[-1], x.dtype, x.device)

@@ -1,0 +1,82 @@
+"""Producers that quantize for the FP8 linear reading their output (quantization/fp8.Fp8Activation): where an FP8
+linear takes a W8A8 path, the engine's RMSNorm before wq_kv_a and before wq_b (joined with the indexer's) and the
+inverse RoPE before wo_a write the rows quantized, and the linear skips its own activation quantization. On CPU the
+GPU's choice is simulated: FP8 weights kept, FP8 MMA declared present, the Triton kernels interpreted, fp16 (the
+interpreter's bf16 is unreliable), the norms and RoPE by the GPU's kernels (sgl_kernel's, interpreted; the torch
+paths round sin / cos and the mean otherwise). The function must not change: logprobs equal bit for bit with the
+producers off."""
+
+from __future__ import annotations
+
+import pytest
+
+import oracle
+from oracle import engine, random_ids
+
+# head_dim 128: heads of whole 128-blocks, so wo_a's 2 groups of 256 inputs too (the tiny config's heads of 96 are not
+# covered by the quantizing inverse RoPE, so its wo_a keeps quantizing its own input, as does any linear whose groups
+# hold a partial block)
+WHOLE_BLOCKS = {**oracle.TINY, "head_dim": 128}
+
+
+@pytest.fixture
+def w8a8_on_cpu(monkeypatch):
+    import sglang.srt.layers.quantization.fp8 as fp8
+    import sglang.srt.model_loader.model_builder as model_builder
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(model_builder, "fp8_linears_supported", lambda device: True)
+    monkeypatch.setattr(model_builder, "mxfp4_experts_supported", lambda device: True)
+    monkeypatch.setattr(fp8, "fp8_mma_supported", lambda device: True)
+    monkeypatch.setitem(oracle.ORACLE_CONFIGS, "whole_blocks", WHOLE_BLOCKS)
+    # the GPU's norm and RoPE kernels on CPU tensors too (the unfused path's function on a GPU)
+    from sgl_kernel.dsv4_rmsnorm import dsv4_rms_norm
+    from sgl_kernel.dsv4_rope import dsv4_rope
+    from sglang.srt.layers import norm, rotary
+
+    monkeypatch.setattr(norm, "_fused", lambda x: dsv4_rms_norm if x.stride(-1) == 1 else None)
+    monkeypatch.setattr(rotary.RotaryEmbedding, "apply",
+                        lambda self, x, positions, inverse=False: dsv4_rope(x, positions, self.inv_freq, inverse))
+    monkeypatch.setitem(oracle.PAGE_SIZES, "whole_blocks", oracle.PAGE_SIZES["tiny"])
+
+
+def _counting(monkeypatch, module, name: str) -> list:
+    calls = []
+    real = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a, **k: calls.append(a[0].shape) or real(*a, **k))
+    return calls
+
+
+def test_producers_quantize_and_the_function_stays(w8a8_on_cpu, monkeypatch):
+    import sgl_kernel.dsv4_fp8_gemm as gemm
+    import sgl_kernel.dsv4_rmsnorm as rmsnorm
+    import sgl_kernel.dsv4_rope as rope
+    import sglang.srt.models.deepseek_v4 as dsv4
+
+    act_quant = _counting(monkeypatch, gemm, "dsv4_fp8_act_quant")
+    norms = _counting(monkeypatch, rmsnorm, "dsv4_rms_norm_fp8")
+    ropes = _counting(monkeypatch, rope, "dsv4_rope_fp8")
+    eng = engine("whole_blocks", quantize=True, disable_cuda_graph=True, dtype="float16")
+    config = eng.model_runner.model.config
+    layers, csa = config.num_hidden_layers, sum(config.is_csa(i) for i in range(config.num_hidden_layers))
+    ids = random_ids(24, seed=5)
+
+    def run():
+        out = eng.generate(input_ids=ids, return_logprob=True, logprob_start_len=0,
+                           sampling_params={"temperature": 0, "max_new_tokens": 3, "ignore_eos": True})
+        return [lp for lp, _, _ in out["meta_info"]["input_token_logprobs"][1:]], out["output_ids"]
+
+    fused = run()
+    forwards = 3  # the prefill (24 rows <= 64: the W8A8 kernel) and two decode steps
+    # per layer and forward: attn_norm (wq_kv_a) and q_norm (wq_b, joined with the indexer's on CSA layers) write
+    # FP8, the inverse RoPE writes wo_a's rows; wo_b (fed by wo_a's GEMM) still quantizes its own input
+    assert len(norms) == 2 * layers * forwards and len(ropes) == layers * forwards
+    assert len(act_quant) == layers * forwards and all(s[1] == config.o_groups * config.o_lora_rank
+                                                       for s in act_quant)
+    assert csa  # the joined wq_b + indexer wq_b took the quantized rows too
+    monkeypatch.setattr(dsv4, "w8a8_input_path", lambda linear, x: None)  # producers off: the linears quantize
+    norms.clear(), ropes.clear(), act_quant.clear()
+    plain = run()
+    assert not norms and not ropes and len(act_quant) == 4 * layers * forwards
+    assert fused == plain  # bit for bit: the same codes and multipliers reach the same GEMMs
+    eng.model_runner.token_allocator.check_all_free()
