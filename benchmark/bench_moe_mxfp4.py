@@ -76,6 +76,7 @@ def swept_config(rows: list, tokens: int):
 
 def main() -> None:
     from sgl_kernel.dsv4_moe_mxfp4 import dsv4_moe_mxfp4, moe_config, tma_supported
+    from sgl_kernel.dsv4_mxfp4_planes import planes_supported
     from sgl_kernel.dsv4_moe_mxfp4_ref import dequant_mxfp4_ref
     from sglang.srt.layers.moe.experts import RoutedExperts
 
@@ -87,6 +88,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 32, 128, 256, 4096])
     ap.add_argument("--profile", action="store_true", help="print torch.profiler's kernel table per token count")
     ap.add_argument("--config-from", help="a sweep's JSON: each token count's best launches from it")
+    ap.add_argument("--planes", action="store_true", help="the engine's case: scales checked at load, so decode "
+                    "takes the parity planes (dsv4_mxfp4_planes) where the GPU has them")
     ap.add_argument("--out")
     args = ap.parse_args()
     swept = json.load(open(args.config_from))["rows"] if args.config_from else []
@@ -109,7 +112,8 @@ def main() -> None:
         weights = torch.rand(t, k, device="cuda", generator=g)
         x = (torch.randn(t, d, device="cuda", generator=g) * 0.05).bfloat16()
         default = moe_config(t * k, e, tma=tma_supported(x.device))
-        cfg = swept_config(swept, t) or default
+        cfg = swept_config(swept, t) or moe_config(t * k, e, tma=tma_supported(x.device),
+                                                   planes=args.planes and planes_supported(x.device, x.dtype))
         fused = lambda: dsv4_moe_mxfp4(x, ids, weights, w13, s13, w2, s2, 10.0, config=cfg)  # noqa: E731
         ref = dsv4_moe_mxfp4(x, ids, weights, w13, s13, w2, s2, 10.0, config=default).float()
         err = ((fused().float() - ref).norm() / ref.norm()).item()  # vs the default launches

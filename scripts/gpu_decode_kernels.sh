@@ -11,10 +11,10 @@ step() { local name=$1; shift; echo "=== $name"; ( "$@" ) 2>&1 | tee -a "$OUT/de
   || { FAILED+=("$name"); echo "=== FAILED: $name"; }; }
 TAIL=30 step "MoE and FP8 GEMM GPU tests" python3 -m pytest -q -s -m gpu test/kernels/test_dsv4_moe_mxfp4.py \
   test/kernels/test_dsv4_fp8_gemm.py -p no:cacheprovider
-TAIL=40 step "MoE sweep" python3 benchmark/kernels/sweep_moe_mxfp4.py --tokens ${SWEEP_TOKENS:-1 8 32} \
+TAIL=40 step "MoE sweep" python3 benchmark/kernels/sweep_moe_mxfp4.py --tokens ${SWEEP_TOKENS:-1 8 32} --planes \
   --budget-s "${SWEEP_S:-150}" --out "$OUT/sweep_moe.json"
-TAIL=10 step "MoE whole op, default launches" python3 benchmark/bench_moe_mxfp4.py --profile --tokens 1 8 32 128 256 4096 \
-  --out "$OUT/moe_mxfp4.json"
+TAIL=10 step "MoE whole op, the engine's launches" python3 benchmark/bench_moe_mxfp4.py --profile --planes \
+  --tokens 1 8 32 128 256 4096 --out "$OUT/moe_mxfp4.json"
 TAIL=30 step "FP8 linears at decode rows" python3 benchmark/kernels/sweep_fp8_linears.py --rows 1 16 32 64 \
   --skip-parts --out "$OUT/fp8_decode_rows.json"
 if [ ${#FAILED[@]} -gt 0 ]; then printf 'failed step: %s\n' "${FAILED[@]}"; exit 1; fi

@@ -14,10 +14,12 @@ TAIL=14 step "MoE GPU tests (1, 32 tokens)" python3 -m pytest -q -s -m gpu test/
   -k "not 4096" -p no:cacheprovider
 TAIL=6 step "fp32 W8A16 GPU tests" python3 -m pytest -q -m gpu test/kernels/test_dsv4_fp8_gemm.py -k fp32 \
   -p no:cacheprovider
-TAIL=60 step "sweep" python3 benchmark/kernels/sweep_moe_mxfp4.py --tokens ${SWEEP_TOKENS:-1 32 256 4096} \
+TAIL=60 step "sweep" python3 benchmark/kernels/sweep_moe_mxfp4.py --tokens ${SWEEP_TOKENS:-1 32 256 4096} --planes \
   --budget-s "${SWEEP_S:-240}" --out "$OUT/sweep_moe.json"
-TAIL=8 step "whole op" python3 benchmark/bench_moe_mxfp4.py --profile --tokens 1 8 32 128 256 4096 \
+TAIL=8 step "whole op, the sweep's best" python3 benchmark/bench_moe_mxfp4.py --profile --tokens 1 8 32 128 256 4096 \
   --config-from "$OUT/sweep_moe.json" --out "$OUT/moe_mxfp4.json"
+TAIL=8 step "whole op, the engine's launches (parity planes at decode)" python3 benchmark/bench_moe_mxfp4.py --planes \
+  --tokens 1 8 32 128 256 4096 --out "$OUT/moe_mxfp4_planes.json"
 if [ "${E2E:-1}" = 1 ]; then  # the quantized Flash slice against the dequantized engine (fp32 and bf16 agreement)
   TAIL=10 step "checkpoint (hub formats)" python3 scripts/make_slice_checkpoint.py \
     benchmark/configs/flash-slice-4l32e.config.json /tmp/w/q --quantize

@@ -2,10 +2,11 @@
 GPU without one (Triton's bundled ptxas and cuobjdump): register pressure can be read on a CPU-only machine, with the
 Triton that is installed (3.6 on our H200 image; the numbers in RESULTS.md name the version).
 
-    python benchmark/kernels/moe_registers.py [--tokens 1 8 32] [--tma both] [--sass] [--warps 4 8]
+    python benchmark/kernels/moe_registers.py [--tokens 1 8 32] [--tma both] [--sass] [--warps 4 8] [--planes]
 
 Each launch of `moe_config` for the token counts (Flash: 256 experts, top-6, bf16 activations, the scaled dot), with
-the codes read by pointers and through TMA descriptors (MoeLaunch.tma). 255 registers with a stack means the compiler
+the codes read by pointers and through TMA descriptors (MoeLaunch.tma); --planes: the decode launches of the PTX
+parity planes instead (MoeLaunch.planes, the engine's on NVIDIA GPUs). 255 registers with a stack means the compiler
 spilled; fewer registers leave room for more programs per SM (65,536 registers per SM on an H100 / H200). --sass adds
 the K loop's instruction mix: instructions per thread and iteration over the weights each thread upcasts is the
 issue cost per weight that bounds the decode launches (RESULTS.md, 2026-12-04).
@@ -102,15 +103,17 @@ def main() -> None:
     ap.add_argument("--tma", choices=["off", "on", "both"], default="both")
     ap.add_argument("--sass", action="store_true", help="also the K loop's instruction mix (cuobjdump -sass)")
     ap.add_argument("--warps", type=int, nargs="+", default=[0], help="num_warps to compile (0: moe_config's)")
+    ap.add_argument("--planes", action="store_true", help="the parity planes' launches (PTX conversion) instead")
     args = ap.parse_args()
     print(f"Triton {triton.__version__}, sm90")
-    common = {"WEIGHT_FP8": False, "SCALE_BCAST": True, "PREC": "tf32", "A_FMT": "bf16"}
+    common = {"WEIGHT_FP8": False, "SCALE_BCAST": True, "PREC": "tf32", "A_FMT": "" if args.planes else "bf16",
+              "PLANES": args.planes, "PTX": args.planes, "EVEN": True}
     for t in args.tokens:
-        cfg = moe.moe_config(t * 6, 256, tma=True)
+        cfg = moe.moe_config(t * 6, 256, tma=not args.planes, planes=args.planes)
         for name, kernel, launch, extra in (("gate_up", moe._moe_gate_up_kernel, cfg.gate_up, {"SPLIT_K": 1}),
                                             ("down", moe._moe_down_kernel, cfg.down, {})):
-            for tma, warps in itertools.product({"off": [False], "on": [True], "both": [False, True]}[args.tma],
-                                                args.warps):
+            tmas = [False] if args.planes else {"off": [False], "on": [True], "both": [False, True]}[args.tma]
+            for tma, warps in itertools.product(tmas, args.warps):
                 launch_t = dataclasses.replace(launch, tma=tma, num_warps=warps or launch.num_warps)
                 consts = {**common, **extra, "BLOCK_M": cfg.block_m, "BLOCK_N": launch.block_n,
                           "BLOCK_K": launch.block_k, "TMA": tma}

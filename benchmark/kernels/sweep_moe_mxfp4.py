@@ -3,13 +3,15 @@ kernel (gate-up with the SwiGLU, down with the router weights) timed alone for e
 count, against the bytes-read floor of the packed experts it touches (same-run copy bandwidth). Prints the best
 launches per (kernel, tokens) and writes every row to --out; `moe_config` takes its settings from here.
 
-    python benchmark/kernels/sweep_moe_mxfp4.py [--tokens 1 32 256 4096] [--budget-s 420] [--out r.json]
+    python benchmark/kernels/sweep_moe_mxfp4.py [--tokens 1 32 256 4096] [--budget-s 420] [--planes [--planes-only]]
+        [--out r.json]
 
-Candidates: tl.dot_scaled launches beside the in-register path, with the weight codes read by pointers and through
-TMA descriptors (MoeLaunch.tma: fewer registers, copies the compiler may pipeline). K splits (MoeLaunch.split_k),
-1-8-row multiply-adds and one MMA per 32-input scale group (RESULTS.md, 2026-12-02 sixth session), and the next K
-tile prefetched into registers (2026-12-03), lost to one split of the scaled dot at every decode size on the H200
-and are not swept.
+Candidates: tl.dot_scaled launches beside the in-register path, with the weight codes read by pointers and through TMA
+descriptors (MoeLaunch.tma: fewer registers, copies the compiler may pipeline); with --planes also the decode launches
+of the PTX parity planes (MoeLaunch.planes, the engine's decode path on NVIDIA GPUs). K splits (MoeLaunch.split_k),
+1-8-row multiply-adds and one MMA per 32-input scale group (RESULTS.md, 2026-12-02 sixth session), and the next K tile
+prefetched into registers (2026-12-03), lost to one split of the scaled dot at every decode size on the H200 and are not
+swept.
 
 Decode candidates are timed as CUDA-graph replays (the engine's decode; eager timing of a 30 us kernel measures the
 host's launch), prefill ones eagerly; every candidate's output is compared with the default launches' (relative
@@ -55,6 +57,8 @@ def main() -> None:
     ap.add_argument("--intermediate", type=int, default=2048)
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 32, 256, 4096])
     ap.add_argument("--budget-s", type=float, default=420.0)
+    ap.add_argument("--planes", action="store_true", help="decode: also the parity planes' launches")
+    ap.add_argument("--planes-only", action="store_true", help="decode: the planes' and the baseline launches only")
     ap.add_argument("--out")
     args = ap.parse_args()
     e, d, i, k = args.experts, args.hidden, args.intermediate, args.top_k
@@ -75,7 +79,13 @@ def main() -> None:
         else:  # decode: 16-row scaled dots (earlier sweeps' winners)
             grid = itertools.product([16], [32, 64, 128], [128, 256], [4, 8], [1, 3])
             baseline = [(16, MoeLaunch(64, 256, 4, 1, scaled_dot=False))]
+            if args.planes:  # the PTX parity planes (dsv4_mxfp4_planes; the random scales are in range)
+                baseline += [(16, MoeLaunch(bn, bk, 4, st, scaled_dot=False, planes=True)) for bn, bk, st in
+                             itertools.product([32, 64, 128], [128, 256], [1, 3])]
+                baseline.append((16, MoeLaunch(64, 128, 2, 3, scaled_dot=False, planes=True)))
         yield from baseline
+        if args.planes_only:
+            return
         for block_m, bn, bk, warps, stages in grid:
             yield block_m, MoeLaunch(bn, bk, warps, stages)
             if not prefill or (bn, bk, warps) in ((64, 64, 4), (128, 64, 4), (128, 128, 8)):  # the codes through TMA

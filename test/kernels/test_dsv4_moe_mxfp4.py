@@ -179,6 +179,42 @@ def _fp8_experts(num_experts: int, hidden: int, inter: int, seed: int, device="c
     return (*grid(2, inter, hidden), *grid(1, hidden, inter))
 
 
+@pytest.mark.parametrize("tokens,block_n,block_k,split_k", [(1, 32, 64, 1), (23, 32, 32, 1), (5, 64, 128, 1),
+                                                        (23, 32, 32, 2)])
+def test_planes_equal_reference(tokens, block_n, block_k, split_k):
+    """The parity planes (MoeLaunch.planes; dsv4_mxfp4_planes computed in Triton here, by PTX on a GPU) with the
+    activations split by parity: the reference's function in fp32, K tiles of one scale group and past the hidden
+    size (96: a masked half tile), scale bytes at both ends of the planes' exact range, K splits."""
+    from sgl_kernel.dsv4_mxfp4_planes import SCALE_MAX, SCALE_MIN
+
+    w13, s13, w2, s2 = _experts(8, 96, 64, seed=9)
+    s13[0, :3, 0], s2[1, :3, 1] = SCALE_MIN, SCALE_MAX  # the range's ends
+    ids, weights = _routing(tokens, 4, 8, seed=3, skew=tokens > 20)
+    x = torch.randn(tokens, 96, generator=torch.Generator().manual_seed(2)) * 0.05
+    launch = MoeLaunch(block_n=block_n, block_k=block_k, split_k=split_k, scaled_dot=False, planes=True)
+    got = dsv4_moe_mxfp4(x, ids, weights, w13, s13, w2, s2, 10.0, config=MoeConfig(16, launch, launch))
+    ref = fused_moe_mxfp4_ref(x, ids, weights, w13, s13, w2, s2, 10.0)
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4 * ref.abs().max().item())
+    with pytest.raises(ValueError, match="bf16 or fp32"):
+        dsv4_moe_mxfp4(x.half(), ids, weights, w13, s13, w2, s2, 10.0, config=MoeConfig(16, launch, launch))
+
+
+def test_planes_only_where_chosen(monkeypatch):
+    """Decode takes the planes only when the caller vouches for the scales and the device has the PTX (NVIDIA, bf16,
+    not the interpreter); prefill blocks keep the scaled dot."""
+    import sgl_kernel.dsv4_mxfp4_planes as planes
+
+    assert moe_config(6, 256, planes=True).gate_up.planes and moe_config(192, 256, planes=True).down.planes
+    assert not moe_config(6, 256).gate_up.planes and not moe_config(24576, 256, planes=True).gate_up.planes
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    monkeypatch.setattr(planes, "_interpreting", lambda: False)
+    monkeypatch.setattr(torch.version, "hip", None)
+    assert planes.planes_supported(cuda, torch.bfloat16)
+    assert not planes.planes_supported(cuda, torch.float16) and not planes.planes_supported(cpu, torch.bfloat16)
+    monkeypatch.setattr(torch.version, "hip", "6.3")
+    assert not planes.planes_supported(cuda, torch.bfloat16)
+
+
 @pytest.mark.parametrize("tokens,top_k,experts,hidden,inter", [(1, 6, 16, 256, 128), (29, 3, 6, 200, 96)])
 def test_fused_fp8_experts_equal_reference(tokens, top_k, experts, hidden, inter):
     """FP8-converted experts through the same kernels: partial 128-blocks (200 inputs, 96 intermediate rows whose
@@ -217,16 +253,26 @@ def test_gpu_fp8_experts_flash_widths(tokens):
 
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize("path", ["default", "in-register", "pointers", "tma"])
+@pytest.mark.parametrize("path", ["default", "in-register", "pointers", "tma", "planes"])
 @pytest.mark.parametrize("tokens", [1, 8, 32, 4096])
 def test_gpu_flash_widths(tokens, path):
     """Flash widths (hidden 4096, intermediate 2048, top-6 of 256 experts) in bf16: relative error vs the fp32
     reference on the same bf16 inputs below 1% (bf16 intermediate rows and outputs), for the default launches
-    (tl.dot_scaled; TMA copies from 8 tokens on sm90), the in-register dequantization, and the scaled dot's launches
-    with every code read by pointers / through TMA."""
+    (tl.dot_scaled; TMA copies from 8 tokens on sm90), the in-register dequantization, the scaled dot's launches
+    with every code read by pointers / through TMA, and the PTX parity planes (decode; the scales in range)."""
+    from sgl_kernel.dsv4_mxfp4_planes import planes_supported
+
     w13, s13, w2, s2 = _experts(256, 4096, 2048, seed=0, device="cuda")
     ids, weights = _routing(tokens, 6, 256, seed=1, skew=False, device="cuda")
     x = (torch.randn(tokens, 4096, device="cuda") * 0.05).bfloat16()
+    if path == "planes":
+        assert planes_supported(x.device, x.dtype)
+        got = dsv4_moe_mxfp4(x, ids, weights, w13, s13, w2, s2, 10.0, scales_fit_planes=True).float()
+        ref = fused_moe_mxfp4_ref(x, ids, weights, w13, s13, w2, s2, 10.0)
+        err = ((got - ref).norm() / ref.norm()).item()
+        print(f"tokens {tokens} planes: relative error {err:.2e}")
+        assert err < 1e-2
+        return
     config = None if path == "default" else moe_config(tokens * 6, 256, scaled_dot=path != "in-register")
     if path in ("pointers", "tma"):
         config = MoeConfig(config.block_m, dataclasses.replace(config.gate_up, tma=path == "tma"),

@@ -8,9 +8,11 @@ ones (W8A16, e4m3 with 128x128 block multipliers: `WEIGHT_FP8`), in three device
    the work have expert E + 1. The block count is capacity-static: ceil(T*k / BLOCK_M) + min(E + 1, T*k) bounds it.
 2. `_moe_gate_up_kernel`: per block and tile of the intermediate dim, x rows (gathered by token) times the expert's
    w1 and w3 rows, then the clamped SwiGLU silu(min(g, L)) * clamp(u, -L, L), written to an intermediate row per
-   padded row. bf16 / fp16 activations with MXFP4 weights go through tl.dot_scaled (the compiler upcasts e2m1 with
-   its e8m0 scales: native MX MMA where the GPU has one); fp32 activations (GPU oracle runs) and FP8 weights are
-   dequantized in registers (e2m1 code value * 2^(exponent byte - 127), or e4m3 * block multiplier).
+   padded row. Decode blocks with bf16 activations on NVIDIA GPUs (scales checked at load) take the parity planes
+   (dsv4_mxfp4_planes: a few PTX instructions per 8 weights, against the scaled dot's ~6 per weight); other bf16 /
+   fp16 activations with MXFP4 weights go through tl.dot_scaled (the compiler upcasts e2m1 with its e8m0 scales:
+   native MX MMA where the GPU has one); fp32 activations (GPU oracle runs) and FP8 weights are dequantized in
+   registers (e2m1 code value * 2^(exponent byte - 127), or e4m3 * block multiplier).
 3. `_moe_down_kernel`: the intermediate rows times w2, scaled by the pair's router weight, written to the pair's row
    of a [T*k, D] fp32 buffer; the k rows of each token are summed last (a fixed order: deterministic).
 Packed bytes hold inputs 2j (low nibble) and 2j + 1 (high nibble) (the OCP order tl.dot_scaled reads); the
@@ -26,6 +28,9 @@ from typing import Optional
 import torch
 import triton
 import triton.language as tl
+
+from sgl_kernel.dsv4_mxfp4_planes import BIAS as PLANES_BIAS
+from sgl_kernel.dsv4_mxfp4_planes import fp4_planes, planes_supported, split_parity
 
 FP4_BLOCK = 32
 
@@ -189,10 +194,12 @@ def _moe_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w_ptr, w_desc, s_ptr, h_ptr, 
                         stride_wn, stride_se, stride_sn, stride_h, stride_shalf, limit, K_PER_SPLIT, stride_ps,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         WEIGHT_FP8: tl.constexpr, SCALE_BCAST: tl.constexpr, PREC: tl.constexpr, A_FMT: tl.constexpr,
-                        SPLIT_K: tl.constexpr, TMA: tl.constexpr):
+                        SPLIT_K: tl.constexpr, TMA: tl.constexpr, PLANES: tl.constexpr, PTX: tl.constexpr,
+                        EVEN: tl.constexpr):
     """SPLIT_K > 1: program_id(2) sums K [split * K_PER_SPLIT, ...) only and writes the raw fp32 gate and up sums to
     h_ptr [SPLIT_K, rows, 2, I] (stride_ps per split); the caller sums the splits and applies the SwiGLU. TMA: the
-    scaled dot's weight codes through `w_desc` (_fp4_packed)."""
+    scaled dot's weight codes through `w_desc` (_fp4_packed). PLANES: the codes as parity planes (dsv4_mxfp4_planes,
+    by PTX where PTX) times the activations split by parity; EVEN: every weight tile whole (unmasked planes)."""
     blk = tl.program_id(0)
     k_lo = tl.program_id(2) * K_PER_SPLIT
     k_hi = tl.minimum(k_lo + K_PER_SPLIT, D)
@@ -210,7 +217,18 @@ def _moe_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w_ptr, w_desc, s_ptr, h_ptr, 
         acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(k_lo, k_hi, BLOCK_K):
-            if A_FMT != "":  # 16-bit activations, e2m1 weights: the compiler's scaled dot
+            if PLANES:
+                x_even, x_odd = split_parity(_x_rows(x_ptr, tok, valid, stride_x, k0, D, BLOCK_K), BLOCK_M, BLOCK_K)
+                dt = x_even.dtype
+                g_lo, g_hi = fp4_planes(w_e, s_e, n, n_ok, k0, D, stride_wn, stride_sn, BLOCK_N, BLOCK_K, PTX, dt,
+                                        EVEN)
+                u_lo, u_hi = fp4_planes(w_e, s_e, I + n, n_ok, k0, D, stride_wn, stride_sn, BLOCK_N, BLOCK_K, PTX, dt,
+                                        EVEN)
+                acc_g = tl.dot(x_even, tl.trans(g_lo), acc_g, input_precision=PREC)
+                acc_g = tl.dot(x_odd, tl.trans(g_hi), acc_g, input_precision=PREC)
+                acc_u = tl.dot(x_even, tl.trans(u_lo), acc_u, input_precision=PREC)
+                acc_u = tl.dot(x_odd, tl.trans(u_hi), acc_u, input_precision=PREC)
+            elif A_FMT != "":  # 16-bit activations, e2m1 weights: the compiler's scaled dot
                 xk = _x_rows(x_ptr, tok, valid, stride_x, k0, D, BLOCK_K)
                 first = e * 2 * I + tl.program_id(1) * BLOCK_N  # w13's gate rows of this tile, all experts' rows
                 wg, sg = _fp4_packed(w_e, s_e, n, n_ok, k0, D, stride_wn, stride_sn, BLOCK_K, w_desc, first, TMA)
@@ -240,6 +258,9 @@ def _moe_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w_ptr, w_desc, s_ptr, h_ptr, 
                 acc_g += tl.dot(x_odd, tl.trans(g_hi.to(dt)), out_dtype=tl.float32, input_precision=PREC)
                 acc_u += tl.dot(x_even, tl.trans(u_lo.to(dt)), out_dtype=tl.float32, input_precision=PREC)
                 acc_u += tl.dot(x_odd, tl.trans(u_hi.to(dt)), out_dtype=tl.float32, input_precision=PREC)
+        if PLANES:  # the planes hold the weights * 2^-BIAS
+            acc_g = acc_g * (2.0 ** PLANES_BIAS)
+            acc_u = acc_u * (2.0 ** PLANES_BIAS)
         if SPLIT_K == 1:
             g = tl.minimum(acc_g, limit)
             act = g / (1.0 + tl.exp(-g)) * tl.minimum(tl.maximum(acc_u, -limit), limit)
@@ -255,7 +276,8 @@ def _moe_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w_ptr, w_desc, s_ptr, h_ptr, 
 def _moe_down_kernel(h_ptr, rows_ptr, bexp_ptr, w_ptr, w_desc, s_ptr, wts_ptr, out_ptr, D, I, E, stride_h, stride_we,
                      stride_wn, stride_se, stride_sn, stride_o, K_PER_SPLIT, stride_os, BLOCK_M: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WEIGHT_FP8: tl.constexpr,
-                     SCALE_BCAST: tl.constexpr, PREC: tl.constexpr, A_FMT: tl.constexpr, TMA: tl.constexpr):
+                     SCALE_BCAST: tl.constexpr, PREC: tl.constexpr, A_FMT: tl.constexpr, TMA: tl.constexpr,
+                     PLANES: tl.constexpr, PTX: tl.constexpr, EVEN: tl.constexpr):
     """program_id(2): the K split [split * K_PER_SPLIT, ...), writing its weighted partial sums to out_ptr's slice
     split (stride_os; 0 with one split)."""
     blk = tl.program_id(0)
@@ -274,7 +296,13 @@ def _moe_down_kernel(h_ptr, rows_ptr, bexp_ptr, w_ptr, w_desc, s_ptr, wts_ptr, o
         j = tl.arange(0, BLOCK_K // 2)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(k_lo, k_hi, BLOCK_K):
-            if A_FMT != "":
+            if PLANES:
+                h_even, h_odd = split_parity(_x_rows(h_ptr, r, valid, stride_h, k0, I, BLOCK_K), BLOCK_M, BLOCK_K)
+                lo, hi = fp4_planes(w_e, s_e, n, n_ok, k0, I, stride_wn, stride_sn, BLOCK_N, BLOCK_K, PTX, h_even.dtype,
+                                    EVEN)
+                acc = tl.dot(h_even, tl.trans(lo), acc, input_precision=PREC)
+                acc = tl.dot(h_odd, tl.trans(hi), acc, input_precision=PREC)
+            elif A_FMT != "":
                 hk = _x_rows(h_ptr, r, valid, stride_h, k0, I, BLOCK_K)
                 wb, sb = _fp4_packed(w_e, s_e, n, n_ok, k0, I, stride_wn, stride_sn, BLOCK_K, w_desc,
                                      e * D + tl.program_id(1) * BLOCK_N, TMA)
@@ -292,6 +320,8 @@ def _moe_down_kernel(h_ptr, rows_ptr, bexp_ptr, w_ptr, w_desc, s_ptr, wts_ptr, o
                 lo, hi = _fp4_tile(w_e, s_e, n, n_ok, k0, I, stride_wn, stride_sn, BLOCK_N, BLOCK_K, SCALE_BCAST)
                 acc += tl.dot(h_even, tl.trans(lo.to(h_even.dtype)), out_dtype=tl.float32, input_precision=PREC)
                 acc += tl.dot(h_odd, tl.trans(hi.to(h_even.dtype)), out_dtype=tl.float32, input_precision=PREC)
+        if PLANES:  # the planes hold the weights * 2^-BIAS
+            acc = acc * (2.0 ** PLANES_BIAS)
         wt = tl.load(wts_ptr + tl.where(valid, pair, 0), mask=valid, other=0.0).to(tl.float32)
         out_rows = out_ptr + tl.where(valid, pair, 0).to(tl.int64)[:, None] * stride_o + n[None, :]
         tl.store(out_rows, acc * wt[:, None], mask=valid[:, None] & n_ok[None, :])
@@ -317,6 +347,9 @@ class MoeLaunch:
     # scaled dot: weight codes through a TMA tensor descriptor (no per-element address registers, copies the compiler
     # pipelines; 5-30% faster for most decode launches on an H200)
     tma: bool = False
+    # MXFP4 codes as parity planes (dsv4_mxfp4_planes: PTX on NVIDIA GPUs, ~2.25 instructions per weight against the
+    # scaled dot's 5.5-7.3) times the activations split by parity; bf16 or fp32 activations, scales checked at load
+    planes: bool = False
 
 
 @dataclass(frozen=True)
@@ -328,7 +361,7 @@ class MoeConfig:
 
 
 def moe_config(num_pairs: int, num_experts: int, scaled_dot: bool = True, fp8: bool = False,
-               tma: bool = False) -> MoeConfig:
+               tma: bool = False, planes: bool = False) -> MoeConfig:
     """Launch settings by pairs per expert (static for a batch size: graph capture sees one) and path (tl.dot_scaled
     for 16-bit activations with MXFP4 weights, else in-register dequantization); `tma`: the device has TMA tensor
     descriptors (`tma_supported`). From the H200 sweeps (benchmark/kernels/sweep_moe_mxfp4.py, Flash widths;
@@ -340,9 +373,13 @@ def moe_config(num_pairs: int, num_experts: int, scaled_dot: bool = True, fp8: b
     2026-12-03; and 8 warps: 2026-12-04). Decode, timed as CUDA-graph replays: one token's few experts want 256-wide
     K tiles unpipelined, gate-up's codes by pointers (its TMA copies were 1.2x slower), down's through TMA (19.2 us
     against 27.1 for 3-stage 128-wide tiles); from 8 tokens 3-stage 128-wide K tiles with the codes through TMA (5-12%
-    faster than pointer loads at 8 and 32 tokens: RESULTS.md, 2026-12-03 second session)."""
+    faster than pointer loads at 8 and 32 tokens: RESULTS.md, 2026-12-03 second session). `planes` (the caller's
+    bf16 activations and checked scales on an NVIDIA GPU: dsv4_mxfp4_planes.planes_supported): decode takes the parity
+    planes' launches (PLANES_GATE_UP, PLANES_DOWN: 1.05-1.11x the scaled dot's whole op at 1-256 tokens)."""
     per_expert = num_pairs / num_experts
     block_m = 16 if per_expert <= 16 else 64 if per_expert <= 64 else 128
+    if planes and block_m == 16:
+        return MoeConfig(16, PLANES_GATE_UP, PLANES_DOWN)
     if scaled_dot:
         if block_m == 16 and num_pairs * 8 <= num_experts:
             return MoeConfig(16, MoeLaunch(64, 256, 4, 1), MoeLaunch(64, 256, 4, 1, tma=tma))
@@ -356,6 +393,13 @@ def moe_config(num_pairs: int, num_experts: int, scaled_dot: bool = True, fp8: b
     # FP8 weight tiles need narrower gate-up tiles: 128 x 128 with 128-row blocks wants 256 KB of shared memory
     gate_up = MoeLaunch(64, 128, 4, 2, scaled_dot=False) if fp8 else MoeLaunch(128, 128, 8, 2, scaled_dot=False)
     return MoeConfig(block_m, gate_up, MoeLaunch(128, 64, 4, 3, scaled_dot=False))
+
+
+# Decode launches of the parity planes (`planes`: bf16 activations on NVIDIA GPUs, scale bytes within the planes'
+# exact range), the best of the H200 sweep at 1, 8 and 32 tokens (2026-12-04, RESULTS.md): 64 x 128 tiles, 3 stages;
+# down with 2 warps (19.3 / 96.7 / 296.6 us; gate-up 41.6 / 202.2 / 615.9).
+PLANES_GATE_UP = MoeLaunch(64, 128, 4, 3, scaled_dot=False, planes=True)
+PLANES_DOWN = MoeLaunch(64, 128, 2, 3, scaled_dot=False, planes=True)
 
 
 def tma_supported(device: torch.device) -> bool:
@@ -378,9 +422,11 @@ _TMA: dict = {}
 
 def dsv4_moe_mxfp4(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13: torch.Tensor,
                    w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, limit: float,
-                   config: Optional[MoeConfig] = None) -> torch.Tensor:
+                   config: Optional[MoeConfig] = None, scales_fit_planes: bool = False) -> torch.Tensor:
     """x [T, D] (bf16/fp16/fp32), topk_ids / topk_weights [T, k], w13 uint8 [E, 2I, D/2] + w13_scale uint8
-    [E, 2I, D/32], w2 uint8 [E, D, I/2] + w2_scale uint8 [E, D, I/32] -> [T, D] in x's dtype."""
+    [E, 2I, D/32], w2 uint8 [E, D, I/2] + w2_scale uint8 [E, D, I/32] -> [T, D] in x's dtype. scales_fit_planes: every
+    scale byte is within dsv4_mxfp4_planes' exact range (checked by the caller at load), so decode launches may take
+    the PTX planes where the device has them."""
     num_tokens, hidden = x.shape
     num_experts, two_inter = w13.shape[0], w13.shape[1]
     inter = two_inter // 2
@@ -390,7 +436,8 @@ def dsv4_moe_mxfp4(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.
         raise ValueError(f"MXFP4 experts w13 {tuple(w13.shape)} / {tuple(w13_scale.shape)}, w2 {tuple(w2.shape)} / "
                          f"{tuple(w2_scale.shape)} do not fit x {tuple(x.shape)}")
     w13b, s13, w2b, s2 = (t.view(torch.uint8) for t in (w13, w13_scale, w2, w2_scale))
-    return _fused_moe(x, topk_ids, topk_weights, w13b, s13, w2b, s2, limit, inter, fp8=False, config=config)
+    return _fused_moe(x, topk_ids, topk_weights, w13b, s13, w2b, s2, limit, inter, fp8=False, config=config,
+                      planes=scales_fit_planes and planes_supported(x.device, x.dtype))
 
 
 def dsv4_moe_fp8(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13: torch.Tensor,
@@ -412,14 +459,14 @@ def dsv4_moe_fp8(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Te
 
 
 def _fused_moe(x, topk_ids, topk_weights, w13, s13, w2, s2, limit: float, inter: int, fp8: bool,
-               config: Optional[MoeConfig] = None) -> torch.Tensor:
+               config: Optional[MoeConfig] = None, planes: bool = False) -> torch.Tensor:
     num_tokens, hidden = x.shape
     num_experts, top_k = w13.shape[0], topk_ids.shape[1]
     if num_tokens == 0:
         return torch.zeros_like(x)
     scaled = not fp8 and x.dtype in (torch.bfloat16, torch.float16)
     cfg = config or moe_config(num_tokens * top_k, num_experts, scaled_dot=scaled, fp8=fp8,
-                               tma=tma_supported(x.device))
+                               tma=tma_supported(x.device), planes=planes)
     rows, block_expert = dsv4_moe_align(topk_ids, num_experts, cfg.block_m)
     h = moe_gate_up(x, rows, block_expert, w13, s13, inter, top_k, limit, cfg.block_m, cfg.gate_up, fp8)
     pairs = moe_down(h, rows, block_expert, w2, s2, topk_weights, hidden, cfg.block_m, cfg.down, fp8)
@@ -431,8 +478,12 @@ def _precision(dtype: torch.dtype) -> str:
 
 
 def _scaled_dot_format(launch: MoeLaunch, dtype: torch.dtype, fp8: bool) -> str:
-    """tl.dot_scaled's activation format, or "" for the in-register dequantization (fp32 activations, FP8 weights)."""
-    if not launch.scaled_dot or fp8:
+    """tl.dot_scaled's activation format, or "" for the in-register dequantization (fp32 activations, FP8 weights)
+    or the parity planes."""
+    if launch.planes and (fp8 or dtype == torch.float16):
+        raise ValueError("MoeLaunch.planes takes MXFP4 weights with bf16 or fp32 activations (fp16 cannot hold the "
+                         "planes' 2^-16 bias)")
+    if not launch.scaled_dot or fp8 or launch.planes:
         return ""
     return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "")
 
@@ -473,7 +524,9 @@ def moe_gate_up(x, rows, block_expert, w13, s13, inter: int, top_k: int, limit: 
         w13.stride(1), s13.stride(0), s13_row, out.stride(-2), s13_half, float(limit), per_split,
         out.stride(0) if splits > 1 else 0, BLOCK_M=block_m, BLOCK_N=launch.block_n, BLOCK_K=launch.block_k,
         WEIGHT_FP8=fp8, SCALE_BCAST=launch.scale_bcast, PREC=_precision(x.dtype), A_FMT=a_fmt, SPLIT_K=splits,
-        TMA=w_desc is not None, num_warps=launch.num_warps, num_stages=launch.num_stages)
+        TMA=w_desc is not None, PLANES=launch.planes, PTX=launch.planes and planes_supported(x.device, x.dtype),
+        EVEN=hidden % launch.block_k == 0 and inter % launch.block_n == 0, num_warps=launch.num_warps,
+        num_stages=launch.num_stages)
     if splits == 1:
         return out
     gate_up = out.sum(0)  # rows of -1 pairs hold garbage: their h rows are never read
@@ -497,5 +550,7 @@ def moe_down(h, rows, block_expert, w2, s2, topk_weights, hidden: int, block_m: 
         w2.stride(1), s2.stride(0), s2_row, pairs.stride(1), per_split, pairs.stride(0) if splits > 1 else 0,
         BLOCK_M=block_m, BLOCK_N=launch.block_n, BLOCK_K=launch.block_k, WEIGHT_FP8=fp8,
         SCALE_BCAST=launch.scale_bcast, PREC=_precision(h.dtype), A_FMT=a_fmt, TMA=w_desc is not None,
-        num_warps=launch.num_warps, num_stages=launch.num_stages)
+        PLANES=launch.planes, PTX=launch.planes and planes_supported(h.device, h.dtype),
+        EVEN=inter % launch.block_k == 0 and hidden % launch.block_n == 0, num_warps=launch.num_warps,
+        num_stages=launch.num_stages)
     return pairs[0] if splits == 1 else pairs.sum(0)

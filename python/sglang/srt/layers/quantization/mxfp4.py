@@ -37,6 +37,7 @@ class Mxfp4RoutedExperts(nn.Module):
 
         self.w13, self.w13_scale = param(e, 2 * i, d // 2), param(e, 2 * i, d // FP4_BLOCK)
         self.w2, self.w2_scale = param(e, d, i // 2), param(e, d, i // FP4_BLOCK)
+        self.scale_range = (256, -1)  # (min, max) scale byte loaded: the decode kernels' parity planes need it in range
 
     def load_expert(self, which: str, expert: int, tensor: torch.Tensor, is_scale: bool) -> str:
         """Copy the checkpoint's packed `which` (w1 / w2 / w3) codes or scale bytes of one expert; returns the name
@@ -53,11 +54,22 @@ class Mxfp4RoutedExperts(nn.Module):
                              f"expected {tuple(target.shape)}")
         with torch.no_grad():
             target.copy_(tensor.view(torch.uint8))
+        if is_scale:  # one read at load: forwards must not sync
+            lo, hi = self.scale_range
+            self.scale_range = (min(lo, int(target.min())), max(hi, int(target.max())))
         return name
+
+    @property
+    def scales_fit_planes(self) -> bool:
+        """Every scale byte loaded lies within the exact range of sgl_kernel's parity planes (the fast decode path of
+        dsv4_moe_mxfp4); real checkpoints' do (multipliers near 2^-8; the range is 2^-116 .. 2^17)."""
+        from sgl_kernel.dsv4_mxfp4_planes import SCALE_MAX, SCALE_MIN
+
+        return self.scale_range[1] >= 0 and SCALE_MIN <= self.scale_range[0] and self.scale_range[1] <= SCALE_MAX
 
     def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         from sgl_kernel.dsv4_moe_mxfp4 import dsv4_moe_mxfp4
 
         return dsv4_moe_mxfp4(x, topk_ids, topk_weights, self.w13, self.w13_scale, self.w2, self.w2_scale,
-                              self.limit)
+                              self.limit, scales_fit_planes=self.scales_fit_planes)
 
