@@ -21,6 +21,20 @@ from sgl_kernel.dsv4_fp8_gemm_ref import BLOCK, FP8_E4M3_MAX
 
 
 @triton.jit
+def _rotated_pairs(src, t, pos_ptr, inv_ptr, sign, NOPE, HALF_R: tl.constexpr, BLOCK_R: tl.constexpr, ty):
+    """The rope pairs of one head (at src + NOPE) of row t rotated by +-angle (`sign`), rounded to `ty`: (even
+    outputs, odd outputs, pair index, pair mask). One function for dsv4_rope and dsv4_rope_fp8, so they agree."""
+    i = tl.arange(0, BLOCK_R)
+    mask = i < HALF_R
+    angle = tl.load(pos_ptr + t).to(tl.float32) * tl.load(inv_ptr + i, mask=mask, other=0.0)
+    cos = tl.cos(angle)
+    sin = tl.sin(angle) * sign
+    even = tl.load(src + NOPE + 2 * i, mask=mask, other=0.0).to(tl.float32)
+    odd = tl.load(src + NOPE + 2 * i + 1, mask=mask, other=0.0).to(tl.float32)
+    return (even * cos - odd * sin).to(ty), (even * sin + odd * cos).to(ty), i, mask
+
+
+@triton.jit
 def _dsv4_rope_kernel(x_ptr, pos_ptr, inv_ptr, out_ptr, HF, stride_xt, stride_xh, stride_ot, stride_oh, sign,
                       NOPE: tl.constexpr, HALF_R: tl.constexpr, BLOCK_NOPE: tl.constexpr, BLOCK_R: tl.constexpr):
     pid = tl.program_id(0)
@@ -31,16 +45,9 @@ def _dsv4_rope_kernel(x_ptr, pos_ptr, inv_ptr, out_ptr, HF, stride_xt, stride_xh
     if NOPE > 0:
         c = tl.arange(0, BLOCK_NOPE)
         tl.store(dst + c, tl.load(src + c, mask=c < NOPE), mask=c < NOPE)
-    i = tl.arange(0, BLOCK_R)
-    mask = i < HALF_R
-    angle = tl.load(pos_ptr + t).to(tl.float32) * tl.load(inv_ptr + i, mask=mask, other=0.0)
-    cos = tl.cos(angle)
-    sin = tl.sin(angle) * sign
-    even = tl.load(src + NOPE + 2 * i, mask=mask, other=0.0).to(tl.float32)
-    odd = tl.load(src + NOPE + 2 * i + 1, mask=mask, other=0.0).to(tl.float32)
-    ty = out_ptr.dtype.element_ty
-    tl.store(dst + NOPE + 2 * i, (even * cos - odd * sin).to(ty), mask=mask)
-    tl.store(dst + NOPE + 2 * i + 1, (even * sin + odd * cos).to(ty), mask=mask)
+    re, ro, i, mask = _rotated_pairs(src, t, pos_ptr, inv_ptr, sign, NOPE, HALF_R, BLOCK_R, out_ptr.dtype.element_ty)
+    tl.store(dst + NOPE + 2 * i, re, mask=mask)
+    tl.store(dst + NOPE + 2 * i + 1, ro, mask=mask)
 
 
 def dsv4_rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, inverse: bool = False) -> torch.Tensor:
@@ -81,16 +88,8 @@ def _dsv4_rope_fp8_kernel(x_ptr, pos_ptr, inv_ptr, q_ptr, s_ptr, HF, stride_xt, 
     col = blk[:, None] * 128 + tl.arange(0, 128)[None, :]  # the head's columns, as [block, 128]
     plain_ok = col < nope
     xn = tl.load(src + col, mask=plain_ok, other=0.0).to(tl.float32)
-    i = tl.arange(0, BLOCK_R)
-    r_ok = i < HALF_R
-    angle = tl.load(pos_ptr + t).to(tl.float32) * tl.load(inv_ptr + i, mask=r_ok, other=0.0)
-    cos = tl.cos(angle)
-    sin = tl.sin(angle) * sign
-    even = tl.load(src + nope + 2 * i, mask=r_ok, other=0.0).to(tl.float32)
-    odd = tl.load(src + nope + 2 * i + 1, mask=r_ok, other=0.0).to(tl.float32)
-    ty = x_ptr.dtype.element_ty
-    re = (even * cos - odd * sin).to(ty).to(tl.float32)  # dsv4_rope's arithmetic and rounding
-    ro = (even * sin + odd * cos).to(ty).to(tl.float32)
+    re, ro, i, r_ok = _rotated_pairs(src, t, pos_ptr, inv_ptr, sign, nope, HALF_R, BLOCK_R, x_ptr.dtype.element_ty)
+    re, ro = re.to(tl.float32), ro.to(tl.float32)  # dsv4_rope's values, rounded to x's dtype
     rope_amax = tl.maximum(tl.max(tl.abs(re), axis=0), tl.max(tl.abs(ro), axis=0))
     amax = tl.max(tl.abs(xn), axis=1)
     amax = tl.where(blk == NB - 1, tl.maximum(amax, rope_amax), amax)  # the pairs sit in the last block
