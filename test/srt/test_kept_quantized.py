@@ -171,3 +171,29 @@ def test_fp8_converted_experts_stay_fp8_and_agree(kept_on_cpu, tmp_path):
     ref_lp, ref_tokens = _prompt_logprobs(ref, random_ids(24, seed=5))
     assert max(abs(a - b) for a, b in zip(lp, ref_lp)) < 1e-4 and tokens == ref_tokens
     eng.model_runner.token_allocator.check_all_free()
+
+
+def test_mxfp4_scale_range_gates_the_parity_planes(monkeypatch):
+    """The decode kernels' parity planes are exact only for scale bytes in [SCALE_MIN, SCALE_MAX]: the experts module
+    records the loaded bytes' range (one read per tensor at load, none per forward) and vouches for the planes only
+    inside it; a module never loaded vouches for nothing. The flag reaches dsv4_moe_mxfp4."""
+    import sgl_kernel.dsv4_moe_mxfp4 as moe
+    from sgl_kernel.dsv4_mxfp4_planes import SCALE_MAX, SCALE_MIN
+    from sglang.srt.layers.quantization.mxfp4 import Mxfp4RoutedExperts
+
+    experts = Mxfp4RoutedExperts(2, 64, 32, 10.0)
+    assert not experts.scales_fit_planes
+    codes = lambda n, k: torch.zeros(n, k // 2, dtype=torch.uint8)  # noqa: E731
+    scales = lambda n, k, v: torch.full((n, k // 32), v, dtype=torch.uint8)  # noqa: E731
+    for e in range(2):
+        for which, n, k in (("w1", 32, 64), ("w3", 32, 64), ("w2", 64, 32)):
+            experts.load_expert(which, e, codes(n, k), is_scale=False)
+            experts.load_expert(which, e, scales(n, k, SCALE_MIN if e == 0 else SCALE_MAX), is_scale=True)
+    assert experts.scale_range == (SCALE_MIN, SCALE_MAX) and experts.scales_fit_planes
+    seen = []
+    monkeypatch.setattr(moe, "dsv4_moe_mxfp4", lambda *a, **k: seen.append(k["scales_fit_planes"]) or a[0])
+    experts(torch.zeros(3, 64), torch.zeros(3, 2, dtype=torch.int64), torch.ones(3, 2))
+    experts.load_expert("w2", 1, scales(64, 32, SCALE_MAX + 1), is_scale=True)
+    assert experts.scale_range == (SCALE_MIN, SCALE_MAX + 1) and not experts.scales_fit_planes
+    experts(torch.zeros(3, 64), torch.zeros(3, 2, dtype=torch.int64), torch.ones(3, 2))
+    assert seen == [True, False]
