@@ -7,6 +7,7 @@ once; no K splits, TMA or other paths), so timing both here, same harness, same 
 landed kernel's extra generality or the prototype's harness.
 
     python benchmark/kernels/bench_moe_planes_minimal.py [--tokens 1 8 32] [--tiles 64x128x3 64x256x3]
+    TRITON_INTERPRET=1 python benchmark/kernels/bench_moe_planes_minimal.py --cpu-dry   # the glue, on CPU
 
 Prints per token count and tile (BLOCK_N x BLOCK_K x stages, 4 warps): the landed kernel's and the minimal kernel's
 CUDA-graph replay time and their outputs' relative difference (should be ~1e-7: the same products, other sum order).
@@ -26,7 +27,7 @@ from sgl_kernel.dsv4_mxfp4_planes import BIAS, fp4_planes, split_parity
 @triton.jit
 def _gate_up_minimal(x_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, h_ptr, D, I, TOPK, E, stride_x, stride_we, stride_wn,
                      stride_se, stride_sn, stride_h, limit, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr):
+                     BLOCK_K: tl.constexpr, PTX: tl.constexpr):
     blk = tl.program_id(0)
     e = tl.load(bexp_ptr + blk)
     if e < E:
@@ -43,8 +44,8 @@ def _gate_up_minimal(x_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, h_ptr, D, I, TOPK,
         for k0 in range(0, D, BLOCK_K):
             xk = tl.load(x_rows + (k0 + tl.arange(0, BLOCK_K))[None, :], mask=valid[:, None], other=0.0)
             x_even, x_odd = split_parity(xk, BLOCK_M, BLOCK_K)
-            g_lo, g_hi = fp4_planes(w_e, s_e, n, n < I, k0, D, stride_wn, stride_sn, BLOCK_N, BLOCK_K, True, dt, True)
-            u_lo, u_hi = fp4_planes(w_e, s_e, I + n, n < I, k0, D, stride_wn, stride_sn, BLOCK_N, BLOCK_K, True, dt,
+            g_lo, g_hi = fp4_planes(w_e, s_e, n, n < I, k0, D, stride_wn, stride_sn, BLOCK_N, BLOCK_K, PTX, dt, True)
+            u_lo, u_hi = fp4_planes(w_e, s_e, I + n, n < I, k0, D, stride_wn, stride_sn, BLOCK_N, BLOCK_K, PTX, dt,
                                     True)
             acc_g = tl.dot(x_even, tl.trans(g_lo), acc_g)
             acc_g = tl.dot(x_odd, tl.trans(g_hi), acc_g)
@@ -66,7 +67,7 @@ def gate_up_minimal(x, rows, block_expert, w13, s13, inter: int, top_k: int, lim
     _gate_up_minimal[(num_blocks, inter // block_n)](
         x, rows, block_expert, w13, s13, out, hidden, inter, top_k, w13.shape[0], x.stride(0), w13.stride(0),
         w13.stride(1), s13.stride(0), s13.stride(1), out.stride(0), float(limit), BLOCK_M=16, BLOCK_N=block_n,
-        BLOCK_K=block_k, num_warps=4, num_stages=stages)
+        BLOCK_K=block_k, PTX=x.is_cuda, num_warps=4, num_stages=stages)
     return out
 
 
@@ -76,14 +77,17 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--tiles", nargs="+", default=["64x128x3", "64x256x3", "128x128x3"])
+    ap.add_argument("--cpu-dry", action="store_true", help="small widths, fp32, no PTX, no timing (interpreter)")
     args = ap.parse_args()
-    e, d, i, k = 256, 4096, 2048, 6
-    g = torch.Generator(device="cuda").manual_seed(0)
-    w13 = torch.randint(0, 256, (e, 2 * i, d // 2), device="cuda", generator=g, dtype=torch.int32).to(torch.uint8)
-    s13 = torch.randint(118, 126, (e, 2 * i, d // 32), device="cuda", generator=g, dtype=torch.int32).to(torch.uint8)
+    dev = "cpu" if args.cpu_dry else "cuda"
+    e, d, i, k = (8, 256, 128, 2) if args.cpu_dry else (256, 4096, 2048, 6)
+    g = torch.Generator(device=dev).manual_seed(0)
+    w13 = torch.randint(0, 256, (e, 2 * i, d // 2), device=dev, generator=g, dtype=torch.int32).to(torch.uint8)
+    s13 = torch.randint(118, 126, (e, 2 * i, d // 32), device=dev, generator=g, dtype=torch.int32).to(torch.uint8)
     for t in args.tokens:
-        ids = torch.stack([torch.randperm(e, device="cuda", generator=g)[:k] for _ in range(t)])
-        x = (torch.randn(t, d, device="cuda", generator=g) * 0.05).bfloat16()
+        ids = torch.stack([torch.randperm(e, device=dev, generator=g)[:k] for _ in range(t)])
+        x = torch.randn(t, d, device=dev, generator=g) * 0.05
+        x = x if args.cpu_dry else x.bfloat16()
         rows, bexp = dsv4_moe_align(ids, e, 16)
         valid = rows >= 0
         for tile in args.tiles:
@@ -93,6 +97,9 @@ def main() -> None:
             minimal = lambda: gate_up_minimal(x, rows, bexp, w13, s13, i, k, 10.0, bn, bk, st)  # noqa: E731
             a, b = landed()[valid].float(), minimal()[valid].float()
             diff = ((a - b).norm() / a.norm()).item()
+            if args.cpu_dry:
+                print(f"tokens {t} tile {tile}: relative difference {diff:.1e}")
+                continue
             us = [triton.testing.do_bench_cudagraph(fn, rep=100) * 1e3 for fn in (landed, minimal)]
             print(f"tokens {t:3d} tile {tile:10s}: landed {us[0]:7.1f} us, minimal {us[1]:7.1f} us "
                   f"(relative difference {diff:.1e})", flush=True)
