@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from sgl_kernel.dsv4_mxfp4_planes import BIAS as PLANES_BIAS
-from sgl_kernel.dsv4_mxfp4_planes import fp4_planes, planes_supported, split_parity
+from sgl_kernel.dsv4_mxfp4_planes import e2m1_value, fp4_planes, planes_supported, split_parity
 
 FP4_BLOCK = 32
 
@@ -115,15 +115,6 @@ def _align_one_program(topk_ids: torch.Tensor, num_experts: int, block_m: int, n
 
 
 @triton.jit
-def _e2m1(code):
-    """e2m1 codes (int32, 0..15) -> fp32 values 0, 0.5, 1, 1.5, 2, 3, 4, 6 (bit 3 the sign), exactly: the code's sign,
-    exponent and mantissa bits placed in an fp16 (sign at 15, exponent at 10-11, mantissa at 9) are the value times
-    2^-14 (e = 0 lands on fp16 subnormals, which hold 0.5 * 2^-14 exactly); no table, no branches."""
-    bits = ((code & 8) << 12) | ((code & 7) << 9)
-    return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * 16384.0
-
-
-@triton.jit
 def _fp4_tile(w_ptr, s_ptr, rows, row_ok, k0, K, stride_wn, stride_sn, BLOCK_N: tl.constexpr,
               BLOCK_K: tl.constexpr, SCALE_BCAST: tl.constexpr):
     """The dequantized even-input and odd-input planes [BLOCK_N, BLOCK_K / 2] of weight rows `rows` at inputs
@@ -142,7 +133,7 @@ def _fp4_tile(w_ptr, s_ptr, rows, row_ok, k0, K, stride_wn, stride_sn, BLOCK_N: 
     else:
         s = tl.load(s_ptr + rows[:, None] * stride_sn + ((k0 + 2 * j) // 32)[None, :], mask=ok, other=127)
         mult = (s.to(tl.int32) << 23).to(tl.float32, bitcast=True)
-    return _e2m1(b & 15) * mult, _e2m1(b >> 4) * mult
+    return e2m1_value(b & 15) * mult, e2m1_value(b >> 4) * mult
 
 
 @triton.jit

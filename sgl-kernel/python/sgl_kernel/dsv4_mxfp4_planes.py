@@ -51,8 +51,10 @@ mul.rn.bf16x2 $3, y, $6;
 
 
 @triton.jit
-def _e2m1_value(code):
-    """e2m1 codes (int32 0..15) -> exact fp32 values (the fp16 placement of dsv4_moe_mxfp4._e2m1)."""
+def e2m1_value(code):
+    """e2m1 codes (int32, 0..15) -> fp32 values 0, 0.5, 1, 1.5, 2, 3, 4, 6 (bit 3 the sign), exactly: the code's sign,
+    exponent and mantissa bits placed in an fp16 (sign at 15, exponent at 10-11, mantissa at 9) are the value times
+    2^-14 (e = 0 lands on fp16 subnormals, which hold 0.5 * 2^-14 exactly); no table, no branches."""
     bits = ((code & 8) << 12) | ((code & 7) << 9)
     return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * 16384.0
 
@@ -82,8 +84,8 @@ def fp4_planes(w_ptr, s_ptr, rows, row_ok, k0, K, stride_wn, stride_sn, BLOCK_N:
         mult = (s << 23).to(tl.float32, bitcast=True) * (2.0 ** -BIAS)
         mult = tl.reshape(tl.broadcast_to(mult[:, :, None], [BLOCK_N, BLOCK_K // 32, 16]), [BLOCK_N, BLOCK_K // 2])
         c = b.to(tl.int32)
-        lo = (_e2m1_value(c & 15) * mult).to(dtype)
-        hi = (_e2m1_value(c >> 4) * mult).to(dtype)
+        lo = (e2m1_value(c & 15) * mult).to(dtype)
+        hi = (e2m1_value(c >> 4) * mult).to(dtype)
     return lo, hi
 
 

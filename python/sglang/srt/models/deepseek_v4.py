@@ -184,7 +184,7 @@ class Attention(nn.Module):
         o = forward_batch.attn_backend.forward(self, q, kv, forward_batch, topk_slots)
         # V carries RoPE in its last Dr dims: undo it at the query position, then the grouped output.
         if isinstance(self.wo_a, Fp8BlockLinear):  # one grouped FP8 GEMM
-            path = w8a8_input_path(self.wo_a, o.flatten(1)) if o.dim() == 3 else None
+            path = w8a8_input_path(self.wo_a, o) if o.dim() == 3 else None  # o [T, H, Dh]: T rows
             # where it runs W8A8, the inverse RoPE writes wo_a's rows only quantized
             o_in = self.rotary.apply_fp8(o, positions, True, path) if path is not None else None
             if o_in is None:

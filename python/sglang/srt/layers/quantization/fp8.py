@@ -284,8 +284,8 @@ class Fp8RoutedExperts(nn.Module):
 
 
 def w8a8_input_path(linear: Optional[nn.Module], x: torch.Tensor) -> Optional[str]:
-    """Where `linear` is an FP8 linear that would quantize the rows of `x` [M, K] itself (W8A8), the path their
+    """Where `linear` is an FP8 linear that would quantize the M rows of `x` [M, ...] itself (W8A8), the path their
     producer should quantize them for (Fp8BlockLinear.w8a8_input_layout); else None."""
     if not isinstance(linear, Fp8BlockLinear) or linear.in_features % BLOCK:  # whole blocks in each group
         return None
-    return linear.w8a8_input_layout(x.numel() // x.shape[-1], x.dtype, x.device)
+    return linear.w8a8_input_layout(x.shape[0], x.dtype, x.device)
