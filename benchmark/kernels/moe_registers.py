@@ -27,6 +27,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 
 from sgl_kernel import dsv4_moe_mxfp4 as moe
+from sgl_kernel import dsv4_moe_planes as planes
 
 # argument types by name (pointer element types; every other runtime argument is an int32 but `limit`)
 POINTERS = {"x_ptr": "*bf16", "h_ptr": "*bf16", "rows_ptr": "*i64", "bexp_ptr": "*i64", "w_ptr": "*u8", "s_ptr": "*u8",
@@ -42,7 +43,7 @@ def signature(kernel, consts: dict, desc_block) -> dict:
             sig[name] = f"tensordesc<u8[{desc_block[0]}, {desc_block[1]}]>" if desc_block else "constexpr"
         else:
             sig[name] = POINTERS.get(name, "fp32" if name == "limit" else "i32")
-    if kernel is moe._moe_gate_up_kernel:
+    if kernel in (moe._moe_gate_up_kernel, planes._planes_gate_up_kernel):
         sig["h_ptr"] = "*bf16"
     return sig
 
@@ -53,7 +54,7 @@ def compile_sm90(kernel, consts: dict, launch, tma: bool):
     byte by byte and the figures are a different kernel's."""
     consts = dict(consts)
     desc = (launch.block_n, launch.block_k // 2) if tma else None
-    if not tma:
+    if not tma and "w_desc" in kernel.arg_names:
         consts["w_desc"] = None
     sig = signature(kernel, consts, desc)
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
@@ -106,17 +107,21 @@ def main() -> None:
     ap.add_argument("--planes", action="store_true", help="the parity planes' launches (PTX conversion) instead")
     args = ap.parse_args()
     print(f"Triton {triton.__version__}, sm90")
-    common = {"WEIGHT_FP8": False, "SCALE_BCAST": True, "PREC": "tf32", "A_FMT": "" if args.planes else "bf16",
-              "PLANES": args.planes, "PTX": args.planes, "EVEN": True}
+    common = {"WEIGHT_FP8": False, "SCALE_BCAST": True, "PREC": "tf32", "A_FMT": "bf16"}
     for t in args.tokens:
         cfg = moe.moe_config(t * 6, 256, tma=not args.planes, planes=args.planes)
-        for name, kernel, launch, extra in (("gate_up", moe._moe_gate_up_kernel, cfg.gate_up, {"SPLIT_K": 1}),
-                                            ("down", moe._moe_down_kernel, cfg.down, {})):
+        kernels = ((planes._planes_gate_up_kernel, planes._planes_down_kernel) if args.planes else
+                   (moe._moe_gate_up_kernel, moe._moe_down_kernel))
+        for name, kernel, launch, extra in (("gate_up", kernels[0], cfg.gate_up, {"SPLIT_K": 1}),
+                                            ("down", kernels[1], cfg.down, {})):
             tmas = [False] if args.planes else {"off": [False], "on": [True], "both": [False, True]}[args.tma]
             for tma, warps in itertools.product(tmas, args.warps):
                 launch_t = dataclasses.replace(launch, tma=tma, num_warps=warps or launch.num_warps)
                 consts = {**common, **extra, "BLOCK_M": cfg.block_m, "BLOCK_N": launch.block_n,
                           "BLOCK_K": launch.block_k, "TMA": tma}
+                if args.planes:  # the planes' kernels: their own constexprs
+                    consts = {"BLOCK_M": cfg.block_m, "BLOCK_N": launch.block_n, "BLOCK_K": launch.block_k,
+                              "SWAP": launch.swap, "PTX": True, "PREC": "tf32"}
                 c = compile_sm90(kernel, consts, launch_t, tma)
                 print(f"tokens {t:4d} {name:8s} {launch_t}: {resources(c)}", flush=True)
                 if args.sass:

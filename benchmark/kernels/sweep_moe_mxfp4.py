@@ -8,7 +8,8 @@ launches per (kernel, tokens) and writes every row to --out; `moe_config` takes 
 
 Candidates: tl.dot_scaled launches beside the in-register path, with the weight codes read by pointers and through TMA
 descriptors (MoeLaunch.tma: fewer registers, copies the compiler may pipeline); with --planes also the decode launches
-of the PTX parity planes (MoeLaunch.planes, the engine's decode path on NVIDIA GPUs). K splits (MoeLaunch.split_k),
+of the PTX parity planes (MoeLaunch.planes, dsv4_moe_planes: the engine's decode path on NVIDIA GPUs; planes first or
+second in the MMA, MoeLaunch.swap). K splits (MoeLaunch.split_k),
 1-8-row multiply-adds and one MMA per 32-input scale group (RESULTS.md, 2026-12-02 sixth session), and the next K tile
 prefetched into registers (2026-12-03), lost to one split of the scaled dot at every decode size on the H200 and are not
 swept.
@@ -79,10 +80,13 @@ def main() -> None:
         else:  # decode: 16-row scaled dots (earlier sweeps' winners)
             grid = itertools.product([16], [32, 64, 128], [128, 256], [4, 8], [1, 3])
             baseline = [(16, MoeLaunch(64, 256, 4, 1, scaled_dot=False))]
-            if args.planes:  # the PTX parity planes (dsv4_mxfp4_planes; the random scales are in range)
-                baseline += [(16, MoeLaunch(bn, bk, 4, st, scaled_dot=False, planes=True)) for bn, bk, st in
-                             itertools.product([32, 64, 128], [128, 256], [1, 3])]
-                baseline.append((16, MoeLaunch(64, 128, 2, 3, scaled_dot=False, planes=True)))
+            if args.planes:  # the PTX parity planes (dsv4_moe_planes; random scales in range), both operand orders
+                tiles = [(bn, bk, w, 3, sw) for bn, bk, w, sw in
+                         itertools.product([32, 64, 128], [128, 256], [2, 4], [False, True])]
+                tiles += [(128, 128, 8, 3, False), (64, 256, 2, 2, True), (64, 256, 2, 2, False),
+                          (64, 128, 4, 4, False), (128, 128, 4, 2, True)]
+                baseline += [(16, MoeLaunch(bn, bk, w, st, scaled_dot=False, planes=True, swap=sw))
+                             for bn, bk, w, st, sw in tiles]
         yield from baseline
         if args.planes_only:
             return
@@ -145,7 +149,8 @@ def main() -> None:
             for r in ok[:5]:
                 print(f"   {r['ms'] * 1e3:9.1f} us  {r['fraction_of_copy_bw']:.2f} of copy bw  bm {r['block_m']} "
                       f"bn {r['block_n']} bk {r['block_k']} w {r['num_warps']} s {r['num_stages']} "
-                      f"scaled_dot {r['scaled_dot']} tma {r['tma']} (vs default {r['relative_error_vs_default']:.1e})",
+                      f"scaled_dot {r['scaled_dot']} tma {r['tma']} planes {r['planes']} swap {r['swap']} "
+                      f"(vs default {r['relative_error_vs_default']:.1e})",
                       flush=True)
         if args.out:
             with open(args.out, "w") as f:

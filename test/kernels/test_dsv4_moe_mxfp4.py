@@ -179,24 +179,58 @@ def _fp8_experts(num_experts: int, hidden: int, inter: int, seed: int, device="c
     return (*grid(2, inter, hidden), *grid(1, hidden, inter))
 
 
-@pytest.mark.parametrize("tokens,block_n,block_k,split_k", [(1, 32, 64, 1), (23, 32, 32, 1), (5, 64, 128, 1),
-                                                        (23, 32, 32, 2)])
-def test_planes_equal_reference(tokens, block_n, block_k, split_k):
-    """The parity planes (MoeLaunch.planes; dsv4_mxfp4_planes computed in Triton here, by PTX on a GPU) with the
-    activations split by parity: the reference's function in fp32, K tiles of one scale group and past the hidden
-    size (96: a masked half tile), scale bytes at both ends of the planes' exact range, K splits."""
+@pytest.mark.parametrize("tokens,block_n,block_k,swap", [(1, 32, 64, False), (23, 32, 32, True), (5, 64, 64, True),
+                                                      (23, 64, 32, False)])
+def test_planes_equal_reference(tokens, block_n, block_k, swap):
+    """The parity planes' decode kernels (dsv4_moe_planes; dsv4_mxfp4_planes computed in Triton here, by PTX on a GPU)
+    with the activations split by parity: the reference's function in fp32, K tiles of one scale group and more, the
+    planes first in the MMA (swap) or second, scale bytes at both ends of the planes' exact range, padding rows."""
     from sgl_kernel.dsv4_mxfp4_planes import SCALE_MAX, SCALE_MIN
 
-    w13, s13, w2, s2 = _experts(8, 96, 64, seed=9)
+    w13, s13, w2, s2 = _experts(8, 128, 64, seed=9)
     s13[0, :3, 0], s2[1, :3, 1] = SCALE_MIN, SCALE_MAX  # the range's ends
     ids, weights = _routing(tokens, 4, 8, seed=3, skew=tokens > 20)
-    x = torch.randn(tokens, 96, generator=torch.Generator().manual_seed(2)) * 0.05
-    launch = MoeLaunch(block_n=block_n, block_k=block_k, split_k=split_k, scaled_dot=False, planes=True)
+    x = torch.randn(tokens, 128, generator=torch.Generator().manual_seed(2)) * 0.05
+    launch = MoeLaunch(block_n=block_n, block_k=block_k, scaled_dot=False, planes=True, swap=swap)
     got = dsv4_moe_mxfp4(x, ids, weights, w13, s13, w2, s2, 10.0, config=MoeConfig(16, launch, launch))
     ref = fused_moe_mxfp4_ref(x, ids, weights, w13, s13, w2, s2, 10.0)
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4 * ref.abs().max().item())
     with pytest.raises(ValueError, match="bf16 or fp32"):
         dsv4_moe_mxfp4(x.half(), ids, weights, w13, s13, w2, s2, 10.0, config=MoeConfig(16, launch, launch))
+
+
+@pytest.mark.parametrize("launch", [MoeLaunch(32, 96, scaled_dot=False, planes=True),
+                                    MoeLaunch(48, 64, scaled_dot=False, planes=True),
+                                    MoeLaunch(32, 32, split_k=2, scaled_dot=False, planes=True)])
+def test_planes_refuse_launches_that_do_not_fit(launch):
+    """The planes' kernels have no masks and one K range: a launch whose tiles do not divide the widths (or that splits
+    K) is refused by name, never run over the edge."""
+    w13, s13, w2, s2 = _experts(8, 128, 64, seed=9)
+    ids, weights = _routing(3, 4, 8, seed=3, skew=False)
+    x = torch.randn(3, 128, generator=torch.Generator().manual_seed(2)) * 0.05
+    with pytest.raises(ValueError, match="MoeLaunch.planes .* divide"):
+        dsv4_moe_mxfp4(x, ids, weights, w13, s13, w2, s2, 10.0, config=MoeConfig(16, launch, launch))
+
+
+@pytest.mark.parametrize("hidden,planes_taken", [(128, True), (96, False)])
+def test_planes_fall_back_where_widths_do_not_fit(monkeypatch, hidden, planes_taken):
+    """Decode with vouched scales on a device with the PTX (simulated) takes the planes where its tiles divide the
+    widths and the scaled dot / in-register path elsewhere (small test models), the reference's result both ways."""
+    import sgl_kernel.dsv4_moe_mxfp4 as moe
+
+    monkeypatch.setattr(moe, "planes_supported", lambda device, dtype: True)
+    monkeypatch.setattr(moe, "PLANES_GATE_UP", MoeLaunch(32, 64, scaled_dot=False, planes=True))
+    monkeypatch.setattr(moe, "PLANES_DOWN", MoeLaunch(32, 64, scaled_dot=False, planes=True))
+    calls = []
+    real = moe.planes_gate_up
+    monkeypatch.setattr(moe, "planes_gate_up", lambda *a, **k: calls.append(1) or real(*a, **k))
+    w13, s13, w2, s2 = _experts(8, hidden, 64, seed=4)
+    ids, weights = _routing(2, 4, 8, seed=3, skew=False)
+    x = torch.randn(2, hidden, generator=torch.Generator().manual_seed(2)) * 0.05
+    got = dsv4_moe_mxfp4(x, ids, weights, w13, s13, w2, s2, 10.0, scales_fit_planes=True)
+    ref = fused_moe_mxfp4_ref(x, ids, weights, w13, s13, w2, s2, 10.0)
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4 * ref.abs().max().item())
+    assert bool(calls) == planes_taken
 
 
 def test_planes_only_where_chosen(monkeypatch):

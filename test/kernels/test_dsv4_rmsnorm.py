@@ -80,6 +80,52 @@ def test_fp8_output_is_norm_then_act_quant(dtype, cublas_layout, d):
     assert torch.equal(s, rs) and s.stride() == rs.stride()
 
 
+_ROW_LAYOUTS = r"""
+import json, re, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from sgl_kernel.dsv4_rmsnorm import _dsv4_rms_norm_kernel as kernel, norm_warps
+
+types = {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32", "eps": "fp32"}
+aligned = ("x_ptr", "w_ptr", "out_ptr", "q_ptr", "s_ptr", "stride_x", "stride_o", "stride_q")
+out = {}
+for d in map(int, sys.argv[1:]):
+    block = triton.next_power_of_2(d)
+    for quant in (False, True):
+        consts = {"HAS_WEIGHT": True, "BLOCK_D": block, "QUANT": quant, "FP8_MAX": 448.0, "ROUND_IN_FP32": False}
+        sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in kernel.arg_names}
+        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names) if n in aligned}
+        src = triton.compiler.ASTSource(fn=kernel, signature=sig, attrs=attrs,
+                                        constexprs={(kernel.arg_names.index(n),): v for n, v in consts.items()})
+        ttgir = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                               options={"num_warps": norm_warps(block)}).asm["ttgir"]
+        layouts = dict(re.findall(r"(#blocked\d*) = #ttg.blocked<([^>]*)>", ttgir))
+        load = re.search(r"tt\.load [^:]*: tensor<\d+x!tt\.ptr<bf16>, (#blocked\d*)>", ttgir).group(1)
+        out[f"{d} {quant}"] = layouts[load]
+print(json.dumps(out))
+"""
+
+
+def test_fp8_variant_has_the_plain_layout():
+    """On a GPU the fused norm equals norm + act_quant bit for bit only if both compile the row to the same layout
+    (the same sum of squares order): the FP8 store pulls the quantizing variant towards 16 elements per thread, so
+    the launch keeps 8 (norm_warps). Compiled for sm90 on the CPU (a subprocess: this one runs the interpreter) at
+    Flash's and Pro's hidden widths and q_norm's 1,024."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton.backends.nvidia")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", _ROW_LAYOUTS, "1024", "4096", "7168"], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    layouts = json.loads(run.stdout.strip().splitlines()[-1])
+    for d in (1024, 4096, 7168):
+        assert layouts[f"{d} True"] == layouts[f"{d} False"], (d, layouts)
+
+
 def test_fp8_output_refuses_partial_blocks():
     from sgl_kernel.dsv4_rmsnorm import dsv4_rms_norm_fp8
 
@@ -89,7 +135,7 @@ def test_fp8_output_refuses_partial_blocks():
 
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize("d,cublas_layout", [(4096, False), (4096, True), (1024, True)])
+@pytest.mark.parametrize("d,cublas_layout", [(4096, False), (4096, True), (1024, True), (7168, True)])
 def test_gpu_fp8_output(d, cublas_layout):
     from sgl_kernel.dsv4_rmsnorm import dsv4_rms_norm_fp8
 

@@ -29,8 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl_kernel.dsv4_mxfp4_planes import BIAS as PLANES_BIAS
-from sgl_kernel.dsv4_mxfp4_planes import e2m1_value, fp4_planes, planes_supported, split_parity
+from sgl_kernel.dsv4_moe_planes import planes_down, planes_fit, planes_gate_up
+from sgl_kernel.dsv4_mxfp4_planes import e2m1_value, planes_supported
 
 FP4_BLOCK = 32
 
@@ -185,12 +185,10 @@ def _moe_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w_ptr, w_desc, s_ptr, h_ptr, 
                         stride_wn, stride_se, stride_sn, stride_h, stride_shalf, limit, K_PER_SPLIT, stride_ps,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         WEIGHT_FP8: tl.constexpr, SCALE_BCAST: tl.constexpr, PREC: tl.constexpr, A_FMT: tl.constexpr,
-                        SPLIT_K: tl.constexpr, TMA: tl.constexpr, PLANES: tl.constexpr, PTX: tl.constexpr,
-                        EVEN: tl.constexpr):
+                        SPLIT_K: tl.constexpr, TMA: tl.constexpr):
     """SPLIT_K > 1: program_id(2) sums K [split * K_PER_SPLIT, ...) only and writes the raw fp32 gate and up sums to
     h_ptr [SPLIT_K, rows, 2, I] (stride_ps per split); the caller sums the splits and applies the SwiGLU. TMA: the
-    scaled dot's weight codes through `w_desc` (_fp4_packed). PLANES: the codes as parity planes (dsv4_mxfp4_planes,
-    by PTX where PTX) times the activations split by parity; EVEN: every weight tile whole (unmasked planes)."""
+    scaled dot's weight codes through `w_desc` (_fp4_packed)."""
     blk = tl.program_id(0)
     k_lo = tl.program_id(2) * K_PER_SPLIT
     k_hi = tl.minimum(k_lo + K_PER_SPLIT, D)
@@ -208,18 +206,7 @@ def _moe_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w_ptr, w_desc, s_ptr, h_ptr, 
         acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(k_lo, k_hi, BLOCK_K):
-            if PLANES:
-                x_even, x_odd = split_parity(_x_rows(x_ptr, tok, valid, stride_x, k0, D, BLOCK_K), BLOCK_M, BLOCK_K)
-                dt = x_even.dtype
-                g_lo, g_hi = fp4_planes(w_e, s_e, n, n_ok, k0, D, stride_wn, stride_sn, BLOCK_N, BLOCK_K, PTX, dt,
-                                        EVEN)
-                u_lo, u_hi = fp4_planes(w_e, s_e, I + n, n_ok, k0, D, stride_wn, stride_sn, BLOCK_N, BLOCK_K, PTX, dt,
-                                        EVEN)
-                acc_g = tl.dot(x_even, tl.trans(g_lo), acc_g, input_precision=PREC)
-                acc_g = tl.dot(x_odd, tl.trans(g_hi), acc_g, input_precision=PREC)
-                acc_u = tl.dot(x_even, tl.trans(u_lo), acc_u, input_precision=PREC)
-                acc_u = tl.dot(x_odd, tl.trans(u_hi), acc_u, input_precision=PREC)
-            elif A_FMT != "":  # 16-bit activations, e2m1 weights: the compiler's scaled dot
+            if A_FMT != "":  # 16-bit activations, e2m1 weights: the compiler's scaled dot
                 xk = _x_rows(x_ptr, tok, valid, stride_x, k0, D, BLOCK_K)
                 first = e * 2 * I + tl.program_id(1) * BLOCK_N  # w13's gate rows of this tile, all experts' rows
                 wg, sg = _fp4_packed(w_e, s_e, n, n_ok, k0, D, stride_wn, stride_sn, BLOCK_K, w_desc, first, TMA)
@@ -249,9 +236,6 @@ def _moe_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w_ptr, w_desc, s_ptr, h_ptr, 
                 acc_g += tl.dot(x_odd, tl.trans(g_hi.to(dt)), out_dtype=tl.float32, input_precision=PREC)
                 acc_u += tl.dot(x_even, tl.trans(u_lo.to(dt)), out_dtype=tl.float32, input_precision=PREC)
                 acc_u += tl.dot(x_odd, tl.trans(u_hi.to(dt)), out_dtype=tl.float32, input_precision=PREC)
-        if PLANES:  # the planes hold the weights * 2^-BIAS
-            acc_g = acc_g * (2.0 ** PLANES_BIAS)
-            acc_u = acc_u * (2.0 ** PLANES_BIAS)
         if SPLIT_K == 1:
             g = tl.minimum(acc_g, limit)
             act = g / (1.0 + tl.exp(-g)) * tl.minimum(tl.maximum(acc_u, -limit), limit)
@@ -267,8 +251,7 @@ def _moe_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w_ptr, w_desc, s_ptr, h_ptr, 
 def _moe_down_kernel(h_ptr, rows_ptr, bexp_ptr, w_ptr, w_desc, s_ptr, wts_ptr, out_ptr, D, I, E, stride_h, stride_we,
                      stride_wn, stride_se, stride_sn, stride_o, K_PER_SPLIT, stride_os, BLOCK_M: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WEIGHT_FP8: tl.constexpr,
-                     SCALE_BCAST: tl.constexpr, PREC: tl.constexpr, A_FMT: tl.constexpr, TMA: tl.constexpr,
-                     PLANES: tl.constexpr, PTX: tl.constexpr, EVEN: tl.constexpr):
+                     SCALE_BCAST: tl.constexpr, PREC: tl.constexpr, A_FMT: tl.constexpr, TMA: tl.constexpr):
     """program_id(2): the K split [split * K_PER_SPLIT, ...), writing its weighted partial sums to out_ptr's slice
     split (stride_os; 0 with one split)."""
     blk = tl.program_id(0)
@@ -287,13 +270,7 @@ def _moe_down_kernel(h_ptr, rows_ptr, bexp_ptr, w_ptr, w_desc, s_ptr, wts_ptr, o
         j = tl.arange(0, BLOCK_K // 2)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(k_lo, k_hi, BLOCK_K):
-            if PLANES:
-                h_even, h_odd = split_parity(_x_rows(h_ptr, r, valid, stride_h, k0, I, BLOCK_K), BLOCK_M, BLOCK_K)
-                lo, hi = fp4_planes(w_e, s_e, n, n_ok, k0, I, stride_wn, stride_sn, BLOCK_N, BLOCK_K, PTX, h_even.dtype,
-                                    EVEN)
-                acc = tl.dot(h_even, tl.trans(lo), acc, input_precision=PREC)
-                acc = tl.dot(h_odd, tl.trans(hi), acc, input_precision=PREC)
-            elif A_FMT != "":
+            if A_FMT != "":
                 hk = _x_rows(h_ptr, r, valid, stride_h, k0, I, BLOCK_K)
                 wb, sb = _fp4_packed(w_e, s_e, n, n_ok, k0, I, stride_wn, stride_sn, BLOCK_K, w_desc,
                                      e * D + tl.program_id(1) * BLOCK_N, TMA)
@@ -311,8 +288,6 @@ def _moe_down_kernel(h_ptr, rows_ptr, bexp_ptr, w_ptr, w_desc, s_ptr, wts_ptr, o
                 lo, hi = _fp4_tile(w_e, s_e, n, n_ok, k0, I, stride_wn, stride_sn, BLOCK_N, BLOCK_K, SCALE_BCAST)
                 acc += tl.dot(h_even, tl.trans(lo.to(h_even.dtype)), out_dtype=tl.float32, input_precision=PREC)
                 acc += tl.dot(h_odd, tl.trans(hi.to(h_even.dtype)), out_dtype=tl.float32, input_precision=PREC)
-        if PLANES:  # the planes hold the weights * 2^-BIAS
-            acc = acc * (2.0 ** PLANES_BIAS)
         wt = tl.load(wts_ptr + tl.where(valid, pair, 0), mask=valid, other=0.0).to(tl.float32)
         out_rows = out_ptr + tl.where(valid, pair, 0).to(tl.int64)[:, None] * stride_o + n[None, :]
         tl.store(out_rows, acc * wt[:, None], mask=valid[:, None] & n_ok[None, :])
@@ -341,6 +316,7 @@ class MoeLaunch:
     # MXFP4 codes as parity planes (dsv4_mxfp4_planes: PTX on NVIDIA GPUs, ~2.25 instructions per weight against the
     # scaled dot's 5.5-7.3) times the activations split by parity; bf16 or fp32 activations, scales checked at load
     planes: bool = False
+    swap: bool = False  # planes: the planes as the MMA's first operand (dsv4_moe_planes: sm90 wgmma from registers)
 
 
 @dataclass(frozen=True)
@@ -366,10 +342,12 @@ def moe_config(num_pairs: int, num_experts: int, scaled_dot: bool = True, fp8: b
     against 27.1 for 3-stage 128-wide tiles); from 8 tokens 3-stage 128-wide K tiles with the codes through TMA (5-12%
     faster than pointer loads at 8 and 32 tokens: RESULTS.md, 2026-12-03 second session). `planes` (the caller's
     bf16 activations and checked scales on an NVIDIA GPU: dsv4_mxfp4_planes.planes_supported): decode takes the parity
-    planes' launches (PLANES_GATE_UP, PLANES_DOWN: 1.05-1.11x the scaled dot's whole op at 1-256 tokens)."""
+    planes' launches (dsv4_moe_planes; PLANES_GATE_UP[_FEW], PLANES_DOWN[_FEW])."""
     per_expert = num_pairs / num_experts
     block_m = 16 if per_expert <= 16 else 64 if per_expert <= 64 else 128
     if planes and block_m == 16:
+        if num_pairs * 8 <= num_experts:  # a token's few experts: wider tiles, 4 warps
+            return MoeConfig(16, PLANES_GATE_UP_FEW, PLANES_DOWN_FEW)
         return MoeConfig(16, PLANES_GATE_UP, PLANES_DOWN)
     if scaled_dot:
         if block_m == 16 and num_pairs * 8 <= num_experts:
@@ -387,10 +365,14 @@ def moe_config(num_pairs: int, num_experts: int, scaled_dot: bool = True, fp8: b
 
 
 # Decode launches of the parity planes (`planes`: bf16 activations on NVIDIA GPUs, scale bytes within the planes'
-# exact range), the best of the H200 sweep at 1, 8 and 32 tokens (2026-12-04, RESULTS.md): 64 x 128 tiles, 3 stages;
-# down with 2 warps (19.3 / 96.7 / 296.6 us; gate-up 41.6 / 202.2 / 615.9).
-PLANES_GATE_UP = MoeLaunch(64, 128, 4, 3, scaled_dot=False, planes=True)
-PLANES_DOWN = MoeLaunch(64, 128, 2, 3, scaled_dot=False, planes=True)
+# exact range; dsv4_moe_planes' lean kernels), the best of the H200 sweep at 1, 8 and 32 tokens (2026-12-04 third
+# session, RESULTS.md): 256-wide K tiles, 3 stages; gate-up from 8 tokens with 2 warps and the planes first in the MMA
+# (172.2 / 512.5 us at 8 / 32 tokens), one token's 4 warps 128 wide (35.3 us); down 128 wide with 4 warps (79.2 /
+# 269.6 us), one token's 64 wide (14.6 us).
+PLANES_GATE_UP_FEW = MoeLaunch(128, 256, 4, 3, scaled_dot=False, planes=True)
+PLANES_DOWN_FEW = MoeLaunch(64, 256, 4, 3, scaled_dot=False, planes=True)
+PLANES_GATE_UP = MoeLaunch(64, 256, 2, 3, scaled_dot=False, planes=True, swap=True)
+PLANES_DOWN = MoeLaunch(128, 256, 4, 3, scaled_dot=False, planes=True)
 
 
 def tma_supported(device: torch.device) -> bool:
@@ -456,8 +438,12 @@ def _fused_moe(x, topk_ids, topk_weights, w13, s13, w2, s2, limit: float, inter:
     if num_tokens == 0:
         return torch.zeros_like(x)
     scaled = not fp8 and x.dtype in (torch.bfloat16, torch.float16)
-    cfg = config or moe_config(num_tokens * top_k, num_experts, scaled_dot=scaled, fp8=fp8,
-                               tma=tma_supported(x.device), planes=planes)
+    pick = lambda planes: moe_config(num_tokens * top_k, num_experts, scaled_dot=scaled, fp8=fp8,  # noqa: E731
+                                     tma=tma_supported(x.device), planes=planes)
+    cfg = config or pick(planes)
+    if config is None and cfg.gate_up.planes and not (planes_fit(cfg.gate_up, hidden, inter)
+                                                      and planes_fit(cfg.down, inter, hidden)):
+        cfg = pick(False)  # widths the planes' tiles do not divide (small test models): the scaled dot
     rows, block_expert = dsv4_moe_align(topk_ids, num_experts, cfg.block_m)
     h = moe_gate_up(x, rows, block_expert, w13, s13, inter, top_k, limit, cfg.block_m, cfg.gate_up, fp8)
     pairs = moe_down(h, rows, block_expert, w2, s2, topk_weights, hidden, cfg.block_m, cfg.down, fp8)
@@ -469,12 +455,8 @@ def _precision(dtype: torch.dtype) -> str:
 
 
 def _scaled_dot_format(launch: MoeLaunch, dtype: torch.dtype, fp8: bool) -> str:
-    """tl.dot_scaled's activation format, or "" for the in-register dequantization (fp32 activations, FP8 weights)
-    or the parity planes."""
-    if launch.planes and (fp8 or dtype == torch.float16):
-        raise ValueError("MoeLaunch.planes takes MXFP4 weights with bf16 or fp32 activations (fp16 cannot hold the "
-                         "planes' 2^-16 bias)")
-    if not launch.scaled_dot or fp8 or launch.planes:
+    """tl.dot_scaled's activation format, or "" for the in-register dequantization (fp32 activations, FP8 weights)."""
+    if not launch.scaled_dot or fp8:
         return ""
     return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "")
 
@@ -500,6 +482,10 @@ def moe_gate_up(x, rows, block_expert, w13, s13, inter: int, top_k: int, limit: 
                 launch: MoeLaunch, fp8: bool) -> torch.Tensor:
     """Step 2 alone (the benchmark sweep times it): the activated intermediate rows [num_blocks * block_m, I]. Split
     over K, the kernel writes fp32 gate and up sums per split; their sum goes through the clamped SwiGLU here."""
+    if launch.planes:
+        if fp8:
+            raise ValueError("MoeLaunch.planes takes MXFP4 weights, not FP8 experts")
+        return planes_gate_up(x, rows, block_expert, w13, s13, inter, top_k, limit, block_m, launch)
     num_blocks, hidden = block_expert.shape[0], x.shape[1]
     splits, per_split = _k_splits(hidden, launch)
     if splits == 1:
@@ -515,9 +501,7 @@ def moe_gate_up(x, rows, block_expert, w13, s13, inter: int, top_k: int, limit: 
         w13.stride(1), s13.stride(0), s13_row, out.stride(-2), s13_half, float(limit), per_split,
         out.stride(0) if splits > 1 else 0, BLOCK_M=block_m, BLOCK_N=launch.block_n, BLOCK_K=launch.block_k,
         WEIGHT_FP8=fp8, SCALE_BCAST=launch.scale_bcast, PREC=_precision(x.dtype), A_FMT=a_fmt, SPLIT_K=splits,
-        TMA=w_desc is not None, PLANES=launch.planes, PTX=launch.planes and planes_supported(x.device, x.dtype),
-        EVEN=hidden % launch.block_k == 0 and inter % launch.block_n == 0, num_warps=launch.num_warps,
-        num_stages=launch.num_stages)
+        TMA=w_desc is not None, num_warps=launch.num_warps, num_stages=launch.num_stages)
     if splits == 1:
         return out
     gate_up = out.sum(0)  # rows of -1 pairs hold garbage: their h rows are never read
@@ -531,6 +515,10 @@ def moe_down(h, rows, block_expert, w2, s2, topk_weights, hidden: int, block_m: 
     partial sums added)."""
     num_blocks, inter = block_expert.shape[0], h.shape[1]
     weights = topk_weights.flatten().float().contiguous()
+    if launch.planes:
+        if fp8:
+            raise ValueError("MoeLaunch.planes takes MXFP4 weights, not FP8 experts")
+        return planes_down(h, rows, block_expert, w2, s2, weights, hidden, block_m, launch)
     splits, per_split = _k_splits(inter, launch)
     pairs = torch.empty(splits, weights.numel(), hidden, dtype=torch.float32, device=h.device)
     s2_row = s2.stride(2) if fp8 else s2.stride(1)
@@ -541,7 +529,5 @@ def moe_down(h, rows, block_expert, w2, s2, topk_weights, hidden: int, block_m: 
         w2.stride(1), s2.stride(0), s2_row, pairs.stride(1), per_split, pairs.stride(0) if splits > 1 else 0,
         BLOCK_M=block_m, BLOCK_N=launch.block_n, BLOCK_K=launch.block_k, WEIGHT_FP8=fp8,
         SCALE_BCAST=launch.scale_bcast, PREC=_precision(h.dtype), A_FMT=a_fmt, TMA=w_desc is not None,
-        PLANES=launch.planes, PTX=launch.planes and planes_supported(h.device, h.dtype),
-        EVEN=inter % launch.block_k == 0 and hidden % launch.block_n == 0, num_warps=launch.num_warps,
-        num_stages=launch.num_stages)
+        num_warps=launch.num_warps, num_stages=launch.num_stages)
     return pairs[0] if splits == 1 else pairs.sum(0)

@@ -53,6 +53,14 @@ def _check(x: torch.Tensor, weight: Optional[torch.Tensor]) -> torch.Tensor:
     return x.reshape(-1, d)  # a view for the usual layouts (token-major, heads inside)
 
 
+def norm_warps(block: int) -> int:
+    """Warps for a row of `block` (a power of two) elements: 8 per thread up to 32 warps (8,192 wide). At 8 per thread
+    the compiler gives the plain and the quantizing variant the same row layout (the FP8 store would take 16 per
+    thread where there are more), hence the same sum order and bit-equal outputs; a cap of 16 broke that for Pro's
+    7,168 (compiled for sm90: test_fp8_variant_has_the_plain_layout)."""
+    return max(1, min(32, block // 256))
+
+
 def _launch(rows, weight, out, q, s, eps: float) -> None:
     d = rows.shape[1]
     if rows.shape[0]:
@@ -63,7 +71,7 @@ def _launch(rows, weight, out, q, s, eps: float) -> None:
             rows.stride(0), out.stride(0), q.stride(0) if quant else 0, s.stride(0) if quant else 0,
             s.stride(1) if quant else 0, eps, HAS_WEIGHT=weight is not None, BLOCK_D=block, QUANT=quant,
             FP8_MAX=FP8_E4M3_MAX, ROUND_IN_FP32=rows.device.type != "cuda",
-            num_warps=max(1, min(16, block // 256)))
+            num_warps=norm_warps(block))
 
 
 def dsv4_rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float) -> torch.Tensor:
