@@ -10,9 +10,10 @@ issues the conversion, the MMAs and the copies and little else:
 On an H200 this lean gate-up ran 1.1-1.35x faster than the general kernel's planes branch it replaces, at the same
 tiles (RESULTS.md, 2026-12-04 third session).
 
-SWAP puts the planes first in the MMA (acc [BLOCK_N, BLOCK_M]): on sm90 the planes, made in registers, then feed a
-wgmma from registers while the activations come from shared memory; that wins with 2 warps at 8-32 tokens. Products
-and sums are those of dsv4_moe_mxfp4's kernels (the torch reference is dsv4_moe_mxfp4_ref.py).
+SWAP puts the planes first in the MMA (acc [BLOCK_N, BLOCK_M]). With 2 warps (mma.sync) that gate-up won at 8-32
+tokens on the H200; with 4 warps on sm90 it becomes a wgmma fed from registers, whose operand layout costs more byte
+permutes than it saves (compile-only: 594 against 457 instructions per K tile). Products and sums are those of
+dsv4_moe_mxfp4's kernels (the torch reference is dsv4_moe_mxfp4_ref.py).
 """
 
 from __future__ import annotations
