@@ -87,7 +87,7 @@ from triton.backends.compiler import GPUTarget
 from sgl_kernel.dsv4_rmsnorm import _dsv4_rms_norm_kernel as kernel, norm_warps
 
 types = {"x_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32", "eps": "fp32"}
-aligned = ("x_ptr", "w_ptr", "out_ptr", "q_ptr", "s_ptr", "stride_x", "stride_o", "stride_q")
+aligned = ("x_ptr", "w_ptr", "out_ptr", "q_ptr", "s_ptr", "stride_x", "stride_o")  # as the JIT specializes them
 out = {}
 for d in map(int, sys.argv[1:]):
     block = triton.next_power_of_2(d)
@@ -108,9 +108,9 @@ print(json.dumps(out))
 
 def test_fp8_variant_has_the_plain_layout():
     """On a GPU the fused norm equals norm + act_quant bit for bit only if both compile the row to the same layout
-    (the same sum of squares order): the FP8 store pulls the quantizing variant towards 16 elements per thread, so
-    the launch keeps 8 (norm_warps). Compiled for sm90 on the CPU (a subprocess: this one runs the interpreter) at
-    Flash's and Pro's hidden widths and q_norm's 1,024."""
+    (the same sum of squares order): a 16-aligned FP8 store pulls the quantizing variant to 16 elements per thread, so
+    its codes' row stride is known as a multiple of 8 only. Compiled for sm90 on the CPU (a subprocess: this one runs
+    the interpreter) at norm_warps' launch for Flash's and Pro's hidden widths and q_norm's 1,024."""
     import json
     import os
     import subprocess
