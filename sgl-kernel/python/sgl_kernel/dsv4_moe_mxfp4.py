@@ -316,7 +316,7 @@ class MoeLaunch:
     # MXFP4 codes as parity planes (dsv4_mxfp4_planes: PTX on NVIDIA GPUs, ~2.25 instructions per weight against the
     # scaled dot's 5.5-7.3) times the activations split by parity; bf16 or fp32 activations, scales checked at load
     planes: bool = False
-    swap: bool = False  # planes: the planes as the MMA's first operand (dsv4_moe_planes: sm90 wgmma from registers)
+    swap: bool = False  # planes: the planes as the MMA's first operand (dsv4_moe_planes; mma.sync at 2 warps)
 
 
 @dataclass(frozen=True)
