@@ -2,7 +2,7 @@
 and the bf16 grouped-GEMM experts, all measured in one run.
 
     python benchmark/bench_moe_mxfp4.py [--experts 256] [--top-k 6] [--tokens 1 8 32 128 256 4096] [--profile]
-        [--config-from sweep.json] [--out r.json]
+        [--config-from sweep.json] [--row-major-scales] [--out r.json]
 
 Per token count: router choices drawn uniformly (top-k distinct of E), the fused op's time replayed from a CUDA graph
 (triton.testing.do_bench_cudagraph: the engine's decode replays graphs; eager timing at 1 token measures the host's
@@ -29,12 +29,15 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() / (triton.testing.do_bench(lambda: dst.copy_(src), warmup=20, rep=200) * 1e-3)
 
 
-def random_mxfp4_experts(e: int, d: int, i: int, g: torch.Generator) -> tuple:
-    """Random packed MXFP4 experts on the GPU: (w13, w13_scale, w2, w2_scale), exponent bytes 120..125."""
+def random_mxfp4_experts(e: int, d: int, i: int, g: torch.Generator, chunk: bool = True) -> tuple:
+    """Random packed MXFP4 experts on the GPU: (w13, w13_scale, w2, w2_scale), exponent bytes 120..125; the scale
+    bytes chunked as the engine keeps them (dsv4_mxfp4_scales) unless `chunk` is False (the checkpoint's rows)."""
+    from sgl_kernel.dsv4_mxfp4_scales import chunked
+
     def packed(n, kk):
         codes = torch.randint(0, 256, (e, n, kk // 2), device="cuda", generator=g, dtype=torch.int32).to(torch.uint8)
-        return codes, torch.randint(120, 126, (e, n, kk // 32), device="cuda", generator=g,
-                                    dtype=torch.int32).to(torch.uint8)
+        scale = torch.randint(120, 126, (e, n, kk // 32), device="cuda", generator=g, dtype=torch.int32)
+        return codes, chunked(scale.to(torch.uint8)) if chunk else scale.to(torch.uint8)
 
     return (*packed(2 * i, d), *packed(d, i))
 
@@ -90,20 +93,22 @@ def main() -> None:
     ap.add_argument("--config-from", help="a sweep's JSON: each token count's best launches from it")
     ap.add_argument("--planes", action="store_true", help="the engine's case: scales checked at load, so decode "
                     "takes the parity planes (dsv4_mxfp4_planes) where the GPU has them")
+    ap.add_argument("--row-major-scales", action="store_true", help="scale bytes in the checkpoint's row-major layout "
+                    "instead of the engine's chunked storage")
     ap.add_argument("--out")
     args = ap.parse_args()
     swept = json.load(open(args.config_from))["rows"] if args.config_from else []
     e, d, i, k = args.experts, args.hidden, args.intermediate, args.top_k
     g = torch.Generator(device="cuda").manual_seed(0)
-    w13, s13, w2, s2 = random_mxfp4_experts(e, d, i, g)
+    w13, s13, w2, s2 = random_mxfp4_experts(e, d, i, g, chunk=not args.row_major_scales)
     expert_bytes = (w13[0].numel() + s13[0].numel() + w2[0].numel() + s2[0].numel())
     bf16 = RoutedExperts(e, d, i, 10.0).cuda().bfloat16()
     with torch.no_grad():
-        w13f = torch.stack([dequant_mxfp4_ref(w13[x], s13[x]) for x in range(e)]).bfloat16()
+        w13f = torch.stack([dequant_mxfp4_ref(w13[x], s13[x].reshape(2 * i, -1)) for x in range(e)]).bfloat16()
         bf16.w1.copy_(w13f[:, :i])
         bf16.w3.copy_(w13f[:, i:])
         del w13f
-        bf16.w2.copy_(torch.stack([dequant_mxfp4_ref(w2[x], s2[x]) for x in range(e)]).bfloat16())
+        bf16.w2.copy_(torch.stack([dequant_mxfp4_ref(w2[x], s2[x].reshape(d, -1)) for x in range(e)]).bfloat16())
     bw = copy_bandwidth()
     print(f"copy bandwidth {bw / 1e9:.0f} GB/s; one expert {expert_bytes / 1e6:.2f} MB packed")
     rows = []

@@ -107,7 +107,7 @@ def main() -> None:
     ap.add_argument("--planes", action="store_true", help="the parity planes' launches (PTX conversion) instead")
     args = ap.parse_args()
     print(f"Triton {triton.__version__}, sm90")
-    common = {"WEIGHT_FP8": False, "SCALE_BCAST": True, "PREC": "tf32", "A_FMT": "bf16"}
+    common = {"WEIGHT_FP8": False, "SCALE_BCAST": True, "PREC": "tf32", "A_FMT": "bf16", "SCALE_CHUNKED": True}
     for t in args.tokens:
         cfg = moe.moe_config(t * 6, 256, tma=not args.planes, planes=args.planes)
         kernels = ((planes._planes_gate_up_kernel, planes._planes_down_kernel) if args.planes else
@@ -121,7 +121,7 @@ def main() -> None:
                           "BLOCK_K": launch.block_k, "TMA": tma}
                 if args.planes:  # the planes' kernels: their own constexprs
                     consts = {"BLOCK_M": cfg.block_m, "BLOCK_N": launch.block_n, "BLOCK_K": launch.block_k,
-                              "SWAP": launch.swap, "PTX": True, "PREC": "tf32"}
+                              "SWAP": launch.swap, "PTX": True, "PREC": "tf32", "SCALE_CHUNKED": True}
                 c = compile_sm90(kernel, consts, launch_t, tma)
                 print(f"tokens {t:4d} {name:8s} {launch_t}: {resources(c)}", flush=True)
                 if args.sass:

@@ -197,3 +197,31 @@ def test_mxfp4_scale_range_gates_the_parity_planes(monkeypatch):
     assert experts.scale_range == (SCALE_MIN, SCALE_MAX + 1) and not experts.scales_fit_planes
     experts(torch.zeros(3, 64), torch.zeros(3, 2, dtype=torch.int64), torch.ones(3, 2))
     assert seen == [True, False]
+
+
+def test_mxfp4_experts_keep_scales_chunked(monkeypatch):
+    """Rows of a multiple of 8 scale groups (256 inputs, as at every real width) are kept in sgl_kernel's chunked
+    storage: load_expert places the checkpoint's [rows, groups] bytes by (row, group), the forward hands the kernel
+    the [E, rows, groups / 8, 8] view of them, and a checkpoint tensor of another shape is refused naming the
+    checkpoint's shape."""
+    import sgl_kernel.dsv4_moe_mxfp4 as moe
+    from sgl_kernel.dsv4_mxfp4_scales import chunked
+    from sglang.srt.layers.quantization.mxfp4 import Mxfp4RoutedExperts
+
+    experts = Mxfp4RoutedExperts(2, 256, 512, 10.0)
+    assert experts.w13_scale.shape == (2, 1, 1024, 8) and experts.w2_scale.shape == (2, 2, 256, 8)
+    g = torch.Generator().manual_seed(0)
+    raw = {w: torch.randint(0, 256, (2, n, k // 32), generator=g, dtype=torch.int32).to(torch.uint8)
+           for w, n, k in (("w1", 512, 256), ("w3", 512, 256), ("w2", 256, 512))}
+    for e in range(2):
+        for which, n, k in (("w1", 512, 256), ("w3", 512, 256), ("w2", 256, 512)):
+            experts.load_expert(which, e, torch.zeros(n, k // 2, dtype=torch.uint8), is_scale=False)
+            assert experts.load_expert(which, e, raw[which][e], is_scale=True) in ("w13_scale", "w2_scale")
+    seen = {}
+    monkeypatch.setattr(moe, "dsv4_moe_mxfp4", lambda x, ids, wts, w13, s13, w2, s2, *a, **k: seen.update(
+        s13=s13, s2=s2) or x)
+    experts(torch.zeros(3, 256), torch.zeros(3, 2, dtype=torch.int64), torch.ones(3, 2))
+    assert torch.equal(seen["s13"], chunked(torch.cat((raw["w1"], raw["w3"]), dim=1)))
+    assert torch.equal(seen["s2"], chunked(raw["w2"]))
+    with pytest.raises(ValueError, match=r"expected \(512, 8\)"):
+        experts.load_expert("w1", 0, raw["w1"][0][:, :4], is_scale=True)

@@ -15,6 +15,8 @@ ones (W8A16, e4m3 with 128x128 block multipliers: `WEIGHT_FP8`), in three device
    registers (e2m1 code value * 2^(exponent byte - 127), or e4m3 * block multiplier).
 3. `_moe_down_kernel`: the intermediate rows times w2, scaled by the pair's router weight, written to the pair's row
    of a [T*k, D] fp32 buffer; the k rows of each token are summed last (a fixed order: deterministic).
+Scale bytes come row-major (the checkpoint's [E, rows, groups]) or chunked (dsv4_mxfp4_scales: the experts module's
+storage, one decode K step of consecutive rows contiguous), the layout a constexpr of every MXFP4 kernel.
 Packed bytes hold inputs 2j (low nibble) and 2j + 1 (high nibble) (the OCP order tl.dot_scaled reads); the
 in-register path multiplies the even and the odd input columns of the activations by the two nibble planes. The
 torch reference is dsv4_moe_mxfp4_ref.py.
@@ -31,6 +33,7 @@ import triton.language as tl
 
 from sgl_kernel.dsv4_moe_planes import planes_down, planes_fit, planes_gate_up
 from sgl_kernel.dsv4_mxfp4_planes import e2m1_value, planes_supported
+from sgl_kernel.dsv4_mxfp4_scales import scale_groups, scale_layout, scale_offsets
 
 FP4_BLOCK = 32
 
@@ -115,8 +118,8 @@ def _align_one_program(topk_ids: torch.Tensor, num_experts: int, block_m: int, n
 
 
 @triton.jit
-def _fp4_tile(w_ptr, s_ptr, rows, row_ok, k0, K, stride_wn, stride_sn, BLOCK_N: tl.constexpr,
-              BLOCK_K: tl.constexpr, SCALE_BCAST: tl.constexpr):
+def _fp4_tile(w_ptr, s_ptr, rows, row_ok, k0, K, stride_wn, stride_sn, SCALE_CHUNKED: tl.constexpr,
+              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALE_BCAST: tl.constexpr):
     """The dequantized even-input and odd-input planes [BLOCK_N, BLOCK_K / 2] of weight rows `rows` at inputs
     k0 .. k0 + BLOCK_K. SCALE_BCAST: one scale byte loaded per 32 inputs and broadcast over its 16 packed bytes
     (fewer loads, a register reshape); else one (cached) scale load per packed byte."""
@@ -126,27 +129,27 @@ def _fp4_tile(w_ptr, s_ptr, rows, row_ok, k0, K, stride_wn, stride_sn, BLOCK_N: 
     b = tl.load(w_ptr + rows[:, None] * stride_wn + col[None, :], mask=ok, other=0).to(tl.int32)
     if SCALE_BCAST:
         gi = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-        s = tl.load(s_ptr + rows[:, None] * stride_sn + gi[None, :], mask=row_ok[:, None] & (gi < K // 32)[None, :],
-                    other=127).to(tl.int32)
+        s = tl.load(s_ptr + scale_offsets(rows, gi, stride_sn, SCALE_CHUNKED),
+                    mask=row_ok[:, None] & (gi < K // 32)[None, :], other=127).to(tl.int32)
         mult = (s << 23).to(tl.float32, bitcast=True)  # 2^(s - 127)
         mult = tl.reshape(tl.broadcast_to(mult[:, :, None], [BLOCK_N, BLOCK_K // 32, 16]), [BLOCK_N, BLOCK_K // 2])
     else:
-        s = tl.load(s_ptr + rows[:, None] * stride_sn + ((k0 + 2 * j) // 32)[None, :], mask=ok, other=127)
+        s = tl.load(s_ptr + scale_offsets(rows, (k0 + 2 * j) // 32, stride_sn, SCALE_CHUNKED), mask=ok, other=127)
         mult = (s.to(tl.int32) << 23).to(tl.float32, bitcast=True)
     return e2m1_value(b & 15) * mult, e2m1_value(b >> 4) * mult
 
 
 @triton.jit
-def _fp4_scales(s_ptr, rows, row_ok, k0, K, stride_sn, BLOCK_K: tl.constexpr):
+def _fp4_scales(s_ptr, rows, row_ok, k0, K, stride_sn, SCALE_CHUNKED: tl.constexpr, BLOCK_K: tl.constexpr):
     """The scale bytes [BLOCK_N, BLOCK_K / 32] of weight rows `rows` at inputs k0 .. k0 + BLOCK_K (masked: 2^0)."""
     gi = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-    return tl.load(s_ptr + rows[:, None] * stride_sn + gi[None, :], mask=row_ok[:, None] & (gi < K // 32)[None, :],
-                   other=127)
+    return tl.load(s_ptr + scale_offsets(rows, gi, stride_sn, SCALE_CHUNKED),
+                   mask=row_ok[:, None] & (gi < K // 32)[None, :], other=127)
 
 
 @triton.jit
-def _fp4_packed(w_ptr, s_ptr, rows, row_ok, k0, K, stride_wn, stride_sn, BLOCK_K: tl.constexpr, w_desc, desc_row,
-                TMA: tl.constexpr):
+def _fp4_packed(w_ptr, s_ptr, rows, row_ok, k0, K, stride_wn, stride_sn, SCALE_CHUNKED: tl.constexpr,
+                BLOCK_K: tl.constexpr, w_desc, desc_row, TMA: tl.constexpr):
     """The packed codes [BLOCK_N, BLOCK_K / 2] and scale bytes [BLOCK_N, BLOCK_K / 32] of weight rows `rows` at inputs
     k0 .. k0 + BLOCK_K, as tl.dot_scaled takes them (the compiler's e2m1 upcast; masked codes 0, scales 2^0).
     TMA: the codes through the tensor descriptor `w_desc` over all experts' rows [E * rows per expert, K / 2], from
@@ -158,7 +161,7 @@ def _fp4_packed(w_ptr, s_ptr, rows, row_ok, k0, K, stride_wn, stride_sn, BLOCK_K
         col = k0 // 2 + tl.arange(0, BLOCK_K // 2)
         b = tl.load(w_ptr + rows[:, None] * stride_wn + col[None, :], mask=row_ok[:, None] & (col < K // 2)[None, :],
                     other=0)
-    return b, _fp4_scales(s_ptr, rows, row_ok, k0, K, stride_sn, BLOCK_K)
+    return b, _fp4_scales(s_ptr, rows, row_ok, k0, K, stride_sn, SCALE_CHUNKED, BLOCK_K)
 
 
 @triton.jit
@@ -185,7 +188,7 @@ def _moe_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w_ptr, w_desc, s_ptr, h_ptr, 
                         stride_wn, stride_se, stride_sn, stride_h, stride_shalf, limit, K_PER_SPLIT, stride_ps,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         WEIGHT_FP8: tl.constexpr, SCALE_BCAST: tl.constexpr, PREC: tl.constexpr, A_FMT: tl.constexpr,
-                        SPLIT_K: tl.constexpr, TMA: tl.constexpr):
+                        SPLIT_K: tl.constexpr, TMA: tl.constexpr, SCALE_CHUNKED: tl.constexpr):
     """SPLIT_K > 1: program_id(2) sums K [split * K_PER_SPLIT, ...) only and writes the raw fp32 gate and up sums to
     h_ptr [SPLIT_K, rows, 2, I] (stride_ps per split); the caller sums the splits and applies the SwiGLU. TMA: the
     scaled dot's weight codes through `w_desc` (_fp4_packed)."""
@@ -209,9 +212,10 @@ def _moe_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w_ptr, w_desc, s_ptr, h_ptr, 
             if A_FMT != "":  # 16-bit activations, e2m1 weights: the compiler's scaled dot
                 xk = _x_rows(x_ptr, tok, valid, stride_x, k0, D, BLOCK_K)
                 first = e * 2 * I + tl.program_id(1) * BLOCK_N  # w13's gate rows of this tile, all experts' rows
-                wg, sg = _fp4_packed(w_e, s_e, n, n_ok, k0, D, stride_wn, stride_sn, BLOCK_K, w_desc, first, TMA)
-                wu, su = _fp4_packed(w_e, s_e, I + n, n_ok, k0, D, stride_wn, stride_sn, BLOCK_K, w_desc, first + I,
-                                     TMA)
+                wg, sg = _fp4_packed(w_e, s_e, n, n_ok, k0, D, stride_wn, stride_sn, SCALE_CHUNKED, BLOCK_K, w_desc,
+                                     first, TMA)
+                wu, su = _fp4_packed(w_e, s_e, I + n, n_ok, k0, D, stride_wn, stride_sn, SCALE_CHUNKED, BLOCK_K,
+                                     w_desc, first + I, TMA)
                 acc_g = tl.dot_scaled(xk, None, A_FMT, tl.trans(wg), sg, "e2m1", acc=acc_g, fast_math=True)
                 acc_u = tl.dot_scaled(xk, None, A_FMT, tl.trans(wu), su, "e2m1", acc=acc_u, fast_math=True)
             elif WEIGHT_FP8:  # rows of w13 [2I, D] e4m3; scales [2, I/128, D/128]: gate half 0, up half 1
@@ -227,10 +231,10 @@ def _moe_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w_ptr, w_desc, s_ptr, h_ptr, 
                 x_rows = x_ptr + tok.to(tl.int64)[:, None] * stride_x + kk[None, :]
                 x_even = tl.load(x_rows, mask=x_ok, other=0.0)
                 x_odd = tl.load(x_rows + 1, mask=x_ok, other=0.0)
-                g_lo, g_hi = _fp4_tile(w_e, s_e, n, n_ok, k0, D, stride_wn, stride_sn, BLOCK_N, BLOCK_K,
+                g_lo, g_hi = _fp4_tile(w_e, s_e, n, n_ok, k0, D, stride_wn, stride_sn, SCALE_CHUNKED, BLOCK_N, BLOCK_K,
                                        SCALE_BCAST)
-                u_lo, u_hi = _fp4_tile(w_e, s_e, I + n, n_ok, k0, D, stride_wn, stride_sn, BLOCK_N, BLOCK_K,
-                                       SCALE_BCAST)
+                u_lo, u_hi = _fp4_tile(w_e, s_e, I + n, n_ok, k0, D, stride_wn, stride_sn, SCALE_CHUNKED,
+                                       BLOCK_N, BLOCK_K, SCALE_BCAST)
                 dt = x_even.dtype
                 acc_g += tl.dot(x_even, tl.trans(g_lo.to(dt)), out_dtype=tl.float32, input_precision=PREC)
                 acc_g += tl.dot(x_odd, tl.trans(g_hi.to(dt)), out_dtype=tl.float32, input_precision=PREC)
@@ -249,9 +253,10 @@ def _moe_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w_ptr, w_desc, s_ptr, h_ptr, 
 
 @triton.jit
 def _moe_down_kernel(h_ptr, rows_ptr, bexp_ptr, w_ptr, w_desc, s_ptr, wts_ptr, out_ptr, D, I, E, stride_h, stride_we,
-                     stride_wn, stride_se, stride_sn, stride_o, K_PER_SPLIT, stride_os, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WEIGHT_FP8: tl.constexpr,
-                     SCALE_BCAST: tl.constexpr, PREC: tl.constexpr, A_FMT: tl.constexpr, TMA: tl.constexpr):
+                     stride_wn, stride_se, stride_sn, stride_o, K_PER_SPLIT, stride_os,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WEIGHT_FP8: tl.constexpr,
+                     SCALE_BCAST: tl.constexpr, PREC: tl.constexpr, A_FMT: tl.constexpr, TMA: tl.constexpr,
+                     SCALE_CHUNKED: tl.constexpr):
     """program_id(2): the K split [split * K_PER_SPLIT, ...), writing its weighted partial sums to out_ptr's slice
     split (stride_os; 0 with one split)."""
     blk = tl.program_id(0)
@@ -272,7 +277,7 @@ def _moe_down_kernel(h_ptr, rows_ptr, bexp_ptr, w_ptr, w_desc, s_ptr, wts_ptr, o
         for k0 in range(k_lo, k_hi, BLOCK_K):
             if A_FMT != "":
                 hk = _x_rows(h_ptr, r, valid, stride_h, k0, I, BLOCK_K)
-                wb, sb = _fp4_packed(w_e, s_e, n, n_ok, k0, I, stride_wn, stride_sn, BLOCK_K, w_desc,
+                wb, sb = _fp4_packed(w_e, s_e, n, n_ok, k0, I, stride_wn, stride_sn, SCALE_CHUNKED, BLOCK_K, w_desc,
                                      e * D + tl.program_id(1) * BLOCK_N, TMA)
                 acc = tl.dot_scaled(hk, None, A_FMT, tl.trans(wb), sb, "e2m1", acc=acc, fast_math=True)
             elif WEIGHT_FP8:
@@ -285,7 +290,8 @@ def _moe_down_kernel(h_ptr, rows_ptr, bexp_ptr, w_ptr, w_desc, s_ptr, wts_ptr, o
                 h_rows = h_ptr + r.to(tl.int64)[:, None] * stride_h + kk[None, :]
                 h_even = tl.load(h_rows, mask=h_ok, other=0.0)
                 h_odd = tl.load(h_rows + 1, mask=h_ok, other=0.0)
-                lo, hi = _fp4_tile(w_e, s_e, n, n_ok, k0, I, stride_wn, stride_sn, BLOCK_N, BLOCK_K, SCALE_BCAST)
+                lo, hi = _fp4_tile(w_e, s_e, n, n_ok, k0, I, stride_wn, stride_sn, SCALE_CHUNKED, BLOCK_N, BLOCK_K,
+                                   SCALE_BCAST)
                 acc += tl.dot(h_even, tl.trans(lo.to(h_even.dtype)), out_dtype=tl.float32, input_precision=PREC)
                 acc += tl.dot(h_odd, tl.trans(hi.to(h_even.dtype)), out_dtype=tl.float32, input_precision=PREC)
         wt = tl.load(wts_ptr + tl.where(valid, pair, 0), mask=valid, other=0.0).to(tl.float32)
@@ -397,15 +403,16 @@ def dsv4_moe_mxfp4(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.
                    w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, limit: float,
                    config: Optional[MoeConfig] = None, scales_fit_planes: bool = False) -> torch.Tensor:
     """x [T, D] (bf16/fp16/fp32), topk_ids / topk_weights [T, k], w13 uint8 [E, 2I, D/2] + w13_scale uint8
-    [E, 2I, D/32], w2 uint8 [E, D, I/2] + w2_scale uint8 [E, D, I/32] -> [T, D] in x's dtype. scales_fit_planes: every
-    scale byte is within dsv4_mxfp4_planes' exact range (checked by the caller at load), so decode launches may take
-    the PTX planes where the device has them."""
+    [E, 2I, D/32], w2 uint8 [E, D, I/2] + w2_scale uint8 [E, D, I/32] -> [T, D] in x's dtype. The scale bytes may also
+    come chunked ([E, rows, groups / 8, 8] views: dsv4_mxfp4_scales, the experts module's storage on the GPU).
+    scales_fit_planes: every scale byte is within dsv4_mxfp4_planes' exact range (checked by the caller at load), so
+    decode launches may take the PTX planes where the device has them."""
     num_tokens, hidden = x.shape
     num_experts, two_inter = w13.shape[0], w13.shape[1]
     inter = two_inter // 2
     if (w13.shape[2] * 2 != hidden or w2.shape != (num_experts, hidden, inter // 2) or hidden % FP4_BLOCK
-            or inter % FP4_BLOCK or w13_scale.shape != (num_experts, two_inter, hidden // FP4_BLOCK)
-            or w2_scale.shape != (num_experts, hidden, inter // FP4_BLOCK) or x.stride(1) != 1):
+            or inter % FP4_BLOCK or scale_groups(w13_scale) != (num_experts, two_inter, hidden // FP4_BLOCK)
+            or scale_groups(w2_scale) != (num_experts, hidden, inter // FP4_BLOCK) or x.stride(1) != 1):
         raise ValueError(f"MXFP4 experts w13 {tuple(w13.shape)} / {tuple(w13_scale.shape)}, w2 {tuple(w2.shape)} / "
                          f"{tuple(w2_scale.shape)} do not fit x {tuple(x.shape)}")
     w13b, s13, w2b, s2 = (t.view(torch.uint8) for t in (w13, w13_scale, w2, w2_scale))
@@ -492,16 +499,17 @@ def moe_gate_up(x, rows, block_expert, w13, s13, inter: int, top_k: int, limit: 
         out = torch.empty(num_blocks * block_m, inter, dtype=x.dtype, device=x.device)
     else:
         out = torch.empty(splits, num_blocks * block_m, 2 * inter, dtype=torch.float32, device=x.device)
-    # FP8 scale grids are [E, halves, row blocks, column blocks]; MXFP4 scale bytes [E, rows, inputs / 32]
-    s13_row, s13_half = (s13.stride(2), s13.stride(1)) if fp8 else (s13.stride(1), 0)
+    # FP8 scale grids are [E, halves, row blocks, column blocks]; MXFP4 scale bytes [E, rows, inputs / 32] or chunked
+    (s13_e, s13_row, chunked), s13_half = ((s13.stride(0), s13.stride(2), False), s13.stride(1)) if fp8 else \
+        (scale_layout(s13), 0)
     a_fmt = _scaled_dot_format(launch, x.dtype, fp8)
     w_desc = _codes_descriptor(w13, launch) if launch.tma and a_fmt else None
     _moe_gate_up_kernel[(num_blocks, triton.cdiv(inter, launch.block_n), splits)](
         x, rows, block_expert, w13, w_desc, s13, out, hidden, inter, top_k, w13.shape[0], x.stride(0), w13.stride(0),
-        w13.stride(1), s13.stride(0), s13_row, out.stride(-2), s13_half, float(limit), per_split,
+        w13.stride(1), s13_e, s13_row, out.stride(-2), s13_half, float(limit), per_split,
         out.stride(0) if splits > 1 else 0, BLOCK_M=block_m, BLOCK_N=launch.block_n, BLOCK_K=launch.block_k,
         WEIGHT_FP8=fp8, SCALE_BCAST=launch.scale_bcast, PREC=_precision(x.dtype), A_FMT=a_fmt, SPLIT_K=splits,
-        TMA=w_desc is not None, num_warps=launch.num_warps, num_stages=launch.num_stages)
+        TMA=w_desc is not None, SCALE_CHUNKED=chunked, num_warps=launch.num_warps, num_stages=launch.num_stages)
     if splits == 1:
         return out
     gate_up = out.sum(0)  # rows of -1 pairs hold garbage: their h rows are never read
@@ -521,13 +529,13 @@ def moe_down(h, rows, block_expert, w2, s2, topk_weights, hidden: int, block_m: 
         return planes_down(h, rows, block_expert, w2, s2, weights, hidden, block_m, launch)
     splits, per_split = _k_splits(inter, launch)
     pairs = torch.empty(splits, weights.numel(), hidden, dtype=torch.float32, device=h.device)
-    s2_row = s2.stride(2) if fp8 else s2.stride(1)
+    s2_e, s2_row, chunked = (s2.stride(0), s2.stride(2), False) if fp8 else scale_layout(s2)
     a_fmt = _scaled_dot_format(launch, h.dtype, fp8)
     w_desc = _codes_descriptor(w2, launch) if launch.tma and a_fmt else None
     _moe_down_kernel[(num_blocks, triton.cdiv(hidden, launch.block_n), splits)](
         h, rows, block_expert, w2, w_desc, s2, weights, pairs, hidden, inter, w2.shape[0], h.stride(0), w2.stride(0),
-        w2.stride(1), s2.stride(0), s2_row, pairs.stride(1), per_split, pairs.stride(0) if splits > 1 else 0,
+        w2.stride(1), s2_e, s2_row, pairs.stride(1), per_split, pairs.stride(0) if splits > 1 else 0,
         BLOCK_M=block_m, BLOCK_N=launch.block_n, BLOCK_K=launch.block_k, WEIGHT_FP8=fp8,
         SCALE_BCAST=launch.scale_bcast, PREC=_precision(h.dtype), A_FMT=a_fmt, TMA=w_desc is not None,
-        num_warps=launch.num_warps, num_stages=launch.num_stages)
+        SCALE_CHUNKED=chunked, num_warps=launch.num_warps, num_stages=launch.num_stages)
     return pairs[0] if splits == 1 else pairs.sum(0)

@@ -53,8 +53,10 @@ def _moe_ref(x, topk_ids, topk_weights, expert_weights, limit: float) -> torch.T
 def fused_moe_mxfp4_ref(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13: torch.Tensor,
                         w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
                         limit: float) -> torch.Tensor:
-    """x [T, D], topk_ids / topk_weights [T, k] -> [T, D] fp32, from MXFP4 experts (layouts above)."""
+    """x [T, D], topk_ids / topk_weights [T, k] -> [T, D] fp32, from MXFP4 experts (layouts above; scale bytes also
+    as dsv4_mxfp4_scales' chunked [E, rows, groups / 8, 8] views)."""
     inter = w13.shape[1] // 2
+    w13_scale, w2_scale = (s.reshape(s.shape[0], s.shape[1], -1) for s in (w13_scale, w2_scale))  # row-major bytes
 
     def weights(e):
         w13e = dequant_mxfp4_ref(w13[e], w13_scale[e])

@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from sgl_kernel.dsv4_mxfp4_planes import BIAS, fp4_planes, planes_supported, split_parity
+from sgl_kernel.dsv4_mxfp4_scales import scale_layout
 
 if TYPE_CHECKING:
     from sgl_kernel.dsv4_moe_mxfp4 import MoeLaunch
@@ -73,7 +74,7 @@ def _per_col(v, SWAP: tl.constexpr):
 def _planes_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, h_ptr, D, I, TOPK, E, stride_x, stride_we,
                            stride_wn, stride_se, stride_sn, stride_h, limit, BLOCK_M: tl.constexpr,
                            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP: tl.constexpr, PTX: tl.constexpr,
-                           PREC: tl.constexpr):
+                           PREC: tl.constexpr, SCALE_CHUNKED: tl.constexpr):
     """One 16-row block of an expert's (token, slot) pairs x one BLOCK_N tile of the intermediate dim: the gate and up
     sums over all of D, then the clamped SwiGLU silu(min(g, L)) * clamp(u, -L, L) into the block's h rows."""
     blk = tl.program_id(0)
@@ -91,9 +92,10 @@ def _planes_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, h_ptr, D, I,
         for k0 in range(0, D, BLOCK_K):
             x_even, x_odd = split_parity(tl.load(x_rows + k0), BLOCK_M, BLOCK_K)
             dt = x_even.dtype
-            g_lo, g_hi = fp4_planes(w_e, s_e, n, n < I, k0, D, stride_wn, stride_sn, BLOCK_N, BLOCK_K, PTX, dt, True)
-            u_lo, u_hi = fp4_planes(w_e, s_e, I + n, n < I, k0, D, stride_wn, stride_sn, BLOCK_N, BLOCK_K, PTX, dt,
-                                    True)
+            g_lo, g_hi = fp4_planes(w_e, s_e, n, n < I, k0, D, stride_wn, stride_sn, SCALE_CHUNKED, BLOCK_N, BLOCK_K,
+                                    PTX, dt, True)
+            u_lo, u_hi = fp4_planes(w_e, s_e, I + n, n < I, k0, D, stride_wn, stride_sn, SCALE_CHUNKED, BLOCK_N,
+                                    BLOCK_K, PTX, dt, True)
             acc_g = _mma(_mma(acc_g, x_even, g_lo, SWAP, PREC), x_odd, g_hi, SWAP, PREC)
             acc_u = _mma(_mma(acc_u, x_even, u_lo, SWAP, PREC), x_odd, u_hi, SWAP, PREC)
         g = tl.minimum(acc_g * (2.0 ** BIAS), limit)  # the planes hold the weights * 2^-BIAS
@@ -105,8 +107,9 @@ def _planes_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, h_ptr, D, I,
 
 @triton.jit
 def _planes_down_kernel(h_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, wts_ptr, out_ptr, D, I, E, stride_h, stride_we,
-                        stride_wn, stride_se, stride_sn, stride_o, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_K: tl.constexpr, SWAP: tl.constexpr, PTX: tl.constexpr, PREC: tl.constexpr):
+                        stride_wn, stride_se, stride_sn, stride_o, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP: tl.constexpr, PTX: tl.constexpr,
+                        PREC: tl.constexpr, SCALE_CHUNKED: tl.constexpr):
     """One block's h rows times a BLOCK_N tile of the expert's w2 rows, scaled by each pair's router weight, into the
     pairs' rows of out; blocks of another rank's experts (E) write zeros there."""
     blk = tl.program_id(0)
@@ -124,8 +127,8 @@ def _planes_down_kernel(h_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, wts_ptr, out_pt
             acc = _acc_zeros(BLOCK_M, BLOCK_N, SWAP)
             for k0 in range(0, I, BLOCK_K):
                 h_even, h_odd = split_parity(tl.load(h_rows + k0), BLOCK_M, BLOCK_K)
-                lo, hi = fp4_planes(w_e, s_e, n, n < D, k0, I, stride_wn, stride_sn, BLOCK_N, BLOCK_K, PTX,
-                                    h_even.dtype, True)
+                lo, hi = fp4_planes(w_e, s_e, n, n < D, k0, I, stride_wn, stride_sn, SCALE_CHUNKED, BLOCK_N, BLOCK_K,
+                                    PTX, h_even.dtype, True)
                 acc = _mma(_mma(acc, h_even, lo, SWAP, PREC), h_odd, hi, SWAP, PREC)
             wt = tl.load(wts_ptr + tl.where(valid, pair, 0), mask=valid, other=0.0).to(tl.float32)
             tl.store(out_rows, acc * (2.0 ** BIAS) * _per_row(wt, SWAP), mask=_per_row(valid, SWAP))
@@ -159,11 +162,12 @@ def planes_gate_up(x, rows, block_expert, w13, s13, inter: int, top_k: int, limi
     num_blocks, hidden = block_expert.shape[0], x.shape[1]
     _check(launch, hidden, inter, x.dtype, "gate-up")
     out = torch.empty(num_blocks * block_m, inter, dtype=x.dtype, device=x.device)
+    s_e, s_major, chunked = scale_layout(s13)
     _planes_gate_up_kernel[(num_blocks, inter // launch.block_n)](
         x, rows, block_expert, w13, s13, out, hidden, inter, top_k, w13.shape[0], x.stride(0), w13.stride(0),
-        w13.stride(1), s13.stride(0), s13.stride(1), out.stride(0), float(limit), BLOCK_M=block_m,
-        BLOCK_N=launch.block_n, BLOCK_K=launch.block_k, SWAP=launch.swap, PTX=planes_supported(x.device, x.dtype),
-        PREC=_prec(x.dtype), num_warps=launch.num_warps, num_stages=launch.num_stages)
+        w13.stride(1), s_e, s_major, out.stride(0), float(limit), BLOCK_M=block_m, BLOCK_N=launch.block_n,
+        BLOCK_K=launch.block_k, SWAP=launch.swap, PTX=planes_supported(x.device, x.dtype), PREC=_prec(x.dtype),
+        SCALE_CHUNKED=chunked, num_warps=launch.num_warps, num_stages=launch.num_stages)
     return out
 
 
@@ -174,9 +178,10 @@ def planes_down(h, rows, block_expert, w2, s2, weights, hidden: int, block_m: in
     num_blocks, inter = block_expert.shape[0], h.shape[1]
     _check(launch, inter, hidden, h.dtype, "down")
     out = torch.empty(weights.numel(), hidden, dtype=torch.float32, device=h.device)
+    s_e, s_major, chunked = scale_layout(s2)
     _planes_down_kernel[(num_blocks, hidden // launch.block_n)](
         h, rows, block_expert, w2, s2, weights, out, hidden, inter, w2.shape[0], h.stride(0), w2.stride(0),
-        w2.stride(1), s2.stride(0), s2.stride(1), out.stride(0), BLOCK_M=block_m, BLOCK_N=launch.block_n,
+        w2.stride(1), s_e, s_major, out.stride(0), BLOCK_M=block_m, BLOCK_N=launch.block_n,
         BLOCK_K=launch.block_k, SWAP=launch.swap, PTX=planes_supported(h.device, h.dtype), PREC=_prec(h.dtype),
-        num_warps=launch.num_warps, num_stages=launch.num_stages)
+        SCALE_CHUNKED=chunked, num_warps=launch.num_warps, num_stages=launch.num_stages)
     return out

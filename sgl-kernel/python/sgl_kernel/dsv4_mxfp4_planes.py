@@ -19,6 +19,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from sgl_kernel.dsv4_mxfp4_scales import scale_offsets
+
 BIAS = tl.constexpr(16)  # 2^-BIAS folded into the planes, 2^BIAS applied to the fp32 sums
 SCALE_MIN, SCALE_MAX = 11, 144  # scale bytes the bf16 planes hold exactly with this BIAS
 
@@ -60,21 +62,23 @@ def e2m1_value(code):
 
 
 @triton.jit
-def fp4_planes(w_ptr, s_ptr, rows, row_ok, k0, K, stride_wn, stride_sn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               PTX: tl.constexpr, dtype: tl.constexpr, EVEN: tl.constexpr):
+def fp4_planes(w_ptr, s_ptr, rows, row_ok, k0, K, stride_wn, stride_sn, SCALE_CHUNKED: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PTX: tl.constexpr, dtype: tl.constexpr,
+               EVEN: tl.constexpr):
     """The planes [BLOCK_N, BLOCK_K / 2] of weight rows `rows` at inputs k0 .. k0 + BLOCK_K: (even inputs, odd
     inputs), each code value * 2^(scale - 127 - BIAS) in `dtype` (bf16 where PTX; masked rows and inputs 0). EVEN: the
-    tile lies inside the weight (no masks: fewer instructions per weight)."""
+    tile lies inside the weight (no masks: fewer instructions per weight). Scale bytes at dsv4_mxfp4_scales' offsets
+    (stride_sn: the major stride of its layout, SCALE_CHUNKED)."""
     col = k0 // 2 + tl.arange(0, BLOCK_K // 2)
     gi = k0 // 32 + tl.arange(0, BLOCK_K // 32)
     if EVEN:
         b = tl.load(w_ptr + rows[:, None] * stride_wn + col[None, :])
-        s = tl.load(s_ptr + rows[:, None] * stride_sn + gi[None, :]).to(tl.int32)
+        s = tl.load(s_ptr + scale_offsets(rows, gi, stride_sn, SCALE_CHUNKED)).to(tl.int32)
     else:
         ok = row_ok[:, None] & (col < K // 2)[None, :]
         b = tl.load(w_ptr + rows[:, None] * stride_wn + col[None, :], mask=ok, other=0)
-        s = tl.load(s_ptr + rows[:, None] * stride_sn + gi[None, :], mask=row_ok[:, None] & (gi < K // 32)[None, :],
-                    other=127).to(tl.int32)
+        s = tl.load(s_ptr + scale_offsets(rows, gi, stride_sn, SCALE_CHUNKED),
+                    mask=row_ok[:, None] & (gi < K // 32)[None, :], other=127).to(tl.int32)
     if PTX:
         mult = ((s + (126 - BIAS)) << 7).to(tl.int16).to(tl.bfloat16, bitcast=True)  # 2^(s - 1 - BIAS)
         mult = tl.reshape(tl.broadcast_to(mult[:, :, None], [BLOCK_N, BLOCK_K // 32, 16]), [BLOCK_N, BLOCK_K // 2])

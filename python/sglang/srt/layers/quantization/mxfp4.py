@@ -4,9 +4,11 @@ fused, router weights applied, device-side expert sort; no host read, graph-capt
 
 `Mxfp4RoutedExperts` replaces `RoutedExperts` when the checkpoint's experts are stored FP4 and the device keeps them
 (`mxfp4_experts_supported`: CUDA; CPU and ROCm dequantize at load). Its parameters hold all experts of a layer:
-w13 [E, 2I, D/2] (w1 rows, then w3 rows), w13_scale [E, 2I, D/32], w2 [E, D, I/2], w2_scale [E, D, I/32], all uint8;
-`load_expert` fills one expert's slice from the checkpoint's per-expert tensors. The shared expert is not fused into
-them (it is a bf16 SharedExpert beside them).
+w13 [E, 2I, D/2] (w1 rows, then w3 rows), w2 [E, D, I/2], all uint8, as the checkpoint packs them; the scale bytes
+(the checkpoint's [2I, D/32] and [D, I/32] per expert) in sgl_kernel's chunked storage where a row's groups are a
+multiple of 8 (w13_scale [E, D/256, 2I, 8], w2_scale [E, I/256, D, 8]: one decode K step's bytes of consecutive rows
+contiguous, dsv4_mxfp4_scales), else row-major. `load_expert` fills one expert's slice from the checkpoint's per-expert
+tensors. The shared expert is not fused into them (it is a bf16 SharedExpert beside them).
 """
 
 from __future__ import annotations
@@ -35,8 +37,15 @@ class Mxfp4RoutedExperts(nn.Module):
         def param(*shape):
             return nn.Parameter(torch.empty(*shape, dtype=torch.uint8), requires_grad=False)
 
-        self.w13, self.w13_scale = param(e, 2 * i, d // 2), param(e, 2 * i, d // FP4_BLOCK)
-        self.w2, self.w2_scale = param(e, d, i // 2), param(e, d, i // FP4_BLOCK)
+        from sgl_kernel.dsv4_mxfp4_scales import CHUNK, chunked_empty
+
+        def scales(rows, groups):
+            if groups % CHUNK:
+                return param(e, rows, groups)
+            return nn.Parameter(chunked_empty(e, rows, groups), requires_grad=False)
+
+        self.w13, self.w13_scale = param(e, 2 * i, d // 2), scales(2 * i, d // FP4_BLOCK)
+        self.w2, self.w2_scale = param(e, d, i // 2), scales(d, i // FP4_BLOCK)
         self.scale_range = (256, -1)  # (min, max) scale byte loaded: the decode kernels' parity planes need it in range
 
     def load_expert(self, which: str, expert: int, tensor: torch.Tensor, is_scale: bool) -> str:
@@ -44,16 +53,18 @@ class Mxfp4RoutedExperts(nn.Module):
         of the parameter written."""
         i = self.intermediate_size
         name = ("w2" if which == "w2" else "w13") + ("_scale" if is_scale else "")
-        target = getattr(self, name)[expert]
+        target = self._rows(getattr(self, name))[expert]
         if which == "w1":
             target = target[:i]
         elif which == "w3":
             target = target[i:]
-        if tuple(tensor.shape) != tuple(target.shape):
+        # chunked scale bytes: the checkpoint's [rows, groups] land in [rows, groups / 8, 8]
+        want = tuple(target.shape) if target.dim() == 2 else (target.shape[0], target.shape[1] * target.shape[2])
+        if tuple(tensor.shape) != want:
             raise ValueError(f"expert {expert} {which}{' scale' if is_scale else ''}: shape {tuple(tensor.shape)}, "
-                             f"expected {tuple(target.shape)}")
+                             f"expected {want}")
         with torch.no_grad():
-            target.copy_(tensor.view(torch.uint8))
+            target.copy_(tensor.view(torch.uint8).reshape(target.shape))
         if is_scale:  # one read at load: forwards must not sync
             lo, hi = self.scale_range
             self.scale_range = (min(lo, int(target.min())), max(hi, int(target.max())))
@@ -70,6 +81,11 @@ class Mxfp4RoutedExperts(nn.Module):
     def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         from sgl_kernel.dsv4_moe_mxfp4 import dsv4_moe_mxfp4
 
-        return dsv4_moe_mxfp4(x, topk_ids, topk_weights, self.w13, self.w13_scale, self.w2, self.w2_scale,
-                              self.limit, scales_fit_planes=self.scales_fit_planes)
+        return dsv4_moe_mxfp4(x, topk_ids, topk_weights, self.w13, self._rows(self.w13_scale), self.w2,
+                              self._rows(self.w2_scale), self.limit, scales_fit_planes=self.scales_fit_planes)
+
+    @staticmethod
+    def _rows(param: torch.Tensor) -> torch.Tensor:
+        """A parameter as [E, rows, ...]: chunked scale storage [E, G/8, R, 8] seen as [E, R, G/8, 8]."""
+        return param.permute(0, 2, 1, 3) if param.dim() == 4 else param  # dsv4_mxfp4_scales.as_rows
 

@@ -1,0 +1,96 @@
+"""The fused MXFP4 MoE's chunked scale storage (sgl_kernel.dsv4_mxfp4_scales): the same bytes as the checkpoint's
+row-major [E, R, G], one 8-group chunk of consecutive rows contiguous, and every kernel path (in-register, scaled
+dot, parity planes, K splits) computing the identical result from either layout. CPU (the Triton interpreter); GPU
+(skipped without CUDA): bit-equal outputs at DeepSeek-V4 Flash widths, decode and prefill."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sgl_kernel.dsv4_moe_mxfp4 import MoeConfig, MoeLaunch, dsv4_moe_mxfp4
+from sgl_kernel.dsv4_moe_mxfp4_ref import fused_moe_mxfp4_ref
+from sgl_kernel.dsv4_mxfp4_scales import CHUNK, as_rows, chunked, chunked_empty, scale_groups, scale_layout
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def _experts(num_experts, hidden, inter, seed, device="cpu"):
+    g = torch.Generator(device).manual_seed(seed)
+
+    def packed(n, k):
+        codes = torch.randint(0, 256, (num_experts, n, k // 2), generator=g, dtype=torch.int32, device=device)
+        scale = torch.randint(116, 130, (num_experts, n, k // 32), generator=g, dtype=torch.int32, device=device)
+        return codes.to(torch.uint8), scale.to(torch.uint8)
+
+    return (*packed(2 * inter, hidden), *packed(hidden, inter))
+
+
+def _routing(tokens, top_k, num_experts, seed, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.stack([torch.randperm(num_experts, generator=g)[:top_k] for _ in range(tokens)])
+    return ids.to(device), torch.rand(tokens, top_k, generator=g).to(device)
+
+
+def test_chunked_layout_holds_the_same_bytes():
+    """chunked() keeps every byte at its (expert, row, group), stores one chunk of consecutive rows contiguously and
+    addresses group g of row r at r * 8 + (g // 8) * R * 8 + g % 8 (scale_layout's major stride R * 8); row-major
+    bytes at r * G + g; other layouts are refused."""
+    s = torch.randint(0, 256, (3, 5, 16), dtype=torch.int32).to(torch.uint8)
+    c = chunked(s)
+    assert c.shape == (3, 5, 2, CHUNK) and scale_groups(c) == scale_groups(s) == (3, 5, 16)
+    assert torch.equal(c.reshape(3, 5, 16), s)
+    storage = c.permute(0, 2, 1, 3)
+    assert storage.is_contiguous() and torch.equal(storage[1, 1, 2], s[1, 2, 8:16])  # chunk 1 of row 2, in one run
+    assert scale_layout(c) == (2 * 5 * 8, 5 * 8, True) and scale_layout(s) == (5 * 16, 16, False)
+    flat = storage.flatten()
+    se, sg, _ = scale_layout(c)
+    assert all(flat[e * se + r * 8 + (g // 8) * sg + g % 8] == s[e, r, g]
+               for e in range(3) for r in range(5) for g in range(16))
+    empty = chunked_empty(2, 4, 24)
+    assert empty.shape == (2, 3, 4, CHUNK) and as_rows(empty).shape == (2, 4, 3, CHUNK)
+    with pytest.raises(ValueError, match="multiple of 8"):
+        chunked(s[:, :, :12])
+    for bad in (s.transpose(1, 2), torch.zeros(3, 5, 2, 2 * CHUNK, dtype=torch.uint8)[..., :CHUNK]):
+        with pytest.raises(ValueError, match="unit stride"):
+            scale_layout(bad)
+
+
+@pytest.mark.parametrize("path", ["in-register", "scaled-dot", "planes", "planes-swap", "split-k"])
+def test_kernels_read_chunked_scales(path):
+    """Each kernel path gives the same output from chunked scale bytes as from row-major ones (the same arithmetic,
+    other addresses: equal bits), and that output is the reference's; 2 chunks per gate-up row, 1 per down row."""
+    w13, s13, w2, s2 = _experts(4, 512, 256, seed=11)
+    ids, weights = _routing(3, 2, 4, seed=2)
+    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(3)) * 0.05
+    if path == "scaled-dot":
+        x = x.half()
+    launch = {"in-register": MoeLaunch(64, 128, scaled_dot=False), "scaled-dot": MoeLaunch(64, 64),
+              "planes": MoeLaunch(64, 256, scaled_dot=False, planes=True),
+              "planes-swap": MoeLaunch(64, 128, scaled_dot=False, planes=True, swap=True),
+              "split-k": MoeLaunch(64, 64, split_k=2, scaled_dot=False)}[path]
+    config = MoeConfig(16, launch, launch)
+    row_major = dsv4_moe_mxfp4(x, ids, weights, w13, s13, w2, s2, 10.0, config=config)
+    got = dsv4_moe_mxfp4(x, ids, weights, w13, chunked(s13), w2, chunked(s2), 10.0, config=config)
+    assert torch.equal(got, row_major)
+    ref = fused_moe_mxfp4_ref(x, ids, weights, w13, chunked(s13), w2, chunked(s2), 10.0)
+    tol = 2e-3 if path == "scaled-dot" else 1e-4
+    torch.testing.assert_close(got.float(), ref, rtol=tol, atol=tol * ref.abs().max().item())
+    storage_as_rows = as_rows(chunked(s13)).contiguous().view(s13.shape)  # chunked bytes read as row-major: wrong
+    assert not torch.equal(dsv4_moe_mxfp4(x, ids, weights, w13, storage_as_rows, w2, s2, 10.0, config=config),
+                           row_major)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("planes", [True, False], ids=["planes", "default"])
+@pytest.mark.parametrize("tokens", [1, 8, 32, 4096])
+def test_gpu_chunked_scales_bit_equal(tokens, planes):
+    """Flash widths in bf16: chunked scale bytes give the row-major result bit for bit, on the parity planes (decode)
+    and on the default launches (tl.dot_scaled; 4,096 tokens: prefill blocks)."""
+    w13, s13, w2, s2 = _experts(256, 4096, 2048, seed=0, device="cuda")
+    ids, weights = _routing(tokens, 6, 256, seed=1, device="cuda")
+    x = (torch.randn(tokens, 4096, device="cuda") * 0.05).bfloat16()
+    row_major = dsv4_moe_mxfp4(x, ids, weights, w13, s13, w2, s2, 10.0, scales_fit_planes=planes)
+    got = dsv4_moe_mxfp4(x, ids, weights, w13, chunked(s13), w2, chunked(s2), 10.0, scales_fit_planes=planes)
+    assert torch.equal(got, row_major)
