@@ -81,6 +81,68 @@ def test_kernels_read_chunked_scales(path):
                            row_major)
 
 
+_SCALE_LOAD_LAYOUTS = r"""
+import json, re
+import triton
+from triton.backends.compiler import GPUTarget
+from sgl_kernel import dsv4_moe_mxfp4 as moe, dsv4_moe_planes as planes
+
+types = {"x_ptr": "*bf16", "h_ptr": "*bf16", "rows_ptr": "*i64", "bexp_ptr": "*i64", "w_ptr": "*u8", "s_ptr": "*u8",
+         "wts_ptr": "*fp32", "out_ptr": "*fp32", "limit": "fp32"}
+out = {}
+for tokens in (1, 32, 4096):  # Flash widths, top-6 of 256: decode (the planes) and prefill (the scaled dot) launches
+    cfg = moe.moe_config(tokens * 6, 256, planes=tokens < 4096)
+    for name, launch in (("gate_up", cfg.gate_up), ("down", cfg.down)):
+        kernel = {(True, "gate_up"): planes._planes_gate_up_kernel, (True, "down"): planes._planes_down_kernel,
+                  (False, "gate_up"): moe._moe_gate_up_kernel, (False, "down"): moe._moe_down_kernel}[
+                      (launch.planes, name)]
+        for chunked in (False, True):
+            consts = {"BLOCK_M": cfg.block_m, "BLOCK_N": launch.block_n, "BLOCK_K": launch.block_k,
+                      "PREC": "tf32", "SCALE_CHUNKED": chunked}
+            if launch.planes:
+                consts.update(SWAP=launch.swap, PTX=True)
+            else:
+                consts.update(WEIGHT_FP8=False, SCALE_BCAST=True, A_FMT="bf16", TMA=False, w_desc=None)
+                if name == "gate_up":
+                    consts["SPLIT_K"] = 1
+            sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in kernel.arg_names}
+            attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
+                     if n not in consts and n not in ("TOPK", "limit")}  # as the JIT specializes Flash's sizes
+            src = triton.compiler.ASTSource(fn=kernel, signature=sig, attrs=attrs,
+                                            constexprs={(kernel.arg_names.index(n),): v for n, v in consts.items()})
+            options = {"num_warps": launch.num_warps, "num_stages": launch.num_stages}
+            ttgir = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ttgir"]
+            layouts = dict(re.findall(r"(#blocked\d*) = #ttg.blocked<([^>]*)>", ttgir))
+            shape = f"{launch.block_n}x{launch.block_k // 32}"
+            load = re.search(r"(?:tt\.load|ttg\.async_copy_global_to_local) [^\n]*?: tensor<" + shape +
+                             r"x!tt\.ptr<i8>, (#blocked\d*)>", ttgir).group(1)
+            out[f"{tokens} {name} {chunked}"] = layouts[load]
+print(json.dumps(out))
+"""
+
+
+def test_chunked_scale_loads_keep_the_row_major_layout():
+    """The compiler lays a K tile's scale loads out by what it can prove of their offsets: chunked offsets it cannot
+    prove contiguous (a K split's start not known as a multiple of the K tile) get spread across warps and reshuffled
+    (the prefill gate-up 14% slower on an H200), so every launch must give both layouts the same load layout. Compiled
+    for sm90 on the CPU (a subprocess: this one runs the interpreter) at the decode and prefill launches of Flash's
+    widths. Triton 3.6 (the GPU image's) needs the kernels' multiple_of hint on the split's start and fails this test
+    without it; Triton 3.9 infers it."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton.backends.nvidia")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", _SCALE_LOAD_LAYOUTS], env=env, capture_output=True, text=True,
+                         timeout=900)
+    assert run.returncode == 0, run.stderr[-2000:]
+    layouts = json.loads(run.stdout.strip().splitlines()[-1])
+    for key in {k.rsplit(" ", 1)[0] for k in layouts}:
+        assert layouts[f"{key} True"] == layouts[f"{key} False"], (key, layouts)
+
+
 @pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize("planes", [True, False], ids=["planes", "default"])

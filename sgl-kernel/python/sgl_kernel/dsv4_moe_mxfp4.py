@@ -193,7 +193,9 @@ def _moe_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w_ptr, w_desc, s_ptr, h_ptr, 
     h_ptr [SPLIT_K, rows, 2, I] (stride_ps per split); the caller sums the splits and applies the SwiGLU. TMA: the
     scaled dot's weight codes through `w_desc` (_fp4_packed)."""
     blk = tl.program_id(0)
-    k_lo = tl.program_id(2) * K_PER_SPLIT
+    # K_PER_SPLIT is a multiple of BLOCK_K (_k_splits): said, so the chunked scale bytes' offsets of a K tile are
+    # known contiguous (else the compiler lays their loads out across warps and reshuffles them: 14% slower)
+    k_lo = tl.multiple_of(tl.program_id(2) * K_PER_SPLIT, BLOCK_K)
     k_hi = tl.minimum(k_lo + K_PER_SPLIT, D)
     e = tl.load(bexp_ptr + blk)
     if e < E:
@@ -260,7 +262,9 @@ def _moe_down_kernel(h_ptr, rows_ptr, bexp_ptr, w_ptr, w_desc, s_ptr, wts_ptr, o
     """program_id(2): the K split [split * K_PER_SPLIT, ...), writing its weighted partial sums to out_ptr's slice
     split (stride_os; 0 with one split)."""
     blk = tl.program_id(0)
-    k_lo = tl.program_id(2) * K_PER_SPLIT
+    # K_PER_SPLIT is a multiple of BLOCK_K (_k_splits): said, so the chunked scale bytes' offsets of a K tile are
+    # known contiguous (else the compiler lays their loads out across warps and reshuffles them: 14% slower)
+    k_lo = tl.multiple_of(tl.program_id(2) * K_PER_SPLIT, BLOCK_K)
     k_hi = tl.minimum(k_lo + K_PER_SPLIT, I)
     out_ptr += tl.program_id(2).to(tl.int64) * stride_os
     e = tl.load(bexp_ptr + blk)

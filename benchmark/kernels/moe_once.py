@@ -1,12 +1,14 @@
-"""The fused MXFP4 MoE's decode launches at Flash widths (256 experts, top-6, bf16, the parity planes, chunked scale
-bytes as the engine keeps them), run a few times: a target for Nsight Compute, which reads the H200's hardware
-counters on the device tool's machines (RESULTS.md, 2026-12-04 fourth session):
+"""The fused MXFP4 MoE at Flash widths (256 experts, top-6, bf16; decode: the parity planes; scale bytes chunked as
+the engine keeps them), run a few times: a target for Nsight Compute, which reads the H200's hardware counters on the
+device tool's machines (RESULTS.md, 2026-12-04 fourth session):
 
     ncu --clock-control none -k regex:_planes_ --launch-skip 4 --launch-count 2 \\
         --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats \\
-        --section Occupancy python3 benchmark/kernels/moe_decode_once.py --tokens 32 [--gate-up 64,256,2,3,1]
+        --section Occupancy python3 benchmark/kernels/moe_once.py --tokens 32 [--gate-up 64,256,2,3,1]
+    ncu --clock-control none -k regex:_moe_ --launch-skip 2 --launch-count 2 --metrics ... \\
+        python3 benchmark/kernels/moe_once.py --tokens 4096 [--row-major-scales]
 
---gate-up / --down: a launch other than moe_config's, as block_n,block_k,warps,stages,swap.
+--gate-up / --down: a decode launch other than moe_config's, as block_n,block_k,warps,stages,swap.
 """
 
 from __future__ import annotations
@@ -36,14 +38,15 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=6)
     ap.add_argument("--gate-up", default="")
     ap.add_argument("--down", default="")
+    ap.add_argument("--row-major-scales", action="store_true", help="the checkpoint's scale layout, not the engine's")
     args = ap.parse_args()
     e, d, i, k = 256, 4096, 2048, 6
     g = torch.Generator(device="cuda").manual_seed(0)
-    w13, s13, w2, s2 = random_mxfp4_experts(e, d, i, g)
+    w13, s13, w2, s2 = random_mxfp4_experts(e, d, i, g, chunk=not args.row_major_scales)
     ids = torch.stack([torch.randperm(e, device="cuda", generator=g)[:k] for _ in range(args.tokens)])
     weights = torch.rand(args.tokens, k, device="cuda", generator=g)
     x = (torch.randn(args.tokens, d, device="cuda", generator=g) * 0.05).bfloat16()
-    cfg = moe_config(args.tokens * k, e, planes=True)
+    cfg = moe_config(args.tokens * k, e, planes=True)  # prefill sizes keep the scaled dot
     cfg = MoeConfig(cfg.block_m, launch(args.gate_up, cfg.gate_up), launch(args.down, cfg.down))
     print(cfg, "experts touched", ids.unique().numel())
     for _ in range(args.iters):
