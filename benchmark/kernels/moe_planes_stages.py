@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from bench_moe_mxfp4 import copy_bandwidth, random_mxfp4_experts  # noqa: E402
 
 from sgl_kernel.dsv4_moe_mxfp4 import dsv4_moe_align  # noqa: E402
-from sgl_kernel.dsv4_moe_planes import _acc_zeros, _mma, _per_col, _per_row  # noqa: E402
+from sgl_kernel.dsv4_moe_planes import _acc_zeros, _mma, gate_up_rows, swiglu_store  # noqa: E402
 from sgl_kernel.dsv4_mxfp4_planes import _PTX, BIAS, split_parity  # noqa: E402
 from sgl_kernel.dsv4_mxfp4_scales import chunked  # noqa: E402
 
@@ -95,10 +95,7 @@ def _gate_up(x_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, h_ptr, D, I, TOPK, E, stri
     blk = tl.program_id(0)
     e = tl.load(bexp_ptr + blk)
     if e < E:
-        r = blk * BLOCK_M + tl.arange(0, BLOCK_M)
-        pair = tl.load(rows_ptr + r)
-        valid = pair >= 0
-        x_rows = x_ptr + tl.where(valid, pair // TOPK, 0).to(tl.int64)[:, None] * stride_x + tl.arange(0, BLOCK_K)
+        r, valid, x_rows = gate_up_rows(x_ptr, rows_ptr, blk, TOPK, stride_x, BLOCK_M, BLOCK_K)
         n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         w_e = w_ptr + e.to(tl.int64) * stride_we
         s_e = s_ptr + e.to(tl.int64) * stride_se
@@ -110,10 +107,7 @@ def _gate_up(x_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, h_ptr, D, I, TOPK, E, stri
             u_lo, u_hi = _planes(w_e, s_e, I + n, k0, stride_wn, stride_sn, BLOCK_N, BLOCK_K, MODE)
             acc_g = _mma(_mma(acc_g, x_even, g_lo, SWAP, "tf32"), x_odd, g_hi, SWAP, "tf32")
             acc_u = _mma(_mma(acc_u, x_even, u_lo, SWAP, "tf32"), x_odd, u_hi, SWAP, "tf32")
-        g = tl.minimum(acc_g * (2.0 ** BIAS), limit)
-        u = tl.minimum(tl.maximum(acc_u * (2.0 ** BIAS), -limit), limit)
-        h_rows = h_ptr + _per_row(r.to(tl.int64) * stride_h, SWAP) + _per_col(n, SWAP)
-        tl.store(h_rows, (g / (1.0 + tl.exp(-g)) * u).to(h_ptr.dtype.element_ty), mask=_per_row(valid, SWAP))
+        swiglu_store(acc_g, acc_u, h_ptr, r, n, valid, stride_h, limit, SWAP)
 
 
 def main() -> None:

@@ -80,10 +80,7 @@ def _planes_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, h_ptr, D, I,
     blk = tl.program_id(0)
     e = tl.load(bexp_ptr + blk)
     if e < E:
-        r = blk * BLOCK_M + tl.arange(0, BLOCK_M)
-        pair = tl.load(rows_ptr + r)
-        valid = pair >= 0
-        x_rows = x_ptr + tl.where(valid, pair // TOPK, 0).to(tl.int64)[:, None] * stride_x + tl.arange(0, BLOCK_K)
+        r, valid, x_rows = gate_up_rows(x_ptr, rows_ptr, blk, TOPK, stride_x, BLOCK_M, BLOCK_K)
         n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         w_e = w_ptr + e.to(tl.int64) * stride_we
         s_e = s_ptr + e.to(tl.int64) * stride_se
@@ -98,11 +95,28 @@ def _planes_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, h_ptr, D, I,
                                     BLOCK_K, PTX, dt, True)
             acc_g = _mma(_mma(acc_g, x_even, g_lo, SWAP, PREC), x_odd, g_hi, SWAP, PREC)
             acc_u = _mma(_mma(acc_u, x_even, u_lo, SWAP, PREC), x_odd, u_hi, SWAP, PREC)
-        g = tl.minimum(acc_g * (2.0 ** BIAS), limit)  # the planes hold the weights * 2^-BIAS
-        u = tl.minimum(tl.maximum(acc_u * (2.0 ** BIAS), -limit), limit)
-        act = g / (1.0 + tl.exp(-g)) * u
-        h_rows = h_ptr + _per_row(r.to(tl.int64) * stride_h, SWAP) + _per_col(n, SWAP)
-        tl.store(h_rows, act.to(h_ptr.dtype.element_ty), mask=_per_row(valid, SWAP))
+        swiglu_store(acc_g, acc_u, h_ptr, r, n, valid, stride_h, limit, SWAP)
+
+
+@triton.jit
+def gate_up_rows(x_ptr, rows_ptr, blk, TOPK, stride_x, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Block blk's padded rows r, which hold a pair, and their activation rows' addresses at inputs 0 .. BLOCK_K
+    (padding rows read token 0: a row of the product depends only on its own activation row, and is never stored)."""
+    r = blk * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(rows_ptr + r)
+    valid = pair >= 0
+    x_rows = x_ptr + tl.where(valid, pair // TOPK, 0).to(tl.int64)[:, None] * stride_x + tl.arange(0, BLOCK_K)
+    return r, valid, x_rows
+
+
+@triton.jit
+def swiglu_store(acc_g, acc_u, h_ptr, r, n, valid, stride_h, limit, SWAP: tl.constexpr):
+    """The clamped SwiGLU of the planes' gate and up sums (the weights * 2^-BIAS), into rows r of h."""
+    g = tl.minimum(acc_g * (2.0 ** BIAS), limit)
+    u = tl.minimum(tl.maximum(acc_u * (2.0 ** BIAS), -limit), limit)
+    act = g / (1.0 + tl.exp(-g)) * u
+    h_rows = h_ptr + _per_row(r.to(tl.int64) * stride_h, SWAP) + _per_col(n, SWAP)
+    tl.store(h_rows, act.to(h_ptr.dtype.element_ty), mask=_per_row(valid, SWAP))
 
 
 @triton.jit
