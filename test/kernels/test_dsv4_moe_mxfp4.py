@@ -263,6 +263,20 @@ def test_fused_fp8_experts_equal_reference(tokens, top_k, experts, hidden, inter
         dsv4_moe_fp8(x, ids, weights, w13, s13[:, :1], w2, s2, 10.0)
 
 
+@pytest.mark.parametrize("tokens,top_k,hidden", [(1, 6, 1500), (5, 2, 64), (0, 6, 64)])
+def test_combine_sums_slots_in_order(tokens, top_k, hidden):
+    """The last step: each token's k rows summed in slot order in fp32 (the same bits as a sequential sum) and cast to
+    the activations' dtype in the same launch, widths past one program's block, no tokens."""
+    from sgl_kernel.dsv4_moe_mxfp4 import combine_pairs
+
+    pairs = torch.randn(tokens * top_k, hidden, generator=torch.Generator().manual_seed(top_k))
+    seq = pairs.view(tokens, top_k, hidden)[:, 0].clone()
+    for j in range(1, top_k):
+        seq += pairs.view(tokens, top_k, hidden)[:, j]
+    assert torch.equal(combine_pairs(pairs, top_k, torch.float32), seq)
+    assert torch.equal(combine_pairs(pairs, top_k, torch.float16), seq.half())
+
+
 def test_zero_tokens_and_bad_shapes():
     w13, s13, w2, s2 = _experts(4, 64, 32, seed=0)
     assert dsv4_moe_mxfp4(torch.zeros(0, 64), torch.zeros(0, 2, dtype=torch.int64), torch.zeros(0, 2), w13, s13,
