@@ -87,6 +87,12 @@ def main() -> None:
                           (64, 128, 4, 4, False), (128, 128, 4, 2, True)]
                 baseline += [(16, MoeLaunch(bn, bk, w, st, scaled_dot=False, planes=True, swap=sw))
                              for bn, bk, w, st, sw in tiles]
+                # K splits: shorter K loops for one token's few experts (the gate-up's SwiGLU one launch more; the
+                # down's slices added by the MoE's last step, outside this timing)
+                baseline += [(16, MoeLaunch(bn, bk, w, 3, scaled_dot=False, planes=True, swap=sw, split_k=sk))
+                             for bn, bk, w, sw, sk in itertools.product([64, 128], [256], [4], [False], [2, 4])]
+                baseline += [(16, MoeLaunch(64, 256, 2, 3, scaled_dot=False, planes=True, swap=True, split_k=sk))
+                             for sk in (2, 4)]
         yield from baseline
         if args.planes_only:
             return
@@ -128,6 +134,7 @@ def main() -> None:
                 row = {"tokens": t, "kernel": kernel, "block_m": block_m, **dataclasses.asdict(launch)}
                 try:
                     out = by_pair(fn(), rows, t * k) if kernel == "gate_up" else fn()
+                    out = out.sum(0) if out.dim() == 3 else out  # the planes' down K splits: one slice each
                     ref = reference[kernel]
                     err = ((out.float() - ref).norm() / ref.norm()).item()
                     # decode kernels take ~30-700 us, near the host's launch time: replayed from a CUDA graph, as

@@ -201,10 +201,10 @@ def test_planes_equal_reference(tokens, block_n, block_k, swap):
 
 @pytest.mark.parametrize("launch", [MoeLaunch(32, 96, scaled_dot=False, planes=True),
                                     MoeLaunch(48, 64, scaled_dot=False, planes=True),
-                                    MoeLaunch(32, 32, split_k=2, scaled_dot=False, planes=True)])
+                                    MoeLaunch(32, 32, split_k=3, scaled_dot=False, planes=True)])
 def test_planes_refuse_launches_that_do_not_fit(launch):
-    """The planes' kernels have no masks and one K range: a launch whose tiles do not divide the widths (or that splits
-    K) is refused by name, never run over the edge."""
+    """The planes' kernels have no masks: a launch whose tiles do not divide the widths (or whose K splits do not
+    divide the K tiles) is refused by name, never run over the edge."""
     w13, s13, w2, s2 = _experts(8, 128, 64, seed=9)
     ids, weights = _routing(3, 4, 8, seed=3, skew=False)
     x = torch.randn(3, 128, generator=torch.Generator().manual_seed(2)) * 0.05
@@ -263,18 +263,37 @@ def test_fused_fp8_experts_equal_reference(tokens, top_k, experts, hidden, inter
         dsv4_moe_fp8(x, ids, weights, w13, s13[:, :1], w2, s2, 10.0)
 
 
-@pytest.mark.parametrize("tokens,top_k,hidden", [(1, 6, 1500), (5, 2, 64), (0, 6, 64)])
-def test_combine_sums_slots_in_order(tokens, top_k, hidden):
-    """The last step: each token's k rows summed in slot order in fp32 (the same bits as a sequential sum) and cast to
-    the activations' dtype in the same launch, widths past one program's block, no tokens."""
+@pytest.mark.parametrize("tokens,top_k,hidden,splits", [(1, 6, 1500, 1), (5, 2, 64, 1), (0, 6, 64, 1),
+                                                        (3, 6, 1500, 2), (2, 2, 64, 3)])
+def test_combine_sums_slots_in_order(tokens, top_k, hidden, splits):
+    """The last step: each token's k rows (and K splits' slices) summed in slot then split order in fp32 (the same
+    bits as a sequential sum) and cast to the activations' dtype in the same launch, widths past one program's block,
+    no tokens."""
     from sgl_kernel.dsv4_moe_mxfp4 import combine_pairs
 
-    pairs = torch.randn(tokens * top_k, hidden, generator=torch.Generator().manual_seed(top_k))
-    seq = pairs.view(tokens, top_k, hidden)[:, 0].clone()
-    for j in range(1, top_k):
-        seq += pairs.view(tokens, top_k, hidden)[:, j]
-    assert torch.equal(combine_pairs(pairs, top_k, torch.float32), seq)
-    assert torch.equal(combine_pairs(pairs, top_k, torch.float16), seq.half())
+    pairs = torch.randn(splits, tokens * top_k, hidden, generator=torch.Generator().manual_seed(top_k))
+    view = pairs.view(splits, tokens, top_k, hidden)
+    seq = view[0, :, 0].clone()
+    for i in range(1, top_k * splits):
+        seq += view[i % splits, :, i // splits]
+    given = pairs[0] if splits == 1 else pairs
+    assert torch.equal(combine_pairs(given, top_k, torch.float32), seq)
+    assert torch.equal(combine_pairs(given, top_k, torch.float16), seq.half())
+
+
+@pytest.mark.parametrize("swap", [False, True])
+def test_planes_split_k_equals_reference(swap):
+    """The planes' kernels split over K (more programs, shorter K loops: one token's few experts): the gate-up's
+    splits through the SwiGLU over splits, the down's slices added by combine_pairs; the reference's function in fp32,
+    4 gate-up splits of one K tile each, 2 down splits, padding rows and experts nobody picks."""
+    w13, s13, w2, s2 = _experts(8, 128, 64, seed=9)
+    ids, weights = _routing(3, 4, 8, seed=3, skew=False)
+    x = torch.randn(3, 128, generator=torch.Generator().manual_seed(2)) * 0.05
+    gate_up = MoeLaunch(32, 32, split_k=4, scaled_dot=False, planes=True, swap=swap)
+    down = MoeLaunch(32, 32, split_k=2, scaled_dot=False, planes=True, swap=swap)
+    got = dsv4_moe_mxfp4(x, ids, weights, w13, s13, w2, s2, 10.0, config=MoeConfig(16, gate_up, down))
+    ref = fused_moe_mxfp4_ref(x, ids, weights, w13, s13, w2, s2, 10.0)
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4 * ref.abs().max().item())
 
 
 def test_zero_tokens_and_bad_shapes():

@@ -466,25 +466,27 @@ COMBINE_BLOCK = 1024  # outputs per program of the k-row sum
 
 
 @triton.jit
-def _combine_kernel(p_ptr, out_ptr, D, TOPK: tl.constexpr, BLOCK: tl.constexpr):
+def _combine_kernel(p_ptr, out_ptr, D, stride_s, TOPK: tl.constexpr, SPLITS: tl.constexpr, BLOCK: tl.constexpr):
     t = tl.program_id(0)
     d = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = d < D
     rows = p_ptr + t.to(tl.int64) * TOPK * D + d
     acc = tl.load(rows, mask=ok, other=0.0)
-    for j in tl.static_range(1, TOPK):  # slot order: the same bits on every run
-        acc += tl.load(rows + j * D, mask=ok, other=0.0)
+    for i in tl.static_range(1, TOPK * SPLITS):  # slot order, then K split: the same bits on every run
+        acc += tl.load(rows + (i // SPLITS) * D + (i % SPLITS) * stride_s, mask=ok, other=0.0)
     tl.store(out_ptr + t.to(tl.int64) * D + d, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
 def combine_pairs(pairs: torch.Tensor, top_k: int, dtype: torch.dtype) -> torch.Tensor:
-    """Each token's k weighted expert rows [T * k, D] fp32 (contiguous) -> their sum [T, D] in `dtype`, summed in slot
-    order in fp32 and cast in one launch (a torch sum and a cast were two: 3.1 + 1.0 us of a 1-token MoE on an H200)."""
-    rows, hidden = pairs.shape
+    """Each token's k weighted expert rows [T * k, D] fp32 (or one such slice per K split, [splits, T * k, D]; rows
+    contiguous) -> their sum [T, D] in `dtype`, summed in slot and split order in fp32 and cast in one launch (a torch
+    sum and a cast were two: 3.1 + 1.0 us of a 1-token MoE on an H200)."""
+    splits, stride_s = (pairs.shape[0], pairs.stride(0)) if pairs.dim() == 3 else (1, 0)
+    rows, hidden = pairs.shape[-2:]
     out = torch.empty(rows // top_k, hidden, dtype=dtype, device=pairs.device)
     if out.numel():
-        _combine_kernel[(rows // top_k, triton.cdiv(hidden, COMBINE_BLOCK))](pairs, out, hidden, TOPK=top_k,
-                                                                           BLOCK=COMBINE_BLOCK, num_warps=4)
+        _combine_kernel[(rows // top_k, triton.cdiv(hidden, COMBINE_BLOCK))](
+            pairs, out, hidden, stride_s, TOPK=top_k, SPLITS=splits, BLOCK=COMBINE_BLOCK, num_warps=4)
     return out
 
 
@@ -551,7 +553,7 @@ def moe_gate_up(x, rows, block_expert, w13, s13, inter: int, top_k: int, limit: 
 def moe_down(h, rows, block_expert, w2, s2, topk_weights, hidden: int, block_m: int, launch: MoeLaunch,
              fp8: bool) -> torch.Tensor:
     """Step 3 alone: each (token, slot) pair's weighted expert output [T * k, D] fp32 (split over K: the splits'
-    partial sums added)."""
+    partial sums added; the planes' splits come as [splits, T * k, D], which combine_pairs adds)."""
     num_blocks, inter = block_expert.shape[0], h.shape[1]
     weights = topk_weights.flatten().float().contiguous()
     if launch.planes:

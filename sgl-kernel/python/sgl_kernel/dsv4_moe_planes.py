@@ -72,11 +72,13 @@ def _per_col(v, SWAP: tl.constexpr):
 
 @triton.jit
 def _planes_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, h_ptr, D, I, TOPK, E, stride_x, stride_we,
-                           stride_wn, stride_se, stride_sn, stride_h, limit, BLOCK_M: tl.constexpr,
-                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP: tl.constexpr, PTX: tl.constexpr,
-                           PREC: tl.constexpr, SCALE_CHUNKED: tl.constexpr):
+                           stride_wn, stride_se, stride_sn, stride_h, limit, K_PER_SPLIT, stride_ps,
+                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP: tl.constexpr,
+                           PTX: tl.constexpr, PREC: tl.constexpr, SCALE_CHUNKED: tl.constexpr, SPLITS: tl.constexpr):
     """One 16-row block of an expert's (token, slot) pairs x one BLOCK_N tile of the intermediate dim: the gate and up
-    sums over all of D, then the clamped SwiGLU silu(min(g, L)) * clamp(u, -L, L) into the block's h rows."""
+    sums over all of D, then the clamped SwiGLU silu(min(g, L)) * clamp(u, -L, L) into the block's h rows. SPLITS > 1:
+    program_id(2)'s K range only, its raw gate and up sums into h_ptr [SPLITS, rows, 2I] fp32 (split stride
+    stride_ps) for _swiglu_splits_kernel."""
     blk = tl.program_id(0)
     e = tl.load(bexp_ptr + blk)
     if e < E:
@@ -86,7 +88,8 @@ def _planes_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, h_ptr, D, I,
         s_e = s_ptr + e.to(tl.int64) * stride_se
         acc_g = _acc_zeros(BLOCK_M, BLOCK_N, SWAP)
         acc_u = _acc_zeros(BLOCK_M, BLOCK_N, SWAP)
-        for k0 in range(0, D, BLOCK_K):
+        k_lo, k_hi = _k_range(D, K_PER_SPLIT, BLOCK_K, SPLITS)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
             x_even, x_odd = split_parity(tl.load(x_rows + k0), BLOCK_M, BLOCK_K)
             dt = x_even.dtype
             g_lo, g_hi = fp4_planes(w_e, s_e, n, n < I, k0, D, stride_wn, stride_sn, SCALE_CHUNKED, BLOCK_N, BLOCK_K,
@@ -95,7 +98,46 @@ def _planes_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, h_ptr, D, I,
                                     BLOCK_K, PTX, dt, True)
             acc_g = _mma(_mma(acc_g, x_even, g_lo, SWAP, PREC), x_odd, g_hi, SWAP, PREC)
             acc_u = _mma(_mma(acc_u, x_even, u_lo, SWAP, PREC), x_odd, u_hi, SWAP, PREC)
-        swiglu_store(acc_g, acc_u, h_ptr, r, n, valid, stride_h, limit, SWAP)
+        if SPLITS == 1:
+            swiglu_store(acc_g, acc_u, h_ptr, r, n, valid, stride_h, limit, SWAP)
+        else:
+            p_rows = (h_ptr + tl.program_id(2).to(tl.int64) * stride_ps + _per_row(r.to(tl.int64) * stride_h, SWAP)
+                      + _per_col(n, SWAP))
+            tl.store(p_rows, acc_g * (2.0 ** BIAS), mask=_per_row(valid, SWAP))
+            tl.store(p_rows + I, acc_u * (2.0 ** BIAS), mask=_per_row(valid, SWAP))
+
+
+@triton.jit
+def _k_range(K, K_PER_SPLIT, BLOCK_K: tl.constexpr, SPLITS: tl.constexpr):
+    """This program's inputs [k_lo, k_hi): all of K, or program_id(2)'s split (K_PER_SPLIT a multiple of BLOCK_K)."""
+    if SPLITS == 1:
+        k_lo = 0
+        k_hi = K
+    else:
+        k_lo = tl.multiple_of(tl.program_id(2) * K_PER_SPLIT, BLOCK_K)
+        k_hi = k_lo + K_PER_SPLIT
+    return k_lo, k_hi
+
+
+@triton.jit
+def _swiglu_splits_kernel(p_ptr, rows_ptr, h_ptr, I, stride_ps, stride_p, stride_h, limit, SPLITS: tl.constexpr,
+                          BLOCK: tl.constexpr):
+    """h row r = the clamped SwiGLU of row r's gate and up sums over the K splits (added in split order); rows
+    without a pair are skipped."""
+    r = tl.program_id(0)
+    if tl.load(rows_ptr + r) >= 0:
+        n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        ok = n < I
+        row = p_ptr + r.to(tl.int64) * stride_p + n
+        g = tl.load(row, mask=ok, other=0.0)
+        u = tl.load(row + I, mask=ok, other=0.0)
+        for s in tl.static_range(1, SPLITS):
+            g += tl.load(row + s * stride_ps, mask=ok, other=0.0)
+            u += tl.load(row + s * stride_ps + I, mask=ok, other=0.0)
+        g = tl.minimum(g, limit)
+        u = tl.minimum(tl.maximum(u, -limit), limit)
+        tl.store(h_ptr + r.to(tl.int64) * stride_h + n, (g / (1.0 + tl.exp(-g)) * u).to(h_ptr.dtype.element_ty),
+                 mask=ok)
 
 
 @triton.jit
@@ -121,12 +163,15 @@ def swiglu_store(acc_g, acc_u, h_ptr, r, n, valid, stride_h, limit, SWAP: tl.con
 
 @triton.jit
 def _planes_down_kernel(h_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, wts_ptr, out_ptr, D, I, E, stride_h, stride_we,
-                        stride_wn, stride_se, stride_sn, stride_o, BLOCK_M: tl.constexpr,
+                        stride_wn, stride_se, stride_sn, stride_o, K_PER_SPLIT, stride_os, BLOCK_M: tl.constexpr,
                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP: tl.constexpr, PTX: tl.constexpr,
-                        PREC: tl.constexpr, SCALE_CHUNKED: tl.constexpr):
+                        PREC: tl.constexpr, SCALE_CHUNKED: tl.constexpr, SPLITS: tl.constexpr):
     """One block's h rows times a BLOCK_N tile of the expert's w2 rows, scaled by each pair's router weight, into the
-    pairs' rows of out; blocks of another rank's experts (E) write zeros there."""
+    pairs' rows of out; blocks of another rank's experts (E) write zeros there. SPLITS > 1: program_id(2)'s K range
+    into out's slice program_id(2) (stride_os); combine_pairs adds the slices."""
     blk = tl.program_id(0)
+    if SPLITS > 1:
+        out_ptr += tl.program_id(2).to(tl.int64) * stride_os
     e = tl.load(bexp_ptr + blk)
     r = blk * BLOCK_M + tl.arange(0, BLOCK_M)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -139,7 +184,8 @@ def _planes_down_kernel(h_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, wts_ptr, out_pt
             w_e = w_ptr + e.to(tl.int64) * stride_we
             s_e = s_ptr + e.to(tl.int64) * stride_se
             acc = _acc_zeros(BLOCK_M, BLOCK_N, SWAP)
-            for k0 in range(0, I, BLOCK_K):
+            k_lo, k_hi = _k_range(I, K_PER_SPLIT, BLOCK_K, SPLITS)
+            for k0 in range(k_lo, k_hi, BLOCK_K):
                 h_even, h_odd = split_parity(tl.load(h_rows + k0), BLOCK_M, BLOCK_K)
                 lo, hi = fp4_planes(w_e, s_e, n, n < D, k0, I, stride_wn, stride_sn, SCALE_CHUNKED, BLOCK_N, BLOCK_K,
                                     PTX, h_even.dtype, True)
@@ -152,15 +198,16 @@ def _planes_down_kernel(h_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, wts_ptr, out_pt
 
 def planes_fit(launch: "MoeLaunch", k: int, n: int) -> bool:
     """Whether `launch` can run these kernels over K = k inputs and n output rows: whole tiles, K tiles of whole
-    32-input scale groups, one K range."""
-    return launch.split_k == 1 and launch.block_k % 32 == 0 and k % launch.block_k == 0 and n % launch.block_n == 0
+    32-input scale groups, K splits of whole tiles."""
+    return (launch.block_k % 32 == 0 and k % launch.block_k == 0 and n % launch.block_n == 0 and launch.split_k >= 1
+            and (k // launch.block_k) % launch.split_k == 0)
 
 
 def _check(launch: "MoeLaunch", k: int, n: int, dtype: torch.dtype, what: str) -> None:
     if not planes_fit(launch, k, n):
-        raise ValueError(f"MoeLaunch.planes ({what}) needs tiles that divide the widths and one K range: block_k "
-                         f"{launch.block_k} (a multiple of 32) must divide K {k}, block_n {launch.block_n} must divide "
-                         f"{n}, split_k {launch.split_k} must be 1")
+        raise ValueError(f"MoeLaunch.planes ({what}) needs tiles that divide the widths: block_k {launch.block_k} (a "
+                         f"multiple of 32) must divide K {k}, block_n {launch.block_n} must divide {n}, split_k "
+                         f"{launch.split_k} must divide the {k // max(1, launch.block_k)} K tiles")
     if dtype not in (torch.bfloat16, torch.float32):
         raise ValueError(f"MoeLaunch.planes takes MXFP4 weights with bf16 or fp32 activations (fp16 cannot hold the "
                          f"planes' 2^-16 bias), got {dtype}")
@@ -170,32 +217,48 @@ def _prec(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"  # fp32 runs (GPU oracle checks) stay fp32
 
 
+SWIGLU_BLOCK = 1024  # intermediate columns per program of the SwiGLU over K splits
+
+
 def planes_gate_up(x, rows, block_expert, w13, s13, inter: int, top_k: int, limit: float, block_m: int,
                    launch: "MoeLaunch") -> torch.Tensor:
-    """dsv4_moe_mxfp4.moe_gate_up for launch.planes: the activated intermediate rows [num_blocks * block_m, I]."""
+    """dsv4_moe_mxfp4.moe_gate_up for launch.planes: the activated intermediate rows [num_blocks * block_m, I]. With
+    launch.split_k > 1 the splits' fp32 sums go through _swiglu_splits_kernel (one more launch; more programs, each
+    with a shorter K loop: one token's few experts)."""
     num_blocks, hidden = block_expert.shape[0], x.shape[1]
     _check(launch, hidden, inter, x.dtype, "gate-up")
+    splits = launch.split_k
     out = torch.empty(num_blocks * block_m, inter, dtype=x.dtype, device=x.device)
+    part = out if splits == 1 else torch.empty(splits, num_blocks * block_m, 2 * inter, dtype=torch.float32,
+                                               device=x.device)
     s_e, s_major, chunked = scale_layout(s13)
-    _planes_gate_up_kernel[(num_blocks, inter // launch.block_n)](
-        x, rows, block_expert, w13, s13, out, hidden, inter, top_k, w13.shape[0], x.stride(0), w13.stride(0),
-        w13.stride(1), s_e, s_major, out.stride(0), float(limit), BLOCK_M=block_m, BLOCK_N=launch.block_n,
-        BLOCK_K=launch.block_k, SWAP=launch.swap, PTX=planes_supported(x.device, x.dtype), PREC=_prec(x.dtype),
-        SCALE_CHUNKED=chunked, num_warps=launch.num_warps, num_stages=launch.num_stages)
+    _planes_gate_up_kernel[(num_blocks, inter // launch.block_n, splits)](
+        x, rows, block_expert, w13, s13, part, hidden, inter, top_k, w13.shape[0], x.stride(0), w13.stride(0),
+        w13.stride(1), s_e, s_major, part.stride(-2), float(limit), hidden // splits,
+        part.stride(0) if splits > 1 else 0, BLOCK_M=block_m, BLOCK_N=launch.block_n, BLOCK_K=launch.block_k,
+        SWAP=launch.swap, PTX=planes_supported(x.device, x.dtype), PREC=_prec(x.dtype), SCALE_CHUNKED=chunked,
+        SPLITS=splits, num_warps=launch.num_warps, num_stages=launch.num_stages)
+    if splits > 1:
+        _swiglu_splits_kernel[(out.shape[0], triton.cdiv(inter, SWIGLU_BLOCK))](
+            part, rows, out, inter, part.stride(0), part.stride(1), out.stride(0), float(limit), SPLITS=splits,
+            BLOCK=SWIGLU_BLOCK, num_warps=4)
     return out
 
 
 def planes_down(h, rows, block_expert, w2, s2, weights, hidden: int, block_m: int,
                 launch: "MoeLaunch") -> torch.Tensor:
     """dsv4_moe_mxfp4.moe_down for launch.planes: each pair's weighted expert output [T * k, D] fp32 (weights: the
-    router weights flattened, fp32)."""
+    router weights flattened, fp32); with launch.split_k > 1 one such slice per K split, [splits, T * k, D]
+    (dsv4_moe_mxfp4.combine_pairs adds them)."""
     num_blocks, inter = block_expert.shape[0], h.shape[1]
     _check(launch, inter, hidden, h.dtype, "down")
-    out = torch.empty(weights.numel(), hidden, dtype=torch.float32, device=h.device)
+    splits = launch.split_k
+    out = torch.empty(splits, weights.numel(), hidden, dtype=torch.float32, device=h.device)
     s_e, s_major, chunked = scale_layout(s2)
-    _planes_down_kernel[(num_blocks, hidden // launch.block_n)](
+    _planes_down_kernel[(num_blocks, hidden // launch.block_n, splits)](
         h, rows, block_expert, w2, s2, weights, out, hidden, inter, w2.shape[0], h.stride(0), w2.stride(0),
-        w2.stride(1), s_e, s_major, out.stride(0), BLOCK_M=block_m, BLOCK_N=launch.block_n,
-        BLOCK_K=launch.block_k, SWAP=launch.swap, PTX=planes_supported(h.device, h.dtype), PREC=_prec(h.dtype),
-        SCALE_CHUNKED=chunked, num_warps=launch.num_warps, num_stages=launch.num_stages)
-    return out
+        w2.stride(1), s_e, s_major, out.stride(1), inter // splits, out.stride(0), BLOCK_M=block_m,
+        BLOCK_N=launch.block_n, BLOCK_K=launch.block_k, SWAP=launch.swap, PTX=planes_supported(h.device, h.dtype),
+        PREC=_prec(h.dtype), SCALE_CHUNKED=chunked, SPLITS=splits, num_warps=launch.num_warps,
+        num_stages=launch.num_stages)
+    return out[0] if splits == 1 else out
