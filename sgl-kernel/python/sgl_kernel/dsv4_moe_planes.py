@@ -6,7 +6,9 @@ issues the conversion, the MMAs and the copies and little else:
 - the tiles divide the widths (no masks on codes, scales or activations; `planes_fit` says whether a launch can);
 - the activation rows' addresses are computed once (padding rows read token 0 / their own garbage h row: a row of
   the product depends only on its own activation row, and those rows are never stored);
-- one K range (no splits).
+- one K range, or K splits of whole tiles chosen at compile time (SPLITS: the default launches compile to the code
+  they had without splits; split gate-ups add their fp32 sums in one small SwiGLU kernel, split downs leave one slice
+  per split for dsv4_moe_mxfp4.combine_pairs).
 On an H200 this lean gate-up ran 1.1-1.35x faster than the general kernel's planes branch it replaces, at the same
 tiles (RESULTS.md, 2026-12-04 third session).
 
