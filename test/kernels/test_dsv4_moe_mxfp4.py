@@ -320,24 +320,31 @@ def test_gpu_fp8_experts_flash_widths(tokens):
 
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize("path", ["default", "in-register", "pointers", "tma", "planes"])
-@pytest.mark.parametrize("tokens", [1, 8, 32, 4096])
+@pytest.mark.parametrize("tokens,path", [
+    (t, p) for t in (1, 8, 32, 4096) for p in ("default", "in-register", "pointers", "tma", "planes", "planes-split")
+    if not (t == 4096 and p == "planes-split")])  # splits are a decode launch's
 def test_gpu_flash_widths(tokens, path):
     """Flash widths (hidden 4096, intermediate 2048, top-6 of 256 experts) in bf16: relative error vs the fp32
     reference on the same bf16 inputs below 1% (bf16 intermediate rows and outputs), for the default launches
     (tl.dot_scaled; TMA copies from 8 tokens on sm90), the in-register dequantization, the scaled dot's launches
-    with every code read by pointers / through TMA, and the PTX parity planes (decode; the scales in range)."""
+    with every code read by pointers / through TMA, and the PTX parity planes (decode; the scales in range), also split
+    over K in 2 (gate-up) and 4 (down)."""
     from sgl_kernel.dsv4_mxfp4_planes import planes_supported
 
     w13, s13, w2, s2 = _experts(256, 4096, 2048, seed=0, device="cuda")
     ids, weights = _routing(tokens, 6, 256, seed=1, skew=False, device="cuda")
     x = (torch.randn(tokens, 4096, device="cuda") * 0.05).bfloat16()
-    if path == "planes":
+    if path.startswith("planes"):
         assert planes_supported(x.device, x.dtype)
-        got = dsv4_moe_mxfp4(x, ids, weights, w13, s13, w2, s2, 10.0, scales_fit_planes=True).float()
+        config = None
+        if path == "planes-split":
+            config = moe_config(tokens * 6, 256, planes=True)
+            config = MoeConfig(16, dataclasses.replace(config.gate_up, split_k=2),
+                               dataclasses.replace(config.down, split_k=4))
+        got = dsv4_moe_mxfp4(x, ids, weights, w13, s13, w2, s2, 10.0, config=config, scales_fit_planes=True).float()
         ref = fused_moe_mxfp4_ref(x, ids, weights, w13, s13, w2, s2, 10.0)
         err = ((got - ref).norm() / ref.norm()).item()
-        print(f"tokens {tokens} planes: relative error {err:.2e}")
+        print(f"tokens {tokens} {path}: relative error {err:.2e}")
         assert err < 1e-2
         return
     config = None if path == "default" else moe_config(tokens * 6, 256, scaled_dot=path != "in-register")
