@@ -269,7 +269,7 @@ def test_combine_sums_slots_in_order(tokens, top_k, hidden, splits):
     """The last step: each token's k rows (and K splits' slices) summed in slot then split order in fp32 (the same
     bits as a sequential sum) and cast to the activations' dtype in the same launch, widths past one program's block,
     no tokens."""
-    from sgl_kernel.dsv4_moe_mxfp4 import combine_pairs
+    from sgl_kernel.dsv4_moe_sums import combine_pairs
 
     pairs = torch.randn(splits, tokens * top_k, hidden, generator=torch.Generator().manual_seed(top_k))
     view = pairs.view(splits, tokens, top_k, hidden)

@@ -15,7 +15,7 @@ ones (W8A16, e4m3 with 128x128 block multipliers: `WEIGHT_FP8`), in three device
    registers (e2m1 code value * 2^(exponent byte - 127), or e4m3 * block multiplier).
 3. `_moe_down_kernel`: the intermediate rows times w2, scaled by the pair's router weight, written to the pair's row
    of a [T*k, D] fp32 buffer; the k rows of each token are summed last, in slot order (deterministic), and cast to
-   the activations' dtype in the same launch (`combine_pairs`).
+   the activations' dtype in the same launch (`dsv4_moe_sums.combine_pairs`).
 Scale bytes come row-major (the checkpoint's [E, rows, groups]) or chunked (dsv4_mxfp4_scales: the experts module's
 storage, one decode K step of consecutive rows contiguous), the layout a constexpr of every MXFP4 kernel.
 Packed bytes hold inputs 2j (low nibble) and 2j + 1 (high nibble) (the OCP order tl.dot_scaled reads); the
@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 
 from sgl_kernel.dsv4_moe_planes import planes_down, planes_fit, planes_gate_up
+from sgl_kernel.dsv4_moe_sums import combine_pairs, swiglu_splits
 from sgl_kernel.dsv4_mxfp4_planes import e2m1_value, planes_supported
 from sgl_kernel.dsv4_mxfp4_scales import scale_groups, scale_layout, scale_offsets
 
@@ -462,34 +463,6 @@ def _fused_moe(x, topk_ids, topk_weights, w13, s13, w2, s2, limit: float, inter:
     return combine_pairs(pairs, top_k, x.dtype)
 
 
-COMBINE_BLOCK = 1024  # outputs per program of the k-row sum
-
-
-@triton.jit
-def _combine_kernel(p_ptr, out_ptr, D, stride_s, TOPK: tl.constexpr, SPLITS: tl.constexpr, BLOCK: tl.constexpr):
-    t = tl.program_id(0)
-    d = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    ok = d < D
-    rows = p_ptr + t.to(tl.int64) * TOPK * D + d
-    acc = tl.load(rows, mask=ok, other=0.0)
-    for i in tl.static_range(1, TOPK * SPLITS):  # slot order, then K split: the same bits on every run
-        acc += tl.load(rows + (i // SPLITS) * D + (i % SPLITS) * stride_s, mask=ok, other=0.0)
-    tl.store(out_ptr + t.to(tl.int64) * D + d, acc.to(out_ptr.dtype.element_ty), mask=ok)
-
-
-def combine_pairs(pairs: torch.Tensor, top_k: int, dtype: torch.dtype) -> torch.Tensor:
-    """Each token's k weighted expert rows [T * k, D] fp32 (or one such slice per K split, [splits, T * k, D]; rows
-    contiguous) -> their sum [T, D] in `dtype`, summed in slot and split order in fp32 and cast in one launch (a torch
-    sum and a cast were two: 3.1 + 1.0 us of a 1-token MoE on an H200)."""
-    splits, stride_s = (pairs.shape[0], pairs.stride(0)) if pairs.dim() == 3 else (1, 0)
-    rows, hidden = pairs.shape[-2:]
-    out = torch.empty(rows // top_k, hidden, dtype=dtype, device=pairs.device)
-    if out.numel():
-        _combine_kernel[(rows // top_k, triton.cdiv(hidden, COMBINE_BLOCK))](
-            pairs, out, hidden, stride_s, TOPK=top_k, SPLITS=splits, BLOCK=COMBINE_BLOCK, num_warps=4)
-    return out
-
-
 def _precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"  # fp32 engine runs (oracle checks) stay fp32 on a GPU
 
@@ -521,7 +494,8 @@ def _k_splits(k: int, launch: MoeLaunch) -> tuple:
 def moe_gate_up(x, rows, block_expert, w13, s13, inter: int, top_k: int, limit: float, block_m: int,
                 launch: MoeLaunch, fp8: bool) -> torch.Tensor:
     """Step 2 alone (the benchmark sweep times it): the activated intermediate rows [num_blocks * block_m, I]. Split
-    over K, the kernel writes fp32 gate and up sums per split; their sum goes through the clamped SwiGLU here."""
+    over K, the kernel writes fp32 gate and up sums per split; dsv4_moe_sums.swiglu_splits adds them and applies the
+    clamped SwiGLU."""
     if launch.planes:
         if fp8:
             raise ValueError("MoeLaunch.planes takes MXFP4 weights, not FP8 experts")
@@ -545,15 +519,13 @@ def moe_gate_up(x, rows, block_expert, w13, s13, inter: int, top_k: int, limit: 
         TMA=w_desc is not None, SCALE_CHUNKED=chunked, num_warps=launch.num_warps, num_stages=launch.num_stages)
     if splits == 1:
         return out
-    gate_up = out.sum(0)  # rows of -1 pairs hold garbage: their h rows are never read
-    gate = gate_up[:, :inter].clamp(max=limit)
-    return (torch.nn.functional.silu(gate) * gate_up[:, inter:].clamp(min=-limit, max=limit)).to(x.dtype)
+    return swiglu_splits(out, rows, torch.empty(out.shape[1], inter, dtype=x.dtype, device=x.device), limit)
 
 
 def moe_down(h, rows, block_expert, w2, s2, topk_weights, hidden: int, block_m: int, launch: MoeLaunch,
              fp8: bool) -> torch.Tensor:
-    """Step 3 alone: each (token, slot) pair's weighted expert output [T * k, D] fp32 (split over K: the splits'
-    partial sums added; the planes' splits come as [splits, T * k, D], which combine_pairs adds)."""
+    """Step 3 alone: each (token, slot) pair's weighted expert output [T * k, D] fp32; split over K, one such slice
+    per split, [splits, T * k, D] (dsv4_moe_sums.combine_pairs adds them)."""
     num_blocks, inter = block_expert.shape[0], h.shape[1]
     weights = topk_weights.flatten().float().contiguous()
     if launch.planes:
@@ -571,4 +543,4 @@ def moe_down(h, rows, block_expert, w2, s2, topk_weights, hidden: int, block_m: 
         BLOCK_M=block_m, BLOCK_N=launch.block_n, BLOCK_K=launch.block_k, WEIGHT_FP8=fp8,
         SCALE_BCAST=launch.scale_bcast, PREC=_precision(h.dtype), A_FMT=a_fmt, TMA=w_desc is not None,
         SCALE_CHUNKED=chunked, num_warps=launch.num_warps, num_stages=launch.num_stages)
-    return pairs[0] if splits == 1 else pairs.sum(0)
+    return pairs[0] if splits == 1 else pairs  # combine_pairs adds the splits' slices

@@ -8,7 +8,7 @@ issues the conversion, the MMAs and the copies and little else:
   the product depends only on its own activation row, and those rows are never stored);
 - one K range, or K splits of whole tiles chosen at compile time (SPLITS: the default launches compile to the code
   they had without splits; split gate-ups add their fp32 sums in one small SwiGLU kernel, split downs leave one slice
-  per split for dsv4_moe_mxfp4.combine_pairs).
+  per split for dsv4_moe_sums.combine_pairs).
 On an H200 this lean gate-up ran 1.1-1.35x faster than the general kernel's planes branch it replaces, at the same
 tiles (RESULTS.md, 2026-12-04 third session).
 
@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from sgl_kernel.dsv4_mxfp4_planes import BIAS, fp4_planes, planes_supported, split_parity
+from sgl_kernel.dsv4_moe_sums import swiglu_splits
 from sgl_kernel.dsv4_mxfp4_scales import scale_layout
 
 if TYPE_CHECKING:
@@ -80,7 +81,7 @@ def _planes_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, h_ptr, D, I,
     """One 16-row block of an expert's (token, slot) pairs x one BLOCK_N tile of the intermediate dim: the gate and up
     sums over all of D, then the clamped SwiGLU silu(min(g, L)) * clamp(u, -L, L) into the block's h rows. SPLITS > 1:
     program_id(2)'s K range only, its raw gate and up sums into h_ptr [SPLITS, rows, 2I] fp32 (split stride
-    stride_ps) for _swiglu_splits_kernel."""
+    stride_ps) for dsv4_moe_sums.swiglu_splits."""
     blk = tl.program_id(0)
     e = tl.load(bexp_ptr + blk)
     if e < E:
@@ -119,27 +120,6 @@ def _k_range(K, K_PER_SPLIT, BLOCK_K: tl.constexpr, SPLITS: tl.constexpr):
         k_lo = tl.multiple_of(tl.program_id(2) * K_PER_SPLIT, BLOCK_K)
         k_hi = k_lo + K_PER_SPLIT
     return k_lo, k_hi
-
-
-@triton.jit
-def _swiglu_splits_kernel(p_ptr, rows_ptr, h_ptr, I, stride_ps, stride_p, stride_h, limit, SPLITS: tl.constexpr,
-                          BLOCK: tl.constexpr):
-    """h row r = the clamped SwiGLU of row r's gate and up sums over the K splits (added in split order); rows
-    without a pair are skipped."""
-    r = tl.program_id(0)
-    if tl.load(rows_ptr + r) >= 0:
-        n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        ok = n < I
-        row = p_ptr + r.to(tl.int64) * stride_p + n
-        g = tl.load(row, mask=ok, other=0.0)
-        u = tl.load(row + I, mask=ok, other=0.0)
-        for s in tl.static_range(1, SPLITS):
-            g += tl.load(row + s * stride_ps, mask=ok, other=0.0)
-            u += tl.load(row + s * stride_ps + I, mask=ok, other=0.0)
-        g = tl.minimum(g, limit)
-        u = tl.minimum(tl.maximum(u, -limit), limit)
-        tl.store(h_ptr + r.to(tl.int64) * stride_h + n, (g / (1.0 + tl.exp(-g)) * u).to(h_ptr.dtype.element_ty),
-                 mask=ok)
 
 
 @triton.jit
@@ -219,14 +199,11 @@ def _prec(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"  # fp32 runs (GPU oracle checks) stay fp32
 
 
-SWIGLU_BLOCK = 1024  # intermediate columns per program of the SwiGLU over K splits
-
-
 def planes_gate_up(x, rows, block_expert, w13, s13, inter: int, top_k: int, limit: float, block_m: int,
                    launch: "MoeLaunch") -> torch.Tensor:
     """dsv4_moe_mxfp4.moe_gate_up for launch.planes: the activated intermediate rows [num_blocks * block_m, I]. With
-    launch.split_k > 1 the splits' fp32 sums go through _swiglu_splits_kernel (one more launch; more programs, each
-    with a shorter K loop: one token's few experts)."""
+    launch.split_k > 1 the splits' fp32 sums go through dsv4_moe_sums.swiglu_splits (one more launch; more programs,
+    each with a shorter K loop: one token's few experts)."""
     num_blocks, hidden = block_expert.shape[0], x.shape[1]
     _check(launch, hidden, inter, x.dtype, "gate-up")
     splits = launch.split_k
@@ -240,18 +217,14 @@ def planes_gate_up(x, rows, block_expert, w13, s13, inter: int, top_k: int, limi
         part.stride(0) if splits > 1 else 0, BLOCK_M=block_m, BLOCK_N=launch.block_n, BLOCK_K=launch.block_k,
         SWAP=launch.swap, PTX=planes_supported(x.device, x.dtype), PREC=_prec(x.dtype), SCALE_CHUNKED=chunked,
         SPLITS=splits, num_warps=launch.num_warps, num_stages=launch.num_stages)
-    if splits > 1:
-        _swiglu_splits_kernel[(out.shape[0], triton.cdiv(inter, SWIGLU_BLOCK))](
-            part, rows, out, inter, part.stride(0), part.stride(1), out.stride(0), float(limit), SPLITS=splits,
-            BLOCK=SWIGLU_BLOCK, num_warps=4)
-    return out
+    return swiglu_splits(part, rows, out, limit) if splits > 1 else out
 
 
 def planes_down(h, rows, block_expert, w2, s2, weights, hidden: int, block_m: int,
                 launch: "MoeLaunch") -> torch.Tensor:
     """dsv4_moe_mxfp4.moe_down for launch.planes: each pair's weighted expert output [T * k, D] fp32 (weights: the
     router weights flattened, fp32); with launch.split_k > 1 one such slice per K split, [splits, T * k, D]
-    (dsv4_moe_mxfp4.combine_pairs adds them)."""
+    (dsv4_moe_sums.combine_pairs adds them)."""
     num_blocks, inter = block_expert.shape[0], h.shape[1]
     _check(launch, inter, hidden, h.dtype, "down")
     splits = launch.split_k

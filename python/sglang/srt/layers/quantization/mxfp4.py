@@ -87,5 +87,7 @@ class Mxfp4RoutedExperts(nn.Module):
     @staticmethod
     def _rows(param: torch.Tensor) -> torch.Tensor:
         """A parameter as [E, rows, ...]: chunked scale storage [E, G/8, R, 8] seen as [E, R, G/8, 8]."""
-        return param.permute(0, 2, 1, 3) if param.dim() == 4 else param  # dsv4_mxfp4_scales.as_rows
+        from sgl_kernel.dsv4_mxfp4_scales import as_rows
+
+        return as_rows(param) if param.dim() == 4 else param
 
