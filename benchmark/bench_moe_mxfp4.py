@@ -2,7 +2,7 @@
 and the bf16 grouped-GEMM experts, all measured in one run.
 
     python benchmark/bench_moe_mxfp4.py [--experts 256] [--top-k 6] [--tokens 1 8 32 128 256 4096] [--profile]
-        [--config-from sweep.json] [--row-major-scales] [--out r.json]
+        [--config-from sweep.json] [--row-major-scales] [--no-pdl] [--out r.json]
 
 Per token count: router choices drawn uniformly (top-k distinct of E), the fused op's time replayed from a CUDA graph
 (triton.testing.do_bench_cudagraph: the engine's decode replays graphs; eager timing at 1 token measures the host's
@@ -16,6 +16,7 @@ count per block with the lowest gate-up + down time, each kernel's best launch a
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 import torch
@@ -58,7 +59,6 @@ def kernel_table(fn, steps: int = 20) -> str:
 def swept_config(rows: list, tokens: int):
     """The sweep's best MoeConfig for `tokens` (None if it has no rows for it): per rows-per-block, each kernel's
     fastest launch; the block size whose two launches sum lowest."""
-    import dataclasses
 
     from sgl_kernel.dsv4_moe_mxfp4 import MoeConfig, MoeLaunch
 
@@ -95,6 +95,8 @@ def main() -> None:
                     "takes the parity planes (dsv4_mxfp4_planes) where the GPU has them")
     ap.add_argument("--row-major-scales", action="store_true", help="scale bytes in the checkpoint's row-major layout "
                     "instead of the engine's chunked storage")
+    ap.add_argument("--no-pdl", action="store_true", help="the decode chain without programmatic dependent launches "
+                    "(MoeConfig.pdl; dsv4_pdl)")
     ap.add_argument("--out")
     args = ap.parse_args()
     swept = json.load(open(args.config_from))["rows"] if args.config_from else []
@@ -119,6 +121,7 @@ def main() -> None:
         default = moe_config(t * k, e, tma=tma_supported(x.device))
         cfg = swept_config(swept, t) or moe_config(t * k, e, tma=tma_supported(x.device),
                                                    planes=args.planes and planes_supported(x.device, x.dtype))
+        cfg = dataclasses.replace(cfg, pdl=not args.no_pdl)
         fused = lambda: dsv4_moe_mxfp4(x, ids, weights, w13, s13, w2, s2, 10.0, config=cfg)  # noqa: E731
         ref = dsv4_moe_mxfp4(x, ids, weights, w13, s13, w2, s2, 10.0, config=default).float()
         err = ((fused().float() - ref).norm() / ref.norm()).item()  # vs the default launches

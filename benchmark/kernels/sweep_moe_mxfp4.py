@@ -9,10 +9,10 @@ launches per (kernel, tokens) and writes every row to --out; `moe_config` takes 
 Candidates: tl.dot_scaled launches beside the in-register path, with the weight codes read by pointers and through TMA
 descriptors (MoeLaunch.tma: fewer registers, copies the compiler may pipeline); with --planes also the decode launches
 of the PTX parity planes (MoeLaunch.planes, dsv4_moe_planes: the engine's decode path on NVIDIA GPUs; planes first or
-second in the MMA, MoeLaunch.swap). K splits (MoeLaunch.split_k),
-1-8-row multiply-adds and one MMA per 32-input scale group (RESULTS.md, 2026-12-02 sixth session), and the next K tile
-prefetched into registers (2026-12-03), lost to one split of the scaled dot at every decode size on the H200 and are not
-swept.
+second in the MMA, MoeLaunch.swap), the engine's planes launches and their 2 / 4 K splits (MoeLaunch.split_k) first.
+For the scaled dot, K splits, 1-8-row multiply-adds and one MMA per 32-input scale group (RESULTS.md, 2026-12-02 sixth
+session), and the next K tile prefetched into registers (2026-12-03), lost to one split at every decode size on the
+H200 and are not swept.
 
 Decode candidates are timed as CUDA-graph replays (the engine's decode; eager timing of a 30 us kernel measures the
 host's launch), prefill ones eagerly; every candidate's output is compared with the default launches' (relative
@@ -49,7 +49,8 @@ def by_pair(h: torch.Tensor, rows: torch.Tensor, pairs: int) -> torch.Tensor:
 
 
 def main() -> None:
-    from sgl_kernel.dsv4_moe_mxfp4 import MoeLaunch, dsv4_moe_align, moe_config, moe_down, moe_gate_up, tma_supported
+    from sgl_kernel.dsv4_moe_mxfp4 import (PLANES_DOWN, PLANES_DOWN_FEW, PLANES_GATE_UP, PLANES_GATE_UP_FEW, MoeLaunch,
+                                           dsv4_moe_align, moe_config, moe_down, moe_gate_up, tma_supported)
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--experts", type=int, default=256)
@@ -81,18 +82,20 @@ def main() -> None:
             grid = itertools.product([16], [32, 64, 128], [128, 256], [4, 8], [1, 3])
             baseline = [(16, MoeLaunch(64, 256, 4, 1, scaled_dot=False))]
             if args.planes:  # the PTX parity planes (dsv4_moe_planes; random scales in range), both operand orders
+                # first the engine's launches and their K splits, or none (shorter K loops for one token's few
+                # experts; the gate-up's SwiGLU one launch more, the down's slices added by the MoE's last step,
+                # outside this timing), so a short budget still times them; then the tile grid
+                engine = [PLANES_GATE_UP_FEW, PLANES_DOWN_FEW, PLANES_GATE_UP, PLANES_DOWN]
+                baseline += [(16, launch) for launch in engine]
+                baseline += [(16, dataclasses.replace(launch, split_k=sk)) for launch in engine for sk in (1, 2, 4)
+                             if sk != launch.split_k]
                 tiles = [(bn, bk, w, 3, sw) for bn, bk, w, sw in
                          itertools.product([32, 64, 128], [128, 256], [2, 4], [False, True])]
                 tiles += [(128, 128, 8, 3, False), (64, 256, 2, 2, True), (64, 256, 2, 2, False),
                           (64, 128, 4, 4, False), (128, 128, 4, 2, True)]
                 baseline += [(16, MoeLaunch(bn, bk, w, st, scaled_dot=False, planes=True, swap=sw))
-                             for bn, bk, w, st, sw in tiles]
-                # K splits: shorter K loops for one token's few experts (the gate-up's SwiGLU one launch more; the
-                # down's slices added by the MoE's last step, outside this timing)
-                baseline += [(16, MoeLaunch(bn, bk, w, 3, scaled_dot=False, planes=True, swap=sw, split_k=sk))
-                             for bn, bk, w, sw, sk in itertools.product([64, 128], [256], [4], [False], [2, 4])]
-                baseline += [(16, MoeLaunch(64, 256, 2, 3, scaled_dot=False, planes=True, swap=True, split_k=sk))
-                             for sk in (2, 4)]
+                             for bn, bk, w, st, sw in tiles if MoeLaunch(bn, bk, w, st, scaled_dot=False, planes=True,
+                                                                         swap=sw) not in engine]
         yield from baseline
         if args.planes_only:
             return

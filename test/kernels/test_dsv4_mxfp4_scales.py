@@ -100,7 +100,7 @@ for tokens in (1, 32, 4096):  # Flash widths, top-6 of 256: decode (the planes) 
             consts = {"BLOCK_M": cfg.block_m, "BLOCK_N": launch.block_n, "BLOCK_K": launch.block_k,
                       "PREC": "tf32", "SCALE_CHUNKED": chunked}
             if launch.planes:
-                consts.update(SWAP=launch.swap, PTX=True)
+                consts.update(SWAP=launch.swap, PTX=True, SPLITS=launch.split_k, PDL=True)
             else:
                 consts.update(WEIGHT_FP8=False, SCALE_BCAST=True, A_FMT="bf16", TMA=False, w_desc=None)
                 if name == "gate_up":

@@ -36,6 +36,7 @@ from sgl_kernel.dsv4_moe_planes import planes_down, planes_fit, planes_gate_up
 from sgl_kernel.dsv4_moe_sums import combine_pairs, swiglu_splits
 from sgl_kernel.dsv4_mxfp4_planes import e2m1_value, planes_supported
 from sgl_kernel.dsv4_mxfp4_scales import scale_groups, scale_layout, scale_offsets
+from sgl_kernel.dsv4_pdl import pdl_enter, pdl_supported
 
 FP4_BLOCK = 32
 
@@ -45,17 +46,19 @@ FP4_BLOCK = 32
 ALIGN_ONE_PROGRAM_PAIRS = 2048
 
 
-def dsv4_moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int, one_program: Optional[bool] = None) -> tuple:
+def dsv4_moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int, one_program: Optional[bool] = None,
+                   pdl: bool = False) -> tuple:
     """topk_ids [T, k] (-1: not this rank's expert) -> (rows [num_blocks * block_m] int64: pair index t*k + j or -1;
     block_expert [num_blocks] int64: the block's expert, num_experts for the blocks of -1 pairs, num_experts + 1 past
     the work). one_program (default: on a GPU, up to ALIGN_ONE_PROGRAM_PAIRS pairs): one Triton program instead of
-    ~12 small torch kernels (decode: ~50 us of a 1-token MoE on an H200 were these launches)."""
+    ~12 small torch kernels (decode: ~50 us of a 1-token MoE on an H200 were these launches). pdl: the one program
+    lets the next kernel, launched as a programmatic dependent, be scheduled at once (dsv4_pdl)."""
     n = topk_ids.numel()
     num_blocks = triton.cdiv(n, block_m) + min(num_experts + 1, n)
     if one_program is None:
         one_program = topk_ids.is_cuda and n <= ALIGN_ONE_PROGRAM_PAIRS
     if one_program:
-        return _align_one_program(topk_ids, num_experts, block_m, num_blocks)
+        return _align_one_program(topk_ids, num_experts, block_m, num_blocks, pdl)
     flat = topk_ids.flatten().long()
     flat = torch.where(flat < 0, num_experts, flat)  # other ranks' pairs: bucket E, sorted last
     device = flat.device
@@ -74,13 +77,14 @@ def dsv4_moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int, one_p
 
 @triton.jit
 def _align_kernel(ids_ptr, rows_ptr, bexp_ptr, pad_ptr, n, E, num_rows, num_blocks, BLOCK_M: tl.constexpr,
-                  P: tl.constexpr, EP: tl.constexpr):
+                  P: tl.constexpr, EP: tl.constexpr, PDL: tl.constexpr):
     """dsv4_moe_align in one program, without per-pair cross-thread reductions (the pairwise-rank version spent ~30 us
     in 1,300 warp reductions at 192 pairs on an H200): per-expert counts (a histogram; padding lanes in bin EP - 1,
     past E), each expert's padding before it (an exclusive cumulative sum, kept in pad_ptr), the pairs sorted by
     (expert, pair index) (a stable sort by expert), and each sorted pair's row = its sorted position + the padding
     before its expert; each pair also writes its block's expert (every block of an expert holds one of its pairs).
     A barrier orders the fills and the scratch write before the scatters and the gather."""
+    pdl_enter(PDL)
     i = tl.arange(0, P)
     ok = i < n
     ids = tl.load(ids_ptr + i, mask=ok, other=0).to(tl.int32)
@@ -104,7 +108,8 @@ def _align_kernel(ids_ptr, rows_ptr, bexp_ptr, pad_ptr, n, E, num_rows, num_bloc
     tl.store(bexp_ptr + row // BLOCK_M, expert.to(tl.int64), mask=valid)
 
 
-def _align_one_program(topk_ids: torch.Tensor, num_experts: int, block_m: int, num_blocks: int) -> tuple:
+def _align_one_program(topk_ids: torch.Tensor, num_experts: int, block_m: int, num_blocks: int,
+                       pdl: bool) -> tuple:
     n, device = topk_ids.numel(), topk_ids.device
     rows = torch.empty(num_blocks * block_m, dtype=torch.int64, device=device)
     block_expert = torch.empty(num_blocks, dtype=torch.int64, device=device)
@@ -115,7 +120,8 @@ def _align_one_program(topk_ids: torch.Tensor, num_experts: int, block_m: int, n
         raise ValueError(f"one_program aligns up to 16,384 pairs with expert * pairs < 2^31, got {n} pairs and "
                          f"{num_experts} experts: use one_program=False")
     _align_kernel[(1,)](topk_ids.contiguous().view(-1), rows, block_expert, pad_before, n, num_experts, rows.numel(),
-                        num_blocks, BLOCK_M=block_m, P=p, EP=ep, num_warps=4 if p <= 256 else 8 if p <= 2048 else 16)
+                        num_blocks, BLOCK_M=block_m, P=p, EP=ep, PDL=pdl,
+                        num_warps=4 if p <= 256 else 8 if p <= 2048 else 16)
     return rows, block_expert
 
 
@@ -333,10 +339,13 @@ class MoeLaunch:
 
 @dataclass(frozen=True)
 class MoeConfig:
-    """Rows per expert block (both kernels) and each kernel's launch."""
+    """Rows per expert block (both kernels) and each kernel's launch; pdl: the parity planes' decode chain (align,
+    gate-up, SwiGLU over splits, down, combine) as programmatic dependent launches where the GPU has them
+    (dsv4_pdl.pdl_supported)."""
     block_m: int
     gate_up: MoeLaunch
     down: MoeLaunch
+    pdl: bool = True
 
 
 def moe_config(num_pairs: int, num_experts: int, scaled_dot: bool = True, fp8: bool = False,
@@ -377,12 +386,13 @@ def moe_config(num_pairs: int, num_experts: int, scaled_dot: bool = True, fp8: b
 
 
 # Decode launches of the parity planes (`planes`: bf16 activations on NVIDIA GPUs, scale bytes within the planes'
-# exact range; dsv4_moe_planes' lean kernels), the best of the H200 sweep at 1, 8 and 32 tokens (2026-12-04 third
-# session, RESULTS.md): 256-wide K tiles, 3 stages; gate-up from 8 tokens with 2 warps and the planes first in the MMA
-# (172.2 / 512.5 us at 8 / 32 tokens), one token's 4 warps 128 wide (35.3 us); down 128 wide with 4 warps (79.2 /
-# 269.6 us), one token's 64 wide (14.6 us).
-PLANES_GATE_UP_FEW = MoeLaunch(128, 256, 4, 3, scaled_dot=False, planes=True)
-PLANES_DOWN_FEW = MoeLaunch(64, 256, 4, 3, scaled_dot=False, planes=True)
+# exact range; dsv4_moe_planes' lean kernels), the best of the H200 sweeps (RESULTS.md): from 8 tokens 256-wide K
+# tiles, 3 stages, the gate-up with 2 warps and the planes first in the MMA (172.2 / 512.5 us at 8 / 32 tokens), the
+# down 128 wide with 4 warps (79.2 / 269.6 us; 2026-12-04 third session). One token's few experts split over K: the
+# gate-up 128 x 128 tiles in 4 splits (27.6 us against 32.4 unsplit at 128 x 256), the down 128 x 256 in 2 (13.2
+# against 14.0 us at 64 x 256; 2026-12-04 fifth session): more programs, each with a shorter K loop.
+PLANES_GATE_UP_FEW = MoeLaunch(128, 128, 4, 3, scaled_dot=False, split_k=4, planes=True)
+PLANES_DOWN_FEW = MoeLaunch(128, 256, 4, 3, scaled_dot=False, split_k=2, planes=True)
 PLANES_GATE_UP = MoeLaunch(64, 256, 2, 3, scaled_dot=False, planes=True, swap=True)
 PLANES_DOWN = MoeLaunch(128, 256, 4, 3, scaled_dot=False, planes=True)
 
@@ -457,10 +467,11 @@ def _fused_moe(x, topk_ids, topk_weights, w13, s13, w2, s2, limit: float, inter:
     if config is None and cfg.gate_up.planes and not (planes_fit(cfg.gate_up, hidden, inter)
                                                       and planes_fit(cfg.down, inter, hidden)):
         cfg = pick(False)  # widths the planes' tiles do not divide (small test models): the scaled dot
-    rows, block_expert = dsv4_moe_align(topk_ids, num_experts, cfg.block_m)
-    h = moe_gate_up(x, rows, block_expert, w13, s13, inter, top_k, limit, cfg.block_m, cfg.gate_up, fp8)
-    pairs = moe_down(h, rows, block_expert, w2, s2, topk_weights, hidden, cfg.block_m, cfg.down, fp8)
-    return combine_pairs(pairs, top_k, x.dtype)
+    pdl = cfg.pdl and cfg.gate_up.planes and cfg.down.planes and pdl_supported(x.device)
+    rows, block_expert = dsv4_moe_align(topk_ids, num_experts, cfg.block_m, pdl=pdl)
+    h = moe_gate_up(x, rows, block_expert, w13, s13, inter, top_k, limit, cfg.block_m, cfg.gate_up, fp8, pdl)
+    pairs = moe_down(h, rows, block_expert, w2, s2, topk_weights, hidden, cfg.block_m, cfg.down, fp8, pdl)
+    return combine_pairs(pairs, top_k, x.dtype, pdl)
 
 
 def _precision(dtype: torch.dtype) -> str:
@@ -492,14 +503,14 @@ def _k_splits(k: int, launch: MoeLaunch) -> tuple:
 
 
 def moe_gate_up(x, rows, block_expert, w13, s13, inter: int, top_k: int, limit: float, block_m: int,
-                launch: MoeLaunch, fp8: bool) -> torch.Tensor:
+                launch: MoeLaunch, fp8: bool, pdl: bool = False) -> torch.Tensor:
     """Step 2 alone (the benchmark sweep times it): the activated intermediate rows [num_blocks * block_m, I]. Split
     over K, the kernel writes fp32 gate and up sums per split; dsv4_moe_sums.swiglu_splits adds them and applies the
-    clamped SwiGLU."""
+    clamped SwiGLU. pdl (planes launches only): launched as programmatic dependents (dsv4_pdl)."""
     if launch.planes:
         if fp8:
             raise ValueError("MoeLaunch.planes takes MXFP4 weights, not FP8 experts")
-        return planes_gate_up(x, rows, block_expert, w13, s13, inter, top_k, limit, block_m, launch)
+        return planes_gate_up(x, rows, block_expert, w13, s13, inter, top_k, limit, block_m, launch, pdl)
     num_blocks, hidden = block_expert.shape[0], x.shape[1]
     splits, per_split = _k_splits(hidden, launch)
     if splits == 1:
@@ -523,7 +534,7 @@ def moe_gate_up(x, rows, block_expert, w13, s13, inter: int, top_k: int, limit: 
 
 
 def moe_down(h, rows, block_expert, w2, s2, topk_weights, hidden: int, block_m: int, launch: MoeLaunch,
-             fp8: bool) -> torch.Tensor:
+             fp8: bool, pdl: bool = False) -> torch.Tensor:
     """Step 3 alone: each (token, slot) pair's weighted expert output [T * k, D] fp32; split over K, one such slice
     per split, [splits, T * k, D] (dsv4_moe_sums.combine_pairs adds them)."""
     num_blocks, inter = block_expert.shape[0], h.shape[1]
@@ -531,7 +542,7 @@ def moe_down(h, rows, block_expert, w2, s2, topk_weights, hidden: int, block_m: 
     if launch.planes:
         if fp8:
             raise ValueError("MoeLaunch.planes takes MXFP4 weights, not FP8 experts")
-        return planes_down(h, rows, block_expert, w2, s2, weights, hidden, block_m, launch)
+        return planes_down(h, rows, block_expert, w2, s2, weights, hidden, block_m, launch, pdl)
     splits, per_split = _k_splits(inter, launch)
     pairs = torch.empty(splits, weights.numel(), hidden, dtype=torch.float32, device=h.device)
     s2_e, s2_row, chunked = (s2.stride(0), s2.stride(2), False) if fp8 else scale_layout(s2)

@@ -29,6 +29,7 @@ import triton.language as tl
 from sgl_kernel.dsv4_mxfp4_planes import BIAS, fp4_planes, planes_supported, split_parity
 from sgl_kernel.dsv4_moe_sums import swiglu_splits
 from sgl_kernel.dsv4_mxfp4_scales import scale_layout
+from sgl_kernel.dsv4_pdl import pdl_enter, pdl_launch
 
 if TYPE_CHECKING:
     from sgl_kernel.dsv4_moe_mxfp4 import MoeLaunch
@@ -77,11 +78,13 @@ def _per_col(v, SWAP: tl.constexpr):
 def _planes_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, h_ptr, D, I, TOPK, E, stride_x, stride_we,
                            stride_wn, stride_se, stride_sn, stride_h, limit, K_PER_SPLIT, stride_ps,
                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP: tl.constexpr,
-                           PTX: tl.constexpr, PREC: tl.constexpr, SCALE_CHUNKED: tl.constexpr, SPLITS: tl.constexpr):
+                           PTX: tl.constexpr, PREC: tl.constexpr, SCALE_CHUNKED: tl.constexpr, SPLITS: tl.constexpr,
+                           PDL: tl.constexpr):
     """One 16-row block of an expert's (token, slot) pairs x one BLOCK_N tile of the intermediate dim: the gate and up
     sums over all of D, then the clamped SwiGLU silu(min(g, L)) * clamp(u, -L, L) into the block's h rows. SPLITS > 1:
     program_id(2)'s K range only, its raw gate and up sums into h_ptr [SPLITS, rows, 2I] fp32 (split stride
-    stride_ps) for dsv4_moe_sums.swiglu_splits."""
+    stride_ps) for dsv4_moe_sums.swiglu_splits. PDL: launched as a programmatic dependent (dsv4_pdl)."""
+    pdl_enter(PDL)
     blk = tl.program_id(0)
     e = tl.load(bexp_ptr + blk)
     if e < E:
@@ -147,10 +150,11 @@ def swiglu_store(acc_g, acc_u, h_ptr, r, n, valid, stride_h, limit, SWAP: tl.con
 def _planes_down_kernel(h_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, wts_ptr, out_ptr, D, I, E, stride_h, stride_we,
                         stride_wn, stride_se, stride_sn, stride_o, K_PER_SPLIT, stride_os, BLOCK_M: tl.constexpr,
                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP: tl.constexpr, PTX: tl.constexpr,
-                        PREC: tl.constexpr, SCALE_CHUNKED: tl.constexpr, SPLITS: tl.constexpr):
+                        PREC: tl.constexpr, SCALE_CHUNKED: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr):
     """One block's h rows times a BLOCK_N tile of the expert's w2 rows, scaled by each pair's router weight, into the
     pairs' rows of out; blocks of another rank's experts (E) write zeros there. SPLITS > 1: program_id(2)'s K range
-    into out's slice program_id(2) (stride_os); combine_pairs adds the slices."""
+    into out's slice program_id(2) (stride_os); combine_pairs adds the slices. PDL: as the gate-up's."""
+    pdl_enter(PDL)
     blk = tl.program_id(0)
     if SPLITS > 1:
         out_ptr += tl.program_id(2).to(tl.int64) * stride_os
@@ -200,10 +204,11 @@ def _prec(dtype: torch.dtype) -> str:
 
 
 def planes_gate_up(x, rows, block_expert, w13, s13, inter: int, top_k: int, limit: float, block_m: int,
-                   launch: "MoeLaunch") -> torch.Tensor:
+                   launch: "MoeLaunch", pdl: bool = False) -> torch.Tensor:
     """dsv4_moe_mxfp4.moe_gate_up for launch.planes: the activated intermediate rows [num_blocks * block_m, I]. With
     launch.split_k > 1 the splits' fp32 sums go through dsv4_moe_sums.swiglu_splits (one more launch; more programs,
-    each with a shorter K loop: one token's few experts)."""
+    each with a shorter K loop: one token's few experts). pdl: launch it and the SwiGLU as programmatic dependents
+    (dsv4_pdl; the caller checks pdl_supported)."""
     num_blocks, hidden = block_expert.shape[0], x.shape[1]
     _check(launch, hidden, inter, x.dtype, "gate-up")
     splits = launch.split_k
@@ -216,15 +221,15 @@ def planes_gate_up(x, rows, block_expert, w13, s13, inter: int, top_k: int, limi
         w13.stride(1), s_e, s_major, part.stride(-2), float(limit), hidden // splits,
         part.stride(0) if splits > 1 else 0, BLOCK_M=block_m, BLOCK_N=launch.block_n, BLOCK_K=launch.block_k,
         SWAP=launch.swap, PTX=planes_supported(x.device, x.dtype), PREC=_prec(x.dtype), SCALE_CHUNKED=chunked,
-        SPLITS=splits, num_warps=launch.num_warps, num_stages=launch.num_stages)
-    return swiglu_splits(part, rows, out, limit) if splits > 1 else out
+        SPLITS=splits, PDL=pdl, num_warps=launch.num_warps, num_stages=launch.num_stages, **pdl_launch(pdl))
+    return swiglu_splits(part, rows, out, limit, pdl) if splits > 1 else out
 
 
-def planes_down(h, rows, block_expert, w2, s2, weights, hidden: int, block_m: int,
-                launch: "MoeLaunch") -> torch.Tensor:
+def planes_down(h, rows, block_expert, w2, s2, weights, hidden: int, block_m: int, launch: "MoeLaunch",
+                pdl: bool = False) -> torch.Tensor:
     """dsv4_moe_mxfp4.moe_down for launch.planes: each pair's weighted expert output [T * k, D] fp32 (weights: the
     router weights flattened, fp32); with launch.split_k > 1 one such slice per K split, [splits, T * k, D]
-    (dsv4_moe_sums.combine_pairs adds them)."""
+    (dsv4_moe_sums.combine_pairs adds them). pdl: as planes_gate_up's."""
     num_blocks, inter = block_expert.shape[0], h.shape[1]
     _check(launch, inter, hidden, h.dtype, "down")
     splits = launch.split_k
@@ -234,6 +239,6 @@ def planes_down(h, rows, block_expert, w2, s2, weights, hidden: int, block_m: in
         h, rows, block_expert, w2, s2, weights, out, hidden, inter, w2.shape[0], h.stride(0), w2.stride(0),
         w2.stride(1), s_e, s_major, out.stride(1), inter // splits, out.stride(0), BLOCK_M=block_m,
         BLOCK_N=launch.block_n, BLOCK_K=launch.block_k, SWAP=launch.swap, PTX=planes_supported(h.device, h.dtype),
-        PREC=_prec(h.dtype), SCALE_CHUNKED=chunked, SPLITS=splits, num_warps=launch.num_warps,
-        num_stages=launch.num_stages)
+        PREC=_prec(h.dtype), SCALE_CHUNKED=chunked, SPLITS=splits, PDL=pdl, num_warps=launch.num_warps,
+        num_stages=launch.num_stages, **pdl_launch(pdl))
     return out[0] if splits == 1 else out

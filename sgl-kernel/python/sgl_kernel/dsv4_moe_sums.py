@@ -13,14 +13,17 @@ import torch
 import triton
 import triton.language as tl
 
+from sgl_kernel.dsv4_pdl import pdl_enter, pdl_launch
+
 BLOCK = 1024  # columns per program of either reduction
 
 
 @triton.jit
 def _swiglu_splits_kernel(p_ptr, rows_ptr, h_ptr, I, stride_ps, stride_p, stride_h, limit, SPLITS: tl.constexpr,
-                          BLOCK: tl.constexpr):
+                          BLOCK: tl.constexpr, PDL: tl.constexpr):
     """h row r = the clamped SwiGLU of row r's gate and up sums over the K splits (added in split order); rows
     without a pair are skipped."""
+    pdl_enter(PDL)
     r = tl.program_id(0)
     if tl.load(rows_ptr + r) >= 0:
         n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -37,18 +40,22 @@ def _swiglu_splits_kernel(p_ptr, rows_ptr, h_ptr, I, stride_ps, stride_p, stride
                  mask=ok)
 
 
-def swiglu_splits(part: torch.Tensor, rows: torch.Tensor, out: torch.Tensor, limit: float) -> torch.Tensor:
+def swiglu_splits(part: torch.Tensor, rows: torch.Tensor, out: torch.Tensor, limit: float,
+                  pdl: bool = False) -> torch.Tensor:
     """part [splits, R, 2I] fp32 (rows contiguous), rows [R] (pair index or -1) -> out [R, I] written where a row
-    holds a pair (silu(min(g, L)) * clamp(u, -L, L) of the summed splits); returns out."""
+    holds a pair (silu(min(g, L)) * clamp(u, -L, L) of the summed splits); returns out. pdl: launched as a
+    programmatic dependent (dsv4_pdl)."""
     inter = out.shape[1]
     _swiglu_splits_kernel[(out.shape[0], triton.cdiv(inter, BLOCK))](
         part, rows, out, inter, part.stride(0), part.stride(1), out.stride(0), float(limit), SPLITS=part.shape[0],
-        BLOCK=BLOCK, num_warps=4)
+        BLOCK=BLOCK, PDL=pdl, num_warps=4, **pdl_launch(pdl))
     return out
 
 
 @triton.jit
-def _combine_kernel(p_ptr, out_ptr, D, stride_s, TOPK: tl.constexpr, SPLITS: tl.constexpr, BLOCK: tl.constexpr):
+def _combine_kernel(p_ptr, out_ptr, D, stride_s, TOPK: tl.constexpr, SPLITS: tl.constexpr, BLOCK: tl.constexpr,
+                    PDL: tl.constexpr):
+    pdl_enter(PDL)
     t = tl.program_id(0)
     d = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = d < D
@@ -59,13 +66,14 @@ def _combine_kernel(p_ptr, out_ptr, D, stride_s, TOPK: tl.constexpr, SPLITS: tl.
     tl.store(out_ptr + t.to(tl.int64) * D + d, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
-def combine_pairs(pairs: torch.Tensor, top_k: int, dtype: torch.dtype) -> torch.Tensor:
+def combine_pairs(pairs: torch.Tensor, top_k: int, dtype: torch.dtype, pdl: bool = False) -> torch.Tensor:
     """Each token's k weighted expert rows [T * k, D] fp32 (or one such slice per K split, [splits, T * k, D]; rows
-    contiguous) -> their sum [T, D] in `dtype`."""
+    contiguous) -> their sum [T, D] in `dtype`. pdl: launched as a programmatic dependent (dsv4_pdl)."""
     splits, stride_s = (pairs.shape[0], pairs.stride(0)) if pairs.dim() == 3 else (1, 0)
     rows, hidden = pairs.shape[-2:]
     out = torch.empty(rows // top_k, hidden, dtype=dtype, device=pairs.device)
     if out.numel():
         _combine_kernel[(rows // top_k, triton.cdiv(hidden, BLOCK))](
-            pairs, out, hidden, stride_s, TOPK=top_k, SPLITS=splits, BLOCK=BLOCK, num_warps=4)
+            pairs, out, hidden, stride_s, TOPK=top_k, SPLITS=splits, BLOCK=BLOCK, PDL=pdl, num_warps=4,
+            **pdl_launch(pdl))
     return out

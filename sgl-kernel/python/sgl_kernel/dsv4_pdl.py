@@ -1,0 +1,50 @@
+"""Programmatic dependent launch (PDL; NVIDIA sm90 and later) for chains of small decode kernels.
+
+A kernel launched with PDL may be scheduled while the kernel before it in the stream is still running: its programs
+occupy free SMs and wait (`griddepcontrol.wait`) until that kernel has finished and its writes are visible. The
+launch, the programs' dispatch and their first instructions then overlap the predecessor's last wave instead of
+following it. A kernel lets its successor be scheduled once every one of its programs has executed
+`griddepcontrol.launch_dependents` (or exited).
+
+`pdl_enter(PDL)` does both at a kernel's start: wait for the predecessor, then release the successor. Waiting first
+keeps the rule simple: nothing a kernel reads can be stale, and when a successor starts, every kernel before this one
+has finished. Releasing right after lets the successor's programs fill SMs as this kernel's last wave drains. Both are
+no-ops in a kernel launched without PDL. The decode MoE chains its launches this way (dsv4_moe_mxfp4: align,
+gate-up, SwiGLU over K splits, down, combine); PDL=False compiles to the kernels without it (ROCm, the CPU
+interpreter, GPUs before sm90).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+try:  # Triton 3.3+ on NVIDIA builds
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover - an older or non-NVIDIA Triton: pdl_supported says False
+    gdc_launch_dependents = gdc_wait = None
+
+
+def pdl_supported(device: torch.device) -> bool:
+    """PDL launches: an NVIDIA GPU of sm90 or later, a Triton with griddepcontrol, not the interpreter."""
+    from sgl_kernel.dsv4_mxfp4_planes import _interpreting
+
+    if device.type != "cuda" or torch.version.hip is not None or gdc_wait is None or _interpreting():
+        return False
+    index = torch.cuda.current_device() if device.index is None else device.index
+    return torch.cuda.get_device_capability(index) >= (9, 0)
+
+
+def pdl_launch(pdl: bool) -> dict:
+    """The launch keyword for a PDL kernel (none otherwise: the interpreter and older launchers take no such key)."""
+    return {"launch_pdl": True} if pdl else {}
+
+
+@triton.jit
+def pdl_enter(PDL: tl.constexpr):
+    """At a kernel's start: wait for the previous kernel's writes, then let the next kernel be scheduled."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+
