@@ -49,8 +49,9 @@ def by_pair(h: torch.Tensor, rows: torch.Tensor, pairs: int) -> torch.Tensor:
 
 
 def main() -> None:
-    from sgl_kernel.dsv4_moe_mxfp4 import (PLANES_DOWN, PLANES_DOWN_FEW, PLANES_GATE_UP, PLANES_GATE_UP_FEW, MoeLaunch,
-                                           dsv4_moe_align, moe_config, moe_down, moe_gate_up, tma_supported)
+    from sgl_kernel.dsv4_moe_mxfp4 import (PLANES_DOWN, PLANES_DOWN_ONE, PLANES_GATE_UP, PLANES_GATE_UP_FEW,
+                                           PLANES_GATE_UP_ONE, MoeLaunch, dsv4_moe_align, moe_config, moe_down,
+                                           moe_gate_up, tma_supported)
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--experts", type=int, default=256)
@@ -85,7 +86,7 @@ def main() -> None:
                 # first the engine's launches and their K splits, or none (shorter K loops for one token's few
                 # experts; the gate-up's SwiGLU one launch more, the down's slices added by the MoE's last step,
                 # outside this timing), so a short budget still times them; then the tile grid
-                engine = [PLANES_GATE_UP_FEW, PLANES_DOWN_FEW, PLANES_GATE_UP, PLANES_DOWN]
+                engine = [PLANES_GATE_UP_ONE, PLANES_DOWN_ONE, PLANES_GATE_UP_FEW, PLANES_GATE_UP, PLANES_DOWN]
                 baseline += [(16, launch) for launch in engine]
                 baseline += [(16, dataclasses.replace(launch, split_k=sk)) for launch in engine for sk in (1, 2, 4)
                              if sk != launch.split_k]

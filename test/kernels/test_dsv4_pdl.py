@@ -63,11 +63,11 @@ def test_pdl_compiles_to_griddepcontrol_only_when_asked():
 @pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize("splits", [(1, 1), (4, 2)], ids=["unsplit", "split"])
-@pytest.mark.parametrize("tokens", [1, 8, 32])
+@pytest.mark.parametrize("tokens", [1, 4, 8, 32])  # moe_config's three decode tiers
 def test_gpu_pdl_chain_bit_equal_in_graph_replays(tokens, splits):
     """Flash widths, bf16, the parity planes' decode chain: PDL launches (eager and replayed from a CUDA graph with new
-    activations, routes and weights before each replay) equal the launches without PDL bit for bit; with K splits
-    (the SwiGLU kernel and the down's slices in the chain) too."""
+    activations, routes and weights before each replay) equal the launches without PDL bit for bit, unsplit and with
+    K splits (the SwiGLU kernel and the down's slices in the chain)."""
     from test_dsv4_moe_mxfp4 import _experts, _routing
 
     device = torch.device("cuda")

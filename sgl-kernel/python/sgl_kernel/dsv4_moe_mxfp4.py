@@ -363,12 +363,14 @@ def moe_config(num_pairs: int, num_experts: int, scaled_dot: bool = True, fp8: b
     against 27.1 for 3-stage 128-wide tiles); from 8 tokens 3-stage 128-wide K tiles with the codes through TMA (5-12%
     faster than pointer loads at 8 and 32 tokens: RESULTS.md, 2026-12-03 second session). `planes` (the caller's
     bf16 activations and checked scales on an NVIDIA GPU: dsv4_mxfp4_planes.planes_supported): decode takes the parity
-    planes' launches (dsv4_moe_planes; PLANES_GATE_UP[_FEW], PLANES_DOWN[_FEW])."""
+    planes' launches (dsv4_moe_planes; PLANES_GATE_UP[_ONE / _FEW], PLANES_DOWN[_ONE])."""
     per_expert = num_pairs / num_experts
     block_m = 16 if per_expert <= 16 else 64 if per_expert <= 64 else 128
     if planes and block_m == 16:
-        if num_pairs * 8 <= num_experts:  # a token's few experts: wider tiles, 4 warps
-            return MoeConfig(16, PLANES_GATE_UP_FEW, PLANES_DOWN_FEW)
+        if num_pairs * 32 <= num_experts:  # one token's experts (Flash: 6 of 256): wide tiles, K splits
+            return MoeConfig(16, PLANES_GATE_UP_ONE, PLANES_DOWN_ONE)
+        if num_pairs * 8 <= num_experts:  # a few tokens' (Flash: 2-5)
+            return MoeConfig(16, PLANES_GATE_UP_FEW, PLANES_DOWN)
         return MoeConfig(16, PLANES_GATE_UP, PLANES_DOWN)
     if scaled_dot:
         if block_m == 16 and num_pairs * 8 <= num_experts:
@@ -386,13 +388,16 @@ def moe_config(num_pairs: int, num_experts: int, scaled_dot: bool = True, fp8: b
 
 
 # Decode launches of the parity planes (`planes`: bf16 activations on NVIDIA GPUs, scale bytes within the planes'
-# exact range; dsv4_moe_planes' lean kernels), the best of the H200 sweeps (RESULTS.md): from 8 tokens 256-wide K
-# tiles, 3 stages, the gate-up with 2 warps and the planes first in the MMA (172.2 / 512.5 us at 8 / 32 tokens), the
-# down 128 wide with 4 warps (79.2 / 269.6 us; 2026-12-04 third session). One token's few experts split over K: the
-# gate-up 128 x 128 tiles in 4 splits (27.6 us against 32.4 unsplit at 128 x 256), the down 128 x 256 in 2 (13.2
-# against 14.0 us at 64 x 256; 2026-12-04 fifth session): more programs, each with a shorter K loop.
-PLANES_GATE_UP_FEW = MoeLaunch(128, 128, 4, 3, scaled_dot=False, split_k=4, planes=True)
-PLANES_DOWN_FEW = MoeLaunch(128, 256, 4, 3, scaled_dot=False, split_k=2, planes=True)
+# exact range; dsv4_moe_planes' lean kernels), the best of the H200 sweeps (RESULTS.md): from 6 tokens (Flash)
+# 256-wide K tiles, 3 stages, the gate-up with 2 warps and the planes first in the MMA (172.2 / 512.5 us at 8 / 32
+# tokens), the down 128 wide with 4 warps (79.2 / 269.6 us; 2026-12-04 third session). Fewer tokens split over K
+# (2026-12-04 fifth session; more programs, each with a shorter K loop): one token's gate-up 128 x 128 tiles in 4
+# splits (27.6 us against 32.4 unsplit at 128 x 256), its down 128 x 256 in 2 (13.1 against 13.9 us at 64 x 256);
+# 2-5 tokens' gate-up 128 x 256 in 2 (47.3 / 97.8 us at 2 / 5 tokens against 54.5 / 102.3 unsplit), their down
+# PLANES_DOWN (23.4 / 50.3 us against 25.2 / 54.2 split in 2).
+PLANES_GATE_UP_ONE = MoeLaunch(128, 128, 4, 3, scaled_dot=False, split_k=4, planes=True)
+PLANES_DOWN_ONE = MoeLaunch(128, 256, 4, 3, scaled_dot=False, split_k=2, planes=True)
+PLANES_GATE_UP_FEW = MoeLaunch(128, 256, 4, 3, scaled_dot=False, split_k=2, planes=True)
 PLANES_GATE_UP = MoeLaunch(64, 256, 2, 3, scaled_dot=False, planes=True, swap=True)
 PLANES_DOWN = MoeLaunch(128, 256, 4, 3, scaled_dot=False, planes=True)
 
