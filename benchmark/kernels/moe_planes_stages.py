@@ -31,7 +31,7 @@ from bench_moe_mxfp4 import copy_bandwidth, random_mxfp4_experts  # noqa: E402
 
 from sgl_kernel.dsv4_moe_mxfp4 import dsv4_moe_align  # noqa: E402
 from sgl_kernel.dsv4_moe_planes import _acc_zeros, _mma, gate_up_rows, swiglu_store  # noqa: E402
-from sgl_kernel.dsv4_mxfp4_planes import _PTX, BIAS, split_parity  # noqa: E402
+from sgl_kernel.dsv4_mxfp4_planes import _PTX, split_parity  # noqa: E402
 from sgl_kernel.dsv4_mxfp4_scales import chunked  # noqa: E402
 
 MODES = {"full": 0, "widen": 1, "no-scale": 2, "twice": 3, "cached": 4, "xor": 5, "chunked": 6}
@@ -44,11 +44,12 @@ prmt.b32 $2, $4, 0, 0x4140;
 prmt.b32 $3, $4, 0, 0x4342;
 }
 """)
-# the landed PTX without its four multiplies (XOR: with a XOR by the multiplier registers instead)
-_NO_SCALE = tl.constexpr(_PTX.value.replace("mul.rn.bf16x2 $0, x, $5;", "mov.b32 $0, x;")
-                         .replace("mul.rn.bf16x2 $1, y, $6;", "mov.b32 $1, y;")
-                         .replace("mul.rn.bf16x2 $2, x, $5;", "mov.b32 $2, x;")
-                         .replace("mul.rn.bf16x2 $3, y, $6;", "mov.b32 $3, y;"))
+# the landed PTX without its multiplier and four multiplies (XOR: with a XOR by the multiplier instead)
+_NO_SCALE = tl.constexpr("\n".join(ln for ln in _PTX.value.splitlines() if not ln.startswith("mad.lo"))
+                         .replace("mul.rn.bf16x2 $0, x, m;", "mov.b32 $0, x;")
+                         .replace("mul.rn.bf16x2 $1, y, m;", "mov.b32 $1, y;")
+                         .replace("mul.rn.bf16x2 $2, x, m;", "mov.b32 $2, x;")
+                         .replace("mul.rn.bf16x2 $3, y, m;", "mov.b32 $3, y;"))
 _XOR = tl.constexpr(_PTX.value.replace("mul.rn.bf16x2", "xor.b32"))
 
 
@@ -71,16 +72,15 @@ def _planes(w_ptr, s_ptr, rows, k0, stride_wn, stride_sn, BLOCK_N: tl.constexpr,
             s = tl.load(s_ptr + (gi // 8)[None, :] * stride_sn + rows[:, None] * 8 + (gi % 8)[None, :]).to(tl.int32)
         else:
             s = tl.load(s_ptr + rows[:, None] * stride_sn + gi[None, :]).to(tl.int32)
-        mult = ((s + (126 - BIAS)) << 7).to(tl.int16).to(tl.bfloat16, bitcast=True)
-        mult = tl.reshape(tl.broadcast_to(mult[:, :, None], [BLOCK_N, BLOCK_K // 32, 16]), [BLOCK_N, BLOCK_K // 2])
+        s = tl.reshape(tl.broadcast_to(s[:, :, None], [BLOCK_N, BLOCK_K // 32, 16]), [BLOCK_N, BLOCK_K // 2])
         if MODE == 5:
-            lo, hi = tl.inline_asm_elementwise(_XOR, "=r,=r,=r,=r,r,r,r", [b, mult],
+            lo, hi = tl.inline_asm_elementwise(_XOR, "=r,=r,=r,=r,r,r,r,r,r", [b, s],
                                                dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
         else:
-            lo, hi = tl.inline_asm_elementwise(_PTX, "=r,=r,=r,=r,r,r,r", [b, mult],
+            lo, hi = tl.inline_asm_elementwise(_PTX, "=r,=r,=r,=r,r,r,r,r,r", [b, s],
                                                dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
         if MODE == 3:
-            lo2, hi2 = tl.inline_asm_elementwise(_PTX, "=r,=r,=r,=r,r,r,r", [b ^ 0x11, mult],
+            lo2, hi2 = tl.inline_asm_elementwise(_PTX, "=r,=r,=r,=r,r,r,r,r,r", [b ^ 0x11, s],
                                                  dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
             lo = lo + lo2
             hi = hi + hi2
