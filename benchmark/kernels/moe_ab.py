@@ -1,0 +1,46 @@
+"""The fused MXFP4 MoE's whole op (Flash widths, bf16, the engine's default launches: the parity planes at decode),
+timed three times per token count as CUDA-graph replays, with a checksum of its output: run it under two revisions'
+PYTHONPATHs, alternated, to compare them on one machine (bit-identical outputs give the same checksum).
+
+    PYTHONPATH=REV/python:REV/sgl-kernel/python python3 benchmark/kernels/moe_ab.py [--tokens 1 8 32]
+
+(RESULTS.md, 2026-12-04 fifth session: the scale multiplier inside the PTX, against a47df34.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+import triton
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from bench_moe_mxfp4 import random_mxfp4_experts  # noqa: E402
+
+
+def main() -> None:
+    import sgl_kernel
+    from sgl_kernel.dsv4_moe_mxfp4 import dsv4_moe_mxfp4
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 32])
+    args = ap.parse_args()
+    e, d, i, k = 256, 4096, 2048, 6
+    g = torch.Generator(device="cuda").manual_seed(0)
+    w13, s13, w2, s2 = random_mxfp4_experts(e, d, i, g)
+    res = []
+    for t in args.tokens:
+        ids = torch.stack([torch.randperm(e, device="cuda", generator=g)[:k] for _ in range(t)])
+        wts = torch.rand(t, k, device="cuda", generator=g)
+        x = (torch.randn(t, d, device="cuda", generator=g) * 0.05).bfloat16()
+        fn = lambda: dsv4_moe_mxfp4(x, ids, wts, w13, s13, w2, s2, 10.0, scales_fit_planes=True)  # noqa: E731
+        checksum = fn().float().abs().sum().item()
+        us = [triton.testing.do_bench_cudagraph(fn, rep=200) * 1e3 for _ in range(3)]
+        res.append(f"{t}: {' '.join(f'{u:.1f}' for u in us)} us sum {checksum:.6e}")
+    print(sgl_kernel.__file__, " | ".join(res), flush=True)
+
+
+if __name__ == "__main__":
+    main()
