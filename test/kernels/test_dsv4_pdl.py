@@ -23,6 +23,21 @@ def test_pdl_only_on_nvidia_gpus(monkeypatch):
     assert not pdl_supported(torch.device("cuda", 0))
 
 
+@pytest.mark.parametrize("capability,expected", [((8, 0), False), ((9, 0), True), ((10, 0), True)])
+def test_pdl_from_sm90_on(monkeypatch, capability, expected):
+    """A simulated NVIDIA GPU (CUDA build, compiled kernels): PDL from Hopper on, not on Ampere."""
+    from sgl_kernel import dsv4_pdl
+
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: capability)
+    dsv4_pdl._sm90_or_later.cache_clear()
+    try:
+        assert pdl_supported(torch.device("cuda", 0)) is expected
+    finally:
+        dsv4_pdl._sm90_or_later.cache_clear()
+
+
 _PTX = r"""
 import json
 import triton

@@ -16,6 +16,8 @@ interpreter, GPUs before sm90).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -32,7 +34,11 @@ def pdl_supported(device: torch.device) -> bool:
 
     if device.type != "cuda" or torch.version.hip is not None or gdc_wait is None or _interpreting():
         return False
-    index = torch.cuda.current_device() if device.index is None else device.index
+    return _sm90_or_later(torch.cuda.current_device() if device.index is None else device.index)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm90_or_later(index: int) -> bool:  # once per device: the MoE asks on every call
     return torch.cuda.get_device_capability(index) >= (9, 0)
 
 
