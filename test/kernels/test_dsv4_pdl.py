@@ -61,16 +61,9 @@ print(json.dumps(out))
 def test_pdl_compiles_to_griddepcontrol_only_when_asked():
     """Compiled for sm90 on the CPU (a subprocess: this one may run the interpreter): PDL=True waits, then releases
     the next kernel; PDL=False has neither instruction (the default launches are the kernels without PDL)."""
-    import json
-    import os
-    import subprocess
-    import sys
+    from sm90_compile import compiled_facts
 
-    pytest.importorskip("triton.backends.nvidia")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", _PTX], env=env, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-2000:]
-    counts = json.loads(run.stdout.strip().splitlines()[-1])
+    counts = compiled_facts(_PTX, timeout=600)
     assert counts["False"] == [0, 0]
     assert counts["True"][0] >= 1 and counts["True"][1] >= 1
 

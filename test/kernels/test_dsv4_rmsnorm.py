@@ -111,17 +111,9 @@ def test_fp8_variant_has_the_plain_layout():
     (the same sum of squares order): a 16-aligned FP8 store pulls the quantizing variant to 16 elements per thread, so
     its codes' row stride is known as a multiple of 8 only. Compiled for sm90 on the CPU (a subprocess: this one runs
     the interpreter) at norm_warps' launch for Flash's and Pro's hidden widths and q_norm's 1,024."""
-    import json
-    import os
-    import subprocess
-    import sys
+    from sm90_compile import compiled_facts
 
-    pytest.importorskip("triton.backends.nvidia")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", _ROW_LAYOUTS, "1024", "4096", "7168"], env=env, capture_output=True,
-                         text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-2000:]
-    layouts = json.loads(run.stdout.strip().splitlines()[-1])
+    layouts = compiled_facts(_ROW_LAYOUTS, "1024", "4096", "7168", timeout=600)
     for d in (1024, 4096, 7168):
         assert layouts[f"{d} True"] == layouts[f"{d} False"], (d, layouts)
 
