@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from sgl_kernel.dsv4_mxfp4_planes import _interpreting
+
 try:  # Triton 3.3+ on NVIDIA builds
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:  # pragma: no cover - an older or non-NVIDIA Triton: pdl_supported says False
@@ -30,8 +32,6 @@ except ImportError:  # pragma: no cover - an older or non-NVIDIA Triton: pdl_sup
 
 def pdl_supported(device: torch.device) -> bool:
     """PDL launches: an NVIDIA GPU of sm90 or later, a Triton with griddepcontrol, not the interpreter."""
-    from sgl_kernel.dsv4_mxfp4_planes import _interpreting
-
     if device.type != "cuda" or torch.version.hip is not None or gdc_wait is None or _interpreting():
         return False
     return _sm90_or_later(torch.cuda.current_device() if device.index is None else device.index)
