@@ -214,8 +214,11 @@ def main() -> None:
 def _bench_rank(args, server_args: ServerArgs, rank: int, init_method: str) -> None:
     from sglang.srt.managers.scheduler_process import join_ranks
 
+    from sglang.srt.distributed.parallel_state import destroy_parallel_state
+
     join_ranks(server_args, rank, init_method)
     bench(args, server_args, rank)
+    destroy_parallel_state()  # only after a clean run: a failed rank's peers must not wait in its barrier
 
 
 def bench(args, server_args: ServerArgs, rank: int) -> None:

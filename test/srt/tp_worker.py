@@ -19,7 +19,7 @@ def main() -> None:
     spec = json.load(open(sys.argv[1]))
     rank = int(sys.argv[2])
     import sglang
-    from sglang.srt.distributed.parallel_state import get_parallel_state
+    from sglang.srt.distributed.parallel_state import destroy_parallel_state, get_parallel_state
     from sglang.srt.managers.scheduler_process import join_ranks
     from sglang.srt.server_args import ServerArgs
 
@@ -39,6 +39,7 @@ def main() -> None:
 
     static_rounds = get_dp_attention().num_static_rounds
     eng.shutdown()
+    destroy_parallel_state()
     with open(f"{spec['out']}.{rank}", "w") as f:
         json.dump({"outputs": outs, "weight_bytes": weight_bytes, "static_rounds": static_rounds}, f)
 

@@ -120,8 +120,13 @@ def init_parallel_state(pc: ParallelConfig, rank: int, backend: str, init_method
 
 
 def destroy_parallel_state() -> None:
+    """Leave the world: every rank calls this once its collectives are done. The barrier keeps a rank from tearing
+    down its connections while a peer still uses them; destroying the groups explicitly, before the interpreter
+    finalizes, keeps gloo's worker threads from aborting the process at exit (SIGABRT, "terminate called without
+    an active exception")."""
     global _STATE
     if dist.is_initialized():
+        dist.barrier(group=_STATE.tp.cpu_group)
         dist.destroy_process_group()
     _STATE = _SINGLE
     init_dp_attention(None, 1, 1, 0)
