@@ -5,7 +5,7 @@ scales, its routed experts Mxfp4RoutedExperts holding packed codes and exponent 
 them, unfused); weights take fewer bytes, and outputs equal the dequantized engine's (W8A16 / W4A16: activations are
 not rounded) through both FP8 paths (the Triton kernel for few rows, dequantize + matmul for many) and the fused MoE.
 --quantization is detected and printed; an explicit value the checkpoint does not store is refused, and so is
-SGLANG_DSV4_FP4_EXPERTS contradicting it."""
+SGLANG_DSV4_FP4_EXPERTS contradicting it. --mxfp4-moe-precision fp8 puts the kept experts on W4A8."""
 
 from __future__ import annotations
 
@@ -225,3 +225,34 @@ def test_mxfp4_experts_keep_scales_chunked(monkeypatch):
     assert torch.equal(seen["s2"], chunked(raw["w2"]))
     with pytest.raises(ValueError, match=r"expected \(512, 8\)"):
         experts.load_expert("w1", 0, raw["w1"][0][:, :4], is_scale=True)
+
+
+def test_fp8_activation_experts_run_w4a8(kept_on_cpu, monkeypatch, tmp_path):
+    """--mxfp4-moe-precision fp8 (MoE intermediate 256: the W4A8 kernels' widths): every kept experts module runs
+    W4A8 and the prompt logprobs move off the W4A16 engine's by FP8 rounding of the MoE's activations alone (more
+    than summation order, less than a nat; the kernels' exactness is test_dsv4_moe_w4a8's); refused at widths the
+    kernels do not take and where the experts are not kept packed (a CPU run dequantizes them at load)."""
+    import sglang.srt.model_loader.model_builder as model_builder
+    from oracle import TINY
+    from sglang.srt.layers.quantization.mxfp4 import Mxfp4RoutedExperts
+    from sglang.srt.model_loader.tiny_checkpoint import TINY_CONFIG, make_tiny_checkpoint
+
+    path = str(tmp_path / "a8")
+    make_tiny_checkpoint(path, {**TINY, "moe_intermediate_size": 256, "expert_dtype": "fp4",
+                                "quantization_config": TINY_CONFIG["quantization_config"]},
+                         seed=0, quantize=True, dtype="float32")
+    eng = engine("tiny", model_path=path, disable_cuda_graph=True, mxfp4_moe_precision="fp8")
+    ref = engine("tiny", model_path=path, disable_cuda_graph=True)
+    experts = [m for m in eng.model_runner.model.modules() if isinstance(m, Mxfp4RoutedExperts)]
+    assert experts and all(m.fp8_activations for m in experts)
+    assert not any(m.fp8_activations for m in ref.model_runner.model.modules() if isinstance(m, Mxfp4RoutedExperts))
+    lp, _ = _prompt_logprobs(eng, random_ids(24, seed=6))
+    ref_lp, _ = _prompt_logprobs(ref, random_ids(24, seed=6))
+    # 0.28 here: e4m3 keeps 3 mantissa bits, and a random tiny model's MoE output dominates its residual stream
+    assert 1e-4 < max(abs(a - b) for a, b in zip(lp, ref_lp)) < 1.0
+    eng.model_runner.token_allocator.check_all_free()
+    with pytest.raises(ValueError, match="multiples of 256"):
+        engine("tiny", quantize=True, disable_cuda_graph=True, mxfp4_moe_precision="fp8")
+    monkeypatch.setattr(model_builder, "mxfp4_experts_supported", lambda device: False)
+    with pytest.raises(ValueError, match="kept packed on an NVIDIA sm90"):
+        engine("tiny", model_path=path, disable_cuda_graph=True, mxfp4_moe_precision="fp8")

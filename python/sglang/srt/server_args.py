@@ -16,6 +16,7 @@ from typing import Optional
 
 ATTENTION_BACKENDS = ("torch", "triton", "dsv4")
 QUANTIZATIONS = (None, "fp8", "mxfp4", "none")
+MOE_PRECISIONS = ("bf16", "fp8")  # activations of the packed MXFP4 experts: W4A16 / W4A8
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float32", "fp8_e4m3")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 GRAMMAR_BACKENDS = ("xgrammar", "none")
@@ -33,6 +34,7 @@ class ServerArgs:
     device: Optional[str] = None  # None: cuda when available, else cpu
     dtype: str = "auto"  # auto: bfloat16 on GPU, float32 on CPU
     quantization: Optional[str] = None  # None: detected; fp8 / mxfp4: stored formats stay quantized on a GPU
+    mxfp4_moe_precision: str = "bf16"  # fp8: the packed MXFP4 experts take FP8 activations (W4A8, sm90+)
     context_length: Optional[int] = None  # None: the model's max_position_embeddings
     # Memory pool
     mem_fraction_static: Optional[float] = None
@@ -97,6 +99,8 @@ class ServerArgs:
             self.dtype = "float32" if self.device == "cpu" else "bfloat16"
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"--quantization must be one of {QUANTIZATIONS[1:]}, got {self.quantization!r}")
+        if self.mxfp4_moe_precision not in MOE_PRECISIONS:
+            raise ValueError(f"--mxfp4-moe-precision must be one of {MOE_PRECISIONS}, got {self.mxfp4_moe_precision!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"--kv-cache-dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         if self.attention_backend is not None and self.attention_backend not in ATTENTION_BACKENDS:
@@ -176,6 +180,10 @@ class ServerArgs:
                        help="weight formats kept on a GPU: fp8 = the checkpoint's FP8 linears stay FP8 and its MXFP4 "
                             "experts packed; mxfp4 = only MXFP4 experts stay packed; none = every weight dequantized "
                             "at load (default: detected from the checkpoint)")
+        p.add_argument("--mxfp4-moe-precision", default="bf16", choices=MOE_PRECISIONS,
+                       help="activations of the MXFP4 routed experts kept packed on an NVIDIA sm90+ GPU: bf16 (W4A16) "
+                            "or fp8 (W4A8: DeepSeek's reference function, activations quantized per token and 128 "
+                            "inputs; hidden and MoE intermediate sizes multiples of 256)")
         p.add_argument("--context-length", type=int,
                        help="longest prompt + output in tokens (default: the model's max_position_embeddings)")
         p.add_argument("--mem-fraction-static", type=float,

@@ -428,7 +428,15 @@ def dsv4_moe_mxfp4(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.
     come chunked ([E, rows, groups / 8, 8] views: dsv4_mxfp4_scales, the experts module's storage on the GPU).
     scales_fit_planes: every scale byte is within dsv4_mxfp4_planes' exact range (checked by the caller at load), so
     decode launches may take the PTX planes where the device has them."""
-    num_tokens, hidden = x.shape
+    inter, (w13b, s13, w2b, s2) = mxfp4_experts_of(x, w13, w13_scale, w2, w2_scale)
+    return _fused_moe(x, topk_ids, topk_weights, w13b, s13, w2b, s2, limit, inter, fp8=False, config=config,
+                      planes=scales_fit_planes and planes_supported(x.device, x.dtype))
+
+
+def mxfp4_experts_of(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor,
+                     w2_scale: torch.Tensor) -> tuple:
+    """(intermediate size, the four tensors as uint8) after checking that they fit x (dsv4_moe_mxfp4's layouts)."""
+    hidden = x.shape[1]
     num_experts, two_inter = w13.shape[0], w13.shape[1]
     inter = two_inter // 2
     if (w13.shape[2] * 2 != hidden or w2.shape != (num_experts, hidden, inter // 2) or hidden % FP4_BLOCK
@@ -436,9 +444,7 @@ def dsv4_moe_mxfp4(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.
             or scale_groups(w2_scale) != (num_experts, hidden, inter // FP4_BLOCK) or x.stride(1) != 1):
         raise ValueError(f"MXFP4 experts w13 {tuple(w13.shape)} / {tuple(w13_scale.shape)}, w2 {tuple(w2.shape)} / "
                          f"{tuple(w2_scale.shape)} do not fit x {tuple(x.shape)}")
-    w13b, s13, w2b, s2 = (t.view(torch.uint8) for t in (w13, w13_scale, w2, w2_scale))
-    return _fused_moe(x, topk_ids, topk_weights, w13b, s13, w2b, s2, limit, inter, fp8=False, config=config,
-                      planes=scales_fit_planes and planes_supported(x.device, x.dtype))
+    return inter, tuple(t.view(torch.uint8) for t in (w13, w13_scale, w2, w2_scale))
 
 
 def dsv4_moe_fp8(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13: torch.Tensor,

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from sgl_kernel.dsv4_formats_ref import FP4_BLOCK, e2m1_values
+from sgl_kernel.dsv4_fp8_gemm_ref import act_quant_ref
 
 
 def dequant_mxfp4_ref(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -37,24 +38,33 @@ def align_ref(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple:
     return rows, experts
 
 
-def _moe_ref(x, topk_ids, topk_weights, expert_weights, limit: float) -> torch.Tensor:
+def fp8_round_ref(v: torch.Tensor) -> torch.Tensor:
+    """fp32 rows rounded as the FP8 activations are (per row and 128 inputs, power-of-two scales: act_quant_ref)."""
+    q, s = act_quant_ref(v)
+    return q.float() * s.repeat_interleave(128, 1)[:, :v.shape[1]]
+
+
+def _moe_ref(x, topk_ids, topk_weights, expert_weights, limit: float, fp8_acts: bool = False) -> torch.Tensor:
     """sum_j w_j * w2_e . swiglu_L(w1_e x, w3_e x) with `expert_weights(e)` -> fp32 (w1, w3, w2) of expert e; pairs
-    with e = -1 (another rank's expert) add nothing."""
+    with e = -1 (another rank's expert) add nothing. fp8_acts: x and the SwiGLU's output rounded to FP8 first."""
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     for e in [e for e in topk_ids.unique().tolist() if e >= 0]:
         tok, slot = (topk_ids == e).nonzero(as_tuple=True)
         w1, w3, w2 = expert_weights(e)
-        xt = x[tok].float()
+        xt = fp8_round_ref(x[tok].float()) if fp8_acts else x[tok].float()
         act = F.silu((xt @ w1.T).clamp(max=limit)) * (xt @ w3.T).clamp(min=-limit, max=limit)
+        act = fp8_round_ref(act) if fp8_acts else act
         out.index_add_(0, tok, (act @ w2.T) * topk_weights[tok, slot, None].float())
     return out
 
 
 def fused_moe_mxfp4_ref(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13: torch.Tensor,
                         w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
-                        limit: float) -> torch.Tensor:
+                        limit: float, fp8_acts: bool = False) -> torch.Tensor:
     """x [T, D], topk_ids / topk_weights [T, k] -> [T, D] fp32, from MXFP4 experts (layouts above; scale bytes also
-    as dsv4_mxfp4_scales' chunked [E, rows, groups / 8, 8] views)."""
+    as dsv4_mxfp4_scales' chunked [E, rows, groups / 8, 8] views). fp8_acts: W4A8, DeepSeek's reference function
+    (its FP4 expert GEMMs take FP8 activations: x and the SwiGLU's output quantized per token and 128 inputs;
+    dsv4_moe_w4a8)."""
     inter = w13.shape[1] // 2
     w13_scale, w2_scale = (s.reshape(s.shape[0], s.shape[1], -1) for s in (w13_scale, w2_scale))  # row-major bytes
 
@@ -62,7 +72,8 @@ def fused_moe_mxfp4_ref(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: t
         w13e = dequant_mxfp4_ref(w13[e], w13_scale[e])
         return w13e[:inter], w13e[inter:], dequant_mxfp4_ref(w2[e], w2_scale[e])
 
-    return _moe_ref(x, topk_ids, topk_weights, weights, limit)
+    return _moe_ref(x, topk_ids, topk_weights, weights, limit, fp8_acts)
+
 
 def _dequant_fp8_grid(w: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
     """e4m3 [N, K] times fp32 multipliers [ceil(N/128), ceil(K/128)] -> fp32 [N, K]."""

@@ -1,6 +1,8 @@
 """Routed experts that stay packed MXFP4 on the GPU (the hub's e2m1 codes, two per byte, one ue8m0 exponent byte per
 32 inputs), computed by sgl_kernel's fused dsv4_moe_mxfp4 (W4A16: weights dequantized in registers, clamped SwiGLU
-fused, router weights applied, device-side expert sort; no host read, graph-capturable).
+fused, router weights applied, device-side expert sort; no host read, graph-capturable), or with
+--mxfp4-moe-precision fp8 by dsv4_moe_w4a8 (W4A8, DeepSeek's reference function: FP8 activations per token and 128
+inputs, the codes converted to e4m3 for FP8 MMAs; sm90+).
 
 `Mxfp4RoutedExperts` replaces `RoutedExperts` when the checkpoint's experts are stored FP4 and the device keeps them
 (`mxfp4_experts_supported`: CUDA; CPU and ROCm dequantize at load). Its parameters hold all experts of a layer:
@@ -47,6 +49,7 @@ class Mxfp4RoutedExperts(nn.Module):
         self.w13, self.w13_scale = param(e, 2 * i, d // 2), scales(2 * i, d // FP4_BLOCK)
         self.w2, self.w2_scale = param(e, d, i // 2), scales(d, i // FP4_BLOCK)
         self.scale_range = (256, -1)  # (min, max) scale byte loaded: the decode kernels' parity planes need it in range
+        self.fp8_activations = False  # --mxfp4-moe-precision fp8: W4A8 (sgl_kernel.dsv4_moe_w4a8), set after building
 
     def load_expert(self, which: str, expert: int, tensor: torch.Tensor, is_scale: bool) -> str:
         """Copy the checkpoint's packed `which` (w1 / w2 / w3) codes or scale bytes of one expert; returns the name
@@ -79,6 +82,11 @@ class Mxfp4RoutedExperts(nn.Module):
         return self.scale_range[1] >= 0 and SCALE_MIN <= self.scale_range[0] and self.scale_range[1] <= SCALE_MAX
 
     def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+        if self.fp8_activations:
+            from sgl_kernel.dsv4_moe_w4a8 import dsv4_moe_mxfp4_w4a8
+
+            return dsv4_moe_mxfp4_w4a8(x, topk_ids, topk_weights, self.w13, self._rows(self.w13_scale), self.w2,
+                                       self._rows(self.w2_scale), self.limit)
         from sgl_kernel.dsv4_moe_mxfp4 import dsv4_moe_mxfp4
 
         return dsv4_moe_mxfp4(x, topk_ids, topk_weights, self.w13, self._rows(self.w13_scale), self.w2,
