@@ -3,7 +3,8 @@ reference (dsv4_moe_mxfp4_ref.fused_moe_mxfp4_ref(fp8_acts=True)): the e4m3 byte
 and the inline PTX's arithmetic, read from its text), the activations' quantization and storage order, the whole op
 at every launch tier (K splits, the unsplit gate-up's own quantization, prefill blocks, another rank's experts) on
 the CPU interpreter; compiled for sm90 on the CPU: FP8 wgmma, no byte permutes, no spills at the decode launches;
-GPU (sm90, skipped elsewhere): Flash widths against the reference, deterministic."""
+GPU (sm90, skipped elsewhere): Flash widths against the reference, deterministic; the PDL chain bit-equal to plain
+launches, eager and in CUDA-graph replays with new inputs."""
 
 from __future__ import annotations
 
@@ -147,7 +148,8 @@ print(json.dumps(out))
 
 def test_decode_launches_compile_to_fp8_wgmma_without_byte_permutes():
     """Compiled for sm90 on the CPU: every decode launch's K loop runs FP8 wgmma (QGMMA), converts the codes without
-    byte permutes (the group parity order lines them up with the activations) and touches no local memory."""
+    byte permutes (the group parity order lines them up with the activations), moves the scales into the
+    accumulator's layout with few barriers and touches no local memory."""
     import os
 
     from sm90_compile import compiled_facts
@@ -162,6 +164,9 @@ def test_decode_launches_compile_to_fp8_wgmma_without_byte_permutes():
         # per 4 code bytes (~290 per K step of the 1-token gate-up)
         assert counts.get("QGMMA", 0) > 0 and "HMMA" not in counts and counts.get("PRMT", 0) <= 16, (tokens, name,
                                                                                                        mix)
+        # the scale bytes reach the accumulator's rows one 4-byte word per 4 groups: ~2 barriers per conversion, 2-3
+        # conversions per 128 inputs (one byte per group took 8 conversions and 16 barriers)
+        assert counts.get("BAR", 0) <= 8, (tokens, name, mix)
 
 
 needs_sm90 = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0)
@@ -184,3 +189,38 @@ def test_gpu_flash_widths_equal_reference(tokens):
     assert torch.equal(got, again)
     err = (got.float() - ref).abs().max().item()
     assert err <= 1e-2 * ref.abs().max().item(), err  # bf16 output rounding (2^-9) and rare e4m3 ties in h
+
+
+@pytest.mark.gpu
+@needs_sm90
+@pytest.mark.parametrize("tokens", [1, 4, 8, 32])  # a8_config's decode tiers
+def test_gpu_pdl_chain_bit_equal_in_graph_replays(tokens):
+    """The W4A8 decode chain (align, quantization, gate-up, SwiGLU over splits, down, combine) as PDL launches, eager
+    and replayed from a CUDA graph with new activations, routes and weights before each replay, equals the launches
+    without PDL bit for bit."""
+    import dataclasses
+
+    e, d, i, k = 256, 4096, 2048, 6
+    w13, s13, w2, s2 = _experts(e, d, i, seed=0, device="cuda")
+    cfg = a8_config(tokens * k, e)
+    plain = dataclasses.replace(cfg, pdl=False)
+
+    def inputs(seed):
+        ids, weights = _routing(tokens, k, e, seed=seed, skew=False, device="cuda")
+        x = (torch.randn(tokens, d, device="cuda", generator=torch.Generator("cuda").manual_seed(seed))
+             * 0.5).bfloat16()
+        return x, ids, weights
+
+    x, ids, weights = inputs(1)
+    run = lambda c: dsv4_moe_mxfp4_w4a8(x, ids, weights, w13, s13, w2, s2, 10.0, config=c)  # noqa: E731
+    assert torch.equal(run(cfg), run(plain))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run(cfg)
+    for seed in range(2, 6):
+        new_x, new_ids, new_weights = inputs(seed)
+        x.copy_(new_x)
+        ids.copy_(new_ids)
+        weights.copy_(new_weights)
+        graph.replay()
+        assert torch.equal(out, run(plain)), seed

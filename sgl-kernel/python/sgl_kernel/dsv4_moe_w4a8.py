@@ -2,14 +2,16 @@
 activations quantized per token and 128 inputs with power-of-two scales (the FP8 linears' rule,
 dsv4_fp8_gemm.quantize_rows), the codes converted to e4m3 in registers (dsv4_mxfp4_e4m3) and one FP8 MMA per 32-input
 scale group: its fp32 sums times the group's scale, each 128 inputs' sums times the activations' scale. The torch
-reference is dsv4_moe_mxfp4_ref.fused_moe_w4a8_ref.
+reference is dsv4_moe_mxfp4_ref.fused_moe_mxfp4_ref(fp8_acts=True).
 
 Launches: x quantized (stored in group parity order) -> gate-up (the clamped SwiGLU, its output quantized per 128 by
 the program that computes those 128 columns; K splits leave fp32 sums for `_swiglu_quant_kernel`) -> down (router
 weight applied; one fp32 slice per K split) -> dsv4_moe_sums.combine_pairs. The weights lead the MMA (acc [BLOCK_N,
 BLOCK_M]): on sm90 a wgmma with the converted codes in registers and the activations from shared memory (sm90 compile
-on the CPU: ~2.3 instructions per weight in the decode K loop against the bf16 planes' 3.3). All sums in a fixed
-order: deterministic. Hidden and intermediate widths must be multiples of 256 (`check_widths`).
+on the CPU, Triton 3.6: ~2.4-2.9 instructions per weight in the decode K loops against the bf16 planes' 3.2-3.5; the
+scale bytes read one 4-byte word per 4 groups, which takes one layout conversion, through shared memory, where a
+byte per group took four). All sums in a fixed order: deterministic. Hidden and intermediate widths must be multiples
+of 256 (`check_widths`).
 """
 
 from __future__ import annotations
@@ -24,9 +26,9 @@ import triton.language as tl
 from sgl_kernel.dsv4_fp8_gemm import quantize_rows
 from sgl_kernel.dsv4_moe_mxfp4 import MoeConfig, MoeLaunch, dsv4_moe_align, mxfp4_experts_of
 from sgl_kernel.dsv4_moe_sums import combine_pairs
-from sgl_kernel.dsv4_mxfp4_e4m3 import E4M3_SHIFT, column_of, fp4_group_e4m3, group_multiplier, parity_column
+from sgl_kernel.dsv4_mxfp4_e4m3 import E4M3_SHIFT, fp4_group_e4m3, group_multiplier, parity_column
 from sgl_kernel.dsv4_mxfp4_planes import planes_supported
-from sgl_kernel.dsv4_mxfp4_scales import scale_layout, scale_offsets
+from sgl_kernel.dsv4_mxfp4_scales import scale_layout
 from sgl_kernel.dsv4_pdl import pdl_enter, pdl_launch, pdl_supported
 
 QBLOCK = 128  # inputs per activation scale
@@ -92,6 +94,18 @@ def _group_dot(w_rows, a, s, PTX: tl.constexpr):
 
 
 @triton.jit
+def _scale_word(s_e, rows, g0, stride_sn, SCALE_CHUNKED: tl.constexpr):
+    """[rows] int32: the scale bytes of groups g0 .. g0 + 3 of each row, group g0 in the low byte (4 consecutive,
+    4-byte aligned bytes in either layout: g0 a multiple of 4, rows of a multiple of 8 groups). One word per row: the
+    multipliers reach the accumulator's row layout in one conversion per 4 groups, not one per group."""
+    if SCALE_CHUNKED:
+        off = rows * 8 + (g0 // 8) * stride_sn + g0 % 8
+    else:
+        off = rows * stride_sn + g0
+    return tl.load((s_e + off).to(tl.pointer_type(tl.int32)))
+
+
+@triton.jit
 def _k_range(K, K_PER_SPLIT, BLOCK_K: tl.constexpr, SPLITS: tl.constexpr):
     if SPLITS == 1:
         k_lo = 0
@@ -133,22 +147,20 @@ def _w4a8_gate_up_kernel(x_ptr, xs_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, h_ptr,
         s_e = s_ptr + e.to(tl.int64) * stride_se
         g_rows = w_e + n.to(tl.int64)[:, None] * stride_wn + tl.arange(0, 16)[None, :]
         u_rows = g_rows + I * stride_wn
-        G: tl.constexpr = BLOCK_K // 32
         acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         k_lo, k_hi = _k_range(D, K_PER_SPLIT, BLOCK_K, SPLITS)
         for k0 in range(k_lo, k_hi, BLOCK_K):
-            gi = k0 // 32 + tl.arange(0, G)
-            sg = tl.load(s_e + scale_offsets(n, gi, stride_sn, SCALE_CHUNKED)).to(tl.int32)
-            su = tl.load(s_e + scale_offsets(I + n, gi, stride_sn, SCALE_CHUNKED)).to(tl.int32)
             for q in tl.static_range(BLOCK_K // 128):
+                sg = _scale_word(s_e, n, k0 // 32 + q * 4, stride_sn, SCALE_CHUNKED)
+                su = _scale_word(s_e, I + n, k0 // 32 + q * 4, stride_sn, SCALE_CHUNKED)
                 part_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
                 part_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
                 for j in tl.static_range(4):
                     c = q * 4 + j
                     a = tl.load(a_rows + (k0 + c * 32))
-                    part_g += _group_dot(g_rows + (k0 // 2 + c * 16), a, column_of(sg, c, G), PTX)
-                    part_u += _group_dot(u_rows + (k0 // 2 + c * 16), a, column_of(su, c, G), PTX)
+                    part_g += _group_dot(g_rows + (k0 // 2 + c * 16), a, (sg >> (8 * j)) & 0xFF, PTX)
+                    part_u += _group_dot(u_rows + (k0 // 2 + c * 16), a, (su >> (8 * j)) & 0xFF, PTX)
                 xs = tl.load(as_rows + (k0 // 128 + q)) * (2.0 ** E4M3_SHIFT)
                 acc_g += part_g * xs[None, :]
                 acc_u += part_u * xs[None, :]
@@ -211,17 +223,16 @@ def _w4a8_down_kernel(h_ptr, hs_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, wts_ptr, 
             w_e = w_ptr + e.to(tl.int64) * stride_we
             s_e = s_ptr + e.to(tl.int64) * stride_se
             w_rows = w_e + n.to(tl.int64)[:, None] * stride_wn + tl.arange(0, 16)[None, :]
-            G: tl.constexpr = BLOCK_K // 32
             acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
             k_lo, k_hi = _k_range(I, K_PER_SPLIT, BLOCK_K, SPLITS)
             for k0 in range(k_lo, k_hi, BLOCK_K):
-                s = tl.load(s_e + scale_offsets(n, k0 // 32 + tl.arange(0, G), stride_sn, SCALE_CHUNKED)).to(tl.int32)
                 for q in tl.static_range(BLOCK_K // 128):
+                    s = _scale_word(s_e, n, k0 // 32 + q * 4, stride_sn, SCALE_CHUNKED)
                     part = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
                     for j in tl.static_range(4):
                         c = q * 4 + j
                         part += _group_dot(w_rows + (k0 // 2 + c * 16), tl.load(a_rows + (k0 + c * 32)),
-                                           column_of(s, c, G), PTX)
+                                           (s >> (8 * j)) & 0xFF, PTX)
                     acc += part * (tl.load(as_rows + (k0 // 128 + q)) * (2.0 ** E4M3_SHIFT))[None, :]
             wt = tl.load(wts_ptr + tl.where(valid, pair, 0), mask=valid, other=0.0).to(tl.float32)
             tl.store(out_rows, acc * wt[None, :], mask=valid[None, :])

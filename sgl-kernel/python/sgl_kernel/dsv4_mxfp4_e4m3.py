@@ -62,12 +62,6 @@ def group_multiplier(s):
     return (s << 23).to(tl.float32, bitcast=True)
 
 
-@triton.jit
-def column_of(s4, g: tl.constexpr, G: tl.constexpr):
-    """Column g of s4 [N, G] (in registers: a select and a sum over the row's G values)."""
-    return tl.sum(tl.where(tl.arange(0, G)[None, :] == g, s4, 0), axis=1)
-
-
 def parity_order(width: int):
     """The inverse of parity_column as an index tensor: stored[:, j] = natural[:, parity_order(width)[j]] (tests and
     torch references)."""
