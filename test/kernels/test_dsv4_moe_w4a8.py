@@ -211,16 +211,9 @@ def test_gpu_pdl_chain_bit_equal_in_graph_replays(tokens):
              * 0.5).bfloat16()
         return x, ids, weights
 
+    from graph_replays import assert_replays_equal
+
     x, ids, weights = inputs(1)
     run = lambda c: dsv4_moe_mxfp4_w4a8(x, ids, weights, w13, s13, w2, s2, 10.0, config=c)  # noqa: E731
     assert torch.equal(run(cfg), run(plain))
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = run(cfg)
-    for seed in range(2, 6):
-        new_x, new_ids, new_weights = inputs(seed)
-        x.copy_(new_x)
-        ids.copy_(new_ids)
-        weights.copy_(new_weights)
-        graph.replay()
-        assert torch.equal(out, run(plain)), seed
+    assert_replays_equal(lambda: run(cfg), lambda: run(plain), (x, ids, weights), inputs, range(2, 6))

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from sgl_kernel.dsv4_mxfp4_planes import BIAS, fp4_planes, planes_supported, split_parity
-from sgl_kernel.dsv4_moe_sums import swiglu_splits
+from sgl_kernel.dsv4_moe_sums import clamped_swiglu, swiglu_splits
 from sgl_kernel.dsv4_mxfp4_scales import scale_layout
 from sgl_kernel.dsv4_pdl import pdl_enter, pdl_launch
 
@@ -94,7 +94,7 @@ def _planes_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, h_ptr, D, I,
         s_e = s_ptr + e.to(tl.int64) * stride_se
         acc_g = _acc_zeros(BLOCK_M, BLOCK_N, SWAP)
         acc_u = _acc_zeros(BLOCK_M, BLOCK_N, SWAP)
-        k_lo, k_hi = _k_range(D, K_PER_SPLIT, BLOCK_K, SPLITS)
+        k_lo, k_hi = k_range(D, K_PER_SPLIT, BLOCK_K, SPLITS)
         for k0 in range(k_lo, k_hi, BLOCK_K):
             x_even, x_odd = split_parity(tl.load(x_rows + k0), BLOCK_M, BLOCK_K)
             dt = x_even.dtype
@@ -114,7 +114,7 @@ def _planes_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, h_ptr, D, I,
 
 
 @triton.jit
-def _k_range(K, K_PER_SPLIT, BLOCK_K: tl.constexpr, SPLITS: tl.constexpr):
+def k_range(K, K_PER_SPLIT, BLOCK_K: tl.constexpr, SPLITS: tl.constexpr):
     """This program's inputs [k_lo, k_hi): all of K, or program_id(2)'s split (K_PER_SPLIT a multiple of BLOCK_K)."""
     if SPLITS == 1:
         k_lo = 0
@@ -139,9 +139,7 @@ def gate_up_rows(x_ptr, rows_ptr, blk, TOPK, stride_x, BLOCK_M: tl.constexpr, BL
 @triton.jit
 def swiglu_store(acc_g, acc_u, h_ptr, r, n, valid, stride_h, limit, SWAP: tl.constexpr):
     """The clamped SwiGLU of the planes' gate and up sums (the weights * 2^-BIAS), into rows r of h."""
-    g = tl.minimum(acc_g * (2.0 ** BIAS), limit)
-    u = tl.minimum(tl.maximum(acc_u * (2.0 ** BIAS), -limit), limit)
-    act = g / (1.0 + tl.exp(-g)) * u
+    act = clamped_swiglu(acc_g * (2.0 ** BIAS), acc_u * (2.0 ** BIAS), limit)
     h_rows = h_ptr + _per_row(r.to(tl.int64) * stride_h, SWAP) + _per_col(n, SWAP)
     tl.store(h_rows, act.to(h_ptr.dtype.element_ty), mask=_per_row(valid, SWAP))
 
@@ -155,12 +153,7 @@ def _planes_down_kernel(h_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, wts_ptr, out_pt
     pairs' rows of out; blocks of another rank's experts (E) write zeros there. SPLITS > 1: program_id(2)'s K range
     into out's slice program_id(2) (stride_os); combine_pairs adds the slices. PDL: as the gate-up's."""
     pdl_enter(PDL)
-    blk = tl.program_id(0)
-    if SPLITS > 1:
-        out_ptr += tl.program_id(2).to(tl.int64) * stride_os
-    e = tl.load(bexp_ptr + blk)
-    r = blk * BLOCK_M + tl.arange(0, BLOCK_M)
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    out_ptr, e, r, n = down_program(out_ptr, bexp_ptr, stride_os, BLOCK_M, BLOCK_N, SPLITS)
     if e <= E:
         pair = tl.load(rows_ptr + r)
         valid = pair >= 0
@@ -170,7 +163,7 @@ def _planes_down_kernel(h_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, wts_ptr, out_pt
             w_e = w_ptr + e.to(tl.int64) * stride_we
             s_e = s_ptr + e.to(tl.int64) * stride_se
             acc = _acc_zeros(BLOCK_M, BLOCK_N, SWAP)
-            k_lo, k_hi = _k_range(I, K_PER_SPLIT, BLOCK_K, SPLITS)
+            k_lo, k_hi = k_range(I, K_PER_SPLIT, BLOCK_K, SPLITS)
             for k0 in range(k_lo, k_hi, BLOCK_K):
                 h_even, h_odd = split_parity(tl.load(h_rows + k0), BLOCK_M, BLOCK_K)
                 lo, hi = fp4_planes(w_e, s_e, n, n < D, k0, I, stride_wn, stride_sn, SCALE_CHUNKED, BLOCK_N, BLOCK_K,
@@ -180,6 +173,19 @@ def _planes_down_kernel(h_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, wts_ptr, out_pt
             tl.store(out_rows, acc * (2.0 ** BIAS) * _per_row(wt, SWAP), mask=_per_row(valid, SWAP))
         else:
             tl.store(out_rows, _acc_zeros(BLOCK_M, BLOCK_N, SWAP), mask=_per_row(valid, SWAP))
+
+
+@triton.jit
+def down_program(out_ptr, bexp_ptr, stride_os, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr):
+    """A down program's output (out_ptr, moved to its K split's slice), its block's expert, padded rows and output
+    columns (grid: blocks, output tiles, K splits)."""
+    blk = tl.program_id(0)
+    if SPLITS > 1:
+        out_ptr += tl.program_id(2).to(tl.int64) * stride_os
+    e = tl.load(bexp_ptr + blk)
+    r = blk * BLOCK_M + tl.arange(0, BLOCK_M)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    return out_ptr, e, r, n
 
 
 def planes_fit(launch: "MoeLaunch", k: int, n: int) -> bool:

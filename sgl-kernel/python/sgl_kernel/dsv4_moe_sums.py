@@ -19,6 +19,14 @@ BLOCK = 1024  # columns per program of either reduction
 
 
 @triton.jit
+def clamped_swiglu(g, u, limit):
+    """DeepSeek-V4's clamped SwiGLU of fp32 gate and up sums: silu(min(g, L)) * clamp(u, -L, L)."""
+    g = tl.minimum(g, limit)
+    u = tl.minimum(tl.maximum(u, -limit), limit)
+    return g / (1.0 + tl.exp(-g)) * u
+
+
+@triton.jit
 def _swiglu_splits_kernel(p_ptr, rows_ptr, h_ptr, I, stride_ps, stride_p, stride_h, limit, SPLITS: tl.constexpr,
                           BLOCK: tl.constexpr, PDL: tl.constexpr):
     """h row r = the clamped SwiGLU of row r's gate and up sums over the K splits (added in split order); rows
@@ -34,9 +42,7 @@ def _swiglu_splits_kernel(p_ptr, rows_ptr, h_ptr, I, stride_ps, stride_p, stride
         for s in tl.static_range(1, SPLITS):
             g += tl.load(row + s * stride_ps, mask=ok, other=0.0)
             u += tl.load(row + s * stride_ps + I, mask=ok, other=0.0)
-        g = tl.minimum(g, limit)
-        u = tl.minimum(tl.maximum(u, -limit), limit)
-        tl.store(h_ptr + r.to(tl.int64) * stride_h + n, (g / (1.0 + tl.exp(-g)) * u).to(h_ptr.dtype.element_ty),
+        tl.store(h_ptr + r.to(tl.int64) * stride_h + n, clamped_swiglu(g, u, limit).to(h_ptr.dtype.element_ty),
                  mask=ok)
 
 

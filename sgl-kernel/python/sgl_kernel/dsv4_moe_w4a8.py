@@ -25,7 +25,8 @@ import triton.language as tl
 
 from sgl_kernel.dsv4_fp8_gemm import quantize_rows
 from sgl_kernel.dsv4_moe_mxfp4 import MoeConfig, MoeLaunch, dsv4_moe_align, mxfp4_experts_of
-from sgl_kernel.dsv4_moe_sums import combine_pairs
+from sgl_kernel.dsv4_moe_planes import down_program, k_range
+from sgl_kernel.dsv4_moe_sums import clamped_swiglu, combine_pairs
 from sgl_kernel.dsv4_mxfp4_e4m3 import E4M3_SHIFT, fp4_group_e4m3, group_multiplier, parity_column
 from sgl_kernel.dsv4_mxfp4_planes import planes_supported
 from sgl_kernel.dsv4_mxfp4_scales import scale_layout
@@ -106,24 +107,6 @@ def _scale_word(s_e, rows, g0, stride_sn, SCALE_CHUNKED: tl.constexpr):
 
 
 @triton.jit
-def _k_range(K, K_PER_SPLIT, BLOCK_K: tl.constexpr, SPLITS: tl.constexpr):
-    if SPLITS == 1:
-        k_lo = 0
-        k_hi = K
-    else:
-        k_lo = tl.multiple_of(tl.program_id(2) * K_PER_SPLIT, BLOCK_K)
-        k_hi = k_lo + K_PER_SPLIT
-    return k_lo, k_hi
-
-
-@triton.jit
-def _swiglu(g, u, limit):
-    g = tl.minimum(g, limit)
-    u = tl.minimum(tl.maximum(u, -limit), limit)
-    return g / (1.0 + tl.exp(-g)) * u
-
-
-@triton.jit
 def _w4a8_gate_up_kernel(x_ptr, xs_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, h_ptr, hs_ptr, D, I, TOPK, E, stride_x,
                          stride_xs, stride_we, stride_wn, stride_se, stride_sn, stride_h, stride_hs, limit, K_PER_SPLIT,
                          stride_ps, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -149,7 +132,7 @@ def _w4a8_gate_up_kernel(x_ptr, xs_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, h_ptr,
         u_rows = g_rows + I * stride_wn
         acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        k_lo, k_hi = _k_range(D, K_PER_SPLIT, BLOCK_K, SPLITS)
+        k_lo, k_hi = k_range(D, K_PER_SPLIT, BLOCK_K, SPLITS)
         for k0 in range(k_lo, k_hi, BLOCK_K):
             for q in tl.static_range(BLOCK_K // 128):
                 sg = _scale_word(s_e, n, k0 // 32 + q * 4, stride_sn, SCALE_CHUNKED)
@@ -165,7 +148,7 @@ def _w4a8_gate_up_kernel(x_ptr, xs_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, h_ptr,
                 acc_g += part_g * xs[None, :]
                 acc_u += part_u * xs[None, :]
         if SPLITS == 1:
-            act = _swiglu(tl.trans(acc_g), tl.trans(acc_u), limit)  # [BLOCK_M, 128]: one quantization block
+            act = clamped_swiglu(tl.trans(acc_g), tl.trans(acc_u), limit)  # [BLOCK_M, 128]: one quantization block
             q8, scale = quantize_rows(act, 448.0, ROUND_IN_FP32)
             tl.store(h_ptr + r.to(tl.int64)[:, None] * stride_h + parity_column(n)[None, :],
                      q8.to(h_ptr.dtype.element_ty), mask=valid[:, None])
@@ -192,7 +175,7 @@ def _swiglu_quant_kernel(p_ptr, rows_ptr, h_ptr, hs_ptr, I, stride_ps, stride_p,
         for s in tl.static_range(1, SPLITS):
             g += tl.load(row + s * stride_ps)
             u += tl.load(row + s * stride_ps + I)
-        q8, scale = quantize_rows(tl.reshape(_swiglu(g, u, limit), [NB, 128]), 448.0, ROUND_IN_FP32)
+        q8, scale = quantize_rows(tl.reshape(clamped_swiglu(g, u, limit), [NB, 128]), 448.0, ROUND_IN_FP32)
         tl.store(h_ptr + r.to(tl.int64) * stride_h + parity_column(n), tl.reshape(q8, [NB * 128]).to(
             h_ptr.dtype.element_ty))
         tl.store(hs_ptr + r.to(tl.int64) * stride_hs + tl.program_id(1) * NB + tl.arange(0, NB), scale)
@@ -207,12 +190,7 @@ def _w4a8_down_kernel(h_ptr, hs_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, wts_ptr, 
     into the pairs' rows of out; blocks of another rank's experts (E) write zeros there. SPLITS > 1: program_id(2)'s
     K range into out's slice program_id(2) (stride_os)."""
     pdl_enter(PDL)
-    blk = tl.program_id(0)
-    if SPLITS > 1:
-        out_ptr += tl.program_id(2).to(tl.int64) * stride_os
-    e = tl.load(bexp_ptr + blk)
-    r = blk * BLOCK_M + tl.arange(0, BLOCK_M)
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    out_ptr, e, r, n = down_program(out_ptr, bexp_ptr, stride_os, BLOCK_M, BLOCK_N, SPLITS)
     if e <= E:
         pair = tl.load(rows_ptr + r)
         valid = pair >= 0
@@ -224,7 +202,7 @@ def _w4a8_down_kernel(h_ptr, hs_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, wts_ptr, 
             s_e = s_ptr + e.to(tl.int64) * stride_se
             w_rows = w_e + n.to(tl.int64)[:, None] * stride_wn + tl.arange(0, 16)[None, :]
             acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-            k_lo, k_hi = _k_range(I, K_PER_SPLIT, BLOCK_K, SPLITS)
+            k_lo, k_hi = k_range(I, K_PER_SPLIT, BLOCK_K, SPLITS)
             for k0 in range(k_lo, k_hi, BLOCK_K):
                 for q in tl.static_range(BLOCK_K // 128):
                     s = _scale_word(s_e, n, k0 // 32 + q * 4, stride_sn, SCALE_CHUNKED)
