@@ -8,7 +8,7 @@ Launches: x quantized (stored in group parity order) -> gate-up (the clamped Swi
 the program that computes those 128 columns; K splits leave fp32 sums for `_swiglu_quant_kernel`) -> down (router
 weight applied; one fp32 slice per K split) -> dsv4_moe_sums.combine_pairs. The weights lead the MMA (acc [BLOCK_N,
 BLOCK_M]): on sm90 a wgmma with the converted codes in registers and the activations from shared memory (sm90 compile
-on the CPU, Triton 3.6: ~2.4-2.9 instructions per weight in the decode K loops against the bf16 planes' 3.2-3.5; the
+on the CPU, Triton 3.6: 2.4-2.9 instructions per weight in the decode K loops against the bf16 planes' 3.2-3.5; the
 scale bytes read one 4-byte word per 4 groups, which takes one layout conversion, through shared memory, where a
 byte per group took four). All sums in a fixed order: deterministic. Hidden and intermediate widths must be multiples
 of 256 (`check_widths`).
@@ -88,10 +88,18 @@ def _quant_kernel(x_ptr, q_ptr, s_ptr, M, stride_x, stride_q, stride_s, BLOCK_M:
 
 
 @triton.jit
-def _group_dot(w_rows, a, s, PTX: tl.constexpr):
-    """[BLOCK_N, BLOCK_M]: one 32-input group's codes (pointers w_rows [BLOCK_N, 16]) times the activations a
-    [BLOCK_M, 32] (group parity order), times the group's scale bytes s [BLOCK_N]."""
-    return tl.dot(fp4_group_e4m3(tl.load(w_rows), PTX), tl.trans(a)) * group_multiplier(s)[:, None]
+def _sum_128(w_rows, a_rows, as_rows, s_e, rows, k, stride_sn, SCALE_CHUNKED: tl.constexpr, PTX: tl.constexpr,
+             BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
+    """[BLOCK_N, BLOCK_M]: weight rows `rows` (codes at w_rows, pointers [BLOCK_N, 16] at input 0) times the
+    activations (a_rows [BLOCK_M, 32], group parity order; multipliers at as_rows) over inputs k .. k + 127: per
+    32-input group an FP8 MMA times the group's scale, the four groups' sum times the activations' multipliers."""
+    s = _scale_word(s_e, rows, k // 32, stride_sn, SCALE_CHUNKED)
+    part = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for j in tl.static_range(4):
+        codes = fp4_group_e4m3(tl.load(w_rows + (k // 2 + j * 16)), PTX)
+        scale = group_multiplier((s >> (8 * j)) & 0xFF)
+        part += tl.dot(codes, tl.trans(tl.load(a_rows + (k + j * 32)))) * scale[:, None]
+    return part * (tl.load(as_rows + k // 128) * (2.0 ** E4M3_SHIFT))[None, :]
 
 
 @triton.jit
@@ -134,19 +142,11 @@ def _w4a8_gate_up_kernel(x_ptr, xs_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, h_ptr,
         acc_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         k_lo, k_hi = k_range(D, K_PER_SPLIT, BLOCK_K, SPLITS)
         for k0 in range(k_lo, k_hi, BLOCK_K):
-            for q in tl.static_range(BLOCK_K // 128):
-                sg = _scale_word(s_e, n, k0 // 32 + q * 4, stride_sn, SCALE_CHUNKED)
-                su = _scale_word(s_e, I + n, k0 // 32 + q * 4, stride_sn, SCALE_CHUNKED)
-                part_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-                part_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-                for j in tl.static_range(4):
-                    c = q * 4 + j
-                    a = tl.load(a_rows + (k0 + c * 32))
-                    part_g += _group_dot(g_rows + (k0 // 2 + c * 16), a, (sg >> (8 * j)) & 0xFF, PTX)
-                    part_u += _group_dot(u_rows + (k0 // 2 + c * 16), a, (su >> (8 * j)) & 0xFF, PTX)
-                xs = tl.load(as_rows + (k0 // 128 + q)) * (2.0 ** E4M3_SHIFT)
-                acc_g += part_g * xs[None, :]
-                acc_u += part_u * xs[None, :]
+            for q in tl.static_range(BLOCK_K // 128):  # gate, then up: one group's partial sums live at a time
+                acc_g += _sum_128(g_rows, a_rows, as_rows, s_e, n, k0 + q * 128, stride_sn, SCALE_CHUNKED, PTX,
+                                  BLOCK_N, BLOCK_M)
+                acc_u += _sum_128(u_rows, a_rows, as_rows, s_e, I + n, k0 + q * 128, stride_sn, SCALE_CHUNKED, PTX,
+                                  BLOCK_N, BLOCK_M)
         if SPLITS == 1:
             act = clamped_swiglu(tl.trans(acc_g), tl.trans(acc_u), limit)  # [BLOCK_M, 128]: one quantization block
             q8, scale = quantize_rows(act, 448.0, ROUND_IN_FP32)
@@ -205,13 +205,8 @@ def _w4a8_down_kernel(h_ptr, hs_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, wts_ptr, 
             k_lo, k_hi = k_range(I, K_PER_SPLIT, BLOCK_K, SPLITS)
             for k0 in range(k_lo, k_hi, BLOCK_K):
                 for q in tl.static_range(BLOCK_K // 128):
-                    s = _scale_word(s_e, n, k0 // 32 + q * 4, stride_sn, SCALE_CHUNKED)
-                    part = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-                    for j in tl.static_range(4):
-                        c = q * 4 + j
-                        part += _group_dot(w_rows + (k0 // 2 + c * 16), tl.load(a_rows + (k0 + c * 32)),
-                                           (s >> (8 * j)) & 0xFF, PTX)
-                    acc += part * (tl.load(as_rows + (k0 // 128 + q)) * (2.0 ** E4M3_SHIFT))[None, :]
+                    acc += _sum_128(w_rows, a_rows, as_rows, s_e, n, k0 + q * 128, stride_sn, SCALE_CHUNKED, PTX,
+                                    BLOCK_N, BLOCK_M)
             wt = tl.load(wts_ptr + tl.where(valid, pair, 0), mask=valid, other=0.0).to(tl.float32)
             tl.store(out_rows, acc * wt[None, :], mask=valid[None, :])
         else:
