@@ -1,10 +1,10 @@
 """Producers that quantize for the FP8 linear reading their output (quantization/fp8.Fp8Activation): where an FP8
-linear takes a W8A8 path, the engine's RMSNorm before wq_kv_a and before wq_b (joined with the indexer's) and the
-inverse RoPE before wo_a write the rows quantized, and the linear skips its own activation quantization. On CPU the
-GPU's choice is simulated: FP8 weights kept, FP8 MMA declared present, the Triton kernels interpreted, fp16 (the
-interpreter's bf16 is unreliable), the norms and RoPE by the GPU's kernels (sgl_kernel's, interpreted; the torch
-paths round sin / cos and the mean otherwise). The function must not change: logprobs equal bit for bit with the
-producers off."""
+linear takes a W8A8 path, the engine's RMSNorm before wq_kv_a, before wq_b (joined with the indexer's) and before
+the MoE (for the shared expert's joined w1 + w3) and the inverse RoPE before wo_a write the rows quantized, and the
+linear skips its own activation quantization. On CPU the GPU's choice is simulated: FP8 weights kept, FP8 MMA
+declared present, the Triton kernels interpreted, fp16 (the interpreter's bf16 is unreliable), the norms and RoPE by
+the GPU's kernels (sgl_kernel's, interpreted; the torch paths round sin / cos and the mean otherwise). The function
+must not change: logprobs equal bit for bit with the producers off."""
 
 from __future__ import annotations
 
@@ -68,15 +68,16 @@ def test_producers_quantize_and_the_function_stays(w8a8_on_cpu, monkeypatch):
 
     fused = run()
     forwards = 3  # the prefill (24 rows <= 64: the W8A8 kernel) and two decode steps
-    # per layer and forward: attn_norm (wq_kv_a) and q_norm (wq_b, joined with the indexer's on CSA layers) write
-    # FP8, the inverse RoPE writes wo_a's rows; wo_b (fed by wo_a's GEMM) still quantizes its own input
-    assert len(norms) == 2 * layers * forwards and len(ropes) == layers * forwards
-    assert len(act_quant) == layers * forwards and all(s[1] == config.o_groups * config.o_lora_rank
-                                                       for s in act_quant)
+    # per layer and forward: attn_norm (wq_kv_a), q_norm (wq_b, joined with the indexer's on CSA layers) and ffn_norm
+    # (the shared expert's joined w1 + w3, FP8 beside the kept experts) write FP8, the inverse RoPE writes wo_a's
+    # rows; wo_b (fed by wo_a's GEMM) and the shared expert's w2 (fed by its SwiGLU) still quantize their own input
+    assert len(norms) == 3 * layers * forwards and len(ropes) == layers * forwards
+    widths = sorted(s[1] for s in act_quant)
+    assert widths == sorted([config.o_groups * config.o_lora_rank, config.moe_intermediate_size] * layers * forwards)
     assert csa  # the joined wq_b + indexer wq_b took the quantized rows too
     monkeypatch.setattr(dsv4, "w8a8_input_path", lambda linear, x: None)  # producers off: the linears quantize
     norms.clear(), ropes.clear(), act_quant.clear()
     plain = run()
-    assert not norms and not ropes and len(act_quant) == 4 * layers * forwards
+    assert not norms and not ropes and len(act_quant) == 6 * layers * forwards
     assert fused == plain  # bit for bit: the same codes and multipliers reach the same GEMMs
     eng.model_runner.token_allocator.check_all_free()

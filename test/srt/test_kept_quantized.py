@@ -2,8 +2,9 @@
 run on CPU through the Triton interpreter (the GPU path; a real CPU run dequantizes at load): the hub-quantized tiny
 checkpoint's FP8 linears become Fp8BlockLinear modules (grouped wo_a included) holding e4m3 weights and fp32 block
 scales, its routed experts Mxfp4RoutedExperts holding packed codes and exponent bytes (the shared expert beside
-them, unfused); weights take fewer bytes, and outputs equal the dequantized engine's (W8A16 / W4A16: activations are
-not rounded) through both FP8 paths (the Triton kernel for few rows, dequantize + matmul for many) and the fused MoE.
+them, unfused, its linears FP8); weights take fewer bytes, and outputs equal the dequantized engine's (W8A16 /
+W4A16: activations are not rounded) through both FP8 paths (the Triton kernel for few rows, dequantize + matmul for
+many) and the fused MoE.
 --quantization is detected and printed; an explicit value the checkpoint does not store is refused, and so is
 SGLANG_DSV4_FP4_EXPERTS contradicting it. --mxfp4-moe-precision fp8 puts the kept experts on W4A8."""
 
@@ -46,15 +47,17 @@ def test_quantized_weights_stay_quantized_and_agree(kept_on_cpu):
     fp8 = {n: m for n, m in model.named_modules() if isinstance(m, Fp8BlockLinear)}
     # each attention's wq_a and wkv were joined into one FP8 linear after loading (join_projections)
     # and each CSA attention's wq_b and its indexer's wq_b
-    joined = [n for n in fp8 if n.endswith(".attn.wq_kv_a") or n.endswith(".attn.wq_b_indexer")]
+    # and each shared expert's w1 and w3 (FP8 beside the kept routed experts)
+    joined = [n for n in fp8 if n.endswith((".attn.wq_kv_a", ".attn.wq_b_indexer", ".shared_experts.w13"))]
     csa = sum(config.is_csa(i) for i in range(config.num_hidden_layers))
-    assert csa and len(joined) == config.num_hidden_layers + csa
-    assert len(fp8) + len(joined) == len(fp8_linear_names(plan_checkpoint(path, config, "main"), config)) > 0
+    moes = [m for m in model.modules() if hasattr(m, "shared_experts")]
+    assert csa and len(joined) == config.num_hidden_layers + csa + len(moes)
+    assert len(fp8) + len(joined) == len(fp8_linear_names(plan_checkpoint(path, config, "main"), config,
+                                                          shared_experts=True)) > 0
     assert all(m.weight.dtype == torch.float8_e4m3fn and m.weight_scale_inv.dtype == torch.float32
                for m in fp8.values())
     assert fp8["layers.0.attn.wo_a"].groups == config.o_groups > 1
-    assert not any(".shared_experts." in n for n in fp8)  # bf16, beside the routed experts
-    moes = [m for m in model.modules() if hasattr(m, "shared_experts")]
+    assert sum(".shared_experts." in n for n in fp8) == 2 * len(moes)  # w13, w2: FP8 beside the routed experts
     assert moes and all(isinstance(m.experts, Mxfp4RoutedExperts) and isinstance(m.shared_experts, SharedExpert)
                         for m in moes)
     assert not any(isinstance(m, RoutedExperts) for m in model.modules())

@@ -59,8 +59,9 @@ class ModelRunner:
             if m is not None:
                 j = join_projections(m)
                 logger.info("%s: projections joined after loading: wq_a + wkv in %d of %d attentions, wq_b + the "
-                            "indexer's wq_b in %d of %d, wkv + wgate in %d of %d compressors", name, j.q_kv_a,
-                            j.attentions, j.q_b_indexer, j.indexers, j.wkv_gate, j.compressors)
+                            "indexer's wq_b in %d of %d, wkv + wgate in %d of %d compressors, w1 + w3 in %d of %d "
+                            "FP8 shared experts", name, j.q_kv_a, j.attentions, j.q_b_indexer, j.indexers, j.wkv_gate,
+                            j.compressors, j.shared_w13, j.fp8_shared_experts)
         if args.platform_decisions.shared_experts_fusion:
             fused = sum(fuse_shared_experts(m) for m in (self.model, self.draft_model) if m is not None)
             logger.info("shared-experts fusion: the shared expert is routed expert %d in %d MoE layers",

@@ -311,14 +311,15 @@ def quantization_of(plans: list) -> CheckpointQuantization:
                                   next((f for f in ("fp4", "fp8") if f in experts), None))
 
 
-def fp8_linear_names(plans: list, config: DeepseekV4Config) -> frozenset:
-    """Native names of the planned linears stored FP8 with 128x128 blocks that stay FP8 on a GPU: every LINEAR but
-    the shared experts' (a bf16 SharedExpert, or fused into the routed experts' bf16 grouped GEMM)."""
+def fp8_linear_names(plans: list, config: DeepseekV4Config, shared_experts: bool = False) -> frozenset:
+    """Native names of the planned linears stored FP8 with 128x128 blocks that stay FP8 on a GPU: every LINEAR, the
+    shared experts' only with `shared_experts` (routed experts kept quantized beside them; with bf16 routed experts
+    the shared expert stays bf16, to be fusable into their grouped GEMM)."""
     qc = config.quantization_config
     if qc is not None and tuple(qc.weight_block_size) != FP8_BLOCK:
         return frozenset()
-    return frozenset(p.name for p in plans
-                     if p.spec.kind == TensorKind.LINEAR and p.fmt == "fp8" and ".shared_experts." not in p.name)
+    return frozenset(p.name for p in plans if p.spec.kind == TensorKind.LINEAR and p.fmt == "fp8"
+                     and (shared_experts or ".shared_experts." not in p.name))
 
 
 def load_checkpoint(model_dir: str, config: Optional[DeepseekV4Config] = None, dtype: torch.dtype = torch.float32,

@@ -119,7 +119,6 @@ def kept_formats(args, plans: dict, config: DeepseekV4Config, device: torch.devi
     """From each part's checkpoint plan: (native names of the FP8 linears kept FP8 per part, the stored format the
     routed experts keep: "fp4" (packed MXFP4), "fp8" (FP8-converted) or None (dequantized at load)) on `device`."""
     keep_fp8 = args.quantization == "fp8" and fp8_linears_supported(device)
-    fp8 = {part: fp8_linear_names(p, config) if keep_fp8 else frozenset() for part, p in plans.items()}
     stored = quantization_of(plans["main"]).experts
     experts = None
     if stored == "fp4" and args.quantization in ("fp8", "mxfp4") and mxfp4_experts_supported(device):
@@ -127,6 +126,9 @@ def kept_formats(args, plans: dict, config: DeepseekV4Config, device: torch.devi
     elif stored == "fp8" and keep_fp8 and (config.quantization_config is None
                                             or tuple(config.quantization_config.weight_block_size) == (128, 128)):
         experts = "fp8"
+    # beside kept routed experts the shared expert stays FP8 too (decode reads half its bf16 bytes)
+    fp8 = {part: fp8_linear_names(p, config, shared_experts=experts is not None) if keep_fp8 else frozenset()
+           for part, p in plans.items()}
     return fp8, experts
 
 

@@ -224,14 +224,24 @@ class MoE(nn.Module):
         self.shared_expert_id = append_shared_expert(self.experts, self.shared_experts)
         self.shared_experts = None
 
-    def forward(self, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    def shared_input_linear(self) -> Optional[nn.Module]:
+        """The FP8 linear reading x first in the shared expert, whose input the ffn norm may write quantized
+        (norm_for_linear); None where the MoE gathers other DP groups' rows (their quantized copies are not here)."""
+        if self.shared_experts is None or get_dp_attention().active:
+            return None
+        return self.shared_experts.w13
+
+    def forward(self, x: torch.Tensor, input_ids: torch.Tensor,
+                x_in: Union[torch.Tensor, Fp8Activation, None] = None) -> torch.Tensor:
+        """x_in: the shared expert's input, x quantized by the ffn norm (shared_input_linear); None: x."""
         dp = get_dp_attention()
         if dp.active:  # every DP group's tokens through this rank's experts; the sum keeps this group's rows
             all_x = dp.gather(x)
             return dp.reduce_own(self._partial(all_x, dp.input_ids))
-        return self.tp_group.all_reduce(self._partial(x, input_ids))  # fused shared expert: tp 1, the identity
+        return self.tp_group.all_reduce(self._partial(x, input_ids, x_in))  # fused shared expert: tp 1, the identity
 
-    def _partial(self, x: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    def _partial(self, x: torch.Tensor, input_ids: torch.Tensor,
+                 x_in: Union[torch.Tensor, Fp8Activation, None] = None) -> torch.Tensor:
         """This rank's part of the MoE output: its experts' (and shared-expert part's) sum, before the all-reduce."""
         weights, ids = self.gate(x, input_ids)
         if self.expert_parallel:
@@ -241,7 +251,7 @@ class MoE(nn.Module):
             mine = (local >= 0) & (local < len(self.local_experts))
             ids, weights = torch.where(mine, local, -1), torch.where(mine, weights, 0.0)
         if self.shared_experts is not None:
-            return self.experts(x, ids, weights) + self.shared_experts(x)
+            return self.experts(x, ids, weights) + self.shared_experts(x if x_in is None else x_in)
         # Fused: one more column per token, expert E at weight 1. The grouped pass adds it after the routed
         # experts, in the unfused order, so the sum is the same.
         ids = torch.cat((ids, ids.new_full((ids.shape[0], 1), self.shared_expert_id)), dim=1)
@@ -251,7 +261,7 @@ class MoE(nn.Module):
 
 def fuse_shared_experts(model: nn.Module) -> int:
     """Fuse the shared expert into the routed experts of every MoE of `model` (after loading); returns how many.
-    Packed MXFP4 experts keep their bf16 shared expert beside them."""
+    Quantized routed experts (packed MXFP4, FP8) keep their shared expert beside them (its linears FP8 too)."""
     layers = [m for m in model.modules()
               if isinstance(m, MoE) and m.shared_experts is not None and isinstance(m.experts, RoutedExperts)]
     for moe in layers:
@@ -275,14 +285,17 @@ class JoinedProjections:
     q_kv_a: int = 0  # attentions' wq_a + wkv, of `attentions`
     q_b_indexer: int = 0  # CSA attentions' wq_b + the indexer's wq_b, of `indexers`
     wkv_gate: int = 0  # compressors' wkv + wgate, of `compressors`
+    shared_w13: int = 0  # FP8 shared experts' w1 + w3, of `fp8_shared_experts`
     attentions: int = 0
     indexers: int = 0
     compressors: int = 0
+    fp8_shared_experts: int = 0
 
 
 def join_projections(model: nn.Module) -> JoinedProjections:
     """After loading, the linears of `model` that read the same input joined into one (fused_linear.py): each
-    attention's wq_a and wkv, each CSA attention's wq_b and its indexer's wq_b, each compressor's wkv and wgate."""
+    attention's wq_a and wkv, each CSA attention's wq_b and its indexer's wq_b, each compressor's wkv and wgate, each
+    FP8 shared expert's w1 and w3."""
     out = JoinedProjections()
     for m in list(model.modules()):
         if isinstance(m, Attention) and m.wq_a is not None:
@@ -294,6 +307,13 @@ def join_projections(model: nn.Module) -> JoinedProjections:
         elif isinstance(m, Compressor) and m.wkv is not None:
             out.compressors += 1
             out.wkv_gate += m.join_projections()
+        elif isinstance(m, SharedExpert) and isinstance(m.w1, Fp8BlockLinear):
+            # FP8 only beside kept routed experts, never fused into bf16 ones (fuse_shared_experts needs w1 and w3)
+            out.fp8_shared_experts += 1
+            fused = concat_linears([m.w1, m.w3])
+            if fused is not None:
+                m.w13, m.w1, m.w3 = fused, None, None
+                out.shared_w13 += 1
     return out
 
 
@@ -325,7 +345,8 @@ class DeepseekV4DecoderLayer(nn.Module):
         x, x_in = norm_for_linear(self.attn_norm, u, self.attn.wq_kv_a)
         streams = hc_post(self.attn(x, positions, forward_batch, x_in), streams, post, comb)
         u, post, comb = self._pre(streams, "ffn")
-        return hc_post(self.ffn(self.ffn_norm(u), input_ids), streams, post, comb)
+        x, x_in = norm_for_linear(self.ffn_norm, u, self.ffn.shared_input_linear())
+        return hc_post(self.ffn(x, input_ids, x_in), streams, post, comb)
 
 
 class DeepseekV4ForCausalLM(nn.Module):

@@ -30,8 +30,12 @@ class SharedExpert(nn.Module):
         self.w3 = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.w2 = nn.Linear(intermediate_size, hidden_size, bias=False)
         self.limit = limit
+        self.w13 = None  # kept FP8: w1 and w3 as one linear after loading (models/deepseek_v4.join_projections)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.w13 is not None:
+            gate, up = self.w13(x).chunk(2, dim=-1)
+            return self.w2(clamped_swiglu(gate, up, self.limit))
         return self.w2(clamped_swiglu(self.w1(x), self.w3(x), self.limit))
 
 

@@ -10,7 +10,7 @@ w13 [E, 2I, D/2] (w1 rows, then w3 rows), w2 [E, D, I/2], all uint8, as the chec
 (the checkpoint's [2I, D/32] and [D, I/32] per expert) in sgl_kernel's chunked storage where a row's groups are a
 multiple of 8 (w13_scale [E, D/256, 2I, 8], w2_scale [E, I/256, D, 8]: one decode K step's bytes of consecutive rows
 contiguous, dsv4_mxfp4_scales), else row-major. `load_expert` fills one expert's slice from the checkpoint's per-expert
-tensors. The shared expert is not fused into them (it is a bf16 SharedExpert beside them).
+tensors. The shared expert is not fused into them (a SharedExpert beside them, its linears kept FP8 too).
 """
 
 from __future__ import annotations
