@@ -122,6 +122,19 @@ def test_w4a8_equals_reference(tier, tokens, foreign):
     assert (w4a16 - ref).abs().max().item() > 20 * max(err, 1e-6 * scale)
 
 
+@pytest.mark.parametrize("hip,capability,expected", [(None, (9, 0), True), (None, (10, 0), True),
+                                                      (None, (8, 9), False), ("6.2", (9, 4), False)])
+def test_a8_gate_simulated_platforms(monkeypatch, hip, capability, expected):
+    """W4A8 needs an NVIDIA sm90+ GPU (FP8 wgmma); ROCm and older GPUs are refused (they keep W4A16), the CPU
+    interpreter runs it for tests."""
+    from sgl_kernel.dsv4_moe_w4a8 import a8_supported
+
+    monkeypatch.setattr(torch.version, "hip", hip)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    assert a8_supported(torch.device("cuda", 0)) is expected
+    assert a8_supported(torch.device("cpu"))
+
+
 def test_auto_tiers_and_width_check():
     assert a8_config(6, 256).gate_up.split_k == 4 and a8_config(30, 256).gate_up.split_k == 2
     assert a8_config(192, 256).block_m == 16 and a8_config(24576, 256).block_m == 64

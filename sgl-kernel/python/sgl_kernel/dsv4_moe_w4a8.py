@@ -63,7 +63,7 @@ def a8_supported(device: torch.device) -> bool:
     the CPU interpreter (tests)."""
     if device.type == "cpu":
         return True
-    return device.type == "cuda" and torch.version.hip is None and pdl_supported(device)  # pdl_supported: sm90+
+    return device.type == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability(device) >= (9, 0)
 
 
 def check_widths(hidden: int, inter: int) -> None:
@@ -242,13 +242,13 @@ def w4a8_gate_up(xq, xs, rows, block_expert, w13, s13, inter: int, top_k: int, l
     multipliers [num_blocks * block_m, I / 128]); rows without a pair are left unwritten."""
     num_blocks, hidden = block_expert.shape[0], xq.shape[1]
     splits = _splits(launch, hidden)
+    if splits == 1 and launch.block_n != QBLOCK:
+        raise ValueError(f"an unsplit W4A8 gate-up quantizes its own 128 columns: block_n must be 128, got "
+                         f"{launch.block_n}")
     rows_n = num_blocks * block_m
     hq = torch.empty(rows_n, inter, dtype=torch.float8_e4m3fn, device=xq.device)
     hs = torch.empty(rows_n, inter // QBLOCK, dtype=torch.float32, device=xq.device)
     part = hq if splits == 1 else torch.empty(splits, rows_n, 2 * inter, dtype=torch.float32, device=xq.device)
-    if splits == 1 and launch.block_n != QBLOCK:
-        raise ValueError(f"an unsplit W4A8 gate-up quantizes its own 128 columns: block_n must be 128, got "
-                         f"{launch.block_n}")
     s_e, s_major, chunked = scale_layout(s13)
     on_cpu = xq.device.type != "cuda"
     _w4a8_gate_up_kernel[(num_blocks, inter // launch.block_n, splits)](
