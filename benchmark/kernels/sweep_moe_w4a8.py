@@ -45,9 +45,10 @@ def candidates(block_m: int) -> tuple:
 
 
 def main() -> None:
+    from sgl_kernel.dsv4_fp8_gemm import dsv4_fp8_act_quant
     from sgl_kernel.dsv4_moe_mxfp4 import dsv4_moe_align, dsv4_moe_mxfp4
     from sgl_kernel.dsv4_moe_sums import combine_pairs
-    from sgl_kernel.dsv4_moe_w4a8 import a8_config, a8_quant, dsv4_moe_mxfp4_w4a8, w4a8_down, w4a8_gate_up
+    from sgl_kernel.dsv4_moe_w4a8 import a8_config, dsv4_moe_mxfp4_w4a8, w4a8_down, w4a8_gate_up
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 4, 8, 32, 128, 4096])
@@ -70,7 +71,7 @@ def main() -> None:
         cfg = a8_config(t * k, e)
         touched = ids.unique().numel()
         align = dsv4_moe_align(ids, e, cfg.block_m)
-        xq, xs = a8_quant(x)
+        xq, xs = dsv4_fp8_act_quant(x, parity=True)
         ref_h = w4a8_gate_up(xq, xs, *align, w13, s13, i, k, limit, cfg.block_m, cfg.gate_up)
         ref_out = combine_pairs(w4a8_down(*ref_h, *align, w2, s2, wflat, d, cfg.block_m, cfg.down), k, x.dtype).float()
         best = {}

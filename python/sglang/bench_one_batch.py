@@ -212,9 +212,8 @@ def main() -> None:
 
 
 def _bench_rank(args, server_args: ServerArgs, rank: int, init_method: str) -> None:
-    from sglang.srt.managers.scheduler_process import join_ranks
-
     from sglang.srt.distributed.parallel_state import destroy_parallel_state
+    from sglang.srt.managers.scheduler_process import join_ranks
 
     join_ranks(server_args, rank, init_method)
     bench(args, server_args, rank)

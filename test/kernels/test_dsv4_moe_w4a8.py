@@ -15,12 +15,12 @@ import torch
 import triton
 import triton.language as tl
 
+from sgl_kernel.dsv4_fp8_gemm import dsv4_fp8_act_quant
 from sgl_kernel.dsv4_fp8_gemm_ref import act_quant_ref
 from sgl_kernel.dsv4_moe_mxfp4 import MoeConfig
 from sgl_kernel.dsv4_moe_mxfp4_ref import fused_moe_mxfp4_ref
 from sgl_kernel.dsv4_moe_w4a8 import (
-    A8_DOWN, A8_DOWN_ONE, A8_GATE_UP, A8_GATE_UP_FEW, A8_GATE_UP_ONE, A8_PREFILL, a8_config, a8_quant,
-    dsv4_moe_mxfp4_w4a8)
+    A8_DOWN, A8_DOWN_ONE, A8_GATE_UP, A8_GATE_UP_FEW, A8_GATE_UP_ONE, A8_PREFILL, a8_config, dsv4_moe_mxfp4_w4a8)
 from sgl_kernel.dsv4_mxfp4_e4m3 import _PTX, fp4_group_e4m3, parity_order
 from test_dsv4_moe_mxfp4 import _experts, _routing
 
@@ -82,10 +82,10 @@ def test_ptx_computes_the_same_bytes():
 
 
 def test_quantized_activations_in_group_parity_order():
-    """a8_quant's e4m3 rows are act_quant_ref's (per token and 128 inputs, power-of-two scales) stored in group
-    parity order, its multipliers the reference's."""
+    """dsv4_fp8_act_quant(parity=True)'s e4m3 rows are act_quant_ref's (per token and 128 inputs, power-of-two
+    scales) stored in group parity order, its multipliers the reference's."""
     x = torch.randn(5, 512, generator=torch.Generator().manual_seed(0)) * torch.logspace(-3, 2, 512)
-    q, s = a8_quant(x)
+    q, s = dsv4_fp8_act_quant(x, parity=True)
     ref_q, ref_s = act_quant_ref(x)
     assert torch.equal(s, ref_s)
     assert torch.equal(q.view(torch.uint8), ref_q.view(torch.uint8)[:, parity_order(512)])

@@ -4,14 +4,14 @@ dsv4_fp8_gemm.quantize_rows), the codes converted to e4m3 in registers (dsv4_mxf
 scale group: its fp32 sums times the group's scale, each 128 inputs' sums times the activations' scale. The torch
 reference is dsv4_moe_mxfp4_ref.fused_moe_mxfp4_ref(fp8_acts=True).
 
-Launches: x quantized (stored in group parity order) -> gate-up (the clamped SwiGLU, its output quantized per 128 by
-the program that computes those 128 columns; K splits leave fp32 sums for `_swiglu_quant_kernel`) -> down (router
-weight applied; one fp32 slice per K split) -> dsv4_moe_sums.combine_pairs. The weights lead the MMA (acc [BLOCK_N,
-BLOCK_M]): on sm90 a wgmma with the converted codes in registers and the activations from shared memory (sm90 compile
-on the CPU, Triton 3.6: 2.4-2.9 instructions per weight in the decode K loops against the bf16 planes' 3.2-3.5; the
-scale bytes read one 4-byte word per 4 groups, which takes one layout conversion, through shared memory, where a
-byte per group took four). All sums in a fixed order: deterministic. Hidden and intermediate widths must be multiples
-of 256 (`check_widths`).
+Launches: x quantized (dsv4_fp8_act_quant, stored in group parity order) -> gate-up (the clamped SwiGLU, its output
+quantized per 128 by the program that computes those 128 columns; K splits leave fp32 sums for `_swiglu_quant_kernel`)
+-> down (router weight applied; one fp32 slice per K split) -> dsv4_moe_sums.combine_pairs. The weights lead the MMA
+(acc [BLOCK_N, BLOCK_M]): on sm90 a wgmma with the converted codes in registers and the activations from shared memory
+(sm90 compile on the CPU, Triton 3.6: 2.4-2.9 instructions per weight in the decode K loops against the bf16 planes'
+3.2-3.5; the scale bytes read one 4-byte word per 4 groups, which takes one layout conversion, through shared memory,
+where a byte per group took four). All sums in a fixed order: deterministic. Hidden and intermediate widths must be
+multiples of 256 (`check_widths`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl_kernel.dsv4_fp8_gemm import quantize_rows
+from sgl_kernel.dsv4_fp8_gemm import dsv4_fp8_act_quant, quantize_rows
 from sgl_kernel.dsv4_moe_mxfp4 import MoeConfig, MoeLaunch, dsv4_moe_align, mxfp4_experts_of
 from sgl_kernel.dsv4_moe_planes import down_program, k_range
 from sgl_kernel.dsv4_moe_sums import clamped_swiglu, combine_pairs
@@ -70,21 +70,6 @@ def check_widths(hidden: int, inter: int) -> None:
     if hidden % WIDTH_MULTIPLE or inter % WIDTH_MULTIPLE:
         raise ValueError(f"W4A8 experts need hidden ({hidden}) and intermediate ({inter}) sizes that are multiples of "
                          f"{WIDTH_MULTIPLE}")
-
-
-@triton.jit
-def _quant_kernel(x_ptr, q_ptr, s_ptr, M, stride_x, stride_q, stride_s, BLOCK_M: tl.constexpr,
-                  ROUND_IN_FP32: tl.constexpr, PDL: tl.constexpr):
-    """BLOCK_M rows x one 128-input block of x: e4m3 in group parity order and the block's multiplier per row."""
-    pdl_enter(PDL)
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    ok = rows < M
-    k = tl.program_id(1) * 128 + tl.arange(0, 128)
-    x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * stride_x + k[None, :], mask=ok[:, None], other=0.0)
-    q, scale = quantize_rows(x.to(tl.float32), 448.0, ROUND_IN_FP32)
-    tl.store(q_ptr + rows.to(tl.int64)[:, None] * stride_q + parity_column(k)[None, :], q.to(q_ptr.dtype.element_ty),
-             mask=ok[:, None])
-    tl.store(s_ptr + rows * stride_s + tl.program_id(1), scale, mask=ok)
 
 
 @triton.jit
@@ -224,18 +209,6 @@ def _splits(launch: MoeLaunch, k: int) -> int:
     return max(s for s in range(1, max(1, launch.split_k) + 1) if tiles % s == 0)
 
 
-def a8_quant(x: torch.Tensor, pdl: bool = False) -> tuple:
-    """x [T, D] -> (e4m3 [T, D] in group parity order, fp32 multipliers [T, D / 128])."""
-    t, d = x.shape
-    q = torch.empty(t, d, dtype=torch.float8_e4m3fn, device=x.device)
-    s = torch.empty(t, d // QBLOCK, dtype=torch.float32, device=x.device)
-    if t:
-        _quant_kernel[(triton.cdiv(t, 16), d // QBLOCK)](
-            x, q, s, t, x.stride(0), q.stride(0), s.stride(0), BLOCK_M=16, ROUND_IN_FP32=x.device.type != "cuda",
-            PDL=pdl, num_warps=4, **pdl_launch(pdl))
-    return q, s
-
-
 def w4a8_gate_up(xq, xs, rows, block_expert, w13, s13, inter: int, top_k: int, limit: float, block_m: int,
                  launch: MoeLaunch, pdl: bool = False) -> tuple:
     """The quantized activated intermediate rows: (e4m3 [num_blocks * block_m, I] in group parity order, fp32
@@ -296,7 +269,7 @@ def dsv4_moe_mxfp4_w4a8(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: t
     cfg = config or a8_config(num_tokens * top_k, num_experts)
     pdl = cfg.pdl and pdl_supported(x.device)
     rows, block_expert = dsv4_moe_align(topk_ids, num_experts, cfg.block_m, pdl=pdl)
-    xq, xs = a8_quant(x, pdl)
+    xq, xs = dsv4_fp8_act_quant(x, parity=True, pdl=pdl)
     hq, hs = w4a8_gate_up(xq, xs, rows, block_expert, w13, s13, inter, top_k, limit, cfg.block_m, cfg.gate_up, pdl)
     weights = topk_weights.flatten().float().contiguous()
     pairs = w4a8_down(hq, hs, rows, block_expert, w2, s2, weights, hidden, cfg.block_m, cfg.down, pdl)

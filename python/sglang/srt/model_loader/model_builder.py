@@ -161,12 +161,10 @@ def load_models(args, model_path: str, config: DeepseekV4Config, dtype: torch.dt
     models = {}
     for part in parts:
         models[part] = materialize(metas[part], device)
-        for module in models[part].modules():
-            if isinstance(module, Mxfp4RoutedExperts) and fp8_acts:
-                from sgl_kernel.dsv4_moe_w4a8 import check_widths
-
-                check_widths(module.w2.shape[1], module.intermediate_size)  # this rank's part under MoE TP
-                module.fp8_activations = True
+        if fp8_acts:
+            for module in models[part].modules():
+                if isinstance(module, Mxfp4RoutedExperts):
+                    module.use_fp8_activations()
         models[part].load_weights(rank_weights(config, lambda select: iter_checkpoint(
             model_path, config, dtype=dtype, part=part, device=device, keep_fp8=fp8[part],
             keep_fp4=experts == "fp4", keep_fp8_experts=experts == "fp8", plans=plans[part], select=select)))

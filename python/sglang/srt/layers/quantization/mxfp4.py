@@ -49,7 +49,7 @@ class Mxfp4RoutedExperts(nn.Module):
         self.w13, self.w13_scale = param(e, 2 * i, d // 2), scales(2 * i, d // FP4_BLOCK)
         self.w2, self.w2_scale = param(e, d, i // 2), scales(d, i // FP4_BLOCK)
         self.scale_range = (256, -1)  # (min, max) scale byte loaded: the decode kernels' parity planes need it in range
-        self.fp8_activations = False  # --mxfp4-moe-precision fp8: W4A8 (sgl_kernel.dsv4_moe_w4a8), set after building
+        self.fp8_activations = False  # --mxfp4-moe-precision fp8: W4A8 (use_fp8_activations, after building)
 
     def load_expert(self, which: str, expert: int, tensor: torch.Tensor, is_scale: bool) -> str:
         """Copy the checkpoint's packed `which` (w1 / w2 / w3) codes or scale bytes of one expert; returns the name
@@ -72,6 +72,14 @@ class Mxfp4RoutedExperts(nn.Module):
             lo, hi = self.scale_range
             self.scale_range = (min(lo, int(target.min())), max(hi, int(target.max())))
         return name
+
+    def use_fp8_activations(self) -> None:
+        """Run W4A8 from now on (--mxfp4-moe-precision fp8); refused for widths its kernels do not take (this rank's
+        part of the intermediate dim under MoE tensor parallelism)."""
+        from sgl_kernel.dsv4_moe_w4a8 import check_widths
+
+        check_widths(self.w2.shape[1], self.intermediate_size)
+        self.fp8_activations = True
 
     @property
     def scales_fit_planes(self) -> bool:
