@@ -17,10 +17,11 @@ import triton.language as tl
 
 from sgl_kernel.dsv4_fp8_gemm import dsv4_fp8_act_quant
 from sgl_kernel.dsv4_fp8_gemm_ref import act_quant_ref
-from sgl_kernel.dsv4_moe_mxfp4 import MoeConfig
+from sgl_kernel.dsv4_moe_mxfp4 import MoeConfig, MoeLaunch
 from sgl_kernel.dsv4_moe_mxfp4_ref import fused_moe_mxfp4_ref
 from sgl_kernel.dsv4_moe_w4a8 import (
-    A8_DOWN, A8_DOWN_ONE, A8_GATE_UP, A8_GATE_UP_FEW, A8_GATE_UP_ONE, A8_PREFILL, a8_config, dsv4_moe_mxfp4_w4a8)
+    A8_DOWN, A8_DOWN_FEW, A8_DOWN_ONE, A8_GATE_UP, A8_GATE_UP_FEW, A8_GATE_UP_ONE, A8_PREFILL, a8_config,
+    dsv4_moe_mxfp4_w4a8)
 from sgl_kernel.dsv4_mxfp4_e4m3 import _PTX, fp4_group_e4m3, parity_order
 from test_dsv4_moe_mxfp4 import _experts, _routing
 
@@ -95,8 +96,9 @@ E, D, I, K = 8, 512, 256, 2
 
 _TIERS = {
     "one": MoeConfig(16, A8_GATE_UP_ONE, A8_DOWN_ONE),  # K splits in both (SwiGLU + quantization over the splits)
-    "few": MoeConfig(16, A8_GATE_UP_FEW, A8_DOWN),
-    "decode": MoeConfig(16, A8_GATE_UP, A8_DOWN),  # the unsplit gate-up quantizes its own 128 columns
+    "few": MoeConfig(16, A8_GATE_UP_FEW, A8_DOWN_FEW),
+    "decode": MoeConfig(16, A8_GATE_UP, A8_DOWN),
+    "unsplit": MoeConfig(16, MoeLaunch(128, 128, 4, 3, scaled_dot=False), A8_DOWN),  # quantizes its own 128 columns
     "prefill": MoeConfig(64, A8_PREFILL, A8_PREFILL),
     "auto": None,
 }
@@ -136,7 +138,8 @@ def test_a8_gate_simulated_platforms(monkeypatch, hip, capability, expected):
 
 
 def test_auto_tiers_and_width_check():
-    assert a8_config(6, 256).gate_up.split_k == 4 and a8_config(30, 256).gate_up.split_k == 2
+    assert a8_config(6, 256).gate_up.split_k == 4 and a8_config(30, 256).gate_up.split_k == 4
+    assert a8_config(48, 256).gate_up.split_k == 2 and a8_config(48, 256).down.block_n == 128
     assert a8_config(192, 256).block_m == 16 and a8_config(24576, 256).block_m == 64
     x = torch.zeros(1, 96)
     w13, s13, w2, s2 = _experts(2, 96, 64, seed=0)

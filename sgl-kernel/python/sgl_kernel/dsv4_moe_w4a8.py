@@ -35,15 +35,17 @@ from sgl_kernel.dsv4_pdl import pdl_enter, pdl_launch, pdl_supported
 QBLOCK = 128  # inputs per activation scale
 WIDTH_MULTIPLE = 256  # hidden and intermediate widths: every launch's tiles divide them
 
-# Launches by pairs per expert (as moe_config's tiers; chosen from sm90 compiles, not yet timed on a GPU): one
-# token's few experts split K for more programs, a few tokens' gate-up in 2 splits; 128 x 128 gate-up tiles (256-wide
-# K tiles spill with Triton 3.9), 256-wide for the down from 2 tokens; prefill 64-row blocks with 8 warps (the
-# gate-up's fp32 tiles [128, 64]: gate and up, sums and a group's).
-A8_GATE_UP_ONE = MoeLaunch(128, 128, 4, 3, scaled_dot=False, split_k=4)
-A8_DOWN_ONE = MoeLaunch(128, 128, 4, 3, scaled_dot=False, split_k=2)
-A8_GATE_UP_FEW = MoeLaunch(128, 128, 4, 3, scaled_dot=False, split_k=2)
-A8_GATE_UP = MoeLaunch(128, 128, 4, 3, scaled_dot=False)
-A8_DOWN = MoeLaunch(128, 256, 4, 3, scaled_dot=False)
+# Launches by pairs per expert (as moe_config's tiers), the H200 sweep's fastest (RESULTS.md, 2026-12-04 seventh
+# session; `benchmark/kernels/sweep_moe_w4a8.py`): 64 x 128 gate-up tiles at every decode size, in 4 K splits up to
+# experts / 8 pairs (1-5 tokens of Flash) and 2 beyond (8 tokens: 215 us against 238 unsplit 128-wide; 32 tokens not
+# swept); the down 128 x 256 in 2 splits for one token, unsplit for a few, 128 x 128 beyond. Prefill: 64-row blocks
+# with 8 warps (the gate-up's fp32 tiles [128, 64]: gate and up, sums and a group's).
+A8_GATE_UP_ONE = MoeLaunch(64, 128, 4, 3, scaled_dot=False, split_k=4)
+A8_DOWN_ONE = MoeLaunch(128, 256, 4, 3, scaled_dot=False, split_k=2)
+A8_GATE_UP_FEW = A8_GATE_UP_ONE
+A8_DOWN_FEW = MoeLaunch(128, 256, 4, 3, scaled_dot=False)
+A8_GATE_UP = MoeLaunch(64, 128, 4, 3, scaled_dot=False, split_k=2)
+A8_DOWN = MoeLaunch(128, 128, 4, 3, scaled_dot=False)
 A8_PREFILL = MoeLaunch(128, 128, 8, 3, scaled_dot=False)
 
 
@@ -54,7 +56,7 @@ def a8_config(num_pairs: int, num_experts: int) -> MoeConfig:
     if num_pairs * 32 <= num_experts:
         return MoeConfig(16, A8_GATE_UP_ONE, A8_DOWN_ONE)
     if num_pairs * 8 <= num_experts:
-        return MoeConfig(16, A8_GATE_UP_FEW, A8_DOWN)
+        return MoeConfig(16, A8_GATE_UP_FEW, A8_DOWN_FEW)
     return MoeConfig(16, A8_GATE_UP, A8_DOWN)
 
 
