@@ -157,7 +157,7 @@ def main() -> None:
                 if args.planes:  # the planes' kernels: their own constexprs
                     consts = {"BLOCK_M": cfg.block_m, "BLOCK_N": launch.block_n, "BLOCK_K": launch.block_k,
                               "SWAP": launch.swap, "PTX": True, "PREC": "tf32", "SCALE_CHUNKED": True,
-                              "SPLITS": launch.split_k, "LAST_SUMS": False, "PDL": True}
+                              "SPLITS": launch.split_k, "PDL": True}
                 c = compile_sm90(kernel, consts, launch_t, tma)
                 print(f"tokens {t:4d} {name:8s} {launch_t}: {resources(c)}", flush=True)
                 if args.sass:

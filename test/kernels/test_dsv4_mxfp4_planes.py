@@ -62,8 +62,7 @@ out = []
 for name, launch in sorted(launches, key=str):
     kernel = planes._planes_gate_up_kernel if name == "gate_up" else planes._planes_down_kernel
     consts = {"BLOCK_M": 16, "BLOCK_N": launch.block_n, "BLOCK_K": launch.block_k, "PREC": "tf32",
-              "SCALE_CHUNKED": True, "SWAP": launch.swap, "PTX": True, "SPLITS": launch.split_k, "LAST_SUMS": False,
-              "PDL": True}
+              "SCALE_CHUNKED": True, "SWAP": launch.swap, "PTX": True, "SPLITS": launch.split_k, "PDL": True}
     sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in kernel.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
              if n not in consts and n not in ("TOPK", "limit")}

@@ -346,7 +346,6 @@ class MoeConfig:
     gate_up: MoeLaunch
     down: MoeLaunch
     pdl: bool = True
-    last_sums: bool = False  # parity planes: each kernel's last programs do the SwiGLU over splits / the combine
 
 
 def moe_config(num_pairs: int, num_experts: int, scaled_dot: bool = True, fp8: bool = False,
@@ -481,11 +480,9 @@ def _fused_moe(x, topk_ids, topk_weights, w13, s13, w2, s2, limit: float, inter:
         cfg = pick(False)  # widths the planes' tiles do not divide (small test models): the scaled dot
     pdl = cfg.pdl and cfg.gate_up.planes and cfg.down.planes and pdl_supported(x.device)
     rows, block_expert = dsv4_moe_align(topk_ids, num_experts, cfg.block_m, pdl=pdl)
-    last = cfg.last_sums and cfg.gate_up.planes and cfg.down.planes  # (dsv4_moe_sums.arrive)
-    h = moe_gate_up(x, rows, block_expert, w13, s13, inter, top_k, limit, cfg.block_m, cfg.gate_up, fp8, pdl, last)
-    pairs = moe_down(h, rows, block_expert, w2, s2, topk_weights, hidden, cfg.block_m, cfg.down, fp8, pdl,
-                     x.dtype if last else None)
-    return pairs if last else combine_pairs(pairs, top_k, x.dtype, pdl)
+    h = moe_gate_up(x, rows, block_expert, w13, s13, inter, top_k, limit, cfg.block_m, cfg.gate_up, fp8, pdl)
+    pairs = moe_down(h, rows, block_expert, w2, s2, topk_weights, hidden, cfg.block_m, cfg.down, fp8, pdl)
+    return combine_pairs(pairs, top_k, x.dtype, pdl)
 
 
 def _precision(dtype: torch.dtype) -> str:
@@ -517,15 +514,14 @@ def _k_splits(k: int, launch: MoeLaunch) -> tuple:
 
 
 def moe_gate_up(x, rows, block_expert, w13, s13, inter: int, top_k: int, limit: float, block_m: int,
-                launch: MoeLaunch, fp8: bool, pdl: bool = False, last_sums: bool = False) -> torch.Tensor:
+                launch: MoeLaunch, fp8: bool, pdl: bool = False) -> torch.Tensor:
     """Step 2 alone (the benchmark sweep times it): the activated intermediate rows [num_blocks * block_m, I]. Split
     over K, the kernel writes fp32 gate and up sums per split; dsv4_moe_sums.swiglu_splits adds them and applies the
-    clamped SwiGLU. pdl, last_sums (planes launches only): launched as programmatic dependents (dsv4_pdl); the
-    splits added by each tile's last split (dsv4_moe_planes.planes_gate_up)."""
+    clamped SwiGLU. pdl (planes launches only): launched as programmatic dependents (dsv4_pdl)."""
     if launch.planes:
         if fp8:
             raise ValueError("MoeLaunch.planes takes MXFP4 weights, not FP8 experts")
-        return planes_gate_up(x, rows, block_expert, w13, s13, inter, top_k, limit, block_m, launch, pdl, last_sums)
+        return planes_gate_up(x, rows, block_expert, w13, s13, inter, top_k, limit, block_m, launch, pdl)
     num_blocks, hidden = block_expert.shape[0], x.shape[1]
     splits, per_split = _k_splits(hidden, launch)
     if splits == 1:
@@ -549,17 +545,15 @@ def moe_gate_up(x, rows, block_expert, w13, s13, inter: int, top_k: int, limit: 
 
 
 def moe_down(h, rows, block_expert, w2, s2, topk_weights, hidden: int, block_m: int, launch: MoeLaunch,
-             fp8: bool, pdl: bool = False, sum_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+             fp8: bool, pdl: bool = False) -> torch.Tensor:
     """Step 3 alone: each (token, slot) pair's weighted expert output [T * k, D] fp32; split over K, one such slice
-    per split, [splits, T * k, D] (dsv4_moe_sums.combine_pairs adds them). sum_dtype (planes launches only): the
-    MoE's output [T, D], combined by each output tile's last program (dsv4_moe_planes.planes_down)."""
+    per split, [splits, T * k, D] (dsv4_moe_sums.combine_pairs adds them)."""
     num_blocks, inter = block_expert.shape[0], h.shape[1]
     weights = topk_weights.flatten().float().contiguous()
     if launch.planes:
         if fp8:
             raise ValueError("MoeLaunch.planes takes MXFP4 weights, not FP8 experts")
-        return planes_down(h, rows, block_expert, w2, s2, weights, hidden, block_m, launch, pdl,
-                           topk_weights.shape[1], sum_dtype)
+        return planes_down(h, rows, block_expert, w2, s2, weights, hidden, block_m, launch, pdl)
     splits, per_split = _k_splits(inter, launch)
     pairs = torch.empty(splits, weights.numel(), hidden, dtype=torch.float32, device=h.device)
     s2_e, s2_row, chunked = (s2.stride(0), s2.stride(2), False) if fp8 else scale_layout(s2)

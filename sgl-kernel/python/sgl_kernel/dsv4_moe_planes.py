@@ -20,14 +20,14 @@ dsv4_moe_mxfp4's kernels (the torch reference is dsv4_moe_mxfp4_ref.py).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 import torch
 import triton
 import triton.language as tl
 
 from sgl_kernel.dsv4_mxfp4_planes import BIAS, fp4_planes, planes_supported, split_parity
-from sgl_kernel.dsv4_moe_sums import COUNTERS, arrival_counters, arrive, clamped_swiglu, swiglu_splits
+from sgl_kernel.dsv4_moe_sums import clamped_swiglu, swiglu_splits
 from sgl_kernel.dsv4_mxfp4_scales import scale_layout
 from sgl_kernel.dsv4_pdl import pdl_enter, pdl_launch
 
@@ -76,15 +76,14 @@ def _per_col(v, SWAP: tl.constexpr):
 
 @triton.jit
 def _planes_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, h_ptr, D, I, TOPK, E, stride_x, stride_we,
-                           stride_wn, stride_se, stride_sn, stride_h, limit, K_PER_SPLIT, stride_ps, sum_ptr,
-                           stride_sum, cnt_ptr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                           SWAP: tl.constexpr, PTX: tl.constexpr, PREC: tl.constexpr, SCALE_CHUNKED: tl.constexpr,
-                           SPLITS: tl.constexpr, LAST_SUMS: tl.constexpr, PDL: tl.constexpr):
+                           stride_wn, stride_se, stride_sn, stride_h, limit, K_PER_SPLIT, stride_ps,
+                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP: tl.constexpr,
+                           PTX: tl.constexpr, PREC: tl.constexpr, SCALE_CHUNKED: tl.constexpr, SPLITS: tl.constexpr,
+                           PDL: tl.constexpr):
     """One 16-row block of an expert's (token, slot) pairs x one BLOCK_N tile of the intermediate dim: the gate and up
     sums over all of D, then the clamped SwiGLU silu(min(g, L)) * clamp(u, -L, L) into the block's h rows. SPLITS > 1:
     program_id(2)'s K range only, its raw gate and up sums into h_ptr [SPLITS, rows, 2I] fp32 (split stride
-    stride_ps) for dsv4_moe_sums.swiglu_splits, or LAST_SUMS: the tile's last split to finish adds them (counter
-    cnt_ptr + tile) and writes the SwiGLU into sum_ptr's rows. PDL: launched as a programmatic dependent (dsv4_pdl)."""
+    stride_ps) for dsv4_moe_sums.swiglu_splits. PDL: launched as a programmatic dependent (dsv4_pdl)."""
     pdl_enter(PDL)
     blk = tl.program_id(0)
     e = tl.load(bexp_ptr + blk)
@@ -112,23 +111,6 @@ def _planes_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, h_ptr, D, I,
                       + _per_col(n, SWAP))
             tl.store(p_rows, acc_g * (2.0 ** BIAS), mask=_per_row(valid, SWAP))
             tl.store(p_rows + I, acc_u * (2.0 ** BIAS), mask=_per_row(valid, SWAP))
-            if LAST_SUMS:
-                if arrive(cnt_ptr + blk * tl.num_programs(1) + tl.program_id(1), SPLITS):
-                    _swiglu_of_splits(h_ptr, sum_ptr, r, n, valid, I, stride_h, stride_ps, stride_sum, limit, SPLITS)
-
-
-@triton.jit
-def _swiglu_of_splits(p_ptr, sum_ptr, r, n, valid, I, stride_p, stride_ps, stride_sum, limit, SPLITS: tl.constexpr):
-    """The SwiGLU of rows r x columns n of the gate and up sums over the splits' slices (split order, read from L2:
-    dsv4_moe_sums.arrive), as dsv4_moe_sums.swiglu_splits computes it."""
-    rows = p_ptr + r.to(tl.int64)[:, None] * stride_p + n[None, :]
-    g = tl.load(rows, mask=valid[:, None], other=0.0, cache_modifier=".cg")
-    u = tl.load(rows + I, mask=valid[:, None], other=0.0, cache_modifier=".cg")
-    for sp in tl.static_range(1, SPLITS):
-        g += tl.load(rows + sp * stride_ps, mask=valid[:, None], other=0.0, cache_modifier=".cg")
-        u += tl.load(rows + sp * stride_ps + I, mask=valid[:, None], other=0.0, cache_modifier=".cg")
-    out = sum_ptr + r.to(tl.int64)[:, None] * stride_sum + n[None, :]
-    tl.store(out, clamped_swiglu(g, u, limit).to(sum_ptr.dtype.element_ty), mask=valid[:, None])
 
 
 @triton.jit
@@ -164,17 +146,13 @@ def swiglu_store(acc_g, acc_u, h_ptr, r, n, valid, stride_h, limit, SWAP: tl.con
 
 @triton.jit
 def _planes_down_kernel(h_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, wts_ptr, out_ptr, D, I, E, stride_h, stride_we,
-                        stride_wn, stride_se, stride_sn, stride_o, K_PER_SPLIT, stride_os, sum_ptr, cnt_ptr, T, TOPK,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        SWAP: tl.constexpr, PTX: tl.constexpr, PREC: tl.constexpr, SCALE_CHUNKED: tl.constexpr,
-                        SPLITS: tl.constexpr, LAST_SUMS: tl.constexpr, PDL: tl.constexpr):
+                        stride_wn, stride_se, stride_sn, stride_o, K_PER_SPLIT, stride_os, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP: tl.constexpr, PTX: tl.constexpr,
+                        PREC: tl.constexpr, SCALE_CHUNKED: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr):
     """One block's h rows times a BLOCK_N tile of the expert's w2 rows, scaled by each pair's router weight, into the
     pairs' rows of out; blocks of another rank's experts (E) write zeros there. SPLITS > 1: program_id(2)'s K range
-    into out's slice program_id(2) (stride_os); combine_pairs adds the slices, or LAST_SUMS: the last program of
-    the output tile to finish (counter cnt_ptr + tile) adds each of the T tokens' TOPK rows there into sum_ptr
-    [T, D]. PDL: as the gate-up's."""
+    into out's slice program_id(2) (stride_os); combine_pairs adds the slices. PDL: as the gate-up's."""
     pdl_enter(PDL)
-    pairs_ptr = out_ptr
     out_ptr, e, r, n = down_program(out_ptr, bexp_ptr, stride_os, BLOCK_M, BLOCK_N, SPLITS)
     if e <= E:
         pair = tl.load(rows_ptr + r)
@@ -195,14 +173,6 @@ def _planes_down_kernel(h_ptr, rows_ptr, bexp_ptr, w_ptr, s_ptr, wts_ptr, out_pt
             tl.store(out_rows, acc * (2.0 ** BIAS) * _per_row(wt, SWAP), mask=_per_row(valid, SWAP))
         else:
             tl.store(out_rows, _acc_zeros(BLOCK_M, BLOCK_N, SWAP), mask=_per_row(valid, SWAP))
-    if LAST_SUMS:  # every program arrives, those of blocks past the last one too
-        if arrive(cnt_ptr + tl.program_id(1), tl.num_programs(0) * SPLITS):
-            for t in range(T):  # combine_pairs' order: slot, then K split (int32 offsets: planes_down checks)
-                row = pairs_ptr + t * TOPK * stride_o + n
-                acc = tl.load(row, cache_modifier=".cg")
-                for i in range(1, TOPK * SPLITS):
-                    acc += tl.load(row + (i // SPLITS) * stride_o + (i % SPLITS) * stride_os, cache_modifier=".cg")
-                tl.store(sum_ptr + t * D + n, acc.to(sum_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -240,67 +210,41 @@ def _prec(dtype: torch.dtype) -> str:
 
 
 def planes_gate_up(x, rows, block_expert, w13, s13, inter: int, top_k: int, limit: float, block_m: int,
-                   launch: "MoeLaunch", pdl: bool = False, last_sums: bool = False) -> torch.Tensor:
+                   launch: "MoeLaunch", pdl: bool = False) -> torch.Tensor:
     """dsv4_moe_mxfp4.moe_gate_up for launch.planes: the activated intermediate rows [num_blocks * block_m, I]. With
     launch.split_k > 1 the splits' fp32 sums go through dsv4_moe_sums.swiglu_splits (one more launch; more programs,
-    each with a shorter K loop: one token's few experts), or with last_sums through each tile's last split (arrival
-    counters; no launch). pdl: launch it and the SwiGLU as programmatic dependents (dsv4_pdl; the caller checks
-    pdl_supported)."""
+    each with a shorter K loop: one token's few experts). pdl: launch it and the SwiGLU as programmatic dependents
+    (dsv4_pdl; the caller checks pdl_supported)."""
     num_blocks, hidden = block_expert.shape[0], x.shape[1]
     _check(launch, hidden, inter, x.dtype, "gate-up")
     splits = launch.split_k
     out = torch.empty(num_blocks * block_m, inter, dtype=x.dtype, device=x.device)
     part = out if splits == 1 else torch.empty(splits, num_blocks * block_m, 2 * inter, dtype=torch.float32,
                                                device=x.device)
-    last_sums = last_sums and splits > 1
-    tiles = num_blocks * (inter // launch.block_n)
-    counters = _counters(x.device, tiles, GATE_UP_COUNTERS, COUNTERS) if last_sums else out
     s_e, s_major, chunked = scale_layout(s13)
     _planes_gate_up_kernel[(num_blocks, inter // launch.block_n, splits)](
         x, rows, block_expert, w13, s13, part, hidden, inter, top_k, w13.shape[0], x.stride(0), w13.stride(0),
         w13.stride(1), s_e, s_major, part.stride(-2), float(limit), hidden // splits,
-        part.stride(0) if splits > 1 else 0, out, out.stride(0), counters, BLOCK_M=block_m, BLOCK_N=launch.block_n,
-        BLOCK_K=launch.block_k, SWAP=launch.swap, PTX=planes_supported(x.device, x.dtype), PREC=_prec(x.dtype),
-        SCALE_CHUNKED=chunked, SPLITS=splits, LAST_SUMS=last_sums, PDL=pdl, num_warps=launch.num_warps,
-        num_stages=launch.num_stages, **pdl_launch(pdl))
-    return swiglu_splits(part, rows, out, limit, pdl) if splits > 1 and not last_sums else out
-
-
-GATE_UP_COUNTERS = 4096  # arrival counters [0, 4096) for the down's output tiles, the gate-up's from there
-
-
-def _counters(device: torch.device, needed: int, start: int, end: int) -> torch.Tensor:
-    if needed > end - start:
-        raise ValueError(f"MoeConfig.last_sums needs {needed} arrival counters here, more than the {end - start} "
-                         f"there are (it is for decode batches: moe_config's small tiers)")
-    return arrival_counters(device)[start:end]
+        part.stride(0) if splits > 1 else 0, BLOCK_M=block_m, BLOCK_N=launch.block_n, BLOCK_K=launch.block_k,
+        SWAP=launch.swap, PTX=planes_supported(x.device, x.dtype), PREC=_prec(x.dtype), SCALE_CHUNKED=chunked,
+        SPLITS=splits, PDL=pdl, num_warps=launch.num_warps, num_stages=launch.num_stages, **pdl_launch(pdl))
+    return swiglu_splits(part, rows, out, limit, pdl) if splits > 1 else out
 
 
 def planes_down(h, rows, block_expert, w2, s2, weights, hidden: int, block_m: int, launch: "MoeLaunch",
-                pdl: bool = False, top_k: int = 0, sum_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+                pdl: bool = False) -> torch.Tensor:
     """dsv4_moe_mxfp4.moe_down for launch.planes: each pair's weighted expert output [T * k, D] fp32 (weights: the
     router weights flattened, fp32); with launch.split_k > 1 one such slice per K split, [splits, T * k, D]
-    (dsv4_moe_sums.combine_pairs adds them). With sum_dtype (and top_k) each output tile's last program does
-    combine_pairs' sums itself (arrival counters) and the MoE's output [T, D] in sum_dtype is returned. pdl: as
-    planes_gate_up's."""
+    (dsv4_moe_sums.combine_pairs adds them). pdl: as planes_gate_up's."""
     num_blocks, inter = block_expert.shape[0], h.shape[1]
     _check(launch, inter, hidden, h.dtype, "down")
     splits = launch.split_k
     out = torch.empty(splits, weights.numel(), hidden, dtype=torch.float32, device=h.device)
-    last_sums = sum_dtype is not None
-    total = (torch.empty(weights.numel() // top_k, hidden, dtype=sum_dtype, device=h.device) if last_sums
-             else out)
-    counters = _counters(h.device, hidden // launch.block_n, 0, GATE_UP_COUNTERS) if last_sums else out
-    if last_sums and out.numel() >= 2**31:
-        raise ValueError(f"MoeConfig.last_sums is for decode batches: {weights.numel()} pairs x {hidden} outputs")
     s_e, s_major, chunked = scale_layout(s2)
     _planes_down_kernel[(num_blocks, hidden // launch.block_n, splits)](
         h, rows, block_expert, w2, s2, weights, out, hidden, inter, w2.shape[0], h.stride(0), w2.stride(0),
-        w2.stride(1), s_e, s_major, out.stride(1), inter // splits, out.stride(0), total, counters,
-        weights.numel() // max(1, top_k), max(1, top_k), BLOCK_M=block_m, BLOCK_N=launch.block_n,
-        BLOCK_K=launch.block_k, SWAP=launch.swap, PTX=planes_supported(h.device, h.dtype), PREC=_prec(h.dtype),
-        SCALE_CHUNKED=chunked, SPLITS=splits, LAST_SUMS=last_sums, PDL=pdl, num_warps=launch.num_warps,
+        w2.stride(1), s_e, s_major, out.stride(1), inter // splits, out.stride(0), BLOCK_M=block_m,
+        BLOCK_N=launch.block_n, BLOCK_K=launch.block_k, SWAP=launch.swap, PTX=planes_supported(h.device, h.dtype),
+        PREC=_prec(h.dtype), SCALE_CHUNKED=chunked, SPLITS=splits, PDL=pdl, num_warps=launch.num_warps,
         num_stages=launch.num_stages, **pdl_launch(pdl))
-    if last_sums:
-        return total
     return out[0] if splits == 1 else out

@@ -5,9 +5,6 @@ planes' decode kernels (dsv4_moe_planes), each one launch in a fixed order (dete
 - `combine_pairs`: each token's k weighted expert rows (one slice per down K split) summed in slot then split order
   in fp32 and cast to the activations' dtype (a torch sum and a cast were two launches: 3.1 + 1.0 us of a 1-token
   MoE on an H200).
-Where a launch's last program can do a reduction itself (`MoeConfig.last_sums`: the parity planes' decode chain), it
-finds out with an arrival counter (`arrive`, `arrival_counters`) and saves the reduction's launch; it adds in the
-same order, so the bits are those of the separate launch.
 """
 
 from __future__ import annotations
@@ -19,31 +16,6 @@ import triton.language as tl
 from sgl_kernel.dsv4_pdl import pdl_enter, pdl_launch
 
 BLOCK = 1024  # columns per program of either reduction
-COUNTERS = 1 << 16  # arrival counters per device (int32): the decode tiers that use them need a few hundred
-
-_COUNTERS: dict = {}
-
-
-def arrival_counters(device: torch.device) -> torch.Tensor:
-    """The device's arrival counters, zero between launches (each launch's last arriver resets its own). One tensor
-    per device for the process's life: a CUDA graph keeps its address, so it is never reallocated; kernels that use
-    it run one at a time (one compute stream). First use is best outside graph capture (the engine's warm-up)."""
-    key = (device.type, device.index)
-    if key not in _COUNTERS:
-        _COUNTERS[key] = torch.zeros(COUNTERS, dtype=torch.int32, device=device)
-    return _COUNTERS[key]
-
-
-@triton.jit
-def arrive(cnt_ptr, total):
-    """Whether this program is the last of `total` to arrive at the counter (then it resets it to 0). Every thread's
-    stores before the call are visible to the last arriver's loads after it, if those read L2 (`cache_modifier=
-    ".cg"`): the CTA barrier orders them before the one thread's release-acquire atomic."""
-    tl.debug_barrier()
-    last = tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu") == total - 1
-    if last:
-        tl.store(cnt_ptr, 0)
-    return last
 
 
 @triton.jit
