@@ -12,6 +12,10 @@ quantized per 128 by the program that computes those 128 columns; K splits leave
 3.2-3.5; the scale bytes read one 4-byte word per 4 groups, which takes one layout conversion, through shared memory,
 where a byte per group took four). All sums in a fixed order: deterministic. Hidden and intermediate widths must be
 multiples of 256 (`check_widths`).
+
+On an H200 it is 1.4-1.9x slower than the W4A16 planes at every batch (RESULTS.md, 2026-12-04 seventh session): each
+group's wgmma is waited for before its scale multiplies the partial sums, so a 128-input step is 4-8 MMA round trips
+in series; fewer instructions do not make up for it. Opt-in (--mxfp4-moe-precision fp8) for DeepSeek's arithmetic.
 """
 
 from __future__ import annotations
