@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from sgl_kernel.dsv4_moe_planes import planes_down, planes_fit, planes_gate_up
-from sgl_kernel.dsv4_moe_sums import combine_pairs, swiglu_splits
+from sgl_kernel.dsv4_moe_sums import clamped_swiglu, combine_pairs, swiglu_splits
 from sgl_kernel.dsv4_mxfp4_planes import e2m1_value, planes_supported
 from sgl_kernel.dsv4_mxfp4_scales import scale_groups, scale_layout, scale_offsets
 from sgl_kernel.dsv4_pdl import pdl_enter, pdl_supported
@@ -251,8 +251,7 @@ def _moe_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w_ptr, w_desc, s_ptr, h_ptr, 
                 acc_u += tl.dot(x_even, tl.trans(u_lo.to(dt)), out_dtype=tl.float32, input_precision=PREC)
                 acc_u += tl.dot(x_odd, tl.trans(u_hi.to(dt)), out_dtype=tl.float32, input_precision=PREC)
         if SPLIT_K == 1:
-            g = tl.minimum(acc_g, limit)
-            act = g / (1.0 + tl.exp(-g)) * tl.minimum(tl.maximum(acc_u, -limit), limit)
+            act = clamped_swiglu(acc_g, acc_u, limit)
             h_rows = h_ptr + r.to(tl.int64)[:, None] * stride_h + n[None, :]
             tl.store(h_rows, act.to(h_ptr.dtype.element_ty), mask=valid[:, None] & n_ok[None, :])
         else:
