@@ -7,6 +7,9 @@
 #      (the all-reduce / all-gather / reduce-scatter kernels' ms per step among them)
 #   3. check_capacity's pool numbers next to the engine's start-up log for the same arguments
 #   bash scripts/gpu_multi.sh   (carry .whl)   [SKIP_F12=1: the Flash slice only]   Logs go to $OUT.
+#   [LAYOUT_LIST="--tp 2 --ep 2;--tp 2 --dp 2 --enable-dp-attention": those layouts only] [TESTS=0] [STEP_S=300]
+# On 2 H200s (2026-12-04) the tests took ~70 s, the slice checkpoint ~20 s, a slice decode run 70-150 s, a prefill run
+# 20-45 s: the whole script needs two or three 600-s calls (SKIP_F12=1 with LAYOUT_LIST halves, then flash-12l256e).
 # A dry run on CPU (gloo): TESTS=0 MODEL="tiny-deepseek-v4 --device cpu" DECODE_ARGS="--input-len 32 --output-len 4
 #   --batch-size 1 2 --profile-steps 0" PREFILL_ARGS="--input-len 64 --output-len 2 --batch-size 1 --profile-steps 0"
 #   bash scripts/gpu_multi.sh
@@ -16,18 +19,31 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 N=$(python3 -c "import torch; print(torch.cuda.device_count())")
 DECODE_ARGS=${DECODE_ARGS:---input-len 1024 --output-len 32 --batch-size 1 32 128 --cuda-graph-bs 1 2 4 8 16 32 64 128 \
 --profile-steps 3}
-PREFILL_ARGS=${PREFILL_ARGS:---input-len 8192 --output-len 2 --batch-size 1 4 --profile-steps 0}
-echo "GPUs: $N"
+PREFILL_ARGS=${PREFILL_ARGS:---input-len 8192 --output-len 2 --batch-size 1 4 --profile-steps 0 --disable-cuda-graph \
+--profile-prefill}
 FAILED=()
-step() { local name=$1; shift; echo "=== $name"; ( "$@" ) 2>&1 | tee -a "$OUT/multi_log.txt" | tail -"${TAIL:-20}" \
-  || { FAILED+=("$name"); echo "=== FAILED: $name"; }; }
+# Each step is bounded (STEP_S seconds): a hung collective fails its step, and its processes (spawned ranks too) are
+# killed before the next one starts. Everything, step names and seconds included, goes to $OUT/multi_log.txt as it
+# happens (a call cut short still brings back what ran).
+say() { echo "$*" | tee -a "$OUT/multi_log.txt"; }
+step() {
+  local name=$1 t0=$SECONDS; shift; say "=== $name"
+  ( timeout -k 5 "${STEP_S:-300}" "$@" ) 2>&1 | tee -a "$OUT/multi_log.txt" | tail -"${TAIL:-20}" \
+    || { FAILED+=("$name"); say "=== FAILED: $name"; pkill -9 -f "python3 -m sglang|tp_worker.py|multiprocessing" || true; }
+  say "=== $name: $((SECONDS - t0)) s"
+}
+say "GPUs: $N"
+nvidia-smi topo -m 2>&1 | head -4 | tee -a "$OUT/multi_log.txt"
 if [ "${TESTS:-1}" = 1 ]; then
-  TAIL=6 step "TP / EP / DP exactness on GPUs" env SGLANG_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
-    test/srt/test_tensor_parallel.py
+  # parallel workers (pytest-xdist, in the image): each test's ranks are processes of their own; a per-test bound
+  # (pytest-timeout) so that a hang fails one test with its stack, and the summary prints before STEP_S
+  TAIL=12 step "TP / EP / DP exactness on GPUs" env SGLANG_TEST_DEVICE=cuda python3 -m pytest -q -rfEs \
+    -p no:cacheprovider -n "${TEST_WORKERS:-12}" --timeout 150 --tb=short -W ignore test/srt/test_tensor_parallel.py
 fi
 LAYOUTS=("--tp 1" "--tp 2" "--tp 2 --ep 2" "--tp 2 --dp 2 --enable-dp-attention")
 [ "$N" -ge 4 ] && LAYOUTS+=("--tp 4" "--tp 4 --ep 4")
 [ "$N" -ge 8 ] && LAYOUTS+=("--tp 8" "--tp 8 --ep 8")
+if [ -n "${LAYOUT_LIST:-}" ]; then IFS=';' read -ra LAYOUTS <<< "$LAYOUT_LIST"; fi
 if [ -n "${MODEL:-}" ]; then
   MODELS=("$MODEL")
   BASE=$MODEL
@@ -57,7 +73,7 @@ for layout in "--tp 2" "--tp 2 --ep 2"; do  # the planner's numbers for the engi
   # shellcheck disable=SC2086
   TAIL=12 step "engine log: $layout" bash -c "python3 -m sglang.bench_one_batch --model-path $BASE $layout \
     --batch-size 1 --input-len 16 --output-len 2 --profile-steps 0 --log-level debug 2>&1 \
-    | grep -E 'weights on|page size|full tokens|window slots|pools total'"
+    | grep -E 'weights on|graph memory|page size|full tokens|window slots|pools total'"
 done
-if [ ${#FAILED[@]} -gt 0 ]; then printf 'failed step: %s\n' "${FAILED[@]}"; exit 1; fi
-echo "all steps passed"
+if [ ${#FAILED[@]} -gt 0 ]; then printf 'failed step: %s\n' "${FAILED[@]}" | tee -a "$OUT/multi_log.txt"; exit 1; fi
+say "all steps passed"

@@ -1,17 +1,19 @@
 """Capacity planner: will a DeepSeek-V4 deployment fit, and how many tokens and requests will it hold?
 
     python -m sglang.check_capacity flash|pro|MODEL_PATH [--tp 8] [--ep 8] [--dp 8 --enable-dp-attention]
-        [--gpu h200|b200|mi355x | --gpu-memory-gb 141] [--kv-cache-dtype fp8_e4m3] [--mem-fraction-static 0.85]
+        [--gpu h200|b200|mi355x | --gpu-memory-gb 141] [--kv-cache-dtype auto|fp8_e4m3] [--mem-fraction-static 0.85]
         [--context-length N] [--max-running-requests 256] [--speculative-num-steps 3] [--at-context 131072]
 
-Prints per GPU: weight bytes (the engine's model built on the meta device in its final form, split by the sharding
-rules of sglang.srt.distributed.sharding), pool bytes per kind, max total tokens, max context, how many requests of
-`--at-context` tokens fit at once, and whether it fits. The pool plan is the engine's own (`plan_pools_for_args` with
-the budget formula of `pool_budget_bytes`), so the numbers equal what the engine logs at start for the same arguments
-(test/srt/test_check_capacity.py checks it on CPU). What the planner cannot know: memory other processes hold
-(assumed none: `--gpu-free-fraction`), and the CUDA-graph memory the engine measures at start
-(`--cuda-graph-reserve-gb`, default 0). Built-in `flash` / `pro` assume the hub's formats (FP8 linears, MXFP4
-experts): kept quantized on NVIDIA GPUs, dequantized to bf16 on AMD ones (what the engine does today).
+Prints per GPU: weight bytes (the engine's model built on the meta device in its final form, as rank 0 of the
+layout builds its own: sglang.srt.distributed.parallel_state.layout_of_rank), pool bytes per kind, max total tokens,
+max context, how many requests of `--at-context` tokens fit at once, and whether it fits. The pool plan is the
+engine's own (`plan_pools_for_args` with the budget formula of `pool_budget_bytes`), so the numbers equal what the
+engine logs at start for the same arguments (test/srt/test_check_capacity.py checks it on CPU). What the planner
+cannot know: memory other processes hold (assumed none: `--gpu-free-fraction`), the CUDA-graph memory the engine
+measures at start (`--cuda-graph-reserve-gb`, default 0), and the runtime's own (CUDA context, NCCL buffers): on 2
+H200s at TP2 the engine's pools came out 2.8% smaller than planned with the measured graph memory given. Built-in
+`flash` / `pro` assume the hub's formats (FP8 linears, MXFP4 experts): kept quantized on NVIDIA GPUs, dequantized to
+bf16 on AMD ones (what the engine does today).
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from types import SimpleNamespace
 
 import torch
 
-# Memory per GPU as the runtime reports it (bytes): H200 141 GB HBM3e, B200 180 GB usable, MI355X 288 GB HBM3E.
-GPUS = {"h200": 141e9, "b200": 180e9, "mi355x": 288e9}
+# Memory per GPU (bytes). H200: what the runtime reports (nvidia-smi 143,771 MiB on the lent H200s; the "141 GB" of
+# the data sheet is 10^9-byte units of less); B200 180 GB and MI355X 288 GB: the vendors' figures, not measured here.
+GPUS = {"h200": 143771 * 2**20, "b200": 180e9, "mi355x": 288e9}
 AMD_GPUS = ("mi355x",)
 
 
@@ -94,17 +97,20 @@ def plan_capacity(config, args, pc, weight_bytes: int, checkpoint_bytes: int, to
 
 def per_rank_weight_bytes(model: str, config, args, pc, device: torch.device) -> tuple:
     """(per-GPU weight bytes, checkpoint bytes) of the engine's models for `device`."""
-    from sglang.srt.distributed.sharding import rank_parameter_bytes
+    from sglang.srt.distributed.parallel_state import layout_of_rank
+    from sglang.srt.distributed.sharding import splits_whole_blocks
     from sglang.srt.model_loader.checkpoint_spec import TensorKind, expected_tensors
     from sglang.srt.model_loader.loader import checkpoint_bytes, plan_checkpoint
-    from sglang.srt.model_loader.model_builder import MODEL_CLASSES, build_meta_model, kept_formats
+    from sglang.srt.model_loader.model_builder import MODEL_CLASSES, build_meta_model, kept_formats, parameter_bytes
 
     parts = ("main", "mtp") if args.speculative_num_draft_tokens else ("main",)
     if model in ("flash", "pro"):  # the hub's formats: FP8 linears (+ 128x128 scales), MXFP4 experts
         nvidia = device.type == "cuda"
         specs = {part: expected_tensors(config, part) for part in parts}
+        # as model_builder.kept_formats: every FP8 linear (the shared expert's too, beside kept MXFP4 experts) whose
+        # rank parts are whole 128 x 128 blocks
         fp8 = {part: frozenset(n for n, s in specs[part].items() if s.kind == TensorKind.LINEAR
-                               and ".shared_experts." not in n) if nvidia else frozenset() for part in parts}
+                               and splits_whole_blocks(n, s.shape, pc)) if nvidia else frozenset() for part in parts}
         experts = "fp4" if nvidia else None
         stored = 0
         for part in parts:
@@ -118,11 +124,11 @@ def per_rank_weight_bytes(model: str, config, args, pc, device: torch.device) ->
                     stored += n * (4 if spec.kind in (TensorKind.FP32, TensorKind.INDEX) else 2)
     else:
         plans = {part: plan_checkpoint(model, config, part) for part in parts}
-        fp8, experts = kept_formats(args, plans, config, device)
+        fp8, experts = kept_formats(args, plans, config, device, pc)
         stored = sum(checkpoint_bytes(p) for p in plans.values())
     dtype = {"float32": torch.float32, "float16": torch.float16}.get(args.dtype, torch.bfloat16)
-    need = sum(rank_parameter_bytes(build_meta_model(MODEL_CLASSES[p], config, dtype, fp8[p], experts), pc)
-               for p in parts)
+    with layout_of_rank(pc):  # rank 0's model as rank 0 builds it (local expert and head sizes, their layouts)
+        need = sum(parameter_bytes(build_meta_model(MODEL_CLASSES[p], config, dtype, fp8[p], experts)) for p in parts)
     return need, stored
 
 
@@ -141,7 +147,8 @@ def main(argv=None) -> int:
     ap.add_argument("--gpu-memory-gb", type=float, help="memory per GPU (overrides --gpu)")
     ap.add_argument("--gpu-free-fraction", type=float, default=1.0, help="share of it free before loading")
     ap.add_argument("--cuda-graph-reserve-gb", type=float, default=0.0)
-    ap.add_argument("--kv-cache-dtype", default="fp8_e4m3", choices=("fp8_e4m3", "bfloat16"))
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8_e4m3", "bfloat16"),
+                    help="as the engine's flag: auto (its default) = the model dtype, bf16")
     ap.add_argument("--enable-deepseek-v4-fp4-indexer", action="store_true")
     ap.add_argument("--mem-fraction-static", type=float, default=0.85)
     ap.add_argument("--context-length", type=int)
@@ -190,7 +197,8 @@ def main(argv=None) -> int:
                            graph_reserve=int(a.cuda_graph_reserve_gb * 1e9), at_context=a.at_context)
     gpus = f"{a.tp} x {a.gpu_memory_gb or a.gpu}"
     layout = f"TP{pc.tp}" + (f" EP{pc.ep}" if pc.ep > 1 else "") + (f" DP-attention {pc.dp}" if pc.dp_attention else "")
-    print(f"{a.model} on {gpus} GPUs, {layout}, KV {a.kv_cache_dtype}, --mem-fraction-static {a.mem_fraction_static}")
+    kv = "auto (bfloat16)" if a.kv_cache_dtype == "auto" else a.kv_cache_dtype
+    print(f"{a.model} on {gpus} GPUs, {layout}, KV {kv}, --mem-fraction-static {a.mem_fraction_static}")
     print(report.format())
     return 0 if report.fits else 1
 

@@ -71,6 +71,34 @@ def test_sharding_rules_split_weights():
     assert math.isclose(per_rank[tp4], per_rank[ep4], rel_tol=0.01)  # routed experts split either way
 
 
+@pytest.mark.parametrize("layout", [dict(tp=8), dict(tp=8, ep=8), dict(tp=8, ep=2)])
+def test_planner_counts_each_ranks_mxfp4_experts(layout):
+    """Kept MXFP4 experts as rank 0 builds them (layout_of_rank): codes and scale bytes are exactly 1/8 of one rank's
+    holding all, whatever the split (Pro's 3,072 intermediate over 8 MoE-TP ranks leaves 12 scale groups per row: not
+    the 8-group chunks, a row-major layout). The per-tensor rules once counted the chunked 4-D scales whole on every
+    rank (Pro TP8 'did not fit')."""
+    from sglang.srt.configs.deepseek_v4 import DeepseekV4Config
+    from sglang.srt.configs.hub_configs import PRO
+    from sglang.srt.distributed.parallel_state import get_parallel_state, layout_of_rank
+    from sglang.srt.distributed.sharding import ParallelConfig
+    from sglang.srt.model_loader.model_builder import build_meta_model
+    from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
+
+    config = DeepseekV4Config.from_dict({**PRO, "num_hidden_layers": 4, "num_hash_layers": 1,
+                                         "compress_ratios": [0, 4, 128, 4, 0]})
+
+    def expert_bytes() -> int:
+        model = build_meta_model(DeepseekV4ForCausalLM, config, torch.bfloat16, frozenset(), "fp4")
+        return sum(t.numel() * t.element_size() for n, t in model.named_parameters() if ".ffn.experts." in n)
+
+    whole = expert_bytes()
+    with layout_of_rank(ParallelConfig(**layout)) as state:
+        assert get_parallel_state() is state and state.config.tp == 8
+        part = expert_bytes()
+    assert get_parallel_state().config.tp == 1  # restored
+    assert part * 8 == whole
+
+
 @pytest.mark.parametrize("pc,message", [
     (dict(tp=3), "attention heads do not split"),
     (dict(tp=4, ep=3), "must divide --tp"),

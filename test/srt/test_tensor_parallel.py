@@ -43,6 +43,12 @@ def _engine_kwargs(model_path: str, page_size: int, spec: bool, **parallel) -> d
     return kwargs
 
 
+def _needs_gpus(world: int) -> None:
+    """On GPUs each rank needs its own (NCCL refuses two ranks on one device): name what is missing."""
+    if DEVICE != "cpu" and torch.cuda.device_count() < world:
+        pytest.skip(f"{world} ranks need {world} GPUs, {torch.cuda.device_count()} here")
+
+
 def _run_ranks(kwargs: dict, prompts: list, new_tokens: int, world: int, logprob_tail: int = 0) -> list:
     """Start `world` worker processes, wait (bounded), and return each rank's outputs."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -97,10 +103,12 @@ STATIC_CHUNKED = dict(chunked_prefill_size=16, disable_cuda_graph=False)
     ("tiny", 2, 1, False, {}),
     ("tiny", 2, 2, False, STATIC_CHUNKED),  # EP2: four experts per rank, each whole
     ("tiny", 2, 1, True, {}),  # the MTP draft sharded the same way
+    ("wide", 2, 2, True, {}),  # the padded LM head and 4-head ranks where only 2 GPUs are lent
     ("wide", 4, 1, False, {}),
     ("wide", 4, 2, True, {}),  # TP4 x EP2: two experts' halves per rank
-], ids=["tp2", "ep2-static-chunked", "tp2-spec", "wide-tp4", "wide-tp4-ep2-spec"])
+], ids=["tp2", "ep2-static-chunked", "tp2-spec", "wide-tp2-ep2-spec", "wide-tp4", "wide-tp4-ep2-spec"])
 def test_ranks_match_single_rank(config, tp, ep, spec, extra):
+    _needs_gpus(tp)
     path = checkpoint("tiny") if config == "tiny" else _wide_checkpoint()
     vocab = TINY["vocab_size"] if config == "tiny" else WIDE["vocab_size"]
     prompts = [random_ids(40, seed=1, vocab=vocab), random_ids(23, seed=2, vocab=vocab)]
@@ -118,6 +126,7 @@ def test_prefix_cache_and_quantized_checkpoint_under_tensor_and_expert_paralleli
     prefix cache (on by default), requests one after another sharing a system prompt: the third starts at the end the
     second gave the cache where it left the first one's pages. Every rank's cache makes the same decisions: outputs
     and cached-token counts equal the single-rank engine's."""
+    _needs_gpus(2)
     system = random_ids(50, seed=7)
     prompts = [system + random_ids(40, seed=8)] + [system + random_ids(30 + i, seed=20 + i) for i in range(2)]
     kwargs = _engine_kwargs(checkpoint("tiny", quantize=True), PAGE_SIZES["tiny"], False)
@@ -141,6 +150,7 @@ def test_dp_attention_matches_single_rank(config, tp, ep, spec, extra):
     the idle one serving the other's MoE); every request equals the single-rank engine's. On the static decode
     path the groups' decode steps meet in static rounds (2 and 1 requests: both run 2 rows) or, beside the other
     group's prefill chunk, run eagerly."""
+    _needs_gpus(tp)
     path = checkpoint("tiny") if config == "tiny" else _wide_checkpoint()
     vocab = TINY["vocab_size"] if config == "tiny" else WIDE["vocab_size"]
     groups = [[random_ids(40, seed=1, vocab=vocab), random_ids(23, seed=2, vocab=vocab)],
@@ -201,6 +211,7 @@ def _cfg(d: dict):
 
 def test_bench_one_batch_over_two_ranks():
     """`bench_one_batch --tp 2` spawns the second rank, both run the batch, rank 0 alone reports."""
+    _needs_gpus(2)
     out = subprocess.run([sys.executable, "-m", "sglang.bench_one_batch", "--model-path", "tiny-deepseek-v4",
                           "--device", DEVICE, "--tp", "2", "--batch-size", "2", "--input-len", "16", "--output-len",
                           "4", "--profile-steps", "0"], capture_output=True, text=True, timeout=300,
@@ -208,3 +219,19 @@ def test_bench_one_batch_over_two_ranks():
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     rows = [line for line in out.stdout.splitlines() if line.startswith("batch    2 input     16 | prefill")]
     assert len(rows) == 1 and "ranks: tp 2, ep 1" in out.stdout, out.stdout
+
+
+def test_fp8_linears_cut_through_blocks_are_dequantized():
+    """A rank part that is not whole 128 x 128 blocks cannot keep its block multipliers: the tiny wq_b (384 rows =
+    3 blocks) stays FP8 on one rank, is dequantized at load under TP2; replicated FP8 linears stay FP8 on every
+    rank (#16: on 2 GPUs the loader had refused to split its multipliers)."""
+    from sglang.srt.configs.deepseek_v4 import DeepseekV4Config
+    from sglang.srt.model_loader.loader import fp8_linear_names, plan_checkpoint
+
+    path = checkpoint("tiny", quantize=True)
+    config = DeepseekV4Config.from_pretrained(path)
+    plans = plan_checkpoint(path, config, "main")
+    one, two = fp8_linear_names(plans, config), fp8_linear_names(plans, config, pc=ParallelConfig(tp=2))
+    assert any(".attn.wq_b." in n for n in one) and not any(".attn.wq_b." in n for n in two)
+    replicated = {n for n in one if ".attn.wq_a." in n or ".attn.wkv." in n}
+    assert replicated and replicated <= two

@@ -9,6 +9,7 @@ every collective is the identity, so the single-GPU engine runs exactly as befor
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 from dataclasses import dataclass
 from typing import Optional
@@ -86,6 +87,21 @@ _STATE: ParallelState = _SINGLE
 
 def get_parallel_state() -> ParallelState:
     return _STATE
+
+
+@contextlib.contextmanager
+def layout_of_rank(pc: ParallelConfig, rank: int = 0):
+    """This process seen as rank `rank` of layout `pc` without joining a world (no process groups: nothing inside may
+    communicate). The capacity planner builds a rank's meta model under it, exactly as that rank builds its own (its
+    experts, head parts and quantized layouts at their local sizes)."""
+    global _STATE
+    saved, start = _STATE, rank - rank % pc.attn_tp
+    _STATE = ParallelState(pc, rank, GroupCoordinator(tuple(range(pc.tp)), rank),
+                           GroupCoordinator(tuple(range(start, start + pc.attn_tp)), rank - start))
+    try:
+        yield _STATE
+    finally:
+        _STATE = saved
 
 
 def init_parallel_state(pc: ParallelConfig, rank: int, backend: str, init_method: str,

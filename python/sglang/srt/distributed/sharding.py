@@ -88,6 +88,16 @@ def shard_shape(name: str, shape: tuple, pc: ParallelConfig) -> tuple:
     return tuple(shape)
 
 
+def splits_whole_blocks(name: str, shape: tuple, pc: ParallelConfig, block: int = 128) -> bool:
+    """Whether every rank's part of FP8 weight `name` (stored `shape`) is whole block x block tiles, so its block
+    multipliers split with it. A part that cuts through blocks (a small model's 384-row wq_b over 2 ranks) cannot stay
+    FP8: the loader dequantizes that linear instead (model_builder.kept_formats)."""
+    for pattern, dims in _RULES:
+        if pattern.search(name) and len(dims) == len(shape):
+            return all(d is None or n % (getattr(pc, d) * block) == 0 for n, d in zip(shape, dims))
+    return True
+
+
 def rank_parameter_bytes(model, pc: ParallelConfig) -> int:
     """Bytes of one rank's parameters and buffers of `model` (a meta model is enough)."""
     total = 0

@@ -128,10 +128,13 @@ class Engine:
         return self.scheduler.flush_cache()
 
     def shutdown(self) -> None:
-        """Release the model and pools (and stop the scheduler process, if any)."""
+        """Release the model and pools (and stop the scheduler process, if any). The CUDA graphs go first and
+        explicitly: a rank's destroy_parallel_state() afterwards hangs while a graph holding NCCL kernels lives."""
         if self._remote is not None:
             self._remote.shutdown()
             self._remote = None
+        if self.model_runner is not None and self.model_runner.graph_runner is not None:
+            self.model_runner.graph_runner.release()
         self.scheduler = None
         self.model_runner = None
 

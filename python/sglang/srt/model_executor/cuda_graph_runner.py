@@ -115,6 +115,17 @@ class StaticGraphRunner(ABC):
         logger.info("captured CUDA graphs for %s batch sizes %s in %.1f s (%.2f GiB)", self.kind, self.batch_sizes,
                     time.perf_counter() - start, self.graph_memory_bytes / 2**30)
 
+    def release(self) -> None:
+        """Destroy the captured graphs (and with them their memory pool). A rank must do this before it leaves the
+        world: a live graph that captured NCCL kernels keeps ncclCommDestroy, hence destroy_process_group, waiting
+        forever (pytorch#115388; seen on 2 H200s). Afterwards the static path runs eagerly."""
+        if self.graphs and torch.cuda.is_available():
+            torch.cuda.synchronize()  # no replay may be in flight while its executable graph is destroyed
+        for graph in self.graphs.values():
+            graph.reset()
+        self.graphs.clear()
+        self.outputs.clear()
+
     # ---- one step -----------------------------------------------------------------------------------
     def _stage(self, slots: torch.Tensor, ids: Optional[list], bs: int) -> None:
         """Write the step's rows (`slots`: plan_extend's [4, N] table, N <= bs * rows_per_req) and token ids (one per

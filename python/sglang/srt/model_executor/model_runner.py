@@ -105,6 +105,7 @@ class ModelRunner:
         self.attn_backend = self.make_attn_backend()
         probe = self.graph_runner_cls()(self, [max(self.server_args.cuda_graph_bs)], use_graphs=True)
         measured = torch.cuda.memory_reserved(self.device) - before
+        probe.release()
         del probe
         self.attn_backend = self.token_to_kv_pool = self.token_allocator = self.req_to_token_pool = None
         gc.collect()

@@ -19,6 +19,7 @@ import torch
 from tqdm import tqdm
 
 from sglang.srt.configs.deepseek_v4 import DeepseekV4Config
+from sglang.srt.distributed.sharding import ParallelConfig, splits_whole_blocks
 from sglang.srt.model_loader.checkpoint_spec import PARTS, TensorKind, TensorSpec, expected_tensors, part_of
 from sglang.srt.model_loader.name_mapping import FusedExperts, to_native
 from sglang.srt.model_loader.quant_formats import (
@@ -311,15 +312,19 @@ def quantization_of(plans: list) -> CheckpointQuantization:
                                   next((f for f in ("fp4", "fp8") if f in experts), None))
 
 
-def fp8_linear_names(plans: list, config: DeepseekV4Config, shared_experts: bool = False) -> frozenset:
+def fp8_linear_names(plans: list, config: DeepseekV4Config, shared_experts: bool = False,
+                     pc: Optional[ParallelConfig] = None) -> frozenset:
     """Native names of the planned linears stored FP8 with 128x128 blocks that stay FP8 on a GPU: every LINEAR, the
     shared experts' only with `shared_experts` (routed experts kept quantized beside them; with bf16 routed experts
-    the shared expert stays bf16, to be fusable into their grouped GEMM)."""
+    the shared expert stays bf16, to be fusable into their grouped GEMM); under tensor parallelism (`pc`) only those
+    whose rank parts are whole blocks (the rest are dequantized at load)."""
     qc = config.quantization_config
     if qc is not None and tuple(qc.weight_block_size) != FP8_BLOCK:
         return frozenset()
+    pc = pc or ParallelConfig()
     return frozenset(p.name for p in plans if p.spec.kind == TensorKind.LINEAR and p.fmt == "fp8"
-                     and (shared_experts or ".shared_experts." not in p.name))
+                     and (shared_experts or ".shared_experts." not in p.name)
+                     and splits_whole_blocks(p.name, p.weight.shape, pc, FP8_BLOCK[0]))
 
 
 def load_checkpoint(model_dir: str, config: Optional[DeepseekV4Config] = None, dtype: torch.dtype = torch.float32,

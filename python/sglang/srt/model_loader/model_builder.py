@@ -115,9 +115,10 @@ def rank_weights(config: DeepseekV4Config, stream):
 MODEL_CLASSES = {"main": DeepseekV4ForCausalLM, "mtp": DeepseekV4ForCausalLMNextN}
 
 
-def kept_formats(args, plans: dict, config: DeepseekV4Config, device: torch.device) -> tuple:
+def kept_formats(args, plans: dict, config: DeepseekV4Config, device: torch.device, pc=None) -> tuple:
     """From each part's checkpoint plan: (native names of the FP8 linears kept FP8 per part, the stored format the
-    routed experts keep: "fp4" (packed MXFP4), "fp8" (FP8-converted) or None (dequantized at load)) on `device`."""
+    routed experts keep: "fp4" (packed MXFP4), "fp8" (FP8-converted) or None (dequantized at load)) on `device`, for
+    the parallel layout `pc` (ParallelConfig; default one rank)."""
     keep_fp8 = args.quantization == "fp8" and fp8_linears_supported(device)
     stored = quantization_of(plans["main"]).experts
     experts = None
@@ -127,7 +128,7 @@ def kept_formats(args, plans: dict, config: DeepseekV4Config, device: torch.devi
                                             or tuple(config.quantization_config.weight_block_size) == (128, 128)):
         experts = "fp8"
     # beside kept routed experts the shared expert stays FP8 too (decode reads half its bf16 bytes)
-    fp8 = {part: fp8_linear_names(p, config, shared_experts=experts is not None) if keep_fp8 else frozenset()
+    fp8 = {part: fp8_linear_names(p, config, experts is not None, pc) if keep_fp8 else frozenset()
            for part, p in plans.items()}
     return fp8, experts
 
@@ -149,7 +150,7 @@ def load_models(args, model_path: str, config: DeepseekV4Config, dtype: torch.dt
     """The target model, and the MTP draft under speculative decoding, built, checked against memory and loaded."""
     parts = ("main", "mtp") if args.speculative_algorithm is not None else ("main",)
     plans = {part: plan_checkpoint(model_path, config, part) for part in parts}  # headers read once per part
-    fp8, experts = kept_formats(args, plans, config, device)
+    fp8, experts = kept_formats(args, plans, config, device, args.parallel_config())
     metas = {part: build_meta_model(MODEL_CLASSES[part], config, dtype, fp8[part], experts) for part in parts}
     need = sum(parameter_bytes(m) for m in metas.values())
     stored = sum(checkpoint_bytes(p) for p in plans.values())
