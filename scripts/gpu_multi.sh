@@ -6,6 +6,7 @@
 #      2 (and TP4 / TP8): decode tok/s at batch 1, 32, 128 and prefill of 8K prompts, with the profiler's top kernels
 #      (the all-reduce / all-gather / reduce-scatter kernels' ms per step among them)
 #   3. check_capacity's pool numbers next to the engine's start-up log for the same arguments
+#   (first: benchmark/bench_collectives.py, all-reduce / all-gather bus bandwidth against the peer copy)
 #   bash scripts/gpu_multi.sh   (carry .whl)   [SKIP_F12=1: the Flash slice only]   Logs go to $OUT.
 #   [LAYOUT_LIST="--tp 2 --ep 2;--tp 2 --dp 2 --enable-dp-attention": those layouts only] [TESTS=0] [STEP_S=300]
 # On 2 H200s (2026-12-04) the tests took ~70 s, the slice checkpoint ~20 s, a slice decode run 70-150 s, a prefill run
@@ -40,6 +41,9 @@ if [ "${TESTS:-1}" = 1 ]; then
   TAIL=12 step "TP / EP / DP exactness on GPUs" env SGLANG_TEST_DEVICE=cuda python3 -m pytest -q -rfEs \
     -p no:cacheprovider -n "${TEST_WORKERS:-12}" --timeout 150 --tb=short -W ignore test/srt/test_tensor_parallel.py
 fi
+# the collectives at the engine's message sizes against the peer copy bandwidth (the physical limit)
+[ "$N" -ge 2 ] && TAIL=6 step "collectives vs peer copy" python3 benchmark/bench_collectives.py --world 2 \
+  --out "$OUT/collectives.json"
 LAYOUTS=("--tp 1" "--tp 2" "--tp 2 --ep 2" "--tp 2 --dp 2 --enable-dp-attention")
 [ "$N" -ge 4 ] && LAYOUTS+=("--tp 4" "--tp 4 --ep 4")
 [ "$N" -ge 8 ] && LAYOUTS+=("--tp 8" "--tp 8 --ep 8")

@@ -235,3 +235,14 @@ def test_fp8_linears_cut_through_blocks_are_dequantized():
     assert any(".attn.wq_b." in n for n in one) and not any(".attn.wq_b." in n for n in two)
     replicated = {n for n in one if ".attn.wq_a." in n or ".attn.wkv." in n}
     assert replicated and replicated <= two
+
+
+def test_bench_collectives_dry_run():
+    """benchmark/bench_collectives.py over 2 gloo ranks: one row per size, with bus bandwidth (on GPUs also the
+    fraction of the peer copy; #16's runs)."""
+    script = os.path.join(os.path.dirname(_WORKER), "..", "..", "benchmark", "bench_collectives.py")
+    out = subprocess.run([sys.executable, script, "--device", "cpu", "--rows", "1", "8", "--iters", "2"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [line for line in out.stdout.splitlines() if line.startswith("rows ")]
+    assert len(rows) == 2 and all("all_reduce" in r and "GB/s bus" in r for r in rows), out.stdout
