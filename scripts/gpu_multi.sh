@@ -7,8 +7,10 @@
 #      (the all-reduce / all-gather / reduce-scatter kernels' ms per step among them)
 #   3. check_capacity's pool numbers next to the engine's start-up log for the same arguments
 #   (first: benchmark/bench_collectives.py, all-reduce / all-gather bus bandwidth against the peer copy)
-#   bash scripts/gpu_multi.sh   (carry .whl)   [SKIP_F12=1: the Flash slice only]   Logs go to $OUT.
+#   bash scripts/gpu_multi.sh   (carry .whl)   [SKIP_F12=1: the Flash slice only; ONLY_F12=1: flash-12l256e only]
+#   Logs go to $OUT.
 #   [LAYOUT_LIST="--tp 2 --ep 2;--tp 2 --dp 2 --enable-dp-attention": those layouts only] [TESTS=0] [STEP_S=300]
+#   [THREADS_AB=0: skip the TP2 prefill rerun with OMP_NUM_THREADS=4]
 # On 2 H200s (2026-12-04) the tests took ~70 s, the slice checkpoint ~20 s, a slice decode run 70-150 s, a prefill run
 # 20-45 s: the whole script needs two or three 600-s calls (SKIP_F12=1 with LAYOUT_LIST halves, then flash-12l256e).
 # A dry run on CPU (gloo): TESTS=0 MODEL="tiny-deepseek-v4 --device cpu" DECODE_ARGS="--input-len 32 --output-len 4
@@ -51,16 +53,19 @@ if [ -n "${LAYOUT_LIST:-}" ]; then IFS=';' read -ra LAYOUTS <<< "$LAYOUT_LIST"; 
 if [ -n "${MODEL:-}" ]; then
   MODELS=("$MODEL")
   BASE=$MODEL
-else
+elif [ "${ONLY_F12:-0}" != 1 ]; then
   TAIL=2 step "checkpoint: Flash slice" python3 scripts/make_slice_checkpoint.py \
     benchmark/configs/flash-slice-4l32e.config.json /tmp/w/base --device cuda
   MODELS=("/tmp/w/base --dtype bfloat16")
   BASE=/tmp/w/base
+else
+  MODELS=()
 fi
 if [ -z "${MODEL:-}" ] && [ "${SKIP_F12:-0}" != 1 ]; then
   TAIL=2 step "checkpoint: flash-12l256e quantized" python3 scripts/make_slice_checkpoint.py \
     benchmark/configs/flash-12l256e.config.json /tmp/w/f12 --quantize --shard-gb 4 --device cuda
   MODELS+=("/tmp/w/f12")
+  BASE=${BASE:-/tmp/w/f12}
 fi
 for model in "${MODELS[@]}"; do
   for layout in "${LAYOUTS[@]}"; do
@@ -68,6 +73,13 @@ for model in "${MODELS[@]}"; do
     TAIL=14 step "decode: $model $layout" python3 -m sglang.bench_one_batch --model-path $model $layout $DECODE_ARGS
     # shellcheck disable=SC2086
     TAIL=3 step "prefill: $model $layout" python3 -m sglang.bench_one_batch --model-path $model $layout $PREFILL_ARGS
+    if [ "$layout" = "--tp 2" ] && [ "${THREADS_AB:-1}" = 1 ]; then
+      # TP2 prefill ran at 0.46-0.62x TP1, 45% GPU-busy (2026-12-04): one suspect is each rank's 32 torch threads
+      # shaping host work on 32 cores; the same run with 4 per rank tells
+      # shellcheck disable=SC2086
+      TAIL=3 step "prefill: $model $layout, 4 torch threads per rank" env OMP_NUM_THREADS=4 python3 -m \
+        sglang.bench_one_batch --model-path $model $layout $PREFILL_ARGS
+    fi
   done
 done
 for layout in "--tp 2" "--tp 2 --ep 2"; do  # the planner's numbers for the engine's arguments ...
