@@ -43,17 +43,19 @@ def test_planner_equals_engine_on_cpu(monkeypatch, spec, cache):
 
 
 def test_sharding_rules_split_weights():
+    """The split rules (sharding.shard_shape, which the loader splits checkpoint tensors by) agree with the model each
+    rank builds (parallel_state.layout_of_rank, which the planner counts): every parameter of rank 0's bf16 model has
+    the shape the rules give the whole model's."""
     from sglang.srt.configs.deepseek_v4 import DeepseekV4Config
     from sglang.srt.configs.hub_configs import FLASH
-    from sglang.srt.distributed.sharding import ParallelConfig, rank_parameter_bytes, shard_shape
-    from sglang.srt.model_loader.model_builder import build_meta_model
+    from sglang.srt.distributed.parallel_state import layout_of_rank
+    from sglang.srt.distributed.sharding import ParallelConfig, shard_shape
+    from sglang.srt.model_loader.model_builder import build_meta_model, parameter_bytes
     from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 
     config = DeepseekV4Config.from_dict({**FLASH, "num_hidden_layers": 4, "compress_ratios": [0, 4, 128, 4, 0]})
     model = build_meta_model(DeepseekV4ForCausalLM, config, torch.bfloat16)
-    tp1 = rank_parameter_bytes(model, ParallelConfig())
-    assert tp1 == sum(t.numel() * t.element_size() for t in model.parameters()) + \
-        sum(b.numel() * b.element_size() for b in model.buffers())
+    tp1 = parameter_bytes(model)
     tp4, ep4 = ParallelConfig(tp=4), ParallelConfig(tp=4, ep=4)
     dpa = ParallelConfig(tp=4, dp=4, dp_attention=True)
     assert shard_shape("layers.1.attn.wq_b.weight", (32768, 1024), tp4) == (8192, 1024)
@@ -66,7 +68,14 @@ def test_sharding_rules_split_weights():
     assert shard_shape("layers.1.ffn.experts.w13_scale", (32, 4096, 128), ep4) == (8, 4096, 128)
     assert shard_shape("embed.weight", (129280, 4096), tp4) == (32320, 4096)
     assert shard_shape("mtp.0.ffn.shared_experts.w2.weight", (4096, 2048), tp4) == (4096, 512)
-    per_rank = {pc: rank_parameter_bytes(model, pc) for pc in (tp4, ep4, dpa)}
+    whole = {n: tuple(t.shape) for n, t in list(model.named_parameters()) + list(model.named_buffers())}
+    per_rank = {}
+    for pc in (tp4, ep4, dpa):
+        with layout_of_rank(pc):
+            rank_model = build_meta_model(DeepseekV4ForCausalLM, config, torch.bfloat16)
+        for name, t in list(rank_model.named_parameters()) + list(rank_model.named_buffers()):
+            assert tuple(t.shape) == shard_shape(name, whole[name], pc), (name, pc)
+        per_rank[pc] = parameter_bytes(rank_model)
     assert all(b < tp1 for b in per_rank.values()) and per_rank[dpa] > per_rank[tp4]
     assert math.isclose(per_rank[tp4], per_rank[ep4], rel_tol=0.01)  # routed experts split either way
 

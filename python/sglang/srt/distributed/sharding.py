@@ -1,5 +1,6 @@
-"""How DeepSeek-V4's parameters split over ranks (docs: next-features.md section 3): the contract the capacity planner
-counts with and tensor / expert parallelism loads by.
+"""How DeepSeek-V4's parameters split over ranks (docs: next-features.md section 3): the contract tensor / expert
+parallelism loads by, matched by the model each rank builds (which the capacity planner counts; test_check_capacity
+checks the two agree).
 
 Ranks: `tp` GPUs in all (SGLang's --tp-size). Attention runs tensor-parallel over `attn_tp` = tp ranks, or, with
 --enable-dp-attention, data-parallel over `dp` groups of attn_tp = tp / dp ranks each (the DeepSeek serving layout:
@@ -96,14 +97,6 @@ def splits_whole_blocks(name: str, shape: tuple, pc: ParallelConfig, block: int 
         if pattern.search(name) and len(dims) == len(shape):
             return all(d is None or n % (getattr(pc, d) * block) == 0 for n, d in zip(shape, dims))
     return True
-
-
-def rank_parameter_bytes(model, pc: ParallelConfig) -> int:
-    """Bytes of one rank's parameters and buffers of `model` (a meta model is enough)."""
-    total = 0
-    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
-        total += math.prod(shard_shape(name, tuple(t.shape), pc)) * t.element_size()
-    return total
 
 
 # The same rules for the tensors the checkpoint loader streams (native names; experts one tensor per expert, their
