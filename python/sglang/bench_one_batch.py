@@ -232,6 +232,7 @@ def bench(args, server_args: ServerArgs, rank: int) -> None:
         return
     logging.getLogger().setLevel(logging.WARNING)
     graphs = engine.model_runner.graph_runner
+    report(engine.model_runner.pool_plan.format())  # what the pools hold: tokens per cache format, pages, slots
     report("decode: " + ("general eager path (--disable-cuda-graph)" if graphs is None else
                          f"static buffers, {'CUDA graphs' if graphs.graphs else 'eager'} for batch sizes "
                          f"{graphs.batch_sizes} (larger batches: general eager path)"))

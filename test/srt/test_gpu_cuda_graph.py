@@ -1,7 +1,7 @@
 """CUDA graphs for DECODE steps and whole speculative cycles on a GPU (skipped without CUDA; run through the device
 tool, scripts/gpu_validate.sh):
-- replayed graphs equal the same static path run eagerly bit for bit (bf16, Triton), across padded batches, every
-  bucket boundary, requests joining and finishing, staging rings and HCA windows wrapping;
+- replayed graphs equal the same static path run eagerly bit for bit (bf16, Triton; bf16 and FP8 caches), across
+  padded batches, every bucket boundary, requests joining and finishing, staging rings and HCA windows wrapping;
 - graphs equal the general path (--disable-cuda-graph) token for token in fp32;
 - decode steps and speculative cycles never synchronise the host with the device, except the one read-back of the
   sampled or verified tokens (`torch.cuda.set_sync_debug_mode("error")` around whole scheduler steps);
@@ -24,12 +24,20 @@ WORKLOADS = {"tiny": ([5, 23, 40], [37, 9, 20, 3, 28]), "hca128": ([120, 250, 7]
 SPEC = dict(speculative_algorithm="EAGLE", speculative_num_steps=3)
 
 
+# The FP8 KV cache on hca128: replay and the eager static path part in the logprobs' low bits (-3.718 vs -3.734 at one
+# token, H200, 2026-12-04; tiny is bit-equal, and so is every case with a bf16 cache). Cause not found yet; strict, so
+# the mark must go when it is fixed.
+FP8_REPLAY_BUG = pytest.mark.xfail(strict=True, reason="FP8 KV replay differs from eager on hca128 (open)")
+REPLAY_CASES = [pytest.param(name, kv, marks=FP8_REPLAY_BUG if (name, kv) == ("hca128", "fp8_e4m3") else ())
+                for name in WORKLOADS for kv in ("bfloat16", "fp8_e4m3")]
+
+
 @pytest.mark.parametrize("spec", [False, True])
-@pytest.mark.parametrize("name", list(WORKLOADS))
-def test_replay_equals_eager_static_path_bitwise(name, spec):
+@pytest.mark.parametrize("name,kv", REPLAY_CASES)
+def test_replay_equals_eager_static_path_bitwise(name, kv, spec):
     ids, params = _workload(3, 6, *WORKLOADS[name], sampled=not spec)  # captured cycles: greedy requests
     eng = engine(name, device="cuda", dtype="bfloat16", attention_backend="triton", cuda_graph_bs=[1, 2, 3, 4, 8],
-                 max_running_requests=8, **(SPEC if spec else {}))
+                 max_running_requests=8, kv_cache_dtype=kv, **(SPEC if spec else {}))
     runner = eng.model_runner.graph_runner
     assert sorted(runner.graphs) == [1, 2, 3, 4, 8] and runner.rows_per_req == (4 if spec else 1)
     assert eng.model_runner.attn_backend.logits_workspace._block is None  # capture never allocated it

@@ -395,3 +395,22 @@ def test_per_token_growth_matches_arch_doc(n_csa, n_hca, fp8_bytes, bf16_bytes):
     assert round(fp8) == round(fp8_bytes) and bf16 == bf16_bytes
     if n_csa == 21:
         assert fp8 == Fraction(351425, 100)
+
+
+def test_bench_kv_cache_dtype_dry_run(tmp_path):
+    """benchmark/bench_kv_cache_dtype.py on CPU (the tiny model): every engine against the exact one; the FP8 cache
+    moves the logprobs even at fp32 compute (it quantizes), the bf16 cache stays close."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "benchmark", "bench_kv_cache_dtype.py")
+    out_json = tmp_path / "kv.json"
+    out = subprocess.run([sys.executable, script, "--device", "cpu", "--model-path", "tiny-deepseek-v4", "--tokens",
+                          "200", "--out", str(out_json)], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = {r["label"]: r for r in json.loads(out_json.read_text())["agreement"]}
+    assert len(rows) == 6 and all(r["tokens"] == 200 for r in rows.values()), rows.keys()
+    assert rows["fp32, fp8 KV vs exact"]["mean_abs_logprob_diff"] > 1e-3
+    assert rows["bf16, bf16 KV vs exact"]["mean_abs_logprob_diff"] < 0.2

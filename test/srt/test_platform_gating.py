@@ -183,6 +183,21 @@ def test_cuda_and_cpu_defaults():
         ("cpu", "torch", False, False)
 
 
+def test_torch_backend_on_a_gpu_runs_without_graphs(monkeypatch):
+    """The torch reference backend syncs with the host (boolean-mask indexing), so capturing it fails: on a GPU it
+    turns the CUDA graphs off, chosen explicitly or where Triton is missing; on CPU nothing is captured anyway."""
+    note = "disable_cuda_graph=True (the torch attention backend is not capturable)"
+    with plat.simulate_platform("cuda"):
+        args = resolve(device="cuda")
+        assert args.attention_backend == "triton" and not args.disable_cuda_graph and args.cuda_graph_bs
+        args = resolve(device="cuda", attention_backend="torch")
+        assert args.disable_cuda_graph and args.cuda_graph_bs is None and note in args.applied_defaults
+        monkeypatch.setattr(plat, "has_library", lambda name: name != "triton")
+        args = resolve(device="cuda")
+        assert args.attention_backend == "torch" and args.disable_cuda_graph and note in args.applied_defaults
+    assert note not in resolve(device="cpu").applied_defaults
+
+
 def test_env_overrides_win():
     with plat.simulate_platform("hip", gfx="gfx950"):
         with envs.SGLANG_HACK_FLASHMLA_BACKEND.override("torch"):

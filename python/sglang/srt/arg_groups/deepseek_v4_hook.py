@@ -71,10 +71,15 @@ def apply_speculative_defaults(args: "ServerArgs", config: DeepseekV4Config) -> 
 def apply_cuda_graph_defaults(args: "ServerArgs") -> list:
     """The captured batch sizes of DECODE steps or speculative cycles (printed at start): --cuda-graph-bs, or
     SGLang's list up to --cuda-graph-max-bs; none under --disable-cuda-graph. Sizes above --max-running-requests are
-    never used: dropped."""
+    never used: dropped. The torch reference attention backend cannot be captured (its boolean-mask indexing waits
+    on the host), so on a GPU it turns the graphs off (chosen explicitly, or where Triton is missing)."""
+    applied = []
+    if args.attention_backend == "torch" and args.device != "cpu" and not args.disable_cuda_graph:
+        args.disable_cuda_graph = True
+        applied.append("disable_cuda_graph=True (the torch attention backend is not capturable)")
     if args.disable_cuda_graph:
         args.cuda_graph_bs = None
-        return []
+        return applied
     if args.cuda_graph_bs:
         sizes = sorted(set(args.cuda_graph_bs))
     else:
