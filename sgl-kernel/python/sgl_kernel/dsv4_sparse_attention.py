@@ -30,8 +30,8 @@ Design (decode is the hot path: a few rows, 128 window + up to 8192 compressed k
   them with the sink: M = max(m_s, sink), o = sum_s 2^(m_s - M) acc_s / (sum_s 2^(m_s - M) l_s + 2^(sink - M)).
   `num_splits` (None = `pick_num_splits`) is a runtime int: any value reuses the same compiled kernels.
 * Scores are kept in the log2 domain (scale * log2 e folded into S, exp2). Dots run in bf16 for bf16 q with a
-  bf16 cache, in fp16 for an FP8 cache with bf16 / fp16 q (e4m3 * 2^e is exact in fp16; see `_dot_dtype`) and for
-  fp16 q with an fp16 cache, else fp32 ("ieee"); softmax statistics and accumulators are fp32.
+  bf16 cache, in fp16 for an FP8 cache with bf16 / fp16 q (e4m3 * 2^e is exact in fp16 but in tiny blocks; see
+  `_dot_dtype`) and for fp16 q with an fp16 cache, else fp32 ("ieee"); softmax statistics and accumulators are fp32.
 * FP8 caches load the key tile as static halves [0, D/2) and [D/2, D) (the first holds only nope dims: no rope
   loads, no select), so with DV_SPLIT = 2 the value half is chosen by a branch around the whole key loop.
 
@@ -351,12 +351,14 @@ def pick_num_splits(num_rows: int, num_heads: int, num_keys: int, device: torch.
 def _dot_dtype(q_dtype: torch.dtype, cache_dtype: torch.dtype, fp8: bool):
     """(triton dtype of the tl.dot inputs, use ieee fp32) for q and the cache's key dtype.
 
-    An FP8 cache with bf16 or fp16 q dots in fp16: each dequantized key (an e4m3 value, 4 significant bits, times a
-    power of two >= 2^-22) is exact in fp16 as in bf16, q (per-head RMS-normed, |q| <= sqrt(D)) and the softmax
-    weights P in [0, 1] keep 3 more bits than in bf16, and e4m3 -> fp16 is one instruction per pair where bf16 needs
-    four (via fp32): the FP8 prefill ran 1.5x the bf16 cache's attention time before (RESULTS.md, 2026-12-04).
-    Assumed: keys within fp16's range (|k| < 65504; DeepSeek-V4's KV is RMS-normed, O(1-100)); P below 2^-24 of
-    the running maximum rounds to 0 (a relative error under 1e-4 even over thousands of keys)."""
+    An FP8 cache with bf16 or fp16 q dots in fp16: a dequantized key (an e4m3 value, 4 significant bits, times its
+    64-block's power of two 2^-22 .. ) is exact in fp16 as in bf16 wherever the block's amax >= 448 * 2^-16 (6.8e-3;
+    in smaller blocks elements below 2^-14 round to fp16's 2^-24 grid, an absolute error under 3e-8), q (per-head
+    RMS-normed, |q| <= sqrt(D)) and the softmax weights P in [0, 1] keep 3 more bits than in bf16, and e4m3 -> fp16
+    is one instruction per pair where bf16 needs four (via fp32): the FP8 prefill ran 1.5x the bf16 cache's
+    attention time before (RESULTS.md, 2026-12-04). Assumed: keys within fp16's range (|k| < 65504; DeepSeek-V4's KV
+    is RMS-normed, O(1-100)); P below 2^-24 of the running maximum rounds to 0 (a relative error under 1e-4 even over
+    thousands of keys)."""
     if fp8 and q_dtype in (torch.bfloat16, torch.float16):
         return tl.float16, False
     if q_dtype == torch.bfloat16 and cache_dtype == torch.bfloat16:
