@@ -120,7 +120,7 @@ def all_logits(engine, ids: list, chunk: int = 0) -> torch.Tensor:
         runner.token_allocator.free_req(alloc)
 
 
-def _engine_logits(model_path: str, tokens: int, **kw) -> tuple:
+def engine_logits(model_path: str, tokens: int, **kw) -> tuple:
     """(logits [T, V] of one forward over `tokens` + 1 seeded random ids minus the last, the ids, weight GB)."""
     import sglang
 
@@ -138,17 +138,22 @@ def _engine_logits(model_path: str, tokens: int, **kw) -> tuple:
 
 def compare(model_path: str, tokens: int, a: dict, b: dict, label: str) -> dict:
     """Top-1 agreement and |logprob diff| of the next tokens (teacher forced) between engines `a` and `b`."""
-    la, ids, gb_a = _engine_logits(model_path, tokens, **a)
-    lb, _, gb_b = _engine_logits(model_path, tokens, **b)
-    target = torch.tensor(ids[1:], device=la.device)[:, None]
-    diff = (torch.log_softmax(la, -1).gather(1, target) - torch.log_softmax(lb, -1).gather(1, target)).abs()
+    la, ids, gb_a = engine_logits(model_path, tokens, **a)
+    lb, _, gb_b = engine_logits(model_path, tokens, **b)
     out = {"label": label, "a": a, "b": b, "tokens": tokens, "weight_gb_a": gb_a, "weight_gb_b": gb_b,
-           "top1_agreement": (la.argmax(-1) == lb.argmax(-1)).float().mean().item(),
-           "mean_abs_logprob_diff": diff.mean().item(), "max_abs_logprob_diff": diff.max().item()}
+           **logprob_agreement(la, lb, ids)}
     print(f"{label} ({tokens} teacher-forced tokens): top-1 agreement {out['top1_agreement']:.4f}, mean |logprob "
           f"diff| {out['mean_abs_logprob_diff']:.2e} (max {out['max_abs_logprob_diff']:.2e}); weights "
           f"{gb_a:.2f} vs {gb_b:.2f} GB", flush=True)
     return out
+
+
+def logprob_agreement(la: torch.Tensor, lb: torch.Tensor, ids: list) -> dict:
+    """Top-1 agreement of logits `la` and `lb` [T, V] and the mean / max |logprob diff| of the next tokens ids[1:]."""
+    target = torch.tensor(ids[1:], device=la.device)[:, None]
+    diff = (torch.log_softmax(la, -1).gather(1, target) - torch.log_softmax(lb, -1).gather(1, target)).abs()
+    return {"top1_agreement": (la.argmax(-1) == lb.argmax(-1)).float().mean().item(),
+            "mean_abs_logprob_diff": diff.mean().item(), "max_abs_logprob_diff": diff.max().item()}
 
 
 def end_to_end(model_path: str, tokens: int) -> list:

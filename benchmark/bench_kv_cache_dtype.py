@@ -19,15 +19,11 @@ import json
 
 import torch
 
-from bench_fp8_linears import _engine_logits
+from bench_fp8_linears import engine_logits, logprob_agreement
 
 
 def _row(label: str, la: torch.Tensor, lb: torch.Tensor, ids: list) -> dict:
-    target = torch.tensor(ids[1:], device=la.device)[:, None]
-    diff = (torch.log_softmax(la, -1).gather(1, target) - torch.log_softmax(lb, -1).gather(1, target)).abs()
-    top1 = (la.argmax(-1) == lb.argmax(-1)).float().mean().item()
-    row = {"label": label, "tokens": len(ids) - 1, "top1_agreement": top1,
-           "mean_abs_logprob_diff": diff.mean().item(), "max_abs_logprob_diff": diff.max().item()}
+    row = {"label": label, "tokens": len(ids) - 1, **logprob_agreement(la, lb, ids)}
     print(f"{label}: top-1 agreement {row['top1_agreement']:.4f}, mean |logprob diff| "
           f"{row['mean_abs_logprob_diff']:.2e} (max {row['max_abs_logprob_diff']:.2e})", flush=True)
     return row
@@ -44,7 +40,7 @@ def agreement(model_path: str, tokens: int, device: str = "cuda") -> list:
             "bf16, bf16 KV, forwards of 256": {"dtype": "bfloat16", "kv_cache_dtype": "bfloat16", "chunk": 256}}
     logits = {}
     for name, kw in runs.items():
-        logits[name], ids, _ = _engine_logits(model_path, tokens, **{**base, **kw})
+        logits[name], ids, _ = engine_logits(model_path, tokens, **{**base, **kw})
     rows = [_row(f"{name} vs exact", logits[name], logits["exact"], ids) for name in runs if name != "exact"]
     rows.append(_row("fp8 vs bf16 KV (bf16 compute)", logits["bf16, fp8 KV"], logits["bf16, bf16 KV"], ids))
     rows.append(_row("bf16 noise floor: bf16 KV, forwards of 64 vs 256", logits["bf16, bf16 KV"],

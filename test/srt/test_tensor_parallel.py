@@ -235,6 +235,14 @@ def test_fp8_linears_cut_through_blocks_are_dequantized():
     assert any(".attn.wq_b." in n for n in one) and not any(".attn.wq_b." in n for n in two)
     replicated = {n for n in one if ".attn.wq_a." in n or ".attn.wkv." in n}
     assert replicated and replicated <= two
+    # the rule itself: only split dims must be whole blocks (one rank keeps a partial last block, as before TP)
+    from sglang.srt.distributed.sharding import splits_whole_blocks
+
+    assert splits_whole_blocks("layers.0.attn.wq_b.weight", (300, 256), ParallelConfig())
+    assert not splits_whole_blocks("layers.0.attn.wq_b.weight", (384, 256), ParallelConfig(tp=2))
+    assert splits_whole_blocks("layers.0.attn.wq_b.weight", (512, 300), ParallelConfig(tp=2))
+    assert not splits_whole_blocks("layers.0.attn.wo_b.weight", (512, 384), ParallelConfig(tp=2))
+    assert splits_whole_blocks("layers.0.attn.wq_a.weight", (300, 300), ParallelConfig(tp=4))  # replicated
 
 
 def test_bench_collectives_dry_run():

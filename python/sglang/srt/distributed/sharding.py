@@ -90,13 +90,12 @@ def shard_shape(name: str, shape: tuple, pc: ParallelConfig) -> tuple:
 
 
 def splits_whole_blocks(name: str, shape: tuple, pc: ParallelConfig, block: int = 128) -> bool:
-    """Whether every rank's part of FP8 weight `name` (stored `shape`) is whole block x block tiles, so its block
-    multipliers split with it. A part that cuts through blocks (a small model's 384-row wq_b over 2 ranks) cannot stay
-    FP8: the loader dequantizes that linear instead (model_builder.kept_formats)."""
-    for pattern, dims in _RULES:
-        if pattern.search(name) and len(dims) == len(shape):
-            return all(d is None or n % (getattr(pc, d) * block) == 0 for n, d in zip(shape, dims))
-    return True
+    """Whether every rank's part of FP8 weight `name` (stored `shape`) is whole block x block tiles along each split
+    dim, so its block multipliers split with it (unsplit dims may end in a partial block, as on one rank). A part that
+    cuts through blocks (a small model's 384-row wq_b over 2 ranks) cannot stay FP8: the loader dequantizes that
+    linear instead (model_builder.kept_formats)."""
+    part = shard_shape(name, shape, pc)
+    return all(p == n or (n % p == 0 and p % block == 0) for p, n in zip(part, shape))
 
 
 # The same rules for the tensors the checkpoint loader streams (native names; experts one tensor per expert, their
