@@ -68,7 +68,12 @@ def test_lone_surrogate_is_400_naming_the_field(http):
              ("/v1/completions", {"model": MODEL, "prompt": "a\ud800b", "max_tokens": 2}, "prompt"),
              ("/v1/completions", {"model": MODEL, "prompt": ["ok", "a\udfffb"], "max_tokens": 2}, "prompt.1"),
              ("/generate", {"text": "a\ud800b", "sampling_params": {"max_new_tokens": 2}}, "text"),
-             ("/tokenize", {"prompt": "a\ud800b"}, "prompt")]
+             ("/tokenize", {"prompt": "a\ud800b"}, "prompt"),
+             # a bad key: the error names it escaped (the reply must still encode)
+             ("/v1/chat/completions", {**CHAT, "\udc00": 1}, "\\udc00"),
+             ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "x", "\ud800": 1}]},
+              "messages.0.\\ud800"),
+             ("/generate", {"text": "x", "\udfff": 1}, "\\udfff")]
     for path, body, field in cases:
         raw = json.dumps(body).encode()  # ensure_ascii: the surrogate travels as the JSON escape \ud800
         assert b"\\ud" in raw

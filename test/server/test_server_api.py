@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import threading
+import time
 
 import httpx
 import openai
@@ -212,6 +214,9 @@ BAD = [
     ("/generate", {"text": "x", "sampling_params": {"max_new_tokens": 2, "bogus": 1}}, "unknown sampling"),
     ("/generate", {"text": "x", "sampling_params": {"temperature": -1}}, "temperature"),
     ("/detokenize", {"tokens": [-1]}, "vocabulary"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
+     "top_logprobs requires logprobs"),  # as OpenAI
+    ("/generate", {"text": "x", "sampling_params": {"max_new_tokens": 4, "regex": "[^\\s\\S]"}}, "matches no text"),
 ]
 
 
@@ -230,6 +235,9 @@ def test_bad_inputs_get_4xx_and_server_survives(server, client):
         assert r.status_code == 400
     ok = client.completions.create(model=MODEL, prompt="still alive", max_tokens=2, temperature=0)
     assert ok.choices[0].text is not None
+    null = httpx.post(server.base_url + "/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": None,
+                                                                  "ignore_eos": True})
+    assert null.status_code == 200 and null.json()["usage"]["completion_tokens"] == 16  # null: OpenAI's default
     server.wait_pools_free()
 
 
@@ -266,6 +274,38 @@ def test_disconnect_mid_stream_frees_slots(server):
         assert any(line.startswith("data: ") for line in got)
     stats = server.wait_pools_free(timeout=15)  # far sooner than 900 tokens would take
     assert stats["num_running_reqs"] == 0
+
+
+def test_non_streaming_disconnect_and_refused_batch_free_slots(server):
+    """A non-streaming client that stops waiting, and a batch with one refused prompt: the other requests are
+    aborted, their slots freed long before their 900 tokens."""
+    base, long = server.base_url, {"max_new_tokens": 900, "ignore_eos": True, "temperature": 0}
+    cases = [("/generate", {"text": "hello", "sampling_params": long}),
+             ("/v1/completions", {"model": MODEL, "prompt": "hello", "max_tokens": 900, "ignore_eos": True, "n": 3}),
+             ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                                       "max_tokens": 900, "ignore_eos": True})]
+    for path, body in cases:
+        def leave():  # waits 3 s for a reply that needs ~30 s, then closes the connection
+            try:
+                httpx.post(f"{base}{path}", json=body, timeout=3.0)
+            except httpx.TimeoutException:
+                pass
+        client = threading.Thread(target=leave)
+        client.start()
+        running = 0
+        for _ in range(100):  # the request is seen running first: a free pool below is not a stale report
+            running = (server.server_info().get("scheduler_stats") or {}).get("num_running_reqs", 0)
+            if running:
+                break
+            time.sleep(0.05)
+        client.join()
+        assert running, path
+        assert server.wait_pools_free(timeout=15)["num_running_reqs"] == 0, path
+    refused = httpx.post(f"{base}/generate", json={"input_ids": [[1, 2], [-1]], "sampling_params": long}, timeout=60)
+    assert refused.status_code == 400, refused.text
+    time.sleep(1.0)  # then one short request, so the stats read below are newer than both
+    httpx.post(f"{base}/generate", json={"input_ids": [3], "sampling_params": {"max_new_tokens": 1}}, timeout=60)
+    assert server.wait_pools_free(timeout=15)["num_running_reqs"] == 0
 
 
 def test_server_output_equals_engine(server):

@@ -1,6 +1,7 @@
 """Constrained decoding with xgrammar on the built-in tiny model (random weights, the real vocabulary): at temperature
 1 every output under a JSON schema (enums, booleans, integers in a range, nested objects, arrays) parses and
-validates, regex outputs match, EBNF outputs derive; bad grammars are refused naming the field; greedy speculative
+validates, regex outputs match, EBNF outputs derive; bad grammars (not compiling, or matching nothing) are refused
+naming the field, one that dead-ends after a prefix ends the request as a client error; greedy speculative
 decoding with a grammar equals plain decoding with it; a constrained request among unconstrained ones leaves theirs
 unchanged; a failed step rolls the grammar back with the tokens."""
 
@@ -73,12 +74,26 @@ def test_any_json_regex_and_ebnf():
     ("json_schema", "{not json", "json_schema does not compile"),
     ("ebnf", "root ::= undefined_rule", "ebnf does not compile"),
     ("json_schema", "", "must be a non-empty string"),
+    ("regex", r"[^\s\S]", "regex matches no text"),  # compiles, allows nothing
+    ("ebnf", r"root ::= [^\x00-\U0010FFFF]", "ebnf matches no text"),
 ])
 def test_bad_grammar_is_refused_naming_the_field(field, value, message):
     with pytest.raises(ValueError, match=message):
         tiny().generate(input_ids=[1, 2, 3], sampling_params={field: value, "max_new_tokens": 4})
     with pytest.raises(ValueError, match="cannot be combined"):
         tiny().generate(input_ids=[1, 2, 3], sampling_params={"regex": "a", "ebnf": 'root ::= "a"'})
+    tiny().model_runner.token_allocator.check_all_free()
+
+
+@pytest.mark.parametrize("field, value", [("regex", r"a[^\s\S]"),
+                                          ("json_schema", json.dumps({"type": "string", "pattern": r"[^\s\S]"}))])
+def test_grammar_dead_end_aborts_as_client_error(field, value):
+    """A grammar that allows a first token but no complete text: the request ends with a 400 abort at the dead end
+    (not a 500), its slots freed."""
+    out = tiny().generate(input_ids=[1, 2, 3], sampling_params={field: value, "max_new_tokens": 8, "temperature": 1.0})
+    reason = out["meta_info"]["finish_reason"]
+    assert reason["type"] == "abort" and reason["status_code"] == 400 and "cannot be completed" in reason["message"]
+    assert len(out["output_ids"]) == 2  # the one allowed token, then the drawn one the grammar refused (recorded)
     tiny().model_runner.token_allocator.check_all_free()
 
 

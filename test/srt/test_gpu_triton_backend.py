@@ -54,10 +54,18 @@ def _compare(name, dtype, kv, new_tokens=16):
 @pytest.mark.parametrize("kv", ["fp8_e4m3", "fp8_e4m3+fp4"])
 def test_triton_matches_torch_backend_fp32_quantized_cache(name, kv):
     """Same quantized cache formats (FP8 KV, FP8 / FP4 index keys), fp32 compute: the Triton backend's greedy tokens
-    equal the torch backend's on the same GPU."""
+    equal the torch backend's on the same GPU, and its prompt logprobs are close.
+
+    Not within fp32 noise: the two backends' fp32 values part by a few ulps (summation order, the GPU's exp), and a
+    value within that distance of an e4m3 rounding boundary is stored one code step apart (up to 1/8 of its size), so
+    the next layer's attention parts by up to ~1e-2. Seen on CPU (`python scripts/debug_replay_eager.py --sides
+    torch:general triton:general --dtype float32`, hca128, 2026-12-04): layer 1's inputs differ by 5e-6, 8 window-KV
+    and 3 compressed-KV bytes one e4m3 step apart, the same top-k sets, its attention output by 8.8e-3. Measured:
+    max |diff| 0.022 (H200, hca128, FP8 KV) and 1.7e-4 (CPU interpreter); mean 9e-5. Bounds: about twice the largest
+    max and ten times the mean seen."""
     a, b, diffs = _compare(name, "float32", kv)
     assert a["output_ids"] == b["output_ids"]
-    assert max(diffs) < 5e-3
+    assert sum(diffs) / len(diffs) < 1e-3 and max(diffs) < 0.05
 
 
 @pytest.mark.parametrize("name", NAMES)

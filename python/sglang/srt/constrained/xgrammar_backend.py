@@ -57,7 +57,19 @@ class XGrammarBackend:
         except (RuntimeError, ValueError) as e:
             reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
             raise SamplingParamError(kind, f"{kind} does not compile: {reason}"[:500]) from None
-        return self.xgr.GrammarMatcher(compiled)
+        matcher = self.xgr.GrammarMatcher(compiled)
+        if not self.allows_any(matcher):
+            raise SamplingParamError(kind, f"{kind} matches no text: it allows no first token")
+        return matcher
+
+    def allows_any(self, matcher) -> bool:
+        """Whether the matcher, in its current state, allows some token (a grammar that compiles may still match
+        nothing, or dead-end after a prefix)."""
+        bitmask = self.new_bitmask(1)
+        matcher.fill_next_token_bitmask(bitmask, 0)
+        allowed = torch.zeros(1, self.vocab_size)
+        self.xgr.apply_token_bitmask_inplace(allowed, bitmask, vocab_size=self.vocab_size)
+        return bool(torch.isfinite(allowed).any())
 
     def apply(self, logits: torch.Tensor, matchers: list) -> torch.Tensor:
         """Mask rows of `logits` [B, V] to what their matcher allows (None: no grammar); returns a masked copy."""

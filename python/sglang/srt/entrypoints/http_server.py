@@ -50,6 +50,36 @@ def _key_ok(raw: Request, api_key: str) -> bool:
     return hmac.compare_digest(sent, f"Bearer {api_key}".encode("utf-8"))
 
 
+class ApiKeyGuard:
+    """The API-key check (every path but /health) and the last-resort 500, as a plain ASGI middleware: Starlette's
+    `@app.middleware("http")` (BaseHTTPMiddleware) hides a client's disconnect from the endpoint, so a non-streaming
+    request would run to max_tokens after its client left."""
+
+    def __init__(self, app, api_key: Optional[str]) -> None:
+        self.app, self.api_key = app, api_key
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        raw = Request(scope, receive)
+        if self.api_key and raw.url.path != "/health" and not _key_ok(raw, self.api_key):
+            await _error("missing or invalid API key (send 'Authorization: Bearer <key>')", 401)(scope, receive, send)
+            return
+        started = False
+
+        async def tracked_send(message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+        try:
+            await self.app(scope, receive, tracked_send)
+        except Exception as e:  # answered here: past this middleware Starlette would log it without the id
+            if started:  # a response (a stream) is under way: nothing else can be sent
+                raise
+            await _internal_error(raw, e)(scope, receive, send)
+
+
 def create_app(tm: TokenizerManager, args: ServerArgs, metrics=None, scheduler_proc=None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -80,14 +110,7 @@ def create_app(tm: TokenizerManager, args: ServerArgs, metrics=None, scheduler_p
     app.state.fatal_error = None
     app.state.max_request_body_bytes = int(args.max_request_body_mb * 2**20)
 
-    @app.middleware("http")
-    async def api_key_guard(raw: Request, call_next):
-        if args.api_key and raw.url.path != "/health" and not _key_ok(raw, args.api_key):
-            return _error("missing or invalid API key (send 'Authorization: Bearer <key>')", 401)
-        try:
-            return await call_next(raw)
-        except Exception as e:  # answered here: past this middleware Starlette would log it without the id
-            return _internal_error(raw, e)
+    app.add_middleware(ApiKeyGuard, api_key=args.api_key)
 
     @app.exception_handler(RequestError)
     async def on_request_error(raw: Request, e: RequestError):

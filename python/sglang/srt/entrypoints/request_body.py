@@ -62,6 +62,8 @@ def _check_text(text: str, where: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
+        # the path may hold the bad key itself: escaped, so the error reply can be encoded
+        where = where.encode("utf-8", "backslashreplace").decode("utf-8")
         raise RequestError(f"invalid field '{_shown(where)}': invalid unicode, a lone UTF-16 surrogate "
                            f"\\u{ord(text[e.start]):04x} at character {e.start}", param=where or None) from None
 

@@ -68,9 +68,14 @@ class SchedulerOutputProcessorMixin:
         self.num_generated_tokens += 1
         if req.first_token_time is None:
             req.first_token_time = time.perf_counter()
-        if req.grammar is not None and not req.grammar.accept_token(token):  # masked sampling never draws one
-            req.finished_reason = FinishReason("abort", message=f"token {token} breaks the request's grammar",
-                                               status_code=500)
+        if req.grammar is not None and not req.grammar.accept_token(token):
+            if not self.grammar_backend.allows_any(req.grammar):  # the client's grammar dead-ends after this prefix
+                req.finished_reason = FinishReason(
+                    "abort", status_code=400, message=f"the grammar allows no token after {len(req.output_ids) - 1} "
+                    "generated tokens: it cannot be completed")
+            else:  # masked sampling never draws a refused token
+                req.finished_reason = FinishReason("abort", message=f"token {token} breaks the request's grammar",
+                                                   status_code=500)
             return
         self._check_finished(req)
         if not req.finished and req.grammar is not None and req.grammar.is_terminated():

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 INT64_MIN, INT64_MAX = -2**63, 2**63 - 1  # OpenAI's range for `seed`; torch seeds take 64 bits
 
@@ -70,9 +70,12 @@ class SamplingFields(BaseModel):
         return v
 
 
+COMPLETION_MAX_TOKENS = 16  # OpenAI's default for legacy completions
+
+
 class CompletionRequest(SamplingFields):
     prompt: Union[str, list[str], list[int], list[list[int]]]
-    max_tokens: Optional[int] = Field(default=16, ge=1)
+    max_tokens: Optional[int] = Field(default=COMPLETION_MAX_TOKENS, ge=1)  # null: the default (as OpenAI)
     logprobs: Optional[int] = Field(default=None, ge=0, le=20)
     echo: bool = False
     suffix: Optional[str] = None
@@ -147,6 +150,12 @@ class ChatCompletionRequest(SamplingFields):
     chat_template_kwargs: Optional[dict] = None
     separate_reasoning: bool = True
     return_meta_info: bool = False  # SGLang's extension: each choice carries the engine's meta_info (non-streaming)
+
+    @model_validator(mode="after")
+    def _top_logprobs_needs_logprobs(self):
+        if self.top_logprobs and not self.logprobs:  # as OpenAI: top_logprobs > 0 only with logprobs true
+            raise ValueError("top_logprobs requires logprobs: true")
+        return self
 
 
 class GenerateRequest(BaseModel):

@@ -159,7 +159,8 @@ async def start_streams(streams: list) -> list:
 
 
 async def collect(streams: list, raw: Request) -> list:
-    """Run every stream to its final chunk; if the client disconnects first, abort them all (slots freed)."""
+    """Run every stream to its final chunk; if the client disconnects first, or one stream fails (a refused prompt of
+    a batch), abort the rest (slots freed)."""
     async def run(stream) -> GenerationChunk:
         last = None
         async for last in stream:
@@ -175,10 +176,11 @@ async def collect(streams: list, raw: Request) -> list:
                 return gathered.result()
             if await raw.is_disconnected():
                 raise RequestError("client disconnected", 499)
-    finally:
-        if not gathered.done():
-            gathered.cancel()
-            await asyncio.gather(gathered, return_exceptions=True)
+    finally:  # a failed child leaves gather done with its siblings still running: cancel each
+        pending = [t for t in tasks if not t.done()]
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(gathered, *tasks, return_exceptions=True)  # their aborts done, every result retrieved
 
 
 def token_text(tm: TokenizerManager, token_id: int) -> str:

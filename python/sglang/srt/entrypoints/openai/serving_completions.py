@@ -7,7 +7,7 @@ import asyncio
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from sglang.srt.entrypoints.openai.protocol import CompletionRequest
+from sglang.srt.entrypoints.openai.protocol import COMPLETION_MAX_TOKENS, CompletionRequest
 from sglang.srt.entrypoints.openai.serving_base import (
     collect, completion_logprobs, finish_reason, matched_stop, merge, new_id, now, sampling_params, sse, sse_response,
     start_streams, usage)
@@ -34,7 +34,7 @@ async def create_completion(req: CompletionRequest, raw: Request, tm: TokenizerM
     choices = []  # (prompt index, choice index) -> stream
     for p_index, (_, ids) in enumerate(prompts):
         for c in range(req.n):
-            params = sampling_params(req, req.max_tokens, c)
+            params = sampling_params(req, COMPLETION_MAX_TOKENS if req.max_tokens is None else req.max_tokens, c)
             choices.append(tm.generate(ids, params, return_logprob=req.logprobs is not None,
                                        top_logprobs_num=top_n))
     rid, created = new_id("cmpl"), now()
