@@ -61,9 +61,19 @@ def test_completions(client):
     batch = client.completions.create(model=MODEL, prompt=["a b", "c d e"], max_tokens=3, temperature=0,
                                       extra_body={"ignore_eos": True})
     assert len(batch.choices) == 2 and batch.usage.completion_tokens == 6
+    n3 = client.completions.create(model=MODEL, prompt=["a b", "c d e"], max_tokens=3, temperature=0, n=3,
+                                   extra_body={"ignore_eos": True})
+    assert len(n3.choices) == 6 and n3.usage.completion_tokens == 18
+    assert n3.usage.prompt_tokens == batch.usage.prompt_tokens  # each prompt once, whatever n
     ids = client.completions.create(model=MODEL, prompt=[100, 200, 300], max_tokens=3, temperature=0,
                                     extra_body={"ignore_eos": True})
     assert ids.usage.prompt_tokens == 3
+    # a sampled special token (listed in tokens, skipped in the text) moves no later text_offset
+    special = client.completions.create(model=MODEL, prompt="数学是", max_tokens=24, temperature=1.0, seed=2,
+                                        logprobs=1, extra_body={"ignore_eos": True}).choices[0]
+    toks, offs = special.logprobs.tokens, special.logprobs.text_offset
+    skipped = [t for t, o in zip(toks, offs) if not special.text.startswith(t, o)]
+    assert skipped and all(t.startswith("<｜") or "\ufffd" in t for t in skipped), skipped
     echo = client.completions.create(model=MODEL, prompt="Echo me", max_tokens=2, temperature=0, echo=True)
     assert echo.choices[0].text.startswith("Echo me")
 
@@ -93,6 +103,7 @@ def test_chat_plain_stream_n_logprobs(client):
     assert reasons[-1] == "length"
     two = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=5, temperature=1.0, n=2, seed=3)
     assert len(two.choices) == 2 and two.usage.completion_tokens <= 10
+    assert two.usage.prompt_tokens == plain.usage.prompt_tokens  # n > 1: the prompt counts once (as OpenAI)
     again = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=5, temperature=1.0, n=2, seed=3)
     assert [c.message.content for c in two.choices] == [c.message.content for c in again.choices]
     lp = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=4, temperature=0, logprobs=True,
@@ -340,7 +351,32 @@ def test_generate_parallel_samples(server):
     sampled = httpx.post(f"{base}/generate", json={"input_ids": [5, 6, 7], "sampling_params": {
         "temperature": 1.0, "max_new_tokens": 8, "ignore_eos": True, "n": 4}}, timeout=60).json()
     assert len(sampled) == 4 and len({tuple(o["output_ids"]) for o in sampled}) > 1  # independent draws
+    seeded = {"temperature": 1.0, "max_new_tokens": 8, "ignore_eos": True, "seed": 5}
+    pair = httpx.post(f"{base}/generate", json={"input_ids": [5, 6, 7], "sampling_params": {**seeded, "n": 2}},
+                      timeout=60).json()
+    solo = [httpx.post(f"{base}/generate", json={"input_ids": [5, 6, 7], "sampling_params": {**seeded, "seed": s}},
+                       timeout=60).json()["output_ids"] for s in (5, 6)]
+    assert [o["output_ids"] for o in pair] == solo and solo[0] != solo[1]  # sample c: seed + c, as OpenAI's n
     server.wait_pools_free()
+
+
+def test_min_tokens_and_the_earliest_stop_string(client):
+    """min_tokens (SGLang's OpenAI extension) holds back every stop condition; when one token completes two stop
+    strings, the output is cut before the one that starts first, whatever their order in the list."""
+    prompt, greedy = "Once upon a time, in a land far away,", dict(temperature=0, extra_body={"ignore_eos": True})
+    free = client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, logprobs=1, **greedy).choices[0]
+    text, tokens, offsets = free.text, free.logprobs.tokens, free.logprobs.text_offset
+    # a token of 2+ characters after some text: "x|ab" completes both "xa" (starts first) and "ab"
+    k = next(i for i in range(1, len(tokens)) if len(tokens[i]) >= 2 and offsets[i] == len("".join(tokens[:i]))
+             and offsets[i] >= 1 and text[offsets[i] - 1:offsets[i] + 1] not in text[:offsets[i] - 1]
+             and tokens[i][:2] not in text[:offsets[i]])
+    early, late = text[offsets[k] - 1:offsets[k] + 1], tokens[k][:2]
+    for stops in ([late, early], [early, late]):
+        cut = client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, stop=stops, **greedy).choices[0]
+        assert cut.text == text[:offsets[k] - 1] and cut.model_extra["matched_stop"] == early, (stops, cut.text)
+    held = client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, stop=[tokens[0]], temperature=0,
+                                     extra_body={"min_tokens": 4})
+    assert held.usage.completion_tokens >= 4  # the stop string of token 0 is not a stop before 4 tokens
 
 
 def test_generate_stop_regex(server):

@@ -45,3 +45,27 @@ def test_no_stop_trim_keeps_the_stop_string():
     d = IncrementalDetokenizer(TOKENIZER, stop=[" two"], no_stop_trim=True)
     d.add(ids)
     assert d.visible_text({"type": "stop", "matched": " two"}) == "one two three"
+
+
+def test_matched_stop_token_is_not_shown():
+    """A request finished by a stop token (EOS or stop_token_ids) shows the text before it, as SGLang's detokenizer;
+    no_stop_trim shows it; the same text whatever the split, and for the engine's non-streaming output."""
+    from types import SimpleNamespace
+
+    from sglang.srt.managers.output_shaping import output_text
+
+    ids = TOKENIZER.encode("alpha beta gamma").ids
+    stop, reason = ids[-1], {"type": "stop", "matched": ids[-1]}
+    before = TOKENIZER.decode(ids[:-1])
+    for trim in (True, False):
+        d = IncrementalDetokenizer(TOKENIZER, no_stop_trim=not trim)
+        for t in ids:
+            d.add([t])
+        assert d.visible_text(reason) == (before if trim else TOKENIZER.decode(ids))
+        req = SimpleNamespace(output_ids=ids, finished_reason=SimpleNamespace(to_json=lambda: reason),
+                              sampling_params=SimpleNamespace(skip_special_tokens=True, no_stop_trim=not trim))
+        assert output_text(TOKENIZER, req) == d.visible_text(reason)
+    d = IncrementalDetokenizer(TOKENIZER)
+    d.add(ids)
+    assert d.visible_text({"type": "stop", "matched": stop + 1}) == TOKENIZER.decode(ids)  # not the last token: kept
+    assert d.visible_text({"type": "length"}) == TOKENIZER.decode(ids)

@@ -11,6 +11,7 @@ A handler raises RequestError for anything the client got wrong; the app answers
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 import time
 from typing import Optional
@@ -20,7 +21,8 @@ from fastapi.responses import PlainTextResponse, Response
 
 from sglang.srt.entrypoints.openai.protocol import (
     ChatCompletionRequest, CompletionRequest, DetokenizeRequest, GenerateRequest, TokenizeRequest)
-from sglang.srt.entrypoints.openai.serving_base import collect, merge, sse, sse_response, start_streams
+from sglang.srt.entrypoints.openai.serving_base import (
+    choice_seed, collect, merge, sse, sse_response, start_streams)
 from sglang.srt.entrypoints.request_body import parse_request
 from sglang.srt.managers.tokenizer_manager import RequestError, TokenizerManager
 from sglang.srt.sampling.sampling_params import SamplingParams
@@ -228,7 +230,9 @@ async def native_generate(req: GenerateRequest, raw: Request, tm: TokenizerManag
         raise RequestError(str(e), param=getattr(e, "param", None)) from None  # SamplingParamError names its field
     if samples > 1:  # upstream's parallel sampling: every prompt `n` times, prompt by prompt, as a list
         ids_list = [ids for ids in ids_list for _ in range(samples)]
-        params = [p for p in params for _ in range(samples)]
+        # a seeded prompt's sample c draws with seed + c (as the OpenAI endpoints' choices), not n equal samples
+        params = [p if p.seed is None else dataclasses.replace(p, seed=choice_seed(p.seed, c))
+                  for p in params for c in range(samples)]
         single = False
     streams = [tm.generate(ids, p, return_logprob=req.return_logprob, logprob_start_len=req.logprob_start_len,
                            top_logprobs_num=req.top_logprobs_num) for ids, p in zip(ids_list, params)]

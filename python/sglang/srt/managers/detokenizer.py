@@ -3,7 +3,8 @@
 Decoding token by token breaks multi-byte characters, so each step decodes a short window of recent tokens and
 only extends the text once the window no longer ends in a partial character (U+FFFD). While a request runs, text
 that could be the start of one of its stop strings is held back, so a stop string is never emitted, even in part;
-once the scheduler reports the matched stop string, the text is cut before it. A stop_regex match is cut as soon as
+once the scheduler reports the matched stop string, the text is cut before it (a matched stop token is not shown
+either). A stop_regex match is cut as soon as
 it is complete, but the start of a match cannot be held back (what a pattern will match is not known in advance), so
 a stream may already have shown its first characters.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from sglang.srt.managers.output_shaping import trim_stop
+from sglang.srt.managers.output_shaping import trim_stop, trim_stop_token
 from sglang.srt.sampling.sampling_params import compile_stop_regex
 
 
@@ -44,10 +45,14 @@ class IncrementalDetokenizer:
         """Text safe to show now: all of it once finished (cut before a matched stop string), else without a
         trailing piece that could still grow into a stop string."""
         if finished_reason is not None:
-            text = self.text
-            if self.read_offset < len(self.ids):  # a trailing partial character: flush what decodes
-                text += self._decode(self.ids[self.prefix_offset:])[len(self._decode(
-                    self.ids[self.prefix_offset:self.read_offset])):]
+            shown = trim_stop_token(self.ids, finished_reason, self.no_stop_trim)
+            if len(shown) < len(self.ids):  # the stop token is not shown: once, the text without it
+                text = self._decode(shown)
+            else:
+                text = self.text
+                if self.read_offset < len(self.ids):  # a trailing partial character: flush what decodes
+                    text += self._decode(self.ids[self.prefix_offset:])[len(self._decode(
+                        self.ids[self.prefix_offset:self.read_offset])):]
             return trim_stop(text, finished_reason, self.no_stop_trim)
         if not self.no_stop_trim:  # a complete stop string is never shown, even before the finish arrives
             cuts = [i for i in (self.text.find(stop) for stop in self.stop) if i >= 0]

@@ -36,13 +36,25 @@ def trim_stop(text: str, finished_reason: Optional[dict], no_stop_trim: bool) ->
     return text
 
 
+def trim_stop_token(ids: list, finished_reason: Optional[dict], no_stop_trim: bool) -> list:
+    """The output ids whose text is shown: without the stop token (EOS or a stop_token_ids entry) that finished the
+    request, as SGLang's detokenizer (kept in output_ids and shown only with no_stop_trim)."""
+    matched = finished_reason.get("matched") if finished_reason else None
+    if type(matched) is int and not no_stop_trim and ids and ids[-1] == matched:
+        return ids[:-1]
+    return ids
+
+
 def output_text(tokenizer, req: "Req") -> str:
-    """The decoded output of a finished Req (empty without a tokenizer), cut before a matched stop string."""
+    """The decoded output of a finished Req (empty without a tokenizer), without the stop token or string that
+    finished it."""
     if tokenizer is None:
         return ""
     params = req.sampling_params
-    text = tokenizer.decode(req.output_ids, skip_special_tokens=params.skip_special_tokens)
-    return trim_stop(text, req.finished_reason.to_json() if req.finished_reason else None, params.no_stop_trim)
+    reason = req.finished_reason.to_json() if req.finished_reason else None
+    text = tokenizer.decode(trim_stop_token(req.output_ids, reason, params.no_stop_trim),
+                            skip_special_tokens=params.skip_special_tokens)
+    return trim_stop(text, reason, params.no_stop_trim)
 
 
 @dataclass

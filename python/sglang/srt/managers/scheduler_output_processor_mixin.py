@@ -111,11 +111,13 @@ class SchedulerOutputProcessorMixin:
             req.finished_reason = FinishReason("length", length=params.max_new_tokens)
 
     def _matched_stop_string(self, req: Req) -> Optional[str]:
-        """A stop string now present in the tail of the output text (it can span token boundaries)."""
+        """The stop string now present in the tail of the output text (it can span token boundaries); when one token
+        completes several, the one that starts first (the output is cut before it), then the shortest."""
         longest = max(len(s) for s in req.sampling_params.stop)
         tail = self.tokenizer.decode(req.output_ids[-(longest + 8):],
                                      skip_special_tokens=req.sampling_params.skip_special_tokens)
-        return next((s for s in req.sampling_params.stop if s in tail), None)
+        found = [(tail.find(s), len(s), s) for s in req.sampling_params.stop if s in tail]
+        return min(found)[2] if found else None
 
     def _matched_stop_regex(self, req: Req) -> Optional[str]:
         """The text of a stop_regex match in the text of the last STOP_REGEX_WINDOW tokens (checked after every token,

@@ -38,6 +38,7 @@ class SamplingFields(BaseModel):
     min_p: float = Field(default=0.0, ge=0, le=1)
     repetition_penalty: float = Field(default=1.0, gt=0, le=2)
     stop_token_ids: Optional[list[int]] = None
+    min_tokens: int = Field(default=0, ge=0)  # no stop condition applies before this many tokens
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     no_stop_trim: bool = False

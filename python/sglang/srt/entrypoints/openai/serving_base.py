@@ -62,7 +62,7 @@ def sse(obj) -> str:
 SSE_DONE = "data: [DONE]\n\n"
 
 
-def _choice_seed(seed: int, choice: int) -> int:
+def choice_seed(seed: int, choice: int) -> int:
     """seed + choice, wrapped into the signed 64-bit range the request's seed was validated against."""
     return (seed + choice + 2**63) % 2**64 - 2**63
 
@@ -72,12 +72,13 @@ def sampling_params(req, max_new_tokens: int, choice: int, grammar: Optional[dic
     `grammar`: the constraint a chat's response_format sets, else the request's own regex / ebnf / json_schema."""
     stop = req.stop if isinstance(req.stop, list) else ([req.stop] if req.stop else [])
     params = SamplingParams(
-        max_new_tokens=max_new_tokens, temperature=1.0 if req.temperature is None else req.temperature,
+        max_new_tokens=max_new_tokens, min_new_tokens=req.min_tokens,
+        temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p, top_k=req.top_k, min_p=req.min_p,
         frequency_penalty=req.frequency_penalty, presence_penalty=req.presence_penalty,
         repetition_penalty=req.repetition_penalty, stop=stop, stop_token_ids=list(req.stop_token_ids or []),
         ignore_eos=req.ignore_eos, skip_special_tokens=req.skip_special_tokens, no_stop_trim=req.no_stop_trim,
-        seed=None if req.seed is None else _choice_seed(req.seed, choice), logit_bias=req.logit_bias or None,
+        seed=None if req.seed is None else choice_seed(req.seed, choice), logit_bias=req.logit_bias or None,
         **(grammar or {"regex": req.regex, "ebnf": req.ebnf, "json_schema": req.json_schema}))
     try:
         params.verify()
@@ -97,7 +98,8 @@ def matched_stop(reason: Optional[dict]):
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
-    """OpenAI's usage object; prompt tokens served from the prefix cache in prompt_tokens_details.cached_tokens."""
+    """OpenAI's usage object; prompt tokens served from the prefix cache in prompt_tokens_details.cached_tokens. With
+    n > 1 each prompt counts once (as OpenAI and SGLang), its completion tokens in every choice."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
             "prompt_tokens_details": {"cached_tokens": cached_tokens}}
@@ -204,8 +206,10 @@ def chat_logprobs(tm: TokenizerManager, chunk: GenerationChunk, start: int, end:
 
 
 def completion_logprobs(tm: TokenizerManager, chunk: GenerationChunk, start: int, end: int,
-                        text_offset: int) -> dict:
-    """Legacy completions `logprobs` object for output tokens [start, end)."""
+                        text_offset: int, skip_special_tokens: bool = True) -> tuple:
+    """(legacy completions `logprobs` object for output tokens [start, end), the text offset after them). Every token
+    is listed (special ones by name); text_offset advances by what each adds to the choice's text (nothing for a
+    special token the text skips)."""
     tokens, token_lps, tops, offsets = [], [], [], []
     lps = chunk.meta_info.get("output_token_logprobs", [])
     top = chunk.meta_info.get("output_top_logprobs")
@@ -215,6 +219,8 @@ def completion_logprobs(tm: TokenizerManager, chunk: GenerationChunk, start: int
         tokens.append(text)
         token_lps.append(lp)
         offsets.append(text_offset)
-        text_offset += len(text)
+        skipped = skip_special_tokens and tm.tokenizer is not None and text and \
+            not tm.tokenizer.decode([tid], skip_special_tokens=True)
+        text_offset += 0 if skipped else len(text)
         tops.append({token_text(tm, t): v for v, t, _ in top[i]} if top else None)
-    return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
+    return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}, text_offset

@@ -144,7 +144,7 @@ async def create_chat_completion(req: ChatCompletionRequest, raw: Request, tm: T
     choices, completion_tokens, cached = [], 0, 0
     for i, (chunk, p) in enumerate(zip(finals, parsers)):
         completion_tokens += chunk.meta_info["completion_tokens"]
-        cached += chunk.meta_info.get("cached_tokens", 0)
+        cached += chunk.meta_info.get("cached_tokens", 0) if i == 0 else 0  # the prompt counts once (see usage)
         reasoning, content = (p.reasoning.parse_non_stream(chunk.text) if p.reasoning else (None, chunk.text))
         message = {"role": "assistant", "content": content, "reasoning_content": reasoning, "tool_calls": None}
         reason = finish_reason(chunk.meta_info["finish_reason"])
@@ -161,7 +161,7 @@ async def create_chat_completion(req: ChatCompletionRequest, raw: Request, tm: T
         if req.return_meta_info:
             choices[-1]["meta_info"] = chunk.meta_info
     return JSONResponse({"id": rid, "object": "chat.completion", "created": created, "model": model_name,
-                         "choices": choices, "usage": usage(len(ids) * req.n, completion_tokens, cached)})
+                         "choices": choices, "usage": usage(len(ids), completion_tokens, cached)})
 
 
 def _deltas(p: ChoiceParsers, text: str, final: bool, tools: Optional[list]) -> list:
@@ -224,11 +224,11 @@ async def _stream(req, tm, streams, parsers, prompt_tokens, rid, created, model_
             yield frame(i, {}, logprobs=logprobs)
         if chunk.finished:
             completion_tokens += chunk.meta_info["completion_tokens"]
-            cached += chunk.meta_info.get("cached_tokens", 0)
+            cached += chunk.meta_info.get("cached_tokens", 0) if i == 0 else 0
             reason = finish_reason(chunk.meta_info["finish_reason"])
             if parsers[i].num_calls and reason == "stop":
                 reason = "tool_calls"
             yield frame(i, {}, reason, matched=matched_stop(chunk.meta_info["finish_reason"]))
     if include_usage:
         yield sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model_name,
-                   "choices": [], "usage": usage(prompt_tokens * req.n, completion_tokens, cached)})
+                   "choices": [], "usage": usage(prompt_tokens, completion_tokens, cached)})

@@ -48,14 +48,15 @@ async def create_completion(req: CompletionRequest, raw: Request, tm: TokenizerM
     for i, chunk in enumerate(finals):
         p_index = i // req.n
         completion_tokens += chunk.meta_info["completion_tokens"]
-        cached += chunk.meta_info.get("cached_tokens", 0)
+        cached += chunk.meta_info.get("cached_tokens", 0) if i % req.n == 0 else 0  # each prompt counts once
         reason = chunk.meta_info["finish_reason"]
         out_choices.append({
             "index": i, "text": echo[p_index] + chunk.text,
-            "logprobs": completion_logprobs(tm, chunk, 0, len(chunk.output_ids), len(echo[p_index]))
+            "logprobs": completion_logprobs(tm, chunk, 0, len(chunk.output_ids), len(echo[p_index]),
+                                            req.skip_special_tokens)[0]
             if req.logprobs is not None else None,
             "finish_reason": finish_reason(reason), "matched_stop": matched_stop(reason)})
-    prompt_tokens = sum(len(ids) for _, ids in prompts) * req.n
+    prompt_tokens = sum(len(ids) for _, ids in prompts)
     return JSONResponse({"id": rid, "object": "text_completion", "created": created, "model": model_name,
                          "choices": out_choices, "usage": usage(prompt_tokens, completion_tokens, cached)})
 
@@ -85,17 +86,16 @@ async def _stream(req, tm, choices, prompts, echo, rid, created, model_name):
             continue
         logprobs = None
         if req.logprobs is not None:
-            logprobs = completion_logprobs(tm, chunk, sent_tokens[i], len(chunk.output_ids), offsets[i])
-            if logprobs["tokens"]:
-                offsets[i] = logprobs["text_offset"][-1] + len(logprobs["tokens"][-1])
+            logprobs, offsets[i] = completion_logprobs(tm, chunk, sent_tokens[i], len(chunk.output_ids),
+                                                       offsets[i], req.skip_special_tokens)
         sent_text[i], sent_tokens[i] = len(chunk.text), len(chunk.output_ids)
         if chunk.finished:
             completion_tokens += chunk.meta_info["completion_tokens"]
-            cached += chunk.meta_info.get("cached_tokens", 0)
+            cached += chunk.meta_info.get("cached_tokens", 0) if i % req.n == 0 else 0
             yield frame(i, delta, logprobs, chunk.meta_info["finish_reason"])
         else:
             yield frame(i, delta, logprobs)
     if include_usage:
-        prompt_tokens = sum(len(ids) for _, ids in prompts) * req.n
+        prompt_tokens = sum(len(ids) for _, ids in prompts)
         yield sse({"id": rid, "object": "text_completion", "created": created, "model": model_name,
                    "choices": [], "usage": usage(prompt_tokens, completion_tokens, cached)})
