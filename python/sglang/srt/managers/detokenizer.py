@@ -46,8 +46,8 @@ class IncrementalDetokenizer:
         trailing piece that could still grow into a stop string."""
         if finished_reason is not None:
             shown = trim_stop_token(self.ids, finished_reason, self.no_stop_trim)
-            if len(shown) < len(self.ids):  # the stop token is not shown: once, the text without it
-                text = self._decode(shown)
+            if len(shown) < len(self.ids) and self._decode(self.ids[-1:]):  # a stop token with text (not a skipped
+                text = self._decode(shown)  # special one, as EOS usually is): once, the whole text without it
             else:
                 text = self.text
                 if self.read_offset < len(self.ids):  # a trailing partial character: flush what decodes
