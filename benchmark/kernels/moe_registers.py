@@ -2,7 +2,8 @@
 GPU without one (Triton's bundled ptxas and cuobjdump): register pressure can be read on a CPU-only machine, with the
 Triton that is installed (3.6 on our H200 image; the numbers in RESULTS.md name the version).
 
-    python benchmark/kernels/moe_registers.py [--tokens 1 8 32] [--tma both] [--sass] [--warps 4 8] [--planes | --a8]
+    python benchmark/kernels/moe_registers.py [--tokens 1 8 32] [--tma both] [--sass] [--warps 4 8] [--stages 3 5]
+        [--planes | --a8]
 
 Each launch of `moe_config` for the token counts (Flash: 256 experts, top-6, bf16 activations, the scaled dot), with
 the codes read by pointers and through TMA descriptors (MoeLaunch.tma); --planes: the decode launches of the PTX
@@ -129,6 +130,7 @@ def main() -> None:
     ap.add_argument("--warps", type=int, nargs="+", default=[0], help="num_warps to compile (0: moe_config's)")
     ap.add_argument("--planes", action="store_true", help="the parity planes' launches (PTX conversion) instead")
     ap.add_argument("--a8", action="store_true", help="the W4A8 launches (dsv4_moe_w4a8: FP8 activations) instead")
+    ap.add_argument("--stages", type=int, nargs="+", default=[0], help="num_stages to compile (0: moe_config's)")
     args = ap.parse_args()
     print(f"Triton {triton.__version__}, sm90")
     if args.a8:
@@ -150,8 +152,9 @@ def main() -> None:
         for name, kernel, launch, extra in (("gate_up", kernels[0], cfg.gate_up, {"SPLIT_K": 1}),
                                             ("down", kernels[1], cfg.down, {})):
             tmas = [False] if args.planes else {"off": [False], "on": [True], "both": [False, True]}[args.tma]
-            for tma, warps in itertools.product(tmas, args.warps):
-                launch_t = dataclasses.replace(launch, tma=tma, num_warps=warps or launch.num_warps)
+            for tma, warps, stages in itertools.product(tmas, args.warps, args.stages):
+                launch_t = dataclasses.replace(launch, tma=tma, num_warps=warps or launch.num_warps,
+                                               num_stages=stages or launch.num_stages)
                 consts = {**common, **extra, "BLOCK_M": cfg.block_m, "BLOCK_N": launch.block_n,
                           "BLOCK_K": launch.block_k, "TMA": tma}
                 if args.planes:  # the planes' kernels: their own constexprs

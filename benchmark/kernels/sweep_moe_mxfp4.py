@@ -3,8 +3,8 @@ kernel (gate-up with the SwiGLU, down with the router weights) timed alone for e
 count, against the bytes-read floor of the packed experts it touches (same-run copy bandwidth). Prints the best
 launches per (kernel, tokens) and writes every row to --out; `moe_config` takes its settings from here.
 
-    python benchmark/kernels/sweep_moe_mxfp4.py [--tokens 1 32 256 4096] [--budget-s 420] [--planes [--planes-only]]
-        [--out r.json]
+    python benchmark/kernels/sweep_moe_mxfp4.py [--tokens 1 32 256 4096] [--budget-s 420] [--planes [--planes-only]
+        [--stages 4 5 6]] [--out r.json]
 
 Candidates: tl.dot_scaled launches beside the in-register path, with the weight codes read by pointers and through TMA
 descriptors (MoeLaunch.tma: fewer registers, copies the compiler may pipeline); with --planes also the decode launches
@@ -62,6 +62,10 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=420.0)
     ap.add_argument("--planes", action="store_true", help="decode: also the parity planes' launches")
     ap.add_argument("--planes-only", action="store_true", help="decode: the planes' and the baseline launches only")
+    ap.add_argument("--stages", type=int, nargs="+", default=[],
+                    help="decode, with --planes: the engine's planes launches again at these num_stages, first (deeper "
+                         "pipelines keep more bytes in flight per SM: one token's few programs cannot hide DRAM "
+                         "latency with 3 stages of 8 K tiles)")
     ap.add_argument("--out")
     args = ap.parse_args()
     e, d, i, k = args.experts, args.hidden, args.intermediate, args.top_k
@@ -88,6 +92,8 @@ def main() -> None:
                 # outside this timing), so a short budget still times them; then the tile grid
                 engine = [PLANES_GATE_UP_ONE, PLANES_DOWN_ONE, PLANES_GATE_UP_FEW, PLANES_GATE_UP, PLANES_DOWN]
                 baseline += [(16, launch) for launch in engine]
+                baseline += [(16, dataclasses.replace(launch, num_stages=st)) for st in args.stages for launch in engine
+                             if st != launch.num_stages]
                 baseline += [(16, dataclasses.replace(launch, split_k=sk)) for launch in engine for sk in (1, 2, 4)
                              if sk != launch.split_k]
                 tiles = [(bn, bk, w, 3, sw) for bn, bk, w, sw in

@@ -374,9 +374,14 @@ def test_min_tokens_and_the_earliest_stop_string(client):
     for stops in ([late, early], [early, late]):
         cut = client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, stop=stops, **greedy).choices[0]
         assert cut.text == text[:offsets[k] - 1] and cut.model_extra["matched_stop"] == early, (stops, cut.text)
-    held = client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, stop=[tokens[0]], temperature=0,
-                                     extra_body={"min_tokens": 4})
-    assert held.usage.completion_tokens >= 4  # the stop string of token 0 is not a stop before 4 tokens
+    for stream in (False, True):  # token 0's text is no stop before 4 tokens: the cut is at a later occurrence
+        held = client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, stop=[tokens[0]], temperature=0,
+                                         stream=stream, extra_body={"min_tokens": 4, "ignore_eos": True})
+        held_text = "".join(c.choices[0].text for c in held) if stream else held.choices[0].text
+        later = text.find(tokens[0], offsets[3] - len(tokens[0]) + 1)  # ends past the first 3 tokens' text
+        assert held_text == (text if later < 0 else text[:later]), (stream, held_text, text)
+        if not stream:
+            assert held.usage.completion_tokens >= 4
 
 
 def test_generate_stop_regex(server):

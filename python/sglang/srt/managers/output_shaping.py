@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
+from sglang.srt.sampling.sampling_params import find_stop
+
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req
 
@@ -27,11 +29,12 @@ def input_logprobs_entries(input_ids: list, by_position, logprob_start_len: int)
     return [(None if p == 0 else values.get(p), input_ids[p], None) for p in range(start, len(input_ids))]
 
 
-def trim_stop(text: str, finished_reason: Optional[dict], no_stop_trim: bool) -> str:
-    """The text cut before the stop string that finished the request (SGLang emits it only with no_stop_trim)."""
+def trim_stop(text: str, finished_reason: Optional[dict], no_stop_trim: bool, floor: int = 0) -> str:
+    """The text cut before the stop string that finished the request (SGLang emits it only with no_stop_trim): its
+    first occurrence that ends past text[:floor] (min_new_tokens: sampling_params.find_stop)."""
     matched = finished_reason.get("matched") if finished_reason else None
     if isinstance(matched, str) and not no_stop_trim:
-        cut = text.find(matched)
+        cut = find_stop(text, matched, floor)
         return text[:cut] if cut >= 0 else text
     return text
 
@@ -54,7 +57,9 @@ def output_text(tokenizer, req: "Req") -> str:
     reason = req.finished_reason.to_json() if req.finished_reason else None
     text = tokenizer.decode(trim_stop_token(req.output_ids, reason, params.no_stop_trim),
                             skip_special_tokens=params.skip_special_tokens)
-    return trim_stop(text, reason, params.no_stop_trim)
+    floor = len(tokenizer.decode(req.output_ids[:max(0, params.min_new_tokens - 1)],
+                                 skip_special_tokens=params.skip_special_tokens))
+    return trim_stop(text, reason, params.no_stop_trim, floor)
 
 
 @dataclass

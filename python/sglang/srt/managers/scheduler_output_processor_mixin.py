@@ -14,7 +14,7 @@ import torch
 
 from sglang.srt.layers.sampler import sample
 from sglang.srt.managers.schedule_batch import FinishReason, Req, ScheduleBatch
-from sglang.srt.sampling.sampling_params import compile_stop_regex
+from sglang.srt.sampling.sampling_params import compile_stop_regex, find_stop, search_stop_regex
 
 STOP_REGEX_WINDOW = 32  # output tokens whose text a stop_regex is searched in, after each new token
 
@@ -111,20 +111,29 @@ class SchedulerOutputProcessorMixin:
             req.finished_reason = FinishReason("length", length=params.max_new_tokens)
 
     def _matched_stop_string(self, req: Req) -> Optional[str]:
-        """The stop string now present in the tail of the output text (it can span token boundaries); when one token
-        completes several, the one that starts first (the output is cut before it), then the shortest."""
-        longest = max(len(s) for s in req.sampling_params.stop)
-        tail = self.tokenizer.decode(req.output_ids[-(longest + 8):],
-                                     skip_special_tokens=req.sampling_params.skip_special_tokens)
-        found = [(tail.find(s), len(s), s) for s in req.sampling_params.stop if s in tail]
+        """The stop string this token completed (it can span token boundaries); when it completes several, the one
+        that starts first (the output is cut before it), then the shortest."""
+        stops = req.sampling_params.stop
+        tail, floor = self._stop_tail(req, max(len(s) for s in stops) + 8)
+        found = [(i, len(s), s) for s in stops if (i := find_stop(tail, s, floor)) >= 0]
         return min(found)[2] if found else None
 
     def _matched_stop_regex(self, req: Req) -> Optional[str]:
         """The text of a stop_regex match in the text of the last STOP_REGEX_WINDOW tokens (checked after every token,
         so the first match ends the output; a match must fit in that window)."""
-        tail = self.tokenizer.decode(req.output_ids[-STOP_REGEX_WINDOW:],
-                                     skip_special_tokens=req.sampling_params.skip_special_tokens)
+        tail, floor = self._stop_tail(req, STOP_REGEX_WINDOW)
         for pattern in req.sampling_params.stop_regex:
-            if (m := compile_stop_regex(pattern).search(tail)) is not None:
+            if (m := search_stop_regex(compile_stop_regex(pattern), tail, floor)) is not None:
                 return m.group(0)
         return None
+
+    def _stop_tail(self, req: Req, window: int) -> tuple:
+        """(text of the last `window` output tokens, its floor): the floor is the length of the part of it that the
+        tokens before the min_new_tokens-th hold (a stop string they complete is no stop: find_stop)."""
+        ids, params = req.output_ids, req.sampling_params
+        start = max(0, len(ids) - window)
+        tail = self.tokenizer.decode(ids[start:], skip_special_tokens=params.skip_special_tokens)
+        held = params.min_new_tokens - 1  # tokens whose text cannot hold a stop's end
+        floor = (len(self.tokenizer.decode(ids[start:held], skip_special_tokens=params.skip_special_tokens))
+                 if held > start else 0)
+        return tail, floor

@@ -116,7 +116,8 @@ class TokenizerManager:
         self.start()
         rid = rid or uuid.uuid4().hex
         detok = None if self.tokenizer is None else IncrementalDetokenizer(
-            self.tokenizer, params.skip_special_tokens, params.stop, params.no_stop_trim, params.stop_regex)
+            self.tokenizer, params.skip_special_tokens, params.stop, params.no_stop_trim, params.stop_regex,
+            params.min_new_tokens)
         state = ReqState(rid=rid, input_ids=list(input_ids), return_logprob=return_logprob,
                          logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num, detok=detok)
         self.states[rid] = state

@@ -31,6 +31,22 @@ def compile_stop_regex(pattern: str) -> "re.Pattern":
     return re.compile(pattern)
 
 
+# Stop strings and regexes apply from the min_new_tokens-th output token on: one that the tokens before it complete is
+# no stop. `floor` is the length of those tokens' text within the searched text; a match must end past it.
+
+def find_stop(text: str, stop: str, floor: int = 0) -> int:
+    """Start of the first occurrence of `stop` in text that ends past text[:floor], or -1."""
+    return text.find(stop, max(0, floor - len(stop) + 1))
+
+
+def search_stop_regex(pattern: "re.Pattern", text: str, floor: int = 0) -> "Optional[re.Match]":
+    """The first match of a compiled stop_regex in text that ends past text[:floor], or None."""
+    start = 0
+    while (m := pattern.search(text, start)) is not None and m.end() <= floor:
+        start = m.start() + 1
+    return m
+
+
 class SamplingParamError(ValueError):
     """A bad sampling parameter; `param` names it (for the `param` of an OpenAI error body)."""
 
