@@ -37,6 +37,7 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from sglang.bench_serving_datasets import DatasetRow, add_dataset_args, get_dataset
+from sglang.srt.environ import envs
 from sglang.utils_openai_client import (add_server_args, fetch_model_id, iter_sse, load_tokenizer,
                                         raise_for_status, server_root)
 
@@ -296,6 +297,8 @@ async def _benchmark(args: argparse.Namespace, rows: list[DatasetRow], tok: Toke
         if args.flush_cache:
             async with session.post(f"{root}/flush_cache") as resp:
                 await resp.read()
+        if args.profile:
+            await _profile_call(session, f"{root}/start_profile", _profile_body(args))
         sem = asyncio.Semaphore(args.max_concurrency) if args.max_concurrency else contextlib.nullcontext()
         level, pbar = _Concurrency(), tqdm(total=len(rows), disable=args.disable_tqdm)
 
@@ -332,7 +335,26 @@ async def _benchmark(args: argparse.Namespace, rows: list[DatasetRow], tok: Toke
         outputs = [out for outs in await asyncio.gather(*tasks) for out in outs]
         duration = time.perf_counter() - start
         pbar.close()
+        if args.profile and not args.profile_num_steps:  # a profile of num_steps stopped by itself
+            await _profile_call(session, f"{root}/stop_profile", None)
     return list(outputs), duration, level.peak, start
+
+
+def _profile_body(args: argparse.Namespace) -> dict:
+    """/start_profile's body: as upstream, the client's SGLANG_TORCH_PROFILER_DIR (when set) names the directory."""
+    body = {"activities": args.profile_activities, "num_steps": args.profile_num_steps,
+            "profile_prefix": args.profile_prefix}
+    if envs.SGLANG_TORCH_PROFILER_DIR.is_set():
+        body["output_dir"] = envs.SGLANG_TORCH_PROFILER_DIR.get()
+    return {k: v for k, v in body.items() if v is not None}
+
+
+async def _profile_call(session: aiohttp.ClientSession, url: str, body: Optional[dict]) -> None:
+    async with session.post(url, json=body) as resp:
+        text = (await resp.text()).strip()
+    if resp.status != 200:
+        raise RuntimeError(f"POST {url} answered {resp.status}: {text}")
+    print(text)
 
 
 # ---- metrics ----------------------------------------------------------------------------------------
@@ -516,6 +538,15 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--output-file", default=None, help="append one JSONL record (metrics and args) per run")
     p.add_argument("--disable-tqdm", action="store_true")
+    p.add_argument("--profile", action="store_true",
+                   help="torch.profiler on the server over the benchmark (/start_profile after the warmup, "
+                        "/stop_profile at the end); traces go to the server's SGLANG_TORCH_PROFILER_DIR, or this "
+                        "process's when set")
+    p.add_argument("--profile-activities", nargs="+", default=None, choices=["CPU", "GPU", "MEM", "CUDA_PROFILER"],
+                   help="what to record (server default: CPU and, on a GPU, GPU)")
+    p.add_argument("--profile-num-steps", type=int, default=None,
+                   help="profile only this many scheduler steps from the start of the benchmark")
+    p.add_argument("--profile-prefix", default=None, help="trace file names start with it")
     args = p.parse_args(argv)
     if args.dataset_name is None:  # SGLang defaults to sharegpt, which needs a downloaded file
         args.dataset_name = "sharegpt" if args.dataset_path else "random"

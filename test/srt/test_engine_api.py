@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 
 import pytest
 
@@ -125,7 +126,7 @@ def assert_same_output(got, want, where="output"):
         assert got == want, (where, got, want)
 
 
-def test_subprocess_engine_matches_in_process():
+def test_subprocess_engine_matches_in_process(tmp_path):
     """Engine(launch_subprocess=True) runs the server's scheduler process and TokenizerManager; it returns the same
     dicts as the in-process Engine (one output-shaping module): logprobs with top-k, a stop string, a refusal."""
     ids = [random_ids(14, 20), random_ids(31, 21)]
@@ -150,7 +151,11 @@ def test_subprocess_engine_matches_in_process():
                                                                          "stop": stop}, return_logprob=True)
         with pytest.raises(ValueError, match="context length"):
             eng.generate(input_ids=[5, 6], sampling_params={"max_new_tokens": 5000})
+        started = eng.start_profile(output_dir=str(tmp_path), num_steps=1, activities=["CPU"])
         again = eng.generate(input_ids=ids[1], sampling_params=params)  # its prefix is cached by now
+        assert "for 1 steps" in started and len(os.listdir(tmp_path)) == 1  # the profiler of the scheduler process
+        with pytest.raises(ValueError, match="no profile is running"):
+            eng.stop_profile()
         assert eng.flush_cache()
         flushed = eng.generate(input_ids=ids[1], sampling_params=params)
         assert again["meta_info"]["cached_tokens"] == 16 and flushed["meta_info"]["cached_tokens"] == 0

@@ -55,6 +55,9 @@ class EnvVar:
         except ValueError as e:
             raise ValueError(f"environment variable {self.name}={raw!r} is invalid: {e}") from None
 
+    def is_set(self) -> bool:
+        return self.name in os.environ
+
     @contextmanager
     def override(self, value):
         old = os.environ.get(self.name)
@@ -78,6 +81,14 @@ class Envs:
     SGLANG_CPU_NUM_THREADS = EnvVar("SGLANG_CPU_NUM_THREADS", 1, int,
                                     "torch intra-op threads when running on CPU (1: OpenMP fork-join costs more "
                                     "than it saves on the small shapes the CPU path runs)")
+    # Profiling (/start_profile, Engine.start_profile; managers/scheduler_profiler.py), upstream's names
+    SGLANG_TORCH_PROFILER_DIR = EnvVar("SGLANG_TORCH_PROFILER_DIR", "/tmp", str,
+                                       "where /start_profile writes traces when the request names no output_dir "
+                                       "(sglang.bench_serving --profile reads it too)")
+    SGLANG_PROFILE_WITH_STACK = EnvVar("SGLANG_PROFILE_WITH_STACK", True, _bool,
+                                       "profiles record Python stacks unless the request says otherwise")
+    SGLANG_PROFILE_RECORD_SHAPES = EnvVar("SGLANG_PROFILE_RECORD_SHAPES", True, _bool,
+                                          "profiles record operator input shapes unless the request says otherwise")
     # Chat encoding (serving issue); declared here so there is one place to look
     SGLANG_DEFAULT_THINKING = EnvVar("SGLANG_DEFAULT_THINKING", False, _bool,
                                      "default of chat_template_kwargs.thinking for DeepSeek-V4 chats")

@@ -127,6 +127,24 @@ class Engine:
             return self._remote.flush_cache()
         return self.scheduler.flush_cache()
 
+    def start_profile(self, output_dir: Optional[str] = None, activities: Optional[list] = None,
+                      num_steps: Optional[int] = None, with_stack: Optional[bool] = None,
+                      record_shapes: Optional[bool] = None, profile_prefix: Optional[str] = None) -> str:
+        """torch.profiler around the scheduler's steps until stop_profile() (or for num_steps steps), as the server's
+        /start_profile (managers/scheduler_profiler.py); returns its message, raises ValueError when refused."""
+        from sglang.srt.managers.scheduler_profiler import ProfileConfig
+
+        config = ProfileConfig.make(output_dir, activities, num_steps, with_stack, record_shapes, profile_prefix)
+        if self._remote is not None:
+            return self._remote.profile(True, config)
+        return self.scheduler.profiler.start(config)
+
+    def stop_profile(self) -> str:
+        """Stop the profile and write the trace(s); returns the message naming them."""
+        if self._remote is not None:
+            return self._remote.profile(False)
+        return self.scheduler.profiler.stop()
+
     def shutdown(self) -> None:
         """Release the model and pools (and stop the scheduler process, if any). The CUDA graphs go first and
         explicitly: a rank's destroy_parallel_state() afterwards hangs while a graph holding NCCL kernels lives."""

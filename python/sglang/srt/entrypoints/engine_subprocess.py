@@ -61,6 +61,14 @@ class SubprocessScheduler:
 
         return asyncio.run_coroutine_threadsafe(flush(), self.loop).result()
 
+    def profile(self, start: bool, config=None) -> str:
+        """Start (with a ProfileConfig) or stop the scheduler process's profiler, as /start_profile and
+        /stop_profile do; raises ValueError when refused."""
+        try:
+            return asyncio.run_coroutine_threadsafe(self.tm.profile(start, config), self.loop).result()
+        except RequestError as e:
+            raise ValueError(e.message) from None
+
     def shutdown(self) -> None:
         """Stop the scheduler process, cancel the loop's tasks and close the loop; idempotent."""
         if self._closed:

@@ -3,7 +3,7 @@
 
 * health_routes: /health, /health_generate, /model_info, /server_info, /flush_cache, /metrics
 * openai_routes: /v1/models, /v1/completions, /v1/chat/completions
-* native_routes: SGLang's /generate, /tokenize, /detokenize
+* native_routes: SGLang's /generate, /tokenize, /detokenize, /start_profile, /stop_profile
 
 A handler raises RequestError for anything the client got wrong; the app answers it with an OpenAI-style error body.
 """
@@ -20,7 +20,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse, Response
 
 from sglang.srt.entrypoints.openai.protocol import (
-    ChatCompletionRequest, CompletionRequest, DetokenizeRequest, GenerateRequest, TokenizeRequest)
+    ChatCompletionRequest, CompletionRequest, DetokenizeRequest, GenerateRequest, ProfileRequest, TokenizeRequest)
 from sglang.srt.entrypoints.openai.serving_base import (
     choice_seed, collect, merge, sse, sse_response, start_streams)
 from sglang.srt.entrypoints.request_body import parse_request
@@ -189,6 +189,24 @@ def native_routes(tm: TokenizerManager) -> APIRouter:
     async def detokenize(raw: Request):
         req = await parse_request(raw, DetokenizeRequest)
         return {"text": tm.decode(req.tokens)}
+
+    @router.api_route("/start_profile", methods=["GET", "POST"])
+    async def start_profile(raw: Request):
+        """torch.profiler on every scheduler rank until /stop_profile or for num_steps steps (as upstream)."""
+        from sglang.srt.managers.scheduler_profiler import ProfileConfig
+
+        req = await parse_request(raw, ProfileRequest, empty_ok=True)
+        try:
+            config = ProfileConfig.make(req.output_dir, req.activities, req.num_steps, req.with_stack,
+                                        req.record_shapes, req.profile_prefix or req.profile_id)
+        except ValueError as e:
+            raise RequestError(str(e)) from None
+        return PlainTextResponse(await tm.profile(True, config) + "\n")
+
+    @router.api_route("/stop_profile", methods=["GET", "POST"])
+    async def stop_profile():
+        """Stop the profile and write each rank's trace (this can take a while for a long GPU profile)."""
+        return PlainTextResponse(await tm.profile(False) + "\n")
 
     return router
 

@@ -104,9 +104,18 @@ async def read_json(raw: Request, limit_bytes: int) -> Any:
     return parse_json(await read_limited(raw, limit_bytes))
 
 
-async def parse_request(raw: Request, model: type) -> BaseModel:
-    """The body as `model`; a field that does not validate is a 400 naming it (FastAPI would answer 422)."""
-    body = await read_json(raw, raw.app.state.max_request_body_bytes)
+async def parse_request(raw: Request, model: type, empty_ok: bool = False) -> BaseModel:
+    """The body as `model`; a field that does not validate is a 400 naming it (FastAPI would answer 422).
+    `empty_ok`: no body at all (a bare POST, a GET) is `model`'s defaults."""
+    limit = raw.app.state.max_request_body_bytes
+    if empty_ok:
+        data = await read_limited(raw, limit)
+        if not data.strip():
+            return model()
+        check_media_type(raw.headers.get("content-type", ""))
+        body = parse_json(data)
+    else:
+        body = await read_json(raw, limit)
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
     try:

@@ -1,8 +1,9 @@
 """Messages between the HTTP process (TokenizerManager) and the scheduler process, grouped by direction.
 
-Tokenizer -> scheduler: TokenizedGenerateReqInput, AbortReq, FlushCacheReq.
+Tokenizer -> scheduler: TokenizedGenerateReqInput, AbortReq, FlushCacheReq, ProfileReq.
 Scheduler -> tokenizer: SchedulerReady (once, over the start-up pipe), BatchOutput (after every step, and to answer
-a request that was rejected or aborted). All are plain dataclasses sent with pickle over ZMQ.
+a request that was rejected or aborted, or a ProfileReq: its ProfileReqOutput). All are plain dataclasses sent with
+pickle over ZMQ.
 """
 
 from __future__ import annotations
@@ -34,6 +35,16 @@ class FlushCacheReq:
     pass
 
 
+@dataclass
+class ProfileReq:
+    """Start (with `config`, a scheduler_profiler.ProfileConfig) or stop the torch profiler on every rank; answered
+    by a ProfileReqOutput with the same rid."""
+
+    rid: str
+    start: bool
+    config: Optional[object] = None
+
+
 # ---- scheduler -> tokenizer ---------------------------------------------------------------------------------
 @dataclass
 class ReqOutput:
@@ -51,6 +62,13 @@ class ReqOutput:
     spec_accept_length: Optional[float] = None  # tokens per verification so far (speculative decoding)
     queue_time: Optional[float] = None  # seconds from arrival to first admission, sent once finished
     cached_tokens: int = 0  # prompt tokens reused from the prefix cache
+
+
+@dataclass
+class ProfileReqOutput:
+    rid: str
+    status_code: int  # 200; 400 when asked wrongly (already running, bad directory, ...); 500 when it failed
+    message: str
 
 
 # /health answers 503 once this many scheduler steps in a row failed for every request in them (a load balancer then

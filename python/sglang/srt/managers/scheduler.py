@@ -44,11 +44,13 @@ from typing import Optional
 import torch
 
 from sglang.srt.constrained.xgrammar_backend import make_grammar_backend
+from sglang.srt.distributed.parallel_state import get_parallel_state
 from sglang.srt.layers.sampler import PendingSample, sample_async
 from sglang.srt.managers.decode_worker import DecodeWorker
 from sglang.srt.managers.schedule_policy import NewTokenRatio, clip_max_new_tokens, expected_tokens, retraction_order
 from sglang.srt.managers.schedule_batch import FinishReason, Req, ScheduleBatch
 from sglang.srt.managers.scheduler_output_processor_mixin import SchedulerOutputProcessorMixin
+from sglang.srt.managers.scheduler_profiler import SchedulerProfiler
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.sampling.sampling_params import SamplingParamError
@@ -101,6 +103,7 @@ class Scheduler(SchedulerOutputProcessorMixin):
         self.decode_tokens = max(1, self.num_draft_tokens)  # positions a decode step adds per request
         self.num_retractions = 0  # requests retracted since start
         self.grammar_backend = None  # XGrammarBackend, built for the first constrained request
+        self.profiler = SchedulerProfiler(rank=get_parallel_state().rank, on_cuda=self.runner.device.type == "cuda")
 
     # ---- requests ---------------------------------------------------------------------------------
     def add_request(self, req: Req) -> None:
@@ -180,7 +183,13 @@ class Scheduler(SchedulerOutputProcessorMixin):
     # ---- one step -----------------------------------------------------------------------------------
     def step(self) -> list:
         """Run one forward; returns the requests that got a token or finished in it (failed ones included). Under
-        overlap scheduling that is the previous step's: this one is launched, and read at the next call."""
+        overlap scheduling that is the previous step's: this one is launched, and read at the next call. A running
+        profile (/start_profile) counts it."""
+        updated = self._step()
+        self.profiler.step_done()
+        return updated
+
+    def _step(self) -> list:
         self._admit()
         prev, self.in_flight = self.in_flight, None
         if prev is not None:  # plan N+1 one position further, without retracting (N's requests are in flight)

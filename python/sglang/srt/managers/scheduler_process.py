@@ -31,7 +31,8 @@ from typing import Optional
 import zmq
 
 from sglang.srt.managers.io_struct import (
-    AbortReq, BatchOutput, FlushCacheReq, ReqOutput, SchedulerReady, SchedulerStats, TokenizedGenerateReqInput)
+    AbortReq, BatchOutput, FlushCacheReq, ProfileReq, ProfileReqOutput, ReqOutput, SchedulerReady, SchedulerStats,
+    TokenizedGenerateReqInput)
 from sglang.srt.managers.schedule_batch import FinishReason, Req
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.common import configure_logging
@@ -144,9 +145,22 @@ class SchedulerProcess:
             elif isinstance(msg, FlushCacheReq):
                 if not self.scheduler.flush_cache():
                     logger.warning("flush_cache refused: requests are running")
+            elif isinstance(msg, ProfileReq):
+                answers.append(self._profile(msg))
             else:
                 logger.error("unknown message %r", type(msg).__name__)
         return answers
+
+    def _profile(self, msg: ProfileReq) -> ProfileReqOutput:
+        """Start or stop this rank's profile (every rank gets the message; the first rank's answer is the reply)."""
+        profiler = self.scheduler.profiler
+        try:
+            return ProfileReqOutput(msg.rid, 200, profiler.start(msg.config) if msg.start else profiler.stop())
+        except ValueError as e:
+            return ProfileReqOutput(msg.rid, 400, str(e))
+        except Exception as e:  # e.g. the trace could not be written: the server goes on
+            logger.exception("profile request failed")
+            return ProfileReqOutput(msg.rid, 500, f"profiling failed on rank {profiler.rank}: {e}")
 
     def _add(self, msg: TokenizedGenerateReqInput):
         req = Req(rid=msg.rid, origin_input_ids=list(msg.input_ids), sampling_params=msg.sampling_params,

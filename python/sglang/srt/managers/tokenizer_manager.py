@@ -21,7 +21,8 @@ import zmq.asyncio
 
 from sglang.srt.managers.detokenizer import IncrementalDetokenizer
 from sglang.srt.managers.io_struct import (
-    AbortReq, BatchOutput, FlushCacheReq, ReqOutput, SchedulerReady, SchedulerStats, TokenizedGenerateReqInput)
+    AbortReq, BatchOutput, FlushCacheReq, ProfileReq, ProfileReqOutput, ReqOutput, SchedulerReady, SchedulerStats,
+    TokenizedGenerateReqInput)
 from sglang.srt.managers.output_shaping import OutputState
 from sglang.srt.sampling.sampling_params import SamplingParams
 
@@ -79,6 +80,7 @@ class TokenizerManager:
         self.dead_reason: Optional[str] = None
         self.last_stats = None
         self.group_stats: dict = {}  # DP group -> its latest SchedulerStats
+        self.control: dict = {}  # rid -> future of a ProfileReq's answer
         self._loop_task: Optional[asyncio.Task] = None
 
     def start(self) -> None:
@@ -173,6 +175,26 @@ class TokenizerManager:
     async def flush_cache(self) -> None:
         await self.send.send_pyobj(FlushCacheReq())
 
+    async def profile(self, start: bool, config=None, timeout: float = 600.0) -> str:
+        """Start (with a scheduler_profiler.ProfileConfig) or stop the scheduler's profiler; returns its message,
+        raises RequestError with its status when refused or failed. Stopping writes the traces: it can take a while."""
+        if self.dead_reason is not None:
+            raise RequestError(self.dead_reason, 503)
+        self.start()
+        rid = uuid.uuid4().hex
+        answer = self.control[rid] = asyncio.get_running_loop().create_future()
+        try:
+            await self.send.send_pyobj(ProfileReq(rid, start, config))
+            out: ProfileReqOutput = await asyncio.wait_for(answer, timeout)
+        except asyncio.TimeoutError:
+            raise RequestError(f"the scheduler did not answer the profile request within {timeout:.0f} s", 503) \
+                from None
+        finally:
+            self.control.pop(rid, None)
+        if out.status_code != 200:
+            raise RequestError(out.message, out.status_code)
+        return out.message
+
     # ---- receiving ----------------------------------------------------------------------------------------
     async def _handle_loop(self) -> None:
         while True:
@@ -182,6 +204,11 @@ class TokenizerManager:
             if self.metrics:
                 self.metrics.observe_stats(self.last_stats)
             for out in batch.outputs:
+                if isinstance(out, ProfileReqOutput):  # DP attention: each group answers; the first one counts
+                    answer = self.control.get(out.rid)
+                    if answer is not None and not answer.done():
+                        answer.set_result(out)
+                    continue
                 state = self.states.get(out.rid)
                 if state is not None:
                     state.queue.put_nowait(out)
@@ -201,3 +228,6 @@ class TokenizerManager:
             state.queue.put_nowait(ReqOutput(rid=rid, new_token_ids=[], new_logprobs=[], new_top_logprobs=[],
                                              prompt_tokens=state.prompt_tokens, completion_tokens=0,
                                              finished_reason={"type": "abort", "status_code": 503}, error=reason))
+        for rid, answer in list(self.control.items()):
+            if not answer.done():
+                answer.set_result(ProfileReqOutput(rid, 503, reason))

@@ -184,6 +184,32 @@ class DetokenizeRequest(BaseModel):
     model: Optional[str] = None
 
 
+class ProfileRequest(BaseModel):
+    """/start_profile's body (every field optional; managers/scheduler_profiler.py). Upstream's staged and merged
+    profiles are not served: those fields are accepted at their defaults only."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    output_dir: Optional[str] = None
+    num_steps: Optional[int] = Field(default=None, ge=1)
+    activities: Optional[list[Literal["CPU", "GPU", "MEM", "CUDA_PROFILER"]]] = Field(default=None, min_length=1)
+    with_stack: Optional[bool] = None
+    record_shapes: Optional[bool] = None
+    profile_prefix: Optional[str] = None
+    profile_id: Optional[str] = None  # upstream's name for the prefix's role: used as the prefix
+    start_step: Optional[int] = None  # not served: a profile starts at the next step
+    profile_by_stage: bool = False
+    merge_profiles: bool = False
+
+    @field_validator("start_step", "profile_by_stage", "merge_profiles")
+    @classmethod
+    def _served(cls, value):
+        if value not in (None, False):
+            raise ValueError("not supported by this server (a profile starts at the next scheduler step and each "
+                             "rank writes its own trace); leave it out")
+        return value
+
+
 def error_body(message: str, status_code: int, param: Optional[str] = None) -> dict:
     kind = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 405: "MethodNotAllowedError",
             413: "RequestTooLargeError", 415: "UnsupportedMediaTypeError", 499: "ClientDisconnectedError",
