@@ -3,7 +3,7 @@
 
 * health_routes: /health, /health_generate, /model_info, /server_info, /flush_cache, /metrics
 * openai_routes: /v1/models, /v1/completions, /v1/chat/completions
-* native_routes: SGLang's /generate, /tokenize, /detokenize, /start_profile, /stop_profile
+* native_routes: SGLang's /generate, /abort_request, /tokenize, /detokenize, /start_profile, /stop_profile
 
 A handler raises RequestError for anything the client got wrong; the app answers it with an OpenAI-style error body.
 """
@@ -20,7 +20,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse, Response
 
 from sglang.srt.entrypoints.openai.protocol import (
-    ChatCompletionRequest, CompletionRequest, DetokenizeRequest, GenerateRequest, ProfileRequest, TokenizeRequest)
+    AbortRequest, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, GenerateRequest, ProfileRequest,
+    TokenizeRequest)
 from sglang.srt.entrypoints.openai.serving_base import (
     choice_seed, collect, merge, sse, sse_response, start_streams)
 from sglang.srt.entrypoints.request_body import parse_request
@@ -176,6 +177,15 @@ def native_routes(tm: TokenizerManager) -> APIRouter:
         req = await parse_request(raw, GenerateRequest)
         return await native_generate(req, raw, tm)
 
+    @router.post("/abort_request")
+    async def abort_request(raw: Request):
+        """Abort a request by the rid its /generate gave (with its samples), or every request (abort_all); they end
+        with finish_reason abort and the output so far. An rid that is not running (finished) aborts nothing."""
+        req = await parse_request(raw, AbortRequest)
+        if not req.abort_all and not req.rid:
+            raise RequestError("give the 'rid' of a request, or 'abort_all': true", param="rid")
+        return {"aborted": await tm.abort_matching(req.rid, req.abort_all)}
+
     @router.post("/tokenize")
     async def tokenize(raw: Request):
         req = await parse_request(raw, TokenizeRequest)
@@ -227,6 +237,24 @@ def _num_samples(sampling_params: list) -> int:
     return n
 
 
+MAX_RID_CHARS = 256
+
+
+def _client_rids(rid, n: int, single: bool) -> list:
+    """The client's request ids, one per prompt (None each when it gave none): a string for one prompt, a list of
+    distinct strings for a batch; they become meta_info.id and what /abort_request takes."""
+    if rid is None:
+        return [None] * n
+    rids = [rid] if single and isinstance(rid, str) else rid
+    if not isinstance(rids, list) or len(rids) != n:
+        raise RequestError(f"rid must be {'a string' if single else f'a list of {n} strings, one per prompt'}",
+                           param="rid")
+    if any(not 0 < len(r) <= MAX_RID_CHARS for r in rids) or len(set(rids)) != n:
+        raise RequestError(f"rid must hold distinct, non-empty strings of at most {MAX_RID_CHARS} characters",
+                           param="rid")
+    return rids
+
+
 async def native_generate(req: GenerateRequest, raw: Request, tm: TokenizerManager):
     """/generate: one prompt (text or token ids) or a batch; SGLang's output dicts, streamed as SSE or not."""
     if (req.text is None) == (req.input_ids is None):
@@ -246,14 +274,19 @@ async def native_generate(req: GenerateRequest, raw: Request, tm: TokenizerManag
         params = [SamplingParams.from_dict({k: v for k, v in (p or {}).items() if k != "n"}) for p in sp]
     except (ValueError, TypeError) as e:
         raise RequestError(str(e), param=getattr(e, "param", None)) from None  # SamplingParamError names its field
+    rids = _client_rids(req.rid, n, single)
+    groups = [None] * n
     if samples > 1:  # upstream's parallel sampling: every prompt `n` times, prompt by prompt, as a list
         ids_list = [ids for ids in ids_list for _ in range(samples)]
+        groups = [r for r in rids for _ in range(samples)]  # /abort_request with the prompt's rid aborts them all
+        rids = [None if r is None else f"{r}-{c}" for r in rids for c in range(samples)]
         # a seeded prompt's sample c draws with seed + c (as the OpenAI endpoints' choices), not n equal samples
         params = [p if p.seed is None else dataclasses.replace(p, seed=choice_seed(p.seed, c))
                   for p in params for c in range(samples)]
         single = False
     streams = [tm.generate(ids, p, return_logprob=req.return_logprob, logprob_start_len=req.logprob_start_len,
-                           top_logprobs_num=req.top_logprobs_num) for ids, p in zip(ids_list, params)]
+                           top_logprobs_num=req.top_logprobs_num, rid=rid, group=group)
+               for ids, p, rid, group in zip(ids_list, params, rids, groups)]
 
     def shape(i, chunk) -> dict:
         return chunk.to_dict() if single else {**chunk.to_dict(), "index": i}

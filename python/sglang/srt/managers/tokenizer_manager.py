@@ -59,6 +59,7 @@ class ReqState(OutputState):
     created: float = field(default_factory=time.perf_counter)
     first_token_time: Optional[float] = None
     queue_time: Optional[float] = None  # from arrival to first admission in the scheduler (set once finished)
+    group: Optional[str] = None  # the client's rid of a /generate whose n samples carry rids of their own
 
 
 class TokenizerManager:
@@ -108,20 +109,24 @@ class TokenizerManager:
 
     # ---- generation -------------------------------------------------------------------------------------
     async def generate(self, input_ids: list, params: SamplingParams, return_logprob: bool = False,
-                       logprob_start_len: int = -1, top_logprobs_num: int = 0,
-                       rid: Optional[str] = None) -> AsyncIterator[GenerationChunk]:
+                       logprob_start_len: int = -1, top_logprobs_num: int = 0, rid: Optional[str] = None,
+                       group: Optional[str] = None) -> AsyncIterator[GenerationChunk]:
         """Yield a chunk whenever the request makes progress; the last one has finished=True.
         Raises RequestError when the scheduler refuses the request (Scheduler.add_request validates the prompt
-        and the sampling params: empty, context length, vocabulary, ...). Cancelling the iteration aborts it."""
+        and the sampling params: empty, context length, vocabulary, ...). Cancelling the iteration aborts it.
+        `rid`: the client's request id (a 400 while a running request has it); `group`: see `abort_matching`."""
         if self.dead_reason is not None:
             raise RequestError(self.dead_reason, 503)
         self.start()
+        if rid is not None and rid in self.states:
+            raise RequestError(f"rid {rid!r} is already in use by a running request", param="rid")
         rid = rid or uuid.uuid4().hex
         detok = None if self.tokenizer is None else IncrementalDetokenizer(
             self.tokenizer, params.skip_special_tokens, params.stop, params.no_stop_trim, params.stop_regex,
             params.min_new_tokens)
         state = ReqState(rid=rid, input_ids=list(input_ids), return_logprob=return_logprob,
-                         logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num, detok=detok)
+                         logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num, detok=detok,
+                         group=group)
         self.states[rid] = state
         await self.send.send_pyobj(TokenizedGenerateReqInput(
             rid=rid, input_ids=state.input_ids, sampling_params=params, return_logprob=return_logprob,
@@ -171,6 +176,15 @@ class TokenizerManager:
 
     async def abort(self, rid: str) -> None:
         await self.send.send_pyobj(AbortReq(rid))
+
+    async def abort_matching(self, rid: Optional[str], abort_all: bool = False) -> list:
+        """/abort_request: abort every running request (abort_all), or the one with this rid and the samples of a
+        /generate that gave it (their `group`); each finishes with what it has so far (finish_reason abort).
+        Returns the rids aborted."""
+        targets = [r for r, state in self.states.items() if abort_all or rid in (r, state.group)]
+        for r in targets:
+            await self.abort(r)
+        return targets
 
     async def flush_cache(self) -> None:
         await self.send.send_pyobj(FlushCacheReq())

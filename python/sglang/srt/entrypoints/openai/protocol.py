@@ -184,6 +184,15 @@ class DetokenizeRequest(BaseModel):
     model: Optional[str] = None
 
 
+class AbortRequest(BaseModel):
+    """/abort_request (SGLang's): one request by its rid (and the samples of a /generate that gave it), or all."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    rid: Optional[str] = None
+    abort_all: bool = False
+
+
 class ProfileRequest(BaseModel):
     """/start_profile's body (every field optional; managers/scheduler_profiler.py). Upstream's staged and merged
     profiles are not served: those fields are accepted at their defaults only."""
