@@ -135,6 +135,41 @@ def test_schema_invalid_call_is_returned_as_text(app):
     assert not calls and "get_weather" in content and reasons == ["stop"]
 
 
+@pytest.mark.parametrize("script", [
+    "Pre" + CALL.replace('name="get_weather"', 'name="unknown_tool"'),  # no call accepted
+    "A\n\n<｜DSML｜tool_calls>\n</｜DSML｜tool_calls>B",  # an empty block
+    "Pre" + CALL[:-60],  # cut off inside the block (max_tokens)
+])
+def test_rejected_blocks_read_the_same_streamed_or_not(app, script):
+    """A block without an accepted call: the non-streaming content equals the streamed one (it kept the block's tags
+    and the blank line before it, which the stream drops; found by fuzzing)."""
+    tm, client = app
+    tm.script = script
+    msg = chat(client, tools=TOOLS).json()["choices"][0]["message"]
+    _, content, calls, _ = streamed(chat(client, stream=True, tools=TOOLS))
+    assert msg["tool_calls"] is None and not calls and msg["content"] == content, (msg["content"], content)
+    assert "tool_calls>" not in content
+
+
+def test_tool_schemas_are_checked_before_generation(app):
+    """A schema the parser cannot apply is a 400 naming `tools` before anything is generated, streamed or not; a
+    $ref outside the schema (a URL, a file) is refused, never fetched."""
+    tm, client = app
+    tm.script = CALL
+    refs = {"a": {"type": "string"}}
+    for params, message in [({"type": "objekt"}, "invalid parameters schema"),
+                            ({"properties": refs, "allOf": [{"$ref": "http://127.0.0.1:9/x.json"}]}, "outside"),
+                            ({"properties": refs, "allOf": [{"$ref": "file:///etc/passwd"}]}, "outside"),
+                            ({"$ref": "#/$defs/missing"}, "points to nothing")]:
+        tools = [{"type": "function", "function": {"name": "get_weather", "parameters": params}}]
+        for stream in (False, True):
+            r = chat(client, stream=stream, tools=tools, tool_choice="auto")
+            assert r.status_code == 400 and r.json()["param"] == "tools" and message in r.json()["message"], r.text
+    local = {"type": "object", "$defs": {"city": {"type": "string"}}, "properties": {"city": {"$ref": "#/$defs/city"}}}
+    r = chat(client, tools=[{"type": "function", "function": {"name": "get_weather", "parameters": local}}])
+    assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "tool_calls"
+
+
 def test_stop_string_across_tokens_is_held_back(app):
     tm, client = app
     tm.script = "alpha beta gamma delta"

@@ -210,3 +210,38 @@ def test_forced_tool_calls_parse_with_valid_arguments(name):
         assert seen == set(schemas)  # "required" lets the model pick any tool
     with pytest.raises(ValueError, match="not in tools"):
         tool_call_ebnf(TOOLS, "nope", thinking=False)
+
+
+HARD_TOOLS = [  # schemas the parameter-by-parameter grammar cannot carry alone (found by fuzzing against the parser)
+    {"type": "function", "function": {"name": "zip", "parameters": {"type": "object", "properties": {
+        "zip": {"type": "string", "pattern": "^[0-9]{5}$"}, "c": {"type": "string", "const": "x"}},
+        "required": ["zip", "c"]}}},
+    {"type": "function", "function": {"name": "any_of", "parameters": {"type": "object", "properties": {
+        "a": {"type": "string", "maxLength": 4}, "b": {"type": "integer", "minimum": 0, "maximum": 9}},
+        "anyOf": [{"required": ["a"]}, {"required": ["b"]}], "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "min_props", "parameters": {"type": "object", "properties": {
+        "a": {"type": "boolean"}, "b": {"type": "boolean"}, "c": {"type": "boolean"}}, "minProperties": 2,
+        "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "refs", "parameters": {"type": "object", "$defs": {
+        "day": {"enum": ["mon", "tue"]}}, "properties": {"day": {"$ref": "#/$defs/day"}, 'say "hi"': {
+            "type": "boolean"}}, "required": ["day", 'say "hi"'], "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "extra_required", "parameters": {
+        "type": "object", "required": ["k"], "additionalProperties": {"type": "boolean"}}}},
+]
+
+
+@pytest.mark.parametrize("name", [t["function"]["name"] for t in HARD_TOOLS])
+def test_forced_calls_validate_for_object_level_keywords(name):
+    """Patterns, consts, anyOf / minProperties, $ref, quoted keys and required keys outside properties: the forced
+    call still parses and validates (string keywords become JSON values under their schema; object-level ones make
+    the invoke body one JSON object under the whole schema)."""
+    from sglang.srt.constrained.tool_call_grammar import tool_call_ebnf
+    from sglang.srt.function_call import get_tool_call_parser
+
+    texts = _sampled("ebnf", tool_call_ebnf(HARD_TOOLS, name, thinking=False), n=4, max_new=200)
+    schema = next(t["function"]["parameters"] for t in HARD_TOOLS if t["function"]["name"] == name)
+    for text in texts:
+        det = get_tool_call_parser("deepseekv4")()
+        normal, calls = det.detect_and_parse(text, HARD_TOOLS)
+        assert not normal.strip() and len(calls) == 1 and calls[0].name == name, (text, det.errors)
+        jsonschema.validate(json.loads(calls[0].arguments), schema)

@@ -160,6 +160,25 @@ def test_e6_parallel_calls_results_resorted(tok):
     assert len(ids(tok, text)) == 109
 
 
+def test_results_keep_the_calls_order_across_an_assistant_turn_without_calls():
+    """An assistant message without tool_calls between the calls and their results does not reset the order the
+    results are sorted into (as the reference encoder; found by fuzzing against it)."""
+    calls = [{"id": c, "type": "function", "function": {"name": "f", "arguments": "{}"}} for c in ("a", "b")]
+    msgs = [{"role": "user", "content": "go"}, {"role": "assistant", "content": "", "tool_calls": calls},
+            {"role": "assistant", "content": "working on it"},
+            {"role": "tool", "tool_call_id": "b", "content": "B"}, {"role": "tool", "tool_call_id": "a", "content": "A"}]
+    assert encode_messages(msgs).endswith(
+        "<｜User｜><tool_result>A</tool_result>\n\n<tool_result>B</tool_result><｜Assistant｜></think>")
+
+
+def test_historic_action_task_opens_think_in_thinking_mode():
+    """R11: the action token follows <think> in thinking mode, also on an earlier turn whose reasoning R4 drops."""
+    msgs = [{"role": "user", "content": "q", "task": "action"}, {"role": "assistant", "content": "a"},
+            {"role": "user", "content": "next"}]
+    assert encode_messages(msgs, thinking=True).startswith(BOS + "<｜User｜>q<｜Assistant｜><think><｜action｜>a" + EOS)
+    assert encode_messages(msgs).startswith(BOS + "<｜User｜>q<｜Assistant｜></think><｜action｜>a" + EOS)
+
+
 # ---- R10 reasoning effort, both variants -------------------------------------------------------------------
 
 def test_effort_preambles_both_variants():

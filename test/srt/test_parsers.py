@@ -264,6 +264,49 @@ def test_tool_parser_registry_and_schema_check():
         validate_tools(bad)
 
 
+def test_schema_refs_resolve_locally_and_are_never_fetched(monkeypatch):
+    """Local $refs and anchors resolve; one outside the schema is refused by validate_tools and, for a caller that
+    skipped it, rejects the call: no URL is opened (jsonschema's default registry would fetch it)."""
+    import urllib.request
+
+    opened = []
+    monkeypatch.setattr(urllib.request, "urlopen", lambda *a, **k: opened.append(a) or (_ for _ in ()).throw(
+        AssertionError("fetched")))
+    local = {"type": "object", "$defs": {"n": {"type": "integer"}}, "properties": {
+        "a": {"$ref": "#/$defs/n"}, "b": {"$ref": "#anchored"}, "c": {"$anchor": "anchored", "type": "string"}}}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": local}}]
+    validate_tools(tools)
+    good = block(invoke("f", ("a", "false", "1"), ("b", "true", "x")))
+    assert DeepSeekV4Detector().detect_and_parse(good, tools)[1] == [ToolCallItem(0, "f", '{"a": 1, "b": "x"}')]
+    det = DeepSeekV4Detector()
+    assert det.detect_and_parse(block(invoke("f", ("a", "true", "x"))), tools)[1] == []  # a: integer, by its $ref
+    for ref, why in [("http://127.0.0.1:9/s.json", "outside"), ("file:///etc/passwd", "outside"),
+                     ("#/$defs/none", "points to nothing"), ("#nowhere", "no .anchor")]:
+        remote = [{"type": "function", "function": {"name": "f", "parameters": {"allOf": [{"$ref": ref}]}}}]
+        with pytest.raises(ValueError, match=why):
+            validate_tools(remote)
+        det = DeepSeekV4Detector()
+        assert det.detect_and_parse(good, remote)[1] == [] and "cannot be applied" in det.errors[0].reason
+    assert not opened
+
+
+def test_long_argument_streams_without_regrowing_the_buffer():
+    """Inside an invoke (or stray text) whose end has not come, chunks are collected, not appended to the buffer
+    one by one (that copied it per chunk: 1M characters took 63 s); the result is the non-streaming one."""
+    value = "abcd " * 20000
+    for text in (block(invoke("search", ("query", "true", value))), "x" + block("junk " * 20000)):
+        det = DeepSeekV4Detector()
+        pieces = [text[i:i + 4] for i in range(0, len(text), 4)]
+        sizes = []
+        for piece in pieces[:-40]:
+            det.parse_streaming_increment(piece, TOOLS)
+            sizes.append(len(det._buf))
+        assert len(set(sizes[100:])) == 1 and sizes[100] < 100, sizes[95:105]  # it stopped growing early on
+        rest = [det.parse_streaming_increment(p, TOOLS) for p in pieces[-40:]] + [det.flush(TOOLS)]
+        assert stream_tools(pieces, TOOLS)[:2] == DeepSeekV4Detector().detect_and_parse(text, TOOLS)
+        assert rest
+
+
 # ---- full pipeline and round trip ------------------------------------------------------------------------------
 
 def test_pipeline_streaming_every_split():

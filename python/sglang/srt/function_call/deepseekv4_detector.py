@@ -20,10 +20,11 @@ already ends with count toward it), so it is never glued on.
 Invalid calls. A call is rejected when its DSML is malformed (bad header, unterminated, duplicate parameter,
 bad `string` flag, non-JSON value, stray text inside the block), when `tools` is a list and the name is not in
 it, or when its arguments fail the tool's `function.parameters` JSON Schema. Default (strict=False): a rejected
-call's raw DSML text is returned as normal text (so nothing the model wrote is lost) and a `ToolCallError`
-describing it is added to `errors`; indices count accepted calls only. strict=True raises the ToolCallError
-instead (the detector is then unusable). `tools=None` skips name and schema checks. A malformed `parameters`
-schema raises ValueError (a request error; see `validate_tools`).
+call's raw DSML text (its invoke, or the stray text) is returned as normal text (the block's own tags are not) and a
+`ToolCallError` describing it is added to `errors`; indices count accepted calls only. strict=True raises the
+ToolCallError instead (the detector is then unusable). `tools=None` skips name and schema checks. Schemas are
+checked at request time by `validate_tools` (ValueError: malformed, or a $ref that does not point inside the
+schema; nothing is ever fetched); a schema that fails while a call is checked only rejects the call.
 
 Streaming delta shape: each call is emitted whole, as one ToolCallDelta(index, name, arguments), once its
 `</｜DSML｜invoke>` has arrived, because it can only be validated when complete and a streamed call cannot be
@@ -33,12 +34,15 @@ normal text never carries a partial `<｜DSML｜...`; call `flush()` at the end 
 
 from __future__ import annotations
 
+import functools
 import json
 import re
+import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
 import jsonschema
+import referencing
 
 from sglang.srt.parser.reasoning_parser import find_first, partial_marker_len
 
@@ -50,6 +54,7 @@ INVOKE_END = "</｜DSML｜invoke>"
 PARAM_END = "</｜DSML｜parameter>"
 _OUTSIDE_MARKERS = ("\n\n" + BLOCK_START, BLOCK_START, EOS)  # the "\n\n" variant wins: it starts earlier
 _INVOKE_HEAD = re.compile(r'<｜DSML｜invoke\s+name="([^"]*)"\s*>')
+_END_TAIL = max(map(len, (INVOKE_START, INVOKE_END, BLOCK_END, EOS))) - 1  # may hold the start of a tag in a block
 _PARAM_HEAD = re.compile(r'<｜DSML｜parameter\s+name="([^"]*)"\s+string="([^"]*)"\s*>')
 
 
@@ -108,6 +113,59 @@ def _tool_functions(tools: list) -> dict:
     return out
 
 
+# $refs resolve inside the schema only: an empty registry never retrieves, so a client's schema cannot make the
+# server fetch a URL or read a file (jsonschema's default would).
+_NO_RETRIEVAL = referencing.Registry()
+_DATA_KEYWORDS = ("const", "enum", "default", "examples")  # values, not schemas: a "$ref" inside is data
+
+
+def _refs(schema) -> list:
+    """Every $ref string in a schema (not inside data keywords)."""
+    refs, stack = [], [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if isinstance(node.get("$ref"), str):
+                refs.append(node["$ref"])
+            stack.extend(v for k, v in node.items() if k not in _DATA_KEYWORDS)
+        elif isinstance(node, list):
+            stack.extend(node)
+    return refs
+
+
+def _anchors(schema) -> set:
+    found, stack = set(), [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if isinstance(node.get("$anchor"), str):
+                found.add(node["$anchor"])
+            stack.extend(v for k, v in node.items() if k not in _DATA_KEYWORDS)
+        elif isinstance(node, list):
+            stack.extend(node)
+    return found
+
+
+def _check_ref(schema, ref: str) -> str | None:
+    """Why `ref` cannot be used (None: it points inside the schema): only local JSON pointers and anchors are."""
+    if not ref.startswith("#"):
+        return f"$ref {ref!r} points outside the schema (only local references such as '#/$defs/x' are supported)"
+    if ref in ("#", "#/"):
+        return None
+    if not ref.startswith("#/"):
+        return None if ref[1:] in _anchors(schema) else f"$ref {ref!r} names no $anchor of the schema"
+    node = schema
+    for part in ref[2:].split("/"):
+        part = urllib.parse.unquote(part).replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return f"$ref {ref!r} points to nothing in the schema"
+    return None
+
+
 def _validator(fn: dict):
     schema = fn.get("parameters")
     if schema is None:
@@ -117,11 +175,15 @@ def _validator(fn: dict):
         cls.check_schema(schema)
     except jsonschema.SchemaError as e:
         raise ValueError(f"tool {fn['name']!r} has an invalid parameters schema: {e.message}") from None
-    return cls(schema)
+    problem = next((p for p in map(functools.partial(_check_ref, schema), _refs(schema)) if p), None)
+    if problem is not None:
+        raise ValueError(f"tool {fn['name']!r} has an invalid parameters schema: {problem}")
+    return cls(schema, registry=_NO_RETRIEVAL)
 
 
 def validate_tools(tools: list | None) -> None:
-    """Request-time check of tool names and schemas (raises ValueError), so parsing never hits a bad schema."""
+    """Request-time check of tool names and schemas (raises ValueError naming the tool), so parsing never hits a bad
+    schema."""
     for fn in _tool_functions(tools or []).values():
         _validator(fn)
 
@@ -186,6 +248,11 @@ class DeepSeekV4Detector:
         self._seen = 0  # block state: buffer prefix already searched for the invoke end / EOS (long arguments)
         self._tail = None  # the last two characters of normal text returned (None: none returned yet)
         self._after_block = False  # outside, right after a block: the next text starts a new paragraph
+        # Inside a block, while the buffer waits for a tag (an invoke's end, or the tag after stray text), new text
+        # is only collected (appending to _buf would copy it for every chunk: quadratic in a long argument) and
+        # searched, with the tail before it, for what it waits for.
+        self._pending: list[str] = []
+        self._pending_tail = ""
 
     @staticmethod
     def has_tool_call(text: str) -> bool:
@@ -202,18 +269,38 @@ class DeepSeekV4Detector:
 
     def parse_streaming_increment(self, delta_text: str, tools: list | None) -> StreamingParseResult:
         result = StreamingParseResult()
-        if not self._done:
-            self._buf += delta_text
-            self._drain(tools, result, final=False)
+        if self._done:
+            return result
+        waiting = self._waiting_for()
+        if waiting:
+            window = self._pending_tail + delta_text
+            if not any(marker in window for marker in waiting):
+                self._pending.append(delta_text)
+                self._pending_tail = window[-_END_TAIL:]
+                return result
+        self._buf += "".join(self._pending) + delta_text
+        self._pending.clear()
+        self._drain(tools, result, final=False)
+        if self._waiting_for():
+            self._pending_tail = self._buf[-_END_TAIL:]
         return result
 
     def flush(self, tools: list | None) -> StreamingParseResult:
         """End of stream: release held-back text; an unterminated call is rejected. Later input is ignored."""
         result = StreamingParseResult()
         if not self._done:
+            self._buf += "".join(self._pending)
+            self._pending.clear()
             self._drain(tools, result, final=True)
             self._done = True
         return result
+
+    def _waiting_for(self) -> tuple:
+        """Inside a block, when the last drain searched the whole buffer in vain: the markers it waits for (an
+        invoke's end, or the tag that ends stray text; EOS either way), else ()."""
+        if not (self._in_block and self._seen == len(self._buf) > 0):
+            return ()
+        return (INVOKE_END, EOS) if self._buf.startswith(INVOKE_START) else (INVOKE_START, BLOCK_END, EOS)
 
     def _drain(self, tools: list | None, out: StreamingParseResult, final: bool) -> None:
         while True:
@@ -256,10 +343,13 @@ class DeepSeekV4Detector:
                 continue
             if not final and (BLOCK_END.startswith(self._buf) or INVOKE_START.startswith(self._buf)):
                 return  # a tag is still arriving
-            pos, _ = find_first(self._buf[1:], (INVOKE_START, BLOCK_END))
+            start = max(1, self._seen - _END_TAIL)
+            hits = [i for i in (self._buf.find(tag, start) for tag in (INVOKE_START, BLOCK_END)) if i >= 0]
+            pos = min(hits) if hits else -1
             if pos < 0 and not final:
+                self._seen = len(self._buf)
                 return  # stray text runs until the next tag, which has not arrived yet
-            stray = self._buf if pos < 0 else self._buf[:pos + 1]
+            stray = self._buf if pos < 0 else self._buf[:pos]
             self._buf, self._seen = self._buf[len(stray):], 0
             self._reject(ToolCallError(f"unexpected text inside the tool_calls block: {stray[:40]!r}", stray), out)
 
@@ -286,12 +376,15 @@ class DeepSeekV4Detector:
                 if name not in functions:
                     known = ", ".join(functions) or "none"
                     raise ToolCallError(f"unknown tool (available: {known})", raw, name)
-                validator = _validator(functions[name])
-                if validator is not None:
-                    problem = jsonschema.exceptions.best_match(validator.iter_errors(args))
-                    if problem is not None:
-                        where = "/".join(str(p) for p in problem.absolute_path) or "arguments"
-                        raise ToolCallError(f"{where}: {problem.message}", raw, name)
+                try:
+                    validator = _validator(functions[name])
+                    problem = (None if validator is None else
+                               jsonschema.exceptions.best_match(validator.iter_errors(args)))
+                except Exception as e:  # a schema validate_tools did not vet (a direct caller): reject, never crash
+                    raise ToolCallError(f"the tool's schema cannot be applied: {e}", raw, name) from None
+                if problem is not None:
+                    where = "/".join(str(p) for p in problem.absolute_path) or "arguments"
+                    raise ToolCallError(f"{where}: {problem.message}", raw, name)
         except ToolCallError as e:
             self._reject(e, out)
             return

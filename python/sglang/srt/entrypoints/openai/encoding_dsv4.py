@@ -246,7 +246,8 @@ def _normalize(messages: list) -> list[_Msg]:
             msg.reasoning = reasoning or ""
             render_tool_calls(raw.get("tool_calls"), f"{where}.tool_calls")  # validate early, with the index
             msg.tool_calls = raw.get("tool_calls") or []
-            last_calls = [c.get("id") for c in msg.tool_calls]
+            if msg.tool_calls:  # as the reference: an assistant turn without calls keeps the results' order
+                last_calls = [c.get("id") for c in msg.tool_calls]
         out.append(msg)
     return out
 
@@ -328,8 +329,10 @@ def encode_messages(messages: list[dict], tools: list[dict] | None = None, think
                 opener = ASSISTANT + (THINK_OPEN if think_here else THINK_CLOSE)
                 if m.task is None:
                     out.append(opener)
+                elif m.task == "action":  # R11: <think> in thinking mode, also on a turn whose reasoning R4 drops
+                    out.append(ASSISTANT + (THINK_OPEN if thinking else THINK_CLOSE) + TASK_TOKENS["action"])
                 else:
-                    out.append(opener + TASK_TOKENS["action"] if m.task == "action" else TASK_TOKENS[m.task])
+                    out.append(TASK_TOKENS[m.task])
         elif m.role == "latest_reminder":
             out.append(LATEST_REMINDER + m.content)
         else:  # assistant

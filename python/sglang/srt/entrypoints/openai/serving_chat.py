@@ -125,8 +125,20 @@ def _tools_json(req: ChatCompletionRequest) -> Optional[list]:
     return [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
 
 
+def _check_tools(req: ChatCompletionRequest, args) -> None:
+    """Tools whose calls will be parsed have schemas the parser can apply: a 400 now, not a failure mid-answer."""
+    from sglang.srt.function_call.deepseekv4_detector import validate_tools
+
+    if args.tool_call_parser and req.tools and req.tool_choice != "none":
+        try:
+            validate_tools(_tools_json(req))
+        except ValueError as e:
+            raise RequestError(str(e), param="tools") from None
+
+
 async def create_chat_completion(req: ChatCompletionRequest, raw: Request, tm: TokenizerManager, model_name: str,
                                  args):
+    _check_tools(req, args)
     forced = _forced_tool(req, args)
     ids, thinking = await asyncio.to_thread(_tokenize, req, tm)
     max_new = req.max_completion_tokens or req.max_tokens or max(1, tm.ready.context_length - len(ids))
@@ -150,8 +162,9 @@ async def create_chat_completion(req: ChatCompletionRequest, raw: Request, tm: T
         reason = finish_reason(chunk.meta_info["finish_reason"])
         if p.tools is not None:
             normal, calls = p.tools.detect_and_parse(content, _tools_json(req))
+            # as streamed: a rejected call's DSML stays in the content, its block's tags do not
+            message["content"] = (normal or None) if calls else normal
             if calls:
-                message["content"] = normal or None
                 message["tool_calls"] = [{"id": new_id("call"), "type": "function", "index": c.index,
                                           "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
                 reason = "tool_calls" if reason == "stop" else reason
