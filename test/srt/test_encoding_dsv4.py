@@ -358,6 +358,9 @@ def test_tasks_reminders_and_edge_shapes(tok):
     ([{"role": "developer", "content": ""}, {"role": "user", "content": "x"}], {}, "developer message needs"),
     ([{"role": "user", "content": "x", "tools": [WX]}], {}, "system or developer"),
     ([{"role": "user", "content": "x", "task": "dance"}], {}, "task"),
+    ([{"role": "user", "content": "x", "task": ["action"]}], {}, "task"),  # unhashable: was a TypeError
+    ([{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": {"a": {1, 2}}}}]}], {},
+     r"messages\[0\].tool_calls: argument 'a' is not JSON"),
     ([{"role": "assistant", "content": "x", "prefix": True}, {"role": "user", "content": "y"}], {}, "prefix"),
     ([{"role": "assistant", "tool_calls": [{"function": {"arguments": "{}"}}]}], {}, r"messages\[0\]"),
     ([{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": 3}}]}], {}, "arguments"),

@@ -262,6 +262,8 @@ def test_tool_parser_registry_and_schema_check():
     bad = [{"type": "function", "function": {"name": "f", "parameters": {"type": "objekt"}}}]
     with pytest.raises(ValueError, match="invalid parameters schema"):
         validate_tools(bad)
+    with pytest.raises(ValueError, match="'search' is repeated"):
+        validate_tools(TOOLS + [TOOLS[-1]])
 
 
 def test_schema_refs_resolve_locally_and_are_never_fetched(monkeypatch):

@@ -184,7 +184,11 @@ def _validator(fn: dict):
 def validate_tools(tools: list | None) -> None:
     """Request-time check of tool names and schemas (raises ValueError naming the tool), so parsing never hits a bad
     schema."""
-    for fn in _tool_functions(tools or []).values():
+    functions = _tool_functions(tools or [])
+    if len(functions) < len(tools or []):
+        names = [(t.get("function", t) or {}).get("name") for t in tools]
+        raise ValueError(f"tool names must be unique; {next(n for n in names if names.count(n) > 1)!r} is repeated")
+    for fn in functions.values():
         _validator(fn)
 
 

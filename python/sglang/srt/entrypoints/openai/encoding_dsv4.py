@@ -159,7 +159,11 @@ def _render_invoke(call: Any, where: str) -> str:
         if isinstance(value, str):
             params.append(f'<{DSML}parameter name="{key}" string="true">{value}</{DSML}parameter>')
         else:
-            params.append(f'<{DSML}parameter name="{key}" string="false">{_dumps(value)}</{DSML}parameter>')
+            try:
+                text = _dumps(value)
+            except (TypeError, ValueError) as e:  # a dict given from Python holding a set, NaN, ...
+                raise ValueError(f"{where}: argument {key!r} is not JSON ({e})") from None
+            params.append(f'<{DSML}parameter name="{key}" string="false">{text}</{DSML}parameter>')
     return f'<{DSML}invoke name="{fn["name"]}">\n' + "\n".join(params) + f"\n</{DSML}invoke>"
 
 
@@ -210,7 +214,7 @@ def _normalize(messages: list) -> list[_Msg]:
         if raw.get("tools") and role not in ("system", "developer"):
             raise ValueError(f"{where}: tools may only be attached to a system or developer message")
         task = raw.get("task")
-        if task is not None and (role != "user" or task not in TASK_TOKENS):
+        if task is not None and (role != "user" or not isinstance(task, str) or task not in TASK_TOKENS):
             raise ValueError(f"{where}: task must be one of {', '.join(TASK_TOKENS)} on a user message, got {task!r}")
         if raw.get("prefix") and (role != "assistant" or i != len(messages) - 1):
             raise ValueError(f"{where}: prefix is only allowed on a final assistant message")
