@@ -101,8 +101,17 @@ def test_dp_attention_server_matches_single_rank(tmp_path):
 
     server = launch([*ARGS, "--tp", "2", "--dp", "2", "--enable-dp-attention"], str(tmp_path), timeout=240)
     try:
+        traces = tmp_path / "traces"
+        started = httpx.post(f"{server.base_url}/start_profile", timeout=60, json={"output_dir": str(traces)})
+        assert started.status_code == 200, started.text
         with concurrent.futures.ThreadPoolExecutor(4) as pool:  # sent together: both groups get requests
             list(pool.map(lambda pr: _generate_matches(server.base_url, pr[0], sampling, pr[1]), zip(prompts, refs)))
+        assert httpx.post(f"{server.base_url}/stop_profile", timeout=120).status_code == 200
+        for _ in range(100):  # the first group's answer came back; every rank writes its own trace
+            if sorted(p.name.rsplit("-TP-", 1)[1] for p in traces.iterdir()) == ["0.trace.json.gz", "1.trace.json.gz"]:
+                break
+            time.sleep(0.1)
+        assert sorted(p.name.rsplit("-TP-", 1)[1] for p in traces.iterdir()) == ["0.trace.json.gz", "1.trace.json.gz"]
         chat = httpx.post(f"{server.base_url}/v1/chat/completions", timeout=60, json={
             "model": "tiny-deepseek-v4", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4})
         assert chat.status_code == 200 and chat.json()["usage"]["completion_tokens"] == 4
