@@ -91,7 +91,7 @@ def test_seed_beyond_64_bits_is_400_naming_seed(http):
                            ("/generate", {"text": "x", "sampling_params": {"max_new_tokens": 2, "seed": seed}})):
             err = error_of(http.post(path, json=body), 400)
             assert "seed" in err["message"], (path, seed, err)
-    # The extremes of the range work, n > 1 included (choice i uses seed + i, wrapped into 64 bits).
+    # The extremes of the range work, n > 1 included (choice i > 0: a 64-bit mix of the seed and i, in range).
     top = http.post("/v1/chat/completions", json={**CHAT, "seed": 2**63 - 1, "n": 2, "temperature": 1.0})
     assert top.status_code == 200 and len(top.json()["choices"]) == 2, top.text
     assert http.post("/v1/chat/completions", json={**CHAT, "seed": -(2**63)}).status_code == 200

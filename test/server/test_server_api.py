@@ -354,9 +354,15 @@ def test_generate_parallel_samples(server):
     seeded = {"temperature": 1.0, "max_new_tokens": 8, "ignore_eos": True, "seed": 5}
     pair = httpx.post(f"{base}/generate", json={"input_ids": [5, 6, 7], "sampling_params": {**seeded, "n": 2}},
                       timeout=60).json()
+    from sglang.srt.entrypoints.openai.serving_base import choice_seed
+
+    seeds = [choice_seed(5, c) for c in (0, 1)]
     solo = [httpx.post(f"{base}/generate", json={"input_ids": [5, 6, 7], "sampling_params": {**seeded, "seed": s}},
-                       timeout=60).json()["output_ids"] for s in (5, 6)]
-    assert [o["output_ids"] for o in pair] == solo and solo[0] != solo[1]  # sample c: seed + c, as OpenAI's n
+                       timeout=60).json()["output_ids"] for s in seeds]
+    assert [o["output_ids"] for o in pair] == solo and solo[0] != solo[1]  # sample c: choice_seed, as OpenAI's n
+    neighbour = httpx.post(f"{base}/generate", json={"input_ids": [5, 6, 7], "sampling_params": {
+        **seeded, "seed": 6, "n": 2}}, timeout=60).json()
+    assert not {tuple(o["output_ids"]) for o in neighbour} & set(map(tuple, solo))  # seeds 5 and 6 share no sample
     server.wait_pools_free()
 
 

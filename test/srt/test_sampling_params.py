@@ -74,3 +74,15 @@ def test_logit_bias_and_spaces_between_special_tokens():
         assert err.value.param == "logit_bias"
     with pytest.raises(SamplingParamError, match="spaces_between_special_tokens"):
         SamplingParams.from_dict({"spaces_between_special_tokens": "no"})
+
+
+def test_choice_seeds_stay_in_range_and_do_not_repeat_across_neighbouring_seeds():
+    """Choice 0 keeps the request's seed; the other choices' seeds are distinct from every small seed's choices and
+    within the signed 64-bit range (the old seed + c made seed S's choice 1 seed S + 1's choice 0)."""
+    from sglang.srt.entrypoints.openai.serving_base import choice_seed
+
+    seeds = {(s, c): choice_seed(s, c) for s in range(-50, 50) for c in range(16)}
+    assert all(choice_seed(s, 0) == s for s in range(-50, 50))
+    assert len(set(seeds.values())) == len(seeds)
+    for s in (-2**63, 2**63 - 1):
+        assert all(-2**63 <= choice_seed(s, c) < 2**63 for c in range(16))

@@ -280,7 +280,7 @@ async def native_generate(req: GenerateRequest, raw: Request, tm: TokenizerManag
         ids_list = [ids for ids in ids_list for _ in range(samples)]
         groups = [r for r in rids for _ in range(samples)]  # /abort_request with the prompt's rid aborts them all
         rids = [None if r is None else f"{r}-{c}" for r in rids for c in range(samples)]
-        # a seeded prompt's sample c draws with seed + c (as the OpenAI endpoints' choices), not n equal samples
+        # a seeded prompt's sample c draws with choice_seed(seed, c) (as the OpenAI endpoints'), not n equal samples
         params = [p if p.seed is None else dataclasses.replace(p, seed=choice_seed(p.seed, c))
                   for p in params for c in range(samples)]
         single = False

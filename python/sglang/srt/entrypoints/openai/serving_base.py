@@ -62,13 +62,25 @@ def sse(obj) -> str:
 SSE_DONE = "data: [DONE]\n\n"
 
 
+_GOLDEN_GAMMA = 0x9E3779B97F4A7C15
+
+
 def choice_seed(seed: int, choice: int) -> int:
-    """seed + choice, wrapped into the signed 64-bit range the request's seed was validated against."""
-    return (seed + choice + 2**63) % 2**64 - 2**63
+    """The seed of choice `choice` of a seeded request with n > 1: the seed itself for choice 0 (n = 1 unchanged),
+    else splitmix64 of seed + choice * golden gamma, in the signed 64-bit range seeds are validated against. So the
+    choices of requests with neighbouring seeds do not repeat one another (seed + choice made seed S's second choice
+    seed S + 1's first)."""
+    if choice == 0:
+        return seed
+    z = (seed + choice * _GOLDEN_GAMMA) % 2**64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % 2**64
+    z ^= z >> 31
+    return z - 2**64 if z >= 2**63 else z
 
 
 def sampling_params(req, max_new_tokens: int, choice: int, grammar: Optional[dict] = None) -> SamplingParams:
-    """SamplingParams of choice `choice` of an OpenAI request (n > 1 with a seed: seed + choice per choice);
+    """SamplingParams of choice `choice` of an OpenAI request (n > 1 with a seed: choice_seed per choice);
     `grammar`: the constraint a chat's response_format sets, else the request's own regex / ebnf / json_schema."""
     stop = req.stop if isinstance(req.stop, list) else ([req.stop] if req.stop else [])
     params = SamplingParams(
