@@ -187,3 +187,7 @@ def test_context_overflow_is_400_before_streaming(app):
     tm, client = app
     r = chat(client, stream=True, max_tokens=5000)
     assert r.status_code == 400 and "context length" in r.json()["message"]
+    long = [{"role": "user", "content": "hi " * 5000}]  # no max_tokens: the prompt alone fills the context
+    for stream in (False, True):
+        r = chat(client, stream=stream, messages=long, max_tokens=None)
+        assert r.status_code == 400 and "leaves no room in the context length 4096" in r.json()["message"], r.text

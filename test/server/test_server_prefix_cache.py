@@ -59,3 +59,21 @@ def test_disabled_cache_reports_nothing(tmp_path):
         assert "disabled" in httpx.post(f"{server.base_url}/flush_cache", timeout=10).text
     finally:
         server.stop()
+
+
+def test_scheduler_answers_a_flush_it_refuses():
+    """The scheduler answers every FlushCacheReq: a refusal (requests still running there, which the HTTP side may
+    not know of yet) comes back as a 400 instead of the 200 "Cache flushed" the HTTP side used to answer alone."""
+    from types import SimpleNamespace
+
+    from sglang.srt.managers.io_struct import ControlOutput, FlushCacheReq
+    from sglang.srt.managers.scheduler_process import SchedulerProcess
+
+    proc = object.__new__(SchedulerProcess)
+    proc.dp_rank, answers = 0, {}
+    for busy in (True, False):
+        proc.scheduler = SimpleNamespace(flush_cache=lambda busy=busy: not busy)
+        proc._receive = lambda block, busy=busy: [(FlushCacheReq(f"r{busy}"), None)]
+        (answers[busy],) = proc._handle_messages(block=False)
+    assert answers[False] == ControlOutput("rFalse", 200, "Cache flushed")
+    assert answers[True].status_code == 400 and "requests are running" in answers[True].message

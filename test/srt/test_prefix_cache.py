@@ -53,8 +53,12 @@ def _both(run, **kwargs) -> tuple:
             results.append(run(eng))
             alloc = eng.model_runner.token_allocator
             alloc.check_all_free()  # held == what the cache keeps
+            assert alloc.is_all_free()  # the per-step counters agree
             if cache:
                 assert alloc.cache.num_pages > 0
+                leaked = alloc.state_slots.alloc(1)  # a prefix-state slot nobody holds: seen by the counters too
+                assert not alloc.is_all_free()
+                alloc.state_slots.free(leaked)
                 assert eng.flush_cache()
                 assert alloc.cache.num_pages == 0 and alloc.pages.is_full() and alloc.swa_slots.is_full()
                 assert not bool((alloc.full_to_swa != -1).any())

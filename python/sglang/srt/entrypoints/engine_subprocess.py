@@ -51,12 +51,15 @@ class SubprocessScheduler:
             raise ValueError(e.message) from None
 
     def flush_cache(self) -> bool:
-        """Ask the scheduler process to empty its prefix cache, as the server's /flush_cache does: refused (False)
-        while requests run; the message is ordered before any later request on the same socket."""
+        """Ask the scheduler process to empty its prefix cache, as the server's /flush_cache does, and wait for its
+        answer: refused (False) while requests run."""
         async def flush() -> bool:
             if self.tm.states:
                 return False
-            await self.tm.flush_cache()
+            try:
+                await self.tm.flush_cache()
+            except RequestError:
+                return False
             return True
 
         return asyncio.run_coroutine_threadsafe(flush(), self.loop).result()

@@ -119,7 +119,7 @@ def health_routes(tm: TokenizerManager, args: ServerArgs, metrics=None, schedule
         if tm.states:  # the scheduler refuses too: a running request may be reading a cached prefix
             raise RequestError(f"cannot flush the cache while {len(tm.states)} request(s) are running; retry when "
                                f"the server is idle", 400)
-        await tm.flush_cache()
+        await tm.flush_cache()  # waits for the scheduler's answer: a 400 when it still runs requests
         if args.disable_radix_cache:
             return PlainTextResponse("Cache flushed (the prefix cache is disabled: nothing was cached)\n")
         return PlainTextResponse("Cache flushed\n")

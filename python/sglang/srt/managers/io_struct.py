@@ -2,8 +2,8 @@
 
 Tokenizer -> scheduler: TokenizedGenerateReqInput, AbortReq, FlushCacheReq, ProfileReq.
 Scheduler -> tokenizer: SchedulerReady (once, over the start-up pipe), BatchOutput (after every step, and to answer
-a request that was rejected or aborted, or a ProfileReq: its ProfileReqOutput). All are plain dataclasses sent with
-pickle over ZMQ.
+a request that was rejected or aborted, or a FlushCacheReq / ProfileReq: its ControlOutput). All are plain dataclasses
+sent with pickle over ZMQ.
 """
 
 from __future__ import annotations
@@ -32,13 +32,15 @@ class AbortReq:
 
 @dataclass
 class FlushCacheReq:
-    pass
+    """Empty the prefix cache; answered by a ControlOutput with the same rid (400 while requests run)."""
+
+    rid: str
 
 
 @dataclass
 class ProfileReq:
     """Start (with `config`, a scheduler_profiler.ProfileConfig) or stop the torch profiler on every rank; answered
-    by a ProfileReqOutput with the same rid."""
+    by a ControlOutput with the same rid."""
 
     rid: str
     start: bool
@@ -65,9 +67,11 @@ class ReqOutput:
 
 
 @dataclass
-class ProfileReqOutput:
+class ControlOutput:
+    """The answer to a FlushCacheReq or ProfileReq."""
+
     rid: str
-    status_code: int  # 200; 400 when asked wrongly (already running, bad directory, ...); 500 when it failed
+    status_code: int  # 200; 400 when refused (requests running, a profile already running, ...); 500 when it failed
     message: str
 
 

@@ -31,7 +31,7 @@ from typing import Optional
 import zmq
 
 from sglang.srt.managers.io_struct import (
-    AbortReq, BatchOutput, FlushCacheReq, ProfileReq, ProfileReqOutput, ReqOutput, SchedulerReady, SchedulerStats,
+    AbortReq, BatchOutput, ControlOutput, FlushCacheReq, ProfileReq, ReqOutput, SchedulerReady, SchedulerStats,
     TokenizedGenerateReqInput)
 from sglang.srt.managers.schedule_batch import FinishReason, Req
 from sglang.srt.server_args import ServerArgs
@@ -143,24 +143,25 @@ class SchedulerProcess:
                 if req is not None:
                     answers.append(self._progress(req))
             elif isinstance(msg, FlushCacheReq):
-                if not self.scheduler.flush_cache():
-                    logger.warning("flush_cache refused: requests are running")
+                flushed = self.scheduler.flush_cache()
+                answers.append(ControlOutput(msg.rid, 200, "Cache flushed") if flushed else ControlOutput(
+                    msg.rid, 400, "cannot flush the cache while requests are running; retry when the server is idle"))
             elif isinstance(msg, ProfileReq):
                 answers.append(self._profile(msg))
             else:
                 logger.error("unknown message %r", type(msg).__name__)
         return answers
 
-    def _profile(self, msg: ProfileReq) -> ProfileReqOutput:
+    def _profile(self, msg: ProfileReq) -> ControlOutput:
         """Start or stop this rank's profile (every rank gets the message; the first rank's answer is the reply)."""
         profiler = self.scheduler.profiler
         try:
-            return ProfileReqOutput(msg.rid, 200, profiler.start(msg.config) if msg.start else profiler.stop())
+            return ControlOutput(msg.rid, 200, profiler.start(msg.config) if msg.start else profiler.stop())
         except ValueError as e:
-            return ProfileReqOutput(msg.rid, 400, str(e))
+            return ControlOutput(msg.rid, 400, str(e))
         except Exception as e:  # e.g. the trace could not be written: the server goes on
             logger.exception("profile request failed")
-            return ProfileReqOutput(msg.rid, 500, f"profiling failed on rank {profiler.rank}: {e}")
+            return ControlOutput(msg.rid, 500, f"profiling failed on rank {profiler.rank}: {e}")
 
     def _add(self, msg: TokenizedGenerateReqInput):
         req = Req(rid=msg.rid, origin_input_ids=list(msg.input_ids), sampling_params=msg.sampling_params,

@@ -21,7 +21,7 @@ import zmq.asyncio
 
 from sglang.srt.managers.detokenizer import IncrementalDetokenizer
 from sglang.srt.managers.io_struct import (
-    AbortReq, BatchOutput, FlushCacheReq, ProfileReq, ProfileReqOutput, ReqOutput, SchedulerReady, SchedulerStats,
+    AbortReq, BatchOutput, ControlOutput, FlushCacheReq, ProfileReq, ReqOutput, SchedulerReady, SchedulerStats,
     TokenizedGenerateReqInput)
 from sglang.srt.managers.output_shaping import OutputState
 from sglang.srt.sampling.sampling_params import SamplingParams
@@ -81,7 +81,7 @@ class TokenizerManager:
         self.dead_reason: Optional[str] = None
         self.last_stats = None
         self.group_stats: dict = {}  # DP group -> its latest SchedulerStats
-        self.control: dict = {}  # rid -> future of a ProfileReq's answer
+        self.control: dict = {}  # rid -> future of a FlushCacheReq's or ProfileReq's answer
         self._loop_task: Optional[asyncio.Task] = None
 
     def start(self) -> None:
@@ -186,23 +186,28 @@ class TokenizerManager:
             await self.abort(r)
         return targets
 
-    async def flush_cache(self) -> None:
-        await self.send.send_pyobj(FlushCacheReq())
+    async def flush_cache(self) -> str:
+        """Empty the scheduler's prefix cache; its answer once done. RequestError (400) when it refused: requests
+        are running there (the HTTP side may not know of all of them yet, or any more)."""
+        return await self._control(FlushCacheReq, timeout=60.0)
 
     async def profile(self, start: bool, config=None, timeout: float = 600.0) -> str:
         """Start (with a scheduler_profiler.ProfileConfig) or stop the scheduler's profiler; returns its message,
         raises RequestError with its status when refused or failed. Stopping writes the traces: it can take a while."""
+        return await self._control(lambda rid: ProfileReq(rid, start, config), timeout)
+
+    async def _control(self, make, timeout: float) -> str:
+        """Send make(rid) to the scheduler and wait for its ControlOutput (the first, under DP attention)."""
         if self.dead_reason is not None:
             raise RequestError(self.dead_reason, 503)
         self.start()
         rid = uuid.uuid4().hex
         answer = self.control[rid] = asyncio.get_running_loop().create_future()
         try:
-            await self.send.send_pyobj(ProfileReq(rid, start, config))
-            out: ProfileReqOutput = await asyncio.wait_for(answer, timeout)
+            await self.send.send_pyobj(make(rid))
+            out: ControlOutput = await asyncio.wait_for(answer, timeout)
         except asyncio.TimeoutError:
-            raise RequestError(f"the scheduler did not answer the profile request within {timeout:.0f} s", 503) \
-                from None
+            raise RequestError(f"the scheduler did not answer within {timeout:.0f} s", 503) from None
         finally:
             self.control.pop(rid, None)
         if out.status_code != 200:
@@ -218,7 +223,7 @@ class TokenizerManager:
             if self.metrics:
                 self.metrics.observe_stats(self.last_stats)
             for out in batch.outputs:
-                if isinstance(out, ProfileReqOutput):  # DP attention: each group answers; the first one counts
+                if isinstance(out, ControlOutput):  # DP attention: each group answers; the first one counts
                     answer = self.control.get(out.rid)
                     if answer is not None and not answer.done():
                         answer.set_result(out)
@@ -244,4 +249,4 @@ class TokenizerManager:
                                              finished_reason={"type": "abort", "status_code": 503}, error=reason))
         for rid, answer in list(self.control.items()):
             if not answer.done():
-                answer.set_result(ProfileReqOutput(rid, 503, reason))
+                answer.set_result(ControlOutput(rid, 503, reason))

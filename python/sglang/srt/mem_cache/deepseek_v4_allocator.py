@@ -110,12 +110,15 @@ class DeepSeekV4TokenAllocator:
         return 1 - self.available_pages() / self.total_pages()
 
     def is_all_free(self) -> bool:
-        """No request holds a page, window slot or request slot (what the prefix cache keeps is reusable, not
-        held; `flush_cache` gives it back too)."""
+        """No request holds a page, window slot, prefix-state slot or request slot (what the prefix cache keeps is
+        reusable, not held; `flush_cache` gives it back too). Counters only: the scheduler reports it every step."""
         cached_pages = self.cache.num_pages if self.cache else 0
         cached_slots = self.cache.num_tail_slots if self.cache else 0
+        cached_states = self.cache.num_state_slots if self.cache else 0
+        states = self.state_slots
         return (self.pages.available() + cached_pages == self.pages.size - 1
                 and self.swa_slots.available() + cached_slots == self.swa_slots.size - 1
+                and (states is None or states.available() + cached_states == states.size - 1)
                 and self.req_to_token_pool.is_full())
 
     def pages_needed(self, alloc: ReqAllocation | None, new_num_tokens: int) -> int:
@@ -458,6 +461,8 @@ class DeepSeekV4TokenAllocator:
                             f"{cached_slots} of them by the prefix cache")
         if self.cache is not None and cached_states != sum(n.state_slot is not None for n in self.cache.nodes()):
             problems.append(f"{cached_states} prefix-state slots held")
+        if self.cache is not None and self.cache.num_state_slots != cached_states:
+            problems.append(f"prefix-state counter {self.cache.num_state_slots} != {cached_states} held")
         if self.cache is not None and self.cache.recount() != (self.cache.evictable_pages(),
                                                               self.cache.evictable_tail_slots()):
             problems.append(f"prefix cache counters {self.cache.evictable_pages(), self.cache.evictable_tail_slots()} "

@@ -71,6 +71,7 @@ class RadixCache:
         self._clock = itertools.count(1)
         self.num_pages = 0  # pages held by the tree
         self.num_tail_slots = 0
+        self.num_state_slots = 0  # saved CSA staging states held by the tree
         # Kept as the tree changes (the scheduler asks every step): pages of unlocked nodes, tail slots of unread ends
         self.num_evictable_pages = 0
         self.num_evictable_tail_slots = 0
@@ -175,8 +176,9 @@ class RadixCache:
             self.num_tail_slots += len(tail_swa)
             if node.tail_readers == 0:
                 self.num_evictable_tail_slots += len(tail_swa)
-        if node.state_slot is None:
+        if node.state_slot is None and state_slot is not None:
             node.state_slot, state_slot = state_slot, None
+            self.num_state_slots += 1
         return node, dup_pages, dup_tail, state_slot
 
     def _split(self, child: TreeNode, n: int) -> TreeNode:
@@ -281,13 +283,14 @@ class RadixCache:
         if node.state_slot is not None:
             self.cb.free_state(node.state_slot)
             node.state_slot = None
+            self.num_state_slots -= 1
 
     def reset(self) -> None:
         """Free everything (no request may hold a lock)."""
         if any(n.lock_ref or n.tail_readers for n in self.nodes()):
             raise RuntimeError("radix cache: cannot flush while requests use cached prefixes")
         self.evict_pages(self.num_pages + 1)
-        assert self.num_pages == 0 and self.num_tail_slots == 0 and not self.root.children
+        assert self.num_pages == 0 and self.num_tail_slots == 0 and self.num_state_slots == 0 and not self.root.children
 
     def hit_rate(self) -> float:
         return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0

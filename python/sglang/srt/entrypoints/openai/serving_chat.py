@@ -141,7 +141,11 @@ async def create_chat_completion(req: ChatCompletionRequest, raw: Request, tm: T
     _check_tools(req, args)
     forced = _forced_tool(req, args)
     ids, thinking = await asyncio.to_thread(_tokenize, req, tm)
-    max_new = req.max_completion_tokens or req.max_tokens or max(1, tm.ready.context_length - len(ids))
+    max_new = req.max_completion_tokens or req.max_tokens
+    if max_new is None and len(ids) >= tm.ready.context_length:  # no max_tokens: say what is too long
+        raise RequestError(f"the prompt ({len(ids)} tokens) leaves no room in the context length "
+                           f"{tm.ready.context_length} for an answer; shorten the conversation")
+    max_new = max_new or max(1, tm.ready.context_length - len(ids))
     top_n = (req.top_logprobs or 0) if req.logprobs else 0
     grammar = await asyncio.to_thread(_constraint, req, thinking, forced)
     streams = [tm.generate(ids, sampling_params(req, max_new, c, grammar), return_logprob=req.logprobs,
