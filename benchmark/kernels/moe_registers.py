@@ -3,7 +3,7 @@ GPU without one (Triton's bundled ptxas and cuobjdump): register pressure can be
 Triton that is installed (3.6 on our H200 image; the numbers in RESULTS.md name the version).
 
     python benchmark/kernels/moe_registers.py [--tokens 1 8 32] [--tma both] [--sass] [--warps 4 8] [--stages 3 5]
-        [--planes | --a8]
+        [--maxnreg 128 96] [--planes | --a8]
 
 Each launch of `moe_config` for the token counts (Flash: 256 experts, top-6, bf16 activations, the scaled dot), with
 the codes read by pointers and through TMA descriptors (MoeLaunch.tma); --planes: the decode launches of the PTX
@@ -64,7 +64,8 @@ def compile_sm90(kernel, consts: dict, launch, tma: bool):
     src = triton.compiler.ASTSource(fn=kernel, signature=sig, attrs=attrs,
                                     constexprs={(kernel.arg_names.index(n),): v for n, v in consts.items()})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": launch.num_warps, "num_stages": launch.num_stages})
+                          options={"num_warps": launch.num_warps, "num_stages": launch.num_stages,
+                                   **launch.launch_options()})
 
 
 A8_POINTERS = {**POINTERS, "x_ptr": "*fp8e4nv", "xs_ptr": "*fp32", "hs_ptr": "*fp32"}
@@ -131,6 +132,7 @@ def main() -> None:
     ap.add_argument("--planes", action="store_true", help="the parity planes' launches (PTX conversion) instead")
     ap.add_argument("--a8", action="store_true", help="the W4A8 launches (dsv4_moe_w4a8: FP8 activations) instead")
     ap.add_argument("--stages", type=int, nargs="+", default=[0], help="num_stages to compile (0: moe_config's)")
+    ap.add_argument("--maxnreg", type=int, nargs="+", default=[0], help="register caps to compile (0: none)")
     args = ap.parse_args()
     print(f"Triton {triton.__version__}, sm90")
     if args.a8:
@@ -152,9 +154,9 @@ def main() -> None:
         for name, kernel, launch, extra in (("gate_up", kernels[0], cfg.gate_up, {"SPLIT_K": 1}),
                                             ("down", kernels[1], cfg.down, {})):
             tmas = [False] if args.planes else {"off": [False], "on": [True], "both": [False, True]}[args.tma]
-            for tma, warps, stages in itertools.product(tmas, args.warps, args.stages):
+            for tma, warps, stages, cap in itertools.product(tmas, args.warps, args.stages, args.maxnreg):
                 launch_t = dataclasses.replace(launch, tma=tma, num_warps=warps or launch.num_warps,
-                                               num_stages=stages or launch.num_stages)
+                                               num_stages=stages or launch.num_stages, maxnreg=cap or launch.maxnreg)
                 consts = {**common, **extra, "BLOCK_M": cfg.block_m, "BLOCK_N": launch.block_n,
                           "BLOCK_K": launch.block_k, "TMA": tma}
                 if args.planes:  # the planes' kernels: their own constexprs

@@ -4,7 +4,7 @@ count, against the bytes-read floor of the packed experts it touches (same-run c
 launches per (kernel, tokens) and writes every row to --out; `moe_config` takes its settings from here.
 
     python benchmark/kernels/sweep_moe_mxfp4.py [--tokens 1 32 256 4096] [--budget-s 420] [--planes [--planes-only]
-        [--stages 4 5 6]] [--out r.json]
+        [--stages 4 5 6] [--maxnreg 168 200]] [--out r.json]
 
 Candidates: tl.dot_scaled launches beside the in-register path, with the weight codes read by pointers and through TMA
 descriptors (MoeLaunch.tma: fewer registers, copies the compiler may pipeline); with --planes also the decode launches
@@ -66,6 +66,10 @@ def main() -> None:
                     help="decode, with --planes: the engine's planes launches again at these num_stages, first (deeper "
                          "pipelines keep more bytes in flight per SM: one token's few programs cannot hide DRAM "
                          "latency with 3 stages of 8 K tiles)")
+    ap.add_argument("--maxnreg", type=int, nargs="+", default=[],
+                    help="decode, with --planes: the engine's planes launches again under these register caps, first "
+                         "(also at each --stages); more programs per SM where registers bound them "
+                         "(benchmark/kernels/moe_registers.py --maxnreg shows the caps' spills)")
     ap.add_argument("--out")
     args = ap.parse_args()
     e, d, i, k = args.experts, args.hidden, args.intermediate, args.top_k
@@ -92,6 +96,8 @@ def main() -> None:
                 # outside this timing), so a short budget still times them; then the tile grid
                 engine = [PLANES_GATE_UP_ONE, PLANES_DOWN_ONE, PLANES_GATE_UP_FEW, PLANES_GATE_UP, PLANES_DOWN]
                 baseline += [(16, launch) for launch in engine]
+                baseline += [(16, dataclasses.replace(launch, maxnreg=cap, num_stages=st or launch.num_stages))
+                             for cap in args.maxnreg for st in [0, *args.stages] for launch in engine]
                 baseline += [(16, dataclasses.replace(launch, num_stages=st)) for st in args.stages for launch in engine
                              if st != launch.num_stages]
                 baseline += [(16, dataclasses.replace(launch, split_k=sk)) for launch in engine for sk in (1, 2, 4)
@@ -167,6 +173,7 @@ def main() -> None:
                 print(f"   {r['ms'] * 1e3:9.1f} us  {r['fraction_of_copy_bw']:.2f} of copy bw  bm {r['block_m']} "
                       f"bn {r['block_n']} bk {r['block_k']} w {r['num_warps']} s {r['num_stages']} "
                       f"scaled_dot {r['scaled_dot']} tma {r['tma']} planes {r['planes']} swap {r['swap']} "
+                      f"split_k {r['split_k']} maxnreg {r['maxnreg']} "
                       f"(vs default {r['relative_error_vs_default']:.1e})",
                       flush=True)
         if args.out:

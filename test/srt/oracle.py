@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import copy
 import functools
 import os
+import shutil
 import tempfile
 
 import torch
@@ -22,7 +24,9 @@ ORACLE_CONFIGS = {"tiny": TINY, "hca128": TINY_HCA128, "pro_like": TINY_PRO_LIKE
 # Smallest page each config allows (a multiple of the window and of every ratio).
 PAGE_SIZES = {"tiny": 16, "hca128": 128, "pro_like": 16}
 
-_ROOT = tempfile.mkdtemp(prefix="sglang-test-ckpt-")
+# Checkpoints of one test process (up to ~300 MB), removed when it exits.
+CHECKPOINT_ROOT = tempfile.mkdtemp(prefix="sglang-test-ckpt-")
+atexit.register(shutil.rmtree, CHECKPOINT_ROOT, ignore_errors=True)
 # Device of the engine under test: cpu in CI; `SGLANG_TEST_DEVICE=cuda` runs the same suite on a GPU (the HF
 # oracle stays on the CPU in fp32).
 DEVICE = os.environ.get("SGLANG_TEST_DEVICE", "cpu")
@@ -33,7 +37,7 @@ ATTENTION_BACKEND = os.environ.get("SGLANG_TEST_ATTENTION_BACKEND")
 @functools.lru_cache(maxsize=None)
 def checkpoint(name: str, quantize: bool = False) -> str:
     """A float32 (or hub-quantized) random checkpoint for ORACLE_CONFIGS[name], made once per session."""
-    path = os.path.join(_ROOT, f"{name}-{'q' if quantize else 'f32'}")
+    path = os.path.join(CHECKPOINT_ROOT, f"{name}-{'q' if quantize else 'f32'}")
     config = copy.deepcopy(ORACLE_CONFIGS[name])
     if quantize:
         config.update(quantization_config=TINY_CONFIG["quantization_config"], expert_dtype="fp4")

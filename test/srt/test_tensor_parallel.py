@@ -16,7 +16,7 @@ import tempfile
 import pytest
 import torch
 
-from oracle import DEVICE, PAGE_SIZES, TINY, checkpoint, random_ids
+from oracle import CHECKPOINT_ROOT, DEVICE, PAGE_SIZES, TINY, checkpoint, random_ids
 from sglang.srt.distributed.sharding import ParallelConfig, RankCoords, rank_tensor
 from sglang.srt.model_loader.tiny_checkpoint import make_tiny_checkpoint
 
@@ -29,7 +29,7 @@ _WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tp_worker.py
 
 
 def _wide_checkpoint() -> str:
-    path = os.path.join(tempfile.gettempdir(), f"sglang-tp-wide-{os.getpid()}")
+    path = os.path.join(CHECKPOINT_ROOT, "tp-wide")
     if not os.path.exists(os.path.join(path, "config.json")):
         make_tiny_checkpoint(path, WIDE, seed=0, quantize=False, dtype="float32")
     return path

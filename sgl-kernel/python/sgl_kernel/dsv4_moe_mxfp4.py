@@ -334,6 +334,14 @@ class MoeLaunch:
     # scaled dot's 5.5-7.3) times the activations split by parity; bf16 or fp32 activations, scales checked at load
     planes: bool = False
     swap: bool = False  # planes: the planes as the MMA's first operand (dsv4_moe_planes; mma.sync at 2 warps)
+    # planes: a register cap per thread (Triton's maxnreg, NVIDIA only): fewer registers let more programs share an SM
+    # (one token's gate-up takes ~141 at 4 warps: 3 programs per SM; 128 allows 4), at the risk of spills
+    maxnreg: int | None = None
+
+    def launch_options(self) -> dict:
+        """Compile options beyond warps and stages (none unless set: HIP's and the interpreter's launchers take no
+        maxnreg)."""
+        return {"maxnreg": self.maxnreg} if self.maxnreg else {}
 
 
 @dataclass(frozen=True)

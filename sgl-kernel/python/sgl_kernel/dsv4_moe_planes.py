@@ -227,7 +227,8 @@ def planes_gate_up(x, rows, block_expert, w13, s13, inter: int, top_k: int, limi
         w13.stride(1), s_e, s_major, part.stride(-2), float(limit), hidden // splits,
         part.stride(0) if splits > 1 else 0, BLOCK_M=block_m, BLOCK_N=launch.block_n, BLOCK_K=launch.block_k,
         SWAP=launch.swap, PTX=planes_supported(x.device, x.dtype), PREC=_prec(x.dtype), SCALE_CHUNKED=chunked,
-        SPLITS=splits, PDL=pdl, num_warps=launch.num_warps, num_stages=launch.num_stages, **pdl_launch(pdl))
+        SPLITS=splits, PDL=pdl, num_warps=launch.num_warps, num_stages=launch.num_stages, **pdl_launch(pdl),
+        **launch.launch_options())
     return swiglu_splits(part, rows, out, limit, pdl) if splits > 1 else out
 
 
@@ -246,5 +247,5 @@ def planes_down(h, rows, block_expert, w2, s2, weights, hidden: int, block_m: in
         w2.stride(1), s_e, s_major, out.stride(1), inter // splits, out.stride(0), BLOCK_M=block_m,
         BLOCK_N=launch.block_n, BLOCK_K=launch.block_k, SWAP=launch.swap, PTX=planes_supported(h.device, h.dtype),
         PREC=_prec(h.dtype), SCALE_CHUNKED=chunked, SPLITS=splits, PDL=pdl, num_warps=launch.num_warps,
-        num_stages=launch.num_stages, **pdl_launch(pdl))
+        num_stages=launch.num_stages, **pdl_launch(pdl), **launch.launch_options())
     return out[0] if splits == 1 else out

@@ -34,7 +34,6 @@ normal text never carries a partial `<｜DSML｜...`; call `flush()` at the end 
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 import urllib.parse
@@ -119,41 +118,29 @@ _NO_RETRIEVAL = referencing.Registry()
 _DATA_KEYWORDS = ("const", "enum", "default", "examples")  # values, not schemas: a "$ref" inside is data
 
 
-def _refs(schema) -> list:
-    """Every $ref string in a schema (not inside data keywords)."""
-    refs, stack = [], [schema]
+def _keyword_strings(schema, key: str) -> list:
+    """Every string value of `key` (e.g. "$ref", "$anchor") in a schema's subschemas (not inside data keywords)."""
+    found, stack = [], [schema]
     while stack:
         node = stack.pop()
         if isinstance(node, dict):
-            if isinstance(node.get("$ref"), str):
-                refs.append(node["$ref"])
-            stack.extend(v for k, v in node.items() if k not in _DATA_KEYWORDS)
-        elif isinstance(node, list):
-            stack.extend(node)
-    return refs
-
-
-def _anchors(schema) -> set:
-    found, stack = set(), [schema]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, dict):
-            if isinstance(node.get("$anchor"), str):
-                found.add(node["$anchor"])
+            if isinstance(node.get(key), str):
+                found.append(node[key])
             stack.extend(v for k, v in node.items() if k not in _DATA_KEYWORDS)
         elif isinstance(node, list):
             stack.extend(node)
     return found
 
 
-def _check_ref(schema, ref: str) -> str | None:
-    """Why `ref` cannot be used (None: it points inside the schema): only local JSON pointers and anchors are."""
+def _check_ref(schema, anchors: set, ref: str) -> str | None:
+    """Why `ref` cannot be used (None: it points inside the schema): only local JSON pointers and the schema's
+    `anchors` are."""
     if not ref.startswith("#"):
         return f"$ref {ref!r} points outside the schema (only local references such as '#/$defs/x' are supported)"
     if ref in ("#", "#/"):
         return None
     if not ref.startswith("#/"):
-        return None if ref[1:] in _anchors(schema) else f"$ref {ref!r} names no $anchor of the schema"
+        return None if ref[1:] in anchors else f"$ref {ref!r} names no $anchor of the schema"
     node = schema
     for part in ref[2:].split("/"):
         part = urllib.parse.unquote(part).replace("~1", "/").replace("~0", "~")
@@ -175,7 +162,8 @@ def _validator(fn: dict):
         cls.check_schema(schema)
     except jsonschema.SchemaError as e:
         raise ValueError(f"tool {fn['name']!r} has an invalid parameters schema: {e.message}") from None
-    problem = next((p for p in map(functools.partial(_check_ref, schema), _refs(schema)) if p), None)
+    anchors = set(_keyword_strings(schema, "$anchor"))
+    problem = next((p for ref in _keyword_strings(schema, "$ref") if (p := _check_ref(schema, anchors, ref))), None)
     if problem is not None:
         raise ValueError(f"tool {fn['name']!r} has an invalid parameters schema: {problem}")
     return cls(schema, registry=_NO_RETRIEVAL)

@@ -60,6 +60,9 @@ class ReqState(OutputState):
     first_token_time: Optional[float] = None
     queue_time: Optional[float] = None  # from arrival to first admission in the scheduler (set once finished)
     group: Optional[str] = None  # the client's rid of a /generate whose n samples carry rids of their own
+    # the scheduler's id of this request (`rid` is the client's): unique even when a client reuses a rid the moment
+    # its earlier request was dropped, so the earlier one's late abort answer never reaches the new request
+    sid: str = ""
 
 
 class TokenizerManager:
@@ -77,7 +80,7 @@ class TokenizerManager:
         self.recv.bind(tokenizer_input)
         if tokenizer_input_remote:  # DP groups led from other nodes (DP attention over several nodes)
             self.recv.bind(tokenizer_input_remote)
-        self.states: dict = {}
+        self.states: dict = {}  # sid -> ReqState
         self.dead_reason: Optional[str] = None
         self.last_stats = None
         self.group_stats: dict = {}  # DP group -> its latest SchedulerStats
@@ -118,18 +121,19 @@ class TokenizerManager:
         if self.dead_reason is not None:
             raise RequestError(self.dead_reason, 503)
         self.start()
-        if rid is not None and rid in self.states:
+        if rid is not None and any(state.rid == rid for state in self.states.values()):
             raise RequestError(f"rid {rid!r} is already in use by a running request", param="rid")
-        rid = rid or uuid.uuid4().hex
+        sid = uuid.uuid4().hex if rid is None else f"{rid}.{uuid.uuid4().hex[:12]}"
+        rid = rid or sid
         detok = None if self.tokenizer is None else IncrementalDetokenizer(
             self.tokenizer, params.skip_special_tokens, params.stop, params.no_stop_trim, params.stop_regex,
             params.min_new_tokens)
         state = ReqState(rid=rid, input_ids=list(input_ids), return_logprob=return_logprob,
                          logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num, detok=detok,
-                         group=group)
-        self.states[rid] = state
+                         group=group, sid=sid)
+        self.states[sid] = state
         await self.send.send_pyobj(TokenizedGenerateReqInput(
-            rid=rid, input_ids=state.input_ids, sampling_params=params, return_logprob=return_logprob,
+            rid=sid, input_ids=state.input_ids, sampling_params=params, return_logprob=return_logprob,
             logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num))
         try:
             while True:
@@ -147,8 +151,8 @@ class TokenizerManager:
                     return
         finally:
             if state.finished_reason is None:  # the caller stopped listening: free the scheduler's slots
-                await self.send.send_pyobj(AbortReq(rid))
-            self.states.pop(rid, None)
+                await self.send.send_pyobj(AbortReq(sid))
+            self.states.pop(sid, None)
 
     def _apply(self, state: ReqState, out: ReqOutput) -> GenerationChunk:
         now = time.perf_counter()
@@ -174,17 +178,14 @@ class TokenizerManager:
         return GenerationChunk(text=text, output_ids=list(state.output_ids), meta_info=state.meta_info(
             now - state.created), finished=finished)
 
-    async def abort(self, rid: str) -> None:
-        await self.send.send_pyobj(AbortReq(rid))
-
     async def abort_matching(self, rid: Optional[str], abort_all: bool = False) -> list:
         """/abort_request: abort every running request (abort_all), or the one with this rid and the samples of a
         /generate that gave it (their `group`); each finishes with what it has so far (finish_reason abort).
         Returns the rids aborted."""
-        targets = [r for r, state in self.states.items() if abort_all or rid in (r, state.group)]
-        for r in targets:
-            await self.abort(r)
-        return targets
+        targets = [state for state in self.states.values() if abort_all or rid in (state.rid, state.group)]
+        for state in targets:
+            await self.send.send_pyobj(AbortReq(state.sid))
+        return [state.rid for state in targets]
 
     async def flush_cache(self) -> str:
         """Empty the scheduler's prefix cache; its answer once done. RequestError (400) when it refused: requests

@@ -1,0 +1,122 @@
+"""Client rids against the scheduler's ids: a client may reuse a rid the moment its earlier request was dropped, and
+the earlier request's late answers (its abort) must not reach the new one. The TokenizerManager is real; the
+scheduler is a fake on the other end of its ZMQ sockets that answers as the real one does (an abort is answered by
+the aborted request's finished output, keyed by the id the tokenizer side sent)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+import zmq
+import zmq.asyncio
+
+from sglang.srt.managers.io_struct import (AbortReq, BatchOutput, ReqOutput, SchedulerReady, SchedulerStats,
+                                           TokenizedGenerateReqInput)
+from sglang.srt.managers.tokenizer_manager import TokenizerManager
+from sglang.srt.sampling.sampling_params import SamplingParams
+
+
+def _output(rid: str, tokens: list, finished=None) -> ReqOutput:
+    return ReqOutput(rid=rid, new_token_ids=tokens, new_logprobs=[0.0] * len(tokens),
+                     new_top_logprobs=[None] * len(tokens), prompt_tokens=3, completion_tokens=len(tokens),
+                     finished_reason=finished)
+
+
+class FakeScheduler:
+    """Receives what the TokenizerManager sends and answers with whatever the test pushes."""
+
+    def __init__(self, ctx: zmq.asyncio.Context, scheduler_input: str, tokenizer_input: str) -> None:
+        self.recv = ctx.socket(zmq.PULL)
+        self.recv.bind(scheduler_input)
+        self.send = ctx.socket(zmq.PUSH)
+        self.send.connect(tokenizer_input)
+
+    async def next(self):
+        return await asyncio.wait_for(self.recv.recv_pyobj(), 10)
+
+    async def answer(self, *outputs: ReqOutput) -> None:
+        await self.send.send_pyobj(BatchOutput(list(outputs), SchedulerStats(0, 0, 0.0, 0)))
+
+    def close(self) -> None:
+        self.recv.close(linger=0)
+        self.send.close(linger=0)
+
+
+@pytest.fixture()
+def pair(tmp_path):
+    ready = SchedulerReady(model_path="fake", context_length=64, vocab_size=100, max_total_tokens=64,
+                           max_running_requests=4, eos_token_ids=[1], pool_report="")
+    sched_in, tok_in = f"ipc://{os.path.join(tmp_path, 's')}", f"ipc://{os.path.join(tmp_path, 't')}"
+    tm = TokenizerManager(None, ready, sched_in, tok_in)
+    scheduler = FakeScheduler(tm.ctx, sched_in, tok_in)
+    yield tm, scheduler
+    scheduler.close()
+    tm.close()
+
+
+def test_a_reused_rid_never_gets_the_dropped_requests_abort(pair):
+    tm, scheduler = pair
+
+    async def scenario():
+        params = SamplingParams(max_new_tokens=2)
+        first = tm.generate([5, 6, 7], params, rid="x")
+        reading = asyncio.ensure_future(first.__anext__())
+        sent = await scheduler.next()
+        assert isinstance(sent, TokenizedGenerateReqInput)
+        await scheduler.answer(_output(sent.rid, [11]))
+        chunk = await reading
+        assert chunk.output_ids == [11] and not chunk.finished
+        await first.aclose()  # the client went away: the tokenizer side aborts it and forgets it
+        abort = await scheduler.next()
+        assert isinstance(abort, AbortReq) and abort.rid == sent.rid
+
+        # the same rid again, at once, before the scheduler has answered the abort
+        second = tm.generate([5, 6, 7], params, rid="x")
+        reading = asyncio.ensure_future(second.__anext__())
+        again = await scheduler.next()
+        assert isinstance(again, TokenizedGenerateReqInput)
+        assert again.rid != sent.rid  # the scheduler can tell the two apart
+        # the scheduler answers the abort (the first request's finished output), then serves the second
+        await scheduler.answer(_output(sent.rid, [], {"type": "abort", "message": "request aborted"}),
+                               _output(again.rid, [21]))
+        assert (await reading).output_ids == [21]
+        await scheduler.answer(_output(again.rid, [22], {"type": "length", "length": 2}))
+        last = await second.__anext__()
+        assert last.finished and last.output_ids == [21, 22]
+        assert last.meta_info["id"] == "x" and last.meta_info["finish_reason"]["type"] == "length"
+        await second.aclose()
+        assert not tm.states
+
+    asyncio.run(scenario())
+
+
+def test_abort_matching_names_client_rids_and_sends_scheduler_ids(pair):
+    tm, scheduler = pair
+
+    async def scenario():
+        gens = [tm.generate([5], SamplingParams(max_new_tokens=4), rid=r, group=g)
+                for r, g in (("a-0", "a"), ("a-1", "a"), ("b", None))]
+        readers = [asyncio.ensure_future(g.__anext__()) for g in gens]
+        sids = {}
+        for _ in gens:
+            msg = await scheduler.next()
+            sids[msg.rid.split(".")[0]] = msg.rid
+        assert sorted(await tm.abort_matching("a")) == ["a-0", "a-1"]
+        aborted = {(await scheduler.next()).rid for _ in range(2)}
+        assert aborted == {sids["a-0"], sids["a-1"]}
+        await scheduler.answer(*(_output(s, [], {"type": "abort", "message": "request aborted"}) for s in aborted))
+        for reader in readers[:2]:
+            chunk = await reader
+            assert chunk.finished and chunk.meta_info["finish_reason"]["type"] == "abort"
+        with pytest.raises(Exception, match="already in use"):
+            await tm.generate([5], SamplingParams(max_new_tokens=4), rid="b").__anext__()
+        readers[2].cancel()  # the last client goes away
+        await asyncio.gather(readers[2], return_exceptions=True)
+        for g in gens:
+            await g.aclose()
+        assert not tm.states
+        assert (await scheduler.next()).rid == sids["b"]  # its abort
+
+    asyncio.run(scenario())
