@@ -125,6 +125,27 @@ def test_chat_mode_without_tools_keeps_dsml_as_text(app):
     assert r["choices"][0]["finish_reason"] == "stop"
 
 
+def test_tool_choice_none_leaves_tools_out_of_the_prompt(app):
+    """As upstream: tool_choice "none" drops the tools from the prompt as well as the parser (a DSML block the model
+    still writes is text), and a history with earlier calls and results still encodes."""
+    tm, client = app
+    tm.script = "Plain answer." + CALL
+    history = [{"role": "user", "content": "weather?"},
+               {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {
+                   "name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+               {"role": "tool", "tool_call_id": "c1", "content": "sunny"}, {"role": "user", "content": "and now?"}]
+    for messages in (None, history):
+        extra = {} if messages is None else {"messages": messages}
+        plain = chat(client, **extra)
+        assert plain.status_code == 200, plain.text
+        r = chat(client, tools=TOOLS, tool_choice="none", **extra).json()
+        assert tm.prompts[-1] == tm.prompts[-2] and "## Tools" not in tm.prompts[-1]
+        msg = r["choices"][0]["message"]
+        assert msg["tool_calls"] is None and "invoke" in msg["content"] and r["choices"][0]["finish_reason"] == "stop"
+    chat(client, tools=TOOLS)
+    assert "## Tools" in tm.prompts[-1]
+
+
 def test_schema_invalid_call_is_returned_as_text(app):
     tm, client = app
     tm.script = "Checking." + CALL.replace('string="false">3<', 'string="false">"three"<')

@@ -40,7 +40,9 @@ def _prompt(req: ChatCompletionRequest) -> tuple:
     try:
         thinking, effort = resolve_thinking(req.chat_template_kwargs, req.reasoning_effort)
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
-        tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+        # tool_choice "none": the tools leave the prompt too (as upstream), so the model is not invited to call one
+        offered = req.tools if req.tool_choice != "none" else None
+        tools = [t.model_dump(exclude_none=True) for t in offered] if offered else None
         return encode_messages(messages, tools=tools, thinking=thinking, reasoning_effort=effort,
                                response_format=req.response_format), thinking
     except ValueError as e:
