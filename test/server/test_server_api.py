@@ -503,3 +503,43 @@ def test_abort_request_by_rid_and_all(server):
         bad = post("/generate", {"input_ids": [[5], [6]], "sampling_params": {"max_new_tokens": 1}, "rid": rid})
         assert bad.status_code == 400 and bad.json()["param"].startswith("rid"), (rid, bad.text)
     server.wait_pools_free()
+
+
+def test_update_weights_from_disk(server):
+    """/update_weights_from_disk as upstream: running requests finish first (or are aborted with
+    abort_all_requests), the checkpoint loads in place and the prefix cache empties; refusals are 400s with success
+    false and nothing changed (the weights' exactness: test/srt/test_update_weights.py)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    base = server.base_url
+
+    def post(path, body):
+        return httpx.post(f"{base}{path}", json=body, timeout=300)
+
+    def greedy():
+        return post("/generate", {"input_ids": [7, 8, 9, 10], "sampling_params": {
+            "max_new_tokens": 5, "temperature": 0, "ignore_eos": True}}).json()["output_ids"]
+
+    before = greedy()
+    with ThreadPoolExecutor(2) as pool:
+        running = pool.submit(post, "/generate", {"input_ids": [5, 6], "sampling_params": {
+            "max_new_tokens": 60, "ignore_eos": True}})
+        time.sleep(0.3)
+        r = post("/update_weights_from_disk", {"model_path": MODEL})  # waits for the running request
+        assert r.status_code == 200 and r.json()["success"] is True, r.text
+        assert running.result().json()["meta_info"]["finish_reason"]["type"] == "length"
+        long = pool.submit(post, "/generate", {"input_ids": [5, 6], "sampling_params": {
+            "max_new_tokens": 900, "ignore_eos": True}})
+        time.sleep(0.3)
+        r = post("/update_weights_from_disk", {"model_path": MODEL, "abort_all_requests": True})
+        assert r.status_code == 200 and r.json()["success"] is True, r.text
+        assert long.result().json()["meta_info"]["finish_reason"]["type"] == "abort"
+    assert greedy() == before  # the same checkpoint again: the same answers
+    assert httpx.get(f"{base}/model_info").json()["model_path"] == MODEL
+    missing = post("/update_weights_from_disk", {"model_path": "/nonexistent/checkpoint"})
+    assert missing.status_code == 400 and missing.json()["success"] is False
+    assert "/nonexistent/checkpoint" in missing.json()["message"]
+    assert post("/update_weights_from_disk", {"model_path": MODEL, "load_format": "gguf"}).status_code == 400
+    assert post("/update_weights_from_disk", {}).status_code == 400
+    assert greedy() == before
+    server.wait_pools_free()

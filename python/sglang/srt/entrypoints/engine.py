@@ -127,6 +127,18 @@ class Engine:
             return self._remote.flush_cache()
         return self.scheduler.flush_cache()
 
+    def update_weights_from_disk(self, model_path: str, load_format: Optional[str] = None) -> tuple:
+        """Load another checkpoint of the served model in place, as the server's /update_weights_from_disk (between
+        generate calls: nothing runs then); returns (success, message). A refusal leaves the weights unchanged."""
+        if load_format not in (None, "auto", "safetensors"):
+            return False, f"load_format {load_format!r} is not supported (auto or safetensors)"
+        try:
+            if self._remote is not None:
+                return True, self._remote.update_weights(model_path)
+            return True, self.scheduler.update_weights_from_disk(model_path)
+        except ValueError as e:
+            return False, str(e)
+
     def start_profile(self, output_dir: Optional[str] = None, activities: Optional[list] = None,
                       num_steps: Optional[int] = None, with_stack: Optional[bool] = None,
                       record_shapes: Optional[bool] = None, profile_prefix: Optional[str] = None) -> str:

@@ -64,6 +64,14 @@ class SubprocessScheduler:
 
         return asyncio.run_coroutine_threadsafe(flush(), self.loop).result()
 
+    def update_weights(self, model_path: str) -> str:
+        """The scheduler process loads another checkpoint (TokenizerManager.update_weights_from_disk); raises
+        ValueError when refused."""
+        try:
+            return asyncio.run_coroutine_threadsafe(self.tm.update_weights_from_disk(model_path), self.loop).result()
+        except RequestError as e:
+            raise ValueError(e.message) from None
+
     def profile(self, start: bool, config=None) -> str:
         """Start (with a ProfileConfig) or stop the scheduler process's profiler, as /start_profile and
         /stop_profile do; raises ValueError when refused."""

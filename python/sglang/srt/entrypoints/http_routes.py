@@ -17,11 +17,11 @@ import time
 from typing import Optional
 
 from fastapi import APIRouter, Request
-from fastapi.responses import PlainTextResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from sglang.srt.entrypoints.openai.protocol import (
     AbortRequest, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, GenerateRequest, ProfileRequest,
-    TokenizeRequest)
+    TokenizeRequest, UpdateWeightsFromDiskRequest)
 from sglang.srt.entrypoints.openai.serving_base import (
     choice_seed, collect, merge, sse, sse_response, start_streams)
 from sglang.srt.entrypoints.request_body import parse_request
@@ -98,7 +98,8 @@ def health_routes(tm: TokenizerManager, args: ServerArgs, metrics=None, schedule
     @router.get("/model_info")
     @router.get("/get_model_info")
     async def model_info():
-        return {"model_path": args.model_path, "tokenizer_path": args.tokenizer_path or tm.ready.model_path,
+        return {"model_path": tm.weights_path or args.model_path,  # after /update_weights_from_disk: its path
+                "tokenizer_path": args.tokenizer_path or tm.ready.model_path,
                 "served_model_name": served_model_name(args), "is_generation": True,
                 "context_length": tm.ready.context_length, "vocab_size": tm.ready.vocab_size}
 
@@ -199,6 +200,19 @@ def native_routes(tm: TokenizerManager) -> APIRouter:
     async def detokenize(raw: Request):
         req = await parse_request(raw, DetokenizeRequest)
         return {"text": tm.decode(req.tokens)}
+
+    @router.post("/update_weights_from_disk")
+    async def update_weights_from_disk(raw: Request):
+        """Load another checkpoint of the served model in place (upstream's answer: success, message,
+        num_paused_requests); a refusal (another architecture or format, a missing tensor) is a 400 with
+        success false and the served weights unchanged."""
+        req = await parse_request(raw, UpdateWeightsFromDiskRequest)
+        try:
+            message = await tm.update_weights_from_disk(req.model_path, req.abort_all_requests)
+        except RequestError as e:
+            return JSONResponse({"success": False, "message": e.message, "num_paused_requests": 0},
+                                status_code=e.status_code)
+        return {"success": True, "message": message, "num_paused_requests": 0}
 
     @router.api_route("/start_profile", methods=["GET", "POST"])
     async def start_profile(raw: Request):

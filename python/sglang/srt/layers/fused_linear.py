@@ -40,3 +40,34 @@ def concat_linears(parts: list) -> Optional[nn.Module]:
             return None
         setattr(fused, name, nn.Parameter(torch.cat([t.detach() for t in ts]), requires_grad=False))
     return fused
+
+
+def join_linears(owner: nn.Module, names: list, fused_name: str) -> bool:
+    """Join `owner`'s linears `names` (dotted paths below it) into `owner.<fused_name>` with `concat_linears`; the
+    parts become None and `owner.joined_parts` records where each part's parameters now are (rows of the joined
+    ones), so a later weight update (`update_weights_from_disk`) can copy checkpoint tensors in place. False where
+    they cannot be joined (then nothing changes)."""
+    parts = [owner.get_submodule(n) for n in names]
+    fused = concat_linears(parts)
+    if fused is None:
+        return False
+    setattr(owner, fused_name, fused)
+    starts: dict = {}
+    for name, part in zip(names, parts):
+        where = {}
+        for pname, p in part.named_parameters(recurse=False):
+            start = starts.get(pname, 0)
+            where[pname] = (f"{fused_name}.{pname}", slice(start, start + p.shape[0]))
+            starts[pname] = start + p.shape[0]
+        record_joined(owner, name, where)
+        parent, _, attr = name.rpartition(".")
+        setattr(owner.get_submodule(parent) if parent else owner, attr, None)
+    return True
+
+
+def record_joined(owner: nn.Module, part: str, where: dict) -> None:
+    """Note on `owner` that its former submodule `part` now lives elsewhere: {parameter name: (the parameter's path
+    below owner, the index of its slice there)} (weight_loading.load_native_weights follows it)."""
+    if not hasattr(owner, "joined_parts"):
+        owner.joined_parts = {}
+    owner.joined_parts[part] = where

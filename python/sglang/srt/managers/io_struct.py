@@ -1,9 +1,9 @@
 """Messages between the HTTP process (TokenizerManager) and the scheduler process, grouped by direction.
 
-Tokenizer -> scheduler: TokenizedGenerateReqInput, AbortReq, FlushCacheReq, ProfileReq.
+Tokenizer -> scheduler: TokenizedGenerateReqInput, AbortReq, FlushCacheReq, ProfileReq, UpdateWeightsReq.
 Scheduler -> tokenizer: SchedulerReady (once, over the start-up pipe), BatchOutput (after every step, and to answer
-a request that was rejected or aborted, or a FlushCacheReq / ProfileReq: its ControlOutput). All are plain dataclasses
-sent with pickle over ZMQ.
+a request that was rejected or aborted, or a FlushCacheReq / ProfileReq / UpdateWeightsReq: its ControlOutput). All
+are plain dataclasses sent with pickle over ZMQ.
 """
 
 from __future__ import annotations
@@ -45,6 +45,15 @@ class ProfileReq:
     rid: str
     start: bool
     config: Optional[object] = None
+
+
+@dataclass
+class UpdateWeightsReq:
+    """Load the checkpoint at `model_path` (the served architecture) into the weights on every rank and empty the
+    prefix cache; answered by a ControlOutput with the same rid."""
+
+    rid: str
+    model_path: str
 
 
 # ---- scheduler -> tokenizer ---------------------------------------------------------------------------------

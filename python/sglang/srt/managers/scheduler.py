@@ -392,12 +392,26 @@ class Scheduler(SchedulerOutputProcessorMixin):
 
     def flush_cache(self) -> bool:
         """Empty the prefix cache; refused (False) while requests run or wait."""
-        while self.in_flight is not None and not self.running and not self.waiting:
-            self.step()  # an overlapped step launched past the last requests' end: read and discard it
-        if self.running or self.waiting or self.in_flight is not None:
+        if not self._idle():
             return False
         self.allocator.flush_cache()
         return True
+
+    def update_weights_from_disk(self, model_path: str) -> str:
+        """Load another checkpoint of the served model in place (ModelRunner.update_weights_from_disk) and empty the
+        prefix cache, whose KV the old weights computed. ValueError while requests run or wait, or for a checkpoint
+        that does not fit; returns the message for the client."""
+        if not self._idle():
+            raise ValueError("cannot update weights while requests are running; retry when the server is idle (or "
+                             "send abort_all_requests: true)")
+        message = self.runner.update_weights_from_disk(model_path)
+        self.allocator.flush_cache()
+        return message
+
+    def _idle(self) -> bool:
+        while self.in_flight is not None and not self.running and not self.waiting:
+            self.step()  # an overlapped step launched past the last requests' end: read and discard it
+        return not (self.running or self.waiting or self.in_flight is not None)
 
     def _cache_running(self, req: Req) -> None:
         """A running request gives the prefix cache its computed positions up to their last page boundary (when its

@@ -32,7 +32,7 @@ import zmq
 
 from sglang.srt.managers.io_struct import (
     AbortReq, BatchOutput, ControlOutput, FlushCacheReq, ProfileReq, ReqOutput, SchedulerReady, SchedulerStats,
-    TokenizedGenerateReqInput)
+    TokenizedGenerateReqInput, UpdateWeightsReq)
 from sglang.srt.managers.schedule_batch import FinishReason, Req
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.common import configure_logging
@@ -148,6 +148,8 @@ class SchedulerProcess:
                     msg.rid, 400, "cannot flush the cache while requests are running; retry when the server is idle"))
             elif isinstance(msg, ProfileReq):
                 answers.append(self._profile(msg))
+            elif isinstance(msg, UpdateWeightsReq):
+                answers.append(self._update_weights(msg))
             else:
                 logger.error("unknown message %r", type(msg).__name__)
         return answers
@@ -162,6 +164,15 @@ class SchedulerProcess:
         except Exception as e:  # e.g. the trace could not be written: the server goes on
             logger.exception("profile request failed")
             return ControlOutput(msg.rid, 500, f"profiling failed on rank {profiler.rank}: {e}")
+
+    def _update_weights(self, msg: UpdateWeightsReq) -> ControlOutput:
+        try:
+            return ControlOutput(msg.rid, 200, self.scheduler.update_weights_from_disk(msg.model_path))
+        except ValueError as e:  # requests running, or a checkpoint that does not fit (nothing changed)
+            return ControlOutput(msg.rid, 400, str(e))
+        except Exception as e:
+            logger.exception("weight update from %s failed", msg.model_path)
+            return ControlOutput(msg.rid, 500, f"weight update failed: {e}")
 
     def _add(self, msg: TokenizedGenerateReqInput):
         req = Req(rid=msg.rid, origin_input_ids=list(msg.input_ids), sampling_params=msg.sampling_params,

@@ -22,7 +22,7 @@ import zmq.asyncio
 from sglang.srt.managers.detokenizer import IncrementalDetokenizer
 from sglang.srt.managers.io_struct import (
     AbortReq, BatchOutput, ControlOutput, FlushCacheReq, ProfileReq, ReqOutput, SchedulerReady, SchedulerStats,
-    TokenizedGenerateReqInput)
+    TokenizedGenerateReqInput, UpdateWeightsReq)
 from sglang.srt.managers.output_shaping import OutputState
 from sglang.srt.sampling.sampling_params import SamplingParams
 
@@ -84,7 +84,9 @@ class TokenizerManager:
         self.dead_reason: Optional[str] = None
         self.last_stats = None
         self.group_stats: dict = {}  # DP group -> its latest SchedulerStats
-        self.control: dict = {}  # rid -> future of a FlushCacheReq's or ProfileReq's answer
+        self.control: dict = {}  # rid -> future of a FlushCacheReq's, ProfileReq's or UpdateWeightsReq's answer
+        self.updating: Optional[asyncio.Event] = None  # set when a weight update ends; new requests wait for it
+        self.weights_path: Optional[str] = None  # the checkpoint of the last weight update (None: the launch's)
         self._loop_task: Optional[asyncio.Task] = None
 
     def start(self) -> None:
@@ -118,6 +120,8 @@ class TokenizerManager:
         Raises RequestError when the scheduler refuses the request (Scheduler.add_request validates the prompt
         and the sampling params: empty, context length, vocabulary, ...). Cancelling the iteration aborts it.
         `rid`: the client's request id (a 400 while a running request has it); `group`: see `abort_matching`."""
+        while self.updating is not None:  # a weight update: requests that arrive meanwhile start after it
+            await self.updating.wait()
         if self.dead_reason is not None:
             raise RequestError(self.dead_reason, 503)
         self.start()
@@ -196,6 +200,30 @@ class TokenizerManager:
         """Start (with a scheduler_profiler.ProfileConfig) or stop the scheduler's profiler; returns its message,
         raises RequestError with its status when refused or failed. Stopping writes the traces: it can take a while."""
         return await self._control(lambda rid: ProfileReq(rid, start, config), timeout)
+
+    async def update_weights_from_disk(self, model_path: str, abort_all: bool = False,
+                                       drain_timeout: float = 600.0) -> str:
+        """Load another checkpoint of the served model (as upstream's /update_weights_from_disk): new requests wait;
+        running ones finish first (or are aborted: abort_all), then every rank loads it in place and empties its
+        prefix cache. Returns the scheduler's message; RequestError (400) when it refused (nothing changed)."""
+        if self.updating is not None:
+            raise RequestError("a weight update is already in progress", 409)
+        self.updating = asyncio.Event()
+        try:
+            if abort_all:
+                await self.abort_matching(None, abort_all=True)
+            deadline = time.perf_counter() + drain_timeout
+            while self.states:  # the running requests' last outputs
+                if time.perf_counter() > deadline:
+                    raise RequestError(f"{len(self.states)} request(s) still running after {drain_timeout:.0f} s; "
+                                       f"retry, or send abort_all_requests: true", 503)
+                await asyncio.sleep(0.01)
+            message = await self._control(lambda rid: UpdateWeightsReq(rid, model_path), timeout=3600.0)
+            self.weights_path = model_path
+            return message
+        finally:
+            self.updating.set()
+            self.updating = None
 
     async def _control(self, make, timeout: float) -> str:
         """Send make(rid) to the scheduler and wait for its ControlOutput (the first, under DP attention)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from typing import Optional
@@ -20,7 +21,8 @@ from sglang.srt.mem_cache.pool_sizing import plan_pools_for_args, pool_budget_by
 from sglang.srt.mem_cache.req_to_token_pool import ReqToTokenPool
 from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, StaticGraphRunner
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
-from sglang.srt.model_loader.model_builder import load_models
+from sglang.srt.layers.quantization.mxfp4 import Mxfp4RoutedExperts
+from sglang.srt.model_loader.model_builder import PartialUpdateError, load_models, reload_weights
 from sglang.srt.model_loader.model_path import resolve_model_path
 from sglang.srt.models.deepseek_v4 import fuse_shared_experts, join_projections
 from sglang.srt.platform import memory_budget_bytes
@@ -29,6 +31,11 @@ from sglang.srt.server_args import ServerArgs
 logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+# Config fields that say how weights are stored, not what they compute: a weight update may change them where the
+# served weights do not keep the stored formats (reload_weights compares the kept formats).
+_STORAGE_FIELDS = frozenset(("quantization_config", "expert_dtype"))
 
 
 class ModelRunner:
@@ -55,6 +62,7 @@ class ModelRunner:
             for j in range(len(self.draft_model.mtp) if self.draft_model is not None else 0):
                 dp.idle[f"draft{j}"] = functools.partial(self.draft_model.forward_idle, j)
         self.weight_bytes, self.checkpoint_bytes = loaded.weight_bytes, loaded.checkpoint_bytes
+        self.kept_formats = loaded.kept
         for name, m in (("model", self.model), ("draft model", self.draft_model)):
             if m is not None:
                 j = join_projections(m)
@@ -76,6 +84,37 @@ class ModelRunner:
         self.graph_runner: Optional[StaticGraphRunner] = None
         if static_decode:
             self.graph_runner = self.graph_runner_cls()(self, args.cuda_graph_bs, use_graphs=capture)
+
+    def update_weights_from_disk(self, model_path: str) -> str:
+        """Load another checkpoint of this architecture into the served parameters in place (model_builder.
+        reload_weights); the caller holds no request and empties the prefix cache after. A checkpoint that does not
+        fit is refused before anything is written (ValueError); one that fails midway is rolled back by loading the
+        served checkpoint again (ValueError saying so). Returns the message for the client."""
+        path = resolve_model_path(model_path)
+        config = DeepseekV4Config.from_pretrained(path)
+        differ = [f.name for f in dataclasses.fields(config) if f.name not in _STORAGE_FIELDS and getattr(
+            config, f.name) != getattr(self.model_config, f.name)]
+        if differ:
+            raise ValueError(f"the checkpoint at {model_path} is another architecture (config differs in "
+                             f"{', '.join(differ[:6])}); a weight update takes checkpoints of the served model")
+        models = {"main": self.model, **({"mtp": self.draft_model} if self.draft_model is not None else {})}
+        before = self._planes_fit()
+        args = (self.server_args, self.dtype, self.device, models, self.kept_formats)
+        try:
+            reload_weights(args[0], path, config, *args[1:])
+            if self._planes_fit() != before:  # captured decode graphs chose their MoE path by it
+                raise PartialUpdateError("its MXFP4 scale bytes leave the range the served decode path was built for")
+        except PartialUpdateError as e:
+            reload_weights(args[0], self.model_path, self.model_config, *args[1:])
+            raise ValueError(f"{e}; the served weights ({self.model_path}) were loaded again") from None
+        self.model_path, self.model_config = path, config  # config: differs at most in _STORAGE_FIELDS
+        logger.info("weights updated from %s", path)
+        return f"weights updated from {model_path}"
+
+    def _planes_fit(self) -> tuple:
+        """Each packed-MXFP4 expert module's scales_fit_planes (what its decode path was chosen by)."""
+        return tuple(m.scales_fit_planes for model in (self.model, self.draft_model) if model is not None
+                     for m in model.modules() if isinstance(m, Mxfp4RoutedExperts))
 
     def graph_runner_cls(self) -> type:
         if self.draft_model is None:

@@ -76,6 +76,7 @@ class LoadedModels:
     draft_model: Optional[DeepseekV4ForCausalLMNextN]
     weight_bytes: int  # what the parameters take on the device
     checkpoint_bytes: int  # what the loaded parts take in the checkpoint
+    kept: tuple = ()  # (FP8 linears per part, routed experts' format): what a weight update must bring alike
 
 
 def check_fits(weight_bytes: int, stored_bytes: int, device: torch.device, mem_fraction_static: float,
@@ -173,4 +174,33 @@ def load_models(args, model_path: str, config: DeepseekV4Config, dtype: torch.dt
     if draft is not None:
         draft.set_embed_and_head(models["main"].embed, models["main"].head)
     logger.info("weights on %s: %.2f GB (checkpoint %.2f GB; %s)", device.type, need / 1e9, stored / 1e9, kept)
-    return LoadedModels(models["main"], draft, need, stored)
+    return LoadedModels(models["main"], draft, need, stored, (fp8, experts))
+
+
+class PartialUpdateError(RuntimeError):
+    """A weight update failed after it had begun writing parameters (the model holds a mix of both checkpoints)."""
+
+
+def reload_weights(args, model_path: str, config: DeepseekV4Config, dtype: torch.dtype, device: torch.device,
+                   models: dict, kept: tuple) -> int:
+    """Stream the checkpoint at `model_path` into the loaded `models` ({part: model}) in place: the same
+    architecture and kept formats, so every parameter keeps its storage (CUDA graphs stay valid) and nothing is
+    allocated beside the weights but one tensor at a time. Checked before writing (ValueError: nothing written);
+    PartialUpdateError once writing began. Returns the checkpoint bytes read."""
+    plans = {part: plan_checkpoint(model_path, config, part) for part in models}  # every tensor checked first
+    fp8, experts = kept_formats(args, plans, config, device, args.parallel_config())
+    if (fp8, experts) != kept:
+        raise ValueError(f"the checkpoint at {model_path} stores other formats (routed experts "
+                         f"{experts or 'dequantized'}, {sum(map(len, fp8.values()))} FP8 linears kept) than the "
+                         f"served weights (routed experts {kept[1] or 'dequantized'}, "
+                         f"{sum(map(len, kept[0].values()))}); restart the server to change formats")
+    for m in (m for model in models.values() for m in model.modules() if isinstance(m, Mxfp4RoutedExperts)):
+        m.scale_range = (256, -1)  # measured again by this load
+    try:
+        for part, model in models.items():
+            model.load_weights(rank_weights(config, lambda select, part=part: iter_checkpoint(
+                model_path, config, dtype=dtype, part=part, device=device, keep_fp8=fp8[part],
+                keep_fp4=experts == "fp4", keep_fp8_experts=experts == "fp8", plans=plans[part], select=select)))
+    except Exception as e:
+        raise PartialUpdateError(f"loading {model_path} failed midway: {e}") from e
+    return sum(checkpoint_bytes(p) for p in plans.values())

@@ -22,7 +22,7 @@ from sglang.srt.distributed.parallel_state import get_parallel_state
 from sglang.srt.distributed.sharding import local_expert_range
 from sglang.srt.layers.attention.dsv4.hadamard import hadamard_rotate
 from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
-from sglang.srt.layers.fused_linear import concat_linears
+from sglang.srt.layers.fused_linear import join_linears, record_joined
 from sglang.srt.layers.mhc import hc_head, hc_post, hc_pre
 from sglang.srt.layers.moe.experts import RoutedExperts, SharedExpert, append_shared_expert
 from sglang.srt.layers.moe.router import Gate
@@ -64,11 +64,7 @@ class Compressor(nn.Module):
     def join_projections(self) -> bool:
         """wkv and wgate (both read x) as one linear: one fp32 GEMM whose output is already the backend's
         [T, 2, width] (content, gate) layout."""
-        fused = concat_linears([self.wkv, self.wgate])
-        if fused is None:
-            return False
-        self.wkv_gate, self.wkv, self.wgate = fused, None, None
-        return True
+        return join_linears(self, ["wkv", "wgate"], "wkv_gate")
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch) -> None:
         # The reference computes both projections in fp32 (the weights are kept in fp32: model_builder._FP32_PARAM);
@@ -148,13 +144,9 @@ class Attention(nn.Module):
         (both read x, both replicated under TP); on CSA layers wq_b and the indexer's wq_b (both read qr; this rank's
         heads of wq_b beside the replicated indexer weight). -> (wq_a + wkv joined, wq_b + indexer's joined); a pair
         that cannot be joined (fused_linear.concat_linears) stays apart."""
-        fused = concat_linears([self.wq_a, self.wkv])
-        if fused is not None:
-            self.wq_kv_a, self.wq_a, self.wkv = fused, None, None
-        fused_b = concat_linears([self.wq_b, self.indexer.wq_b]) if self.indexer is not None else None
-        if fused_b is not None:
-            self.wq_b_indexer, self.wq_b, self.indexer.wq_b = fused_b, None, None
-        return fused is not None, fused_b is not None
+        fused = join_linears(self, ["wq_a", "wkv"], "wq_kv_a")
+        fused_b = self.indexer is not None and join_linears(self, ["wq_b", "indexer.wq_b"], "wq_b_indexer")
+        return fused, fused_b
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch,
                 x_in: Union[torch.Tensor, Fp8Activation, None] = None) -> torch.Tensor:
@@ -221,7 +213,9 @@ class MoE(nn.Module):
     def fuse_shared_experts(self) -> None:
         if self.tp_group.world_size > 1:  # the shared expert's part differs from the routed experts' parts
             raise ValueError("shared-experts fusion needs --tp 1")
-        self.shared_expert_id = append_shared_expert(self.experts, self.shared_experts)
+        self.shared_expert_id = e = append_shared_expert(self.experts, self.shared_experts)
+        for w in ("w1", "w2", "w3"):  # where a weight update finds the shared expert's tensors
+            record_joined(self, f"shared_experts.{w}", {"weight": (f"experts.{w}", e)})
         self.shared_experts = None
 
     def shared_input_linear(self) -> Optional[nn.Module]:
@@ -310,10 +304,7 @@ def join_projections(model: nn.Module) -> JoinedProjections:
         elif isinstance(m, SharedExpert) and isinstance(m.w1, Fp8BlockLinear):
             # FP8 only beside kept routed experts, never fused into bf16 ones (fuse_shared_experts needs w1 and w3)
             out.fp8_shared_experts += 1
-            fused = concat_linears([m.w1, m.w3])
-            if fused is not None:
-                m.w13, m.w1, m.w3 = fused, None, None
-                out.shared_w13 += 1
+            out.shared_w13 += join_linears(m, ["w1", "w3"], "w13")
     return out
 
 

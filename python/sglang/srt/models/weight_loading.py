@@ -21,6 +21,7 @@ def load_native_weights(model: nn.Module, weights) -> None:
     modules = dict(model.named_modules())
     filled: set = set()
     expert_slices: dict = {}  # stacked parameter -> the (expert, projection) slices written
+    joined_parts: dict = {}  # joined parameter -> the native tensors written into it
     for name, tensor in weights:
         m = _EXPERT.match(name)
         if m:
@@ -43,6 +44,19 @@ def load_native_weights(model: nn.Module, weights) -> None:
             expert_slices.setdefault(target_name, set()).add((e, m["w"]))
             continue
         target = params.get(name)
+        if target is None and (joined := _joined_target(modules, name)) is not None:
+            target_name, index = joined  # joined after the first load (fused_linear.join_linears): a slice of it
+            target = params[target_name][index]
+            if tuple(tensor.shape) != tuple(target.shape):
+                raise ValueError(f"checkpoint tensor '{name}' has shape {tuple(tensor.shape)}, expected "
+                                 f"{tuple(target.shape)} (its part of '{target_name}')")
+            with torch.no_grad():
+                target.copy_(tensor)
+            if isinstance(index, int):  # a fused shared expert: one more expert of the stack
+                expert_slices.setdefault(target_name, set()).add((index, target_name.rpartition(".")[2]))
+            else:
+                joined_parts.setdefault(target_name, set()).add(name)
+            continue
         if target is None:
             raise KeyError(f"checkpoint tensor '{name}' does not match any model parameter")
         if tuple(tensor.shape) != tuple(target.shape):
@@ -51,6 +65,9 @@ def load_native_weights(model: nn.Module, weights) -> None:
         with torch.no_grad():
             target.copy_(tensor)
         filled.add(name)
+    for name, parts in joined_parts.items():
+        if len(parts) == _joined_count(modules, name):
+            filled.add(name)
     for name, slices in expert_slices.items():  # w13 holds two projections per expert
         if len(slices) == params[name].shape[0] * (2 if name.split(".")[-1].startswith("w13") else 1):
             filled.add(name)
@@ -58,3 +75,27 @@ def load_native_weights(model: nn.Module, weights) -> None:
     if missing:
         shown = ", ".join(missing[:8]) + (" ..." if len(missing) > 8 else "")
         raise KeyError(f"{len(missing)} model parameters were not in the checkpoint: {shown}")
+
+
+def _joined_target(modules: dict, name: str):
+    """(the joined parameter's model name, the index of this tensor's slice in it) for a native name whose module
+    was joined into another after the first load (an owner's `joined_parts`), or None."""
+    parts = name.split(".")
+    for cut in range(len(parts) - 2, -1, -1):
+        owner = modules.get(".".join(parts[:cut]))
+        where = getattr(owner, "joined_parts", {}).get(".".join(parts[cut:-1]))
+        if where is not None and parts[-1] in where:
+            path, index = where[parts[-1]]
+            return ".".join(parts[:cut] + [path]), index
+    return None
+
+
+def _joined_count(modules: dict, target_name: str) -> int:
+    """How many native tensors a joined parameter (rows of several) is made of."""
+    count = 0
+    for owner_name, owner in modules.items():
+        for where in getattr(owner, "joined_parts", {}).values():
+            for path, index in where.values():
+                if ".".join(p for p in (owner_name, path) if p) == target_name and isinstance(index, slice):
+                    count += 1
+    return count

@@ -193,6 +193,16 @@ class AbortRequest(BaseModel):
     abort_all: bool = False
 
 
+class UpdateWeightsFromDiskRequest(BaseModel):
+    """/update_weights_from_disk (SGLang's): a checkpoint directory (or hub id) of the served architecture."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model_path: str = Field(min_length=1)
+    load_format: Optional[Literal["auto", "safetensors"]] = None  # the only format we load
+    abort_all_requests: bool = False  # abort running requests instead of letting them finish first
+
+
 class ProfileRequest(BaseModel):
     """/start_profile's body (every field optional; managers/scheduler_profiler.py). Upstream's staged and merged
     profiles are not served: those fields are accepted at their defaults only."""

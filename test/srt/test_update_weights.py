@@ -1,0 +1,125 @@
+"""Engine.update_weights_from_disk (the server's /update_weights_from_disk): another checkpoint of the served model
+loaded in place (joined projections, the MTP draft and the prefix cache included) serves exactly what a fresh engine
+on it serves; refusals and a load that fails midway leave the served weights as they were."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import pytest
+from safetensors.torch import load_file, save_file
+
+import sglang.srt.model_loader.model_builder as model_builder
+from oracle import CHECKPOINT_ROOT, TINY, checkpoint, engine, greedy_run, max_abs_diff, random_ids
+from sglang.srt.model_loader.tiny_checkpoint import TINY_CONFIG, make_tiny_checkpoint
+
+PROMPTS = [random_ids(40, 11), random_ids(23, 12)]
+# the MTP draft is reloaded too; the shared expert fused into the routed stack takes its slot there
+SPEC = dict(speculative_algorithm="EAGLE", speculative_num_steps=2, enforce_shared_experts_fusion=True)
+
+
+@functools.lru_cache(maxsize=None)
+def other(name: str, quantize: bool = False, **changes) -> str:
+    """A float32 checkpoint of TINY (seed 1: other weights; `quantize`: the hub's FP8 / MXFP4 formats, as
+    oracle.checkpoint) or of a changed config."""
+    path = os.path.join(CHECKPOINT_ROOT, f"update-{name}")
+    config = {**TINY, **changes}
+    if quantize:
+        config.update(quantization_config=TINY_CONFIG["quantization_config"], expert_dtype="fp4")
+    make_tiny_checkpoint(path, config, seed=1, quantize=quantize, dtype="float32")
+    return path
+
+
+def outputs(eng) -> list:
+    runs = [greedy_run(eng, ids, 6) for ids in PROMPTS]
+    return [(r["output_ids"], [lp for lp, _, _ in r["meta_info"]["output_token_logprobs"]]) for r in runs]
+
+
+def same(a: list, b: list) -> bool:
+    return all(x[0] == y[0] and max_abs_diff(x[1], y[1]) <= 1e-5 for x, y in zip(a, b))
+
+
+@pytest.fixture(scope="module")
+def served():
+    eng = engine("tiny", **SPEC)
+    yield eng, outputs(eng)
+    eng.shutdown()
+
+
+def test_updated_weights_serve_what_a_fresh_engine_serves(served):
+    eng, before = served
+    ok, message = eng.update_weights_from_disk(other("b"))
+    assert ok, message
+    fresh = engine("tiny", model_path=other("b"), **SPEC)
+    try:
+        want = outputs(fresh)
+    finally:
+        fresh.shutdown()
+    got = outputs(eng)  # the prompts' pages were cached under the old weights: the update emptied the cache
+    assert same(got, want) and not same(got, before)
+    ok, message = eng.update_weights_from_disk(checkpoint("tiny"))
+    assert ok, message
+    assert same(outputs(eng), before)
+    eng.model_runner.token_allocator.check_all_free()
+
+
+def test_quantized_checkpoints_update_in_their_kept_formats():
+    """FP8 linears and MXFP4 experts (kept quantized on an NVIDIA GPU, dequantized at load on the CPU) reload in
+    place; a bf16-format checkpoint is refused where the served weights keep the quantized formats."""
+    eng = engine("tiny", quantize=True)
+    try:
+        before = outputs(eng)
+        ok, message = eng.update_weights_from_disk(other("bq", quantize=True))
+        assert ok, message
+        fresh = engine("tiny", quantize=True, model_path=other("bq", quantize=True))
+        try:
+            want = outputs(fresh)
+        finally:
+            fresh.shutdown()
+        assert same(outputs(eng), want) and not same(want, before)
+        ok, message = eng.update_weights_from_disk(other("b"))
+        kept = any(eng.model_runner.kept_formats[0].values()) or eng.model_runner.kept_formats[1] is not None
+        assert ok != kept, message  # refused only where the served weights stayed quantized
+    finally:
+        eng.shutdown()
+
+
+def _without_one_tensor() -> str:
+    path = os.path.join(CHECKPOINT_ROOT, "update-missing")
+    if not os.path.exists(path):
+        os.makedirs(path)
+        src = other("b")
+        for f in os.listdir(src):
+            if f.endswith(".safetensors"):
+                tensors = load_file(os.path.join(src, f))
+                tensors.pop(sorted(k for k in tensors if k.endswith("attn.wq_a.weight"))[0])
+                save_file(tensors, os.path.join(path, f))
+            else:
+                with open(os.path.join(src, f), "rb") as r, open(os.path.join(path, f), "wb") as w:
+                    w.write(r.read())
+    return path
+
+
+@pytest.mark.parametrize("case", ["architecture", "missing tensor", "load format", "fails midway"])
+def test_refused_or_failed_updates_leave_the_served_weights(served, case, monkeypatch):
+    eng, before = served
+    path, load_format, expect = other("b"), None, "loaded again"
+    if case == "architecture":
+        path, expect = other("wide", moe_intermediate_size=2 * TINY["moe_intermediate_size"]), "another architecture"
+    elif case == "missing tensor":
+        path, expect = _without_one_tensor(), "wq_a"
+    elif case == "load format":
+        load_format, expect = "gguf", "load_format"
+    else:  # the loader breaks after some tensors were written: the served checkpoint is loaded again
+        real = model_builder.iter_checkpoint
+
+        def breaking(model_dir, *args, **kwargs):
+            for n, item in enumerate(real(model_dir, *args, **kwargs)):
+                if model_dir == path and n == 10:
+                    raise OSError("disk read failed")
+                yield item
+        monkeypatch.setattr(model_builder, "iter_checkpoint", breaking)
+    ok, message = eng.update_weights_from_disk(path, load_format=load_format)
+    assert not ok and expect in message, message
+    assert same(outputs(eng), before)
