@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Two open GPU-only differences on hca128 with an FP8 KV cache, located op by op (scripts/debug_replay_eager.py):
-#  1. replayed CUDA-graph decode != the same static path run eagerly (test_gpu_cuda_graph.py, strict xfail): four
-#     orders (eager twice, replay twice, replay vs eager, and the test's own: warm run first, prefix cache on);
-#  2. Triton vs torch backend in fp32 (test_gpu_triton_backend.py, max |logprob diff| 0.022 > 5e-3): which pool
-#     bytes differ and whether by one e4m3 / scale step (rounding-boundary flips) or more.
+# GPU-only comparisons on hca128 with an FP8 KV cache, located op by op (scripts/debug_replay_eager.py):
+#  1. replayed CUDA-graph decode against the same static path run eagerly: four orders (eager twice, replay twice,
+#     replay vs eager, and warm run first with the prefix cache on; the last differs in the low bits because the
+#     second run prefills only what the cache lacks: 2026-12-05, RESULTS.md; test_gpu_cuda_graph.py now flushes);
+#  2. Triton vs torch backend in fp32 (test_gpu_triton_backend.py, max |logprob diff| 0.022): which pool bytes
+#     differ and whether by one e4m3 / scale step (rounding-boundary flips) or more.
 #   bash scripts/gpu_replay_bisect.sh   (device tool; carry .whl)   [CONFIGS="hca128 tiny"]   Log: $OUT/replay_bisect.txt
 set -u -o pipefail
 source scripts/gpu_env.sh
