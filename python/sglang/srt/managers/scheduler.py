@@ -453,8 +453,8 @@ class Scheduler(SchedulerOutputProcessorMixin):
     def _next_batch(self, lag: int = 0, may_retract: bool = True) -> Optional[ScheduleBatch]:
         """The next step's requests: every decoding request's row (`lag` positions further: the step after the one in
         flight), then prefill chunks within the chunk budget and the pages and window slots left. When the decoding
-        rows do not fit the pages, or nothing fits at all, requests are retracted until it does (`may_retract`);
-        otherwise None."""
+        rows do not fit the pages or window slots, or nothing fits at all, requests are retracted until it does
+        (`may_retract`); otherwise None."""
         while True:
             batch, fits = self._plan_batch(lag)
             if fits or not may_retract or len(self.running) <= 1:
@@ -467,7 +467,7 @@ class Scheduler(SchedulerOutputProcessorMixin):
         return batch
 
     def _plan_batch(self, lag: int) -> tuple:
-        """(batch or None, whether the running requests' pages allow it)."""
+        """(batch or None, whether the running requests' pages and window slots allow it)."""
         decoding = [r for r in self.running if r.prefill_done]
         if self.worker.speculative and any(not r.prefill_done for r in self.running):
             decoding = []  # speculative cycles run on their own; prefill chunks first
@@ -475,9 +475,12 @@ class Scheduler(SchedulerOutputProcessorMixin):
             self.allocator.pages_needed(r.alloc, r.num_computed + lag + self.decode_tokens) for r in decoding)
         if pages < 0:
             return None, False
+        window_free = self.allocator.available_window_slots() - sum(
+            max(0, r.num_computed + lag + self.decode_tokens - r.alloc.num_tokens) for r in decoding)
+        if window_free < 0:  # the decoding rows' window slots (cached tails they read are locked): retract
+            return None, False
         reqs, lens = list(decoding), [1] * len(decoding)
         budget = self.chunk_budget - len(decoding)
-        window_free = self.allocator.available_window_slots() - len(decoding)
         page_bound = False  # the first prefill chunk left out was left out for want of pages
         for req in (r for r in self.running if not r.prefill_done):
             room = (len(req.alloc.pages) + pages) * self.allocator.page_size - req.num_computed

@@ -109,6 +109,11 @@ class PoolPlan:
         ])
 
 
+# Windows a running request may hold with the prefix cache on: its own, and the cached tail of the prefix it started
+# on, which stays locked until its own window has slid past it.
+CACHED_WINDOWS_PER_REQUEST = 2
+
+
 def plan_pools(config: DeepseekV4Config, *, page_size: int, max_running_requests: int, context_length: int,
                chunked_prefill_size: int, swa_full_tokens_ratio: float, budget_bytes: int, kv_entry_bytes: int,
                index_entry_bytes: int, num_window_layers: int, max_total_tokens: int | None = None,
@@ -132,8 +137,10 @@ def plan_pools(config: DeepseekV4Config, *, page_size: int, max_running_requests
                          f"after {(state + req_to_token) / 2**20:.0f} MiB of fixed state; lower "
                          f"--max-running-requests or raise --mem-fraction-static / --max-total-tokens")
     chunk = chunked_prefill_size if chunked_prefill_size > 0 else context_length
-    # Live windows of every request, plus its draft rows when speculating, plus one prefill chunk.
-    min_window = max_running_requests * (config.sliding_window + num_draft_tokens) + chunk
+    # Live windows of every request, plus its draft rows when speculating, plus one prefill chunk; with the prefix
+    # cache a request started on a cached prefix also reads that prefix's window tail (locked while it does).
+    windows = CACHED_WINDOWS_PER_REQUEST if prefix_cache else 1
+    min_window = max_running_requests * (windows * config.sliding_window + num_draft_tokens) + chunk
     swa_slots = max(int(tokens * swa_full_tokens_ratio), min_window)
     shape = PoolShape(page_size=page_size, num_pages=tokens // page_size + 1, num_swa_slots=swa_slots + 1,
                       max_num_reqs=max_running_requests, num_draft_tokens=num_draft_tokens,
