@@ -506,7 +506,7 @@ def test_abort_request_by_rid_and_all(server):
 
 
 def test_update_weights_from_disk(server):
-    """/update_weights_from_disk as upstream: running requests finish first (or are aborted with
+    """/update_weights_from_disk and /get_weights_by_name as upstream: running requests finish first (or are aborted with
     abort_all_requests), the checkpoint loads in place and the prefix cache empties; refusals are 400s with success
     false and nothing changed (the weights' exactness: test/srt/test_update_weights.py)."""
     from concurrent.futures import ThreadPoolExecutor
@@ -542,4 +542,8 @@ def test_update_weights_from_disk(server):
     assert post("/update_weights_from_disk", {"model_path": MODEL, "load_format": "gguf"}).status_code == 400
     assert post("/update_weights_from_disk", {}).status_code == 400
     assert greedy() == before
+    rows = post("/get_weights_by_name", {"name": "layers.0.attn.wq_a.weight", "truncate_size": 2}).json()
+    assert len(rows) == 2 and len(rows[0]) == 256 and all(isinstance(v, float) for v in rows[0])  # hidden 256
+    unknown = post("/get_weights_by_name", {"name": "no.such.weight"})
+    assert unknown.status_code == 400 and "no.such.weight" in unknown.json()["message"]
     server.wait_pools_free()

@@ -8,6 +8,7 @@ import functools
 import os
 
 import pytest
+import torch
 from safetensors.torch import load_file, save_file
 
 import sglang.srt.model_loader.model_builder as model_builder
@@ -62,6 +63,34 @@ def test_updated_weights_serve_what_a_fresh_engine_serves(served):
     assert ok, message
     assert same(outputs(eng), before)
     eng.model_runner.token_allocator.check_all_free()
+
+
+def _stored(path: str, name: str):
+    for f in os.listdir(path):
+        if f.endswith(".safetensors"):
+            tensors = load_file(os.path.join(path, f))
+            if name in tensors:
+                return tensors[name]
+    raise KeyError(name)
+
+
+# a plain weight, parts of joined projections (wq_a + wkv; wq_b + the indexer's), one expert's slice, the shared
+# expert fused into the routed stack, and an MTP weight (the draft model)
+READ_BACK = ["embed.weight", "layers.0.attn.wq_a.weight", "layers.1.attn.indexer.wq_b.weight",
+             "layers.0.ffn.experts.3.w2.weight", "layers.2.ffn.shared_experts.w1.weight", "mtp.0.attn.wkv.weight"]
+
+
+def test_get_weights_by_name_reads_what_each_checkpoint_stored(served):
+    eng, _ = served
+    for path in (other("b"), checkpoint("tiny")):  # after each update the served weights are that checkpoint's
+        ok, message = eng.update_weights_from_disk(path)
+        assert ok, message
+        for name in READ_BACK:
+            got = torch.tensor(eng.get_weights_by_name(name, truncate_size=3))
+            want = _stored(path, name)[:3].float()
+            assert got.shape == want.shape and torch.equal(got, want), name
+    with pytest.raises(ValueError, match="no served weight"):
+        eng.get_weights_by_name("layers.0.attn.no_such.weight")
 
 
 def test_quantized_checkpoints_update_in_their_kept_formats():

@@ -139,6 +139,13 @@ class Engine:
         except ValueError as e:
             return False, str(e)
 
+    def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list:
+        """The first `truncate_size` rows of the weight loaded from checkpoint tensor `name` (as the server's
+        /get_weights_by_name); ValueError for a name that maps to none."""
+        if self._remote is not None:
+            return self._remote.get_weights(name, truncate_size)
+        return self.model_runner.get_weights_by_name(name, truncate_size)
+
     def start_profile(self, output_dir: Optional[str] = None, activities: Optional[list] = None,
                       num_steps: Optional[int] = None, with_stack: Optional[bool] = None,
                       record_shapes: Optional[bool] = None, profile_prefix: Optional[str] = None) -> str:

@@ -72,6 +72,14 @@ class SubprocessScheduler:
         except RequestError as e:
             raise ValueError(e.message) from None
 
+    def get_weights(self, name: str, truncate_size: int) -> list:
+        """The scheduler process's TokenizerManager.get_weights_by_name; ValueError when refused."""
+        try:
+            return asyncio.run_coroutine_threadsafe(self.tm.get_weights_by_name(name, truncate_size),
+                                                    self.loop).result()
+        except RequestError as e:
+            raise ValueError(e.message) from None
+
     def profile(self, start: bool, config=None) -> str:
         """Start (with a ProfileConfig) or stop the scheduler process's profiler, as /start_profile and
         /stop_profile do; raises ValueError when refused."""

@@ -20,8 +20,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from sglang.srt.entrypoints.openai.protocol import (
-    AbortRequest, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, GenerateRequest, ProfileRequest,
-    TokenizeRequest, UpdateWeightsFromDiskRequest)
+    AbortRequest, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, GenerateRequest,
+    GetWeightsByNameRequest, ProfileRequest, TokenizeRequest, UpdateWeightsFromDiskRequest)
 from sglang.srt.entrypoints.openai.serving_base import (
     choice_seed, collect, merge, sse, sse_response, start_streams)
 from sglang.srt.entrypoints.request_body import parse_request
@@ -213,6 +213,13 @@ def native_routes(tm: TokenizerManager) -> APIRouter:
             return JSONResponse({"success": False, "message": e.message, "num_paused_requests": 0},
                                 status_code=e.status_code)
         return {"success": True, "message": message, "num_paused_requests": 0}
+
+    @router.api_route("/get_weights_by_name", methods=["GET", "POST"])
+    async def get_weights_by_name(raw: Request):
+        """The first truncate_size rows of a served weight, by its checkpoint name (float32 nested lists, as
+        upstream; to check a weight update)."""
+        req = await parse_request(raw, GetWeightsByNameRequest)
+        return await tm.get_weights_by_name(req.name, req.truncate_size)
 
     @router.api_route("/start_profile", methods=["GET", "POST"])
     async def start_profile(raw: Request):

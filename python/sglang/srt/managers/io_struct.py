@@ -1,9 +1,10 @@
 """Messages between the HTTP process (TokenizerManager) and the scheduler process, grouped by direction.
 
-Tokenizer -> scheduler: TokenizedGenerateReqInput, AbortReq, FlushCacheReq, ProfileReq, UpdateWeightsReq.
+Tokenizer -> scheduler: TokenizedGenerateReqInput, AbortReq and the control requests (FlushCacheReq, ProfileReq,
+UpdateWeightsReq, GetWeightsReq).
 Scheduler -> tokenizer: SchedulerReady (once, over the start-up pipe), BatchOutput (after every step, and to answer
-a request that was rejected or aborted, or a FlushCacheReq / ProfileReq / UpdateWeightsReq: its ControlOutput). All
-are plain dataclasses sent with pickle over ZMQ.
+a request that was rejected or aborted, or a control request: its ControlOutput). All are plain dataclasses sent
+with pickle over ZMQ.
 """
 
 from __future__ import annotations
@@ -56,6 +57,16 @@ class UpdateWeightsReq:
     model_path: str
 
 
+@dataclass
+class GetWeightsReq:
+    """The first `truncate_size` rows of the weight loaded from checkpoint tensor `name`; answered by a ControlOutput
+    whose `data` holds them (the first rank's)."""
+
+    rid: str
+    name: str
+    truncate_size: int = 100
+
+
 # ---- scheduler -> tokenizer ---------------------------------------------------------------------------------
 @dataclass
 class ReqOutput:
@@ -77,11 +88,12 @@ class ReqOutput:
 
 @dataclass
 class ControlOutput:
-    """The answer to a FlushCacheReq or ProfileReq."""
+    """The answer to a FlushCacheReq, ProfileReq, UpdateWeightsReq or GetWeightsReq."""
 
     rid: str
     status_code: int  # 200; 400 when refused (requests running, a profile already running, ...); 500 when it failed
     message: str
+    data: Optional[object] = None  # what a GetWeightsReq asked for
 
 
 # /health answers 503 once this many scheduler steps in a row failed for every request in them (a load balancer then

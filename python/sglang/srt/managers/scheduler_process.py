@@ -31,8 +31,8 @@ from typing import Optional
 import zmq
 
 from sglang.srt.managers.io_struct import (
-    AbortReq, BatchOutput, ControlOutput, FlushCacheReq, ProfileReq, ReqOutput, SchedulerReady, SchedulerStats,
-    TokenizedGenerateReqInput, UpdateWeightsReq)
+    AbortReq, BatchOutput, ControlOutput, FlushCacheReq, GetWeightsReq, ProfileReq, ReqOutput, SchedulerReady,
+    SchedulerStats, TokenizedGenerateReqInput, UpdateWeightsReq)
 from sglang.srt.managers.schedule_batch import FinishReason, Req
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.common import configure_logging
@@ -150,6 +150,8 @@ class SchedulerProcess:
                 answers.append(self._profile(msg))
             elif isinstance(msg, UpdateWeightsReq):
                 answers.append(self._update_weights(msg))
+            elif isinstance(msg, GetWeightsReq):
+                answers.append(self._get_weights(msg))
             else:
                 logger.error("unknown message %r", type(msg).__name__)
         return answers
@@ -173,6 +175,13 @@ class SchedulerProcess:
         except Exception as e:
             logger.exception("weight update from %s failed", msg.model_path)
             return ControlOutput(msg.rid, 500, f"weight update failed: {e}")
+
+    def _get_weights(self, msg: GetWeightsReq) -> ControlOutput:
+        try:
+            data = self.scheduler.runner.get_weights_by_name(msg.name, msg.truncate_size)
+        except ValueError as e:
+            return ControlOutput(msg.rid, 400, str(e))
+        return ControlOutput(msg.rid, 200, "ok", data)
 
     def _add(self, msg: TokenizedGenerateReqInput):
         req = Req(rid=msg.rid, origin_input_ids=list(msg.input_ids), sampling_params=msg.sampling_params,

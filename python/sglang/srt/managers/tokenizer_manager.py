@@ -21,8 +21,8 @@ import zmq.asyncio
 
 from sglang.srt.managers.detokenizer import IncrementalDetokenizer
 from sglang.srt.managers.io_struct import (
-    AbortReq, BatchOutput, ControlOutput, FlushCacheReq, ProfileReq, ReqOutput, SchedulerReady, SchedulerStats,
-    TokenizedGenerateReqInput, UpdateWeightsReq)
+    AbortReq, BatchOutput, ControlOutput, FlushCacheReq, GetWeightsReq, ProfileReq, ReqOutput, SchedulerReady,
+    SchedulerStats, TokenizedGenerateReqInput, UpdateWeightsReq)
 from sglang.srt.managers.output_shaping import OutputState
 from sglang.srt.sampling.sampling_params import SamplingParams
 
@@ -194,12 +194,12 @@ class TokenizerManager:
     async def flush_cache(self) -> str:
         """Empty the scheduler's prefix cache; its answer once done. RequestError (400) when it refused: requests
         are running there (the HTTP side may not know of all of them yet, or any more)."""
-        return await self._control(FlushCacheReq, timeout=60.0)
+        return (await self._control(FlushCacheReq, timeout=60.0)).message
 
     async def profile(self, start: bool, config=None, timeout: float = 600.0) -> str:
         """Start (with a scheduler_profiler.ProfileConfig) or stop the scheduler's profiler; returns its message,
         raises RequestError with its status when refused or failed. Stopping writes the traces: it can take a while."""
-        return await self._control(lambda rid: ProfileReq(rid, start, config), timeout)
+        return (await self._control(lambda rid: ProfileReq(rid, start, config), timeout)).message
 
     async def update_weights_from_disk(self, model_path: str, abort_all: bool = False,
                                        drain_timeout: float = 600.0) -> str:
@@ -218,15 +218,20 @@ class TokenizerManager:
                     raise RequestError(f"{len(self.states)} request(s) still running after {drain_timeout:.0f} s; "
                                        f"retry, or send abort_all_requests: true", 503)
                 await asyncio.sleep(0.01)
-            message = await self._control(lambda rid: UpdateWeightsReq(rid, model_path), timeout=3600.0)
+            answer = await self._control(lambda rid: UpdateWeightsReq(rid, model_path), timeout=3600.0)
             self.weights_path = model_path
-            return message
+            return answer.message
         finally:
             self.updating.set()
             self.updating = None
 
-    async def _control(self, make, timeout: float) -> str:
-        """Send make(rid) to the scheduler and wait for its ControlOutput (the first, under DP attention)."""
+    async def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list:
+        """The first rows of the weight loaded from checkpoint tensor `name` (upstream's /get_weights_by_name)."""
+        return (await self._control(lambda rid: GetWeightsReq(rid, name, truncate_size), timeout=60.0)).data
+
+    async def _control(self, make, timeout: float) -> ControlOutput:
+        """Send make(rid) to the scheduler and wait for its ControlOutput (the first, under DP attention); RequestError
+        with its status when refused."""
         if self.dead_reason is not None:
             raise RequestError(self.dead_reason, 503)
         self.start()
@@ -241,7 +246,7 @@ class TokenizerManager:
             self.control.pop(rid, None)
         if out.status_code != 200:
             raise RequestError(out.message, out.status_code)
-        return out.message
+        return out
 
     # ---- receiving ----------------------------------------------------------------------------------------
     async def _handle_loop(self) -> None:

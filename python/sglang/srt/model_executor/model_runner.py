@@ -111,6 +111,22 @@ class ModelRunner:
         logger.info("weights updated from %s", path)
         return f"weights updated from {model_path}"
 
+    def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list:
+        """The first `truncate_size` rows of the weight loaded from checkpoint tensor `name` (upstream's
+        /get_weights_by_name: a nested list, float32), from the target model or the MTP draft. ValueError for a name
+        that maps to no served tensor, and under tensor parallelism (each rank holds a part)."""
+        from sglang.srt.models.weight_loading import find_weight
+
+        if get_parallel_state().config.tp > 1:
+            raise ValueError("get_weights_by_name reads whole weights: serve with --tp 1")
+        found = None
+        for model in (self.model, self.draft_model):
+            found = find_weight(model, name) if model is not None and found is None else found
+        if found is None:
+            raise ValueError(f"no served weight is loaded from checkpoint tensor {name!r} (names as in the checkpoint, "
+                             f"e.g. 'layers.0.attn.wq_a.weight'; packed MXFP4 / FP8 experts are not readable)")
+        return found[:truncate_size].float().cpu().tolist()
+
     def _planes_fit(self) -> tuple:
         """Each packed-MXFP4 expert module's scales_fit_planes (what its decode path was chosen by)."""
         return tuple(m.scales_fit_planes for model in (self.model, self.draft_model) if model is not None

@@ -99,3 +99,23 @@ def _joined_count(modules: dict, target_name: str) -> int:
                 if ".".join(p for p in (owner_name, path) if p) == target_name and isinstance(index, slice):
                     count += 1
     return count
+
+
+def find_weight(model: nn.Module, name: str):
+    """The tensor the checkpoint tensor `name` (a native name) was loaded into, as a view, or None: a parameter or
+    buffer, its slice of a joined one, or one expert's slice of a stacked (unpacked) expert parameter. Packed
+    expert layouts (MXFP4, FP8 experts) are not mapped back."""
+    params = dict(model.named_parameters())
+    params.update(dict(model.named_buffers()))
+    if name in params:
+        return params[name]
+    modules = dict(model.named_modules())
+    joined = _joined_target(modules, name)
+    if joined is not None:
+        return params[joined[0]][joined[1]]
+    m = _EXPERT.match(name)
+    if m and not m["scale"] and not hasattr(modules.get(m["prefix"]), "load_expert"):
+        stacked = params.get(f"{m['prefix']}.{m['w']}")
+        if stacked is not None and int(m["e"]) < stacked.shape[0]:
+            return stacked[int(m["e"])]
+    return None

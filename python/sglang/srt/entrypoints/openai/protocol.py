@@ -203,6 +203,15 @@ class UpdateWeightsFromDiskRequest(BaseModel):
     abort_all_requests: bool = False  # abort running requests instead of letting them finish first
 
 
+class GetWeightsByNameRequest(BaseModel):
+    """/get_weights_by_name (SGLang's): the first `truncate_size` rows of the weight loaded from a checkpoint tensor."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    name: str = Field(min_length=1)
+    truncate_size: int = Field(default=100, ge=1, le=100_000)
+
+
 class ProfileRequest(BaseModel):
     """/start_profile's body (every field optional; managers/scheduler_profiler.py). Upstream's staged and merged
     profiles are not served: those fields are accepted at their defaults only."""
