@@ -84,7 +84,7 @@ class TokenizerManager:
         self.dead_reason: Optional[str] = None
         self.last_stats = None
         self.group_stats: dict = {}  # DP group -> its latest SchedulerStats
-        self.control: dict = {}  # rid -> future of a FlushCacheReq's, ProfileReq's or UpdateWeightsReq's answer
+        self.control: dict = {}  # rid -> future of a control request's ControlOutput (io_struct)
         self.updating: Optional[asyncio.Event] = None  # set when a weight update ends; new requests wait for it
         self.weights_path: Optional[str] = None  # the checkpoint of the last weight update (None: the launch's)
         self._loop_task: Optional[asyncio.Task] = None

@@ -15,13 +15,13 @@ from sglang.srt.distributed.parallel_state import get_parallel_state
 from sglang.srt.environ import envs
 from sglang.srt.layers.attention.dsv4.torch_backend import TorchAttnBackend
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+from sglang.srt.layers.quantization.mxfp4 import Mxfp4RoutedExperts
 from sglang.srt.mem_cache.deepseek_v4_allocator import DeepSeekV4TokenAllocator
 from sglang.srt.mem_cache.deepseek_v4_pool import DeepSeekV4TokenToKVPool
 from sglang.srt.mem_cache.pool_sizing import plan_pools_for_args, pool_budget_bytes
 from sglang.srt.mem_cache.req_to_token_pool import ReqToTokenPool
 from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, StaticGraphRunner
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
-from sglang.srt.layers.quantization.mxfp4 import Mxfp4RoutedExperts
 from sglang.srt.model_loader.model_builder import PartialUpdateError, load_models, reload_weights
 from sglang.srt.model_loader.model_path import resolve_model_path
 from sglang.srt.models.deepseek_v4 import fuse_shared_experts, join_projections
@@ -98,14 +98,16 @@ class ModelRunner:
             raise ValueError(f"the checkpoint at {model_path} is another architecture (config differs in "
                              f"{', '.join(differ[:6])}); a weight update takes checkpoints of the served model")
         models = {"main": self.model, **({"mtp": self.draft_model} if self.draft_model is not None else {})}
+        def load(path: str, config: DeepseekV4Config) -> None:
+            reload_weights(self.server_args, path, config, self.dtype, self.device, models, self.kept_formats)
+
         before = self._planes_fit()
-        args = (self.server_args, self.dtype, self.device, models, self.kept_formats)
         try:
-            reload_weights(args[0], path, config, *args[1:])
+            load(path, config)
             if self._planes_fit() != before:  # captured decode graphs chose their MoE path by it
                 raise PartialUpdateError("its MXFP4 scale bytes leave the range the served decode path was built for")
         except PartialUpdateError as e:
-            reload_weights(args[0], self.model_path, self.model_config, *args[1:])
+            load(self.model_path, self.model_config)
             raise ValueError(f"{e}; the served weights ({self.model_path}) were loaded again") from None
         self.model_path, self.model_config = path, config  # config: differs at most in _STORAGE_FIELDS
         logger.info("weights updated from %s", path)
