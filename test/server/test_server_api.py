@@ -506,9 +506,9 @@ def test_abort_request_by_rid_and_all(server):
 
 
 def test_update_weights_from_disk(server):
-    """/update_weights_from_disk and /get_weights_by_name as upstream: running requests finish first (or are aborted with
-    abort_all_requests), the checkpoint loads in place and the prefix cache empties; refusals are 400s with success
-    false and nothing changed (the weights' exactness: test/srt/test_update_weights.py)."""
+    """/update_weights_from_disk and /get_weights_by_name as upstream: running requests finish first (or are aborted
+    with abort_all_requests), the checkpoint loads in place and the prefix cache empties; refusals are 400s with
+    success false and nothing changed (the weights' exactness: test/srt/test_update_weights.py)."""
     from concurrent.futures import ThreadPoolExecutor
 
     base = server.base_url

@@ -6,6 +6,7 @@ import functools
 import os
 
 import pytest
+import torch
 
 import sglang
 from oracle import engine, random_ids
@@ -159,6 +160,13 @@ def test_subprocess_engine_matches_in_process(tmp_path):
         assert eng.flush_cache()
         flushed = eng.generate(input_ids=ids[1], sampling_params=params)
         assert again["meta_info"]["cached_tokens"] == 16 and flushed["meta_info"]["cached_tokens"] == 0
+        # weights through the scheduler process: tensors pickled over its socket, read back, the checkpoint again
+        w = torch.tensor(eng.get_weights_by_name("layers.0.attn.wq_a.weight", 10**5))
+        assert eng.update_weights_from_tensor([("layers.0.attn.wq_a.weight", 2 * w)]) == (True, "updated 1 weight "
+                                                                                            "tensors")
+        assert torch.equal(torch.tensor(eng.get_weights_by_name("layers.0.attn.wq_a.weight", 10**5)), 2 * w)
+        assert eng.update_weights_from_disk(checkpoint("tiny"))[0]
+        assert torch.equal(torch.tensor(eng.get_weights_by_name("layers.0.attn.wq_a.weight", 10**5)), w)
         proc = eng._remote.proc
     finally:
         eng.shutdown()

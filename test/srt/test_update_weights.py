@@ -93,6 +93,38 @@ def test_get_weights_by_name_reads_what_each_checkpoint_stored(served):
         eng.get_weights_by_name("layers.0.attn.no_such.weight")
 
 
+def _all_tensors(path: str) -> dict:
+    return {k: v for f in sorted(os.listdir(path)) if f.endswith(".safetensors")
+            for k, v in load_file(os.path.join(path, f)).items()}
+
+
+def test_update_weights_from_tensor(served):
+    """Upstream's in-memory update (RL loops): the whole checkpoint as tensors serves what a fresh engine on it
+    serves; a subset updates just those weights; one bad pair refuses the whole call before anything is written."""
+    eng, before = served
+    b = _all_tensors(other("b"))
+    ok, message = eng.update_weights_from_tensor(list(b.items()))
+    assert ok and message == f"updated {len(b)} weight tensors", message
+    fresh = engine("tiny", model_path=other("b"), **SPEC)
+    try:
+        assert same(outputs(eng), outputs(fresh))
+    finally:
+        fresh.shutdown()
+    assert eng.update_weights_from_disk(checkpoint("tiny"))[0] and same(outputs(eng), before)
+    a = _all_tensors(checkpoint("tiny"))
+    name = "layers.1.attn.wq_b.weight"  # joined with the indexer's wq_b after loading
+    for bad in ([(name, b[name]), ("no.such.weight", b[name])], [(name, b[name][:, :-1])],
+                [("layers.0.ffn.gate.tid2eid", b["layers.0.ffn.gate.tid2eid"].float())], [(name, "not a tensor")]):
+        ok, message = eng.update_weights_from_tensor(bad)
+        assert not ok, bad
+        assert torch.equal(torch.tensor(eng.get_weights_by_name(name, 10**5)), a[name].float())
+    assert eng.update_weights_from_tensor([(name, b[name])]) == (True, "updated 1 weight tensors")
+    assert torch.equal(torch.tensor(eng.get_weights_by_name(name, 10**5)), b[name].float())
+    assert not same(outputs(eng), before)
+    assert eng.update_weights_from_disk(checkpoint("tiny"))[0] and same(outputs(eng), before)
+    assert eng.update_weights_from_tensor([(name, b[name])], flush_cache=False)[0] is False
+
+
 def test_quantized_checkpoints_update_in_their_kept_formats():
     """FP8 linears and MXFP4 experts (kept quantized on an NVIDIA GPU, dequantized at load on the CPU) reload in
     place; a bf16-format checkpoint is refused where the served weights keep the quantized formats."""

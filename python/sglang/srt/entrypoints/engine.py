@@ -139,6 +139,22 @@ class Engine:
         except ValueError as e:
             return False, str(e)
 
+    def update_weights_from_tensor(self, named_tensors: list, load_format: Optional[str] = None,
+                                   flush_cache: bool = True) -> tuple:
+        """Copy (checkpoint name, tensor) pairs into the served weights in place, as upstream's Engine method (RL loops:
+        any subset of the checkpoint's tensors, whole; each rank takes its part); returns (success, message). The
+        prefix cache is always emptied (its KV came from the old weights): flush_cache=False is refused."""
+        if load_format not in (None, "auto"):
+            return False, f"load_format {load_format!r} is not supported (tensors are taken as they are)"
+        if not flush_cache:
+            return False, "flush_cache=False is not supported: cached prefixes hold the old weights' KV"
+        try:
+            if self._remote is not None:
+                return True, self._remote.update_tensors([(n, t.detach().cpu()) for n, t in named_tensors])
+            return True, self.scheduler.update_weights_from_tensor(named_tensors)
+        except (ValueError, TypeError) as e:
+            return False, str(e)
+
     def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list:
         """The first `truncate_size` rows of the weight loaded from checkpoint tensor `name` (as the server's
         /get_weights_by_name); ValueError for a name that maps to none."""

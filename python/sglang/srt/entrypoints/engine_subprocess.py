@@ -72,6 +72,14 @@ class SubprocessScheduler:
         except RequestError as e:
             raise ValueError(e.message) from None
 
+    def update_tensors(self, named_tensors: list) -> str:
+        """The scheduler process's TokenizerManager.update_weights_from_tensor; ValueError when refused."""
+        try:
+            return asyncio.run_coroutine_threadsafe(self.tm.update_weights_from_tensor(named_tensors),
+                                                    self.loop).result()
+        except RequestError as e:
+            raise ValueError(e.message) from None
+
     def get_weights(self, name: str, truncate_size: int) -> list:
         """The scheduler process's TokenizerManager.get_weights_by_name; ValueError when refused."""
         try:

@@ -1,7 +1,7 @@
 """Messages between the HTTP process (TokenizerManager) and the scheduler process, grouped by direction.
 
 Tokenizer -> scheduler: TokenizedGenerateReqInput, AbortReq and the control requests (FlushCacheReq, ProfileReq,
-UpdateWeightsReq, GetWeightsReq).
+UpdateWeightsReq, UpdateTensorsReq, GetWeightsReq).
 Scheduler -> tokenizer: SchedulerReady (once, over the start-up pipe), BatchOutput (after every step, and to answer
 a request that was rejected or aborted, or a control request: its ControlOutput). All are plain dataclasses sent
 with pickle over ZMQ.
@@ -58,6 +58,15 @@ class UpdateWeightsReq:
 
 
 @dataclass
+class UpdateTensorsReq:
+    """Copy (checkpoint name, CPU tensor) pairs into the weights on every rank (each takes its part) and empty the
+    prefix cache; answered by a ControlOutput with the same rid."""
+
+    rid: str
+    named_tensors: list
+
+
+@dataclass
 class GetWeightsReq:
     """The first `truncate_size` rows of the weight loaded from checkpoint tensor `name`; answered by a ControlOutput
     whose `data` holds them (the first rank's)."""
@@ -88,7 +97,8 @@ class ReqOutput:
 
 @dataclass
 class ControlOutput:
-    """The answer to a FlushCacheReq, ProfileReq, UpdateWeightsReq or GetWeightsReq."""
+    """The answer to a control request (FlushCacheReq, ProfileReq, UpdateWeightsReq, UpdateTensorsReq,
+    GetWeightsReq)."""
 
     rid: str
     status_code: int  # 200; 400 when refused (requests running, a profile already running, ...); 500 when it failed

@@ -408,6 +408,15 @@ class Scheduler(SchedulerOutputProcessorMixin):
         self.allocator.flush_cache()
         return message
 
+    def update_weights_from_tensor(self, named_tensors: list) -> str:
+        """ModelRunner.update_weights_from_tensor between steps, then the prefix cache emptied (its KV came from the
+        old weights); ValueError while requests run or wait, or for tensors that do not fit."""
+        if not self._idle():
+            raise ValueError("cannot update weights while requests are running; retry when the server is idle")
+        message = self.runner.update_weights_from_tensor(named_tensors)
+        self.allocator.flush_cache()
+        return message
+
     def _idle(self) -> bool:
         while self.in_flight is not None and not self.running and not self.waiting:
             self.step()  # an overlapped step launched past the last requests' end: read and discard it

@@ -32,7 +32,7 @@ import zmq
 
 from sglang.srt.managers.io_struct import (
     AbortReq, BatchOutput, ControlOutput, FlushCacheReq, GetWeightsReq, ProfileReq, ReqOutput, SchedulerReady,
-    SchedulerStats, TokenizedGenerateReqInput, UpdateWeightsReq)
+    SchedulerStats, TokenizedGenerateReqInput, UpdateTensorsReq, UpdateWeightsReq)
 from sglang.srt.managers.schedule_batch import FinishReason, Req
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.common import configure_logging
@@ -148,7 +148,7 @@ class SchedulerProcess:
                     msg.rid, 400, "cannot flush the cache while requests are running; retry when the server is idle"))
             elif isinstance(msg, ProfileReq):
                 answers.append(self._profile(msg))
-            elif isinstance(msg, UpdateWeightsReq):
+            elif isinstance(msg, (UpdateWeightsReq, UpdateTensorsReq)):
                 answers.append(self._update_weights(msg))
             elif isinstance(msg, GetWeightsReq):
                 answers.append(self._get_weights(msg))
@@ -167,13 +167,16 @@ class SchedulerProcess:
             logger.exception("profile request failed")
             return ControlOutput(msg.rid, 500, f"profiling failed on rank {profiler.rank}: {e}")
 
-    def _update_weights(self, msg: UpdateWeightsReq) -> ControlOutput:
+    def _update_weights(self, msg) -> ControlOutput:
+        """An UpdateWeightsReq (a checkpoint directory) or UpdateTensorsReq (tensors in the message)."""
         try:
-            return ControlOutput(msg.rid, 200, self.scheduler.update_weights_from_disk(msg.model_path))
-        except ValueError as e:  # requests running, or a checkpoint that does not fit (nothing changed)
+            if isinstance(msg, UpdateWeightsReq):
+                return ControlOutput(msg.rid, 200, self.scheduler.update_weights_from_disk(msg.model_path))
+            return ControlOutput(msg.rid, 200, self.scheduler.update_weights_from_tensor(msg.named_tensors))
+        except ValueError as e:  # requests running, or weights that do not fit (nothing changed)
             return ControlOutput(msg.rid, 400, str(e))
         except Exception as e:
-            logger.exception("weight update from %s failed", msg.model_path)
+            logger.exception("weight update failed")
             return ControlOutput(msg.rid, 500, f"weight update failed: {e}")
 
     def _get_weights(self, msg: GetWeightsReq) -> ControlOutput:

@@ -22,7 +22,7 @@ import zmq.asyncio
 from sglang.srt.managers.detokenizer import IncrementalDetokenizer
 from sglang.srt.managers.io_struct import (
     AbortReq, BatchOutput, ControlOutput, FlushCacheReq, GetWeightsReq, ProfileReq, ReqOutput, SchedulerReady,
-    SchedulerStats, TokenizedGenerateReqInput, UpdateWeightsReq)
+    SchedulerStats, TokenizedGenerateReqInput, UpdateTensorsReq, UpdateWeightsReq)
 from sglang.srt.managers.output_shaping import OutputState
 from sglang.srt.sampling.sampling_params import SamplingParams
 
@@ -201,11 +201,21 @@ class TokenizerManager:
         raises RequestError with its status when refused or failed. Stopping writes the traces: it can take a while."""
         return (await self._control(lambda rid: ProfileReq(rid, start, config), timeout)).message
 
-    async def update_weights_from_disk(self, model_path: str, abort_all: bool = False,
-                                       drain_timeout: float = 600.0) -> str:
-        """Load another checkpoint of the served model (as upstream's /update_weights_from_disk): new requests wait;
-        running ones finish first (or are aborted: abort_all), then every rank loads it in place and empties its
-        prefix cache. Returns the scheduler's message; RequestError (400) when it refused (nothing changed)."""
+    async def update_weights_from_disk(self, model_path: str, abort_all: bool = False) -> str:
+        """Load another checkpoint of the served model (as upstream's /update_weights_from_disk; see `_update`).
+        Returns the scheduler's message; RequestError (400) when it refused (nothing changed)."""
+        answer = await self._update(lambda rid: UpdateWeightsReq(rid, model_path), abort_all)
+        self.weights_path = model_path
+        return answer.message
+
+    async def update_weights_from_tensor(self, named_tensors: list, abort_all: bool = False) -> str:
+        """Copy (checkpoint name, CPU tensor) pairs into the served weights (ModelRunner.update_weights_from_tensor;
+        see `_update`)."""
+        return (await self._update(lambda rid: UpdateTensorsReq(rid, named_tensors), abort_all)).message
+
+    async def _update(self, make, abort_all: bool, drain_timeout: float = 600.0) -> ControlOutput:
+        """A weight update: new requests wait; running ones finish first (or are aborted: abort_all), then every
+        rank applies make(rid) in place and empties its prefix cache."""
         if self.updating is not None:
             raise RequestError("a weight update is already in progress", 409)
         self.updating = asyncio.Event()
@@ -218,9 +228,7 @@ class TokenizerManager:
                     raise RequestError(f"{len(self.states)} request(s) still running after {drain_timeout:.0f} s; "
                                        f"retry, or send abort_all_requests: true", 503)
                 await asyncio.sleep(0.01)
-            answer = await self._control(lambda rid: UpdateWeightsReq(rid, model_path), timeout=3600.0)
-            self.weights_path = model_path
-            return answer.message
+            return await self._control(make, timeout=3600.0)
         finally:
             self.updating.set()
             self.updating = None

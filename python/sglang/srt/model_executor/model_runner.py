@@ -113,6 +113,44 @@ class ModelRunner:
         logger.info("weights updated from %s", path)
         return f"weights updated from {model_path}"
 
+    def update_weights_from_tensor(self, named_tensors: list) -> str:
+        """Copy (checkpoint name, tensor) pairs into the served weights in place (upstream's update_weights_from_tensor:
+        RL loops that hold new weights in memory; any subset of the checkpoint's tensors, whole, each rank taking its
+        part). Weights served in a float dtype take any float tensor; others (kept FP8, integer buffers) their own
+        dtype only; packed experts are not addressable. All are checked before any is written (ValueError); the
+        caller empties the prefix cache."""
+        from sglang.srt.distributed.sharding import rank_tensor
+        from sglang.srt.models.weight_loading import find_weight
+
+        state = get_parallel_state()
+        writes = []
+        for item in named_tensors:
+            if not (isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[0], str)
+                    and isinstance(item[1], torch.Tensor)):
+                raise ValueError("named_tensors must be (checkpoint name, torch.Tensor) pairs")
+            name, tensor = item
+            part = (name, tensor) if state.config.tp == 1 else rank_tensor(
+                name, tensor, state.config, state.coords, self.model_config.n_routed_experts)
+            if part is None:  # an expert another rank holds
+                continue
+            target = next((t for m in (self.model, self.draft_model) if m is not None
+                           for t in [find_weight(m, part[0])] if t is not None), None)
+            if target is None:
+                raise ValueError(f"no served weight is loaded from checkpoint tensor {name!r} (packed MXFP4 / FP8 "
+                                 f"experts are not addressable)")
+            if tuple(part[1].shape) != tuple(target.shape):
+                raise ValueError(f"tensor {name!r} has shape {tuple(tensor.shape)}; this rank's weight is "
+                                 f"{tuple(target.shape)}")
+            float_target = target.dtype in _DTYPES.values()
+            if not (part[1].is_floating_point() if float_target else part[1].dtype == target.dtype):
+                raise ValueError(f"tensor {name!r} is {part[1].dtype}; the served weight is {target.dtype}")
+            writes.append((target, part[1]))
+        with torch.no_grad():
+            for target, tensor in writes:
+                target.copy_(tensor)
+        logger.info("weights updated from %d tensors", len(writes))
+        return f"updated {len(writes)} weight tensors"
+
     def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list:
         """The first `truncate_size` rows of the weight loaded from checkpoint tensor `name` (upstream's
         /get_weights_by_name: a nested list, float32), from the target model or the MTP draft. ValueError for a name
