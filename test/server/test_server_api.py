@@ -21,7 +21,10 @@ MODEL = "tiny-deepseek-v4"
 def server(tmp_path_factory):
     handle = launch(["--model-path", MODEL, "--reasoning-parser", "deepseek-v4", "--tool-call-parser", "deepseekv4",
                      "--enable-metrics", "--max-running-requests", "64", "--chunked-prefill-size", "256",
-                     "--context-length", "1024"], str(tmp_path_factory.mktemp("server")))
+                     "--context-length", "1024",
+                     # upstream recipe flags: accepted (arg_groups/upstream_recipes.py)
+                     "--moe-runner-backend", "marlin", "--disable-flashinfer-autotune", "--tokenizer-worker-num", "2"],
+                    str(tmp_path_factory.mktemp("server")))
     print(f"server start-up to healthy: {handle.startup_s:.1f} s")
     yield handle
     handle.stop()

@@ -153,6 +153,40 @@ def test_inert_flags_accepted_and_logged(caplog):
     assert "--trust-remote-code" not in caplog.text
 
 
+def test_upstream_recipe_flags_start_and_say_what_they_do(caplog):
+    """An upstream DeepSeek-V4 recipe's command line (H200 FP8 balanced, plus the low-latency ones' kernel flags)
+    parses and resolves: --moe-a2a-backend puts the experts over every TP rank, --cuda-graph-max-bs-decode is
+    --cuda-graph-max-bs, --flashinfer-mxfp4-moe-precision is --mxfp4-moe-precision, the rest is logged as inert;
+    values upstream does not take either are errors naming the flag."""
+    from sglang.launch_server import build_parser
+    from sglang.srt.arg_groups.deepseek_v4_hook import resolve_server_args
+    from sglang.srt.server_args import ServerArgs
+
+    recipe = ("--model-path tiny-deepseek-v4 --device cpu --tp 4 --dp 4 --enable-dp-attention --moe-a2a-backend "
+              "deepep --cuda-graph-max-bs-decode 128 --max-running-requests 128 --moe-runner-backend marlin "
+              "--flashinfer-mxfp4-moe-precision fp8 --disable-flashinfer-autotune --tokenizer-worker-num 8 "
+              "--enable-prefill-delayer --prefill-delayer-max-delay-ms 5000 --deepep-config {}").split()
+    caplog.set_level(logging.WARNING, logger="sglang.srt.server_args")
+    args = ServerArgs.from_cli_args(build_parser().parse_args(recipe))
+    args.validate()
+    assert (args.ep_size, args.cuda_graph_max_bs, args.mxfp4_moe_precision) == (4, 128, "fp8")
+    args.log_inert_flags()
+    assert "--moe-a2a-backend deepep: routed experts over 4 expert-parallel ranks" in caplog.text
+    assert "--moe-runner-backend marlin" in caplog.text
+    assert ("--deepep-config, --disable-flashinfer-autotune, --tokenizer-worker-num, --enable-prefill-delayer, "
+            "--prefill-delayer-max-delay-ms: accepted from upstream's recipes; change nothing here") in caplog.text
+    caplog.clear()
+    resolve_server_args(ServerArgs(model_path=MODEL, device="cpu"))
+    assert "upstream" not in caplog.text
+    for bad, flag in ((dict(moe_runner_backend="vllm"), "--moe-runner-backend"),
+                      (dict(moe_a2a_backend="nccl"), "--moe-a2a-backend"),
+                      (dict(deepep_config="{not json"), "--deepep-config"),
+                      (dict(cuda_graph_max_bs=64, cuda_graph_max_bs_decode=128), "--cuda-graph-max-bs-decode"),
+                      (dict(tokenizer_worker_num=0), "--tokenizer-worker-num")):
+        with pytest.raises(ValueError, match=flag):
+            ServerArgs(model_path=MODEL, device="cpu", **bad).validate()
+
+
 def test_progress_bars_for_generation_and_loading(tmp_path, caplog, capsys):
     from sglang.srt.model_loader.loader import iter_checkpoint
     from sglang.srt.model_loader.tiny_checkpoint import TINY_CONFIG, make_tiny_checkpoint

@@ -2,8 +2,9 @@
 
 The model- and platform-dependent defaults and checks live in one hook (arg_groups/deepseek_v4_hook.py);
 `resolve_server_args(args)` there runs `validate()` and then the hook. This module imports nothing of sglang but
-sglang.srt.platform (lazily), so every layer may import it. Only the options the engine implements are accepted;
-unknown flags are rejected by argparse.
+sglang.srt.platform and the stdlib-only arg_groups/upstream_recipes (lazily), so every layer may import it. Only the
+options the engine implements, and upstream recipe flags it maps or names as inert, are accepted; unknown flags are
+rejected by argparse.
 """
 
 from __future__ import annotations
@@ -85,12 +86,26 @@ class ServerArgs:
     log_level: str = "info"
     host: str = "127.0.0.1"
     port: int = 30000
+    # Upstream recipe flags (arg_groups/upstream_recipes.py): mapped to what serves them here, or logged as inert
+    moe_runner_backend: str = "auto"
+    moe_a2a_backend: str = "none"  # any other value: --ep = --tp, as upstream
+    deepep_mode: str = "auto"
+    deepep_config: Optional[str] = None
+    disable_flashinfer_autotune: bool = False
+    cuda_graph_max_bs_decode: Optional[int] = None  # = cuda_graph_max_bs (only decode is captured)
+    tokenizer_worker_num: int = 1
+    enable_prefill_delayer: bool = False
+    prefill_delayer_max_delay_ms: Optional[float] = None
+    enable_two_batch_overlap: bool = False
+    speculative_draft_model_path: Optional[str] = None
 
     def validate(self) -> "ServerArgs":
         """Check each option on its own and fill the device and dtype defaults; returns self. Raises ValueError
         naming the option. Called by arg_groups.deepseek_v4_hook.resolve_server_args before the hook."""
+        from sglang.srt.arg_groups.upstream_recipes import apply_recipe_args
         from sglang.srt.platform import default_device
 
+        self.recipe_notes = apply_recipe_args(self)  # first: it may set --ep and --cuda-graph-max-bs
         if self.device is None:
             self.device = default_device()
         if self.dtype not in DTYPES:
@@ -162,6 +177,8 @@ class ServerArgs:
         if self.trust_remote_code:
             logger.warning("--trust-remote-code is not needed: DeepSeek-V4 is implemented natively, no code from "
                            "the checkpoint is run")
+        for line in getattr(self, "recipe_notes", []):
+            logger.warning(line)
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -180,7 +197,8 @@ class ServerArgs:
                        help="weight formats kept on a GPU: fp8 = the checkpoint's FP8 linears stay FP8 and its MXFP4 "
                             "experts packed; mxfp4 = only MXFP4 experts stay packed; none = every weight dequantized "
                             "at load (default: detected from the checkpoint)")
-        p.add_argument("--mxfp4-moe-precision", default="bf16", choices=MOE_PRECISIONS,
+        p.add_argument("--mxfp4-moe-precision", "--flashinfer-mxfp4-moe-precision", default="bf16",
+                       choices=MOE_PRECISIONS,
                        help="activations of the MXFP4 routed experts kept packed on an NVIDIA sm90+ GPU: bf16 (W4A16) "
                             "or fp8 (W4A8: DeepSeek's reference function, activations quantized per token and 128 "
                             "inputs; hidden and MoE intermediate sizes multiples of 256; 1.4-1.9x slower than bf16 "
@@ -271,6 +289,9 @@ class ServerArgs:
         p.add_argument("--log-level", default="info", choices=LOG_LEVELS, help="log level of every process")
         p.add_argument("--host", default="127.0.0.1", help="address the HTTP server binds")
         p.add_argument("--port", type=int, default=30000, help="port the HTTP server binds (checked before loading)")
+        from sglang.srt.arg_groups.upstream_recipes import add_recipe_args
+
+        add_recipe_args(p)
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "ServerArgs":

@@ -1,0 +1,85 @@
+"""Flags of upstream SGLang's DeepSeek-V4 recipes (its cookbook's launch commands) that pick kernels or features this
+engine does not have: accepted, so a recipe's command line starts here, and each either mapped to what serves it
+(`--moe-a2a-backend deepep` puts the routed experts over all TP ranks, as upstream does; `--cuda-graph-max-bs-decode`
+is our `--cuda-graph-max-bs`, which only captures decode) or logged at start as changing nothing. Values outside
+upstream's are errors naming the flag. Stdlib only, like server_args.
+"""
+
+from __future__ import annotations
+
+import json
+
+# Upstream's choices; every MXFP4 / FP8 expert path is served by our fused Triton MoE kernels (sgl_kernel).
+MOE_RUNNER_BACKENDS = ("auto", "triton", "triton_kernel", "marlin", "flashinfer_mxfp4", "flashinfer_trtllm",
+                       "flashinfer_trtllm_routed", "flashinfer_cutlass", "cutlass", "deep_gemm")
+MOE_A2A_BACKENDS = ("none", "deepep", "megamoe", "mooncake", "mori", "nixl", "flashinfer", "ascend_fuseep")
+DEEPEP_MODES = ("auto", "normal", "low_latency")
+
+
+def add_recipe_args(p) -> None:
+    """The recipe flags, grouped in --help."""
+    g = p.add_argument_group("upstream recipe flags", "accepted so upstream DeepSeek-V4 recipes start; see "
+                                                      "arg_groups/upstream_recipes.py for what each maps to")
+    g.add_argument("--moe-runner-backend", default="auto", choices=MOE_RUNNER_BACKENDS,
+                   help="upstream's MoE kernel choice; every value runs the fused Triton MoE here (W4A16 on Hopper, "
+                        "as marlin / flashinfer_mxfp4; see --mxfp4-moe-precision)")
+    g.add_argument("--moe-a2a-backend", default="none", choices=MOE_A2A_BACKENDS,
+                   help="upstream's expert all-to-all; any value but none puts the routed experts over all --tp "
+                        "ranks (--ep = --tp, as upstream) and combines them with all-reduce (no DeepEP here)")
+    g.add_argument("--deepep-mode", default="auto", choices=DEEPEP_MODES, help="changes nothing here (no DeepEP)")
+    g.add_argument("--deepep-config", help="a JSON object; changes nothing here (no DeepEP; default: none)")
+    g.add_argument("--disable-flashinfer-autotune", action="store_true", help="changes nothing here (no FlashInfer)")
+    g.add_argument("--cuda-graph-max-bs-decode", type=int,
+                   help="the same as --cuda-graph-max-bs (only decode steps are captured here; default: none)")
+    g.add_argument("--tokenizer-worker-num", type=int, default=1,
+                   help="changes nothing here: long prompts are tokenized in worker threads of the HTTP process")
+    g.add_argument("--enable-prefill-delayer", action="store_true",
+                   help="changes nothing here: DP groups' prefills are not delayed to align them")
+    g.add_argument("--prefill-delayer-max-delay-ms", type=float,
+                   help="with --enable-prefill-delayer; changes nothing (default: none)")
+    g.add_argument("--enable-two-batch-overlap", action="store_true", help="changes nothing here (no TBO)")
+    g.add_argument("--speculative-draft-model-path",
+                   help="changes nothing here: the draft is the checkpoint's own MTP (NextN) layer (default: none)")
+
+
+def apply_recipe_args(args) -> list:
+    """Check the recipe flags of ServerArgs `args` and map the ones that mean something here; returns the lines to log
+    at start (ValueError naming a flag with a value upstream does not take either)."""
+    for flag, value, choices in (("--moe-runner-backend", args.moe_runner_backend, MOE_RUNNER_BACKENDS),
+                                 ("--moe-a2a-backend", args.moe_a2a_backend, MOE_A2A_BACKENDS),
+                                 ("--deepep-mode", args.deepep_mode, DEEPEP_MODES)):
+        if value not in choices:
+            raise ValueError(f"{flag} must be one of {choices}, got {value!r}")
+    if args.tokenizer_worker_num < 1:
+        raise ValueError(f"--tokenizer-worker-num must be >= 1, got {args.tokenizer_worker_num}")
+    if args.deepep_config is not None:
+        try:
+            json.loads(args.deepep_config)
+        except ValueError:
+            raise ValueError(f"--deepep-config must be a JSON object, got {args.deepep_config!r}") from None
+    notes = []
+    if args.moe_runner_backend not in ("auto", "triton"):
+        notes.append(f"--moe-runner-backend {args.moe_runner_backend}: the routed experts run the fused Triton MoE "
+                     f"(sgl_kernel), activations {args.mxfp4_moe_precision}")
+    if args.moe_a2a_backend != "none":
+        if args.ep_size == 1:
+            args.ep_size = args.tp_size
+        notes.append(f"--moe-a2a-backend {args.moe_a2a_backend}: routed experts over {args.ep_size} expert-parallel "
+                     f"ranks, combined by all-reduce (no DeepEP / MegaMoE kernels here)")
+    if args.cuda_graph_max_bs_decode is not None:
+        if args.cuda_graph_max_bs not in (None, args.cuda_graph_max_bs_decode):
+            raise ValueError(f"--cuda-graph-max-bs-decode {args.cuda_graph_max_bs_decode} and --cuda-graph-max-bs "
+                             f"{args.cuda_graph_max_bs} differ; only decode is captured here: give one")
+        args.cuda_graph_max_bs = args.cuda_graph_max_bs_decode
+    inert = [("--deepep-mode", args.deepep_mode != "auto"), ("--deepep-config", args.deepep_config is not None),
+             ("--disable-flashinfer-autotune", args.disable_flashinfer_autotune),
+             ("--tokenizer-worker-num", args.tokenizer_worker_num != 1),
+             ("--enable-prefill-delayer", args.enable_prefill_delayer),
+             ("--prefill-delayer-max-delay-ms", args.prefill_delayer_max_delay_ms is not None),
+             ("--enable-two-batch-overlap", args.enable_two_batch_overlap),
+             ("--speculative-draft-model-path", args.speculative_draft_model_path is not None)]
+    given = [flag for flag, on in inert if on]
+    if given:
+        notes.append(f"{', '.join(given)}: accepted from upstream's recipes; change nothing here")
+    return notes
+
