@@ -49,11 +49,13 @@ def _needs_gpus(world: int) -> None:
         pytest.skip(f"{world} ranks need {world} GPUs, {torch.cuda.device_count()} here")
 
 
-def _run_ranks(kwargs: dict, prompts: list, new_tokens: int, world: int, logprob_tail: int = 0) -> list:
+def _run_ranks(kwargs: dict, prompts: list, new_tokens: int, world: int, logprob_tail: int = 0,
+               update_from: str = "") -> list:
     """Start `world` worker processes, wait (bounded), and return each rank's outputs."""
     with tempfile.TemporaryDirectory() as tmp:
         spec = {"init_method": f"file://{tmp}/rendezvous", "engine": kwargs, "prompts": prompts,
-                "new_tokens": new_tokens, "out": f"{tmp}/out", "logprob_tail": logprob_tail}
+                "new_tokens": new_tokens, "out": f"{tmp}/out", "logprob_tail": logprob_tail,
+                "update_from": update_from}
         spec_path = f"{tmp}/spec.json"
         with open(spec_path, "w") as f:
             json.dump(spec, f)
@@ -119,6 +121,24 @@ def test_ranks_match_single_rank(config, tp, ep, spec, extra):
     for rank_out in outs:
         _assert_same(rank_out["outputs"], ref)
         assert rank_out["weight_bytes"] == planned  # what the capacity planner counts per GPU
+
+
+def test_weight_updates_under_tensor_and_expert_parallelism():
+    """update_weights_from_disk and update_weights_from_tensor on TP2 x EP2 with the MTP draft: each rank loads its
+    part (its heads, its experts); outputs equal the single-rank engine's on each checkpoint."""
+    _needs_gpus(2)
+    other = os.path.join(CHECKPOINT_ROOT, "tp-update-other")
+    if not os.path.exists(os.path.join(other, "config.json")):
+        make_tiny_checkpoint(other, TINY, seed=1, quantize=False, dtype="float32")
+    prompts = [random_ids(40, seed=1), random_ids(23, seed=2)]
+    kwargs = _engine_kwargs(checkpoint("tiny"), PAGE_SIZES["tiny"], True)
+    ref = _single_rank(kwargs, prompts, 6)
+    ref_other = _single_rank({**kwargs, "model_path": other}, prompts, 6)
+    assert [o["output_ids"] for o in ref] != [o["output_ids"] for o in ref_other]
+    for rank_out in _run_ranks({**kwargs, "tp_size": 2, "ep_size": 2}, prompts, 6, 2, update_from=other):
+        _assert_same(rank_out["outputs"], ref)
+        _assert_same(rank_out["disk"], ref_other)
+        _assert_same(rank_out["tensor"], ref)
 
 
 def test_prefix_cache_and_quantized_checkpoint_under_tensor_and_expert_parallelism():

@@ -4,7 +4,9 @@ separate process:
     python tp_worker.py SPEC_JSON RANK
 
 SPEC: {"init_method", "engine": Engine kwargs, "prompts": [[ids]], "new_tokens", "out", optional "logprob_tail": n
-(run the prompts one after another, logprobs of their last n tokens)}. Every rank runs the same requests in one
+(run the prompts one after another, logprobs of their last n tokens), optional "update_from": a checkpoint (then
+the weights are updated from it and the prompts run again, "disk", then from the engine's own checkpoint's tensors,
+"tensor")}. Every rank runs the same requests in one
 batch (the engine is deterministic, so every rank schedules alike) and writes its outputs, weight bytes and DP static
 rounds to OUT.RANK as JSON. With DP attention "prompts" holds one list per DP group: each group runs its own.
 """
@@ -34,6 +36,21 @@ def main() -> None:
                              sampling_params=sampling) for p in prompts]
     else:
         outs = eng.generate(input_ids=prompts, return_logprob=True, logprob_start_len=0, sampling_params=sampling)
+    updated = {}
+    if spec.get("update_from"):  # weight updates: another checkpoint from disk, then the first one's tensors
+        import glob
+
+        from safetensors.torch import load_file
+
+        def run_again():
+            return eng.generate(input_ids=prompts, return_logprob=True, logprob_start_len=0, sampling_params=sampling)
+
+        assert eng.update_weights_from_disk(spec["update_from"])[0]
+        updated["disk"] = run_again()
+        tensors = [item for f in sorted(glob.glob(f"{kwargs['model_path']}/*.safetensors"))
+                   for item in load_file(f).items()]
+        assert eng.update_weights_from_tensor(tensors)[0]  # whole tensors: each rank takes its part
+        updated["tensor"] = run_again()
     weight_bytes = eng.model_runner.weight_bytes
     from sglang.srt.distributed.dp_attention import get_dp_attention
 
@@ -41,7 +58,7 @@ def main() -> None:
     eng.shutdown()
     destroy_parallel_state()
     with open(f"{spec['out']}.{rank}", "w") as f:
-        json.dump({"outputs": outs, "weight_bytes": weight_bytes, "static_rounds": static_rounds}, f)
+        json.dump({"outputs": outs, "weight_bytes": weight_bytes, "static_rounds": static_rounds, **updated}, f)
 
 
 if __name__ == "__main__":
