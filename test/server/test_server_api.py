@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import threading
 import time
@@ -23,7 +24,8 @@ def server(tmp_path_factory):
                      "--enable-metrics", "--max-running-requests", "64", "--chunked-prefill-size", "256",
                      "--context-length", "1024",
                      # upstream recipe flags: accepted (arg_groups/upstream_recipes.py)
-                     "--moe-runner-backend", "marlin", "--disable-flashinfer-autotune", "--tokenizer-worker-num", "2"],
+                     "--moe-runner-backend", "marlin", "--disable-flashinfer-autotune", "--tokenizer-worker-num", "2",
+                     "--expert-distribution-recorder-mode", "stat"],
                     str(tmp_path_factory.mktemp("server")))
     print(f"server start-up to healthy: {handle.startup_s:.1f} s")
     yield handle
@@ -550,3 +552,24 @@ def test_update_weights_from_disk(server):
     unknown = post("/get_weights_by_name", {"name": "no.such.weight"})
     assert unknown.status_code == 400 and "no.such.weight" in unknown.json()["message"]
     server.wait_pools_free()
+
+
+def test_expert_distribution_record_endpoints(server):
+    """Upstream's /start_expert_distribution_record, /stop_..., /dump_...: the dump is a torch file of counts per
+    MoE layer and expert (their exactness: test/srt/test_expert_distribution.py)."""
+    import torch
+
+    base = server.base_url
+    assert httpx.post(f"{base}/stop_expert_distribution_record").status_code in (200, 400)  # from any state
+    assert httpx.post(f"{base}/start_expert_distribution_record").status_code == 200
+    httpx.post(f"{base}/generate", json={"input_ids": [5, 6, 7], "sampling_params": {
+        "max_new_tokens": 4, "ignore_eos": True}}, timeout=120).raise_for_status()
+    assert httpx.post(f"{base}/stop_expert_distribution_record").status_code == 200
+    again = httpx.post(f"{base}/stop_expert_distribution_record")
+    assert again.status_code == 400 and "no expert distribution record is running" in again.json()["message"]
+    dumped = httpx.post(f"{base}/dump_expert_distribution_record")
+    assert dumped.status_code == 200, dumped.text
+    path = dumped.text.strip().rsplit(" ", 1)[1]
+    counts = torch.load(path)["logical_count"]
+    os.remove(path)  # SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR: /tmp by default
+    assert int(counts[0].sum()) > 0

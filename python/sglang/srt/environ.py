@@ -81,6 +81,9 @@ class Envs:
     SGLANG_CPU_NUM_THREADS = EnvVar("SGLANG_CPU_NUM_THREADS", 1, int,
                                     "torch intra-op threads when running on CPU (1: OpenMP fork-join costs more "
                                     "than it saves on the small shapes the CPU path runs)")
+    # Expert distribution records (/dump_expert_distribution_record; eplb/expert_distribution.py), upstream's name
+    SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR = EnvVar("SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR", "/tmp", str,
+                                                     "where /dump_expert_distribution_record writes its files")
     # Profiling (/start_profile, Engine.start_profile; managers/scheduler_profiler.py), upstream's names
     SGLANG_TORCH_PROFILER_DIR = EnvVar("SGLANG_TORCH_PROFILER_DIR", "/tmp", str,
                                        "where /start_profile writes traces when the request names no output_dir "

@@ -81,6 +81,7 @@ class ServerArgs:
     api_key: Optional[str] = None
     max_request_body_mb: float = 64.0  # larger bodies get 413; refused from Content-Length or while streaming in
     enable_metrics: bool = False
+    expert_distribution_recorder_mode: Optional[str] = None  # stat: count each layer's routed experts (eplb/)
     # Misc
     random_seed: int = 42
     log_level: str = "info"
@@ -163,6 +164,9 @@ class ServerArgs:
             raise ValueError(f"--speculative-algorithm must be EAGLE or NEXTN, got {self.speculative_algorithm!r}")
         if not 0 < self.max_request_body_mb < float("inf"):
             raise ValueError(f"--max-request-body-mb must be a positive number, got {self.max_request_body_mb}")
+        if self.expert_distribution_recorder_mode not in (None, "stat"):
+            raise ValueError(f"--expert-distribution-recorder-mode must be stat (counts per layer and expert), got "
+                             f"{self.expert_distribution_recorder_mode!r}")
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"--log-level must be one of {LOG_LEVELS}, got {self.log_level!r}")
         return self
@@ -285,6 +289,10 @@ class ServerArgs:
         p.add_argument("--max-request-body-mb", type=float, default=64.0,
                        help="largest request body accepted, in MiB; a larger one is refused with 413")
         p.add_argument("--enable-metrics", action="store_true", help="serve Prometheus metrics at /metrics")
+        p.add_argument("--expert-distribution-recorder-mode", choices=("stat",),
+                       help="stat: count the tokens each routed expert of each MoE layer gets, between "
+                            "/start_expert_distribution_record and /stop_expert_distribution_record (one index_add "
+                            "per MoE layer and step; default: off)")
         p.add_argument("--random-seed", type=int, default=42, help="seed of torch's generator in the model process")
         p.add_argument("--log-level", default="info", choices=LOG_LEVELS, help="log level of every process")
         p.add_argument("--host", default="127.0.0.1", help="address the HTTP server binds")

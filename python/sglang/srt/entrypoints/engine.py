@@ -162,6 +162,24 @@ class Engine:
             return self._remote.get_weights(name, truncate_size)
         return self.model_runner.get_weights_by_name(name, truncate_size)
 
+    def start_expert_distribution_record(self) -> str:
+        """Count the routed experts each MoE layer picks from now on (--expert-distribution-recorder-mode stat)."""
+        return self._expert_distribution("start")
+
+    def stop_expert_distribution_record(self) -> str:
+        return self._expert_distribution("stop")
+
+    def dump_expert_distribution_record(self) -> str:
+        """Write the counts (SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR); returns the message naming the file."""
+        return self._expert_distribution("dump")
+
+    def _expert_distribution(self, action: str) -> str:
+        from sglang.srt.eplb.expert_distribution import expert_distribution_action
+
+        if self._remote is not None:
+            return self._remote.expert_distribution(action)
+        return expert_distribution_action(action)
+
     def start_profile(self, output_dir: Optional[str] = None, activities: Optional[list] = None,
                       num_steps: Optional[int] = None, with_stack: Optional[bool] = None,
                       record_shapes: Optional[bool] = None, profile_prefix: Optional[str] = None) -> str:

@@ -80,6 +80,13 @@ class SubprocessScheduler:
         except RequestError as e:
             raise ValueError(e.message) from None
 
+    def expert_distribution(self, action: str) -> str:
+        """The scheduler process's expert distribution record: start / stop / dump; ValueError when refused."""
+        try:
+            return asyncio.run_coroutine_threadsafe(self.tm.expert_distribution(action), self.loop).result()
+        except RequestError as e:
+            raise ValueError(e.message) from None
+
     def get_weights(self, name: str, truncate_size: int) -> list:
         """The scheduler process's TokenizerManager.get_weights_by_name; ValueError when refused."""
         try:

@@ -221,6 +221,12 @@ def native_routes(tm: TokenizerManager) -> APIRouter:
         req = await parse_request(raw, GetWeightsByNameRequest)
         return await tm.get_weights_by_name(req.name, req.truncate_size)
 
+    for action in ("start", "stop", "dump"):  # upstream's expert distribution endpoints (eplb/expert_distribution.py)
+        async def expert_distribution(action=action):
+            return PlainTextResponse(await tm.expert_distribution(action) + "\n")
+
+        router.add_api_route(f"/{action}_expert_distribution_record", expert_distribution, methods=["GET", "POST"])
+
     @router.api_route("/start_profile", methods=["GET", "POST"])
     async def start_profile(raw: Request):
         """torch.profiler on every scheduler rank until /stop_profile or for num_steps steps (as upstream)."""

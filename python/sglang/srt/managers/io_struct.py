@@ -1,7 +1,7 @@
 """Messages between the HTTP process (TokenizerManager) and the scheduler process, grouped by direction.
 
 Tokenizer -> scheduler: TokenizedGenerateReqInput, AbortReq and the control requests (FlushCacheReq, ProfileReq,
-UpdateWeightsReq, UpdateTensorsReq, GetWeightsReq).
+UpdateWeightsReq, UpdateTensorsReq, GetWeightsReq, ExpertDistributionReq).
 Scheduler -> tokenizer: SchedulerReady (once, over the start-up pipe), BatchOutput (after every step, and to answer
 a request that was rejected or aborted, or a control request: its ControlOutput). All are plain dataclasses sent
 with pickle over ZMQ.
@@ -67,6 +67,15 @@ class UpdateTensorsReq:
 
 
 @dataclass
+class ExpertDistributionReq:
+    """Start, stop or dump the expert distribution record on every rank (eplb/expert_distribution.py); answered by a
+    ControlOutput with the same rid."""
+
+    rid: str
+    action: str  # start | stop | dump
+
+
+@dataclass
 class GetWeightsReq:
     """The first `truncate_size` rows of the weight loaded from checkpoint tensor `name`; answered by a ControlOutput
     whose `data` holds them (the first rank's)."""
@@ -98,7 +107,7 @@ class ReqOutput:
 @dataclass
 class ControlOutput:
     """The answer to a control request (FlushCacheReq, ProfileReq, UpdateWeightsReq, UpdateTensorsReq,
-    GetWeightsReq)."""
+    GetWeightsReq, ExpertDistributionReq)."""
 
     rid: str
     status_code: int  # 200; 400 when refused (requests running, a profile already running, ...); 500 when it failed

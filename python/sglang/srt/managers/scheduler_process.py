@@ -30,9 +30,10 @@ from typing import Optional
 
 import zmq
 
+from sglang.srt.eplb.expert_distribution import expert_distribution_action
 from sglang.srt.managers.io_struct import (
-    AbortReq, BatchOutput, ControlOutput, FlushCacheReq, GetWeightsReq, ProfileReq, ReqOutput, SchedulerReady,
-    SchedulerStats, TokenizedGenerateReqInput, UpdateTensorsReq, UpdateWeightsReq)
+    AbortReq, BatchOutput, ControlOutput, ExpertDistributionReq, FlushCacheReq, GetWeightsReq, ProfileReq, ReqOutput,
+    SchedulerReady, SchedulerStats, TokenizedGenerateReqInput, UpdateTensorsReq, UpdateWeightsReq)
 from sglang.srt.managers.schedule_batch import FinishReason, Req
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.common import configure_logging
@@ -152,6 +153,8 @@ class SchedulerProcess:
                 answers.append(self._update_weights(msg))
             elif isinstance(msg, GetWeightsReq):
                 answers.append(self._get_weights(msg))
+            elif isinstance(msg, ExpertDistributionReq):
+                answers.append(self._expert_distribution(msg))
             else:
                 logger.error("unknown message %r", type(msg).__name__)
         return answers
@@ -185,6 +188,12 @@ class SchedulerProcess:
         except ValueError as e:
             return ControlOutput(msg.rid, 400, str(e))
         return ControlOutput(msg.rid, 200, "ok", data)
+
+    def _expert_distribution(self, msg: ExpertDistributionReq) -> ControlOutput:
+        try:
+            return ControlOutput(msg.rid, 200, expert_distribution_action(msg.action))
+        except ValueError as e:
+            return ControlOutput(msg.rid, 400, str(e))
 
     def _add(self, msg: TokenizedGenerateReqInput):
         req = Req(rid=msg.rid, origin_input_ids=list(msg.input_ids), sampling_params=msg.sampling_params,

@@ -21,8 +21,8 @@ import zmq.asyncio
 
 from sglang.srt.managers.detokenizer import IncrementalDetokenizer
 from sglang.srt.managers.io_struct import (
-    AbortReq, BatchOutput, ControlOutput, FlushCacheReq, GetWeightsReq, ProfileReq, ReqOutput, SchedulerReady,
-    SchedulerStats, TokenizedGenerateReqInput, UpdateTensorsReq, UpdateWeightsReq)
+    AbortReq, BatchOutput, ControlOutput, ExpertDistributionReq, FlushCacheReq, GetWeightsReq, ProfileReq, ReqOutput,
+    SchedulerReady, SchedulerStats, TokenizedGenerateReqInput, UpdateTensorsReq, UpdateWeightsReq)
 from sglang.srt.managers.output_shaping import OutputState
 from sglang.srt.sampling.sampling_params import SamplingParams
 
@@ -232,6 +232,10 @@ class TokenizerManager:
         finally:
             self.updating.set()
             self.updating = None
+
+    async def expert_distribution(self, action: str) -> str:
+        """start / stop / dump the expert distribution record on every rank (eplb/expert_distribution.py)."""
+        return (await self._control(lambda rid: ExpertDistributionReq(rid, action), timeout=120.0)).message
 
     async def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list:
         """The first rows of the weight loaded from checkpoint tensor `name` (upstream's /get_weights_by_name)."""

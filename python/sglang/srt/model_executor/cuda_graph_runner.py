@@ -27,6 +27,7 @@ from typing import Optional
 import torch
 
 from sglang.srt.distributed.dp_attention import get_dp_attention
+from sglang.srt.eplb.expert_distribution import get_expert_distribution_recorder
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.mem_cache.deepseek_v4_allocator import write_slots_on_device
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
@@ -85,6 +86,15 @@ class StaticGraphRunner(ABC):
     def _run(self, bs: int) -> tuple:
         """The work one graph captures, for `bs` requests of static rows; returns its output tensors."""
 
+    def _run_rows(self, bs: int) -> tuple:
+        """`_run`, telling an expert distribution recorder which static rows are real (a padded row has no window
+        slot); the comparison runs on the device, inside the graph when captured."""
+        recorder = get_expert_distribution_recorder()
+        if recorder is None:
+            return self._run(bs)
+        with recorder.static_rows(self.inputs[_SWA, :bs * self.rows_per_req] >= 0):
+            return self._run(bs)
+
     def _capture_round(self, bs: int) -> None:
         """Before each capture or warm-up run: the DP round it runs in (set, not exchanged), for runners whose work
         joins DP rounds."""
@@ -102,12 +112,12 @@ class StaticGraphRunner(ABC):
                 with torch.cuda.stream(stream):
                     for _ in range(2):  # warm-up: Triton compilation, cuBLAS workspaces, lazy allocations
                         self._capture_round(bs)
-                        self._run(bs)
+                        self._run_rows(bs)
                 stream.synchronize()
                 graph = torch.cuda.CUDAGraph()
                 self._capture_round(bs)
                 with torch.cuda.graph(graph, pool=pool, stream=stream):
-                    out = self._run(bs)
+                    out = self._run_rows(bs)
             pool = graph.pool()
             self.graphs[bs], self.outputs[bs] = graph, out
         torch.cuda.synchronize()
@@ -151,7 +161,7 @@ class StaticGraphRunner(ABC):
         """The captured work for `bs` requests: replayed, or run eagerly when no graph was captured (CPU)."""
         graph = self.graphs.get(bs)
         if graph is None:
-            return self._run(bs)
+            return self._run_rows(bs)
         graph.replay()
         return self.outputs[bs]
 
@@ -198,7 +208,7 @@ class CudaGraphRunner(StaticGraphRunner):
         if input_ids is None:
             self.inputs[_IDS, :raw].copy_(input_ids_device)  # device to device, after the block copy
         try:
-            (logits,) = self._replay(bs) if static else self._run(bs)
+            (logits,) = self._replay(bs) if static else self._run_rows(bs)
         finally:
             dp.close_round()
         return LogitsProcessorOutput(next_token_logits=logits[:raw])

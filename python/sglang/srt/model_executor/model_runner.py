@@ -13,6 +13,7 @@ from sglang.srt.configs.deepseek_v4 import DeepseekV4Config
 from sglang.srt.distributed.dp_attention import get_dp_attention
 from sglang.srt.distributed.parallel_state import get_parallel_state
 from sglang.srt.environ import envs
+from sglang.srt.eplb.expert_distribution import ExpertDistributionRecorder, set_expert_distribution_recorder
 from sglang.srt.layers.attention.dsv4.torch_backend import TorchAttnBackend
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.layers.quantization.mxfp4 import Mxfp4RoutedExperts
@@ -54,6 +55,11 @@ class ModelRunner:
         if self.device.type == "cpu":
             torch.set_num_threads(envs.SGLANG_CPU_NUM_THREADS.get())
 
+        recorder = None
+        if args.expert_distribution_recorder_mode:  # before the graphs are captured: they record too
+            recorder = ExpertDistributionRecorder(config.num_hidden_layers + config.num_nextn_predict_layers,
+                                                  config.n_routed_experts, self.device, state.rank)
+        set_expert_distribution_recorder(recorder)
         loaded = load_models(args, self.model_path, config, self.dtype, self.device)
         self.model, self.draft_model = loaded.model, loaded.draft_model
         dp = get_dp_attention()

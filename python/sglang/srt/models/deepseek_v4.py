@@ -20,6 +20,7 @@ from sglang.srt.configs.deepseek_v4 import CSA_RATIO, DeepseekV4Config
 from sglang.srt.distributed.dp_attention import get_dp_attention
 from sglang.srt.distributed.parallel_state import get_parallel_state
 from sglang.srt.distributed.sharding import local_expert_range
+from sglang.srt.eplb.expert_distribution import get_expert_distribution_recorder
 from sglang.srt.layers.attention.dsv4.hadamard import hadamard_rotate
 from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
 from sglang.srt.layers.fused_linear import join_linears, record_joined
@@ -196,6 +197,7 @@ class MoE(nn.Module):
     def __init__(self, config: DeepseekV4Config, layer_id: int) -> None:
         super().__init__()
         c = config
+        self.layer_id = layer_id
         self.gate = Gate(c.hidden_size, c.n_routed_experts, c.num_experts_per_tok, c.vocab_size,
                          c.routed_scaling_factor, use_hash=c.is_hash_layer(layer_id))
         # Expert / tensor parallel (sharding.py): this rank's experts, each with its part of the intermediate dim,
@@ -238,6 +240,9 @@ class MoE(nn.Module):
                  x_in: Union[torch.Tensor, Fp8Activation, None] = None) -> torch.Tensor:
         """This rank's part of the MoE output: its experts' (and shared-expert part's) sum, before the all-reduce."""
         weights, ids = self.gate(x, input_ids)
+        recorder = get_expert_distribution_recorder()
+        if recorder is not None:  # --expert-distribution-recorder-mode: the router's choices, counted on the device
+            recorder.record(self.layer_id, ids)
         if self.expert_parallel:
             # Pairs routed to another rank's experts: id -1, which the experts skip (fixed shapes, no host read;
             # that rank computes them and the all-reduce adds them).
