@@ -573,3 +573,21 @@ def test_expert_distribution_record_endpoints(server):
     counts = torch.load(path)["logical_count"]
     os.remove(path)  # SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR: /tmp by default
     assert int(counts[0].sum()) > 0
+
+
+def test_responses_api_with_the_openai_client(client):
+    """/v1/responses through the openai SDK, non-streamed and streamed, continued by previous_response_id; a length
+    limit gives status incomplete (the parsing: test_responses_api.py)."""
+    first = client.responses.create(model=MODEL, input="Hello", max_output_tokens=6, temperature=0,
+                                    extra_body={"ignore_eos": True})
+    assert first.status == "incomplete" and first.incomplete_details.reason == "max_output_tokens"
+    assert first.usage.output_tokens == 6 and first.output[0].type == "message"
+    streamed = list(client.responses.create(model=MODEL, input="Hello", max_output_tokens=6, temperature=0,
+                                            stream=True, extra_body={"ignore_eos": True}))
+    assert streamed[0].type == "response.created" and streamed[-1].type == "response.incomplete"  # as OpenAI's
+    deltas = [e.delta for e in streamed if e.type == "response.output_text.delta"]
+    assert "".join(deltas) == streamed[-1].response.output_text == first.output_text
+    second = client.responses.create(model=MODEL, input="And then?", previous_response_id=first.id,
+                                     max_output_tokens=3, extra_body={"ignore_eos": True})
+    assert second.previous_response_id == first.id and second.usage.input_tokens > first.usage.input_tokens
+    assert client.responses.retrieve(second.id).id == second.id

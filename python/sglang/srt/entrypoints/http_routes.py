@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from sglang.srt.entrypoints.openai.protocol import (
     AbortRequest, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, GenerateRequest,
-    GetWeightsByNameRequest, ProfileRequest, TokenizeRequest, UpdateWeightsFromDiskRequest)
+    GetWeightsByNameRequest, ProfileRequest, ResponsesRequest, TokenizeRequest, UpdateWeightsFromDiskRequest)
 from sglang.srt.entrypoints.openai.serving_base import (
     choice_seed, collect, merge, sse, sse_response, start_streams)
 from sglang.srt.entrypoints.request_body import parse_request
@@ -165,6 +165,28 @@ def openai_routes(tm: TokenizerManager, args: ServerArgs) -> APIRouter:
         req = await parse_request(raw, ChatCompletionRequest)
         check_model(req.model)
         return await create_chat_completion(req, raw, tm, served_name, args)
+
+    from sglang.srt.entrypoints.openai.serving_responses import ResponseStore
+
+    stored = ResponseStore()
+
+    @router.post("/v1/responses")
+    async def responses(raw: Request):
+        from sglang.srt.entrypoints.openai.serving_responses import create_response
+
+        req = await parse_request(raw, ResponsesRequest)
+        check_model(req.model)
+        return await create_response(req, raw, tm, served_name, args, stored)
+
+    @router.get("/v1/responses/{response_id}")
+    async def get_response(response_id: str):
+        return stored.get(response_id)[0]
+
+    @router.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str):
+        stored.get(response_id)
+        del stored.items[response_id]
+        return {"id": response_id, "object": "response.deleted", "deleted": True}
 
     return router
 

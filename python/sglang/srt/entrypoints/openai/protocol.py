@@ -193,6 +193,32 @@ class AbortRequest(BaseModel):
     abort_all: bool = False
 
 
+class ResponsesRequest(BaseModel):
+    """POST /v1/responses (OpenAI's Responses API; serving_responses.py turns it into a chat request). Sampling
+    extensions of the chat endpoint (top_k, min_p, stop, seed, ...) are accepted too."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    input: Union[str, list[dict]]
+    instructions: Optional[str] = None
+    max_output_tokens: Optional[int] = Field(default=None, ge=1)
+    temperature: Optional[float] = Field(default=None, ge=0, le=2)
+    top_p: Optional[float] = Field(default=None, gt=0, le=1)
+    tools: Optional[list[dict]] = None
+    tool_choice: Union[str, dict] = "auto"
+    parallel_tool_calls: bool = True
+    reasoning: Optional[dict] = None  # {"effort": "low" | "medium" | "high" | ...}
+    text: Optional[dict] = None  # {"format": {"type": "text" | "json_object" | "json_schema", ...}}
+    stream: bool = False
+    store: bool = True
+    previous_response_id: Optional[str] = None
+    metadata: Optional[dict] = None
+    user: Optional[str] = None
+    background: bool = False
+    truncation: Optional[Literal["disabled", "auto"]] = "disabled"
+
+
 class UpdateWeightsFromDiskRequest(BaseModel):
     """/update_weights_from_disk (SGLang's): a checkpoint directory (or hub id) of the served architecture."""
 

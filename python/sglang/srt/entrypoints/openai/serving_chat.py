@@ -55,7 +55,7 @@ def _tokenize(req: ChatCompletionRequest, tm: TokenizerManager) -> tuple:
     return tm.encode(prompt), thinking
 
 
-def _parsers(req: ChatCompletionRequest, args, thinking: bool) -> ChoiceParsers:
+def chat_parsers(req: ChatCompletionRequest, args, thinking: bool) -> ChoiceParsers:
     from sglang.srt.function_call import get_tool_call_parser
     from sglang.srt.parser import get_reasoning_parser
 
@@ -95,7 +95,7 @@ def _constraint(req: ChatCompletionRequest, thinking: bool, forced) -> Optional[
     if forced is _NOT_FORCED:
         return _response_format_grammar(req, thinking)
     try:
-        return {"ebnf": tool_call_ebnf(_tools_json(req), forced, thinking)}
+        return {"ebnf": tool_call_ebnf(tools_json(req), forced, thinking)}
     except ValueError as e:
         raise RequestError(f"tool_choice: {e}") from None
 
@@ -123,7 +123,7 @@ def _response_format_grammar(req: ChatCompletionRequest, thinking: bool) -> Opti
         raise RequestError(f"response_format: {e}") from None
 
 
-def _tools_json(req: ChatCompletionRequest) -> Optional[list]:
+def tools_json(req: ChatCompletionRequest) -> Optional[list]:
     return [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
 
 
@@ -133,13 +133,24 @@ def _check_tools(req: ChatCompletionRequest, args) -> None:
 
     if args.tool_call_parser and req.tools and req.tool_choice != "none":
         try:
-            validate_tools(_tools_json(req))
+            validate_tools(tools_json(req))
         except ValueError as e:
             raise RequestError(str(e), param="tools") from None
 
 
-async def create_chat_completion(req: ChatCompletionRequest, raw: Request, tm: TokenizerManager, model_name: str,
-                                 args):
+@dataclass
+class ChatPlan:
+    """A chat request made ready to generate: its prompt, mode, output budget and constraint."""
+
+    ids: list
+    thinking: bool
+    max_new: int
+    grammar: Optional[dict]
+
+
+async def plan_chat(req: ChatCompletionRequest, tm: TokenizerManager, args) -> ChatPlan:
+    """Check the tools and tool_choice, encode the conversation (in a worker thread) and pick max_new_tokens and the
+    grammar; RequestError for what the client got wrong. Shared with /v1/responses."""
     _check_tools(req, args)
     forced = _forced_tool(req, args)
     ids, thinking = await asyncio.to_thread(_tokenize, req, tm)
@@ -148,11 +159,18 @@ async def create_chat_completion(req: ChatCompletionRequest, raw: Request, tm: T
         raise RequestError(f"the prompt ({len(ids)} tokens) leaves no room in the context length "
                            f"{tm.ready.context_length} for an answer; shorten the conversation")
     max_new = max_new or max(1, tm.ready.context_length - len(ids))
-    top_n = (req.top_logprobs or 0) if req.logprobs else 0
     grammar = await asyncio.to_thread(_constraint, req, thinking, forced)
+    return ChatPlan(ids, thinking, max_new, grammar)
+
+
+async def create_chat_completion(req: ChatCompletionRequest, raw: Request, tm: TokenizerManager, model_name: str,
+                                 args):
+    plan = await plan_chat(req, tm, args)
+    ids, thinking, max_new, grammar = plan.ids, plan.thinking, plan.max_new, plan.grammar
+    top_n = (req.top_logprobs or 0) if req.logprobs else 0
     streams = [tm.generate(ids, sampling_params(req, max_new, c, grammar), return_logprob=req.logprobs,
                            top_logprobs_num=top_n) for c in range(req.n)]
-    parsers = [_parsers(req, args, thinking) for _ in range(req.n)]
+    parsers = [chat_parsers(req, args, thinking) for _ in range(req.n)]
     rid, created = new_id("chatcmpl"), now()
     if req.stream:
         streams = await start_streams(streams)
@@ -167,7 +185,7 @@ async def create_chat_completion(req: ChatCompletionRequest, raw: Request, tm: T
         message = {"role": "assistant", "content": content, "reasoning_content": reasoning, "tool_calls": None}
         reason = finish_reason(chunk.meta_info["finish_reason"])
         if p.tools is not None:
-            normal, calls = p.tools.detect_and_parse(content, _tools_json(req))
+            normal, calls = p.tools.detect_and_parse(content, tools_json(req))
             # as streamed: a rejected call's DSML stays in the content, its block's tags do not
             message["content"] = (normal or None) if calls else normal
             if calls:
@@ -183,7 +201,7 @@ async def create_chat_completion(req: ChatCompletionRequest, raw: Request, tm: T
                          "choices": choices, "usage": usage(len(ids), completion_tokens, cached)})
 
 
-def _deltas(p: ChoiceParsers, text: str, final: bool, tools: Optional[list]) -> list:
+def text_deltas(p: ChoiceParsers, text: str, final: bool, tools: Optional[list]) -> list:
     """Turn new output text into OpenAI delta dicts through the reasoning and tool-call parsers."""
     out = []
     if p.reasoning is not None:
@@ -223,7 +241,7 @@ async def _stream(req, tm, streams, parsers, prompt_tokens, rid, created, model_
     sent_text = [0] * len(streams)
     sent_tokens = [0] * len(streams)
     completion_tokens = cached = 0
-    tools = _tools_json(req)
+    tools = tools_json(req)
 
     def frame(i, delta, reason=None, logprobs=None, matched=None):
         return sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model_name,
@@ -236,7 +254,7 @@ async def _stream(req, tm, streams, parsers, prompt_tokens, rid, created, model_
         new_text = chunk.text[sent_text[i]:]
         logprobs = chat_logprobs(tm, chunk, sent_tokens[i], len(chunk.output_ids)) if req.logprobs else None
         sent_text[i], sent_tokens[i] = len(chunk.text), len(chunk.output_ids)
-        deltas = _deltas(parsers[i], new_text, chunk.finished, tools)
+        deltas = text_deltas(parsers[i], new_text, chunk.finished, tools)
         for j, delta in enumerate(deltas):
             yield frame(i, delta, logprobs=logprobs if j == 0 else None)
         if not deltas and logprobs and logprobs["content"]:

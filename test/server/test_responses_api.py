@@ -1,0 +1,109 @@
+"""POST /v1/responses (OpenAI's Responses API) on scripted model output in the real FastAPI app: reasoning, text and
+function_call output items, streamed events that add up to the same response, stored responses continued by
+previous_response_id (with function_call_output items), GET / DELETE, and 4xx for what is not supported."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from fastapi.testclient import TestClient
+
+from sglang.srt.entrypoints.http_server import create_app
+from sglang.srt.server_args import ServerArgs
+from test_chat_glue import CALL, ScriptedTokenizerManager
+
+TOOLS = [{"type": "function", "name": "get_weather", "description": "the weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}]
+
+
+@pytest.fixture()
+def app():
+    tm = ScriptedTokenizerManager()
+    args = ServerArgs(model_path="scripted", reasoning_parser="deepseek-v4", tool_call_parser="deepseekv4")
+    with TestClient(create_app(tm, args)) as client:
+        yield tm, client
+
+
+def respond(client, stream=False, **body):
+    return client.post("/v1/responses", json={"model": "scripted", "input": "weather?", "stream": stream, **body})
+
+
+def events(resp) -> list:
+    out = [json.loads(line[6:]) for line in resp.iter_lines() if line.startswith("data: ") and line != "data: [DONE]"]
+    assert [e["sequence_number"] for e in out] == list(range(len(out)))
+    return out
+
+
+def test_reasoning_text_and_function_call_items(app):
+    tm, client = app
+    tm.script = "I should call the tool.</think>Let me check." + CALL
+    body = dict(tools=TOOLS, reasoning={"effort": "high"}, instructions="Be brief.")
+    r = respond(client, **body)
+    assert r.status_code == 200, r.text
+    resp = r.json()
+    assert tm.prompts[-1].startswith("<｜begin▁of▁sentence｜>Be brief.") and "## Tools" in tm.prompts[-1]
+    assert tm.prompts[-1].endswith("<｜Assistant｜><think>")  # reasoning.effort: thinking mode
+    assert resp["object"] == "response" and resp["status"] == "completed" and resp["id"].startswith("resp")
+    kinds = [item["type"] for item in resp["output"]]
+    assert kinds == ["reasoning", "message", "function_call"]
+    reasoning, message, call = resp["output"]
+    assert reasoning["content"] == [{"type": "reasoning_text", "text": "I should call the tool."}]
+    assert message["content"][0] == {"type": "output_text", "text": "Let me check.", "annotations": []}
+    assert call["name"] == "get_weather" and json.loads(call["arguments"]) == {"city": "Paris", "days": 3}
+    usage = resp["usage"]
+    assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
+    assert 0 < usage["output_tokens_details"]["reasoning_tokens"] < usage["output_tokens"]
+
+    streamed = events(respond(client, stream=True, **body))
+    assert streamed[0]["type"] == "response.created" and streamed[-1]["type"] == "response.completed"
+    final = streamed[-1]["response"]
+    assert [i["type"] for i in final["output"]] == kinds
+    text = "".join(e["delta"] for e in streamed if e["type"] == "response.output_text.delta")
+    thought = "".join(e["delta"] for e in streamed if e["type"] == "response.reasoning_text.delta")
+    args = "".join(e["delta"] for e in streamed if e["type"] == "response.function_call_arguments.delta")
+    assert (thought, text) == ("I should call the tool.", "Let me check.")
+    assert json.loads(args) == {"city": "Paris", "days": 3}
+    added = [e["item"]["type"] for e in streamed if e["type"] == "response.output_item.added"]
+    done = [e["item"]["type"] for e in streamed if e["type"] == "response.output_item.done"]
+    assert added == done == kinds
+    for a, b in zip(final["output"], resp["output"]):
+        assert {k: v for k, v in a.items() if k not in ("id", "call_id")} == \
+            {k: v for k, v in b.items() if k not in ("id", "call_id")}
+
+
+def test_continuation_by_previous_response_id(app):
+    tm, client = app
+    tm.script = "Checking." + CALL
+    first = respond(client, tools=TOOLS).json()
+    call = first["output"][-1]
+    assert call["type"] == "function_call"
+    tm.script = "It is sunny in Paris."
+    r = respond(client, tools=TOOLS, previous_response_id=first["id"], input=[
+        {"type": "function_call_output", "call_id": call["call_id"], "output": "sunny"}])
+    assert r.status_code == 200, r.text
+    second = r.json()
+    assert second["previous_response_id"] == first["id"] and second["output"][0]["type"] == "message"
+    prompt = tm.prompts[-1]  # the whole conversation: question, the call, its result
+    assert "weather?" in prompt and 'invoke name="get_weather"' in prompt and "sunny" in prompt
+    assert client.get(f"/v1/responses/{first['id']}").json()["id"] == first["id"]
+    assert client.delete(f"/v1/responses/{first['id']}").json()["deleted"] is True
+    gone = client.get(f"/v1/responses/{first['id']}")
+    assert gone.status_code == 404
+    assert respond(client, previous_response_id=first["id"]).status_code == 404
+    unstored = respond(client, store=False).json()
+    assert client.get(f"/v1/responses/{unstored['id']}").status_code == 404
+
+
+def test_refusals(app):
+    """(max_output_tokens and status incomplete: test_server_api.py, on the real engine)"""
+    tm, client = app
+    tm.script = "An answer."
+    for body, param in ((dict(background=True), "background"), (dict(tools=[{"type": "web_search"}]), "tools"),
+                        (dict(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]),
+                         "input"), (dict(input=[{"type": "item_reference", "id": "x"}]), "input")):
+        r = respond(client, **body)
+        assert r.status_code == 400 and r.json()["param"] == param, (body, r.text)
+    assert respond(client, model="other").status_code == 404
+    structured = respond(client, text={"format": {"type": "json_schema", "name": "w", "schema": {"type": "object"}}})
+    assert structured.status_code == 200, structured.text
