@@ -19,10 +19,12 @@ answered with its error, so the HTTP side can return a 4xx.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import logging
 import multiprocessing as mp
 import os
+import shutil
 import tempfile
 import time
 import traceback
@@ -354,6 +356,7 @@ def start_scheduler(server_args: ServerArgs):
     each has loaded the model; returns (SchedulerRanks, the first rank's ready message, ports). Used by the HTTP
     server (node 0), headless nodes and sglang.Engine(launch_subprocess=True)."""
     ipc_dir = tempfile.mkdtemp(prefix="sglang-ipc-")
+    atexit.register(shutil.rmtree, ipc_dir, ignore_errors=True)  # the socket files, when this process exits
     ports = PortArgs(scheduler_input=f"ipc://{os.path.join(ipc_dir, 'scheduler')}",
                      tokenizer_input=f"ipc://{os.path.join(ipc_dir, 'tokenizer')}")
     if server_args.nnodes > 1 and server_args.enable_dp_attention:  # DP groups led from other nodes answer over TCP
