@@ -105,5 +105,9 @@ def test_refusals(app):
         r = respond(client, **body)
         assert r.status_code == 400 and r.json()["param"] == param, (body, r.text)
     assert respond(client, model="other").status_code == 404
+    forced = respond(client, tools=TOOLS, tool_choice={"type": "function", "name": "get_weather"})
+    assert forced.status_code == 200, forced.text  # OpenAI's flat form, as the chat endpoint's nested one
+    unknown = respond(client, tools=TOOLS, tool_choice={"type": "function", "name": "nope"})
+    assert unknown.status_code == 400 and "nope" in unknown.json()["message"]
     structured = respond(client, text={"format": {"type": "json_schema", "name": "w", "schema": {"type": "object"}}})
     assert structured.status_code == 200, structured.text
