@@ -104,6 +104,22 @@ def test_refusals(app):
                          "input"), (dict(input=[{"type": "item_reference", "id": "x"}]), "input")):
         r = respond(client, **body)
         assert r.status_code == 400 and r.json()["param"] == param, (body, r.text)
+    for body, param, words in (  # from a fuzz pass: each a 400 naming what is wrong (one was a 500)
+            (dict(input=[{"type": "reasoning", "summary": "x", "content": 5}]), "input", "reasoning item"),
+            (dict(input=[{"type": "reasoning", "content": [{"type": "reasoning_text", "text": 5}]}]), "input",
+             "reasoning item"),
+            (dict(input=[{"role": "user", "content": [{"type": "input_text"}]}]), "input", "string text"),
+            (dict(input=[]), "input", "at least one item"),
+            (dict(tools=[{"type": "function", "name": "", "parameters": {}}]), "tools", "non-empty string name"),
+            (dict(tools=TOOLS, tool_choice={"type": "function"}), "tool_choice", '"name"'),
+            (dict(tools=TOOLS, tool_choice="garbage"), "tool_choice", '"name"'),
+            (dict(top_logprobs=3), "top_logprobs", "not supported"), (dict(n=3), "n", "not supported")):
+        r = respond(client, **body)
+        assert r.status_code == 400 and r.json()["param"] == param and words in r.json()["message"], (body, r.text)
+    chat_form = [{"type": "function", "function": TOOLS[0]}]  # the chat endpoint's tool form is taken too
+    assert respond(client, tools=chat_form, tool_choice=None, n=1).status_code == 200
+    missing = client.get("/v1/responses/resp-unknown")
+    assert missing.status_code == 404 and missing.json()["param"] is None
     assert respond(client, model="other").status_code == 404
     forced = respond(client, tools=TOOLS, tool_choice={"type": "function", "name": "get_weather"})
     assert forced.status_code == 200, forced.text  # OpenAI's flat form, as the chat endpoint's nested one

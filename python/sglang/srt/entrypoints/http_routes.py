@@ -184,7 +184,7 @@ def openai_routes(tm: TokenizerManager, args: ServerArgs) -> APIRouter:
 
     @router.delete("/v1/responses/{response_id}")
     async def delete_response(response_id: str):
-        stored.get(response_id)
+        stored.get(response_id)  # a 404 when unknown
         del stored.items[response_id]
         return {"id": response_id, "object": "response.deleted", "deleted": True}
 

@@ -206,7 +206,7 @@ class ResponsesRequest(BaseModel):
     temperature: Optional[float] = Field(default=None, ge=0, le=2)
     top_p: Optional[float] = Field(default=None, gt=0, le=1)
     tools: Optional[list[dict]] = None
-    tool_choice: Union[str, dict] = "auto"
+    tool_choice: Optional[Union[str, dict]] = "auto"
     parallel_tool_calls: bool = True
     reasoning: Optional[dict] = None  # {"effort": "low" | "medium" | "high" | ...}
     text: Optional[dict] = None  # {"format": {"type": "text" | "json_object" | "json_schema", ...}}

@@ -28,6 +28,8 @@ from sglang.srt.managers.tokenizer_manager import RequestError, TokenizerManager
 STORE_SIZE = 1024  # stored responses kept (oldest dropped first)
 _TEXT_PARTS = ("input_text", "output_text", "text")
 # Responses fields that are not chat fields; anything else extra (top_k, stop, seed, ...) passes to the chat request
+# chat fields a response has no place for, with the values that ask for nothing
+_UNSERVED = {"top_logprobs": (None, 0), "logprobs": (None, False), "n": (None, 1)}
 _OWN = {"input", "instructions", "max_output_tokens", "tools", "tool_choice", "parallel_tool_calls", "reasoning",
         "text", "store", "previous_response_id", "metadata", "background", "truncation", "stream"}
 
@@ -44,10 +46,10 @@ class ResponseStore:
         while len(self.items) > self.size:
             self.items.popitem(last=False)
 
-    def get(self, response_id: str) -> tuple:
+    def get(self, response_id: str, param: Optional[str] = None) -> tuple:
         if response_id not in self.items:
             raise RequestError(f"no stored response {response_id!r} (responses are kept in memory, the newest "
-                               f"{self.size})", 404, param="previous_response_id")
+                               f"{self.size})", 404, param=param)
         return self.items[response_id]
 
 
@@ -58,9 +60,11 @@ def _text(content, where: str) -> str:
         raise RequestError(f"{where}: content must be a string or a list of text parts", param="input")
     parts = []
     for part in content:
-        if not isinstance(part, dict) or part.get("type") not in _TEXT_PARTS or not isinstance(part.get("text"), str):
+        if not isinstance(part, dict) or part.get("type") not in _TEXT_PARTS:
             kind = part.get("type") if isinstance(part, dict) else type(part).__name__
             raise RequestError(f"{where}: only text content parts are supported, got {kind!r}", param="input")
+        if not isinstance(part.get("text"), str):
+            raise RequestError(f"{where}: a {part['type']} part needs a string text", param="input")
         parts.append(part["text"])
     return "".join(parts)
 
@@ -70,6 +74,8 @@ def input_messages(items) -> list:
     messages. Consecutive function calls join one assistant message, as a chat history holds them."""
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
+    if not items:
+        raise RequestError("input: give a string or at least one item", param="input")
     messages, reasoning = [], None
     for n, item in enumerate(items):
         kind = item.get("type", "message")
@@ -82,8 +88,12 @@ def input_messages(items) -> list:
                 message["reasoning_content"], reasoning = reasoning, None
             messages.append(message)
         elif kind == "reasoning":
-            reasoning = "".join(p.get("text", "") for p in (item.get("content") or item.get("summary") or [])
-                                if isinstance(p, dict))
+            parts = item.get("content") or item.get("summary") or []
+            if not isinstance(parts, list) or not all(isinstance(p, dict) and isinstance(p.get("text"), str)
+                                                      for p in parts):
+                raise RequestError(f"{where}: a reasoning item's content (or summary) is a list of parts with a "
+                                   f"string text", param="input")
+            reasoning = "".join(p["text"] for p in parts)
         elif kind == "function_call":
             if not all(isinstance(item.get(k), str) for k in ("call_id", "name", "arguments")):
                 raise RequestError(f"{where}: a function_call needs string call_id, name and arguments", param="input")
@@ -112,13 +122,27 @@ def _chat_tools(tools: Optional[list]) -> Optional[list]:
         return None
     out = []
     for n, tool in enumerate(tools):
-        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("name"), str):
+        if not isinstance(tool, dict) or tool.get("type") != "function":
             kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
-            raise RequestError(f"tools[{n}]: only function tools with a name are supported, got {kind!r}",
-                               param="tools")
-        out.append({"type": "function", "function": {k: tool[k] for k in ("name", "description", "parameters")
-                                                      if k in tool}})
+            raise RequestError(f"tools[{n}]: only function tools are supported, got {kind!r}", param="tools")
+        spec = tool["function"] if isinstance(tool.get("function"), dict) else tool  # the chat form is taken too
+        if not isinstance(spec.get("name"), str) or not spec["name"]:
+            raise RequestError(f"tools[{n}]: a function tool needs a non-empty string name", param="tools")
+        out.append({"type": "function", "function": {k: spec[k] for k in ("name", "description", "parameters")
+                                                      if k in spec}})
     return out
+
+
+def _tool_choice(choice):
+    """Responses' tool_choice (auto / none / required, or {"type": "function", "name"}) in the chat form."""
+    if choice is None or choice in ("auto", "none", "required"):
+        return choice or "auto"
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        name = choice.get("name", (choice.get("function") or {}).get("name"))
+        if isinstance(name, str) and name:
+            return {"type": "function", "function": {"name": name}}
+    raise RequestError('tool_choice must be "auto", "none", "required" or {"type": "function", "name": ...}',
+                       param="tool_choice")
 
 
 def chat_request(req: ResponsesRequest, history: list) -> ChatCompletionRequest:
@@ -127,11 +151,13 @@ def chat_request(req: ResponsesRequest, history: list) -> ChatCompletionRequest:
         raise RequestError("background responses are not supported", param="background")
     messages = ([{"role": "system", "content": req.instructions}] if req.instructions else []) + history
     messages += input_messages(req.input)
-    choice = req.tool_choice
-    if isinstance(choice, dict) and choice.get("type") == "function" and "name" in choice:
-        choice = {"type": "function", "function": {"name": choice["name"]}}
+    extra = req.model_extra or {}
+    for name, inert in _UNSERVED.items():
+        if extra.get(name) not in inert:
+            raise RequestError(f"{name} is not supported on /v1/responses", param=name)
     body = {k: v for k, v in req.model_dump().items() if k not in _OWN and v is not None}
-    body.update(messages=messages, tools=_chat_tools(req.tools), tool_choice=choice, max_tokens=req.max_output_tokens)
+    body.update(messages=messages, tools=_chat_tools(req.tools), tool_choice=_tool_choice(req.tool_choice),
+                max_tokens=req.max_output_tokens)
     effort = (req.reasoning or {}).get("effort")
     if effort is not None:  # a reasoning request thinks (effort "none": chat mode)
         body["reasoning_effort"] = effort
@@ -272,7 +298,7 @@ class ResponseBuilder:
 
 async def create_response(req: ResponsesRequest, raw: Request, tm: TokenizerManager, model_name: str, args,
                           store: ResponseStore):
-    history = store.get(req.previous_response_id)[1] if req.previous_response_id else []
+    history = store.get(req.previous_response_id, "previous_response_id")[1] if req.previous_response_id else []
     chat = chat_request(req, history)
     plan = await plan_chat(chat, tm, args)
     stream = tm.generate(plan.ids, sampling_params(chat, plan.max_new, 0, plan.grammar))
