@@ -113,7 +113,8 @@ def test_refusals(app):
             (dict(tools=[{"type": "function", "name": "", "parameters": {}}]), "tools", "non-empty string name"),
             (dict(tools=TOOLS, tool_choice={"type": "function"}), "tool_choice", '"name"'),
             (dict(tools=TOOLS, tool_choice="garbage"), "tool_choice", '"name"'),
-            (dict(top_logprobs=3), "top_logprobs", "not supported"), (dict(n=3), "n", "not supported")):
+            (dict(top_logprobs=3), "top_logprobs", "not supported"), (dict(n=3), "n", "not supported"),
+            (dict(reasoning={"effort": "high"}, chat_template_kwargs="x"), "chat_template_kwargs", "an object")):
         r = respond(client, **body)
         assert r.status_code == 400 and r.json()["param"] == param and words in r.json()["message"], (body, r.text)
     chat_form = [{"type": "function", "function": TOOLS[0]}]  # the chat endpoint's tool form is taken too

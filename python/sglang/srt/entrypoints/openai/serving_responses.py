@@ -161,7 +161,10 @@ def chat_request(req: ResponsesRequest, history: list) -> ChatCompletionRequest:
     effort = (req.reasoning or {}).get("effort")
     if effort is not None:  # a reasoning request thinks (effort "none": chat mode)
         body["reasoning_effort"] = effort
-        body.setdefault("chat_template_kwargs", {}).setdefault("thinking", effort != "none")
+        kwargs = body.get("chat_template_kwargs", {})
+        if not isinstance(kwargs, dict):
+            raise RequestError("chat_template_kwargs must be an object", param="chat_template_kwargs")
+        body["chat_template_kwargs"] = {"thinking": effort != "none", **kwargs}  # the client's own setting wins
     fmt = (req.text or {}).get("format")
     if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
         body["response_format"] = {"type": "json_schema", "json_schema": {
