@@ -162,7 +162,21 @@ def _without_one_tensor() -> str:
     return path
 
 
-@pytest.mark.parametrize("case", ["architecture", "missing tensor", "load format", "fails midway"])
+def _truncated() -> str:
+    """other("b") with its weights file cut short (its header no longer matches: unreadable before any write)."""
+    path = os.path.join(CHECKPOINT_ROOT, "update-truncated")
+    if not os.path.exists(path):
+        os.makedirs(path)
+        src = other("b")
+        for f in os.listdir(src):
+            with open(os.path.join(src, f), "rb") as r, open(os.path.join(path, f), "wb") as w:
+                data = r.read()
+                w.write(data[:len(data) // 2] if f.endswith(".safetensors") else data)
+    return path
+
+
+@pytest.mark.parametrize("case", ["architecture", "missing tensor", "unreadable file", "load format",
+                                  "fails midway"])
 def test_refused_or_failed_updates_leave_the_served_weights(served, case, monkeypatch):
     eng, before = served
     path, load_format, expect = other("b"), None, "loaded again"
@@ -170,6 +184,8 @@ def test_refused_or_failed_updates_leave_the_served_weights(served, case, monkey
         path, expect = other("wide", moe_intermediate_size=2 * TINY["moe_intermediate_size"]), "another architecture"
     elif case == "missing tensor":
         path, expect = _without_one_tensor(), "wq_a"
+    elif case == "unreadable file":  # a fuzz pass: a truncated file was a 500
+        path, expect = _truncated(), "cannot be read"
     elif case == "load format":
         load_format, expect = "gguf", "load_format"
     else:  # the loader breaks after some tensors were written: the served checkpoint is loaded again

@@ -187,7 +187,12 @@ def reload_weights(args, model_path: str, config: DeepseekV4Config, dtype: torch
     architecture and kept formats, so every parameter keeps its storage (CUDA graphs stay valid) and nothing is
     allocated beside the weights but one tensor at a time. Checked before writing (ValueError: nothing written);
     PartialUpdateError once writing began. Returns the checkpoint bytes read."""
-    plans = {part: plan_checkpoint(model_path, config, part) for part in models}  # every tensor checked first
+    try:  # every tensor checked first; an unreadable file (a truncated or garbage header) is the client's too
+        plans = {part: plan_checkpoint(model_path, config, part) for part in models}
+    except ValueError:
+        raise
+    except Exception as e:
+        raise ValueError(f"the checkpoint at {model_path} cannot be read: {e}") from None
     fp8, experts = kept_formats(args, plans, config, device, args.parallel_config())
     if (fp8, experts) != kept:
         raise ValueError(f"the checkpoint at {model_path} stores other formats (routed experts "
