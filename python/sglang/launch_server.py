@@ -12,8 +12,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import signal
 import socket
 import sys
+import threading
 from typing import Optional
 
 from sglang.srt.server_args import ServerArgs
@@ -52,6 +54,7 @@ def launch_server(server_args: ServerArgs, sock: Optional[socket.socket] = None)
     from sglang.srt.utils.hf_transformers_utils import load_tokenizer
 
     configure_logging(server_args.log_level)
+    exit_on_sigterm()
     if sock is None:
         sock = bind_listen_socket(server_args.host, server_args.port)
     logger.info("DeepSeek-V4 defaults applied: %s", ", ".join(server_args.applied_defaults) or "none")
@@ -82,6 +85,18 @@ def launch_server(server_args: ServerArgs, sock: Optional[socket.socket] = None)
         sys.exit(1)
 
 
+def exit_on_sigterm() -> None:
+    """SIGTERM raises SystemExit(143), so `finally` blocks and atexit run: the scheduler process is stopped and its IPC
+    socket dir removed. Without this a SIGTERM during loading killed the process outright, and after serving uvicorn
+    (0.29+) re-raises the signal it caught once it has shut down, which met the default action the same way."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _raise_exit)
+
+
+def _raise_exit(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
 def run_headless(server_args: ServerArgs) -> None:
     """A node other than 0: start this node's ranks, then wait; when one ends (node 0 stopped, a rank failed), stop
     the others and exit 1."""
@@ -90,6 +105,7 @@ def run_headless(server_args: ServerArgs) -> None:
     from sglang.srt.managers.scheduler_process import start_scheduler
 
     configure_logging(server_args.log_level)
+    exit_on_sigterm()
     ranks, _, _ = start_scheduler(server_args)
     logger.info("node %d of %d: ranks %d..%d ready; node 0 serves HTTP", server_args.node_rank, server_args.nnodes,
                 ranks.first, ranks.first + len(ranks.procs) - 1)

@@ -47,14 +47,15 @@ class ServerHandle:
         raise AssertionError(f"pools not free after {timeout} s: {stats}")
 
 
-def launch(args: list, tmp_dir: str, timeout: float = 120.0) -> ServerHandle:
+def launch(args: list, tmp_dir: str, timeout: float = 120.0, env: dict = None) -> ServerHandle:
+    """The server with `args` (env: variables added to this process's), healthy; its log under tmp_dir."""
     port = free_port()
     log_path = os.path.join(tmp_dir, f"server-{port}.log")
     cmd = [sys.executable, "-m", "sglang.launch_server", "--host", "127.0.0.1", "--port", str(port),
            "--log-level", "warning", *args]
     start = time.perf_counter()
     log = open(log_path, "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
     base = f"http://127.0.0.1:{port}"
     while time.perf_counter() - start < timeout:
         if proc.poll() is not None:

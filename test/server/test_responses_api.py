@@ -6,23 +6,11 @@ from __future__ import annotations
 
 import json
 
-import pytest
-from fastapi.testclient import TestClient
 
-from sglang.srt.entrypoints.http_server import create_app
-from sglang.srt.server_args import ServerArgs
-from test_chat_glue import CALL, ScriptedTokenizerManager
+from test_chat_glue import CALL
 
 TOOLS = [{"type": "function", "name": "get_weather", "description": "the weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}]
-
-
-@pytest.fixture()
-def app():
-    tm = ScriptedTokenizerManager()
-    args = ServerArgs(model_path="scripted", reasoning_parser="deepseek-v4", tool_call_parser="deepseekv4")
-    with TestClient(create_app(tm, args)) as client:
-        yield tm, client
 
 
 def respond(client, stream=False, **body):

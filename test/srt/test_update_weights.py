@@ -9,7 +9,7 @@ import os
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load, load_file, save
 
 import sglang.srt.model_loader.model_builder as model_builder
 from oracle import CHECKPOINT_ROOT, TINY, checkpoint, engine, greedy_run, max_abs_diff, random_ids
@@ -146,33 +146,28 @@ def test_quantized_checkpoints_update_in_their_kept_formats():
         eng.shutdown()
 
 
-def _without_one_tensor() -> str:
-    path = os.path.join(CHECKPOINT_ROOT, "update-missing")
-    if not os.path.exists(path):
-        os.makedirs(path)
-        src = other("b")
-        for f in os.listdir(src):
-            if f.endswith(".safetensors"):
-                tensors = load_file(os.path.join(src, f))
-                tensors.pop(sorted(k for k in tensors if k.endswith("attn.wq_a.weight"))[0])
-                save_file(tensors, os.path.join(path, f))
-            else:
-                with open(os.path.join(src, f), "rb") as r, open(os.path.join(path, f), "wb") as w:
-                    w.write(r.read())
-    return path
-
-
-def _truncated() -> str:
-    """other("b") with its weights file cut short (its header no longer matches: unreadable before any write)."""
-    path = os.path.join(CHECKPOINT_ROOT, "update-truncated")
+def _altered_copy(name: str, change) -> str:
+    """other("b") copied to CHECKPOINT_ROOT/name with change(filename, bytes) -> bytes applied to each weights file."""
+    path = os.path.join(CHECKPOINT_ROOT, name)
     if not os.path.exists(path):
         os.makedirs(path)
         src = other("b")
         for f in os.listdir(src):
             with open(os.path.join(src, f), "rb") as r, open(os.path.join(path, f), "wb") as w:
                 data = r.read()
-                w.write(data[:len(data) // 2] if f.endswith(".safetensors") else data)
+                w.write(change(data) if f.endswith(".safetensors") else data)
     return path
+
+
+def _without_one_tensor(data: bytes) -> bytes:
+    tensors = load(data)
+    tensors.pop(sorted(k for k in tensors if k.endswith("attn.wq_a.weight"))[0])
+    return save(tensors)
+
+
+def _truncated(data: bytes) -> bytes:
+    """Cut short: the header no longer matches the file (unreadable before any write)."""
+    return data[:len(data) // 2]
 
 
 @pytest.mark.parametrize("case", ["architecture", "missing tensor", "unreadable file", "load format",
@@ -183,9 +178,9 @@ def test_refused_or_failed_updates_leave_the_served_weights(served, case, monkey
     if case == "architecture":
         path, expect = other("wide", moe_intermediate_size=2 * TINY["moe_intermediate_size"]), "another architecture"
     elif case == "missing tensor":
-        path, expect = _without_one_tensor(), "wq_a"
+        path, expect = _altered_copy("update-missing", _without_one_tensor), "wq_a"
     elif case == "unreadable file":  # a fuzz pass: a truncated file was a 500
-        path, expect = _truncated(), "cannot be read"
+        path, expect = _altered_copy("update-truncated", _truncated), "cannot be read"
     elif case == "load format":
         load_format, expect = "gguf", "load_format"
     else:  # the loader breaks after some tensors were written: the served checkpoint is loaded again

@@ -22,6 +22,7 @@ KV_CACHE_DTYPES = ("auto", "bfloat16", "float32", "fp8_e4m3")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 GRAMMAR_BACKENDS = ("xgrammar", "none")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+EXPERT_RECORDER_MODES = ("stat",)  # upstream also has per_pass, per_token, stat_approx: not built
 
 logger = logging.getLogger(__name__)
 
@@ -164,7 +165,7 @@ class ServerArgs:
             raise ValueError(f"--speculative-algorithm must be EAGLE or NEXTN, got {self.speculative_algorithm!r}")
         if not 0 < self.max_request_body_mb < float("inf"):
             raise ValueError(f"--max-request-body-mb must be a positive number, got {self.max_request_body_mb}")
-        if self.expert_distribution_recorder_mode not in (None, "stat"):
+        if self.expert_distribution_recorder_mode not in (None, *EXPERT_RECORDER_MODES):
             raise ValueError(f"--expert-distribution-recorder-mode must be stat (counts per layer and expert), got "
                              f"{self.expert_distribution_recorder_mode!r}")
         if self.log_level not in LOG_LEVELS:
@@ -289,7 +290,7 @@ class ServerArgs:
         p.add_argument("--max-request-body-mb", type=float, default=64.0,
                        help="largest request body accepted, in MiB; a larger one is refused with 413")
         p.add_argument("--enable-metrics", action="store_true", help="serve Prometheus metrics at /metrics")
-        p.add_argument("--expert-distribution-recorder-mode", choices=("stat",),
+        p.add_argument("--expert-distribution-recorder-mode", choices=EXPERT_RECORDER_MODES,
                        help="stat: count the tokens each routed expert of each MoE layer gets, between "
                             "/start_expert_distribution_record and /stop_expert_distribution_record (one index_add "
                             "per MoE layer and step; default: off)")

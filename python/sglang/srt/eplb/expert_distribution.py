@@ -18,8 +18,6 @@ from typing import Optional
 
 import torch
 
-MODES = ("stat",)
-
 
 class ExpertDistributionRecorder:
     def __init__(self, num_layers: int, num_experts: int, device, rank: int = 0) -> None:

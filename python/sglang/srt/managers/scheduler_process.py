@@ -268,8 +268,8 @@ class SchedulerProcess:
 
 
 def _exit_with_parent() -> None:
-    """Die with the HTTP process however it ends (uvicorn re-raises SIGTERM after its graceful shutdown, so the
-    parent's cleanup code may never run): PR_SET_PDEATHSIG on Linux, and the loop also checks the parent."""
+    """Die with the HTTP process however it ends (a SIGKILL skips the parent's cleanup, which SIGTERM now runs:
+    launch_server.exit_on_sigterm): PR_SET_PDEATHSIG on Linux, and the loop also checks the parent."""
     try:
         import ctypes
         import signal
