@@ -104,6 +104,25 @@ def test_thinking_reasoning_and_tool_call(app):
     assert all(c["id"] for c in calls.values()) and reasons == ["tool_calls"]
 
 
+TWO_CALLS = CALL.replace('</｜DSML｜invoke>\n', '</｜DSML｜invoke>\n<｜DSML｜invoke name="get_weather">\n'
+                         '<｜DSML｜parameter name="city" string="true">Rome</｜DSML｜parameter>\n</｜DSML｜invoke>\n')
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_parallel_tool_calls(app, parallel):
+    """Two calls in one block are two tool_calls; parallel_tool_calls false keeps the first, streamed or not."""
+    tm, client = app
+    tm.script = "Checking." + TWO_CALLS
+    cities = ["Paris", "Rome"] if parallel else ["Paris"]
+    r = chat(client, tools=TOOLS, parallel_tool_calls=parallel).json()
+    msg = r["choices"][0]["message"]
+    assert [json.loads(c["function"]["arguments"])["city"] for c in msg["tool_calls"]] == cities
+    assert msg["content"] == "Checking." and r["choices"][0]["finish_reason"] == "tool_calls"
+    _, content, calls, reasons = streamed(chat(client, stream=True, tools=TOOLS, parallel_tool_calls=parallel))
+    assert [json.loads(c["arguments"])["city"] for c in calls.values()] == cities
+    assert sorted(calls) == list(range(len(cities))) and content == "Checking." and reasons == ["tool_calls"]
+
+
 def test_chat_mode_without_tools_keeps_dsml_as_text(app):
     tm, client = app
     tm.script = "Plain answer." + CALL

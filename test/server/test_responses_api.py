@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 
-from test_chat_glue import CALL
+from test_chat_glue import CALL, TWO_CALLS
 
 TOOLS = [{"type": "function", "name": "get_weather", "description": "the weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}]
@@ -58,6 +58,18 @@ def test_reasoning_text_and_function_call_items(app):
     for a, b in zip(final["output"], resp["output"]):
         assert {k: v for k, v in a.items() if k not in ("id", "call_id")} == \
             {k: v for k, v in b.items() if k not in ("id", "call_id")}
+
+
+def test_parallel_tool_calls_false_keeps_the_first_call(app):
+    tm, client = app
+    tm.script = "Checking." + TWO_CALLS
+    for parallel, cities in ((True, ["Paris", "Rome"]), (False, ["Paris"])):
+        resp = respond(client, tools=TOOLS, parallel_tool_calls=parallel).json()
+        assert resp["parallel_tool_calls"] is parallel
+        calls = [item for item in resp["output"] if item["type"] == "function_call"]
+        assert [json.loads(c["arguments"])["city"] for c in calls] == cities
+        final = events(respond(client, stream=True, tools=TOOLS, parallel_tool_calls=parallel))[-1]["response"]
+        assert [json.loads(i["arguments"])["city"] for i in final["output"] if i["type"] == "function_call"] == cities
 
 
 def test_continuation_by_previous_response_id(app):

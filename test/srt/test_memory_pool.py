@@ -30,7 +30,7 @@ import math
 import pytest
 import torch
 
-from oracle import engine, random_ids
+from oracle import DEVICE, engine, random_ids
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.mem_cache.allocator import PoolExhaustedError
 from sglang.srt.mem_cache.kv_formats import DenseFormat, Fp4IndexKeyFormat, Fp8IndexKeyFormat, Fp8KVFormat
@@ -39,7 +39,9 @@ from sglang.srt.sampling.sampling_params import SamplingParams
 
 DENSE_TOL = 1e-5
 QUANT_CASCADE_TOL = 1e-2  # downstream effect of one flipped rounding (measured <= 3.9e-3)
-QUANT_BYTE_FRACTION = 0.02  # differing stored bytes (measured <= 1.4%)
+# differing stored bytes: measured <= 1.4% on CPU, <= 2.6% on an H100 (fp32 GEMMs whose summation order follows the
+# chunk's shape; each flipped FP8 rounding moves later layers' inputs, which flip more)
+QUANT_BYTE_FRACTION = 0.02 if DEVICE == "cpu" else 0.04
 SEQ_LEN = {"tiny": 90, "hca128": 300}
 
 

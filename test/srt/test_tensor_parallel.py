@@ -160,7 +160,7 @@ def test_prefix_cache_and_quantized_checkpoint_under_tensor_and_expert_paralleli
 @pytest.mark.parametrize("config,tp,ep,spec,extra", [
     # two DP groups of one attention rank each, the MoE over both ranks; decode on the static path (the CPU form of
     # CUDA graphs): static rounds, or eager ones beside the other group's prefill
-    ("tiny", 2, 1, False, {"disable_cuda_graph": False}),
+    ("tiny", 2, 1, False, {"disable_cuda_graph": False, "expert_distribution_recorder_mode": "stat"}),
     ("tiny", 2, 1, True, {"chunked_prefill_size": 16}),  # MTP (eager): prefill and decode cycles interleave
     ("wide", 4, 2, False, STATIC_CHUNKED),  # two groups of two attention ranks, TP4 x EP2 MoE, chunks, static rounds
     # with batch 1 padded to the 2 attention ranks
@@ -185,6 +185,11 @@ def test_dp_attention_matches_single_rank(config, tp, ep, spec, extra):
         assert rank_out["weight_bytes"] == planned
         # static decode steps met in static rounds (each group decodes 6 tokens; the rest ran as ordinary rounds)
         assert (rank_out["static_rounds"] >= 3) == (extra.get("disable_cuda_graph") is False), rank_out["static_rounds"]
+        if "expert_counts" in rank_out:  # each rank counts its group's tokens only, padded static rows excluded
+            group = groups[rank // (tp // 2)]
+            tokens = sum(len(p) + len(o["output_ids"]) - 1 for p, o in zip(group, rank_out["outputs"]))
+            per_layer = [sum(row) for row in rank_out["expert_counts"][:TINY["num_hidden_layers"]]]
+            assert per_layer == [tokens * TINY["num_experts_per_tok"]] * TINY["num_hidden_layers"], per_layer
 
 
 def _planned_weight_bytes(kwargs: dict) -> int:

@@ -6,9 +6,10 @@ separate process:
 SPEC: {"init_method", "engine": Engine kwargs, "prompts": [[ids]], "new_tokens", "out", optional "logprob_tail": n
 (run the prompts one after another, logprobs of their last n tokens), optional "update_from": a checkpoint (then
 the weights are updated from it and the prompts run again, "disk", then from the engine's own checkpoint's tensors,
-"tensor")}. Every rank runs the same requests in one
-batch (the engine is deterministic, so every rank schedules alike) and writes its outputs, weight bytes and DP static
-rounds to OUT.RANK as JSON. With DP attention "prompts" holds one list per DP group: each group runs its own.
+"tensor")}; with the engine's expert_distribution_recorder_mode, the first requests' counts ("expert_counts"). Every
+rank runs the same requests in one batch (the engine is deterministic, so every rank schedules alike) and writes its
+outputs, weight bytes and DP static rounds to OUT.RANK as JSON. With DP attention "prompts" holds one list per DP
+group: each group runs its own.
 """
 
 from __future__ import annotations
@@ -31,12 +32,20 @@ def main() -> None:
     eng = sglang.Engine(**kwargs)
     sampling = {"temperature": 0, "max_new_tokens": spec["new_tokens"], "ignore_eos": True}
     prompts = spec["prompts"][state.dp_rank] if kwargs.get("enable_dp_attention") else spec["prompts"]
+    recording = bool(kwargs.get("expert_distribution_recorder_mode"))
+    if recording:  # the first requests' expert counts on this rank
+        eng.start_expert_distribution_record()
     if spec.get("logprob_tail"):  # one request after another (the prefix cache's case), logprobs of the tail only
         outs = [eng.generate(input_ids=p, return_logprob=True, logprob_start_len=len(p) - spec["logprob_tail"],
                              sampling_params=sampling) for p in prompts]
     else:
         outs = eng.generate(input_ids=prompts, return_logprob=True, logprob_start_len=0, sampling_params=sampling)
     updated = {}
+    if recording:
+        from sglang.srt.eplb.expert_distribution import get_expert_distribution_recorder
+
+        eng.stop_expert_distribution_record()
+        updated["expert_counts"] = get_expert_distribution_recorder().frozen.tolist()
     if spec.get("update_from"):  # weight updates: another checkpoint from disk, then the first one's tensors
         import glob
 

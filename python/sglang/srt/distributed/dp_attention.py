@@ -155,6 +155,14 @@ class DpAttention:
         dist.all_gather_into_tensor(full, mine.contiguous(), group=self.world.group)
         return full if fwd.static else full[self._real_rows(fwd, x.device)]
 
+    def own_rows(self) -> slice:
+        """Where this group's rows lie in `gather`'s result: its padded rows in a static round, else its real ones."""
+        fwd = self.current
+        if fwd.static:
+            return slice(fwd.group * fwd.pad, (fwd.group + 1) * fwd.pad)
+        start = sum(fwd.counts[:fwd.group])
+        return slice(start, start + fwd.counts[fwd.group])
+
     def _real_rows(self, fwd: DpForward, device) -> torch.Tensor:
         if fwd.real_rows is None:  # once per round: every MoE layer's gather and reduce use it
             rows = torch.cat([torch.arange(n, dtype=torch.int64) + g * fwd.pad for g, n in enumerate(fwd.counts)])

@@ -6,7 +6,8 @@ With the mode on, every MoE layer adds its router's choices into one device tens
 per layer, inside CUDA graphs too: no host sync); off, nothing is recorded and nothing runs. Rows of a padded static
 batch (a CUDA-graph bucket larger than the batch) do not count: the static runner names the real rows (`rows`). Start
 zeroes the counts, stop freezes a host copy, dump writes it (torch.save) under SGLANG_EXPERT_DISTRIBUTION_RECORDER_DIR.
-Each rank records the tokens its MoE sees: under DP attention every rank sees every group's tokens.
+Each rank records its own requests' tokens: without DP attention every rank's counts are the same; with it each rank
+counts its DP group's rows (the MoE sees every group's), so one rank per group, summed, gives the whole count.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import time
 from typing import Optional
 
 import torch
+
+from sglang.srt.distributed.dp_attention import get_dp_attention
 
 
 class ExpertDistributionRecorder:
@@ -29,10 +32,16 @@ class ExpertDistributionRecorder:
         self._rows: Optional[torch.Tensor] = None  # bool [T]: the real rows of the static batch being run
 
     def record(self, layer_id: int, topk_ids: torch.Tensor) -> None:
-        """Add one MoE layer's choices [T, k] (global expert ids) to the counts."""
+        """Add one MoE layer's choices [T, k] (global expert ids) to the counts: under DP attention (where the MoE
+        routes every group's rows) only this rank's group's rows."""
+        dp = get_dp_attention()
+        if dp.active and dp.current is not None:
+            topk_ids = topk_ids[dp.own_rows()]
+        rows, k = topk_ids.shape
         ids = topk_ids.reshape(-1)
-        if self._rows is not None and self._rows.numel() == topk_ids.shape[0]:
-            weight = self._rows.to(torch.int64).repeat_interleave(topk_ids.shape[1])
+        if self._rows is not None and self._rows.numel() <= rows:  # a static batch: its padded rows count 0 (and
+            real = self._rows.to(torch.int64)  # the rows a static DP round pads it with to the round's size)
+            weight = torch.cat((real, real.new_zeros(rows - real.numel()))).repeat_interleave(k)
         else:
             weight = torch.ones_like(ids)
         self.counts[layer_id].index_add_(0, ids, weight)

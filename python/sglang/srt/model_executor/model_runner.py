@@ -201,6 +201,8 @@ class ModelRunner:
         size and the context length, not on the pool sizes, so the figure holds for the real pools."""
         import gc
 
+        gc.collect()  # no free cached blocks first: the allocator would release them when a capture allocation
+        torch.cuda.empty_cache()  # missed, and the figure would come out too small, even negative
         before = torch.cuda.memory_reserved(self.device)
         self.init_memory_pool(probe=True)
         self.attn_backend = self.make_attn_backend()

@@ -146,6 +146,7 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: Optional[int] = Field(default=None, ge=0, le=20)
     tools: Optional[list[Tool]] = None
     tool_choice: Union[str, dict] = "auto"
+    parallel_tool_calls: bool = True  # false: at most one tool call per choice (the first the model writes)
     response_format: Optional[dict] = None
     reasoning_effort: Optional[str] = None
     chat_template_kwargs: Optional[dict] = None

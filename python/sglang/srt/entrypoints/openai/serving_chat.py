@@ -33,6 +33,7 @@ class ChoiceParsers:
     tools: Optional[object] = None
     tool_ids: dict = field(default_factory=dict)  # tool-call index -> id
     num_calls: int = 0
+    max_calls: Optional[int] = None  # parallel_tool_calls false: 1 (calls after the first are dropped)
 
 
 def _prompt(req: ChatCompletionRequest) -> tuple:
@@ -64,6 +65,7 @@ def chat_parsers(req: ChatCompletionRequest, args, thinking: bool) -> ChoicePars
         p.reasoning = get_reasoning_parser(args.reasoning_parser)(thinking=thinking)
     if args.tool_call_parser and req.tools and req.tool_choice != "none":
         p.tools = get_tool_call_parser(args.tool_call_parser)()
+        p.max_calls = None if req.parallel_tool_calls else 1
     return p
 
 
@@ -186,6 +188,7 @@ async def create_chat_completion(req: ChatCompletionRequest, raw: Request, tm: T
         reason = finish_reason(chunk.meta_info["finish_reason"])
         if p.tools is not None:
             normal, calls = p.tools.detect_and_parse(content, tools_json(req))
+            calls = calls[:p.max_calls]
             # as streamed: a rejected call's DSML stays in the content, its block's tags do not
             message["content"] = (normal or None) if calls else normal
             if calls:
@@ -224,6 +227,8 @@ def text_deltas(p: ChoiceParsers, text: str, final: bool, tools: Optional[list])
         if normal:
             out.append({"content": normal})
         for c in calls:
+            if p.max_calls is not None and c.index >= p.max_calls:
+                continue
             entry = {"index": c.index, "function": {"arguments": c.arguments}}
             if c.name is not None:
                 p.tool_ids[c.index] = new_id("call")

@@ -157,7 +157,7 @@ def chat_request(req: ResponsesRequest, history: list) -> ChatCompletionRequest:
             raise RequestError(f"{name} is not supported on /v1/responses", param=name)
     body = {k: v for k, v in req.model_dump().items() if k not in _OWN and v is not None}
     body.update(messages=messages, tools=_chat_tools(req.tools), tool_choice=_tool_choice(req.tool_choice),
-                max_tokens=req.max_output_tokens)
+                parallel_tool_calls=req.parallel_tool_calls, max_tokens=req.max_output_tokens)
     effort = (req.reasoning or {}).get("effort")
     if effort is not None:  # a reasoning request thinks (effort "none": chat mode)
         body["reasoning_effort"] = effort
