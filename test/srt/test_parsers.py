@@ -170,6 +170,22 @@ def test_streamed_call_is_one_delta_and_no_partial_marker_leaks():
 AFTER = invoke("search", ("query", "true", "q"))
 
 
+def test_forward_unknown_tools(monkeypatch):
+    """SGLANG_FORWARD_UNKNOWN_TOOLS (upstream's): a call to a tool the request did not offer is a call, its arguments
+    unchecked, streamed or not; offered tools keep their schema checks."""
+    from sglang.srt.environ import envs
+
+    text = block(BAD_INVOKES["unknown tool"] + BAD_INVOKES["schema: wrong type"])
+    assert DeepSeekV4Detector().detect_and_parse(text, TOOLS)[1] == []
+    monkeypatch.setenv(envs.SGLANG_FORWARD_UNKNOWN_TOOLS.name, "1")
+    det = DeepSeekV4Detector()
+    normal, calls = det.detect_and_parse(text, TOOLS)
+    assert calls == [ToolCallItem(0, "delete_everything", '{"path": "/"}')]
+    assert len(det.errors) == 1 and "integer" in det.errors[0].reason  # the offered tool's schema still applies
+    for pieces in list(chunkings(text))[::5]:
+        assert stream_tools(pieces, TOOLS)[:2] == (normal, calls)
+
+
 @pytest.mark.parametrize("text,normal", [
     ("Before." + block(AFTER) + "After.", "Before.\n\nAfter."),  # never "Before.After."
     ("Before." + block(AFTER) + "\n\n  After.\n" + EOS, "Before.\n\nAfter.\n"),  # leading whitespace dropped

@@ -98,6 +98,9 @@ class Envs:
     SGLANG_DSV4_REASONING_EFFORT = EnvVar("SGLANG_DSV4_REASONING_EFFORT", "", str,
                                           "reasoning_effort used when a DeepSeek-V4 thinking request gives none "
                                           "(minimal|low|medium|high|max; empty: the encoder's default tier)")
+    SGLANG_FORWARD_UNKNOWN_TOOLS = EnvVar("SGLANG_FORWARD_UNKNOWN_TOOLS", False, _bool,
+                                          "a DSML call to a tool the request did not offer comes back as a tool call "
+                                          "(arguments unchecked) instead of as text")
     # Indexer logits budgets (GPU backends)
     SGLANG_DSV4_FP4_LOGITS_BUDGET_MB = EnvVar("SGLANG_DSV4_FP4_LOGITS_BUDGET_MB", 2048, int,
                                               "pooled prefill-logits block of the FP4 indexer, MiB")

@@ -19,12 +19,13 @@ already ends with count toward it), so it is never glued on.
 
 Invalid calls. A call is rejected when its DSML is malformed (bad header, unterminated, duplicate parameter,
 bad `string` flag, non-JSON value, stray text inside the block), when `tools` is a list and the name is not in
-it, or when its arguments fail the tool's `function.parameters` JSON Schema. Default (strict=False): a rejected
-call's raw DSML text (its invoke, or the stray text) is returned as normal text (the block's own tags are not) and a
-`ToolCallError` describing it is added to `errors`; indices count accepted calls only. strict=True raises the
-ToolCallError instead (the detector is then unusable). `tools=None` skips name and schema checks. Schemas are
-checked at request time by `validate_tools` (ValueError: malformed, or a $ref that does not point inside the
-schema; nothing is ever fetched); a schema that fails while a call is checked only rejects the call.
+it (unless SGLANG_FORWARD_UNKNOWN_TOOLS, as upstream: then it is a call, its arguments unchecked), or when its
+arguments fail the tool's `function.parameters` JSON Schema. Default (strict=False): a rejected call's raw DSML text
+(its invoke, or the stray text) is returned as normal text (the block's own tags are not) and a `ToolCallError`
+describing it is added to `errors`; indices count accepted calls only. strict=True raises the ToolCallError instead
+(the detector is then unusable). `tools=None` skips name and schema checks. Schemas are checked at request time by
+`validate_tools` (ValueError: malformed, or a $ref that does not point inside the schema; nothing is ever fetched);
+a schema that fails while a call is checked only rejects the call.
 
 Streaming delta shape: each call is emitted whole, as one ToolCallDelta(index, name, arguments), once its
 `</｜DSML｜invoke>` has arrived, because it can only be validated when complete and a streamed call cannot be
@@ -230,8 +231,13 @@ def parse_invoke(raw: str) -> tuple[str, dict, str]:
 class DeepSeekV4Detector:
     """One instance per response for streaming; `detect_and_parse` does not touch the streaming state."""
 
-    def __init__(self, strict: bool = False):
+    def __init__(self, strict: bool = False, forward_unknown: bool | None = None):
+        from sglang.srt.environ import envs
+
         self.strict = strict
+        # a call to a tool the request did not offer: rejected, or (SGLANG_FORWARD_UNKNOWN_TOOLS, as upstream)
+        # returned as a call, its arguments unchecked
+        self.forward_unknown = envs.SGLANG_FORWARD_UNKNOWN_TOOLS.get() if forward_unknown is None else forward_unknown
         self.errors: list[ToolCallError] = []  # every rejection seen by this instance
         self._buf = ""
         self._in_block = False
@@ -252,7 +258,7 @@ class DeepSeekV4Detector:
 
     def detect_and_parse(self, text: str, tools: list | None) -> tuple[str, list[ToolCallItem]]:
         """Whole-completion parse: (normal_text, accepted calls)."""
-        scanner = DeepSeekV4Detector(strict=self.strict)
+        scanner = DeepSeekV4Detector(strict=self.strict, forward_unknown=self.forward_unknown)
         first = scanner.parse_streaming_increment(text, tools)
         last = scanner.flush(tools)
         self.errors.extend(scanner.errors)
@@ -365,6 +371,8 @@ class DeepSeekV4Detector:
             name, args, arguments = parse_invoke(raw)
             if tools is not None:
                 functions = _tool_functions(tools)
+                if name not in functions and self.forward_unknown:
+                    functions = {name: {}}  # no schema: its arguments go as written
                 if name not in functions:
                     known = ", ".join(functions) or "none"
                     raise ToolCallError(f"unknown tool (available: {known})", raw, name)
