@@ -510,6 +510,20 @@ def test_abort_request_by_rid_and_all(server):
     server.wait_pools_free()
 
 
+def test_rid_reused_right_after_a_disconnect(server):
+    """A client that drops a non-streaming /generate and retries at once with the same rid is served (the old
+    request, whose handler polls for the disconnect, is dropped when the retry asks for its rid); pools come back."""
+    base, body = server.base_url, {"text": "hello", "rid": "retry-1",
+                                   "sampling_params": {"max_new_tokens": 900, "ignore_eos": True}}
+    for _ in range(5):
+        with pytest.raises(httpx.ReadTimeout):  # the client gives up while the request runs
+            httpx.post(f"{base}/generate", json=body, timeout=0.3)
+        retry = httpx.post(f"{base}/generate", json={**body, "sampling_params": {"max_new_tokens": 2}}, timeout=60)
+        assert retry.status_code == 200, retry.text
+        assert retry.json()["meta_info"]["id"] == "retry-1" and retry.json()["meta_info"]["completion_tokens"] == 2
+    server.wait_pools_free()
+
+
 def test_update_weights_from_disk(server):
     """/update_weights_from_disk and /get_weights_by_name as upstream: running requests finish first (or are aborted
     with abort_all_requests), the checkpoint loads in place and the prefix cache empties; refusals are 400s with

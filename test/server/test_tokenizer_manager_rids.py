@@ -120,3 +120,43 @@ def test_abort_matching_names_client_rids_and_sends_scheduler_ids(pair):
         assert (await scheduler.next()).rid == sids["b"]  # its abort
 
     asyncio.run(scenario())
+
+
+def test_a_rid_held_by_a_gone_client_is_freed_at_once(pair):
+    """A rid whose running request has lost its client (its handler has not noticed yet) is taken over at once: the
+    old request is aborted in the scheduler and its handler ends with 499; while the client is there, a 400."""
+    tm, scheduler = pair
+
+    async def scenario():
+        gone = False
+
+        async def client_gone():
+            return gone
+
+        params = SamplingParams(max_new_tokens=4)
+        first = tm.generate([5, 6], params, rid="y", client_gone=client_gone)
+        reading = asyncio.ensure_future(first.__anext__())
+        sent = await scheduler.next()
+        with pytest.raises(Exception, match="already in use"):
+            await tm.generate([5], params, rid="y").__anext__()
+        gone = True
+        second = tm.generate([7], params, rid="y")
+        reading2 = asyncio.ensure_future(second.__anext__())
+        abort = await scheduler.next()
+        assert isinstance(abort, AbortReq) and abort.rid == sent.rid
+        again = await scheduler.next()
+        assert isinstance(again, TokenizedGenerateReqInput) and again.rid != sent.rid
+        with pytest.raises(Exception, match="client disconnected") as e:
+            await reading
+        assert e.value.status_code == 499
+        await scheduler.answer(_output(sent.rid, [], {"type": "abort", "message": "request aborted"}),
+                               _output(again.rid, [31], {"type": "length", "length": 1}))
+        last = await reading2
+        assert last.finished and last.output_ids == [31] and last.meta_info["id"] == "y"
+        await first.aclose()
+        await second.aclose()
+        assert not tm.states
+        with pytest.raises(asyncio.TimeoutError):  # nothing else was sent: no second abort of the first request
+            await asyncio.wait_for(scheduler.recv.recv_pyobj(), 0.3)
+
+    asyncio.run(scenario())

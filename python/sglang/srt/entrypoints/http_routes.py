@@ -334,7 +334,7 @@ async def native_generate(req: GenerateRequest, raw: Request, tm: TokenizerManag
                   for p in params for c in range(samples)]
         single = False
     streams = [tm.generate(ids, p, return_logprob=req.return_logprob, logprob_start_len=req.logprob_start_len,
-                           top_logprobs_num=req.top_logprobs_num, rid=rid, group=group)
+                           top_logprobs_num=req.top_logprobs_num, rid=rid, group=group, client_gone=raw.is_disconnected)
                for ids, p, rid, group in zip(ids_list, params, rids, groups)]
 
     def shape(i, chunk) -> dict:

@@ -14,7 +14,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Optional
+from typing import AsyncIterator, Awaitable, Callable, Optional
 
 import zmq
 import zmq.asyncio
@@ -63,6 +63,8 @@ class ReqState(OutputState):
     # the scheduler's id of this request (`rid` is the client's): unique even when a client reuses a rid the moment
     # its earlier request was dropped, so the earlier one's late abort answer never reaches the new request
     sid: str = ""
+    # whether its HTTP client has gone (Request.is_disconnected): a request reusing the rid asks it first
+    client_gone: Optional[Callable[[], Awaitable[bool]]] = None
 
 
 class TokenizerManager:
@@ -113,20 +115,41 @@ class TokenizerManager:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
     # ---- generation -------------------------------------------------------------------------------------
+    async def _free_rid(self, rid: str) -> None:
+        """Raise a 400 if a running request holds `rid`, unless each one holding it has lost its client: those are
+        dropped now (aborted in the scheduler, their handlers ended with 499) instead of when their handlers notice
+        (a non-streaming one polls every 0.5 s), so a client retrying with its rid is not refused meanwhile."""
+        while True:
+            holders = [state for state in self.states.values() if state.rid == rid]
+            if not holders:
+                return  # checked with no await before the caller registers its own request
+            for state in holders:
+                if state.client_gone is None or not await state.client_gone():
+                    raise RequestError(f"rid {rid!r} is already in use by a running request", param="rid")
+            for state in holders:
+                if self.states.pop(state.sid, None) is not None:
+                    state.finished_reason = {"type": "abort", "status_code": 499, "message": "client disconnected"}
+                    state.queue.put_nowait(ReqOutput(rid=state.sid, new_token_ids=[], new_logprobs=[],
+                                                     new_top_logprobs=[], prompt_tokens=len(state.input_ids),
+                                                     completion_tokens=0, finished_reason=state.finished_reason))
+                    await self.send.send_pyobj(AbortReq(state.sid))
+
     async def generate(self, input_ids: list, params: SamplingParams, return_logprob: bool = False,
                        logprob_start_len: int = -1, top_logprobs_num: int = 0, rid: Optional[str] = None,
-                       group: Optional[str] = None) -> AsyncIterator[GenerationChunk]:
+                       group: Optional[str] = None,
+                       client_gone: Optional[Callable[[], Awaitable[bool]]] = None) -> AsyncIterator[GenerationChunk]:
         """Yield a chunk whenever the request makes progress; the last one has finished=True.
         Raises RequestError when the scheduler refuses the request (Scheduler.add_request validates the prompt
         and the sampling params: empty, context length, vocabulary, ...). Cancelling the iteration aborts it.
-        `rid`: the client's request id (a 400 while a running request has it); `group`: see `abort_matching`."""
+        `rid`: the client's request id (a 400 while a running request whose client is still there has it); `group`:
+        see `abort_matching`; `client_gone`: whether this request's client has disconnected."""
         while self.updating is not None:  # a weight update: requests that arrive meanwhile start after it
             await self.updating.wait()
         if self.dead_reason is not None:
             raise RequestError(self.dead_reason, 503)
         self.start()
-        if rid is not None and any(state.rid == rid for state in self.states.values()):
-            raise RequestError(f"rid {rid!r} is already in use by a running request", param="rid")
+        if rid is not None:
+            await self._free_rid(rid)
         sid = uuid.uuid4().hex if rid is None else f"{rid}.{uuid.uuid4().hex[:12]}"
         rid = rid or sid
         detok = None if self.tokenizer is None else IncrementalDetokenizer(
@@ -134,7 +157,7 @@ class TokenizerManager:
             params.min_new_tokens)
         state = ReqState(rid=rid, input_ids=list(input_ids), return_logprob=return_logprob,
                          logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num, detok=detok,
-                         group=group, sid=sid)
+                         group=group, sid=sid, client_gone=client_gone)
         self.states[sid] = state
         await self.send.send_pyobj(TokenizedGenerateReqInput(
             rid=sid, input_ids=state.input_ids, sampling_params=params, return_logprob=return_logprob,
