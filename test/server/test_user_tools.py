@@ -165,7 +165,9 @@ def test_upstream_recipe_flags_start_and_say_what_they_do(caplog):
     recipe = ("--model-path tiny-deepseek-v4 --device cpu --tp 4 --dp 4 --enable-dp-attention --moe-a2a-backend "
               "deepep --cuda-graph-max-bs-decode 128 --max-running-requests 128 --moe-runner-backend marlin "
               "--flashinfer-mxfp4-moe-precision fp8 --disable-flashinfer-autotune --tokenizer-worker-num 8 "
-              "--enable-prefill-delayer --prefill-delayer-max-delay-ms 5000 --deepep-config {}").split()
+              "--enable-prefill-delayer --prefill-delayer-max-delay-ms 5000 --deepep-config {} "
+              "--speculative-attention-mode decode --speculative-draft-attention-backend triton "
+              "--enable-w4a4-mxfp4-megamoe").split()
     caplog.set_level(logging.WARNING, logger="sglang.srt.server_args")
     args = ServerArgs.from_cli_args(build_parser().parse_args(recipe))
     args.validate()
@@ -174,7 +176,8 @@ def test_upstream_recipe_flags_start_and_say_what_they_do(caplog):
     assert "--moe-a2a-backend deepep: routed experts over 4 expert-parallel ranks" in caplog.text
     assert "--moe-runner-backend marlin" in caplog.text
     assert ("--deepep-config, --disable-flashinfer-autotune, --tokenizer-worker-num, --enable-prefill-delayer, "
-            "--prefill-delayer-max-delay-ms: accepted from upstream's recipes; change nothing here") in caplog.text
+            "--prefill-delayer-max-delay-ms, --speculative-attention-mode, --speculative-draft-attention-backend, "
+            "--enable-w4a4-mxfp4-megamoe: accepted from upstream's recipes; change nothing here") in caplog.text
     caplog.clear()
     resolve_server_args(ServerArgs(model_path=MODEL, device="cpu"))
     assert "upstream" not in caplog.text
@@ -182,7 +185,8 @@ def test_upstream_recipe_flags_start_and_say_what_they_do(caplog):
                       (dict(moe_a2a_backend="nccl"), "--moe-a2a-backend"),
                       (dict(deepep_config="{not json"), "--deepep-config"),
                       (dict(cuda_graph_max_bs=64, cuda_graph_max_bs_decode=128), "--cuda-graph-max-bs-decode"),
-                      (dict(tokenizer_worker_num=0), "--tokenizer-worker-num")):
+                      (dict(tokenizer_worker_num=0), "--tokenizer-worker-num"),
+                      (dict(speculative_attention_mode="verify"), "--speculative-attention-mode")):
         with pytest.raises(ValueError, match=flag):
             ServerArgs(model_path=MODEL, device="cpu", **bad).validate()
 

@@ -100,6 +100,9 @@ class ServerArgs:
     prefill_delayer_max_delay_ms: Optional[float] = None
     enable_two_batch_overlap: bool = False
     speculative_draft_model_path: Optional[str] = None
+    speculative_attention_mode: str = "prefill"
+    speculative_draft_attention_backend: Optional[str] = None
+    enable_w4a4_mxfp4_megamoe: bool = False
 
     def validate(self) -> "ServerArgs":
         """Check each option on its own and fill the device and dtype defaults; returns self. Raises ValueError

@@ -14,6 +14,7 @@ MOE_RUNNER_BACKENDS = ("auto", "triton", "triton_kernel", "marlin", "flashinfer_
                        "flashinfer_trtllm_routed", "flashinfer_cutlass", "cutlass", "deep_gemm")
 MOE_A2A_BACKENDS = ("none", "deepep", "megamoe", "mooncake", "mori", "nixl", "flashinfer", "ascend_fuseep")
 DEEPEP_MODES = ("auto", "normal", "low_latency")
+SPECULATIVE_ATTENTION_MODES = ("prefill", "decode")
 
 
 def add_recipe_args(p) -> None:
@@ -40,6 +41,14 @@ def add_recipe_args(p) -> None:
     g.add_argument("--enable-two-batch-overlap", action="store_true", help="changes nothing here (no TBO)")
     g.add_argument("--speculative-draft-model-path",
                    help="changes nothing here: the draft is the checkpoint's own MTP (NextN) layer (default: none)")
+    g.add_argument("--speculative-attention-mode", default="prefill", choices=SPECULATIVE_ATTENTION_MODES,
+                   help="upstream's kernel family for verify / draft-extend attention; changes nothing here (verify "
+                        "rows run the --attention-backend's decode kernels, captured in CUDA graphs)")
+    g.add_argument("--speculative-draft-attention-backend",
+                   help="changes nothing here: the draft layer uses --attention-backend (default: none)")
+    g.add_argument("--enable-w4a4-mxfp4-megamoe", action="store_true",
+                   help="upstream's Blackwell MegaMoE with FP4 activations; changes nothing here (the MXFP4 experts "
+                        "take bf16 activations, or FP8 with --mxfp4-moe-precision fp8)")
 
 
 def apply_recipe_args(args) -> list:
@@ -47,7 +56,9 @@ def apply_recipe_args(args) -> list:
     at start (ValueError naming a flag with a value upstream does not take either)."""
     for flag, value, choices in (("--moe-runner-backend", args.moe_runner_backend, MOE_RUNNER_BACKENDS),
                                  ("--moe-a2a-backend", args.moe_a2a_backend, MOE_A2A_BACKENDS),
-                                 ("--deepep-mode", args.deepep_mode, DEEPEP_MODES)):
+                                 ("--deepep-mode", args.deepep_mode, DEEPEP_MODES),
+                                 ("--speculative-attention-mode", args.speculative_attention_mode,
+                                  SPECULATIVE_ATTENTION_MODES)):
         if value not in choices:
             raise ValueError(f"{flag} must be one of {choices}, got {value!r}")
     if args.tokenizer_worker_num < 1:
@@ -77,7 +88,10 @@ def apply_recipe_args(args) -> list:
              ("--enable-prefill-delayer", args.enable_prefill_delayer),
              ("--prefill-delayer-max-delay-ms", args.prefill_delayer_max_delay_ms is not None),
              ("--enable-two-batch-overlap", args.enable_two_batch_overlap),
-             ("--speculative-draft-model-path", args.speculative_draft_model_path is not None)]
+             ("--speculative-draft-model-path", args.speculative_draft_model_path is not None),
+             ("--speculative-attention-mode", args.speculative_attention_mode != "prefill"),
+             ("--speculative-draft-attention-backend", args.speculative_draft_attention_backend is not None),
+             ("--enable-w4a4-mxfp4-megamoe", args.enable_w4a4_mxfp4_megamoe)]
     given = [flag for flag, on in inert if on]
     if given:
         notes.append(f"{', '.join(given)}: accepted from upstream's recipes; change nothing here")
