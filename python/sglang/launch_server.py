@@ -22,6 +22,9 @@ from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.common import configure_logging
 
 logger = logging.getLogger("sglang.launch_server")
+# SIGTERM / SIGINT: running requests get this long to finish, then they are cancelled (aborted in the scheduler) and
+# the server exits; without a bound, uvicorn waits for every running generation, however long.
+GRACEFUL_SHUTDOWN_S = 5
 
 
 def bind_listen_socket(host: str, port: int) -> socket.socket:
@@ -73,10 +76,12 @@ def launch_server(server_args: ServerArgs, sock: Optional[socket.socket] = None)
 
     logger.info("serving %s on http://%s:%d", server_args.model_path, server_args.host, server_args.port)
     config = uvicorn.Config(app, host=server_args.host, port=server_args.port, log_level=server_args.log_level,
-                            timeout_keep_alive=5)
+                            timeout_keep_alive=5, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
     server = app.state.uvicorn_server = uvicorn.Server(config)
     try:
         server.run(sockets=[sock])
+    except KeyboardInterrupt:  # SIGINT (Ctrl-C), which uvicorn re-raises after its shutdown: no traceback
+        raise SystemExit(128 + signal.SIGINT) from None
     finally:
         proc.kill()
         sock.close()

@@ -53,3 +53,50 @@ def test_sigterm_stops_the_scheduler_and_removes_the_ipc_dir(tmp_path):
     while processes_with(marker) and time.time() < deadline:
         time.sleep(0.2)
     assert processes_with(marker) == []
+
+
+def test_sigterm_with_requests_running_exits_after_the_grace_period(tmp_path):
+    """Running generations get launch_server.GRACEFUL_SHUTDOWN_S to finish, then are cancelled: the server exits
+    without waiting for them (these would take tens of seconds more: neither completes), and cleans up as when idle."""
+    import json
+    import threading
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    marker = f"TMPDIR={tmp}"
+    handle = launch(["--model-path", MODEL, "--context-length", "1024", "--max-running-requests", "4"],
+                    str(tmp_path), env={"TMPDIR": str(tmp)})
+    body = {"text": "hi", "sampling_params": {"max_new_tokens": 1000, "ignore_eos": True}}
+    completed = []
+
+    def client(stream: bool) -> None:
+        try:
+            with httpx.stream("POST", f"{handle.base_url}/generate", json={**body, "stream": stream}, timeout=300) as r:
+                for line in r.iter_lines():
+                    text = line[6:] if line.startswith("data: ") else line
+                    if text.startswith("{") and json.loads(text)["meta_info"]["finish_reason"]:
+                        completed.append(stream)
+        except httpx.HTTPError:
+            pass  # the server went away under it
+
+    clients = [threading.Thread(target=client, args=(s,), daemon=True) for s in (True, False)]
+    try:
+        for c in clients:
+            c.start()
+        deadline = time.time() + 60
+        while (handle.server_info().get("scheduler_stats") or {}).get("num_running_reqs", 0) < 2:
+            assert time.time() < deadline, "the requests never ran"
+            time.sleep(0.1)
+        handle.proc.send_signal(signal.SIGTERM)
+        assert handle.proc.wait(timeout=120) == 128 + signal.SIGTERM
+    finally:
+        if handle.proc.poll() is None:
+            handle.proc.kill()
+    for c in clients:
+        c.join(timeout=30)
+    assert completed == []
+    assert ipc_dirs(tmp) == []
+    deadline = time.time() + 10
+    while processes_with(marker) and time.time() < deadline:
+        time.sleep(0.2)
+    assert processes_with(marker) == []
