@@ -21,6 +21,13 @@ def server(tmp_path_factory):
     handle.stop()
 
 
+def test_fresh_server_reports_scheduler_stats(server):
+    """Before any request (this module's first test), /server_info has the scheduler's stats from its start."""
+    stats = server.server_info()["scheduler_stats"]
+    assert stats["num_running_reqs"] == 0 and stats["num_waiting_reqs"] == 0 and stats["pools_all_free"]
+    assert stats["num_generated_tokens"] == 0
+
+
 def test_abort_request_by_rid_and_all(server):
     """/generate's rid is the request's id; /abort_request ends that request (and the samples of an n > 1 request
     that gave it), or every request, with its output so far and finish_reason abort; duplicate or malformed rids are

@@ -176,3 +176,4 @@ class SchedulerReady:
     eos_token_ids: list
     pool_report: str
     effective_args: dict = field(default_factory=dict)
+    stats: Optional[SchedulerStats] = None  # at start (so /server_info has them before the first step)

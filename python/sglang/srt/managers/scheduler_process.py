@@ -89,7 +89,7 @@ class SchedulerProcess:
             model_path=r.model_path, context_length=r.server_args.context_length,
             vocab_size=r.model_config.vocab_size, max_total_tokens=r.pool_plan.max_total_tokens,
             max_running_requests=r.server_args.max_running_requests, eos_token_ids=r.model_config.eos_token_ids,
-            pool_report=r.pool_plan.format(), effective_args=dataclasses.asdict(r.server_args))
+            pool_report=r.pool_plan.format(), effective_args=dataclasses.asdict(r.server_args), stats=self._stats())
 
     # ---- loop -----------------------------------------------------------------------------------------
     def run_forever(self) -> None:

@@ -84,7 +84,7 @@ class TokenizerManager:
             self.recv.bind(tokenizer_input_remote)
         self.states: dict = {}  # sid -> ReqState
         self.dead_reason: Optional[str] = None
-        self.last_stats = None
+        self.last_stats = ready.stats  # the scheduler's at start, then each step's
         self.group_stats: dict = {}  # DP group -> its latest SchedulerStats
         self.control: dict = {}  # rid -> future of a control request's ControlOutput (io_struct)
         self.updating: Optional[asyncio.Event] = None  # set when a weight update ends; new requests wait for it
