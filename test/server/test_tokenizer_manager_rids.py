@@ -106,6 +106,16 @@ def test_abort_matching_names_client_rids_and_sends_scheduler_ids(pair):
         assert sorted(await tm.abort_matching("a")) == ["a-0", "a-1"]
         aborted = {(await scheduler.next()).rid for _ in range(2)}
         assert aborted == {sids["a-0"], sids["a-1"]}
+        assert await tm.abort_matching("a") == []  # already aborting: not again
+        # an aborted request's rid is free at once, before the scheduler has answered its abort
+        reuse = tm.generate([5], SamplingParams(max_new_tokens=4), rid="a-0")
+        reusing = asyncio.ensure_future(reuse.__anext__())
+        fresh = await scheduler.next()
+        assert isinstance(fresh, TokenizedGenerateReqInput) and fresh.rid != sids["a-0"]
+        reusing.cancel()
+        await asyncio.gather(reusing, return_exceptions=True)
+        await reuse.aclose()
+        assert (await scheduler.next()).rid == fresh.rid  # its abort
         await scheduler.answer(*(_output(s, [], {"type": "abort", "message": "request aborted"}) for s in aborted))
         for reader in readers[:2]:
             chunk = await reader

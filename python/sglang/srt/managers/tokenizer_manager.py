@@ -65,6 +65,7 @@ class ReqState(OutputState):
     sid: str = ""
     # whether its HTTP client has gone (Request.is_disconnected): a request reusing the rid asks it first
     client_gone: Optional[Callable[[], Awaitable[bool]]] = None
+    aborted: bool = False  # /abort_request sent its abort: the rid is free for a new request at once
 
 
 class TokenizerManager:
@@ -120,7 +121,7 @@ class TokenizerManager:
         dropped now (aborted in the scheduler, their handlers ended with 499) instead of when their handlers notice
         (a non-streaming one polls every 0.5 s), so a client retrying with its rid is not refused meanwhile."""
         while True:
-            holders = [state for state in self.states.values() if state.rid == rid]
+            holders = [state for state in self.states.values() if state.rid == rid and not state.aborted]
             if not holders:
                 return  # checked with no await before the caller registers its own request
             for state in holders:
@@ -209,8 +210,10 @@ class TokenizerManager:
         """/abort_request: abort every running request (abort_all), or the one with this rid and the samples of a
         /generate that gave it (their `group`); each finishes with what it has so far (finish_reason abort).
         Returns the rids aborted."""
-        targets = [state for state in self.states.values() if abort_all or rid in (state.rid, state.group)]
+        targets = [state for state in self.states.values()
+                   if not state.aborted and (abort_all or rid in (state.rid, state.group))]
         for state in targets:
+            state.aborted = True
             await self.send.send_pyobj(AbortReq(state.sid))
         return [state.rid for state in targets]
 
