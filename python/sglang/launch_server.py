@@ -144,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> None:
     from sglang.srt.arg_groups.deepseek_v4_hook import resolve_server_args
 
+    exit_on_sigterm()  # from the start: a SIGTERM while the model is resolved or generated exits cleanly too
     parser = build_parser()
     args = parser.parse_args(argv)
     configure_logging(args.log_level)  # first: resolving may generate the built-in model (a progress bar)
