@@ -170,3 +170,32 @@ def test_a_rid_held_by_a_gone_client_is_freed_at_once(pair):
             await asyncio.wait_for(scheduler.recv.recv_pyobj(), 0.3)
 
     asyncio.run(scenario())
+
+
+def test_a_group_rid_and_a_single_rid_exclude_each_other(pair):
+    """/generate with n samples holds its rid as their group (/abort_request with it aborts them all), so a single
+    request may not take that rid meanwhile, nor may samples of a group named as a running single request."""
+    tm, scheduler = pair
+
+    async def scenario():
+        params = SamplingParams(max_new_tokens=4)
+        sample = tm.generate([5], params, rid="g-0", group="g")
+        reading = asyncio.ensure_future(sample.__anext__())
+        sent = await scheduler.next()
+        with pytest.raises(Exception, match="'g' is already in use"):
+            await asyncio.wait_for(tm.generate([5], params, rid="g").__anext__(), 5)
+        single = tm.generate([5], params, rid="s")
+        reading2 = asyncio.ensure_future(single.__anext__())
+        sent2 = await scheduler.next()
+        with pytest.raises(Exception, match="'s' is already in use"):
+            await asyncio.wait_for(tm.generate([5], params, rid="s-1", group="s").__anext__(), 5)
+        assert sorted(await tm.abort_matching("g")) == ["g-0"]  # the group alone, as before
+        assert (await scheduler.next()).rid == sent.rid
+        await scheduler.answer(_output(sent.rid, [], {"type": "abort", "message": "request aborted"}),
+                               _output(sent2.rid, [8], {"type": "length", "length": 1}))
+        assert (await reading).finished and (await reading2).finished
+        await sample.aclose()
+        await single.aclose()
+        assert not tm.states
+
+    asyncio.run(scenario())

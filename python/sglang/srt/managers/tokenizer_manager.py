@@ -116,17 +116,22 @@ class TokenizerManager:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
     # ---- generation -------------------------------------------------------------------------------------
-    async def _free_rid(self, rid: str) -> None:
+    async def _free_rid(self, rid: str, group: Optional[str]) -> None:
         """Raise a 400 if a running request holds `rid`, unless each one holding it has lost its client: those are
         dropped now (aborted in the scheduler, their handlers ended with 499) instead of when their handlers notice
-        (a non-streaming one polls every 0.5 s), so a client retrying with its rid is not refused meanwhile."""
+        (a non-streaming one polls every 0.5 s), so a client retrying with its rid is not refused meanwhile. A
+        /generate with n samples holds its rid as their `group` (/abort_request with it aborts them all): a single
+        request with that rid, or samples of that group beside a single request with it, are refused alike."""
+        def holds(state: ReqState) -> bool:
+            return state.rid == rid or (state.group == rid if group is None else state.rid == group)
+
         while True:
-            holders = [state for state in self.states.values() if state.rid == rid and not state.aborted]
+            holders = [state for state in self.states.values() if holds(state) and not state.aborted]
             if not holders:
                 return  # checked with no await before the caller registers its own request
             for state in holders:
                 if state.client_gone is None or not await state.client_gone():
-                    raise RequestError(f"rid {rid!r} is already in use by a running request", param="rid")
+                    raise RequestError(f"rid {group or rid!r} is already in use by a running request", param="rid")
             for state in holders:
                 if self.states.pop(state.sid, None) is not None:
                     state.finished_reason = {"type": "abort", "status_code": 499, "message": "client disconnected"}
@@ -150,7 +155,7 @@ class TokenizerManager:
             raise RequestError(self.dead_reason, 503)
         self.start()
         if rid is not None:
-            await self._free_rid(rid)
+            await self._free_rid(rid, group)
         sid = uuid.uuid4().hex if rid is None else f"{rid}.{uuid.uuid4().hex[:12]}"
         rid = rid or sid
         detok = None if self.tokenizer is None else IncrementalDetokenizer(
