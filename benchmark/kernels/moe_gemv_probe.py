@@ -1,0 +1,234 @@
+"""Probe: the MoE's decode as GEMVs on the CUDA cores instead of 16-row MMAs (one program per (pair, row tile), the
+pairs read straight from the router's ids: no sort, no padding rows, no shared memory, few registers).
+
+Each 32-bit word of codes (8 inputs of one row) becomes four fp16x2 registers by masks and shifts (fp16 bits: the
+e2m1 value * 2^-14), times the scale byte's fp16x2 multiplier 2^(s - 113), and four fp16x2 multiply-adds against the
+activations' matching pairs, pre-ordered per 8 inputs as (0, 4), (2, 6), (1, 5), (3, 7); the 8-input fp16 sum is
+added in fp32. `--conv null` times the same kernels with the conversion replaced by one mask per register (wrong
+values): the structure's cost alone. Checked against the torch reference (fp32) before timing.
+
+    python3 benchmark/kernels/moe_gemv_probe.py [--tokens 1 2 4 8] [--block-n 32] [--block-k 256] [--warps 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+from sgl_kernel.dsv4_moe_sums import clamped_swiglu, combine_pairs
+from sgl_kernel.dsv4_mxfp4_scales import scale_layout, scale_offsets
+
+_CONV = {
+    "real": """
+and.b32 t, $1, 0x000F000F;
+shl.b32 a, t, 9;
+shl.b32 b, t, 12;
+or.b32 a, a, b;
+and.b32 r0, a, 0x8E008E00;
+and.b32 t, $1, 0x0F000F00;
+shl.b32 a, t, 1;
+shl.b32 b, t, 4;
+or.b32 a, a, b;
+and.b32 r1, a, 0x8E008E00;
+and.b32 t, $1, 0x00F000F0;
+shl.b32 a, t, 5;
+shl.b32 b, t, 8;
+or.b32 a, a, b;
+and.b32 r2, a, 0x8E008E00;
+and.b32 t, $1, 0xF000F000;
+shr.b32 a, t, 3;
+or.b32 a, a, t;
+and.b32 r3, a, 0x8E008E00;
+""",
+    "null": """
+and.b32 r0, $1, 0x0E000E00;
+and.b32 r1, $1, 0x0C000C00;
+and.b32 r2, $1, 0x0A000A00;
+and.b32 r3, $1, 0x06000600;
+""",
+}
+# m = 2^(s - 113) in both fp16 halves: exponent field s - 113 + 15 = s - 98
+_M_ADD = (-98 * 0x04000400) % 2**32
+
+
+def _asm(conv: str) -> str:
+    return ("{\n.reg .b32 t, a, b, m, r0, r1, r2, r3, acc;\n.reg .b16 lo, hi;\n.reg .f32 fl, fh;\n"
+            f"mad.lo.u32 m, $2, 0x04000400, {_M_ADD};\n" + _CONV[conv]
+            + "mul.rn.f16x2 r0, r0, m;\nmul.rn.f16x2 r1, r1, m;\nmul.rn.f16x2 r2, r2, m;\nmul.rn.f16x2 r3, r3, m;\n"
+            "mul.rn.f16x2 acc, r0, $3;\nfma.rn.f16x2 acc, r1, $4, acc;\nfma.rn.f16x2 acc, r2, $5, acc;\n"
+            "fma.rn.f16x2 acc, r3, $6, acc;\nmov.b32 {lo, hi}, acc;\ncvt.f32.f16 fl, lo;\ncvt.f32.f16 fh, hi;\n"
+            "add.f32 $0, fl, fh;\n}")
+
+
+def _asm4() -> str:
+    """pack=4: one 32-input scale group (4 words of a row) per call, its 32 products summed in two fp16x2 chains, the
+    sum in the first output (the other three 0): a third of the fp32 conversions and adds of _asm."""
+    conv = _CONV["real"]
+    lines = ["{", ".reg .b32 t, a, b, m, r0, r1, r2, r3, c0, c1;", ".reg .b16 lo, hi;", ".reg .f32 f0, f1, f2, f3;",
+             f"mad.lo.u32 m, $8, 0x04000400, {_M_ADD};"]
+    for j in range(4):
+        lines.append(conv.replace("$1", f"${4 + j}").strip())
+        lines += [f"mul.rn.f16x2 r{i}, r{i}, m;" for i in range(4)]
+        acc = f"c{j % 2}"
+        first = "mul.rn.f16x2 {a}, r0, ${x};" if j < 2 else "fma.rn.f16x2 {a}, r0, ${x}, {a};"
+        lines.append(first.format(a=acc, x=12 + j))
+        lines += [f"fma.rn.f16x2 {acc}, r{i}, ${12 + 4 * i + j}, {acc};" for i in range(1, 4)]
+    lines += ["mov.b32 {lo, hi}, c0;", "cvt.f32.f16 f0, lo;", "cvt.f32.f16 f1, hi;", "mov.b32 {lo, hi}, c1;",
+              "cvt.f32.f16 f2, lo;", "cvt.f32.f16 f3, hi;", "add.f32 f0, f0, f1;", "add.f32 f2, f2, f3;",
+              "add.f32 $0, f0, f2;", "mov.f32 $1, 0f00000000;", "mov.f32 $2, 0f00000000;", "mov.f32 $3, 0f00000000;",
+              "}"]
+    return "\n".join(lines)
+
+
+def _cons(pack: int) -> str:
+    return ",".join(["=r"] * pack + ["r"] * (6 * pack))
+
+
+@triton.jit
+def _row_dots(w_e, s_e, rows, k0, x_row, stride_wn, stride_sn, ASM: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_K: tl.constexpr, PACK: tl.constexpr, CONS: tl.constexpr):
+    """[BLOCK_N, BLOCK_K / 8] fp32: each 8-input word of the rows' codes at inputs k0 .. k0 + BLOCK_K dotted with the
+    pre-ordered fp16 activations (the caller sums over K once, after its loop: no cross-thread sums per step)."""
+    wi = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+    q = tl.load(w_e + rows[:, None] * stride_wn + wi[None, :])
+    gi = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+    s = tl.load(s_e + scale_offsets(rows, gi, stride_sn, True)).to(tl.int32)
+    s = tl.reshape(tl.broadcast_to(s[:, :, None], [BLOCK_N, BLOCK_K // 32, 4]), [BLOCK_N, BLOCK_K // 8])
+    x0 = tl.broadcast_to(tl.load(x_row + 4 * wi)[None, :], [BLOCK_N, BLOCK_K // 8])
+    x1 = tl.broadcast_to(tl.load(x_row + 4 * wi + 1)[None, :], [BLOCK_N, BLOCK_K // 8])
+    x2 = tl.broadcast_to(tl.load(x_row + 4 * wi + 2)[None, :], [BLOCK_N, BLOCK_K // 8])
+    x3 = tl.broadcast_to(tl.load(x_row + 4 * wi + 3)[None, :], [BLOCK_N, BLOCK_K // 8])
+    part = tl.inline_asm_elementwise(ASM, CONS, [q, s, x0, x1, x2, x3], dtype=tl.float32, is_pure=True, pack=PACK)
+    return part
+
+
+@triton.jit
+def _slot(i):
+    """Where input i of an 8-input group sits among the pre-ordered activations (0, 4, 2, 6, 1, 5, 3, 7: a bit
+    reversal, its own inverse)."""
+    j = i % 8
+    return i - j + (j % 2) * 4 + (j // 2 % 2) * 2 + j // 4
+
+
+@triton.jit
+def _gemv_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, h_ptr, D, I, TOPK, stride_x, stride_we, stride_wn, stride_se,
+                         stride_sn, stride_h, limit, ASM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                         PACK: tl.constexpr, CONS: tl.constexpr):
+    p = tl.program_id(1)
+    e = tl.load(ids_ptr + p)
+    if e >= 0:
+        n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        w_e = w_ptr + e.to(tl.int64) * stride_we
+        s_e = s_ptr + e.to(tl.int64) * stride_se
+        x_row = x_ptr + (p // TOPK).to(tl.int64) * stride_x
+        g = tl.zeros([BLOCK_N, BLOCK_K // 8], dtype=tl.float32)
+        u = tl.zeros([BLOCK_N, BLOCK_K // 8], dtype=tl.float32)
+        for k0 in range(0, D, BLOCK_K):
+            g += _row_dots(w_e, s_e, n, k0, x_row, stride_wn, stride_sn, ASM, BLOCK_N, BLOCK_K, PACK, CONS)
+            u += _row_dots(w_e, s_e, I + n, k0, x_row, stride_wn, stride_sn, ASM, BLOCK_N, BLOCK_K, PACK, CONS)
+        act = clamped_swiglu(tl.sum(g, axis=1), tl.sum(u, axis=1), limit)
+        tl.store(h_ptr + p.to(tl.int64) * stride_h + _slot(n), act.to(tl.float16))
+
+
+@triton.jit
+def _gemv_down_kernel(h_ptr, ids_ptr, wts_ptr, w_ptr, s_ptr, out_ptr, D, I, stride_h, stride_we, stride_wn,
+                      stride_se, stride_sn, stride_o, ASM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      PACK: tl.constexpr, CONS: tl.constexpr):
+    p = tl.program_id(1)
+    e = tl.load(ids_ptr + p)
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    acc2 = tl.zeros([BLOCK_N, BLOCK_K // 8], dtype=tl.float32)
+    if e >= 0:
+        w_e = w_ptr + e.to(tl.int64) * stride_we
+        s_e = s_ptr + e.to(tl.int64) * stride_se
+        h_row = h_ptr + p.to(tl.int64) * stride_h
+        for k0 in range(0, I, BLOCK_K):
+            acc2 += _row_dots(w_e, s_e, n, k0, h_row, stride_wn, stride_sn, ASM, BLOCK_N, BLOCK_K, PACK, CONS)
+        acc = tl.sum(acc2, axis=1) * tl.load(wts_ptr + p)
+    tl.store(out_ptr + p.to(tl.int64) * stride_o + n, acc)
+
+
+def preorder(x: torch.Tensor) -> torch.Tensor:
+    """[T, D] -> fp16 [T, D] with each 8-input group as (0, 4, 2, 6, 1, 5, 3, 7)."""
+    t, d = x.shape
+    return x.view(t, d // 8, 2, 2, 2).permute(0, 1, 4, 3, 2).reshape(t, d).half()
+
+
+def gemv_moe(x, ids, wts, w13, s13, w2, s2, limit, conv="real", block_n=32, block_k=256, warps=4, stages=1):
+    t, d = x.shape
+    k = ids.shape[1]
+    inter = w13.shape[1] // 2
+    asm, pack = (_asm4(), 4) if conv == "real4" else (_asm(conv), 1)
+    x16 = preorder(x).view(torch.int32)
+    pairs = t * k
+    ids_flat = ids.reshape(-1).to(torch.int32)
+    wts_flat = wts.reshape(-1).float()
+    h = torch.empty(pairs, inter, dtype=torch.float16, device=x.device)
+    w13i, w2i = w13.view(torch.int32), w2.view(torch.int32)
+    s13e, s13m, ch13 = scale_layout(s13)
+    s2e, s2m, ch2 = scale_layout(s2)
+    assert ch13 and ch2
+    _gemv_gate_up_kernel[(inter // block_n, pairs)](
+        x16, ids_flat, w13i, s13, h, d, inter, k, x16.stride(0), w13i.stride(0), w13i.stride(1), s13e, s13m,
+        h.stride(0), float(limit), ASM=asm, BLOCK_N=block_n, BLOCK_K=block_k, PACK=pack, CONS=_cons(pack),
+        num_warps=warps, num_stages=stages)
+    hi = h.view(torch.int32)
+    out = torch.empty(pairs, d, dtype=torch.float32, device=x.device)
+    _gemv_down_kernel[(d // block_n, pairs)](
+        hi, ids_flat, wts_flat, w2i, s2, out, d, inter, hi.stride(0), w2i.stride(0), w2i.stride(1), s2e, s2m,
+        out.stride(0), ASM=asm, BLOCK_N=block_n, BLOCK_K=block_k, PACK=pack, CONS=_cons(pack), num_warps=warps,
+        num_stages=stages)
+    return combine_pairs(out, k, x.dtype), h, out
+
+
+def main() -> None:
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    from bench_moe_mxfp4 import copy_bandwidth, random_mxfp4_experts
+    from sgl_kernel.dsv4_moe_mxfp4 import dsv4_moe_mxfp4
+    from sgl_kernel.dsv4_moe_mxfp4_ref import fused_moe_mxfp4_ref
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 4, 8])
+    ap.add_argument("--block-n", type=int, nargs="+", default=[32])
+    ap.add_argument("--block-k", type=int, nargs="+", default=[256])
+    ap.add_argument("--warps", type=int, nargs="+", default=[4])
+    ap.add_argument("--conv", nargs="+", default=["real", "real4", "null"])
+    args = ap.parse_args()
+    e, d, i, k = 256, 4096, 2048, 6
+    g = torch.Generator(device="cuda").manual_seed(0)
+    w13, s13, w2, s2 = random_mxfp4_experts(e, d, i, g)
+    bw = copy_bandwidth()
+    print(f"copy bandwidth {bw / 1e9:.0f} GB/s")
+    for t in args.tokens:
+        ids = torch.stack([torch.randperm(e, device="cuda", generator=g)[:k] for _ in range(t)])
+        wts = torch.rand(t, k, device="cuda", generator=g)
+        x = (torch.randn(t, d, device="cuda", generator=g) * 0.05).bfloat16()
+        touched = ids.unique().numel()
+        floor = touched * (w13[0].numel() + s13[0].numel() + w2[0].numel() + s2[0].numel()) / bw * 1e6
+        ref = fused_moe_mxfp4_ref(x, ids, wts, w13, s13, w2, s2, 10.0)
+        landed = lambda: dsv4_moe_mxfp4(x, ids, wts, w13, s13, w2, s2, 10.0, scales_fit_planes=True)  # noqa: E731
+        err_l = ((landed().float() - ref).norm() / ref.norm()).item()
+        t_l = min(triton.testing.do_bench_cudagraph(landed, rep=100) for _ in range(2)) * 1e3
+        line = [f"{t} tok ({touched} experts, floor {floor:.1f} us): landed {t_l:.1f} us ({floor / t_l:.2f}) "
+                f"err {err_l:.1e}"]
+        for bn in args.block_n:
+            for bk in args.block_k:
+                for wp in args.warps:
+                    for conv in args.conv:
+                        fn = lambda: gemv_moe(x, ids, wts, w13, s13, w2, s2, 10.0, conv, bn, bk, wp)[0]  # noqa: E731
+                        err = ((fn().float() - ref).norm() / ref.norm()).item()
+                        us = min(triton.testing.do_bench_cudagraph(fn, rep=100) for _ in range(2)) * 1e3
+                        t_prep = triton.testing.do_bench_cudagraph(lambda: preorder(x), rep=50) * 1e3
+                        line.append(f"gemv {conv} bn{bn} bk{bk} w{wp}: {us:.1f} us ({floor / us:.2f}; prep "
+                                    f"{t_prep:.1f}) err {err:.1e}")
+        print(" | ".join(line), flush=True)
+
+
+if __name__ == "__main__":
+    main()
