@@ -164,12 +164,18 @@ def preorder(x: torch.Tensor) -> torch.Tensor:
     return x.view(t, d // 8, 2, 2, 2).permute(0, 1, 4, 3, 2).reshape(t, d).half()
 
 
+def tile_fits(block_n: int, block_k: int, warps: int, conv: str) -> bool:
+    """Whether the tile holds a PTX block's words for every thread (a smaller one is replicated across threads into
+    the PTX blocks: NaN seen on an H100)."""
+    return block_n * block_k // 8 >= 32 * warps * (4 if conv == "real4" else 1)
+
+
 def gemv_moe(x, ids, wts, w13, s13, w2, s2, limit, conv="real", block_n=32, block_k=256, warps=4, stages=1):
     t, d = x.shape
     k = ids.shape[1]
     inter = w13.shape[1] // 2
     asm, pack = (_asm4(), 4) if conv == "real4" else (_asm(conv), 1)
-    if block_n * block_k // 8 < 32 * warps * pack:  # a smaller tile is replicated across threads into the PTX: NaN
+    if not tile_fits(block_n, block_k, warps, conv):
         raise ValueError(f"a {block_n} x {block_k} tile holds fewer code words than {warps} warps take")
     x16 = preorder(x).view(torch.int32)
     pairs = t * k
@@ -190,7 +196,7 @@ def gemv_moe(x, ids, wts, w13, s13, w2, s2, limit, conv="real", block_n=32, bloc
         hi, ids_flat, wts_flat, w2i, s2, out, d, inter, hi.stride(0), w2i.stride(0), w2i.stride(1), s2e, s2m,
         out.stride(0), ASM=asm, BLOCK_N=block_n, BLOCK_K=block_k, PACK=pack, CONS=_cons(pack), num_warps=warps,
         num_stages=stages)
-    return combine_pairs(out, k, x.dtype), h, out
+    return combine_pairs(out, k, x.dtype)
 
 
 def main() -> None:
@@ -221,20 +227,19 @@ def main() -> None:
         landed = lambda: dsv4_moe_mxfp4(x, ids, wts, w13, s13, w2, s2, 10.0, scales_fit_planes=True)  # noqa: E731
         err_l = ((landed().float() - ref).norm() / ref.norm()).item()
         t_l = min(triton.testing.do_bench_cudagraph(landed, rep=100) for _ in range(2)) * 1e3
+        t_prep = triton.testing.do_bench_cudagraph(lambda: preorder(x), rep=50) * 1e3  # inside each GEMV figure
         line = [f"{t} tok ({touched} experts, floor {floor:.1f} us): landed {t_l:.1f} us ({floor / t_l:.2f}) "
-                f"err {err_l:.1e}"]
+                f"err {err_l:.1e}; pre-ordering {t_prep:.1f} us"]
         for bn in args.block_n:
             for bk in args.block_k:
                 for wp in args.warps:
                     for conv in args.conv:
-                        fn = lambda: gemv_moe(x, ids, wts, w13, s13, w2, s2, 10.0, conv, bn, bk, wp)[0]  # noqa: E731
-                        if bn * bk // 8 < 32 * wp * (4 if conv == "real4" else 1):
+                        if not tile_fits(bn, bk, wp, conv):
                             continue
+                        fn = lambda: gemv_moe(x, ids, wts, w13, s13, w2, s2, 10.0, conv, bn, bk, wp)  # noqa: E731
                         err = ((fn().float() - ref).norm() / ref.norm()).item()
                         us = min(triton.testing.do_bench_cudagraph(fn, rep=100) for _ in range(2)) * 1e3
-                        t_prep = triton.testing.do_bench_cudagraph(lambda: preorder(x), rep=50) * 1e3
-                        line.append(f"gemv {conv} bn{bn} bk{bk} w{wp}: {us:.1f} us ({floor / us:.2f}; prep "
-                                    f"{t_prep:.1f}) err {err:.1e}")
+                        line.append(f"gemv {conv} bn{bn} bk{bk} w{wp}: {us:.1f} us ({floor / us:.2f}) err {err:.1e}")
         print(" | ".join(line), flush=True)
 
 
