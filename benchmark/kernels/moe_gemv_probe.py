@@ -4,19 +4,23 @@ pairs read straight from the router's ids: no sort, no padding rows, no shared m
 Each 32-bit word of codes (8 inputs of one row) becomes four fp16x2 registers by masks and shifts (fp16 bits: the
 e2m1 value * 2^-14), times the scale byte's fp16x2 multiplier 2^(s - 113), and four fp16x2 multiply-adds against the
 activations' matching pairs, pre-ordered per 8 inputs as (0, 4), (2, 6), (1, 5), (3, 7); the 8-input fp16 sum is
-added in fp32. `--conv null` times the same kernels with the conversion replaced by one mask per register (wrong
-values): the structure's cost alone. Checked against the torch reference (fp32) before timing.
+added in fp32. `--conv mux` places the same bits in 11 integer instructions per word instead of 15 (a rotation and
+two bit selects first); `--conv null` times the same kernels with the conversion replaced by one mask per register
+(wrong values): the structure's cost alone. A `4` suffix sums one 32-input scale group per PTX block. Checked against
+the torch reference (fp32) before timing.
 
     python3 benchmark/kernels/moe_gemv_probe.py [--tokens 1 2 4 8] [--block-n 32] [--block-k 256] [--warps 4]
-        [--conv real real4 null]
+        [--conv real real4 mux4 null] [--prefetch 0 1]
 
 On an H100 one token's op ran ~10% faster than the landed planes, 8 tokens' 3% slower (RESULTS.md, 2026-12-05
-fourteenth session): kept as a probe, not an engine path.
+fourteenth session); with `mux4` 14% faster at one token and as fast at 8 (fifteenth session): kept as a probe, not
+an engine path.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import sys
 
@@ -49,6 +53,22 @@ shr.b32 a, t, 3;
 or.b32 a, a, t;
 and.b32 r3, a, 0x8E008E00;
 """,
+    # one rotation puts each code's sign 3 bits above its e1 e0 m (onto a neighbour's e1 e0 m bits); selecting the
+    # even codes' e1 e0 m from q and the rest from the rotation (one LOP3), and the odd codes' likewise, leaves each
+    # register one shift or rotation and one mask: 11 integer instructions per word instead of 15
+    "mux": """
+shf.l.wrap.b32 t, $1, $1, 3;
+lop3.b32 a, $1, t, 0x07070707, 0xE4;
+lop3.b32 b, $1, t, 0x70707070, 0xE4;
+shl.b32 t, a, 9;
+and.b32 r0, t, 0x8E008E00;
+shl.b32 t, a, 1;
+and.b32 r1, t, 0x8E008E00;
+shl.b32 t, b, 5;
+and.b32 r2, t, 0x8E008E00;
+shf.r.wrap.b32 t, b, b, 3;
+and.b32 r3, t, 0x8E008E00;
+""",
     "null": """
 and.b32 r0, $1, 0x0E000E00;
 and.b32 r1, $1, 0x0C000C00;
@@ -69,10 +89,10 @@ def _asm(conv: str) -> str:
             "add.f32 $0, fl, fh;\n}")
 
 
-def _asm4() -> str:
+def _asm4(conv: str) -> str:
     """pack=4: one 32-input scale group (4 words of a row) per call, its 32 products summed in two fp16x2 chains, the
     sum in the first output (the other three 0): a third of the fp32 conversions and adds of _asm."""
-    conv = _CONV["real"]
+    conv = _CONV[conv]
     lines = ["{", ".reg .b32 t, a, b, m, r0, r1, r2, r3, c0, c1;", ".reg .b16 lo, hi;", ".reg .f32 f0, f1, f2, f3;",
              f"mad.lo.u32 m, $8, 0x04000400, {_M_ADD};"]
     for j in range(4):
@@ -94,21 +114,47 @@ def _cons(pack: int) -> str:
 
 
 @triton.jit
-def _row_dots(w_e, s_e, rows, k0, x_row, stride_wn, stride_sn, ASM: tl.constexpr, BLOCK_N: tl.constexpr,
-              BLOCK_K: tl.constexpr, PACK: tl.constexpr, CONS: tl.constexpr):
-    """[BLOCK_N, BLOCK_K / 8] fp32: each 8-input word of the rows' codes at inputs k0 .. k0 + BLOCK_K dotted with the
-    pre-ordered fp16 activations (the caller sums over K once, after its loop: no cross-thread sums per step)."""
+def _tile(w_e, s_e, rows, k0, stride_wn, stride_sn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The rows' code words [BLOCK_N, BLOCK_K / 8] at inputs k0 .. k0 + BLOCK_K and their scale bytes, one per word."""
     wi = k0 // 8 + tl.arange(0, BLOCK_K // 8)
     q = tl.load(w_e + rows[:, None] * stride_wn + wi[None, :])
     gi = k0 // 32 + tl.arange(0, BLOCK_K // 32)
     s = tl.load(s_e + scale_offsets(rows, gi, stride_sn, True)).to(tl.int32)
-    s = tl.reshape(tl.broadcast_to(s[:, :, None], [BLOCK_N, BLOCK_K // 32, 4]), [BLOCK_N, BLOCK_K // 8])
+    return q, tl.reshape(tl.broadcast_to(s[:, :, None], [BLOCK_N, BLOCK_K // 32, 4]), [BLOCK_N, BLOCK_K // 8])
+
+
+@triton.jit
+def _dots(q, s, k0, x_row, ASM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PACK: tl.constexpr,
+          CONS: tl.constexpr):
+    """[BLOCK_N, BLOCK_K / 8] fp32: each code word dotted with the pre-ordered fp16 activations (the caller sums over K
+    once, after its loop: no cross-thread sums per step)."""
+    wi = k0 // 8 + tl.arange(0, BLOCK_K // 8)
     x0 = tl.broadcast_to(tl.load(x_row + 4 * wi)[None, :], [BLOCK_N, BLOCK_K // 8])
     x1 = tl.broadcast_to(tl.load(x_row + 4 * wi + 1)[None, :], [BLOCK_N, BLOCK_K // 8])
     x2 = tl.broadcast_to(tl.load(x_row + 4 * wi + 2)[None, :], [BLOCK_N, BLOCK_K // 8])
     x3 = tl.broadcast_to(tl.load(x_row + 4 * wi + 3)[None, :], [BLOCK_N, BLOCK_K // 8])
-    part = tl.inline_asm_elementwise(ASM, CONS, [q, s, x0, x1, x2, x3], dtype=tl.float32, is_pure=True, pack=PACK)
-    return part
+    return tl.inline_asm_elementwise(ASM, CONS, [q, s, x0, x1, x2, x3], dtype=tl.float32, is_pure=True, pack=PACK)
+
+
+@triton.jit
+def _row_sums(w_e, s_e, rows, x_row, K, stride_wn, stride_sn, ASM: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_K: tl.constexpr, PACK: tl.constexpr, CONS: tl.constexpr, PREFETCH: tl.constexpr):
+    """[BLOCK_N] fp32: the rows dotted with the activations over all K inputs. PREFETCH: the next step's code words and
+    scales are loaded before this step's are converted (two steps in flight per program: Triton does not pipeline
+    these loads, they feed no MMA)."""
+    acc = tl.zeros([BLOCK_N, BLOCK_K // 8], dtype=tl.float32)
+    if PREFETCH:
+        q, s = _tile(w_e, s_e, rows, 0, stride_wn, stride_sn, BLOCK_N, BLOCK_K)
+        for k0 in range(0, K - BLOCK_K, BLOCK_K):
+            q_next, s_next = _tile(w_e, s_e, rows, k0 + BLOCK_K, stride_wn, stride_sn, BLOCK_N, BLOCK_K)
+            acc += _dots(q, s, k0, x_row, ASM, BLOCK_N, BLOCK_K, PACK, CONS)
+            q, s = q_next, s_next
+        acc += _dots(q, s, K - BLOCK_K, x_row, ASM, BLOCK_N, BLOCK_K, PACK, CONS)
+    else:
+        for k0 in range(0, K, BLOCK_K):
+            q, s = _tile(w_e, s_e, rows, k0, stride_wn, stride_sn, BLOCK_N, BLOCK_K)
+            acc += _dots(q, s, k0, x_row, ASM, BLOCK_N, BLOCK_K, PACK, CONS)
+    return tl.sum(acc, axis=1)
 
 
 @triton.jit
@@ -122,7 +168,9 @@ def _slot(i):
 @triton.jit
 def _gemv_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, h_ptr, D, I, TOPK, stride_x, stride_we, stride_wn, stride_se,
                          stride_sn, stride_h, limit, ASM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                         PACK: tl.constexpr, CONS: tl.constexpr):
+                         PACK: tl.constexpr, CONS: tl.constexpr, PREFETCH: tl.constexpr):
+    """program_id(1) = pair, program_id(0) = a tile of BLOCK_N gate rows; its gate and up rows' sums, the clamped
+    SwiGLU, stored fp16 in the pre-order the down reads."""
     p = tl.program_id(1)
     e = tl.load(ids_ptr + p)
     if e >= 0:
@@ -130,31 +178,28 @@ def _gemv_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, h_ptr, D, I, TOPK, stride
         w_e = w_ptr + e.to(tl.int64) * stride_we
         s_e = s_ptr + e.to(tl.int64) * stride_se
         x_row = x_ptr + (p // TOPK).to(tl.int64) * stride_x
-        g = tl.zeros([BLOCK_N, BLOCK_K // 8], dtype=tl.float32)
-        u = tl.zeros([BLOCK_N, BLOCK_K // 8], dtype=tl.float32)
-        for k0 in range(0, D, BLOCK_K):
-            g += _row_dots(w_e, s_e, n, k0, x_row, stride_wn, stride_sn, ASM, BLOCK_N, BLOCK_K, PACK, CONS)
-            u += _row_dots(w_e, s_e, I + n, k0, x_row, stride_wn, stride_sn, ASM, BLOCK_N, BLOCK_K, PACK, CONS)
-        act = clamped_swiglu(tl.sum(g, axis=1), tl.sum(u, axis=1), limit)
+        g = _row_sums(w_e, s_e, n, x_row, D, stride_wn, stride_sn, ASM, BLOCK_N, BLOCK_K, PACK, CONS, PREFETCH)
+        u = _row_sums(w_e, s_e, I + n, x_row, D, stride_wn, stride_sn, ASM, BLOCK_N, BLOCK_K, PACK, CONS, PREFETCH)
+        act = clamped_swiglu(g, u, limit)
         tl.store(h_ptr + p.to(tl.int64) * stride_h + _slot(n), act.to(tl.float16))
 
 
 @triton.jit
 def _gemv_down_kernel(h_ptr, ids_ptr, wts_ptr, w_ptr, s_ptr, out_ptr, D, I, stride_h, stride_we, stride_wn,
                       stride_se, stride_sn, stride_o, ASM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                      PACK: tl.constexpr, CONS: tl.constexpr):
+                      PACK: tl.constexpr, CONS: tl.constexpr, PREFETCH: tl.constexpr):
+    """program_id(1) = pair, program_id(0) = a tile of BLOCK_N output rows: the pair's down rows times its router
+    weight, fp32 (dsv4_moe_sums.combine_pairs adds a token's pairs)."""
     p = tl.program_id(1)
     e = tl.load(ids_ptr + p)
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    acc2 = tl.zeros([BLOCK_N, BLOCK_K // 8], dtype=tl.float32)
     if e >= 0:
         w_e = w_ptr + e.to(tl.int64) * stride_we
         s_e = s_ptr + e.to(tl.int64) * stride_se
         h_row = h_ptr + p.to(tl.int64) * stride_h
-        for k0 in range(0, I, BLOCK_K):
-            acc2 += _row_dots(w_e, s_e, n, k0, h_row, stride_wn, stride_sn, ASM, BLOCK_N, BLOCK_K, PACK, CONS)
-        acc = tl.sum(acc2, axis=1) * tl.load(wts_ptr + p)
+        acc = _row_sums(w_e, s_e, n, h_row, I, stride_wn, stride_sn, ASM, BLOCK_N, BLOCK_K, PACK, CONS, PREFETCH)
+        acc = acc * tl.load(wts_ptr + p)
     tl.store(out_ptr + p.to(tl.int64) * stride_o + n, acc)
 
 
@@ -167,14 +212,14 @@ def preorder(x: torch.Tensor) -> torch.Tensor:
 def tile_fits(block_n: int, block_k: int, warps: int, conv: str) -> bool:
     """Whether the tile holds a PTX block's words for every thread (a smaller one is replicated across threads into
     the PTX blocks: NaN seen on an H100)."""
-    return block_n * block_k // 8 >= 32 * warps * (4 if conv == "real4" else 1)
+    return block_n * block_k // 8 >= 32 * warps * (4 if conv.endswith("4") else 1)
 
 
-def gemv_moe(x, ids, wts, w13, s13, w2, s2, limit, conv="real", block_n=32, block_k=256, warps=4, stages=1):
+def gemv_moe(x, ids, wts, w13, s13, w2, s2, limit, conv="real", block_n=32, block_k=256, warps=4, prefetch=False):
     t, d = x.shape
     k = ids.shape[1]
     inter = w13.shape[1] // 2
-    asm, pack = (_asm4(), 4) if conv == "real4" else (_asm(conv), 1)
+    asm, pack = (_asm4(conv[:-1]), 4) if conv.endswith("4") else (_asm(conv), 1)
     if not tile_fits(block_n, block_k, warps, conv):
         raise ValueError(f"a {block_n} x {block_k} tile holds fewer code words than {warps} warps take")
     x16 = preorder(x).view(torch.int32)
@@ -189,13 +234,13 @@ def gemv_moe(x, ids, wts, w13, s13, w2, s2, limit, conv="real", block_n=32, bloc
     _gemv_gate_up_kernel[(inter // block_n, pairs)](
         x16, ids_flat, w13i, s13, h, d, inter, k, x16.stride(0), w13i.stride(0), w13i.stride(1), s13e, s13m,
         h.stride(0), float(limit), ASM=asm, BLOCK_N=block_n, BLOCK_K=block_k, PACK=pack, CONS=_cons(pack),
-        num_warps=warps, num_stages=stages)
+        PREFETCH=prefetch, num_warps=warps)
     hi = h.view(torch.int32)
     out = torch.empty(pairs, d, dtype=torch.float32, device=x.device)
     _gemv_down_kernel[(d // block_n, pairs)](
         hi, ids_flat, wts_flat, w2i, s2, out, d, inter, hi.stride(0), w2i.stride(0), w2i.stride(1), s2e, s2m,
-        out.stride(0), ASM=asm, BLOCK_N=block_n, BLOCK_K=block_k, PACK=pack, CONS=_cons(pack), num_warps=warps,
-        num_stages=stages)
+        out.stride(0), ASM=asm, BLOCK_N=block_n, BLOCK_K=block_k, PACK=pack, CONS=_cons(pack), PREFETCH=prefetch,
+        num_warps=warps)
     return combine_pairs(out, k, x.dtype)
 
 
@@ -210,7 +255,10 @@ def main() -> None:
     ap.add_argument("--block-n", type=int, nargs="+", default=[32])
     ap.add_argument("--block-k", type=int, nargs="+", default=[256])
     ap.add_argument("--warps", type=int, nargs="+", default=[4])
-    ap.add_argument("--conv", nargs="+", default=["real", "real4", "null"])
+    ap.add_argument("--conv", nargs="+", default=["real", "real4", "null"], help="real, mux, null; a 4 suffix: one "
+                    "scale group per PTX block")
+    ap.add_argument("--prefetch", type=int, nargs="+", default=[0], help="1: the next K step's codes loaded before "
+                    "this step's are converted")
     args = ap.parse_args()
     e, d, i, k = 256, 4096, 2048, 6
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -232,14 +280,13 @@ def main() -> None:
                 f"err {err_l:.1e}; pre-ordering {t_prep:.1f} us"]
         for bn in args.block_n:
             for bk in args.block_k:
-                for wp in args.warps:
-                    for conv in args.conv:
-                        if not tile_fits(bn, bk, wp, conv):
-                            continue
-                        fn = lambda: gemv_moe(x, ids, wts, w13, s13, w2, s2, 10.0, conv, bn, bk, wp)  # noqa: E731
-                        err = ((fn().float() - ref).norm() / ref.norm()).item()
-                        us = min(triton.testing.do_bench_cudagraph(fn, rep=100) for _ in range(2)) * 1e3
-                        line.append(f"gemv {conv} bn{bn} bk{bk} w{wp}: {us:.1f} us ({floor / us:.2f}) err {err:.1e}")
+                for wp, st, conv in itertools.product(args.warps, args.prefetch, args.conv):
+                    if not tile_fits(bn, bk, wp, conv):
+                        continue
+                    fn = lambda: gemv_moe(x, ids, wts, w13, s13, w2, s2, 10.0, conv, bn, bk, wp, bool(st))  # noqa: E731
+                    err = ((fn().float() - ref).norm() / ref.norm()).item()
+                    us = min(triton.testing.do_bench_cudagraph(fn, rep=100) for _ in range(2)) * 1e3
+                    line.append(f"gemv {conv} bn{bn} bk{bk} w{wp} p{st}: {us:.1f} us ({floor / us:.2f}) err {err:.1e}")
         print(" | ".join(line), flush=True)
 
 

@@ -23,6 +23,8 @@ from sgl_kernel.dsv4_moe_w4a8 import (
     A8_DOWN, A8_DOWN_FEW, A8_DOWN_ONE, A8_GATE_UP, A8_GATE_UP_FEW, A8_GATE_UP_ONE, A8_PREFILL, a8_config,
     dsv4_moe_mxfp4_w4a8)
 from sgl_kernel.dsv4_mxfp4_e4m3 import _PTX, fp4_group_e4m3, parity_order
+
+from ptx_text import run_ptx
 from test_dsv4_moe_mxfp4 import _experts, _routing
 
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
@@ -49,24 +51,6 @@ def test_every_code_byte_converts_to_its_e4m3_values_in_group_parity_order():
     assert torch.equal(out, want * 2.0 ** -6)
 
 
-def _run_ptx(text: str, word: int) -> tuple:
-    """The PTX block's arithmetic on one 32-bit input ($2), instruction by instruction as written: ($0, $1)."""
-    regs = {"$2": word}
-    ops = {"and.b32": lambda a, b: a & b, "or.b32": lambda a, b: a | b, "shl.b32": lambda a, b: a << b,
-           "shr.b32": lambda a, b: a >> b}
-    for line in text.strip().splitlines():
-        m = re.match(r"\s*([\w.]+)\s+([^;]+);", line)
-        if not m or m.group(1).startswith(".reg"):
-            continue
-        op, args = m.group(1), [a.strip() for a in m.group(2).split(",")]
-        val = [regs[a] if a in regs else int(a, 0) for a in args[1:]]
-        if op == "mad.lo.u32":
-            regs[args[0]] = (val[0] * val[1] + val[2]) & 0xFFFFFFFF
-        else:
-            regs[args[0]] = ops[op](*val) & 0xFFFFFFFF
-    return regs["$0"], regs["$1"]
-
-
 def test_ptx_computes_the_same_bytes():
     """The inline PTX (GPUs), executed from its own text on 4 code bytes at a time: every byte value in every byte
     position gives the bytes the Triton ops give (e4m3 of the low nibble in $0, of the high nibble in $1)."""
@@ -76,7 +60,8 @@ def test_ptx_computes_the_same_bytes():
     for v in range(256):
         for pos in range(4):
             word = (v << (8 * pos)) | (0xA5 << (8 * ((pos + 1) % 4)))  # a neighbour byte: no bleeding across
-            lo, hi = _run_ptx(_PTX.value, word)
+            regs = run_ptx(_PTX.value, {"$2": word})
+            lo, hi = regs["$0"], regs["$1"]
             for p, byte in ((pos, v), ((pos + 1) % 4, 0xA5)):
                 assert (lo >> (8 * p)) & 0xFF == e4m3(byte & 15), (v, pos)
                 assert (hi >> (8 * p)) & 0xFF == e4m3(byte >> 4), (v, pos)

@@ -4,8 +4,16 @@ operand layout it relies on (the GPU tests in test_dsv4_moe_mxfp4.py check its p
 from __future__ import annotations
 
 import re
+import struct
 
 from sgl_kernel.dsv4_mxfp4_planes import _PTX, BIAS, SCALE_MAX, SCALE_MIN
+
+from ptx_text import run_ptx
+
+E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+# the nibble (input) of a 4-byte word in each output half: the even plane's $0 = (0, 2), $1 = (4, 6), the odd
+# plane's $2 = (1, 3), $3 = (5, 7)
+PARITY_ORDER = {"$0": (0, 2), "$1": (4, 6), "$2": (1, 3), "$3": (5, 7)}
 
 
 def test_multiplier_of_every_scale_byte_in_range():
@@ -17,6 +25,33 @@ def test_multiplier_of_every_scale_byte_in_range():
         half = (s + 126 - BIAS.value) << 7
         assert m & 0xFFFF == half and m >> 16 == half, s
         assert not half & 0x8000  # a positive power of two
+
+
+def _half(bits: int) -> float:
+    return struct.unpack("<f", struct.pack("<I", (bits & 0xFFFF) << 16))[0]
+
+
+def test_ptx_places_every_code_in_parity_order():
+    """The PTX executed from its own text: every byte value in every byte position (the other bytes varied, so no
+    bit bleeds across codes), at the extreme and a middle scale byte, gives each code's value * 2^(s - 127 - BIAS)
+    in the half PARITY_ORDER names (the planes' element order, which split_parity matches)."""
+    def value(code: int, s: int) -> float:
+        return (-1.0 if code & 8 else 1.0) * E2M1[code & 7] * 2.0 ** (s - 127 - BIAS.value)
+
+    checked = 0
+    for s in (SCALE_MIN, 120, SCALE_MAX):
+        for v in range(256):
+            for pos in range(4):
+                others = [(0x5A + 0x33 * k + v) & 0xFF for k in range(4)]
+                others[pos] = v
+                word = sum(b << (8 * k) for k, b in enumerate(others))
+                regs = run_ptx(_PTX.value, {"$4": word, "$5": s, "$6": s, "$7": s, "$8": s})
+                for reg, (a, b) in PARITY_ORDER.items():
+                    for half, nib in ((regs[reg], a), (regs[reg] >> 16, b)):
+                        code = (word >> (4 * nib)) & 15
+                        assert _half(half) == value(code, s), (s, v, pos, reg, nib)
+                        checked += 1
+    assert checked == 3 * 256 * 4 * 8
 
 
 def packs_one_row_group(layout: str) -> bool:

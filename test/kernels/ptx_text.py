@@ -1,0 +1,85 @@
+"""Inline PTX blocks executed from their own text on the CPU, instruction by instruction as written: the integer and
+bf16x2 instructions our kernels' asm uses, on 32-bit registers ($N operands and .reg names)."""
+
+from __future__ import annotations
+
+import re
+import struct
+
+MASK = 0xFFFFFFFF
+
+
+def _bf16(bits: int) -> float:
+    return struct.unpack("<f", struct.pack("<I", (bits & 0xFFFF) << 16))[0]
+
+
+def _to_bf16_bits(value: float) -> int:
+    import torch
+
+    return int(torch.tensor([value], dtype=torch.float32).to(torch.bfloat16).view(torch.int16).item()) & 0xFFFF
+
+
+def _mul_bf16x2(a: int, b: int) -> int:
+    lo = _to_bf16_bits(_bf16(a) * _bf16(b))
+    hi = _to_bf16_bits(_bf16(a >> 16) * _bf16(b >> 16))
+    return lo | hi << 16
+
+
+def _prmt(a: int, b: int, sel: int) -> int:
+    """Default-mode byte permute: result byte i is byte (sel >> 4i) & 7 of {b, a}, or its sign bit replicated where
+    selector bit 3 is set."""
+    src = (b << 32) | a
+    out = 0
+    for i in range(4):
+        nib = (sel >> (4 * i)) & 15
+        byte = (src >> (8 * (nib & 7))) & 0xFF
+        if nib & 8:
+            byte = 0xFF if byte & 0x80 else 0
+        out |= byte << (8 * i)
+    return out
+
+
+def _lop3(a: int, b: int, c: int, lut: int) -> int:
+    """Any 3-input bitwise function: bit i of the result is bit (a_i << 2 | b_i << 1 | c_i) of lut."""
+    return sum(((lut >> (((a >> i) & 1) << 2 | ((b >> i) & 1) << 1 | ((c >> i) & 1))) & 1) << i for i in range(32))
+
+
+def _rotl(v: int, n: int) -> int:
+    n %= 32
+    return ((v << n) | (v >> (32 - n))) & MASK
+
+
+_OPS = {
+    "and.b32": lambda a, b: a & b,
+    "or.b32": lambda a, b: a | b,
+    "xor.b32": lambda a, b: a ^ b,
+    "shl.b32": lambda a, b: a << b if b < 32 else 0,
+    "shr.b32": lambda a, b: a >> b if b < 32 else 0,
+    "mad.lo.u32": lambda a, b, c: a * b + c,
+    "mul.lo.u32": lambda a, b: a * b,
+    # funnel shifts of {b, a} with a == b (the only use here): rotations
+    "shf.l.wrap.b32": lambda a, b, c: _rotl(a, c) if a == b else None,
+    "shf.r.wrap.b32": lambda a, b, c: _rotl(a, -c) if a == b else None,
+    "mul.rn.bf16x2": _mul_bf16x2,
+    "prmt.b32": _prmt,
+    "lop3.b32": _lop3,
+}
+
+
+def run_ptx(text: str, inputs: dict) -> dict:
+    """Registers after the block's instructions, from `inputs` ({"$4": word, ...}); an instruction outside _OPS, or a
+    funnel shift of two different registers, raises."""
+    regs = dict(inputs)
+    for line in text.strip().splitlines():
+        m = re.match(r"\s*([\w.]+)\s+([^;]+);", line)
+        if not m or m.group(1).startswith(".reg"):
+            continue
+        op, args = m.group(1), [a.strip() for a in m.group(2).split(",")]
+        if op not in _OPS:
+            raise ValueError(f"PTX instruction {op} not simulated")
+        val = [regs[a] if a in regs else int(a, 0) for a in args[1:]]
+        out = _OPS[op](*val)
+        if out is None:
+            raise ValueError(f"{line.strip()}: a funnel shift of two different registers")
+        regs[args[0]] = out & MASK
+    return regs
