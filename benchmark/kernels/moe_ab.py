@@ -2,7 +2,7 @@
 timed three times per token count as CUDA-graph replays, with a checksum of its output: run it under two revisions'
 PYTHONPATHs, alternated, to compare them on one machine (bit-identical outputs give the same checksum).
 
-    PYTHONPATH=REV/python:REV/sgl-kernel/python python3 benchmark/kernels/moe_ab.py [--tokens 1 8 32]
+    PYTHONPATH=REV/python:REV/sgl-kernel/python python3 benchmark/kernels/moe_ab.py [--tokens 1 8 32] [--gemv]
 
 (RESULTS.md, 2026-12-04 fifth session: the scale multiplier inside the PTX, against a47df34.)
 """
@@ -26,6 +26,7 @@ def main() -> None:
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--gemv", action="store_true", help="up to 8 tokens through the CUDA-core GEMVs (dsv4_moe_gemv)")
     args = ap.parse_args()
     e, d, i, k = 256, 4096, 2048, 6
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -35,7 +36,8 @@ def main() -> None:
         ids = torch.stack([torch.randperm(e, device="cuda", generator=g)[:k] for _ in range(t)])
         wts = torch.rand(t, k, device="cuda", generator=g)
         x = (torch.randn(t, d, device="cuda", generator=g) * 0.05).bfloat16()
-        fn = lambda: dsv4_moe_mxfp4(x, ids, wts, w13, s13, w2, s2, 10.0, scales_fit_planes=True)  # noqa: E731
+        fn = lambda: dsv4_moe_mxfp4(x, ids, wts, w13, s13, w2, s2, 10.0, scales_fit_planes=True,  # noqa: E731
+                                    gemv=args.gemv)
         checksum = fn().float().abs().sum().item()
         us = [triton.testing.do_bench_cudagraph(fn, rep=200) * 1e3 for _ in range(3)]
         res.append(f"{t}: {' '.join(f'{u:.1f}' for u in us)} us sum {checksum:.6e}")

@@ -13,8 +13,10 @@ the torch reference (fp32) before timing.
         [--conv real real4 mux4 null] [--prefetch 0 1]
 
 On an H100 one token's op ran ~10% faster than the landed planes, 8 tokens' 3% slower (RESULTS.md, 2026-12-05
-fourteenth session); with `mux4` 14% faster at one token and as fast at 8 (fifteenth session): kept as a probe, not
-an engine path.
+fourteenth session); with `mux4` 14% faster at one token and as fast at 8 (fifteenth session). The engine's GEMVs
+grew from it (sgl_kernel/dsv4_moe_gemv.py: the scale applied per 32-input group in fp32, activations prepared by a
+kernel, programmatic dependent launches); this probe keeps the variants that lost (prefetch, tile-by-tile codes,
+unrolled K loops) reproducible.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from sgl_kernel.dsv4_moe_gemv import pair_words, slot
 from sgl_kernel.dsv4_moe_sums import clamped_swiglu, combine_pairs
 from sgl_kernel.dsv4_mxfp4_scales import scale_layout, scale_offsets
 
@@ -86,7 +89,7 @@ def _asm(conv: str) -> str:
             + "mul.rn.f16x2 r0, r0, m;\nmul.rn.f16x2 r1, r1, m;\nmul.rn.f16x2 r2, r2, m;\nmul.rn.f16x2 r3, r3, m;\n"
             "mul.rn.f16x2 acc, r0, $3;\nfma.rn.f16x2 acc, r1, $4, acc;\nfma.rn.f16x2 acc, r2, $5, acc;\n"
             "fma.rn.f16x2 acc, r3, $6, acc;\nmov.b32 {lo, hi}, acc;\ncvt.f32.f16 fl, lo;\ncvt.f32.f16 fh, hi;\n"
-            "add.f32 $0, fl, fh;\n}")
+            "add.f32 fl, fl, fh;\nadd.f32 $0, fl, $7;\n}")
 
 
 def _asm4(conv: str) -> str:
@@ -104,71 +107,75 @@ def _asm4(conv: str) -> str:
         lines += [f"fma.rn.f16x2 {acc}, r{i}, ${12 + 4 * i + j}, {acc};" for i in range(1, 4)]
     lines += ["mov.b32 {lo, hi}, c0;", "cvt.f32.f16 f0, lo;", "cvt.f32.f16 f1, hi;", "mov.b32 {lo, hi}, c1;",
               "cvt.f32.f16 f2, lo;", "cvt.f32.f16 f3, hi;", "add.f32 f0, f0, f1;", "add.f32 f2, f2, f3;",
-              "add.f32 $0, f0, f2;", "mov.f32 $1, 0f00000000;", "mov.f32 $2, 0f00000000;", "mov.f32 $3, 0f00000000;",
+              "add.f32 f0, f0, f2;", "add.f32 $0, f0, $28;", "mov.b32 $1, $29;", "mov.b32 $2, $30;", "mov.b32 $3, $31;",
               "}"]
     return "\n".join(lines)
 
 
 def _cons(pack: int) -> str:
-    return ",".join(["=r"] * pack + ["r"] * (6 * pack))
+    return ",".join(["=r"] * pack + ["r"] * (7 * pack))
 
 
 @triton.jit
-def _tile(w_e, s_e, rows, k0, stride_wn, stride_sn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The rows' code words [BLOCK_N, BLOCK_K / 8] at inputs k0 .. k0 + BLOCK_K and their scale bytes, one per word."""
+def _tile(w_e, s_e, r0, k0, K, stride_wn, stride_sn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+          TILED: tl.constexpr):
+    """Rows r0 .. r0 + BLOCK_N's code words [BLOCK_N, BLOCK_K / 8] at inputs k0 .. k0 + BLOCK_K and their scale bytes,
+    one per word. TILED: the codes stored tile by tile (tile_layout: each program's step reads one contiguous block)."""
+    rows = r0 + tl.arange(0, BLOCK_N)
     wi = k0 // 8 + tl.arange(0, BLOCK_K // 8)
-    q = tl.load(w_e + rows[:, None] * stride_wn + wi[None, :])
+    if TILED:
+        block = ((r0 // BLOCK_N) * (K // BLOCK_K) + k0 // BLOCK_K) * (BLOCK_N * BLOCK_K // 8)
+        q = tl.load(w_e + block + tl.arange(0, BLOCK_N)[:, None] * (BLOCK_K // 8) + tl.arange(0, BLOCK_K // 8)[None, :])
+    else:
+        q = tl.load(w_e + rows[:, None] * stride_wn + wi[None, :])
     gi = k0 // 32 + tl.arange(0, BLOCK_K // 32)
     s = tl.load(s_e + scale_offsets(rows, gi, stride_sn, True)).to(tl.int32)
     return q, tl.reshape(tl.broadcast_to(s[:, :, None], [BLOCK_N, BLOCK_K // 32, 4]), [BLOCK_N, BLOCK_K // 8])
 
 
 @triton.jit
-def _dots(q, s, k0, x_row, ASM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PACK: tl.constexpr,
+def _dots(q, s, k0, x_row, acc, ASM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PACK: tl.constexpr,
           CONS: tl.constexpr):
-    """[BLOCK_N, BLOCK_K / 8] fp32: each code word dotted with the pre-ordered fp16 activations (the caller sums over K
-    once, after its loop: no cross-thread sums per step)."""
-    wi = k0 // 8 + tl.arange(0, BLOCK_K // 8)
-    x0 = tl.broadcast_to(tl.load(x_row + 4 * wi)[None, :], [BLOCK_N, BLOCK_K // 8])
-    x1 = tl.broadcast_to(tl.load(x_row + 4 * wi + 1)[None, :], [BLOCK_N, BLOCK_K // 8])
-    x2 = tl.broadcast_to(tl.load(x_row + 4 * wi + 2)[None, :], [BLOCK_N, BLOCK_K // 8])
-    x3 = tl.broadcast_to(tl.load(x_row + 4 * wi + 3)[None, :], [BLOCK_N, BLOCK_K // 8])
-    return tl.inline_asm_elementwise(ASM, CONS, [q, s, x0, x1, x2, x3], dtype=tl.float32, is_pure=True, pack=PACK)
+    """acc [BLOCK_N, BLOCK_K / 8] fp32 plus each code word dotted with the pre-ordered fp16 activations (added inside
+    the PTX; the caller sums over K once, after its loop: no cross-thread sums per step)."""
+    x0, x1, x2, x3 = pair_words(x_row, k0 // 8 + tl.arange(0, BLOCK_K // 8), BLOCK_N, BLOCK_K // 8)
+    return tl.inline_asm_elementwise(ASM, CONS, [q, s, x0, x1, x2, x3, acc], dtype=tl.float32, is_pure=True,
+                                     pack=PACK)
 
 
 @triton.jit
-def _row_sums(w_e, s_e, rows, x_row, K, stride_wn, stride_sn, ASM: tl.constexpr, BLOCK_N: tl.constexpr,
-              BLOCK_K: tl.constexpr, PACK: tl.constexpr, CONS: tl.constexpr, PREFETCH: tl.constexpr):
+def _row_sums(w_e, s_e, r0, x_row, K, stride_wn, stride_sn, ASM: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_K: tl.constexpr, PACK: tl.constexpr, CONS: tl.constexpr, PREFETCH: tl.constexpr,
+              TILED: tl.constexpr, K_UNROLL: tl.constexpr):
     """[BLOCK_N] fp32: the rows dotted with the activations over all K inputs. PREFETCH: the next step's code words and
     scales are loaded before this step's are converted (two steps in flight per program: Triton does not pipeline
-    these loads, they feed no MMA)."""
+    these loads, they feed no MMA). K_UNROLL (K as a constant, else 0): the K loop unrolled, so every step's loads can
+    be issued before the first step's conversion (as a bare read kernel's are)."""
     acc = tl.zeros([BLOCK_N, BLOCK_K // 8], dtype=tl.float32)
-    if PREFETCH:
-        q, s = _tile(w_e, s_e, rows, 0, stride_wn, stride_sn, BLOCK_N, BLOCK_K)
+    if K_UNROLL:
+        for k0 in tl.static_range(0, K_UNROLL, BLOCK_K):
+            q, s = _tile(w_e, s_e, r0, k0, K_UNROLL, stride_wn, stride_sn, BLOCK_N, BLOCK_K, TILED)
+            acc = _dots(q, s, k0, x_row, acc, ASM, BLOCK_N, BLOCK_K, PACK, CONS)
+    elif PREFETCH:
+        q, s = _tile(w_e, s_e, r0, 0, K, stride_wn, stride_sn, BLOCK_N, BLOCK_K, TILED)
         for k0 in range(0, K - BLOCK_K, BLOCK_K):
-            q_next, s_next = _tile(w_e, s_e, rows, k0 + BLOCK_K, stride_wn, stride_sn, BLOCK_N, BLOCK_K)
-            acc += _dots(q, s, k0, x_row, ASM, BLOCK_N, BLOCK_K, PACK, CONS)
+            q_next, s_next = _tile(w_e, s_e, r0, k0 + BLOCK_K, K, stride_wn, stride_sn, BLOCK_N,
+                                   BLOCK_K, TILED)
+            acc = _dots(q, s, k0, x_row, acc, ASM, BLOCK_N, BLOCK_K, PACK, CONS)
             q, s = q_next, s_next
-        acc += _dots(q, s, K - BLOCK_K, x_row, ASM, BLOCK_N, BLOCK_K, PACK, CONS)
+        acc = _dots(q, s, K - BLOCK_K, x_row, acc, ASM, BLOCK_N, BLOCK_K, PACK, CONS)
     else:
         for k0 in range(0, K, BLOCK_K):
-            q, s = _tile(w_e, s_e, rows, k0, stride_wn, stride_sn, BLOCK_N, BLOCK_K)
-            acc += _dots(q, s, k0, x_row, ASM, BLOCK_N, BLOCK_K, PACK, CONS)
+            q, s = _tile(w_e, s_e, r0, k0, K, stride_wn, stride_sn, BLOCK_N, BLOCK_K, TILED)
+            acc = _dots(q, s, k0, x_row, acc, ASM, BLOCK_N, BLOCK_K, PACK, CONS)
     return tl.sum(acc, axis=1)
 
 
 @triton.jit
-def _slot(i):
-    """Where input i of an 8-input group sits among the pre-ordered activations (0, 4, 2, 6, 1, 5, 3, 7: a bit
-    reversal, its own inverse)."""
-    j = i % 8
-    return i - j + (j % 2) * 4 + (j // 2 % 2) * 2 + j // 4
-
-
-@triton.jit
-def _gemv_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, h_ptr, D, I, TOPK, stride_x, stride_we, stride_wn, stride_se,
-                         stride_sn, stride_h, limit, ASM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                         PACK: tl.constexpr, CONS: tl.constexpr, PREFETCH: tl.constexpr):
+def _gemv_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, h_ptr, D, I, TOPK, stride_x, stride_we, stride_wn,
+                         stride_se, stride_sn, stride_h, limit, ASM: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_K: tl.constexpr, PACK: tl.constexpr, CONS: tl.constexpr, PREFETCH: tl.constexpr,
+                         TILED: tl.constexpr, D_UNROLL: tl.constexpr):
     """program_id(1) = pair, program_id(0) = a tile of BLOCK_N gate rows; its gate and up rows' sums, the clamped
     SwiGLU, stored fp16 in the pre-order the down reads."""
     p = tl.program_id(1)
@@ -178,16 +185,20 @@ def _gemv_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, h_ptr, D, I, TOPK, stride
         w_e = w_ptr + e.to(tl.int64) * stride_we
         s_e = s_ptr + e.to(tl.int64) * stride_se
         x_row = x_ptr + (p // TOPK).to(tl.int64) * stride_x
-        g = _row_sums(w_e, s_e, n, x_row, D, stride_wn, stride_sn, ASM, BLOCK_N, BLOCK_K, PACK, CONS, PREFETCH)
-        u = _row_sums(w_e, s_e, I + n, x_row, D, stride_wn, stride_sn, ASM, BLOCK_N, BLOCK_K, PACK, CONS, PREFETCH)
+        r0 = tl.program_id(0) * BLOCK_N
+        g = _row_sums(w_e, s_e, r0, x_row, D, stride_wn, stride_sn, ASM, BLOCK_N, BLOCK_K, PACK, CONS, PREFETCH, TILED,
+                      D_UNROLL)
+        u = _row_sums(w_e, s_e, I + r0, x_row, D, stride_wn, stride_sn, ASM, BLOCK_N, BLOCK_K, PACK, CONS, PREFETCH,
+                      TILED, D_UNROLL)
         act = clamped_swiglu(g, u, limit)
-        tl.store(h_ptr + p.to(tl.int64) * stride_h + _slot(n), act.to(tl.float16))
+        tl.store(h_ptr + p.to(tl.int64) * stride_h + slot(n), act.to(tl.float16))
 
 
 @triton.jit
 def _gemv_down_kernel(h_ptr, ids_ptr, wts_ptr, w_ptr, s_ptr, out_ptr, D, I, stride_h, stride_we, stride_wn,
-                      stride_se, stride_sn, stride_o, ASM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                      PACK: tl.constexpr, CONS: tl.constexpr, PREFETCH: tl.constexpr):
+                      stride_se, stride_sn, stride_o, ASM: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr, PACK: tl.constexpr, CONS: tl.constexpr, PREFETCH: tl.constexpr,
+                      TILED: tl.constexpr, I_UNROLL: tl.constexpr):
     """program_id(1) = pair, program_id(0) = a tile of BLOCK_N output rows: the pair's down rows times its router
     weight, fp32 (dsv4_moe_sums.combine_pairs adds a token's pairs)."""
     p = tl.program_id(1)
@@ -198,7 +209,8 @@ def _gemv_down_kernel(h_ptr, ids_ptr, wts_ptr, w_ptr, s_ptr, out_ptr, D, I, stri
         w_e = w_ptr + e.to(tl.int64) * stride_we
         s_e = s_ptr + e.to(tl.int64) * stride_se
         h_row = h_ptr + p.to(tl.int64) * stride_h
-        acc = _row_sums(w_e, s_e, n, h_row, I, stride_wn, stride_sn, ASM, BLOCK_N, BLOCK_K, PACK, CONS, PREFETCH)
+        acc = _row_sums(w_e, s_e, tl.program_id(0) * BLOCK_N, h_row, I, stride_wn, stride_sn, ASM, BLOCK_N, BLOCK_K,
+                        PACK, CONS, PREFETCH, TILED, I_UNROLL)
         acc = acc * tl.load(wts_ptr + p)
     tl.store(out_ptr + p.to(tl.int64) * stride_o + n, acc)
 
@@ -215,7 +227,18 @@ def tile_fits(block_n: int, block_k: int, warps: int, conv: str) -> bool:
     return block_n * block_k // 8 >= 32 * warps * (4 if conv.endswith("4") else 1)
 
 
-def gemv_moe(x, ids, wts, w13, s13, w2, s2, limit, conv="real", block_n=32, block_k=256, warps=4, prefetch=False):
+def tile_layout(w: torch.Tensor, block_n: int, block_k: int) -> torch.Tensor:
+    """[E, R, K / 2] codes -> the same bytes stored tile by tile: [E, R / block_n, K / block_k, block_n, block_k / 2]
+    (what a load-time layout for these GEMVs would be)."""
+    e, r, half = w.shape
+    return w.view(e, r // block_n, block_n, half * 2 // block_k, block_k // 2).transpose(2, 3).contiguous().view(
+        e, r, half)
+
+
+def gemv_moe(x, ids, wts, w13, s13, w2, s2, limit, conv="real", block_n=32, block_k=256, warps=4, prefetch=False,
+             tiled=False, unroll=False):
+    """tiled: w13 and w2 are in tile_layout(block_n, block_k); unroll: the K loops unrolled (K a compile-time
+    constant)."""
     t, d = x.shape
     k = ids.shape[1]
     inter = w13.shape[1] // 2
@@ -234,13 +257,13 @@ def gemv_moe(x, ids, wts, w13, s13, w2, s2, limit, conv="real", block_n=32, bloc
     _gemv_gate_up_kernel[(inter // block_n, pairs)](
         x16, ids_flat, w13i, s13, h, d, inter, k, x16.stride(0), w13i.stride(0), w13i.stride(1), s13e, s13m,
         h.stride(0), float(limit), ASM=asm, BLOCK_N=block_n, BLOCK_K=block_k, PACK=pack, CONS=_cons(pack),
-        PREFETCH=prefetch, num_warps=warps)
+        PREFETCH=prefetch, TILED=tiled, D_UNROLL=d if unroll else 0, num_warps=warps)
     hi = h.view(torch.int32)
     out = torch.empty(pairs, d, dtype=torch.float32, device=x.device)
     _gemv_down_kernel[(d // block_n, pairs)](
         hi, ids_flat, wts_flat, w2i, s2, out, d, inter, hi.stride(0), w2i.stride(0), w2i.stride(1), s2e, s2m,
-        out.stride(0), ASM=asm, BLOCK_N=block_n, BLOCK_K=block_k, PACK=pack, CONS=_cons(pack), PREFETCH=prefetch,
-        num_warps=warps)
+        out.stride(0), ASM=asm, BLOCK_N=block_n, BLOCK_K=block_k, PACK=pack,
+        CONS=_cons(pack), PREFETCH=prefetch, TILED=tiled, I_UNROLL=inter if unroll else 0, num_warps=warps)
     return combine_pairs(out, k, x.dtype)
 
 
@@ -259,6 +282,8 @@ def main() -> None:
                     "scale group per PTX block")
     ap.add_argument("--prefetch", type=int, nargs="+", default=[0], help="1: the next K step's codes loaded before "
                     "this step's are converted")
+    ap.add_argument("--tiled", type=int, nargs="+", default=[0], help="1: the codes stored tile by tile")
+    ap.add_argument("--unroll", type=int, nargs="+", default=[0], help="1: the K loops unrolled")
     args = ap.parse_args()
     e, d, i, k = 256, 4096, 2048, 6
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -275,18 +300,25 @@ def main() -> None:
         landed = lambda: dsv4_moe_mxfp4(x, ids, wts, w13, s13, w2, s2, 10.0, scales_fit_planes=True)  # noqa: E731
         err_l = ((landed().float() - ref).norm() / ref.norm()).item()
         t_l = min(triton.testing.do_bench_cudagraph(landed, rep=100) for _ in range(2)) * 1e3
-        t_prep = triton.testing.do_bench_cudagraph(lambda: preorder(x), rep=50) * 1e3  # inside each GEMV figure
+        # inside each GEMV figure: the pre-ordering (torch ops) and the pairs' sum
+        t_prep = triton.testing.do_bench_cudagraph(lambda: preorder(x), rep=50) * 1e3
+        pairs = torch.randn(t * k, d, device="cuda")
+        t_sum = triton.testing.do_bench_cudagraph(lambda: combine_pairs(pairs, k, x.dtype), rep=50) * 1e3
         line = [f"{t} tok ({touched} experts, floor {floor:.1f} us): landed {t_l:.1f} us ({floor / t_l:.2f}) "
-                f"err {err_l:.1e}; pre-ordering {t_prep:.1f} us"]
+                f"err {err_l:.1e}; pre-ordering {t_prep:.1f} us, pairs' sum {t_sum:.1f} us"]
         for bn in args.block_n:
             for bk in args.block_k:
-                for wp, st, conv in itertools.product(args.warps, args.prefetch, args.conv):
-                    if not tile_fits(bn, bk, wp, conv):
-                        continue
-                    fn = lambda: gemv_moe(x, ids, wts, w13, s13, w2, s2, 10.0, conv, bn, bk, wp, bool(st))  # noqa: E731
-                    err = ((fn().float() - ref).norm() / ref.norm()).item()
-                    us = min(triton.testing.do_bench_cudagraph(fn, rep=100) for _ in range(2)) * 1e3
-                    line.append(f"gemv {conv} bn{bn} bk{bk} w{wp} p{st}: {us:.1f} us ({floor / us:.2f}) err {err:.1e}")
+                for tiled in args.tiled:
+                    a13, a2 = (tile_layout(w13, bn, bk), tile_layout(w2, bn, bk)) if tiled else (w13, w2)
+                    for wp, st, un, conv in itertools.product(args.warps, args.prefetch, args.unroll, args.conv):
+                        if not tile_fits(bn, bk, wp, conv):
+                            continue
+                        fn = lambda: gemv_moe(x, ids, wts, a13, s13, a2, s2, 10.0, conv, bn, bk, wp,  # noqa: E731
+                                              bool(st), bool(tiled), bool(un))
+                        err = ((fn().float() - ref).norm() / ref.norm()).item()
+                        us = min(triton.testing.do_bench_cudagraph(fn, rep=100) for _ in range(2)) * 1e3
+                        line.append(f"gemv {conv} bn{bn} bk{bk} w{wp} p{st} t{tiled} u{un}: {us:.1f} us "
+                                    f"({floor / us:.2f}) err {err:.1e}")
         print(" | ".join(line), flush=True)
 
 

@@ -1,5 +1,7 @@
-"""Inline PTX blocks executed from their own text on the CPU, instruction by instruction as written: the integer and
-bf16x2 instructions our kernels' asm uses, on 32-bit registers ($N operands and .reg names)."""
+"""Inline PTX blocks executed from their own text on the CPU, instruction by instruction as written: the integer,
+bf16x2, fp16x2 and fp32 instructions our kernels' asm uses, on 32-bit registers ($N operands and .reg names; a .b16
+register holds its 16 bits). Floating-point results are rounded to nearest even once per instruction, as the GPU's
+(an fp16x2 multiply-add rounds its exact a * b + c once: computed in float64, exact for fp16 operands)."""
 
 from __future__ import annotations
 
@@ -44,6 +46,34 @@ def _lop3(a: int, b: int, c: int, lut: int) -> int:
     return sum(((lut >> (((a >> i) & 1) << 2 | ((b >> i) & 1) << 1 | ((c >> i) & 1))) & 1) << i for i in range(32))
 
 
+def _f16(bits: int) -> float:
+    return float(struct.unpack("<e", struct.pack("<H", bits & 0xFFFF))[0])
+
+
+def _to_f16_bits(value: float) -> int:
+    import torch
+
+    return int(torch.tensor([value], dtype=torch.float64).to(torch.float16).view(torch.int16).item()) & 0xFFFF
+
+
+def _f32(bits: int) -> float:
+    return struct.unpack("<f", struct.pack("<I", bits & MASK))[0]
+
+
+def _to_f32_bits(value: float) -> int:
+    import torch
+
+    return int(torch.tensor([value], dtype=torch.float64).to(torch.float32).view(torch.int32).item()) & MASK
+
+
+def _f16x2(fn):
+    """An fp16x2 instruction from its per-half function of floats."""
+    def run(*regs):
+        halves = [fn(*(_f16(r >> shift) for r in regs)) for shift in (0, 16)]
+        return _to_f16_bits(halves[0]) | _to_f16_bits(halves[1]) << 16
+    return run
+
+
 def _rotl(v: int, n: int) -> int:
     n %= 32
     return ((v << n) | (v >> (32 - n))) & MASK
@@ -63,6 +93,13 @@ _OPS = {
     "mul.rn.bf16x2": _mul_bf16x2,
     "prmt.b32": _prmt,
     "lop3.b32": _lop3,
+    "mul.rn.f16x2": _f16x2(lambda a, b: a * b),
+    "fma.rn.f16x2": _f16x2(lambda a, b, c: a * b + c),
+    "cvt.f32.f16": lambda a: _to_f32_bits(_f16(a)),
+    "add.f32": lambda a, b: _to_f32_bits(_f32(a) + _f32(b)),
+    "mul.f32": lambda a, b: _to_f32_bits(_f32(a) * _f32(b)),
+    "fma.rn.f32": lambda a, b, c: _to_f32_bits(_f32(a) * _f32(b) + _f32(c)),
+    "mov.b32": lambda a: a,
 }
 
 
@@ -74,7 +111,13 @@ def run_ptx(text: str, inputs: dict) -> dict:
         m = re.match(r"\s*([\w.]+)\s+([^;]+);", line)
         if not m or m.group(1).startswith(".reg"):
             continue
-        op, args = m.group(1), [a.strip() for a in m.group(2).split(",")]
+        op, operands = m.group(1), m.group(2)
+        unpack = re.fullmatch(r"\{\s*(\w+),\s*(\w+)\s*\},\s*(\S+)", operands.strip())
+        if op == "mov.b32" and unpack:  # mov.b32 {lo, hi}, r: the halves into two .b16 registers
+            word = regs[unpack.group(3)]
+            regs[unpack.group(1)], regs[unpack.group(2)] = word & 0xFFFF, word >> 16
+            continue
+        args = [a.strip() for a in operands.split(",")]
         if op not in _OPS:
             raise ValueError(f"PTX instruction {op} not simulated")
         val = [regs[a] if a in regs else int(a, 0) for a in args[1:]]

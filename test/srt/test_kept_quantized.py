@@ -202,6 +202,23 @@ def test_mxfp4_scale_range_gates_the_parity_planes(monkeypatch):
     assert seen == [True, False]
 
 
+def test_mxfp4_decode_env_picks_gemv_or_planes(monkeypatch):
+    """SGLANG_DSV4_MOE_DECODE reaches dsv4_moe_mxfp4: auto (the default) lets 1-8 tokens take the GEMVs, planes
+    keeps the MMA planes."""
+    import sgl_kernel.dsv4_moe_mxfp4 as moe
+    from sglang.srt.environ import envs
+    from sglang.srt.layers.quantization.mxfp4 import Mxfp4RoutedExperts
+
+    experts = Mxfp4RoutedExperts(2, 64, 32, 10.0)
+    seen = []
+    monkeypatch.setattr(moe, "dsv4_moe_mxfp4", lambda *a, **k: seen.append(k["gemv"]) or a[0])
+    args = (torch.zeros(3, 64), torch.zeros(3, 2, dtype=torch.int64), torch.ones(3, 2))
+    experts(*args)
+    with envs.SGLANG_DSV4_MOE_DECODE.override("planes"):
+        experts(*args)
+    assert seen == [True, False]
+
+
 def test_mxfp4_experts_keep_scales_chunked(monkeypatch):
     """Rows of a multiple of 8 scale groups (256 inputs, as at every real width) are kept in sgl_kernel's chunked
     storage: load_expert places the checkpoint's [rows, groups] bytes by (row, group), the forward hands the kernel

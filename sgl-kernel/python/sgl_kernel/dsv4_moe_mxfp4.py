@@ -20,11 +20,13 @@ Scale bytes come row-major (the checkpoint's [E, rows, groups]) or chunked (dsv4
 storage, one decode K step of consecutive rows contiguous), the layout a constexpr of every MXFP4 kernel.
 Packed bytes hold inputs 2j (low nibble) and 2j + 1 (high nibble) (the OCP order tl.dot_scaled reads); the
 in-register path multiplies the even and the odd input columns of the activations by the two nibble planes. The
-torch reference is dsv4_moe_mxfp4_ref.py.
+torch reference is dsv4_moe_mxfp4_ref.py. Up to 8 decode tokens may instead take CUDA-core GEMVs straight from the
+router's ids (`gemv=True`: dsv4_moe_gemv).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -32,6 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
+from sgl_kernel.dsv4_moe_gemv import GEMV_MAX_TOKENS, gemv_fits, gemv_launch, gemv_moe, gemv_supported
 from sgl_kernel.dsv4_moe_planes import planes_down, planes_fit, planes_gate_up
 from sgl_kernel.dsv4_moe_sums import clamped_swiglu, combine_pairs, swiglu_splits
 from sgl_kernel.dsv4_mxfp4_planes import e2m1_value, planes_supported
@@ -429,13 +432,19 @@ _TMA: dict = {}
 
 def dsv4_moe_mxfp4(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13: torch.Tensor,
                    w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, limit: float,
-                   config: Optional[MoeConfig] = None, scales_fit_planes: bool = False) -> torch.Tensor:
+                   config: Optional[MoeConfig] = None, scales_fit_planes: bool = False,
+                   gemv: bool = False) -> torch.Tensor:
     """x [T, D] (bf16/fp16/fp32), topk_ids / topk_weights [T, k], w13 uint8 [E, 2I, D/2] + w13_scale uint8
     [E, 2I, D/32], w2 uint8 [E, D, I/2] + w2_scale uint8 [E, D, I/32] -> [T, D] in x's dtype. The scale bytes may also
     come chunked ([E, rows, groups / 8, 8] views: dsv4_mxfp4_scales, the experts module's storage on the GPU).
     scales_fit_planes: every scale byte is within dsv4_mxfp4_planes' exact range (checked by the caller at load), so
-    decode launches may take the PTX planes where the device has them."""
+    decode launches may take the PTX planes where the device has them. gemv: up to GEMV_MAX_TOKENS tokens take the
+    CUDA-core GEMVs (dsv4_moe_gemv) where the device, dtype, widths and a finite limit allow (no `config` given)."""
     inter, (w13b, s13, w2b, s2) = mxfp4_experts_of(x, w13, w13_scale, w2, w2_scale)
+    tokens = x.shape[0]
+    if (gemv and config is None and 0 < tokens <= GEMV_MAX_TOKENS and gemv_supported(x.device, x.dtype)
+            and 0 < limit < math.inf and gemv_fits(gemv_launch(tokens), x.shape[1], inter)):
+        return gemv_moe(x, topk_ids, topk_weights, w13b, s13, w2b, s2, limit, inter)
     return _fused_moe(x, topk_ids, topk_weights, w13b, s13, w2b, s2, limit, inter, fp8=False, config=config,
                       planes=scales_fit_planes and planes_supported(x.device, x.dtype))
 

@@ -5,7 +5,8 @@ fused, router weights applied, device-side expert sort; no host read, graph-capt
 inputs, the codes converted to e4m3 for FP8 MMAs; sm90+).
 
 `Mxfp4RoutedExperts` replaces `RoutedExperts` when the checkpoint's experts are stored FP4 and the device keeps them
-(`mxfp4_experts_supported`: CUDA; CPU and ROCm dequantize at load). Its parameters hold all experts of a layer:
+(`mxfp4_experts_supported`: CUDA; CPU and ROCm dequantize at load). At 1-8 tokens the kernel takes CUDA-core GEMVs
+(sgl_kernel.dsv4_moe_gemv) unless SGLANG_DSV4_MOE_DECODE=planes. Its parameters hold all experts of a layer:
 w13 [E, 2I, D/2] (w1 rows, then w3 rows), w2 [E, D, I/2], all uint8, as the checkpoint packs them; the scale bytes
 (the checkpoint's [2I, D/32] and [D, I/32] per expert) in sgl_kernel's chunked storage where a row's groups are a
 multiple of 8 (w13_scale [E, D/256, 2I, 8], w2_scale [E, I/256, D, 8]: one decode K step's bytes of consecutive rows
@@ -19,6 +20,7 @@ import torch
 from torch import nn
 
 from sglang.srt import platform as plat
+from sglang.srt.environ import envs
 
 FP4_BLOCK = 32
 
@@ -98,7 +100,8 @@ class Mxfp4RoutedExperts(nn.Module):
         from sgl_kernel.dsv4_moe_mxfp4 import dsv4_moe_mxfp4
 
         return dsv4_moe_mxfp4(x, topk_ids, topk_weights, self.w13, self._rows(self.w13_scale), self.w2,
-                              self._rows(self.w2_scale), self.limit, scales_fit_planes=self.scales_fit_planes)
+                              self._rows(self.w2_scale), self.limit, scales_fit_planes=self.scales_fit_planes,
+                              gemv=envs.SGLANG_DSV4_MOE_DECODE.get() == "auto")
 
     @staticmethod
     def _rows(param: torch.Tensor) -> torch.Tensor:
