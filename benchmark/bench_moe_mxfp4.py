@@ -2,7 +2,8 @@
 and the bf16 grouped-GEMM experts, all measured in one run.
 
     python benchmark/bench_moe_mxfp4.py [--experts 256] [--top-k 6] [--tokens 1 8 32 128 256 4096] [--profile]
-        [--config-from sweep.json] [--row-major-scales] [--no-pdl] [--mxfp4-moe-precision fp8] [--out r.json]
+        [--config-from sweep.json] [--planes | --gemv] [--row-major-scales] [--no-pdl] [--mxfp4-moe-precision fp8]
+        [--out r.json]
 
 Per token count: router choices drawn uniformly (top-k distinct of E), the fused op's time replayed from a CUDA graph
 (triton.testing.do_bench_cudagraph: the engine's decode replays graphs; eager timing at 1 token measures the host's
@@ -11,6 +12,7 @@ bytes)) / same-run copy bandwidth, their ratio (the issue's target: >= 0.6 of co
 the engine's bf16 path (`RoutedExperts`, torch._grouped_mm) on the dequantized weights for comparison.
 --config-from takes each token count's launches from a sweep's JSON (benchmark/kernels/sweep_moe_mxfp4.py): the row
 count per block with the lowest gate-up + down time, each kernel's best launch at it; otherwise `moe_config`'s.
+--gemv times what the engine runs: 1-8 tokens as CUDA-core GEMVs (dsv4_moe_gemv), more through the planes.
 --mxfp4-moe-precision fp8 times the W4A8 op instead (dsv4_moe_w4a8, its a8_config launches; the relative difference
 then printed is FP8 rounding against the W4A16 default, ~few %: its exactness is test_dsv4_moe_w4a8's).
 """
@@ -80,6 +82,7 @@ def swept_config(rows: list, tokens: int):
 
 
 def main() -> None:
+    from sgl_kernel.dsv4_moe_gemv import GEMV_MAX_TOKENS
     from sgl_kernel.dsv4_moe_mxfp4 import dsv4_moe_mxfp4, moe_config, tma_supported
     from sgl_kernel.dsv4_mxfp4_planes import planes_supported
     from sgl_kernel.dsv4_moe_mxfp4_ref import dequant_mxfp4_ref
@@ -96,6 +99,8 @@ def main() -> None:
     ap.add_argument("--config-from", help="a sweep's JSON: each token count's best launches from it")
     ap.add_argument("--planes", action="store_true", help="the engine's case: scales checked at load, so decode "
                     "takes the parity planes (dsv4_mxfp4_planes) where the GPU has them")
+    ap.add_argument("--gemv", action="store_true", help="the engine's default: 1-8 tokens as CUDA-core GEMVs "
+                    "(dsv4_moe_gemv), more as --planes")
     ap.add_argument("--row-major-scales", action="store_true", help="scale bytes in the checkpoint's row-major layout "
                     "instead of the engine's chunked storage")
     ap.add_argument("--no-pdl", action="store_true", help="the decode chain without programmatic dependent launches "
@@ -129,6 +134,11 @@ def main() -> None:
         if args.mxfp4_moe_precision == "fp8":
             cfg = dataclasses.replace(a8_config(t * k, e), pdl=not args.no_pdl)
             fused = lambda: dsv4_moe_mxfp4_w4a8(x, ids, weights, w13, s13, w2, s2, 10.0, config=cfg)  # noqa: E731
+        elif args.gemv:
+            fit = planes_supported(x.device, x.dtype)
+            fused = lambda: dsv4_moe_mxfp4(x, ids, weights, w13, s13, w2, s2, 10.0,  # noqa: E731
+                                           scales_fit_planes=fit, gemv=True)
+            cfg = "gemv" if t <= GEMV_MAX_TOKENS else moe_config(t * k, e, tma=tma_supported(x.device), planes=fit)
         else:
             cfg = dataclasses.replace(cfg, pdl=not args.no_pdl)
             fused = lambda: dsv4_moe_mxfp4(x, ids, weights, w13, s13, w2, s2, 10.0, config=cfg)  # noqa: E731
