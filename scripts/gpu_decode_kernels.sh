@@ -10,7 +10,7 @@ FAILED=()
 step() { local name=$1; shift; echo "=== $name"; ( "$@" ) 2>&1 | tee -a "$OUT/decode_log.txt" | tail -"${TAIL:-20}" \
   || { FAILED+=("$name"); echo "=== FAILED: $name"; }; }
 TAIL=30 step "MoE and FP8 GEMM GPU tests" python3 -m pytest -q -s -m gpu test/kernels/test_dsv4_moe_mxfp4.py \
-  test/kernels/test_dsv4_mxfp4_scales.py test/kernels/test_dsv4_pdl.py \
+  test/kernels/test_dsv4_mxfp4_scales.py test/kernels/test_dsv4_pdl.py test/kernels/test_dsv4_moe_gemv.py \
   test/kernels/test_dsv4_fp8_gemm.py -p no:cacheprovider
 TAIL=40 step "MoE sweep" python3 benchmark/kernels/sweep_moe_mxfp4.py --tokens ${SWEEP_TOKENS:-1 8 32} --planes \
   --budget-s "${SWEEP_S:-150}" --out "$OUT/sweep_moe.json"

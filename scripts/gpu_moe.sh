@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The fused MoE on a GPU in one device call (issue 13): its GPU tests at Flash widths (tl.dot_scaled and the
-# in-register path; the W4A8 op), the fp32 W8A16 tests, the launch sweep, the whole-op benchmark with a kernel profile
-# (W4A16 and W4A8) and (E2E=1, the default) the quantized Flash slice's agreement with the dequantized engine.
+# in-register path; the W4A8 op; the 1-8 token GEMVs), the fp32 W8A16 tests, the launch sweep, the whole-op benchmark
+# with a kernel profile (W4A16: the engine path and the planes alone; W4A8) and (E2E=1, the default) the quantized Flash slice's agreement with the dequantized engine.
 # The whole-op figures use the sweep's best launches per token count (--config-from).
 #   [SWEEP_S=240] [SWEEP_TOKENS="1 32 256 4096"] [E2E=0] bash scripts/gpu_moe.sh   (carry .whl: the test wheels)
 # Logs and JSON go to $OUT.
@@ -12,6 +12,7 @@ step() { local name=$1; shift; echo "=== $name"; ( "$@" ) 2>&1 | tee -a "$OUT/mo
   || { FAILED+=("$name"); echo "=== FAILED: $name"; }; }
 TAIL=14 step "MoE GPU tests (1, 32 tokens)" python3 -m pytest -q -s -m gpu test/kernels/test_dsv4_moe_mxfp4.py \
   test/kernels/test_dsv4_mxfp4_scales.py test/kernels/test_dsv4_pdl.py test/kernels/test_dsv4_moe_w4a8.py \
+  test/kernels/test_dsv4_moe_gemv.py \
   -k "not 4096" -p no:cacheprovider
 TAIL=6 step "fp32 W8A16 GPU tests" python3 -m pytest -q -m gpu test/kernels/test_dsv4_fp8_gemm.py -k fp32 \
   -p no:cacheprovider
@@ -19,8 +20,10 @@ TAIL=60 step "sweep" python3 benchmark/kernels/sweep_moe_mxfp4.py --tokens ${SWE
   --budget-s "${SWEEP_S:-240}" --out "$OUT/sweep_moe.json"
 TAIL=8 step "whole op, the sweep's best" python3 benchmark/bench_moe_mxfp4.py --profile --tokens 1 8 32 128 256 4096 \
   --config-from "$OUT/sweep_moe.json" --out "$OUT/moe_mxfp4.json"
-TAIL=8 step "whole op, the engine's launches (parity planes at decode)" python3 benchmark/bench_moe_mxfp4.py --planes \
-  --tokens 1 8 32 128 256 4096 --out "$OUT/moe_mxfp4_planes.json"
+TAIL=8 step "whole op, the engine's path (GEMVs at 1-8 tokens, then the planes)" python3 benchmark/bench_moe_mxfp4.py \
+  --gemv --tokens 1 2 4 8 32 128 256 4096 --out "$OUT/moe_mxfp4_engine.json"
+TAIL=8 step "whole op, the parity planes at every decode batch" python3 benchmark/bench_moe_mxfp4.py --planes \
+  --tokens 1 2 4 8 32 128 256 4096 --out "$OUT/moe_mxfp4_planes.json"
 TAIL=8 step "whole op, W4A8 (--mxfp4-moe-precision fp8)" python3 benchmark/bench_moe_mxfp4.py \
   --mxfp4-moe-precision fp8 --tokens 1 8 32 128 256 4096 --out "$OUT/moe_w4a8.json"
 if [ "${E2E:-1}" = 1 ]; then  # the quantized Flash slice against the dequantized engine (fp32 and bf16 agreement)

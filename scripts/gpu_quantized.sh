@@ -17,7 +17,7 @@ else
 fi
 CONFIG=benchmark/configs/flash-slice-4l32e.config.json
 step "kernel tests" python3 -m pytest -q -s -m gpu test/kernels/test_dsv4_moe_mxfp4.py test/kernels/test_dsv4_mxfp4_scales.py \
-  test/kernels/test_dsv4_pdl.py test/kernels/test_dsv4_fp8_gemm.py \
+  test/kernels/test_dsv4_pdl.py test/kernels/test_dsv4_moe_gemv.py test/kernels/test_dsv4_fp8_gemm.py \
   -p no:cacheprovider
 step "fused MXFP4 MoE" python3 benchmark/bench_moe_mxfp4.py --out "$OUT/moe_mxfp4.json"
 step "checkpoint (hub formats)" python3 scripts/make_slice_checkpoint.py "$CONFIG" /tmp/w/q --quantize

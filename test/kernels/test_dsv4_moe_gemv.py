@@ -163,3 +163,50 @@ def test_gpu_flash_widths_equal_reference(tokens):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(replayed, got)
+
+
+_OPERAND_LAYOUTS = r"""
+import json, re
+import triton
+from triton.backends.compiler import GPUTarget
+from sgl_kernel import dsv4_moe_gemv as gemv
+
+types = {"x_ptr": "*i32", "xm_ptr": "*fp32", "ids_ptr": "*i64", "w_ptr": "*i32", "s_ptr": "*u8", "h_ptr": "*i32",
+         "wts_ptr": "*fp32", "out_ptr": "*fp32", "limit": "fp32", "h_scale": "fp32", "out_scale": "fp32"}
+launches = {gemv.GEMV_ONE, gemv.GEMV_FEW, gemv.GemvLaunch(8, 256), gemv.GemvLaunch(16, 512, 2),
+            gemv.GemvLaunch(4, 128)}  # the last is too small (gemv_fits refuses it): the check must see that
+out = []
+for launch in sorted(launches, key=str):
+    for kernel in (gemv._gate_up_kernel, gemv._down_kernel):
+        consts = {"BLOCK_N": launch.block_n, "BLOCK_K": launch.block_k, "PTX": True, "SCALE_CHUNKED": True,
+                  "PDL": True}
+        sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in kernel.arg_names}
+        floats = ("TOPK", "limit", "h_scale", "out_scale")
+        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
+                 if n not in consts and n not in floats}
+        src = triton.compiler.ASTSource(fn=kernel, signature=sig, attrs=attrs,
+                                        constexprs={(kernel.arg_names.index(n),): v for n, v in consts.items()})
+        ttgir = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                               options={"num_warps": launch.num_warps}).asm["ttgir"]
+        layouts = dict(re.findall(r"^(#\w+) = (#ttg\.\w+<.*>)$", ttgir, re.M))
+        for line in ttgir.splitlines():
+            if "elementwise_inline_asm" in line and "shf.l.wrap.b32 t" in line:
+                operand = re.search(r"tensor<\d+x\d+xi32, (#[\w.]+(?:<\{[^}]*\}>)?)>", line).group(1)
+                out.append([kernel.fn.__name__, str(launch), gemv.gemv_fits(launch, 4096, 2048),
+                            layouts.get(operand, operand)])
+print(json.dumps(out))
+"""
+
+
+def test_ptx_operands_pack_four_words_of_one_group():
+    """The PTX sums a pack of 4 code words under the scale byte of its first: compiled for sm90 on the CPU (a
+    subprocess: this one may run the interpreter) at the launches gemv_launch picks and more, each thread must hold
+    its code words in runs of 4 consecutive, aligned words of one row (one 32-input group) wherever gemv_fits allows
+    the launch; the too-small tile it refuses does not."""
+    from sm90_compile import compiled_facts
+    from test_dsv4_mxfp4_planes import packs_one_row_group
+
+    found = compiled_facts(_OPERAND_LAYOUTS)
+    assert len(found) == 15  # two per gate-up (its gate and up loops), one per down; five launches
+    for name, launch, fits, layout in found:
+        assert packs_one_row_group(layout) == fits, (name, launch, layout)
