@@ -34,7 +34,9 @@ from sgl_kernel.dsv4_mxfp4_planes import _interpreting, e2m1_value
 from sgl_kernel.dsv4_mxfp4_scales import scale_layout, scale_offsets
 from sgl_kernel.dsv4_pdl import pdl_enter, pdl_launch, pdl_supported
 
-GEMV_MAX_TOKENS = 8  # beyond, the planes' MMAs share each code across enough tokens to win
+# Beyond 8 tokens more pairs share an expert, whose codes a GEMV reads once per pair (an MMA once per block): not
+# timed there, the planes stay.
+GEMV_MAX_TOKENS = 8
 
 
 @dataclass(frozen=True)
