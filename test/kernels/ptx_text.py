@@ -1,7 +1,7 @@
 """Inline PTX blocks executed from their own text on the CPU, instruction by instruction as written: the integer,
 bf16x2, fp16x2 and fp32 instructions our kernels' asm uses, on 32-bit registers ($N operands and .reg names; a .b16
-register holds its 16 bits). Floating-point results are rounded to nearest even once per instruction, as the GPU's
-(an fp16x2 multiply-add rounds its exact a * b + c once: computed in float64, exact for fp16 operands)."""
+register holds its 16 bits). Floating-point results are computed in float64 and rounded to the instruction's type
+(nearest even): the GPU's single rounding up to a rare double rounding, so tests of sums compare within bounds."""
 
 from __future__ import annotations
 
