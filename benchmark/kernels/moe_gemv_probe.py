@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl_kernel.dsv4_moe_gemv import pair_words, slot
+from sgl_kernel.dsv4_moe_gemv import e2m1_fp16_ptx, pair_words, slot
 from sgl_kernel.dsv4_moe_sums import clamped_swiglu, combine_pairs
 from sgl_kernel.dsv4_mxfp4_scales import scale_layout, scale_offsets
 
@@ -56,22 +56,7 @@ shr.b32 a, t, 3;
 or.b32 a, a, t;
 and.b32 r3, a, 0x8E008E00;
 """,
-    # one rotation puts each code's sign 3 bits above its e1 e0 m (onto a neighbour's e1 e0 m bits); selecting the
-    # even codes' e1 e0 m from q and the rest from the rotation (one LOP3), and the odd codes' likewise, leaves each
-    # register one shift or rotation and one mask: 11 integer instructions per word instead of 15
-    "mux": """
-shf.l.wrap.b32 t, $1, $1, 3;
-lop3.b32 a, $1, t, 0x07070707, 0xE4;
-lop3.b32 b, $1, t, 0x70707070, 0xE4;
-shl.b32 t, a, 9;
-and.b32 r0, t, 0x8E008E00;
-shl.b32 t, a, 1;
-and.b32 r1, t, 0x8E008E00;
-shl.b32 t, b, 5;
-and.b32 r2, t, 0x8E008E00;
-shf.r.wrap.b32 t, b, b, 3;
-and.b32 r3, t, 0x8E008E00;
-""",
+    "mux": "\n".join(e2m1_fp16_ptx("$1")) + "\n",  # the engine's placement: 11 integer instructions per word
     "null": """
 and.b32 r0, $1, 0x0E000E00;
 and.b32 r1, $1, 0x0C000C00;

@@ -77,21 +77,26 @@ def h_scale_of(limit: float) -> float:
     return 2.0 ** (14 - math.floor(math.log2(max(limit, 1.0) * limit)))
 
 
+def e2m1_fp16_ptx(q: str) -> list:
+    """PTX lines placing the 8 e2m1 codes of word q (the checkpoint's nibble order) as fp16 bits, the code's value *
+    2^-14, in r0 = codes (0, 4), r1 = (2, 6), r2 = (1, 5), r3 = (3, 7) (scratch t, a, b): a rotation by 3 puts each
+    code's sign 4 bits above its e1 e0 m (onto a neighbour's e1 e0 m bits); one select per half of the codes takes
+    their e1 e0 m from q and the rest from the rotation; each register is then one shift or rotation and one mask (11
+    integer instructions per 8 codes)."""
+    return [f"shf.l.wrap.b32 t, {q}, {q}, 3;", f"lop3.b32 a, {q}, t, 0x07070707, 0xE4;",
+            f"lop3.b32 b, {q}, t, 0x70707070, 0xE4;", "shl.b32 t, a, 9;", "and.b32 r0, t, 0x8E008E00;",
+            "shl.b32 t, a, 1;", "and.b32 r1, t, 0x8E008E00;", "shl.b32 t, b, 5;", "and.b32 r2, t, 0x8E008E00;",
+            "shf.r.wrap.b32 t, b, b, 3;", "and.b32 r3, t, 0x8E008E00;"]
+
+
 def _fold_ptx() -> str:
     """pack=4: 4 code words of one row's 32-input group ($4-$7), its scale byte ($8; $9-$11 repeat it), the
     activations' fp16x2 pairs (0, 4) $12-$15, (2, 6) $16-$19, (1, 5) $20-$23, (3, 7) $24-$27 (one per word), the fp32
-    accumulators $28-$31. $0 = $28 + the group's dot * 2^(s - 127); $1-$3 pass $29-$31 through. Per word: a rotation by
-    3 puts each code's sign 4 bits above its e1 e0 m (onto a neighbour's e1 e0 m bits); one select per half of the
-    codes takes their e1 e0 m from the word and the rest from the rotation; each register is then one shift or
-    rotation and one mask (11 integer instructions per 8 codes, the checkpoint's nibble order as it is)."""
+    accumulators $28-$31. $0 = $28 + the group's dot * 2^(s - 127); $1-$3 pass $29-$31 through. Each word's codes
+    placed by e2m1_fp16_ptx."""
     lines = ["{", ".reg .b32 t, a, b, r0, r1, r2, r3, c0, c1;", ".reg .b16 lo, hi;", ".reg .f32 f0, f1, f2, f3;"]
     for j in range(4):
-        q = f"${4 + j}"
-        lines += [f"shf.l.wrap.b32 t, {q}, {q}, 3;", f"lop3.b32 a, {q}, t, 0x07070707, 0xE4;",
-                  f"lop3.b32 b, {q}, t, 0x70707070, 0xE4;",
-                  "shl.b32 t, a, 9;", "and.b32 r0, t, 0x8E008E00;", "shl.b32 t, a, 1;", "and.b32 r1, t, 0x8E008E00;",
-                  "shl.b32 t, b, 5;", "and.b32 r2, t, 0x8E008E00;", "shf.r.wrap.b32 t, b, b, 3;",
-                  "and.b32 r3, t, 0x8E008E00;"]
+        lines += e2m1_fp16_ptx(f"${4 + j}")
         acc = f"c{j % 2}"
         lines.append(f"mul.rn.f16x2 {acc}, r0, ${12 + j};" if j < 2 else f"fma.rn.f16x2 {acc}, r0, ${12 + j}, {acc};")
         lines += [f"fma.rn.f16x2 {acc}, r{i}, ${12 + 4 * i + j}, {acc};" for i in range(1, 4)]
