@@ -17,6 +17,7 @@ import sglang.srt.managers.scheduler as scheduler_module
 import sglang.srt.managers.scheduler_output_processor_mixin as output_module
 from oracle import engine, random_ids
 from sglang.srt.managers.io_struct import UNHEALTHY_AFTER_FAILED_STEPS
+from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.managers.scheduler_process import SchedulerProcess
 from sglang.srt.sampling.sampling_params import SamplingParams
 
@@ -157,3 +158,100 @@ def test_consecutive_failed_steps_flip_health_and_recover(monkeypatch):
     out = eng.generate(input_ids=GOOD[1], sampling_params=GREEDY)
     assert out["meta_info"]["finish_reason"]["type"] == "length"
     assert SchedulerProcess._stats(proc).healthy and eng.scheduler.consecutive_failed_steps == 0
+
+
+# ---- undone exactly: the compressor staging rings ---------------------------------------------------------------
+# A forward reads the staging rows of the positions its completed windows span and writes its last positions' rows.
+# A prefill chunk wraps onto rows its own rerun reads (the pool copies them first); a decode step and the one launched
+# behind it under overlap scheduling fit the ring's slack of one row (a chained step is rebased once the step before
+# it commits, so undoing it never reruns three positions).
+def test_staging_rows_at_risk():
+    from sglang.srt.mem_cache.deepseek_v4_pool import CompressorState, PoolShape, ring_size
+
+    shape = PoolShape(page_size=16, num_pages=4, num_swa_slots=8, max_num_reqs=2)
+    csa, hca = CompressorState(4, True, 2, shape, "cpu"), CompressorState(8, False, 2, shape, "cpu")
+    assert (csa.ring, hca.ring) == (ring_size(4, True), ring_size(8, False)) == (9, 9)
+    # a chunk [25, 40) reads rows of 20..24 (CSA's windows from 24 and the one before) or 24 (HCA's windows from 24)
+    # and keeps 31..39, a whole ring; a chunk [25, 31) keeps 25..30, on the rows of 16..21
+    assert csa.rows_at_risk([(1, 25, 40)]) == [9 + p % 9 for p in range(20, 25)]
+    assert hca.rows_at_risk([(2, 25, 40)]) == [18 + p % 9 for p in range(24, 25)]
+    assert csa.rows_at_risk([(1, 25, 31)]) == [9 + p % 9 for p in range(20, 22)]
+    assert csa.rows_at_risk([(1, 0, 40), (2, 24, 29)]) == []  # nothing before 0; a chunk within the slack
+    for state in (csa, hca):
+        assert not any(state.rows_at_risk([(1, s, s + 2)]) for s in range(64))  # a decode step and the one behind
+        assert any(state.rows_at_risk([(1, s, s + 3)]) for s in range(64))  # why a chained step is rebased
+
+
+def drive(eng, arrivals: dict) -> dict:
+    """Step the scheduler, adding `arrivals` {step: [(name, ids)]} (greedy, 8 tokens) before that step; returns
+    {name: (output_ids, their logprobs)}."""
+    sched, reqs, step = eng.scheduler, {}, 0
+    while step <= max(arrivals) or sched.has_work():
+        for name, ids in arrivals.get(step, []):
+            reqs[name] = Req(rid=name, origin_input_ids=ids, sampling_params=SamplingParams.from_dict(GREEDY),
+                             return_logprob=True)
+            sched.add_request(reqs[name])
+        sched.step()
+        step += 1
+        assert step < 500
+    eng.model_runner.token_allocator.check_all_free()
+    return {name: (list(r.output_ids), list(r.output_token_logprobs)) for name, r in reqs.items()}
+
+
+def alone(eng, ids: list) -> tuple:
+    out = eng.generate(input_ids=ids, sampling_params=GREEDY, return_logprob=True)
+    return out["output_ids"], [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]]
+
+
+def assert_same(got: tuple, expected: tuple) -> None:
+    """Same tokens, logprobs within batch-shape rounding (a wrong staging row moves them by ~1e-2 or flips tokens)."""
+    assert got[0] == expected[0]
+    assert max(abs(a - b) for a, b in zip(got[1], expected[1])) < 1e-4
+
+
+def test_a_failed_prefill_chunk_is_undone_exactly(monkeypatch):
+    """A request failing at its second token, batched with another's second prefill chunk [25, 40): that chunk
+    overwrites staging rows it reads, and runs again after the bisection."""
+    eng = engine("tiny", chunked_prefill_size=32, disable_radix_cache=True)
+    long_prompt = random_ids(40, 7)
+    expected = alone(eng, long_prompt)
+    culprit = random_ids(7, 98)
+    checkpoints = []
+    pool = eng.model_runner.token_to_kv_pool
+    real_checkpoint = pool.checkpoint_staging
+    monkeypatch.setattr(pool, "checkpoint_staging", lambda spans: checkpoints.append(real_checkpoint(spans))
+                        or checkpoints[-1])
+    for module, name in ((output_module, "sample"), (scheduler_module, "sample_async")):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda logits, reqs, *rest, _real=real: _raise_for(reqs, culprit, 1)
+                            or _real(logits, reqs, *rest))
+    outs = drive(eng, {0: [("culprit", culprit), ("long", long_prompt)]})
+    assert_same(outs["long"], expected)
+    assert len(outs["culprit"][0]) == 1
+    assert any(cp is not None for cp in checkpoints)  # the failed step had rows at risk
+
+
+def test_a_failed_step_in_flight_is_undone_exactly(monkeypatch):
+    """Overlap scheduling: a request failing while its tokens are committed (the step behind it is in flight);
+    requests at every position modulo the CSA window run again from their checkpoints."""
+    eng = isolation_engine(False)
+    prompts = {f"good{n}": random_ids(n, n) for n in range(5, 9)}  # one prefill chunk: 4 positions mod 4
+    expected = {name: alone(eng, ids) for name, ids in prompts.items()}
+    culprit = random_ids(5, 97)
+    failed_in_flight = []
+    monkeypatch.setattr(scheduler_module.logger, "warning", lambda msg, *args: failed_in_flight.append(
+        msg.startswith("an overlapped decode step failed")))
+    sched = eng.scheduler
+    real_append = sched.append_token
+    monkeypatch.setattr(sched, "append_token", lambda req, *rest: _raise_for([req], culprit, 3)
+                        or real_append(req, *rest))
+    outs = drive(eng, {0: list(prompts.items()), 1: [("culprit", culprit)]})
+    for name in prompts:
+        assert_same(outs[name], expected[name])
+    assert len(outs["culprit"][0]) == 3
+    assert any(failed_in_flight)
+
+
+def _raise_for(reqs, ids: list, after: int) -> None:
+    if any(r.origin_input_ids == ids and len(r.output_ids) >= after for r in reqs):
+        raise RuntimeError("injected failure")

@@ -63,7 +63,7 @@ class InFlightStep:
     """A DECODE step launched on the device whose sampled tokens are not read yet (overlap scheduling)."""
 
     batch: ScheduleBatch
-    checkpoints: list  # of its requests before it was launched (undoing it also undoes a step chained after it)
+    checkpoints: list  # of its requests before it was launched, rebased once the step before it is committed
     counters: tuple
     pending: PendingSample
 
@@ -251,6 +251,7 @@ class Scheduler(SchedulerOutputProcessorMixin):
                 updated.append(req)
             self.finish_step(step.batch.reqs)
             self.consecutive_failed_steps = 0
+            self._rebase(self.in_flight)
             return updated
         except Exception as e:
             if self._committing:
@@ -270,11 +271,25 @@ class Scheduler(SchedulerOutputProcessorMixin):
         self.consecutive_failed_steps = 0 if served else self.consecutive_failed_steps + 1
         return updated
 
+    def _rebase(self, chained: Optional[InFlightStep]) -> None:
+        """The step launched behind one just committed undoes to after that commit: its failure must not undo tokens
+        already sent (unseeded sampling would draw others) nor rerun more positions than the staging rings' slack.
+        Each generator's state stays the one at its launch: its draw is undone with it."""
+        if chained is not None:
+            chained.checkpoints = [dataclasses.replace(r.checkpoint(), generator_state=cp.generator_state)
+                                   for r, cp in zip(chained.batch.reqs, chained.checkpoints)]
+            chained.counters = self._counters()
+
     def _run_isolating(self, batch: ScheduleBatch) -> tuple:
         """run_batch; when it raises, undo the step and bisect the batch until the requests that fail alone are
         found; those are aborted. Returns (updated requests, whether any forward succeeded)."""
         checkpoints = [req.checkpoint() for req in batch.reqs]
         counters = self._counters()
+        staging = None
+        if batch.forward_mode.is_extend():  # prefill chunks may overwrite staging rows that running them again reads
+            spans = [(r.alloc.req_pool_idx, r.num_computed, r.num_computed + n)
+                     for r, n in zip(batch.reqs, batch.extend_lens)]
+            staging = self.runner.token_to_kv_pool.checkpoint_staging(spans)
         self._committing = False
         try:
             return self.run_batch(batch), True
@@ -283,6 +298,8 @@ class Scheduler(SchedulerOutputProcessorMixin):
                 raise
             error = e
         self._roll_back(batch.reqs, checkpoints, counters)
+        if staging is not None:
+            self.runner.token_to_kv_pool.restore_staging(staging)
         if len(batch.reqs) == 1:
             req = batch.reqs[0]
             logger.error("request %s failed in the model step; it is aborted", req.rid, exc_info=error)
@@ -303,7 +320,8 @@ class Scheduler(SchedulerOutputProcessorMixin):
     def _roll_back(self, reqs: list, checkpoints: list, counters: tuple) -> None:
         """Undo a step that raised before finish_step: requests back to their checkpoints, the slots of positions
         past num_computed released (pages stay: admission reserved them). What the step wrote into the pools is
-        position-addressed and rewritten when the positions are computed again."""
+        position-addressed and rewritten when the positions are computed again, but for the staging rows a prefill chunk
+        wraps onto (restored by _run_isolating; the rings' slack covers a decode step and the one chained after it)."""
         for req, cp in zip(reqs, checkpoints):
             req.restore(cp)
             if req.alloc is not None:

@@ -16,6 +16,7 @@ accessors below store / load through the format (quantize on write, dequantize o
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -36,10 +37,12 @@ class PoolShape:
 
 
 def ring_size(ratio: int, overlap: bool, num_draft_tokens: int = 0) -> int:
-    """Staging ring rows: CSA keeps the previous window plus the pending one (2m), HCA the pending one (m);
-    doubled under speculative decoding so rejected draft rows never overwrite rows still needed."""
+    """Staging ring rows: CSA keeps the previous window plus the pending one (2m), HCA the pending one (m), plus one
+    row: a decode step launched behind one in flight (overlap scheduling) writes the position after it, and when the
+    first fails both are undone and it runs again, reading its rows intact. Doubled under speculative decoding (never
+    overlapped) so rejected draft rows never overwrite rows still needed."""
     base = 2 * ratio if overlap else ratio
-    return base * 2 if num_draft_tokens > 0 else base
+    return base * 2 if num_draft_tokens > 0 else base + 1
 
 
 class CompressorState:
@@ -82,9 +85,29 @@ class CompressorState:
         self.boundary[self._boundary_rows(req_pool_idx, end)] = rows
         self.buf[ring_rows] = rows
 
+    def rows_at_risk(self, spans: list) -> list:
+        """Ring rows that a forward over `spans` overwrites while a rerun of it reads them (see
+        DeepSeekV4TokenToKVPool.checkpoint_staging): per request (req_pool_idx, start, end), the rows of positions
+        [lo, start) read (lo: where the first window it completes starts, one window earlier for CSA) that the
+        positions it keeps, [max(start, end - ring), end), wrap onto: all of them once it keeps a whole ring."""
+        m, ring = self.ratio, self.ring
+        rows = []
+        for req_pool_idx, start, end in spans:
+            lo = max(0, start // m * m - (m if self.overlap else 0))
+            rows += [req_pool_idx * ring + p % ring for p in range(lo, min(start, end - ring))]
+        return rows
+
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.buf, self.boundary, self.saved) if t is not None)
+
+
+@dataclass
+class StagingCheckpoint:
+    """Staging rows saved before a forward (DeepSeekV4TokenToKVPool.checkpoint_staging): (ring buffer, rows on the
+    device, their values)."""
+
+    copies: list
 
 
 class DeepSeekV4TokenToKVPool:
@@ -133,6 +156,30 @@ class DeepSeekV4TokenToKVPool:
 
     def csa_states(self) -> list:
         return [s for s in list(self.attn_state.values()) + list(self.index_state.values()) if s.saved is not None]
+
+    def checkpoint_staging(self, spans: list) -> Optional[StagingCheckpoint]:
+        """Copies of the staging rows a forward over `spans` ((req_pool_idx, start, end): a request's new positions
+        [start, end)) overwrites although running it again reads them, for restore_staging after a failed step. The
+        forward reads the rows of positions before `start` that the windows it completes span and writes the rows of
+        its last positions: a prefill chunk longer than the ring's slack wraps onto the first. Every other pool write
+        is addressed by position and rewritten alike by the rerun. None when nothing is at risk (decode rows never
+        are)."""
+        spans = [span for span in spans if span[2] - span[1] > 1]
+        copies, rows = [], {}
+        for state in [*self.attn_state.values(), *self.index_state.values()]:
+            key = (state.ratio, state.overlap, state.ring)
+            if key not in rows:  # one host -> device copy per ring shape; non_blocking: no stream synchronisation
+                at_risk = state.rows_at_risk(spans)
+                rows[key] = (torch.tensor(at_risk, dtype=torch.int64).to(self.device, non_blocking=True)
+                             if at_risk else None)
+            if rows[key] is not None:
+                copies.append((state.buf, rows[key], state.buf[rows[key]]))
+        return StagingCheckpoint(copies) if copies else None
+
+    @staticmethod
+    def restore_staging(checkpoint: StagingCheckpoint) -> None:
+        for buf, rows, values in checkpoint.copies:
+            buf[rows] = values
 
     def save_state(self, req_pool_idx: int, slot: int, end: int) -> None:
         for state in self.csa_states():
