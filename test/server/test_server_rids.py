@@ -71,6 +71,9 @@ def test_abort_request_by_rid_and_all(server):
     for rid in ("", ["a", "a"], ["a"], 5):
         bad = post("/generate", {"input_ids": [[5], [6]], "sampling_params": {"max_new_tokens": 1}, "rid": rid})
         assert bad.status_code == 400 and bad.json()["param"].startswith("rid"), (rid, bad.text)
+    for rid in (["a"], ["a", "b"]):  # one prompt: a string
+        bad = post("/generate", {"input_ids": [5], "sampling_params": {"max_new_tokens": 1}, "rid": rid})
+        assert bad.status_code == 400 and "a string" in bad.json()["message"], (rid, bad.text)
     server.wait_pools_free()
 
 

@@ -295,7 +295,7 @@ def _client_rids(rid, n: int, single: bool) -> list:
     if rid is None:
         return [None] * n
     rids = [rid] if single and isinstance(rid, str) else rid
-    if not isinstance(rids, list) or len(rids) != n:
+    if single != isinstance(rid, str) or not isinstance(rids, list) or len(rids) != n:  # ["a"] for one prompt too
         raise RequestError(f"rid must be {'a string' if single else f'a list of {n} strings, one per prompt'}",
                            param="rid")
     if any(not 0 < len(r) <= MAX_RID_CHARS for r in rids) or len(set(rids)) != n:
