@@ -38,6 +38,7 @@ fi
 [ "${1:-}" != bench ] && step "engine suite on the triton backend" env SGLANG_TEST_DEVICE=cuda SGLANG_TEST_ATTENTION_BACKEND=triton \
   python3 -m pytest -q test/srt/test_oracle_hf.py test/srt/test_mtp.py test/srt/test_quantized_checkpoint.py \
   test/srt/test_memory_pool.py test/srt/test_engine_api.py test/srt/test_speculative.py test/srt/test_step_isolation.py \
+  test/srt/test_step_isolation_fuzz.py \
   test/srt/test_static_decode.py test/srt/test_gpu_cuda_graph.py test/srt/test_gpu_profile.py test/srt/test_update_weights.py \
   test/srt/test_expert_distribution.py \
   -p no:cacheprovider

@@ -15,7 +15,7 @@ import pytest
 
 import sglang.srt.managers.scheduler as scheduler_module
 import sglang.srt.managers.scheduler_output_processor_mixin as output_module
-from oracle import engine, random_ids
+from oracle import DEVICE, engine, random_ids
 from sglang.srt.managers.io_struct import UNHEALTHY_AFTER_FAILED_STEPS
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.managers.scheduler_process import SchedulerProcess
@@ -204,9 +204,10 @@ def alone(eng, ids: list) -> tuple:
 
 
 def assert_same(got: tuple, expected: tuple) -> None:
-    """Same tokens, logprobs within batch-shape rounding (a wrong staging row moves them by ~1e-2 or flips tokens)."""
+    """Same tokens, logprobs within batch-shape rounding (a wrong staging row moved them by 5e-2 in these scenarios,
+    without flipping a greedy token; on a GPU the kernels round differently per batch shape)."""
     assert got[0] == expected[0]
-    assert max(abs(a - b) for a, b in zip(got[1], expected[1])) < 1e-4
+    assert max(abs(a - b) for a, b in zip(got[1], expected[1])) < (1e-4 if DEVICE == "cpu" else 2e-3)
 
 
 def test_a_failed_prefill_chunk_is_undone_exactly(monkeypatch):
