@@ -13,6 +13,7 @@ import torch
 
 from sgl_kernel import dsv4_moe_gemv as gemv
 from sgl_kernel import dsv4_moe_mxfp4 as moe
+from sgl_kernel.dsv4_formats_ref import e2m1_values
 from sgl_kernel.dsv4_moe_gemv import GemvLaunch, gemv_moe, h_scale_of
 from sgl_kernel.dsv4_moe_mxfp4 import dsv4_moe_mxfp4
 from sgl_kernel.dsv4_moe_mxfp4_ref import fused_moe_mxfp4_ref
@@ -21,13 +22,13 @@ from sgl_kernel.dsv4_mxfp4_scales import chunked
 from ptx_text import run_ptx
 from test_dsv4_moe_mxfp4 import _experts, _routing
 
-E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+E2M1 = e2m1_values(torch.arange(16)).tolist()  # signed values of the 16 codes
 PAIR_ORDER = [0, 4, 2, 6, 1, 5, 3, 7]  # the inputs of an 8-input group, as the prepared activations hold them
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 def _code_value(code: int) -> float:
-    return (-1.0 if code & 8 else 1.0) * E2M1[code & 7]
+    return E2M1[code]
 
 
 def test_prepare_scales_each_token_into_range_and_orders_pairs():

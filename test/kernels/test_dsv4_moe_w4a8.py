@@ -17,6 +17,7 @@ import triton.language as tl
 
 from sgl_kernel.dsv4_fp8_gemm import dsv4_fp8_act_quant
 from sgl_kernel.dsv4_fp8_gemm_ref import act_quant_ref
+from sgl_kernel.dsv4_formats_ref import e2m1_values
 from sgl_kernel.dsv4_moe_mxfp4 import MoeConfig, MoeLaunch
 from sgl_kernel.dsv4_moe_mxfp4_ref import fused_moe_mxfp4_ref
 from sgl_kernel.dsv4_moe_w4a8 import (
@@ -27,11 +28,11 @@ from sgl_kernel.dsv4_mxfp4_e4m3 import _PTX, fp4_group_e4m3, parity_order
 from ptx_text import run_ptx
 from test_dsv4_moe_mxfp4 import _experts, _routing
 
-E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+E2M1 = e2m1_values(torch.arange(16)).tolist()  # signed values of the 16 codes
 
 
 def _value(code: int) -> float:
-    return (-1.0 if code & 8 else 1.0) * E2M1[code & 7]
+    return E2M1[code]
 
 
 @triton.jit

@@ -6,11 +6,13 @@ from __future__ import annotations
 import re
 import struct
 
+import torch
+from sgl_kernel.dsv4_formats_ref import e2m1_values
 from sgl_kernel.dsv4_mxfp4_planes import _PTX, BIAS, SCALE_MAX, SCALE_MIN
 
 from ptx_text import run_ptx
 
-E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+E2M1 = e2m1_values(torch.arange(16)).tolist()  # signed values of the 16 codes
 # the nibble (input) of a 4-byte word in each output half: the even plane's $0 = (0, 2), $1 = (4, 6), the odd
 # plane's $2 = (1, 3), $3 = (5, 7)
 PARITY_ORDER = {"$0": (0, 2), "$1": (4, 6), "$2": (1, 3), "$3": (5, 7)}
@@ -36,7 +38,7 @@ def test_ptx_places_every_code_in_parity_order():
     bit bleeds across codes), at the extreme and a middle scale byte, gives each code's value * 2^(s - 127 - BIAS)
     in the half PARITY_ORDER names (the planes' element order, which split_parity matches)."""
     def value(code: int, s: int) -> float:
-        return (-1.0 if code & 8 else 1.0) * E2M1[code & 7] * 2.0 ** (s - 127 - BIAS.value)
+        return E2M1[code] * 2.0 ** (s - 127 - BIAS.value)
 
     checked = 0
     for s in (SCALE_MIN, 120, SCALE_MAX):
