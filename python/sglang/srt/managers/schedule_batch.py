@@ -106,12 +106,15 @@ class Req:
         n = len(self.origin_input_ids)
         return n - 1 if self.logprob_start_len < 0 else min(self.logprob_start_len, n - 1)
 
-    def checkpoint(self) -> "ReqCheckpoint":
+    def checkpoint(self, generator_state: Optional[torch.Tensor] = None) -> "ReqCheckpoint":
         """What a step may change here (pool slots past num_computed are the scheduler's to roll back). Taken for
-        every request of every step, so it copies only counters (a step starts with no request finished)."""
+        every request of every step, so it copies only counters (a step starts with no request finished).
+        `generator_state`: the seeded generator's state to keep instead of reading it (an earlier checkpoint's)."""
+        if generator_state is None and self.generator is not None:
+            generator_state = self.generator.get_state()
         return ReqCheckpoint(self.num_computed, len(self.output_ids), len(self.input_token_logprobs),
                              self.first_token_time, self.spec, self.spec_num_verify, self.spec_num_accepted_tokens,
-                             self.draft_len, None if self.generator is None else self.generator.get_state())
+                             self.draft_len, generator_state)
 
     def restore(self, cp: "ReqCheckpoint") -> None:
         """Undo a step that failed: back to the state `cp` was taken in (the seeded generator included, so a

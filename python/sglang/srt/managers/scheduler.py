@@ -276,7 +276,7 @@ class Scheduler(SchedulerOutputProcessorMixin):
         already sent (unseeded sampling would draw others) nor rerun more positions than the staging rings' slack.
         Each generator's state stays the one at its launch: its draw is undone with it."""
         if chained is not None:
-            chained.checkpoints = [dataclasses.replace(r.checkpoint(), generator_state=cp.generator_state)
+            chained.checkpoints = [r.checkpoint(cp.generator_state)
                                    for r, cp in zip(chained.batch.reqs, chained.checkpoints)]
             chained.counters = self._counters()
 
