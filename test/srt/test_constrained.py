@@ -93,7 +93,8 @@ def test_grammar_dead_end_aborts_as_client_error(field, value):
     out = tiny().generate(input_ids=[1, 2, 3], sampling_params={field: value, "max_new_tokens": 8, "temperature": 1.0})
     reason = out["meta_info"]["finish_reason"]
     assert reason["type"] == "abort" and reason["status_code"] == 400 and "cannot be completed" in reason["message"]
-    assert len(out["output_ids"]) == 2  # the one allowed token, then the drawn one the grammar refused (recorded)
+    assert len(out["output_ids"]) == 1  # the one allowed token; the drawn one the grammar refused is not recorded
+    assert "after 1 generated tokens" in reason["message"]
     tiny().model_runner.token_allocator.check_all_free()
 
 
@@ -156,6 +157,40 @@ def test_failed_step_rolls_the_grammar_back(monkeypatch):
     assert [o["output_ids"] for o in outs] == ref
     assert re.fullmatch(REGEX, outs[0]["text"]) and jsonschema.validate(json.loads(outs[1]["text"]), SCHEMA) is None
     spec.model_runner.token_allocator.check_all_free()
+
+
+def test_undone_dead_end_keeps_grammar_and_tokens_in_step(monkeypatch):
+    """A request failing once while the step's tokens are committed, after a dead-ending request drew its refused token
+    in that step: the step is undone and run again; the dead-ending request still ends with its one allowed token and a
+    400 (the refused token was never recorded, so the undo rolls the grammar back by exactly the tokens it took)."""
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    eng = tiny()
+    sched = eng.scheduler
+    dead = Req(rid="dead-end", origin_input_ids=[1, 2, 3], sampling_params=SamplingParams.from_dict(
+        {"regex": r"a[^\s\S]", "max_new_tokens": 8, "temperature": 1.0}))
+    culprit = Req(rid="culprit", origin_input_ids=[4, 5, 6], sampling_params=SamplingParams.from_dict(
+        {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}))
+    failures, real_append = [], sched.append_token
+
+    def append(req, *rest):
+        if req is culprit and dead.finished_reason is not None and not failures:  # `dead` drew past its end
+            failures.append(dead.finished_reason)
+            raise RuntimeError("injected failure at commit")
+        return real_append(req, *rest)
+
+    monkeypatch.setattr(sched, "append_token", append)
+    sched.add_request(dead)
+    sched.add_request(culprit)  # behind `dead` in the batch: `dead` got its token before the failure
+    for _ in range(100):
+        if not sched.has_work():
+            break
+        sched.step()
+    assert failures and failures[0].status_code == 400  # it had reached its dead end in the failed step
+    assert dead.finished_reason.status_code == 400 and len(dead.output_ids) == 1
+    assert culprit.finished_reason.type == "length"  # it failed once: its rerun served
+    eng.model_runner.token_allocator.check_all_free()
 
 
 def test_json_after_reasoning_grammar():

@@ -61,22 +61,23 @@ class SchedulerOutputProcessorMixin:
         return sampled, rows
 
     def append_token(self, req: Req, token: int, logprob: float, top=None) -> None:
-        """Record one generated token and check the stop conditions."""
+        """Record one generated token and check the stop conditions. A token the request's grammar refuses is not
+        recorded (its output and the grammar's accepted tokens stay in step, so an undo rolls back the right count)."""
+        if req.grammar is not None and not req.grammar.accept_token(token):
+            if not self.grammar_backend.allows_any(req.grammar):  # the client's grammar dead-ends after this prefix
+                req.finished_reason = FinishReason(
+                    "abort", status_code=400, message=f"the grammar allows no token after {len(req.output_ids)} "
+                    "generated tokens: it cannot be completed")
+            else:  # masked sampling never draws a refused token
+                req.finished_reason = FinishReason("abort", message=f"token {token} breaks the request's grammar",
+                                                   status_code=500)
+            return
         req.output_ids.append(token)
         req.output_token_logprobs.append(logprob)
         req.output_top_logprobs.append(top)
         self.num_generated_tokens += 1
         if req.first_token_time is None:
             req.first_token_time = time.perf_counter()
-        if req.grammar is not None and not req.grammar.accept_token(token):
-            if not self.grammar_backend.allows_any(req.grammar):  # the client's grammar dead-ends after this prefix
-                req.finished_reason = FinishReason(
-                    "abort", status_code=400, message=f"the grammar allows no token after {len(req.output_ids) - 1} "
-                    "generated tokens: it cannot be completed")
-            else:  # masked sampling never draws a refused token
-                req.finished_reason = FinishReason("abort", message=f"token {token} breaks the request's grammar",
-                                                   status_code=500)
-            return
         self._check_finished(req)
         if not req.finished and req.grammar is not None and req.grammar.is_terminated():
             req.finished_reason = FinishReason("stop", matched=token)  # the grammar is complete
@@ -84,12 +85,12 @@ class SchedulerOutputProcessorMixin:
     def _commit_verified(self, req: Req, tokens: list, logprobs: list) -> None:
         """Append a verification's tokens in order, stopping at the first that finishes the request (the rest are
         dropped); the verification and the tokens it committed count towards the accept length."""
-        committed = 0
+        before = len(req.output_ids)
         for token, logprob in zip(tokens, logprobs):
             self.append_token(req, token, logprob)
-            committed += 1
             if req.finished:
                 break
+        committed = len(req.output_ids) - before  # a token the grammar refused is not recorded
         self.num_verify += 1
         self.num_accepted_tokens += committed
         req.spec_num_verify += 1
