@@ -4,6 +4,7 @@ TokenizerManager."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 
@@ -36,6 +37,8 @@ class ScriptedTokenizerManager:
         self.last_stats = None
         self.script = ""
         self.prompts = []
+        self.token_delay = 0.0  # seconds before each token (a generation a test can observe midway)
+        self.closed = 0  # generations that ended or were stopped (a stopped one is aborted in the scheduler)
 
     def start(self) -> None:
         pass
@@ -52,13 +55,18 @@ class ScriptedTokenizerManager:
             raise RequestError("exceeds the context length")
         tokens = TOKENIZER.encode(self.script).ids[:params.max_new_tokens] + [1]  # EOS ends the turn
         detok = IncrementalDetokenizer(TOKENIZER, params.skip_special_tokens, params.stop, params.no_stop_trim)
-        for n, tok in enumerate(tokens, 1):
-            detok.add([tok])
-            done = n == len(tokens)
-            reason = {"type": "stop", "matched": 1} if done else None
-            yield GenerationChunk(text=detok.visible_text(reason), output_ids=tokens[:n], finished=done,
-                                  meta_info={"prompt_tokens": len(ids), "completion_tokens": n,
-                                             "finish_reason": reason})
+        try:
+            for n, tok in enumerate(tokens, 1):
+                if self.token_delay:
+                    await asyncio.sleep(self.token_delay)
+                detok.add([tok])
+                done = n == len(tokens)
+                reason = {"type": "stop", "matched": 1} if done else None
+                yield GenerationChunk(text=detok.visible_text(reason), output_ids=tokens[:n], finished=done,
+                                      meta_info={"prompt_tokens": len(ids), "completion_tokens": n,
+                                                 "finish_reason": reason})
+        finally:
+            self.closed += 1
 
 
 def chat(client, stream=False, **extra):

@@ -1,12 +1,14 @@
 """POST /v1/responses (OpenAI's Responses API) on scripted model output in the real FastAPI app: reasoning, text and
 function_call output items, streamed events that add up to the same response, stored responses continued by
-previous_response_id (with function_call_output items), GET / DELETE, and 4xx for what is not supported."""
+previous_response_id (with function_call_output items), GET / DELETE, background responses (polled, cancelled,
+failed), and 4xx for what is not supported."""
 
 from __future__ import annotations
 
 import json
+import time
 
-
+from sglang.srt.managers.tokenizer_manager import RequestError
 from test_chat_glue import CALL, TWO_CALLS
 
 TOOLS = [{"type": "function", "name": "get_weather", "description": "the weather", "parameters": {
@@ -99,7 +101,8 @@ def test_refusals(app):
     """(max_output_tokens and status incomplete: test_server_api.py, on the real engine)"""
     tm, client = app
     tm.script = "An answer."
-    for body, param in ((dict(background=True), "background"), (dict(tools=[{"type": "web_search"}]), "tools"),
+    for body, param in ((dict(background=True, stream=True), "stream"), (dict(background=True, store=False), "store"),
+                        (dict(tools=[{"type": "web_search"}]), "tools"),
                         (dict(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]),
                          "input"), (dict(input=[{"type": "item_reference", "id": "x"}]), "input")):
         r = respond(client, **body)
@@ -128,3 +131,74 @@ def test_refusals(app):
     assert unknown.status_code == 400 and "nope" in unknown.json()["message"]
     structured = respond(client, text={"format": {"type": "json_schema", "name": "w", "schema": {"type": "object"}}})
     assert structured.status_code == 200, structured.text
+
+
+def poll(client, response_id: str, until=("completed", "incomplete", "failed", "cancelled")) -> dict:
+    for _ in range(500):
+        resp = client.get(f"/v1/responses/{response_id}").json()
+        if resp["status"] in until:
+            return resp
+        time.sleep(0.01)
+    raise AssertionError(f"response {response_id} stayed {resp['status']}")
+
+
+def test_background_response_is_polled_to_the_same_output(app):
+    tm, client = app
+    tm.script = "I should call the tool.</think>Let me check." + CALL
+    body = dict(tools=TOOLS, reasoning={"effort": "high"})
+    plain = respond(client, **body).json()
+    tm.token_delay = 0.002
+    r = respond(client, background=True, **body)
+    assert r.status_code == 200, r.text
+    queued = r.json()
+    assert queued["status"] == "queued" and queued["background"] is True and queued["output"] == []
+    midway = poll(client, queued["id"], until=("in_progress",))
+    assert midway["usage"] is None
+    done = poll(client, queued["id"])
+    assert done["status"] == "completed" and done["usage"] == plain["usage"] and plain["background"] is False
+    assert [{k: v for k, v in i.items() if k not in ("id", "call_id")} for i in done["output"]] == \
+        [{k: v for k, v in i.items() if k not in ("id", "call_id")} for i in plain["output"]]
+    tm.script, tm.token_delay = "It is sunny.", 0.0  # a background response continues a conversation as any other
+    follow = respond(client, previous_response_id=done["id"], input=[
+        {"type": "function_call_output", "call_id": done["output"][-1]["call_id"], "output": "sunny"}])
+    assert follow.status_code == 200 and "get_weather" in tm.prompts[-1]
+
+
+def test_background_response_cancelled_and_deleted(app):
+    tm, client = app
+    tm.script, tm.token_delay = "word " * 150, 0.02  # ~3 s of generation
+    queued = respond(client, background=True).json()
+    poll(client, queued["id"], until=("in_progress",))
+    closed = tm.closed
+    cancelled = client.post(f"/v1/responses/{queued['id']}/cancel")
+    assert cancelled.status_code == 200, cancelled.text
+    assert cancelled.json()["status"] == "cancelled" and tm.closed == closed + 1  # the generation was stopped
+    assert client.get(f"/v1/responses/{queued['id']}").json()["status"] == "cancelled"
+    again = client.post(f"/v1/responses/{queued['id']}/cancel").json()  # cancelling again changes nothing
+    assert again["status"] == "cancelled"
+    running = respond(client, background=True).json()  # DELETE stops one still generating
+    poll(client, running["id"], until=("in_progress",))
+    closed = tm.closed
+    assert client.delete(f"/v1/responses/{running['id']}").json()["deleted"] is True
+    assert tm.closed == closed + 1 and client.get(f"/v1/responses/{running['id']}").status_code == 404
+    tm.token_delay = 0.0
+    finished = respond(client).json()
+    refused = client.post(f"/v1/responses/{finished['id']}/cancel")
+    assert refused.status_code == 400 and "background" in refused.json()["message"]
+    assert client.post("/v1/responses/resp-unknown/cancel").status_code == 404
+
+
+def test_background_response_that_fails(app, monkeypatch):
+    tm, client = app
+    real = tm.generate
+
+    async def refused(ids, params, *args, **kwargs):
+        if params.max_new_tokens == 7:
+            raise RequestError("the scheduler refused it", 400)
+        async for chunk in real(ids, params, *args, **kwargs):
+            yield chunk
+
+    monkeypatch.setattr(tm, "generate", refused)
+    failed = poll(client, respond(client, background=True, max_output_tokens=7).json()["id"])
+    assert failed["status"] == "failed"
+    assert failed["error"] == {"code": "invalid_prompt", "message": "the scheduler refused it"}

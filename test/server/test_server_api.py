@@ -545,3 +545,30 @@ def test_responses_api_with_the_openai_client(client):
                                      max_output_tokens=3, extra_body={"ignore_eos": True})
     assert second.previous_response_id == first.id and second.usage.input_tokens > first.usage.input_tokens
     assert client.responses.retrieve(second.id).id == second.id
+
+
+def test_background_responses_with_the_openai_client(server, client):
+    """A background response polled with retrieve ends as the same request run in the foreground; one cancelled
+    while generating stops, its slots freed long before its 900 tokens."""
+    params = dict(model=MODEL, input="Hello", max_output_tokens=6, temperature=0, extra_body={"ignore_eos": True})
+    plain = client.responses.create(**params)
+    queued = client.responses.create(background=True, **params)
+    assert queued.status == "queued" and queued.background
+    for _ in range(600):
+        done = client.responses.retrieve(queued.id)
+        if done.status not in ("queued", "in_progress"):
+            break
+        time.sleep(0.05)
+    assert done.status == "incomplete" and done.output_text == plain.output_text
+    long = client.responses.create(background=True, model=MODEL, input="a long story", max_output_tokens=900,
+                                   temperature=0, extra_body={"ignore_eos": True})
+    running = 0
+    for _ in range(200):  # seen running first: a free pool below is not a stale report
+        running = (server.server_info().get("scheduler_stats") or {}).get("num_running_reqs", 0)
+        if running and client.responses.retrieve(long.id).status == "in_progress":
+            break
+        time.sleep(0.05)
+    assert running
+    cancelled = client.responses.cancel(long.id)
+    assert cancelled.status == "cancelled" and cancelled.usage is None
+    assert server.wait_pools_free(timeout=15)["num_running_reqs"] == 0

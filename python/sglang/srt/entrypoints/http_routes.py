@@ -166,7 +166,7 @@ def openai_routes(tm: TokenizerManager, args: ServerArgs) -> APIRouter:
         check_model(req.model)
         return await create_chat_completion(req, raw, tm, served_name, args)
 
-    from sglang.srt.entrypoints.openai.serving_responses import ResponseStore
+    from sglang.srt.entrypoints.openai.response_store import ResponseStore
 
     stored = ResponseStore()
 
@@ -184,9 +184,12 @@ def openai_routes(tm: TokenizerManager, args: ServerArgs) -> APIRouter:
 
     @router.delete("/v1/responses/{response_id}")
     async def delete_response(response_id: str):
-        stored.get(response_id)  # a 404 when unknown
-        del stored.items[response_id]
+        await stored.delete(response_id)  # a 404 when unknown; a background one still generating is stopped
         return {"id": response_id, "object": "response.deleted", "deleted": True}
+
+    @router.post("/v1/responses/{response_id}/cancel")
+    async def cancel_response(response_id: str):
+        return await stored.cancel(response_id)
 
     return router
 

@@ -6,12 +6,11 @@ max_output_tokens -> max_tokens) and generated like /v1/chat/completions (plan_c
 parsers and grammars). The answer is a `response` object whose output items are a reasoning item (with
 --reasoning-parser), a message with output_text, and function_call items (with --tool-call-parser); streamed, the
 Responses events (response.created ... response.output_text.delta ... response.completed). Stored responses (store,
-the default) are kept in memory, the newest STORE_SIZE, for previous_response_id and GET; background mode is refused.
+the default) and background ones (answered at once, polled by GET, stopped by cancel): response_store.py.
 """
 
 from __future__ import annotations
 
-import collections
 import json
 from typing import Optional
 
@@ -20,37 +19,18 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest, ResponsesRequest
+from sglang.srt.entrypoints.openai.response_store import ResponseStore
 from sglang.srt.entrypoints.openai.serving_base import (
-    collect, finish_reason, new_id, now, sampling_params, sse, sse_response, start_streams)
+    collect, finish_reason, log_internal_error, new_id, now, sampling_params, sse, sse_response, start_streams)
 from sglang.srt.entrypoints.openai.serving_chat import chat_parsers, plan_chat, text_deltas, tools_json
 from sglang.srt.managers.tokenizer_manager import RequestError, TokenizerManager
 
-STORE_SIZE = 1024  # stored responses kept (oldest dropped first)
 _TEXT_PARTS = ("input_text", "output_text", "text")
 # Responses fields that are not chat fields; anything else extra (top_k, stop, seed, ...) passes to the chat request
 # chat fields a response has no place for, with the values that ask for nothing
 _UNSERVED = {"top_logprobs": (None, 0), "logprobs": (None, False), "n": (None, 1)}
 _OWN = {"input", "instructions", "max_output_tokens", "tools", "tool_choice", "parallel_tool_calls", "reasoning",
         "text", "store", "previous_response_id", "metadata", "background", "truncation", "stream"}
-
-
-class ResponseStore:
-    """Stored responses by id: the response object and the chat messages that continue it."""
-
-    def __init__(self, size: int = STORE_SIZE) -> None:
-        self.size = size
-        self.items: collections.OrderedDict = collections.OrderedDict()
-
-    def put(self, response: dict, messages: list) -> None:
-        self.items[response["id"]] = (response, messages)
-        while len(self.items) > self.size:
-            self.items.popitem(last=False)
-
-    def get(self, response_id: str, param: Optional[str] = None) -> tuple:
-        if response_id not in self.items:
-            raise RequestError(f"no stored response {response_id!r} (responses are kept in memory, the newest "
-                               f"{self.size})", 404, param=param)
-        return self.items[response_id]
 
 
 def _text(content, where: str) -> str:
@@ -147,8 +127,11 @@ def _tool_choice(choice):
 
 def chat_request(req: ResponsesRequest, history: list) -> ChatCompletionRequest:
     """The chat request that generates this response (after `history`, a stored conversation's messages)."""
-    if req.background:
-        raise RequestError("background responses are not supported", param="background")
+    if req.background and req.stream:
+        raise RequestError("a background response is polled (GET /v1/responses/{id}), not streamed: stream it without "
+                           "background", param="stream")
+    if req.background and not req.store:
+        raise RequestError("a background response is kept to be polled: background needs store=true", param="store")
     messages = ([{"role": "system", "content": req.instructions}] if req.instructions else []) + history
     messages += input_messages(req.input)
     extra = req.model_extra or {}
@@ -206,7 +189,7 @@ class ResponseBuilder:
             "max_output_tokens": req.max_output_tokens, "temperature": req.temperature, "top_p": req.top_p,
             "reasoning": req.reasoning, "text": req.text or {"format": {"type": "text"}}, "tools": req.tools or [],
             "tool_choice": req.tool_choice, "store": req.store, "truncation": req.truncation,
-            "metadata": req.metadata or {}, "user": req.user, "usage": None}
+            "metadata": req.metadata or {}, "user": req.user, "background": req.background, "usage": None}
 
     def add(self, delta: dict) -> list:
         """Apply one chat delta ({"reasoning_content"}, {"content"} or {"tool_calls": [...]}) to the output items;
@@ -285,6 +268,13 @@ class ResponseBuilder:
         self.response["usage"] = _usage(prompt_tokens, chunk, reasoning_tokens)
         return events
 
+    def fail(self, message: str, status_code: int) -> None:
+        """A background response whose generation failed: status failed, the error OpenAI's way."""
+        self._close_open()
+        self.response["status"] = "failed"
+        self.response["error"] = {"code": "invalid_prompt" if status_code < 500 else "server_error",
+                                  "message": message}
+
     def assistant_messages(self) -> list:
         """The output as chat messages (what a response continued by previous_response_id said)."""
         message = {"role": "assistant", "content": ""}
@@ -316,6 +306,26 @@ async def create_response(req: ResponsesRequest, raw: Request, tm: TokenizerMana
             store.put(builder.response, messages + builder.assistant_messages())
         return events
 
+    if req.background:
+        async def generate_in_background():
+            sent = 0
+            try:
+                async for chunk in stream:
+                    builder.response["status"] = "in_progress"
+                    new_text, sent = chunk.text[sent:], len(chunk.text)
+                    for delta in text_deltas(parser, new_text, chunk.finished, tools):
+                        builder.add(delta)
+                    if chunk.finished:
+                        done(chunk)
+            except RequestError as e:
+                builder.fail(e.message, e.status_code)
+            except Exception as e:  # noqa: BLE001 - the response records the failure, the server goes on
+                builder.fail(log_internal_error("POST /v1/responses (background)", e)[0], 500)
+            finally:
+                await stream.aclose()
+
+        store.start(builder.response, messages, generate_in_background)
+        return JSONResponse(json.loads(json.dumps(builder.response)))
     if not req.stream:
         (chunk,) = await collect([stream], raw)
         for delta in text_deltas(parser, chunk.text, True, tools):
