@@ -3,6 +3,7 @@ timed three times per token count as CUDA-graph replays, with a checksum of its 
 PYTHONPATHs, alternated, to compare them on one machine (bit-identical outputs give the same checksum).
 
     PYTHONPATH=REV/python:REV/sgl-kernel/python python3 benchmark/kernels/moe_ab.py [--tokens 1 8 32] [--gemv]
+        [--gemv-variant early sum]   (the GEMV chain's variants, against --gemv alone in one revision)
 
 (RESULTS.md, 2026-12-04 fifth session: the scale multiplier inside the PTX, against a47df34.)
 """
@@ -27,7 +28,16 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--gemv", action="store_true", help="up to 8 tokens through the CUDA-core GEMVs (dsv4_moe_gemv)")
+    ap.add_argument("--gemv-variant", nargs="*", default=[], choices=["early", "sum"],
+                    help="the GEMV chain's untimed variants (GemvLaunch.early_weights / sum_in_down)")
     args = ap.parse_args()
+    if args.gemv_variant:
+        import dataclasses
+
+        from sgl_kernel import dsv4_moe_gemv as gemv
+        flags = dict(early_weights="early" in args.gemv_variant, sum_in_down="sum" in args.gemv_variant)
+        gemv.GEMV_ONE = dataclasses.replace(gemv.GEMV_ONE, **flags)
+        gemv.GEMV_FEW = dataclasses.replace(gemv.GEMV_FEW, **flags)
     e, d, i, k = 256, 4096, 2048, 6
     g = torch.Generator(device="cuda").manual_seed(0)
     w13, s13, w2, s2 = random_mxfp4_experts(e, d, i, g)
@@ -41,7 +51,7 @@ def main() -> None:
         checksum = fn().float().abs().sum().item()
         us = [triton.testing.do_bench_cudagraph(fn, rep=200) * 1e3 for _ in range(3)]
         res.append(f"{t}: {' '.join(f'{u:.1f}' for u in us)} us sum {checksum:.6e}")
-    print(sgl_kernel.__file__, " | ".join(res), flush=True)
+    print(sgl_kernel.__file__, *args.gemv_variant, " | ".join(res), flush=True)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ PTX executed from its text; on a GPU (marked) the PTX path at Flash widths."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import struct
@@ -70,6 +71,24 @@ def test_gemv_equals_reference(tokens, chunk):
     ref = fused_moe_mxfp4_ref(x, ids.clamp_min(0), weights * keep, w13, s13, w2, s2, 7.0)
     err = ((got - ref).norm() / ref.norm()).item()
     assert err < 4e-3, err  # bf16 output; fp16 activations and h
+
+
+@pytest.mark.parametrize("early, fused", [(True, False), (False, True), (True, True)])
+def test_variants_give_the_same_bits(early, fused):
+    """The untimed chain variants compute the same function in the same order: early weights (the first K step
+    loaded before the wait), sum in the down (the last program of each token's tile sums its pairs in slot order,
+    counted by an atomic, counters zeroed by the gate-up): bit-equal to the default chain, -1 ids included, 2 tokens
+    (two tokens' counters), down tiles more than the gate-up's programs zero one each (2 per program here)."""
+    w13, s13, w2, s2 = _experts(8, 256, 128, seed=8)
+    ids, weights = _routing(2, 2, 8, seed=9, skew=False)
+    ids[1, 0] = -1
+    x = (torch.randn(2, 256) * 0.1).bfloat16()
+    base = gemv_moe(x, ids, weights, w13, s13, w2, s2, 7.0, 128, launch=GemvLaunch(8, 128))
+    got = gemv_moe(x, ids, weights, w13, s13, w2, s2, 7.0, 128,
+                   launch=GemvLaunch(8, 128, early_weights=early, sum_in_down=fused))
+    assert torch.equal(got, base)
+    ref = fused_moe_mxfp4_ref(x, ids.clamp_min(0), weights * (ids >= 0), w13, s13, w2, s2, 7.0)
+    assert ((got.float() - ref).norm() / ref.norm()).item() < 4e-3
 
 
 def test_dispatch_takes_gemv_only_where_it_fits(monkeypatch):
@@ -143,7 +162,8 @@ def test_ptx_places_codes_and_sums_a_group():
 @pytest.mark.parametrize("tokens", [1, 2, 8])
 def test_gpu_flash_widths_equal_reference(tokens):
     """Flash widths (hidden 4096, intermediate 2048, top-6 of 256 experts), bf16, the inline PTX with PDL: relative
-    error vs the fp32 reference below 1%, the same bits twice, and the same from a CUDA graph's replay."""
+    error vs the fp32 reference below 1%, the same bits twice, and the same from a CUDA graph's replay; each untimed
+    variant (early weights, sum in the down) the same bits, eager and replayed."""
     from sgl_kernel.dsv4_moe_mxfp4 import mxfp4_experts_of
 
     w13, s13, w2, s2 = _experts(256, 4096, 2048, seed=0, device="cuda")
@@ -164,6 +184,18 @@ def test_gpu_flash_widths_equal_reference(tokens):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(replayed, got)
+    for early, fused in ((True, False), (False, True), (True, True)):  # the untimed variants: the same bits
+        variant = dataclasses.replace(gemv.gemv_launch(tokens), early_weights=early, sum_in_down=fused)
+        again = lambda: gemv_moe(x, ids, weights, a, b, c, d, 10.0, 2048, launch=variant)  # noqa: E731
+        assert torch.equal(again(), got), (early, fused)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            replayed = again()
+        for _ in range(3):  # counters zeroed again on every replay
+            replayed.zero_()
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(replayed, got), (early, fused)
 
 
 _OPERAND_LAYOUTS = r"""
@@ -173,14 +205,17 @@ from triton.backends.compiler import GPUTarget
 from sgl_kernel import dsv4_moe_gemv as gemv
 
 types = {"x_ptr": "*i32", "xm_ptr": "*fp32", "ids_ptr": "*i64", "w_ptr": "*i32", "s_ptr": "*u8", "h_ptr": "*i32",
-         "wts_ptr": "*fp32", "out_ptr": "*fp32", "limit": "fp32", "h_scale": "fp32", "out_scale": "fp32"}
+         "wts_ptr": "*fp32", "out_ptr": "*fp32", "cnt_ptr": "*i32", "sum_ptr": "*bf16", "limit": "fp32",
+         "h_scale": "fp32", "out_scale": "fp32"}
 launches = {gemv.GEMV_ONE, gemv.GEMV_FEW, gemv.GemvLaunch(8, 256), gemv.GemvLaunch(16, 512, 2),
             gemv.GemvLaunch(4, 128)}  # the last is too small (gemv_fits refuses it): the check must see that
+variants = [(False, False)] * len(launches) + [(True, True)]  # (early_weights, sum_in_down)
 out = []
-for launch in sorted(launches, key=str):
+for launch, (early, fused) in zip([*sorted(launches, key=str), gemv.GEMV_ONE], variants):
     for kernel in (gemv._gate_up_kernel, gemv._down_kernel):
         consts = {"BLOCK_N": launch.block_n, "BLOCK_K": launch.block_k, "PTX": True, "SCALE_CHUNKED": True,
-                  "PDL": True}
+                  "PDL": True, "EARLY": early}
+        consts.update({"ZERO_PER_PROGRAM": 2 if fused else 0} if kernel is gemv._gate_up_kernel else {"SUM": fused})
         sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in kernel.arg_names}
         floats = ("TOPK", "limit", "h_scale", "out_scale")
         attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
@@ -193,8 +228,8 @@ for launch in sorted(launches, key=str):
         for line in ttgir.splitlines():
             if "elementwise_inline_asm" in line and "shf.l.wrap.b32 t" in line:
                 operand = re.search(r"tensor<\d+x\d+xi32, (#[\w.]+(?:<\{[^}]*\}>)?)>", line).group(1)
-                out.append([kernel.fn.__name__, str(launch), gemv.gemv_fits(launch, 4096, 2048),
-                            layouts.get(operand, operand)])
+                out.append([kernel.fn.__name__, f"{launch} early={early} sum={fused}",
+                            gemv.gemv_fits(launch, 4096, 2048), layouts.get(operand, operand)])
 print(json.dumps(out))
 """
 
@@ -203,11 +238,14 @@ def test_ptx_operands_pack_four_words_of_one_group():
     """The PTX sums a pack of 4 code words under the scale byte of its first: compiled for sm90 on the CPU (a
     subprocess: this one may run the interpreter) at the launches gemv_launch picks and more, each thread must hold
     its code words in runs of 4 consecutive, aligned words of one row (one 32-input group) wherever gemv_fits allows
-    the launch; the too-small tile it refuses does not."""
+    the launch, also with the untimed variants (early weights, sum in the down); the too-small tile it refuses does
+    not."""
     from sm90_compile import compiled_facts
     from test_dsv4_mxfp4_planes import packs_one_row_group
 
     found = compiled_facts(_OPERAND_LAYOUTS)
-    assert len(found) == 15  # two per gate-up (its gate and up loops), one per down; five launches
+    # two per gate-up (its gate and up loops), one per down; five launches, then GEMV_ONE's variants (early weights:
+    # the first step outside the loop as well)
+    assert len(found) == 15 + 6, [f[:2] for f in found]
     for name, launch, fits, layout in found:
         assert packs_one_row_group(layout) == fits, (name, launch, layout)

@@ -41,10 +41,15 @@ GEMV_MAX_TOKENS = 8
 
 @dataclass(frozen=True)
 class GemvLaunch:
-    """Weight rows per program, inputs per K step, warps per program."""
+    """Weight rows per program, inputs per K step, warps per program; two variants of the chain, not yet timed (off
+    by default): `early_weights` (with PDL, each program loads its first K step of weights before waiting for the
+    kernel before it: the expert ids were written before that kernel was let start) and `sum_in_down` (each token's
+    last down program per tile sums the pairs' rows, counted by an atomic: no combine launch; the same bits)."""
     block_n: int
     block_k: int
     num_warps: int = 1
+    early_weights: bool = False
+    sum_in_down: bool = False
 
 
 # The probe's best tiles on an H100 (RESULTS.md, 2026-12-05 fifteenth session): one token 4 x 512 (more programs),
@@ -139,17 +144,25 @@ def _half(v, HIGH: tl.constexpr):
 
 
 @triton.jit
-def _group_dots(w_e, s_e, x_row, acc, r0, k0, stride_wn, stride_sn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                PTX: tl.constexpr, SCALE_CHUNKED: tl.constexpr):
-    """acc [BLOCK_N, BLOCK_K / 8] fp32 plus rows r0 .. r0 + BLOCK_N's code words at inputs k0 .. k0 + BLOCK_K dotted
-    with the pair-ordered activations (x_row: int32 words, two fp16 each), each times its group's scale 2^(s - 127),
-    in units of 2^-14 (the caller's multipliers finish). The caller sums acc over its last axis once, after its loop."""
+def _weight_tile(w_e, s_e, r0, k0, stride_wn, stride_sn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 SCALE_CHUNKED: tl.constexpr):
+    """Rows r0 .. r0 + BLOCK_N's code words at inputs k0 .. k0 + BLOCK_K [BLOCK_N, BLOCK_K / 8] int32, and each
+    word's scale byte (its 32-input group's) as int32 of the same shape."""
     rows = r0 + tl.arange(0, BLOCK_N)
     wi = k0 // 8 + tl.arange(0, BLOCK_K // 8)
     q = tl.load(w_e + rows[:, None] * stride_wn + wi[None, :])
     gi = k0 // 32 + tl.arange(0, BLOCK_K // 32)
     s = tl.load(s_e + scale_offsets(rows, gi, stride_sn, SCALE_CHUNKED)).to(tl.int32)
     s = tl.reshape(tl.broadcast_to(s[:, :, None], [BLOCK_N, BLOCK_K // 32, 4]), [BLOCK_N, BLOCK_K // 8])
+    return q, s
+
+
+@triton.jit
+def _tile_dots(q, s, x_row, acc, k0, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PTX: tl.constexpr):
+    """acc [BLOCK_N, BLOCK_K / 8] fp32 plus a weight tile's code words (q, s: _weight_tile at inputs k0 ..) dotted
+    with the pair-ordered activations (x_row: int32 words, two fp16 each), each times its group's scale 2^(s - 127),
+    in units of 2^-14 (the caller's multipliers finish). The caller sums acc over its last axis once, after its loop."""
+    wi = k0 // 8 + tl.arange(0, BLOCK_K // 8)
     if PTX:
         x0, x1, x2, x3 = pair_words(x_row, wi, BLOCK_N, BLOCK_K // 8)
         acc = tl.inline_asm_elementwise(_PTX, _CONS, [q, s, x0, x1, x2, x3, acc], dtype=tl.float32, is_pure=True,
@@ -166,12 +179,19 @@ def _group_dots(w_e, s_e, x_row, acc, r0, k0, stride_wn, stride_sn, BLOCK_N: tl.
 
 
 @triton.jit
-def _row_sums(w_e, s_e, x_row, r0, K, stride_wn, stride_sn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-              PTX: tl.constexpr, SCALE_CHUNKED: tl.constexpr):
-    """[BLOCK_N] fp32: rows r0 .. r0 + BLOCK_N dotted with the activations over all K inputs, units of 2^-14."""
+def _row_sums(w_e, s_e, x_row, r0, K, q0, s0, stride_wn, stride_sn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+              PTX: tl.constexpr, SCALE_CHUNKED: tl.constexpr, EARLY: tl.constexpr):
+    """[BLOCK_N] fp32: rows r0 .. r0 + BLOCK_N dotted with the activations over all K inputs, units of 2^-14. EARLY:
+    the first K step's tile is (q0, s0), loaded by the caller before its PDL wait (else they are unused)."""
     acc = tl.zeros([BLOCK_N, BLOCK_K // 8], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        acc = _group_dots(w_e, s_e, x_row, acc, r0, k0, stride_wn, stride_sn, BLOCK_N, BLOCK_K, PTX, SCALE_CHUNKED)
+    if EARLY:
+        acc = _tile_dots(q0, s0, x_row, acc, 0, BLOCK_N, BLOCK_K, PTX)
+        first: tl.constexpr = BLOCK_K
+    else:
+        first: tl.constexpr = 0
+    for k0 in range(first, K, BLOCK_K):
+        q, s = _weight_tile(w_e, s_e, r0, k0, stride_wn, stride_sn, BLOCK_N, BLOCK_K, SCALE_CHUNKED)
+        acc = _tile_dots(q, s, x_row, acc, k0, BLOCK_N, BLOCK_K, PTX)
     return tl.sum(acc, axis=1)
 
 
@@ -192,44 +212,96 @@ def _prepare_kernel(x_ptr, out_ptr, mult_ptr, D, stride_x, stride_o, BLOCK: tl.c
 
 
 @triton.jit
-def _gate_up_kernel(x_ptr, xm_ptr, ids_ptr, w_ptr, s_ptr, h_ptr, D, I, E, TOPK, stride_x, stride_we, stride_wn,
-                    stride_se, stride_sn, stride_h, limit, h_scale, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    PTX: tl.constexpr, SCALE_CHUNKED: tl.constexpr, PDL: tl.constexpr):
+def _gate_up_kernel(x_ptr, xm_ptr, ids_ptr, w_ptr, s_ptr, h_ptr, cnt_ptr, D, I, E, TOPK, DOWN_TILES, stride_x,
+                    stride_we, stride_wn, stride_se, stride_sn, stride_h, limit, h_scale, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr, PTX: tl.constexpr, SCALE_CHUNKED: tl.constexpr, PDL: tl.constexpr,
+                    EARLY: tl.constexpr, ZERO_PER_PROGRAM: tl.constexpr):
     """program_id(1) = pair, program_id(0) = a tile of BLOCK_N gate rows: their gate and up sums, the clamped SwiGLU
-    times h_scale, stored fp16 in pair order (the down's activations)."""
-    pdl_enter(PDL)
-    p = tl.program_id(1)
-    e = tl.load(ids_ptr + p).to(tl.int64)
-    if (e >= 0) & (e < E):
+    times h_scale, stored fp16 in pair order (the down's activations). EARLY: the first K step's weights are loaded
+    before the PDL wait (the ids were written before the previous kernel, the prepare, was let start).
+    ZERO_PER_PROGRAM > 0: the programs of each token's first pair zero that many of the token's down counters each
+    (the down's sum_in_down)."""
+    if EARLY:
+        p = tl.program_id(1)
+        e = tl.load(ids_ptr + p).to(tl.int64)
+        r0 = tl.program_id(0) * BLOCK_N
+        local = (e >= 0) & (e < E)
+        e0 = tl.where(local, e, 0)  # a pair without a local expert loads expert 0's first tile, unused
+        qg, sg = _weight_tile(w_ptr + e0 * stride_we, s_ptr + e0 * stride_se, r0, 0, stride_wn, stride_sn, BLOCK_N,
+                              BLOCK_K, SCALE_CHUNKED)
+        qu, su = _weight_tile(w_ptr + e0 * stride_we, s_ptr + e0 * stride_se, I + r0, 0, stride_wn, stride_sn,
+                              BLOCK_N, BLOCK_K, SCALE_CHUNKED)
+        pdl_enter(PDL)
+    else:  # the order the default launches were timed in
+        pdl_enter(PDL)
+        p = tl.program_id(1)
+        e = tl.load(ids_ptr + p).to(tl.int64)
+        local = (e >= 0) & (e < E)
+        qg, sg, qu, su = 0, 0, 0, 0  # unused
+    if ZERO_PER_PROGRAM > 0:
+        if p % TOPK == 0:
+            c = tl.program_id(0) * ZERO_PER_PROGRAM + tl.arange(0, ZERO_PER_PROGRAM)
+            tl.store(cnt_ptr + (p // TOPK) * DOWN_TILES + c, tl.zeros([ZERO_PER_PROGRAM], tl.int32),
+                     mask=c < DOWN_TILES)
+    if local:
         r0 = tl.program_id(0) * BLOCK_N
         w_e = w_ptr + e * stride_we
         s_e = s_ptr + e * stride_se
         x_row = x_ptr + (p // TOPK).to(tl.int64) * stride_x
-        g = _row_sums(w_e, s_e, x_row, r0, D, stride_wn, stride_sn, BLOCK_N, BLOCK_K, PTX, SCALE_CHUNKED)
-        u = _row_sums(w_e, s_e, x_row, I + r0, D, stride_wn, stride_sn, BLOCK_N, BLOCK_K, PTX, SCALE_CHUNKED)
+        g = _row_sums(w_e, s_e, x_row, r0, D, qg, sg, stride_wn, stride_sn, BLOCK_N, BLOCK_K, PTX, SCALE_CHUNKED,
+                      EARLY)
+        u = _row_sums(w_e, s_e, x_row, I + r0, D, qu, su, stride_wn, stride_sn, BLOCK_N, BLOCK_K, PTX,
+                      SCALE_CHUNKED, EARLY)
         xm = tl.load(xm_ptr + p // TOPK)
         act = clamped_swiglu(g * xm, u * xm, limit) * h_scale
         tl.store(h_ptr + p.to(tl.int64) * stride_h + slot(r0 + tl.arange(0, BLOCK_N)), act.to(tl.float16))
 
 
 @triton.jit
-def _down_kernel(h_ptr, ids_ptr, wts_ptr, w_ptr, s_ptr, out_ptr, D, I, E, stride_h, stride_we, stride_wn, stride_se,
-                 stride_sn, stride_o, out_scale, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PTX: tl.constexpr,
-                 SCALE_CHUNKED: tl.constexpr, PDL: tl.constexpr):
+def _down_kernel(h_ptr, ids_ptr, wts_ptr, w_ptr, s_ptr, out_ptr, cnt_ptr, sum_ptr, D, I, E, TOPK, stride_h,
+                 stride_we, stride_wn, stride_se, stride_sn, stride_o, stride_sum, out_scale, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, PTX: tl.constexpr, SCALE_CHUNKED: tl.constexpr, PDL: tl.constexpr,
+                 EARLY: tl.constexpr, SUM: tl.constexpr):
     """program_id(1) = pair, program_id(0) = a tile of BLOCK_N output rows: the pair's down rows times its router
-    weight and out_scale, fp32 (zeros for a pair without a local expert)."""
-    pdl_enter(PDL)
-    p = tl.program_id(1)
-    e = tl.load(ids_ptr + p).to(tl.int64)
+    weight and out_scale, fp32 (zeros for a pair without a local expert). EARLY: the first K step's weights are
+    loaded before the PDL wait (ids were written before the gate-up was let start). SUM: the token's last program of
+    this tile to finish (counted in cnt_ptr, zeroed by the gate-up) sums its TOPK pairs' rows in slot order, as
+    combine_pairs does, into sum_ptr in sum_ptr's dtype."""
+    if EARLY:
+        p = tl.program_id(1)
+        e = tl.load(ids_ptr + p).to(tl.int64)
+        local = (e >= 0) & (e < E)
+        e0 = tl.where(local, e, 0)
+        q0, s0 = _weight_tile(w_ptr + e0 * stride_we, s_ptr + e0 * stride_se, tl.program_id(0) * BLOCK_N, 0,
+                              stride_wn, stride_sn, BLOCK_N, BLOCK_K, SCALE_CHUNKED)
+        pdl_enter(PDL)
+    else:  # the order the default launches were timed in
+        pdl_enter(PDL)
+        p = tl.program_id(1)
+        e = tl.load(ids_ptr + p).to(tl.int64)
+        local = (e >= 0) & (e < E)
+        q0, s0 = 0, 0  # unused
     r0 = tl.program_id(0) * BLOCK_N
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    if (e >= 0) & (e < E):
+    if local:
         w_e = w_ptr + e * stride_we
         s_e = s_ptr + e * stride_se
         h_row = h_ptr + p.to(tl.int64) * stride_h
-        acc = _row_sums(w_e, s_e, h_row, r0, I, stride_wn, stride_sn, BLOCK_N, BLOCK_K, PTX, SCALE_CHUNKED)
+        acc = _row_sums(w_e, s_e, h_row, r0, I, q0, s0, stride_wn, stride_sn, BLOCK_N, BLOCK_K, PTX, SCALE_CHUNKED,
+                        EARLY)
         acc = acc * (tl.load(wts_ptr + p) * out_scale)
-    tl.store(out_ptr + p.to(tl.int64) * stride_o + r0 + tl.arange(0, BLOCK_N), acc)
+    n = r0 + tl.arange(0, BLOCK_N)
+    tl.store(out_ptr + p.to(tl.int64) * stride_o + n, acc)
+    if SUM:
+        t = p // TOPK
+        tl.debug_barrier()  # every thread's row stored before the count releases them
+        arrived = tl.atomic_add(cnt_ptr + t * tl.num_programs(0) + tl.program_id(0), 1, sem="acq_rel")
+        if arrived == TOPK - 1:  # the other pairs' rows are visible (acquire): sum them from L2 in slot order
+            rows = out_ptr + (t * TOPK).to(tl.int64) * stride_o + n
+            total = tl.load(rows, cache_modifier=".cg")
+            for i in range(1, TOPK):
+                total += tl.load(rows + i * stride_o, cache_modifier=".cg")
+            tl.store(sum_ptr + t.to(tl.int64) * stride_sum + n, total.to(sum_ptr.dtype.element_ty))
 
 
 def gemv_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13: torch.Tensor,
@@ -260,14 +332,20 @@ def gemv_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     h = torch.empty(pairs, inter, dtype=torch.float16, device=x.device)
     xw = xq.view(torch.int32)
     n, k, warps = launch.block_n, launch.block_k, launch.num_warps
+    early, fused = launch.early_weights, launch.sum_in_down
+    down_tiles = hidden // n
+    counters = torch.empty(tokens, down_tiles, dtype=torch.int32, device=x.device) if fused else ids
+    zero_per_program = triton.next_power_of_2(triton.cdiv(down_tiles, inter // n)) if fused else 0
     _gate_up_kernel[(inter // n, pairs)](
-        xw, xm, ids, w13i, s13, h, hidden, inter, num_experts, top_k, xw.stride(0), w13i.stride(0), w13i.stride(1),
-        s13e, s13n, h.stride(0), float(limit), h_scale, BLOCK_N=n, BLOCK_K=k, PTX=ptx, SCALE_CHUNKED=ch13, PDL=pdl,
-        num_warps=warps, **pdl_launch(pdl))
+        xw, xm, ids, w13i, s13, h, counters, hidden, inter, num_experts, top_k, down_tiles, xw.stride(0),
+        w13i.stride(0), w13i.stride(1), s13e, s13n, h.stride(0), float(limit), h_scale, BLOCK_N=n, BLOCK_K=k, PTX=ptx,
+        SCALE_CHUNKED=ch13, PDL=pdl, EARLY=early, ZERO_PER_PROGRAM=zero_per_program, num_warps=warps,
+        **pdl_launch(pdl))
     hw = h.view(torch.int32)
     out = torch.empty(pairs, hidden, dtype=torch.float32, device=x.device)
-    _down_kernel[(hidden // n, pairs)](
-        hw, ids, wts, w2i, s2, out, hidden, inter, num_experts, hw.stride(0), w2i.stride(0), w2i.stride(1), s2e, s2n,
-        out.stride(0), 2.0 ** 14 / h_scale, BLOCK_N=n, BLOCK_K=k, PTX=ptx, SCALE_CHUNKED=ch2, PDL=pdl,
-        num_warps=warps, **pdl_launch(pdl))
-    return combine_pairs(out, top_k, x.dtype, pdl)
+    summed = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device) if fused else out
+    _down_kernel[(down_tiles, pairs)](
+        hw, ids, wts, w2i, s2, out, counters, summed, hidden, inter, num_experts, top_k, hw.stride(0), w2i.stride(0),
+        w2i.stride(1), s2e, s2n, out.stride(0), summed.stride(0), 2.0 ** 14 / h_scale, BLOCK_N=n, BLOCK_K=k, PTX=ptx,
+        SCALE_CHUNKED=ch2, PDL=pdl, EARLY=early, SUM=fused, num_warps=warps, **pdl_launch(pdl))
+    return summed if fused else combine_pairs(out, top_k, x.dtype, pdl)
