@@ -202,3 +202,20 @@ def test_background_response_that_fails(app, monkeypatch):
     failed = poll(client, respond(client, background=True, max_output_tokens=7).json()["id"])
     assert failed["status"] == "failed"
     assert failed["error"] == {"code": "invalid_prompt", "message": "the scheduler refused it"}
+
+
+def test_shutdown_stops_background_responses():
+    """The app's shutdown cancels the background responses still generating (their requests aborted)."""
+    from fastapi.testclient import TestClient
+    from sglang.srt.entrypoints.http_server import create_app
+    from sglang.srt.server_args import ServerArgs
+    from test_chat_glue import ScriptedTokenizerManager
+
+    tm = ScriptedTokenizerManager()
+    app = create_app(tm, ServerArgs(model_path="scripted"))
+    with TestClient(app) as client:
+        tm.script, tm.token_delay = "word " * 200, 0.02
+        response_id = respond(client, background=True).json()["id"]
+        poll(client, response_id, until=("in_progress",))
+        closed = tm.closed
+    assert tm.closed == closed + 1 and app.state.responses.get(response_id)[0]["status"] == "cancelled"

@@ -135,7 +135,8 @@ def health_routes(tm: TokenizerManager, args: ServerArgs, metrics=None, schedule
 
 
 # ---- OpenAI-compatible --------------------------------------------------------------------------------------
-def openai_routes(tm: TokenizerManager, args: ServerArgs) -> APIRouter:
+def openai_routes(tm: TokenizerManager, args: ServerArgs, stored) -> APIRouter:
+    """`stored`: the ResponseStore of /v1/responses (the app stops its background responses at shutdown)."""
     router = APIRouter()
     served_name = served_model_name(args)
     model_names = {served_name, args.model_path}
@@ -165,10 +166,6 @@ def openai_routes(tm: TokenizerManager, args: ServerArgs) -> APIRouter:
         req = await parse_request(raw, ChatCompletionRequest)
         check_model(req.model)
         return await create_chat_completion(req, raw, tm, served_name, args)
-
-    from sglang.srt.entrypoints.openai.response_store import ResponseStore
-
-    stored = ResponseStore()
 
     @router.post("/v1/responses")
     async def responses(raw: Request):

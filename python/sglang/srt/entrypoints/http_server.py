@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sglang.srt.entrypoints.http_routes import health_routes, native_routes, openai_routes
+from sglang.srt.entrypoints.openai.response_store import ResponseStore
 from sglang.srt.entrypoints.openai.protocol import error_body
 from sglang.srt.entrypoints.openai.serving_base import log_internal_error
 from sglang.srt.managers.tokenizer_manager import RequestError, TokenizerManager
@@ -105,9 +106,12 @@ def create_app(tm: TokenizerManager, args: ServerArgs, metrics=None, scheduler_p
         yield
         if watch is not None:
             watch.cancel()
+        await responses.stop_all()  # background responses still generating: aborted, not left pending
 
+    responses = ResponseStore()
     app = FastAPI(title="sglang (DeepSeek-V4)", lifespan=lifespan)
     app.state.fatal_error = None
+    app.state.responses = responses
     app.state.max_request_body_bytes = int(args.max_request_body_mb * 2**20)
 
     app.add_middleware(ApiKeyGuard, api_key=args.api_key)
@@ -126,5 +130,5 @@ def create_app(tm: TokenizerManager, args: ServerArgs, metrics=None, scheduler_p
 
     app.include_router(health_routes(tm, args, metrics, scheduler_proc))
     app.include_router(native_routes(tm))
-    app.include_router(openai_routes(tm, args))
+    app.include_router(openai_routes(tm, args, responses))
     return app

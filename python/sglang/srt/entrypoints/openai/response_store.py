@@ -62,6 +62,11 @@ class ResponseStore:
             response["status"] = "cancelled"
         return response
 
+    async def stop_all(self) -> None:
+        """At shutdown: cancel the background responses still generating (their requests aborted)."""
+        for response_id in list(self.tasks):
+            await self.cancel(response_id)
+
     async def delete(self, response_id: str) -> None:
         self.get(response_id)  # a 404 when unknown
         task = self.tasks.get(response_id)
