@@ -39,7 +39,10 @@ def client(server):
 
 def test_models_info_and_utility_endpoints(server, client):
     assert [m.id for m in client.models.list().data] == [MODEL]
+    assert client.models.retrieve(MODEL).id == MODEL
     base = server.base_url
+    missing = httpx.get(f"{base}/v1/models/other-model")
+    assert missing.status_code == 404 and "other-model" in missing.json()["message"]
     info = httpx.get(f"{base}/model_info").json()
     assert info["is_generation"] and info["context_length"] == 1024
     info = server.server_info()

@@ -145,11 +145,18 @@ def openai_routes(tm: TokenizerManager, args: ServerArgs, stored) -> APIRouter:
         if name not in model_names:
             raise RequestError(f"the model '{name}' does not exist; this server serves '{served_name}'", 404)
 
+    def model_card() -> dict:
+        return {"id": served_name, "object": "model", "created": int(time.time()), "owned_by": "sglang",
+                "root": args.model_path, "max_model_len": tm.ready.context_length}
+
     @router.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": served_name, "object": "model", "created": int(time.time()),
-                                            "owned_by": "sglang", "root": args.model_path,
-                                            "max_model_len": tm.ready.context_length}]}
+        return {"object": "list", "data": [model_card()]}
+
+    @router.get("/v1/models/{model:path}")
+    async def retrieve_model(model: str):  # OpenAI's models.retrieve; the served name or the model path
+        check_model(model)
+        return model_card()
 
     @router.post("/v1/completions")
     async def completions(raw: Request):
