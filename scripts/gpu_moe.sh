@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The fused MoE on a GPU in one device call (issue 13): its GPU tests at Flash widths (tl.dot_scaled and the
 # in-register path; the W4A8 op; the 1-8 token GEMVs), the fp32 W8A16 tests, the launch sweep, the whole-op benchmark
-# with a kernel profile (W4A16: the engine path and the planes alone; W4A8), the GEMV chain's variants A/B, and (E2E=1, the default) the quantized Flash slice's agreement with the dequantized engine.
+# with a kernel profile (W4A16: the engine path and the planes alone; W4A8), the GEMV chain's variants A/B, a GEMV tile sweep, and (E2E=1, the default) the quantized Flash slice's agreement with the dequantized engine.
 # The whole-op figures use the sweep's best launches per token count (--config-from).
 #   [SWEEP_S=240] [SWEEP_TOKENS="1 32 256 4096"] [E2E=0] bash scripts/gpu_moe.sh   (carry .whl: the test wheels)
 # Logs and JSON go to $OUT.
@@ -25,6 +25,10 @@ TAIL=8 step "whole op, the engine's path (GEMVs at 1-8 tokens, then the planes)"
 TAIL=10 step "GEMV chain variants against the default, alternated twice (moe_ab.py: graph replays, checksums)" \
   bash -c 'for r in 1 2; do for v in "" early sum "early sum"; do
     python3 benchmark/kernels/moe_ab.py --gemv --tokens 1 2 4 8 ${v:+--gemv-variant $v}; done; done'
+TAIL=10 step "GEMV tiles at 1-8 tokens (moe_ab.py --gemv-launch, the first line the default)" \
+  bash -c 'python3 benchmark/kernels/moe_ab.py --gemv --tokens 1 2 4 8
+    for t in 4x256 8x256 8x512 4x1024 16x256 16x512 8x512x2 16x512x2; do
+      python3 benchmark/kernels/moe_ab.py --gemv --tokens 1 2 4 8 --gemv-launch $t; done'
 TAIL=8 step "whole op, the parity planes at every decode batch" python3 benchmark/bench_moe_mxfp4.py --planes \
   --tokens 1 2 4 8 32 128 256 4096 --out "$OUT/moe_mxfp4_planes.json"
 TAIL=8 step "whole op, W4A8 (--mxfp4-moe-precision fp8)" python3 benchmark/bench_moe_mxfp4.py \

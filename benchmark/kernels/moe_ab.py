@@ -4,6 +4,7 @@ PYTHONPATHs, alternated, to compare them on one machine (bit-identical outputs g
 
     PYTHONPATH=REV/python:REV/sgl-kernel/python python3 benchmark/kernels/moe_ab.py [--tokens 1 8 32] [--gemv]
         [--gemv-variant early sum]   (the GEMV chain's variants, against --gemv alone in one revision)
+        [--gemv-launch 8x512x1]      (one GEMV tile for every token count: a tile sweep)
 
 (RESULTS.md, 2026-12-04 fifth session: the scale multiplier inside the PTX, against a47df34.)
 """
@@ -30,15 +31,22 @@ def main() -> None:
     ap.add_argument("--gemv", action="store_true", help="up to 8 tokens through the CUDA-core GEMVs (dsv4_moe_gemv)")
     ap.add_argument("--gemv-variant", nargs="*", default=[], choices=["early", "sum"],
                     help="the GEMV chain's untimed variants (GemvLaunch.early_weights / sum_in_down)")
+    ap.add_argument("--gemv-launch", default=None, metavar="NxK[xW]",
+                    help="one GEMV tile for every token count: N weight rows x K inputs per program, W warps")
     args = ap.parse_args()
-    if args.gemv_variant:
+    e, d, i, k = 256, 4096, 2048, 6
+    if args.gemv_variant or args.gemv_launch:
         import dataclasses
 
         from sgl_kernel import dsv4_moe_gemv as gemv
         flags = dict(early_weights="early" in args.gemv_variant, sum_in_down="sum" in args.gemv_variant)
+        if args.gemv_launch:
+            n, kk, *w = (int(v) for v in args.gemv_launch.split("x"))
+            gemv.GEMV_ONE = gemv.GEMV_FEW = gemv.GemvLaunch(n, kk, *w)
+            if not gemv.gemv_fits(gemv.GEMV_ONE, d, i):  # dsv4_moe_mxfp4 would time the planes instead
+                ap.error(f"--gemv-launch {args.gemv_launch} does not fit Flash widths (gemv_fits)")
         gemv.GEMV_ONE = dataclasses.replace(gemv.GEMV_ONE, **flags)
         gemv.GEMV_FEW = dataclasses.replace(gemv.GEMV_FEW, **flags)
-    e, d, i, k = 256, 4096, 2048, 6
     g = torch.Generator(device="cuda").manual_seed(0)
     w13, s13, w2, s2 = random_mxfp4_experts(e, d, i, g)
     res = []
@@ -51,7 +59,7 @@ def main() -> None:
         checksum = fn().float().abs().sum().item()
         us = [triton.testing.do_bench_cudagraph(fn, rep=200) * 1e3 for _ in range(3)]
         res.append(f"{t}: {' '.join(f'{u:.1f}' for u in us)} us sum {checksum:.6e}")
-    print(sgl_kernel.__file__, *args.gemv_variant, " | ".join(res), flush=True)
+    print(sgl_kernel.__file__, args.gemv_launch or "", *args.gemv_variant, " | ".join(res), flush=True)
 
 
 if __name__ == "__main__":
