@@ -169,6 +169,9 @@ def test_background_response_cancelled_and_deleted(app):
     tm.script, tm.token_delay = "word " * 150, 0.02  # ~3 s of generation
     queued = respond(client, background=True).json()
     poll(client, queued["id"], until=("in_progress",))
+    early = respond(client, previous_response_id=queued["id"])  # nothing to continue yet
+    assert early.status_code == 400 and early.json()["param"] == "previous_response_id", early.text
+    assert "still in_progress" in early.json()["message"]
     closed = tm.closed
     cancelled = client.post(f"/v1/responses/{queued['id']}/cancel")
     assert cancelled.status_code == 200, cancelled.text

@@ -40,6 +40,15 @@ class ResponseStore:
                                f"{self.size})", 404, param=param)
         return self.items[response_id]
 
+    def history(self, response_id: str) -> list:
+        """The chat messages a request with previous_response_id continues; a background response that has not
+        ended has no output to continue yet."""
+        response, messages = self.get(response_id, "previous_response_id")
+        if response["status"] in _UNFINISHED:
+            raise RequestError(f"response {response_id!r} is still {response['status']}: continue it once it has "
+                               "ended", param="previous_response_id")
+        return messages
+
     def start(self, response: dict, messages: list, run: Callable) -> None:
         """Store a background response as queued and generate it: `run()` is the coroutine that does."""
         response["status"] = "queued"

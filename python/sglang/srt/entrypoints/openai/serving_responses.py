@@ -291,7 +291,7 @@ class ResponseBuilder:
 
 async def create_response(req: ResponsesRequest, raw: Request, tm: TokenizerManager, model_name: str, args,
                           store: ResponseStore):
-    history = store.get(req.previous_response_id, "previous_response_id")[1] if req.previous_response_id else []
+    history = store.history(req.previous_response_id) if req.previous_response_id else []
     chat = chat_request(req, history)
     plan = await plan_chat(chat, tm, args)
     stream = tm.generate(plan.ids, sampling_params(chat, plan.max_new, 0, plan.grammar))
