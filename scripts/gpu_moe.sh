@@ -4,12 +4,20 @@
 # with a kernel profile (W4A16: the engine path and the planes alone; W4A8), the GEMV chain's variants A/B, a GEMV tile sweep, and (E2E=1, the default) the quantized Flash slice's agreement with the dequantized engine.
 # The whole-op figures use the sweep's best launches per token count (--config-from).
 #   [SWEEP_S=240] [SWEEP_TOKENS="1 32 256 4096"] [E2E=0] bash scripts/gpu_moe.sh   (carry .whl: the test wheels)
+#   DECODE_ONLY=1 bash scripts/gpu_moe.sh: only the GEMV tests, the engine path at 1-32 tokens, the GEMV variants A/B
+#   and the tile sweep (issue 13's open figures, when device time is short)
 # Logs and JSON go to $OUT.
 set -u -o pipefail
 source scripts/gpu_env.sh
 FAILED=()
 step() { local name=$1; shift; echo "=== $name"; ( "$@" ) 2>&1 | tee -a "$OUT/moe_log.txt" | tail -"${TAIL:-20}" \
   || { FAILED+=("$name"); echo "=== FAILED: $name"; }; }
+if [ "${DECODE_ONLY:-0}" = 1 ]; then  # the decode figures first, when device time is short (~4 minutes)
+  TAIL=8 step "GEMV GPU tests (variants included)" python3 -m pytest -q -s -m gpu test/kernels/test_dsv4_moe_gemv.py \
+    -p no:cacheprovider
+  TAIL=10 step "whole op, the engine's path at decode sizes" python3 benchmark/bench_moe_mxfp4.py --gemv \
+    --tokens 1 2 4 8 16 32 --out "$OUT/moe_mxfp4_engine_decode.json"
+else
 TAIL=14 step "MoE GPU tests (1, 32 tokens)" python3 -m pytest -q -s -m gpu test/kernels/test_dsv4_moe_mxfp4.py \
   test/kernels/test_dsv4_mxfp4_scales.py test/kernels/test_dsv4_pdl.py test/kernels/test_dsv4_moe_w4a8.py \
   test/kernels/test_dsv4_moe_gemv.py \
@@ -22,6 +30,7 @@ TAIL=8 step "whole op, the sweep's best" python3 benchmark/bench_moe_mxfp4.py --
   --config-from "$OUT/sweep_moe.json" --out "$OUT/moe_mxfp4.json"
 TAIL=8 step "whole op, the engine's path (GEMVs at 1-8 tokens, then the planes)" python3 benchmark/bench_moe_mxfp4.py \
   --gemv --tokens 1 2 4 8 32 128 256 4096 --out "$OUT/moe_mxfp4_engine.json"
+fi
 TAIL=10 step "GEMV chain variants against the default, alternated twice (moe_ab.py: graph replays, checksums)" \
   bash -c 'for r in 1 2; do for v in "" early sum "early sum"; do
     python3 benchmark/kernels/moe_ab.py --gemv --tokens 1 2 4 8 ${v:+--gemv-variant $v}; done; done'
@@ -29,11 +38,13 @@ TAIL=10 step "GEMV tiles at 1-8 tokens (moe_ab.py --gemv-launch, the first line 
   bash -c 'python3 benchmark/kernels/moe_ab.py --gemv --tokens 1 2 4 8
     for t in 4x256 8x256 8x512 4x1024 16x256 16x512 8x512x2 16x512x2; do
       python3 benchmark/kernels/moe_ab.py --gemv --tokens 1 2 4 8 --gemv-launch $t; done'
+if [ "${DECODE_ONLY:-0}" != 1 ]; then
 TAIL=8 step "whole op, the parity planes at every decode batch" python3 benchmark/bench_moe_mxfp4.py --planes \
   --tokens 1 2 4 8 32 128 256 4096 --out "$OUT/moe_mxfp4_planes.json"
 TAIL=8 step "whole op, W4A8 (--mxfp4-moe-precision fp8)" python3 benchmark/bench_moe_mxfp4.py \
   --mxfp4-moe-precision fp8 --tokens 1 8 32 128 256 4096 --out "$OUT/moe_w4a8.json"
-if [ "${E2E:-1}" = 1 ]; then  # the quantized Flash slice against the dequantized engine (fp32 and bf16 agreement)
+fi
+if [ "${E2E:-1}" = 1 ] && [ "${DECODE_ONLY:-0}" != 1 ]; then  # the quantized Flash slice against the dequantized engine (fp32 and bf16 agreement)
   TAIL=10 step "checkpoint (hub formats)" python3 scripts/make_slice_checkpoint.py \
     benchmark/configs/flash-slice-4l32e.config.json /tmp/w/q --quantize
   TAIL=25 step "end-to-end agreement" python3 benchmark/bench_fp8_linears.py --model-path /tmp/w/q --skip-kernels \
