@@ -2,6 +2,7 @@
 requests that fail at their 1st-3rd token (in the sampler or while their tokens are committed, so also while the
 step behind is in flight) and one aborted at a random step. Each schedule is deterministic (its seed); every request
 that neither failed nor was aborted must produce the tokens it produces alone, and every pool slot is free after.
+The same on a pool small enough that running requests are retracted (and resumed) between the failures.
 test_step_isolation.py pins each mechanism with a scenario of its own; this covers their combinations."""
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import pytest
 
 import sglang.srt.managers.scheduler as scheduler_module
 import sglang.srt.managers.scheduler_output_processor_mixin as output_module
-from oracle import random_ids
+from oracle import engine, random_ids
+from sglang.srt.environ import envs
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.sampling.sampling_params import SamplingParams
 from test_step_isolation import isolation_engine
@@ -29,12 +31,7 @@ def _fails(reqs) -> None:
             raise RuntimeError("injected failure")
 
 
-@pytest.mark.parametrize("where", ["sample", "append_token"])
-def test_random_schedules_match_the_requests_alone(monkeypatch, where):
-    eng = isolation_engine(False)
-    alone = {(i, j): eng.generate(input_ids=p, sampling_params=PARAMS[j])["output_ids"]
-             for i, p in enumerate(PROMPTS) for j in range(2)}
-    sched = eng.scheduler
+def _inject(monkeypatch, sched, where: str) -> None:
     if where == "sample":
         for module, name in ((output_module, "sample"), (scheduler_module, "sample_async")):
             real = getattr(module, name)
@@ -43,14 +40,19 @@ def test_random_schedules_match_the_requests_alone(monkeypatch, where):
     else:
         real_append = sched.append_token
         monkeypatch.setattr(sched, "append_token", lambda req, *rest: _fails([req]) or real_append(req, *rest))
-    for seed in range(6):
+
+
+def _schedules(eng, alone: dict, seeds: range, params: list, fail_by: int, arrive_by: int) -> None:
+    """Run one random schedule per seed on `eng` and check it against `alone` {(prompt, params): output ids}."""
+    sched = eng.scheduler
+    for seed in seeds:
         rng = random.Random(seed)
-        reqs = [(("good", i, j), PROMPTS[i], PARAMS[j]) for i, j in enumerate(rng.choices((0, 1), k=4))]
-        reqs += [(("bad", k, 0), MARK + [rng.randint(1, 3)] + random_ids(rng.randint(2, 30), k), PARAMS[0])
+        reqs = [(("good", i, j), PROMPTS[i], params[j]) for i, j in enumerate(rng.choices((0, 1), k=4))]
+        reqs += [(("bad", k, 0), MARK + [rng.randint(1, fail_by)] + random_ids(rng.randint(2, 30), k), params[0])
                  for k in range(3)]
-        reqs.append((("abort", 0, 0), random_ids(12, 99), {**PARAMS[0], "max_new_tokens": 40}))
+        reqs.append((("abort", 0, 0), random_ids(12, 99), {**params[0], "max_new_tokens": 40}))
         rng.shuffle(reqs)
-        arrivals = sorted(rng.randint(0, 4) for _ in reqs)
+        arrivals = sorted(rng.randint(0, arrive_by) for _ in reqs)
         abort_at = rng.randint(1, 12)
         made = [(key, Req(rid=f"s{seed}-{n}", origin_input_ids=list(ids), sampling_params=SamplingParams.from_dict(p)))
                 for n, (key, ids, p) in enumerate(reqs)]
@@ -63,10 +65,34 @@ def test_random_schedules_match_the_requests_alone(monkeypatch, where):
                     sched.abort_request(req.rid)
             sched.step()
             step += 1
-            assert step < 500
+            assert step < 2000
         eng.model_runner.token_allocator.check_all_free()
         for (kind, i, j), req in made:
             if kind == "good":
                 assert req.output_ids == alone[(i, j)], (seed, i, j)
             elif kind == "bad":
                 assert req.finished_reason.status_code == 500, (seed, req.finished_reason)
+
+
+@pytest.mark.parametrize("where", ["sample", "append_token"])
+def test_random_schedules_match_the_requests_alone(monkeypatch, where):
+    eng = isolation_engine(False)
+    alone = {(i, j): eng.generate(input_ids=p, sampling_params=PARAMS[j])["output_ids"]
+             for i, p in enumerate(PROMPTS) for j in range(2)}
+    _inject(monkeypatch, eng.scheduler, where)
+    _schedules(eng, alone, range(6), PARAMS, fail_by=3, arrive_by=4)
+
+
+@pytest.mark.parametrize("where", ["sample", "append_token"])
+def test_random_schedules_under_retraction_match_the_requests_alone(monkeypatch, where):
+    """A 192-token pool with admission counting 8 of a request's max_new_tokens (test_retraction.py's pressure):
+    longer requests (40-60 tokens) outgrow it, so running ones are retracted and resumed between failures that come
+    up to their 30th token."""
+    params = [{**PARAMS[0], "max_new_tokens": 40}, {**PARAMS[1], "max_new_tokens": 60}]
+    alone = {(i, j): isolation_engine(False).generate(input_ids=p, sampling_params=params[j])["output_ids"]
+             for i, p in enumerate(PROMPTS) for j in range(2)}
+    with envs.SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION.override(8):  # read when the scheduler is built
+        eng = engine("tiny", chunked_prefill_size=32, max_total_tokens=192)
+    _inject(monkeypatch, eng.scheduler, where)
+    _schedules(eng, alone, range(3), params, fail_by=30, arrive_by=20)
+    assert eng.scheduler.num_retractions > 0
