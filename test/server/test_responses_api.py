@@ -101,7 +101,7 @@ def test_refusals(app):
     """(max_output_tokens and status incomplete: test_server_api.py, on the real engine)"""
     tm, client = app
     tm.script = "An answer."
-    for body, param in ((dict(background=True, stream=True), "stream"), (dict(background=True, store=False), "store"),
+    for body, param in ((dict(background=True, store=False), "store"),
                         (dict(tools=[{"type": "web_search"}]), "tools"),
                         (dict(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]),
                          "input"), (dict(input=[{"type": "item_reference", "id": "x"}]), "input")):
@@ -222,3 +222,65 @@ def test_shutdown_stops_background_responses():
         poll(client, response_id, until=("in_progress",))
         closed = tm.closed
     assert tm.closed == closed + 1 and app.state.responses.get(response_id)[0]["status"] == "cancelled"
+
+
+def test_background_stream_is_resumed_from_any_event(app):
+    """background + stream: the same events as a foreground stream (plus response.queued), numbered from 0; GET
+    ?stream=true&starting_after=N streams them again from N + 1, also while the generation goes on after the first
+    client left; a response created without stream has no events to stream."""
+    tm, client = app
+    tm.script = "I should call the tool.</think>Let me check." + CALL
+    body = dict(tools=TOOLS, reasoning={"effort": "high"})
+    plain = events(respond(client, stream=True, **body))
+    tm.token_delay = 0.002
+    streamed = events(respond(client, stream=True, background=True, **body))
+    kinds = [e["type"] for e in streamed]
+    assert kinds[:3] == ["response.created", "response.queued", "response.in_progress"]
+    assert streamed[0]["response"]["status"] == "queued" and streamed[-1]["type"] == "response.completed"
+    assert [k for k in kinds if k != "response.queued"] == [e["type"] for e in plain]
+    response_id = streamed[0]["response"]["id"]
+    again = client.get(f"/v1/responses/{response_id}?stream=true&starting_after=5")
+    assert again.status_code == 200
+    assert events_after(again, 5) == streamed[6:]
+    assert events_after(client.get(f"/v1/responses/{response_id}?stream=true"), -1) == streamed
+
+    tm.script, tm.token_delay = "word " * 60, 0.01  # the first client leaves after a few events; it goes on
+    with client.stream("POST", "/v1/responses", json={"model": "scripted", "input": "go", "stream": True,
+                                                      "background": True}) as first:
+        lines = first.iter_lines()
+        head = [json.loads(line[6:]) for line in (next(lines) for _ in range(8)) if line.startswith("data: ")]
+    response_id = head[0]["response"]["id"]
+    seen = head[-1]["sequence_number"]
+    rest = events_after(client.get(f"/v1/responses/{response_id}?stream=true&starting_after={seen}"), seen)
+    assert rest[-1]["type"] == "response.completed"
+    text = "".join(e["delta"] for e in head + rest if e["type"] == "response.output_text.delta")
+    assert text == rest[-1]["response"]["output"][0]["content"][0]["text"] == "word " * 60
+
+    polled = respond(client, background=True).json()
+    refused = client.get(f"/v1/responses/{polled['id']}?stream=true")
+    assert refused.status_code == 400 and refused.json()["param"] == "stream"
+    bad = client.get(f"/v1/responses/{response_id}?stream=true&starting_after=-3")
+    assert bad.status_code == 400 and bad.json()["param"] == "starting_after"
+
+
+def events_after(resp, after: int) -> list:
+    out = [json.loads(line[6:]) for line in resp.iter_lines() if line.startswith("data: ") and line != "data: [DONE]"]
+    assert [e["sequence_number"] for e in out] == list(range(after + 1, after + 1 + len(out)))
+    return out
+
+
+def test_cancelled_background_stream_ends(app):
+    """Cancelling a streamed background response ends its event stream (no final event; status cancelled), for a
+    reader that joins after as for one that was waiting."""
+    tm, client = app
+    tm.script, tm.token_delay = "word " * 300, 0.01
+    with client.stream("POST", "/v1/responses", json={"model": "scripted", "input": "go", "stream": True,
+                                                      "background": True}) as first:
+        lines = first.iter_lines()
+        head = [json.loads(line[6:]) for line in (next(lines) for _ in range(6)) if line.startswith("data: ")]
+        response_id = head[0]["response"]["id"]
+        assert client.post(f"/v1/responses/{response_id}/cancel").json()["status"] == "cancelled"
+        rest = [line for line in lines if line.startswith("data: ")]  # the waiting reader: the stream ends
+    assert rest[-1] == "data: [DONE]" and len(rest) < 290
+    replay = events_after(client.get(f"/v1/responses/{response_id}?stream=true"), -1)
+    assert replay[-1]["type"] == "response.output_text.delta" and len(replay) < 300

@@ -551,8 +551,9 @@ def test_responses_api_with_the_openai_client(client):
 
 
 def test_background_responses_with_the_openai_client(server, client):
-    """A background response polled with retrieve ends as the same request run in the foreground; one cancelled
-    while generating stops, its slots freed long before its 900 tokens."""
+    """A background response polled with retrieve ends as the same request run in the foreground, streamed too (and
+    streamed again from its third event); one cancelled while generating stops, its slots freed long before its 900
+    tokens."""
     params = dict(model=MODEL, input="Hello", max_output_tokens=6, temperature=0, extra_body={"ignore_eos": True})
     plain = client.responses.create(**params)
     queued = client.responses.create(background=True, **params)
@@ -563,6 +564,11 @@ def test_background_responses_with_the_openai_client(server, client):
             break
         time.sleep(0.05)
     assert done.status == "incomplete" and done.output_text == plain.output_text
+    streamed = list(client.responses.create(background=True, stream=True, **params))
+    assert [e.type for e in streamed[:2]] == ["response.created", "response.queued"]
+    assert streamed[-1].type == "response.incomplete" and streamed[-1].response.output_text == plain.output_text
+    resumed = list(client.responses.retrieve(streamed[0].response.id, stream=True, starting_after=2))
+    assert [e.sequence_number for e in resumed] == [e.sequence_number for e in streamed[3:]]
     long = client.responses.create(background=True, model=MODEL, input="a long story", max_output_tokens=900,
                                    temperature=0, extra_body={"ignore_eos": True})
     running = 0

@@ -183,8 +183,15 @@ def openai_routes(tm: TokenizerManager, args: ServerArgs, stored) -> APIRouter:
         return await create_response(req, raw, tm, served_name, args, stored)
 
     @router.get("/v1/responses/{response_id}")
-    async def get_response(response_id: str):
-        return stored.get(response_id)[0]
+    async def get_response(response_id: str, raw: Request):
+        query = raw.query_params
+        if query.get("stream", "false").lower() not in ("true", "1"):
+            return stored.get(response_id)[0]
+        after = query.get("starting_after")
+        if after is not None and not after.isdigit():
+            raise RequestError("starting_after must be an event's sequence number (0 or more)", param="starting_after")
+        frames = stored.stream(response_id, -1 if after is None else int(after))  # 4xx before the stream starts
+        return sse_response(frames, "GET /v1/responses/{id} (stream)")
 
     @router.delete("/v1/responses/{response_id}")
     async def delete_response(response_id: str):

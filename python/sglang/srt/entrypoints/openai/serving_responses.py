@@ -6,7 +6,8 @@ max_output_tokens -> max_tokens) and generated like /v1/chat/completions (plan_c
 parsers and grammars). The answer is a `response` object whose output items are a reasoning item (with
 --reasoning-parser), a message with output_text, and function_call items (with --tool-call-parser); streamed, the
 Responses events (response.created ... response.output_text.delta ... response.completed). Stored responses (store,
-the default) and background ones (answered at once, polled by GET, stopped by cancel): response_store.py.
+the default) and background ones (answered at once or streamed, polled or streamed again by GET, stopped by cancel):
+response_store.py.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest, ResponsesRequest
-from sglang.srt.entrypoints.openai.response_store import ResponseStore
+from sglang.srt.entrypoints.openai.response_store import EventLog, ResponseStore
 from sglang.srt.entrypoints.openai.serving_base import (
     collect, finish_reason, log_internal_error, new_id, now, sampling_params, sse, sse_response, start_streams)
 from sglang.srt.entrypoints.openai.serving_chat import chat_parsers, plan_chat, text_deltas, tools_json
@@ -127,9 +128,6 @@ def _tool_choice(choice):
 
 def chat_request(req: ResponsesRequest, history: list) -> ChatCompletionRequest:
     """The chat request that generates this response (after `history`, a stored conversation's messages)."""
-    if req.background and req.stream:
-        raise RequestError("a background response is polled (GET /v1/responses/{id}), not streamed: stream it without "
-                           "background", param="stream")
     if req.background and not req.store:
         raise RequestError("a background response is kept to be polled: background needs store=true", param="store")
     messages = ([{"role": "system", "content": req.instructions}] if req.instructions else []) + history
@@ -307,24 +305,34 @@ async def create_response(req: ResponsesRequest, raw: Request, tm: TokenizerMana
         return events
 
     if req.background:
+        log = EventLog() if req.stream else None  # kept, so a stream can be (re)joined at any event
+
         async def generate_in_background():
-            sent = 0
             try:
-                async for chunk in stream:
-                    builder.response["status"] = "in_progress"
-                    new_text, sent = chunk.text[sent:], len(chunk.text)
-                    for delta in text_deltas(parser, new_text, chunk.finished, tools):
-                        builder.add(delta)
-                    if chunk.finished:
-                        done(chunk)
+                if log is not None:
+                    await log.append(_snapshot("response.created", builder.response))
+                    await log.append(_snapshot("response.queued", builder.response))
+                async for event in _generation_events(stream, builder, parser, tools, done):
+                    if builder.response["status"] == "queued":  # the first chunk has come
+                        builder.response["status"] = "in_progress"
+                        if log is not None:
+                            await log.append(_snapshot("response.in_progress", builder.response))
+                    if log is not None and event is not None:
+                        await log.append(event)
             except RequestError as e:
                 builder.fail(e.message, e.status_code)
             except Exception as e:  # noqa: BLE001 - the response records the failure, the server goes on
                 builder.fail(log_internal_error("POST /v1/responses (background)", e)[0], 500)
             finally:
                 await stream.aclose()
+                if log is not None:
+                    if builder.response["status"] == "failed":
+                        await log.append(_snapshot("response.failed", builder.response))
+                    await log.close()
 
-        store.start(builder.response, messages, generate_in_background)
+        store.start(builder.response, messages, generate_in_background, log)
+        if log is not None:
+            return sse_response(log.frames(-1), "POST /v1/responses (background stream)")
         return JSONResponse(json.loads(json.dumps(builder.response)))
     if not req.stream:
         (chunk,) = await collect([stream], raw)
@@ -336,25 +344,36 @@ async def create_response(req: ResponsesRequest, raw: Request, tm: TokenizerMana
 
     async def frames():
         seq = 0
-
-        def event(e: dict) -> str:
-            nonlocal seq
+        for kind in ("response.created", "response.in_progress"):
+            yield sse({**_snapshot(kind, builder.response), "sequence_number": seq})
             seq += 1
-            return sse({**e, "sequence_number": seq - 1})
-
-        yield event({"type": "response.created", "response": json.loads(json.dumps(builder.response))})
-        yield event({"type": "response.in_progress", "response": json.loads(json.dumps(builder.response))})
-        sent = 0
-        async for chunk in stream:
-            new_text, sent = chunk.text[sent:], len(chunk.text)
-            for delta in text_deltas(parser, new_text, chunk.finished, tools):
-                for e in builder.add(delta):
-                    yield event(e)
-            if chunk.finished:
-                for e in done(chunk):
-                    yield event(e)
-                kind = {"completed": "response.completed", "incomplete": "response.incomplete"}.get(
-                    builder.response["status"], "response.failed")
-                yield event({"type": kind, "response": builder.response})
+        async for event in _generation_events(stream, builder, parser, tools, done):
+            if event is not None:
+                yield sse({**event, "sequence_number": seq})
+                seq += 1
 
     return sse_response(frames(), "POST /v1/responses (stream)")
+
+
+def _snapshot(kind: str, response: dict) -> dict:
+    """An event carrying the response as it is now (it keeps changing afterwards)."""
+    return {"type": kind, "response": json.loads(json.dumps(response))}
+
+
+async def _generation_events(stream, builder: ResponseBuilder, parser, tools, done):
+    """The Responses events of a generation as its chunks come (without sequence numbers; a None as each chunk
+    arrives, before its events, so a caller sees the first one), ending with response.completed /
+    response.incomplete / response.failed."""
+    sent = 0
+    async for chunk in stream:
+        new_text, sent = chunk.text[sent:], len(chunk.text)
+        yield None
+        for delta in text_deltas(parser, new_text, chunk.finished, tools):
+            for e in builder.add(delta):
+                yield e
+        if chunk.finished:
+            for e in done(chunk):
+                yield e
+            kind = {"completed": "response.completed", "incomplete": "response.incomplete"}.get(
+                builder.response["status"], "response.failed")
+            yield _snapshot(kind, builder.response)
