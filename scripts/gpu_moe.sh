@@ -36,7 +36,7 @@ TAIL=10 step "GEMV chain variants against the default, alternated twice (moe_ab.
     python3 benchmark/kernels/moe_ab.py --gemv --tokens 1 2 4 8 ${v:+--gemv-variant $v}; done; done'
 TAIL=10 step "GEMV tiles at 1-8 tokens (moe_ab.py --gemv-launch, the first line the default)" \
   bash -c 'python3 benchmark/kernels/moe_ab.py --gemv --tokens 1 2 4 8
-    for t in 4x256 8x256 8x512 4x1024 16x256 16x512 8x512x2 16x512x2; do
+    for t in 4x256 8x256 8x512 4x1024 16x256 16x512 4x512x2 4x1024x2 8x512x2 16x512x2; do
       python3 benchmark/kernels/moe_ab.py --gemv --tokens 1 2 4 8 --gemv-launch $t; done'
 if [ "${DECODE_ONLY:-0}" != 1 ]; then
 TAIL=8 step "whole op, the parity planes at every decode batch" python3 benchmark/bench_moe_mxfp4.py --planes \

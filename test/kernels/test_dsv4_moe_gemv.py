@@ -208,6 +208,7 @@ types = {"x_ptr": "*i32", "xm_ptr": "*fp32", "ids_ptr": "*i64", "w_ptr": "*i32",
          "wts_ptr": "*fp32", "out_ptr": "*fp32", "cnt_ptr": "*i32", "sum_ptr": "*bf16", "limit": "fp32",
          "h_scale": "fp32", "out_scale": "fp32"}
 launches = {gemv.GEMV_ONE, gemv.GEMV_FEW, gemv.GemvLaunch(8, 256), gemv.GemvLaunch(16, 512, 2),
+            gemv.GemvLaunch(4, 512, 2), gemv.GemvLaunch(4, 1024, 2),  # tiles scripts/gpu_moe.sh sweeps
             gemv.GemvLaunch(4, 128)}  # the last is too small (gemv_fits refuses it): the check must see that
 variants = [(False, False)] * len(launches) + [(True, True)]  # (early_weights, sum_in_down)
 out = []
@@ -244,8 +245,8 @@ def test_ptx_operands_pack_four_words_of_one_group():
     from test_dsv4_mxfp4_planes import packs_one_row_group
 
     found = compiled_facts(_OPERAND_LAYOUTS)
-    # two per gate-up (its gate and up loops), one per down; five launches, then GEMV_ONE's variants (early weights:
+    # two per gate-up (its gate and up loops), one per down; seven launches, then GEMV_ONE's variants (early weights:
     # the first step outside the loop as well)
-    assert len(found) == 15 + 6, [f[:2] for f in found]
+    assert len(found) == 21 + 6, [f[:2] for f in found]
     for name, launch, fits, layout in found:
         assert packs_one_row_group(layout) == fits, (name, launch, layout)
