@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from sglang.srt.entrypoints.openai.protocol import (
     AbortRequest, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, GenerateRequest,
     GetWeightsByNameRequest, ProfileRequest, ResponsesRequest, TokenizeRequest, UpdateWeightsFromDiskRequest)
+from sglang.srt.entrypoints.openai.response_store import ResponseStore
 from sglang.srt.entrypoints.openai.serving_base import (
     choice_seed, collect, merge, sse, sse_response, start_streams)
 from sglang.srt.entrypoints.request_body import parse_request
@@ -135,7 +136,7 @@ def health_routes(tm: TokenizerManager, args: ServerArgs, metrics=None, schedule
 
 
 # ---- OpenAI-compatible --------------------------------------------------------------------------------------
-def openai_routes(tm: TokenizerManager, args: ServerArgs, stored) -> APIRouter:
+def openai_routes(tm: TokenizerManager, args: ServerArgs, stored: ResponseStore) -> APIRouter:
     """`stored`: the ResponseStore of /v1/responses (the app stops its background responses at shutdown)."""
     router = APIRouter()
     served_name = served_model_name(args)

@@ -25,8 +25,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sglang.srt.entrypoints.http_routes import health_routes, native_routes, openai_routes
-from sglang.srt.entrypoints.openai.response_store import ResponseStore
 from sglang.srt.entrypoints.openai.protocol import error_body
+from sglang.srt.entrypoints.openai.response_store import ResponseStore
 from sglang.srt.entrypoints.openai.serving_base import log_internal_error
 from sglang.srt.managers.tokenizer_manager import RequestError, TokenizerManager
 from sglang.srt.server_args import ServerArgs
