@@ -212,6 +212,14 @@ def _prepare_kernel(x_ptr, out_ptr, mult_ptr, D, stride_x, stride_o, BLOCK: tl.c
 
 
 @triton.jit
+def _pair_expert(ids_ptr, E):
+    """This program's pair (program_id(1)), its expert id, and whether this rank holds that expert."""
+    p = tl.program_id(1)
+    e = tl.load(ids_ptr + p).to(tl.int64)
+    return p, e, (e >= 0) & (e < E)
+
+
+@triton.jit
 def _gate_up_kernel(x_ptr, xm_ptr, ids_ptr, w_ptr, s_ptr, h_ptr, cnt_ptr, D, I, E, TOPK, DOWN_TILES, stride_x,
                     stride_we, stride_wn, stride_se, stride_sn, stride_h, limit, h_scale, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr, PTX: tl.constexpr, SCALE_CHUNKED: tl.constexpr, PDL: tl.constexpr,
@@ -222,21 +230,16 @@ def _gate_up_kernel(x_ptr, xm_ptr, ids_ptr, w_ptr, s_ptr, h_ptr, cnt_ptr, D, I, 
     ZERO_PER_PROGRAM > 0: the programs of each token's first pair zero that many of the token's down counters each
     (the down's sum_in_down)."""
     if EARLY:
-        p = tl.program_id(1)
-        e = tl.load(ids_ptr + p).to(tl.int64)
+        p, e, local = _pair_expert(ids_ptr, E)
         r0 = tl.program_id(0) * BLOCK_N
-        local = (e >= 0) & (e < E)
         e0 = tl.where(local, e, 0)  # a pair without a local expert loads expert 0's first tile, unused
-        qg, sg = _weight_tile(w_ptr + e0 * stride_we, s_ptr + e0 * stride_se, r0, 0, stride_wn, stride_sn, BLOCK_N,
-                              BLOCK_K, SCALE_CHUNKED)
-        qu, su = _weight_tile(w_ptr + e0 * stride_we, s_ptr + e0 * stride_se, I + r0, 0, stride_wn, stride_sn,
-                              BLOCK_N, BLOCK_K, SCALE_CHUNKED)
+        w0, s0 = w_ptr + e0 * stride_we, s_ptr + e0 * stride_se
+        qg, sg = _weight_tile(w0, s0, r0, 0, stride_wn, stride_sn, BLOCK_N, BLOCK_K, SCALE_CHUNKED)
+        qu, su = _weight_tile(w0, s0, I + r0, 0, stride_wn, stride_sn, BLOCK_N, BLOCK_K, SCALE_CHUNKED)
         pdl_enter(PDL)
     else:  # the order the default launches were timed in
         pdl_enter(PDL)
-        p = tl.program_id(1)
-        e = tl.load(ids_ptr + p).to(tl.int64)
-        local = (e >= 0) & (e < E)
+        p, e, local = _pair_expert(ids_ptr, E)
         qg, sg, qu, su = 0, 0, 0, 0  # unused
     if ZERO_PER_PROGRAM > 0:
         if p % TOPK == 0:
@@ -268,18 +271,14 @@ def _down_kernel(h_ptr, ids_ptr, wts_ptr, w_ptr, s_ptr, out_ptr, cnt_ptr, sum_pt
     this tile to finish (counted in cnt_ptr, zeroed by the gate-up) sums its TOPK pairs' rows in slot order, as
     combine_pairs does, into sum_ptr in sum_ptr's dtype."""
     if EARLY:
-        p = tl.program_id(1)
-        e = tl.load(ids_ptr + p).to(tl.int64)
-        local = (e >= 0) & (e < E)
+        p, e, local = _pair_expert(ids_ptr, E)
         e0 = tl.where(local, e, 0)
         q0, s0 = _weight_tile(w_ptr + e0 * stride_we, s_ptr + e0 * stride_se, tl.program_id(0) * BLOCK_N, 0,
                               stride_wn, stride_sn, BLOCK_N, BLOCK_K, SCALE_CHUNKED)
         pdl_enter(PDL)
     else:  # the order the default launches were timed in
         pdl_enter(PDL)
-        p = tl.program_id(1)
-        e = tl.load(ids_ptr + p).to(tl.int64)
-        local = (e >= 0) & (e < E)
+        p, e, local = _pair_expert(ids_ptr, E)
         q0, s0 = 0, 0  # unused
     r0 = tl.program_id(0) * BLOCK_N
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)

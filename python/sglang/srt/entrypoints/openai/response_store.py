@@ -105,10 +105,7 @@ class ResponseStore:
         if not response.get("background"):
             raise RequestError(f"response {response_id!r} was not created with background=true: only background "
                                "responses can be cancelled")
-        task = self.tasks.get(response_id)
-        if task is not None:
-            task.cancel()  # closes the generation's stream, which aborts the request in the scheduler
-            await asyncio.gather(task, return_exceptions=True)
+        await self._stop(response_id)
         if response["status"] in _UNFINISHED:
             response["status"] = "cancelled"
         return response
@@ -129,9 +126,14 @@ class ResponseStore:
 
     async def delete(self, response_id: str) -> None:
         self.get(response_id)  # a 404 when unknown
+        await self._stop(response_id)
+        del self.items[response_id]
+        self.logs.pop(response_id, None)
+
+    async def _stop(self, response_id: str) -> None:
+        """Cancel a background response's task if it still runs: that closes the generation's stream, which aborts
+        the request in the scheduler."""
         task = self.tasks.get(response_id)
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-        del self.items[response_id]
-        self.logs.pop(response_id, None)
