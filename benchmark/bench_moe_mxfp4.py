@@ -35,13 +35,13 @@ def copy_bandwidth() -> float:
 
 
 def random_mxfp4_experts(e: int, d: int, i: int, g: torch.Generator, chunk: bool = True) -> tuple:
-    """Random packed MXFP4 experts on the GPU: (w13, w13_scale, w2, w2_scale), exponent bytes 120..125; the scale
+    """Random packed MXFP4 experts on g's device: (w13, w13_scale, w2, w2_scale), exponent bytes 120..125; the scale
     bytes chunked as the engine keeps them (dsv4_mxfp4_scales) unless `chunk` is False (the checkpoint's rows)."""
     from sgl_kernel.dsv4_mxfp4_scales import chunked
 
     def packed(n, kk):
-        codes = torch.randint(0, 256, (e, n, kk // 2), device="cuda", generator=g, dtype=torch.int32).to(torch.uint8)
-        scale = torch.randint(120, 126, (e, n, kk // 32), device="cuda", generator=g, dtype=torch.int32)
+        codes = torch.randint(0, 256, (e, n, kk // 2), device=g.device, generator=g, dtype=torch.int32).to(torch.uint8)
+        scale = torch.randint(120, 126, (e, n, kk // 32), device=g.device, generator=g, dtype=torch.int32)
         return codes, chunked(scale.to(torch.uint8)) if chunk else scale.to(torch.uint8)
 
     return (*packed(2 * i, d), *packed(d, i))

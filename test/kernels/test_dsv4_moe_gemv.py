@@ -15,7 +15,7 @@ import torch
 from sgl_kernel import dsv4_moe_gemv as gemv
 from sgl_kernel import dsv4_moe_mxfp4 as moe
 from sgl_kernel.dsv4_formats_ref import e2m1_values
-from sgl_kernel.dsv4_moe_gemv import GemvLaunch, gemv_moe, h_scale_of
+from sgl_kernel.dsv4_moe_gemv import GemvLaunch, gemv_fits, gemv_moe, h_scale_of
 from sgl_kernel.dsv4_moe_mxfp4 import dsv4_moe_mxfp4
 from sgl_kernel.dsv4_moe_mxfp4_ref import fused_moe_mxfp4_ref
 from sgl_kernel.dsv4_mxfp4_scales import chunked
@@ -89,6 +89,21 @@ def test_variants_give_the_same_bits(early, fused):
     assert torch.equal(got, base)
     ref = fused_moe_mxfp4_ref(x, ids.clamp_min(0), weights * (ids >= 0), w13, s13, w2, s2, 7.0)
     assert ((got.float() - ref).norm() / ref.norm()).item() < 4e-3
+
+
+@pytest.mark.parametrize("down, fused", [((16, 64, 1), False), ((16, 64, 1), True), ((8, 128, 1), True)])
+def test_down_takes_its_own_tile(down, fused):
+    """GemvLaunch.down: the down's tile where it differs from the gate-up's, here beside a 256-input gate-up tile
+    that the down's 128 inputs could not take (gemv_fits refuses it for both kernels); with the sum in the down, its
+    counters are per down tile (16 or 32, zeroed 1 or 2 per gate-up program)."""
+    w13, s13, w2, s2 = _experts(8, 256, 128, seed=10)
+    split = GemvLaunch(8, 256, down=down, sum_in_down=fused)
+    assert not gemv_fits(GemvLaunch(8, 256), 256, 128) and gemv_fits(split, 256, 128)
+    ids, weights = _routing(2, 2, 8, seed=11, skew=False)
+    x = (torch.randn(2, 256) * 0.1).bfloat16()
+    got = gemv_moe(x, ids, weights, w13, s13, w2, s2, 7.0, 128, launch=split).float()
+    ref = fused_moe_mxfp4_ref(x, ids, weights, w13, s13, w2, s2, 7.0)
+    assert ((got - ref).norm() / ref.norm()).item() < 4e-3
 
 
 def test_dispatch_takes_gemv_only_where_it_fits(monkeypatch):
@@ -214,8 +229,8 @@ variants = [(False, False)] * len(launches) + [(True, True)]  # (early_weights, 
 out = []
 for launch, (early, fused) in zip([*sorted(launches, key=str), gemv.GEMV_ONE], variants):
     for kernel in (gemv._gate_up_kernel, gemv._down_kernel):
-        consts = {"BLOCK_N": launch.block_n, "BLOCK_K": launch.block_k, "PTX": True, "SCALE_CHUNKED": True,
-                  "PDL": True, "EARLY": early}
+        n, k, warps = launch.gate_up_tile if kernel is gemv._gate_up_kernel else launch.down_tile
+        consts = {"BLOCK_N": n, "BLOCK_K": k, "PTX": True, "SCALE_CHUNKED": True, "PDL": True, "EARLY": early}
         consts.update({"ZERO_PER_PROGRAM": 2 if fused else 0} if kernel is gemv._gate_up_kernel else {"SUM": fused})
         sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in kernel.arg_names}
         floats = ("TOPK", "limit", "h_scale", "out_scale")
@@ -224,7 +239,7 @@ for launch, (early, fused) in zip([*sorted(launches, key=str), gemv.GEMV_ONE], v
         src = triton.compiler.ASTSource(fn=kernel, signature=sig, attrs=attrs,
                                         constexprs={(kernel.arg_names.index(n),): v for n, v in consts.items()})
         ttgir = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                               options={"num_warps": launch.num_warps}).asm["ttgir"]
+                               options={"num_warps": warps}).asm["ttgir"]
         layouts = dict(re.findall(r"^(#\w+) = (#ttg\.\w+<.*>)$", ttgir, re.M))
         for line in ttgir.splitlines():
             if "elementwise_inline_asm" in line and "shf.l.wrap.b32 t" in line:

@@ -41,15 +41,25 @@ GEMV_MAX_TOKENS = 8
 
 @dataclass(frozen=True)
 class GemvLaunch:
-    """Weight rows per program, inputs per K step, warps per program; two variants of the chain, not yet timed (off
-    by default): `early_weights` (with PDL, each program loads its first K step of weights before waiting for the
-    kernel before it: the expert ids were written before that kernel was let start) and `sum_in_down` (each token's
-    last down program per tile sums the pairs' rows, counted by an atomic: no combine launch; the same bits)."""
+    """Weight rows per program, inputs per K step, warps per program (the gate-up's; `down` = the down's (rows,
+    inputs, warps) where they differ); two variants of the chain, not yet timed (off by default): `early_weights` (with
+    PDL, each program loads its first K step of weights before waiting for the kernel before it: the expert ids were
+    written before that kernel was let start) and `sum_in_down` (each token's last down program per tile sums the
+    pairs' rows, counted by an atomic: no combine launch; the same bits)."""
     block_n: int
     block_k: int
     num_warps: int = 1
     early_weights: bool = False
     sum_in_down: bool = False
+    down: tuple[int, int, int] | None = None
+
+    @property
+    def gate_up_tile(self) -> tuple[int, int, int]:
+        return self.block_n, self.block_k, self.num_warps
+
+    @property
+    def down_tile(self) -> tuple[int, int, int]:
+        return self.down or self.gate_up_tile
 
 
 # The probe's best tiles on an H100 (RESULTS.md, 2026-12-05 fifteenth session): one token 4 x 512 (more programs),
@@ -63,11 +73,14 @@ def gemv_launch(num_tokens: int) -> GemvLaunch:
 
 
 def gemv_fits(launch: GemvLaunch, hidden: int, inter: int) -> bool:
-    """The kernels have no masks: the tiles divide both widths, and every thread holds whole 32-input groups (4 code
-    words of one row: the PTX reads one scale byte per 4 words; a smaller tile is replicated across threads)."""
-    n, k = launch.block_n, launch.block_k
-    return (hidden % n == 0 and inter % n == 0 and hidden % k == 0 and inter % k == 0 and k % 32 == 0
-            and n * k // 32 >= 32 * launch.num_warps)
+    """The kernels have no masks: each kernel's tile divides its rows and inputs (gate-up: intermediate rows, hidden
+    inputs; down: the reverse), and every thread holds whole 32-input groups (4 code words of one row: the PTX reads
+    one scale byte per 4 words; a smaller tile is replicated across threads)."""
+    def fits(tile, rows, inputs):
+        n, k, warps = tile
+        return rows % n == 0 and inputs % k == 0 and k % 32 == 0 and n * k // 32 >= 32 * warps
+
+    return fits(launch.gate_up_tile, inter, hidden) and fits(launch.down_tile, hidden, inter)
 
 
 def gemv_supported(device: torch.device, dtype: torch.dtype) -> bool:
@@ -330,9 +343,10 @@ def gemv_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     h_scale = h_scale_of(limit)
     h = torch.empty(pairs, inter, dtype=torch.float16, device=x.device)
     xw = xq.view(torch.int32)
-    n, k, warps = launch.block_n, launch.block_k, launch.num_warps
+    n, k, warps = launch.gate_up_tile
+    dn, dk, dwarps = launch.down_tile
     early, fused = launch.early_weights, launch.sum_in_down
-    down_tiles = hidden // n
+    down_tiles = hidden // dn
     counters = torch.empty(tokens, down_tiles, dtype=torch.int32, device=x.device) if fused else ids
     zero_per_program = triton.next_power_of_2(triton.cdiv(down_tiles, inter // n)) if fused else 0
     _gate_up_kernel[(inter // n, pairs)](
@@ -345,6 +359,6 @@ def gemv_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     summed = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device) if fused else out
     _down_kernel[(down_tiles, pairs)](
         hw, ids, wts, w2i, s2, out, counters, summed, hidden, inter, num_experts, top_k, hw.stride(0), w2i.stride(0),
-        w2i.stride(1), s2e, s2n, out.stride(0), summed.stride(0), 2.0 ** 14 / h_scale, BLOCK_N=n, BLOCK_K=k, PTX=ptx,
-        SCALE_CHUNKED=ch2, PDL=pdl, EARLY=early, SUM=fused, num_warps=warps, **pdl_launch(pdl))
+        w2i.stride(1), s2e, s2n, out.stride(0), summed.stride(0), 2.0 ** 14 / h_scale, BLOCK_N=dn, BLOCK_K=dk,
+        PTX=ptx, SCALE_CHUNKED=ch2, PDL=pdl, EARLY=early, SUM=fused, num_warps=dwarps, **pdl_launch(pdl))
     return summed if fused else combine_pairs(out, top_k, x.dtype, pdl)
