@@ -3,7 +3,7 @@ timed three times per token count as CUDA-graph replays, with a checksum of its 
 PYTHONPATHs, alternated, to compare them on one machine (bit-identical outputs give the same checksum).
 
     PYTHONPATH=REV/python:REV/sgl-kernel/python python3 benchmark/kernels/moe_ab.py [--tokens 1 8 32] [--gemv]
-        [--gemv-variant early sum]   (the GEMV chain's variants, against --gemv alone in one revision)
+        [--gemv-variant early sum one]   (the GEMV chain's variants, against --gemv alone in one revision)
         [--gemv-launch 8x512x1]      (one GEMV tile for every token count: a tile sweep)
 
 (RESULTS.md, 2026-12-04 fifth session: the scale multiplier inside the PTX, against a47df34.)
@@ -29,8 +29,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--gemv", action="store_true", help="up to 8 tokens through the CUDA-core GEMVs (dsv4_moe_gemv)")
-    ap.add_argument("--gemv-variant", nargs="*", default=[], choices=["early", "sum"],
-                    help="the GEMV chain's untimed variants (GemvLaunch.early_weights / sum_in_down)")
+    ap.add_argument("--gemv-variant", nargs="*", default=[], choices=["early", "sum", "one"],
+                    help="the GEMV chain's variants (GemvLaunch.early_weights / sum_in_down / gate_up_one_loop)")
     ap.add_argument("--gemv-launch", default=None, metavar="NxK[xW]",
                     help="one GEMV tile for every token count: N weight rows x K inputs per program, W warps")
     args = ap.parse_args()
@@ -39,7 +39,8 @@ def main() -> None:
         import dataclasses
 
         from sgl_kernel import dsv4_moe_gemv as gemv
-        flags = dict(early_weights="early" in args.gemv_variant, sum_in_down="sum" in args.gemv_variant)
+        flags = dict(early_weights="early" in args.gemv_variant, sum_in_down="sum" in args.gemv_variant,
+                     gate_up_one_loop="one" in args.gemv_variant)
         if args.gemv_launch:
             n, kk, *w = (int(v) for v in args.gemv_launch.split("x"))
             gemv.GEMV_ONE = gemv.GEMV_FEW = gemv.GemvLaunch(n, kk, *w)

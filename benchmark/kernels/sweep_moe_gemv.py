@@ -1,8 +1,9 @@
 """The GEMV MoE chain's launches (sgl_kernel.dsv4_moe_gemv) at Flash widths on a GPU, in one process, against the
-same run's copy bandwidth. Per token count: the gate-up's tiles (the down at the default tile), the down's tiles (the
-gate-up at the default), then the two stages' best tiles together, each with the chain's variants (early weights, sum
-in the down). Each stage's candidates are timed in two passes, alternated, as CUDA-graph replays, with the parity
-planes (the engine's decode path past GEMV_MAX_TOKENS) in every pass. Token counts past GEMV_MAX_TOKENS show whether
+same run's copy bandwidth. Per token count: the gate-up's tiles, with its gate and up rows in one loop or two (the
+down at the default tile), the down's tiles (the gate-up at the default), then the two stages' best tiles together,
+each with the chain's variants (early weights, sum in the down, one loop). Each stage's candidates are timed in two
+passes, alternated, as CUDA-graph replays, with the parity planes (the engine's decode path past GEMV_MAX_TOKENS) in
+every pass. Token counts past GEMV_MAX_TOKENS show whether
 the GEMVs would win there too (each pair reads its expert's codes once more).
 
     python3 benchmark/kernels/sweep_moe_gemv.py [--tokens 1 2 4 8 16 32] [--tiles 4x512 8x512x2 ...] [--out r.json]
@@ -29,7 +30,8 @@ from bench_moe_mxfp4 import copy_bandwidth, random_mxfp4_experts  # noqa: E402
 
 TILES = ["2x512", "2x1024", "4x256", "4x512", "4x1024", "8x256", "8x512", "8x1024", "16x256", "16x512", "4x512x2",
          "4x1024x2", "8x512x2", "16x512x2"]
-VARIANTS = ({}, {"early_weights": True}, {"sum_in_down": True}, {"early_weights": True, "sum_in_down": True})
+VARIANTS = ({}, {"early_weights": True}, {"sum_in_down": True}, {"early_weights": True, "sum_in_down": True},
+            {"gate_up_one_loop": True}, {"gate_up_one_loop": True, "early_weights": True, "sum_in_down": True})
 
 
 def tile(spec: str) -> tuple[int, int, int]:
@@ -39,7 +41,8 @@ def tile(spec: str) -> tuple[int, int, int]:
 
 def label(launch) -> str:
     name = lambda t: "x".join(map(str, t if t[2] != 1 else t[:2]))  # noqa: E731
-    flags = [f for f, on in (("early", launch.early_weights), ("sum", launch.sum_in_down)) if on]
+    flags = [f for f, on in (("one-loop", launch.gate_up_one_loop), ("early", launch.early_weights),
+                             ("sum", launch.sum_in_down)) if on]
     return " ".join([f"{name(launch.gate_up_tile)}/{name(launch.down_tile)}", *flags])
 
 
@@ -105,10 +108,11 @@ def main() -> None:
         base = gemv_launch(t)
         if not gemv_fits(base, d, i):  # the dry run's widths: the first tile that fits both kernels
             base = next(launch for n, kk, w in tiles if gemv_fits(launch := GemvLaunch(n, kk, w), d, i))
-        gate_up = stage("gate-up tiles", [base] + [dataclasses.replace(base, block_n=n, block_k=kk, num_warps=w,
-                                                                        down=base.down_tile) for n, kk, w in tiles])
+        gate_ups = [dataclasses.replace(base, block_n=n, block_k=kk, num_warps=w, down=base.down_tile,
+                                        gate_up_one_loop=one) for one in (False, True) for n, kk, w in tiles]
+        gate_up = stage("gate-up tiles (one loop or two)", [base] + gate_ups)
         down = stage("down tiles", [base] + [dataclasses.replace(base, down=tl_) for tl_ in tiles])
-        both = dataclasses.replace(gate_up[0], down=down[0].down_tile)
+        both = dataclasses.replace(gate_up[0], down=down[0].down_tile, gate_up_one_loop=False)
         stage("variants", [dataclasses.replace(launch, **flags) for launch in (base, both) for flags in VARIANTS])
     if args.out:
         with open(args.out, "w") as f:

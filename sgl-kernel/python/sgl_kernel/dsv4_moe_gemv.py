@@ -45,13 +45,15 @@ class GemvLaunch:
     inputs, warps) where they differ); two variants of the chain, not yet timed (off by default): `early_weights` (with
     PDL, each program loads its first K step of weights before waiting for the kernel before it: the expert ids were
     written before that kernel was let start) and `sum_in_down` (each token's last down program per tile sums the
-    pairs' rows, counted by an atomic: no combine launch; the same bits)."""
+    pairs' rows, counted by an atomic: no combine launch; the same bits); `gate_up_one_loop` (the gate's and up's
+    rows of a tile in one K loop: twice the bytes per load step, half the steps)."""
     block_n: int
     block_k: int
     num_warps: int = 1
     early_weights: bool = False
     sum_in_down: bool = False
     down: tuple[int, int, int] | None = None
+    gate_up_one_loop: bool = False
 
     @property
     def gate_up_tile(self) -> tuple[int, int, int]:
@@ -158,10 +160,15 @@ def _half(v, HIGH: tl.constexpr):
 
 @triton.jit
 def _weight_tile(w_e, s_e, r0, k0, stride_wn, stride_sn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 SCALE_CHUNKED: tl.constexpr):
+                 SCALE_CHUNKED: tl.constexpr, PAIRED: tl.constexpr, up):
     """Rows r0 .. r0 + BLOCK_N's code words at inputs k0 .. k0 + BLOCK_K [BLOCK_N, BLOCK_K / 8] int32, and each
-    word's scale byte (its 32-input group's) as int32 of the same shape."""
-    rows = r0 + tl.arange(0, BLOCK_N)
+    word's scale byte (its 32-input group's) as int32 of the same shape. PAIRED: BLOCK_N / 2 gate rows from r0,
+    alternating with their up rows (`up` rows further)."""
+    if PAIRED:
+        j = tl.arange(0, BLOCK_N)
+        rows = r0 + j // 2 + (j % 2) * up
+    else:
+        rows = r0 + tl.arange(0, BLOCK_N)
     wi = k0 // 8 + tl.arange(0, BLOCK_K // 8)
     q = tl.load(w_e + rows[:, None] * stride_wn + wi[None, :])
     gi = k0 // 32 + tl.arange(0, BLOCK_K // 32)
@@ -193,9 +200,10 @@ def _tile_dots(q, s, x_row, acc, k0, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexp
 
 @triton.jit
 def _row_sums(w_e, s_e, x_row, r0, K, q0, s0, stride_wn, stride_sn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-              PTX: tl.constexpr, SCALE_CHUNKED: tl.constexpr, EARLY: tl.constexpr):
-    """[BLOCK_N] fp32: rows r0 .. r0 + BLOCK_N dotted with the activations over all K inputs, units of 2^-14. EARLY:
-    the first K step's tile is (q0, s0), loaded by the caller before its PDL wait (else they are unused)."""
+              PTX: tl.constexpr, SCALE_CHUNKED: tl.constexpr, EARLY: tl.constexpr, PAIRED: tl.constexpr, up):
+    """[BLOCK_N] fp32: rows r0 .. r0 + BLOCK_N (PAIRED: _weight_tile's gate and up rows) dotted with the activations
+    over all K inputs, units of 2^-14. EARLY: the first K step's tile is (q0, s0), loaded by the caller before its PDL
+    wait (else they are unused)."""
     acc = tl.zeros([BLOCK_N, BLOCK_K // 8], dtype=tl.float32)
     if EARLY:
         acc = _tile_dots(q0, s0, x_row, acc, 0, BLOCK_N, BLOCK_K, PTX)
@@ -203,7 +211,7 @@ def _row_sums(w_e, s_e, x_row, r0, K, q0, s0, stride_wn, stride_sn, BLOCK_N: tl.
     else:
         first: tl.constexpr = 0
     for k0 in range(first, K, BLOCK_K):
-        q, s = _weight_tile(w_e, s_e, r0, k0, stride_wn, stride_sn, BLOCK_N, BLOCK_K, SCALE_CHUNKED)
+        q, s = _weight_tile(w_e, s_e, r0, k0, stride_wn, stride_sn, BLOCK_N, BLOCK_K, SCALE_CHUNKED, PAIRED, up)
         acc = _tile_dots(q, s, x_row, acc, k0, BLOCK_N, BLOCK_K, PTX)
     return tl.sum(acc, axis=1)
 
@@ -236,19 +244,24 @@ def _pair_expert(ids_ptr, E):
 def _gate_up_kernel(x_ptr, xm_ptr, ids_ptr, w_ptr, s_ptr, h_ptr, cnt_ptr, D, I, E, TOPK, DOWN_TILES, stride_x,
                     stride_we, stride_wn, stride_se, stride_sn, stride_h, limit, h_scale, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr, PTX: tl.constexpr, SCALE_CHUNKED: tl.constexpr, PDL: tl.constexpr,
-                    EARLY: tl.constexpr, ZERO_PER_PROGRAM: tl.constexpr):
+                    EARLY: tl.constexpr, ZERO_PER_PROGRAM: tl.constexpr, ONE_LOOP: tl.constexpr):
     """program_id(1) = pair, program_id(0) = a tile of BLOCK_N gate rows: their gate and up sums, the clamped SwiGLU
     times h_scale, stored fp16 in pair order (the down's activations). EARLY: the first K step's weights are loaded
     before the PDL wait (the ids were written before the previous kernel, the prepare, was let start).
     ZERO_PER_PROGRAM > 0: the programs of each token's first pair zero that many of the token's down counters each
-    (the down's sum_in_down)."""
+    (the down's sum_in_down). ONE_LOOP: the gate and up rows in one K loop (each step loads both, alternating rows),
+    not one loop after the other."""
     if EARLY:
         p, e, local = _pair_expert(ids_ptr, E)
         r0 = tl.program_id(0) * BLOCK_N
         e0 = tl.where(local, e, 0)  # a pair without a local expert loads expert 0's first tile, unused
         w0, s0 = w_ptr + e0 * stride_we, s_ptr + e0 * stride_se
-        qg, sg = _weight_tile(w0, s0, r0, 0, stride_wn, stride_sn, BLOCK_N, BLOCK_K, SCALE_CHUNKED)
-        qu, su = _weight_tile(w0, s0, I + r0, 0, stride_wn, stride_sn, BLOCK_N, BLOCK_K, SCALE_CHUNKED)
+        if ONE_LOOP:
+            qg, sg = _weight_tile(w0, s0, r0, 0, stride_wn, stride_sn, 2 * BLOCK_N, BLOCK_K, SCALE_CHUNKED, True, I)
+            qu, su = 0, 0  # unused
+        else:
+            qg, sg = _weight_tile(w0, s0, r0, 0, stride_wn, stride_sn, BLOCK_N, BLOCK_K, SCALE_CHUNKED, False, 0)
+            qu, su = _weight_tile(w0, s0, I + r0, 0, stride_wn, stride_sn, BLOCK_N, BLOCK_K, SCALE_CHUNKED, False, 0)
         pdl_enter(PDL)
     else:  # the order the default launches were timed in
         pdl_enter(PDL)
@@ -264,10 +277,15 @@ def _gate_up_kernel(x_ptr, xm_ptr, ids_ptr, w_ptr, s_ptr, h_ptr, cnt_ptr, D, I, 
         w_e = w_ptr + e * stride_we
         s_e = s_ptr + e * stride_se
         x_row = x_ptr + (p // TOPK).to(tl.int64) * stride_x
-        g = _row_sums(w_e, s_e, x_row, r0, D, qg, sg, stride_wn, stride_sn, BLOCK_N, BLOCK_K, PTX, SCALE_CHUNKED,
-                      EARLY)
-        u = _row_sums(w_e, s_e, x_row, I + r0, D, qu, su, stride_wn, stride_sn, BLOCK_N, BLOCK_K, PTX,
-                      SCALE_CHUNKED, EARLY)
+        if ONE_LOOP:
+            gu = _row_sums(w_e, s_e, x_row, r0, D, qg, sg, stride_wn, stride_sn, 2 * BLOCK_N, BLOCK_K, PTX,
+                           SCALE_CHUNKED, EARLY, True, I)
+            g, u = tl.split(tl.reshape(gu, [BLOCK_N, 2]))
+        else:
+            g = _row_sums(w_e, s_e, x_row, r0, D, qg, sg, stride_wn, stride_sn, BLOCK_N, BLOCK_K, PTX, SCALE_CHUNKED,
+                          EARLY, False, 0)
+            u = _row_sums(w_e, s_e, x_row, I + r0, D, qu, su, stride_wn, stride_sn, BLOCK_N, BLOCK_K, PTX,
+                          SCALE_CHUNKED, EARLY, False, 0)
         xm = tl.load(xm_ptr + p // TOPK)
         act = clamped_swiglu(g * xm, u * xm, limit) * h_scale
         tl.store(h_ptr + p.to(tl.int64) * stride_h + slot(r0 + tl.arange(0, BLOCK_N)), act.to(tl.float16))
@@ -287,7 +305,7 @@ def _down_kernel(h_ptr, ids_ptr, wts_ptr, w_ptr, s_ptr, out_ptr, cnt_ptr, sum_pt
         p, e, local = _pair_expert(ids_ptr, E)
         e0 = tl.where(local, e, 0)
         q0, s0 = _weight_tile(w_ptr + e0 * stride_we, s_ptr + e0 * stride_se, tl.program_id(0) * BLOCK_N, 0,
-                              stride_wn, stride_sn, BLOCK_N, BLOCK_K, SCALE_CHUNKED)
+                              stride_wn, stride_sn, BLOCK_N, BLOCK_K, SCALE_CHUNKED, False, 0)
         pdl_enter(PDL)
     else:  # the order the default launches were timed in
         pdl_enter(PDL)
@@ -300,7 +318,7 @@ def _down_kernel(h_ptr, ids_ptr, wts_ptr, w_ptr, s_ptr, out_ptr, cnt_ptr, sum_pt
         s_e = s_ptr + e * stride_se
         h_row = h_ptr + p.to(tl.int64) * stride_h
         acc = _row_sums(w_e, s_e, h_row, r0, I, q0, s0, stride_wn, stride_sn, BLOCK_N, BLOCK_K, PTX, SCALE_CHUNKED,
-                        EARLY)
+                        EARLY, False, 0)
         acc = acc * (tl.load(wts_ptr + p) * out_scale)
     n = r0 + tl.arange(0, BLOCK_N)
     tl.store(out_ptr + p.to(tl.int64) * stride_o + n, acc)
@@ -352,7 +370,8 @@ def gemv_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     _gate_up_kernel[(inter // n, pairs)](
         xw, xm, ids, w13i, s13, h, counters, hidden, inter, num_experts, top_k, down_tiles, xw.stride(0),
         w13i.stride(0), w13i.stride(1), s13e, s13n, h.stride(0), float(limit), h_scale, BLOCK_N=n, BLOCK_K=k, PTX=ptx,
-        SCALE_CHUNKED=ch13, PDL=pdl, EARLY=early, ZERO_PER_PROGRAM=zero_per_program, num_warps=warps,
+        SCALE_CHUNKED=ch13, PDL=pdl, EARLY=early, ZERO_PER_PROGRAM=zero_per_program, ONE_LOOP=launch.gate_up_one_loop,
+        num_warps=warps,
         **pdl_launch(pdl))
     hw = h.view(torch.int32)
     out = torch.empty(pairs, hidden, dtype=torch.float32, device=x.device)
