@@ -43,11 +43,12 @@ def main() -> None:
                      gate_up_one_loop="one" in args.gemv_variant)
         if args.gemv_launch:
             n, kk, *w = (int(v) for v in args.gemv_launch.split("x"))
-            gemv.GEMV_ONE = gemv.GEMV_FEW = gemv.GemvLaunch(n, kk, *w)
+            gemv.GEMV_ONE = gemv.GEMV_FEW = gemv.GEMV_MANY = gemv.GemvLaunch(n, kk, *w)
             if not gemv.gemv_fits(gemv.GEMV_ONE, d, i):  # dsv4_moe_mxfp4 would time the planes instead
                 ap.error(f"--gemv-launch {args.gemv_launch} does not fit Flash widths (gemv_fits)")
         gemv.GEMV_ONE = dataclasses.replace(gemv.GEMV_ONE, **flags)
         gemv.GEMV_FEW = dataclasses.replace(gemv.GEMV_FEW, **flags)
+        gemv.GEMV_MANY = dataclasses.replace(gemv.GEMV_MANY, **flags)
     g = torch.Generator(device="cuda").manual_seed(0)
     w13, s13, w2, s2 = random_mxfp4_experts(e, d, i, g)
     res = []

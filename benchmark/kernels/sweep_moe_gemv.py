@@ -30,8 +30,8 @@ from bench_moe_mxfp4 import copy_bandwidth, random_mxfp4_experts  # noqa: E402
 
 TILES = ["2x512", "2x1024", "4x256", "4x512", "4x1024", "8x256", "8x512", "8x1024", "16x256", "16x512", "4x512x2",
          "4x1024x2", "8x512x2", "16x512x2"]
-VARIANTS = ({}, {"early_weights": True}, {"sum_in_down": True}, {"early_weights": True, "sum_in_down": True},
-            {"gate_up_one_loop": True}, {"gate_up_one_loop": True, "early_weights": True, "sum_in_down": True})
+VARIANTS = [dict(early_weights=early, sum_in_down=fused, gate_up_one_loop=one)  # (early, sum, one loop)
+            for early, fused, one in ((0, 0, 0), (1, 0, 0), (0, 1, 0), (1, 1, 0), (0, 0, 1), (1, 1, 1))]
 
 
 def tile(spec: str) -> tuple[int, int, int]:
@@ -64,7 +64,8 @@ def main() -> None:
     expert_bytes = w13[0].numel() + s13[0].numel() + w2[0].numel() + s2[0].numel()
     bw = 1e9 if args.dry_run else copy_bandwidth()
     timer = _wall_us if args.dry_run else lambda fn: triton.testing.do_bench_cudagraph(fn, rep=args.rep_ms) * 1e3
-    print(f"{'cpu' if args.dry_run else torch.cuda.get_device_name()}: copy bandwidth {bw / 1e9:.0f} GB/s", flush=True)
+    device = "cpu" if args.dry_run else torch.cuda.get_device_name()
+    print(f"{device}: copy bandwidth {bw / 1e9:.0f} GB/s", flush=True)
     rows = []
     for t in args.tokens:
         ids = torch.stack([torch.randperm(e, device=dev, generator=g)[:k] for _ in range(t)])
@@ -98,6 +99,9 @@ def main() -> None:
                 row.update(tokens=t, stage=name, best_us=min(row["us"]), floor_us=floor_us,
                            fraction_of_copy_bw=floor_us / min(row["us"]))
                 rows.append(row)
+            if args.out:  # after every stage: a run cut short keeps what it measured
+                with open(args.out, "w") as f:
+                    json.dump({"device": device, "copy_bw": bw, "rows": rows}, f, indent=1)
             order = sorted(timed.values(), key=lambda v: v[1]["best_us"])
             print(f"tokens {t} {name} (floor {floor_us:.1f} us): " + " | ".join(
                 f"{r['launch']} {'/'.join(f'{u:.1f}' for u in r['us'])} ({r['fraction_of_copy_bw']:.2f})"
@@ -114,10 +118,6 @@ def main() -> None:
         down = stage("down tiles", [base] + [dataclasses.replace(base, down=tl_) for tl_ in tiles])
         both = dataclasses.replace(gate_up[0], down=down[0].down_tile, gate_up_one_loop=False)
         stage("variants", [dataclasses.replace(launch, **flags) for launch in (base, both) for flags in VARIANTS])
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"device": "cpu" if args.dry_run else torch.cuda.get_device_name(), "copy_bw": bw,
-                       "rows": rows}, f, indent=1)
 
 
 def _wall_us(fn) -> float:

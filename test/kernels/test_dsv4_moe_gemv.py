@@ -232,12 +232,15 @@ from sgl_kernel import dsv4_moe_gemv as gemv
 types = {"x_ptr": "*i32", "xm_ptr": "*fp32", "ids_ptr": "*i64", "w_ptr": "*i32", "s_ptr": "*u8", "h_ptr": "*i32",
          "wts_ptr": "*fp32", "out_ptr": "*fp32", "cnt_ptr": "*i32", "sum_ptr": "*bf16", "limit": "fp32",
          "h_scale": "fp32", "out_scale": "fp32"}
-launches = {gemv.GEMV_ONE, gemv.GEMV_FEW, gemv.GemvLaunch(8, 256), gemv.GemvLaunch(16, 512, 2),
-            gemv.GemvLaunch(4, 512, 2), gemv.GemvLaunch(4, 1024, 2),  # tiles scripts/gpu_moe.sh sweeps
-            gemv.GemvLaunch(4, 128)}  # the last is too small (gemv_fits refuses it): the check must see that
-variants = [(False, False, False)] * len(launches) + [(True, True, False), (True, True, True)]  # early, sum, one loop
+tiles = {gemv.GemvLaunch(8, 256), gemv.GemvLaunch(16, 512, 2), gemv.GemvLaunch(4, 512, 2),
+         gemv.GemvLaunch(4, 1024, 2), gemv.GemvLaunch(16, 256),  # tiles benchmark/kernels/sweep_moe_gemv.py sweeps
+         gemv.GemvLaunch(4, 128)}  # too small (gemv_fits refuses it): the check must see that
+# the engine's launches as they run, every sweep tile with no variant, and the variants together at 16 x 512
+launches = [gemv.gemv_launch(t) for t in (1, 2, 8)] + sorted(tiles, key=str) + [
+    gemv.GemvLaunch(16, 512, early_weights=True, sum_in_down=True, gate_up_one_loop=True)]
 out = []
-for launch, (early, fused, one) in zip([*sorted(launches, key=str), gemv.GEMV_ONE, gemv.GEMV_FEW], variants):
+for launch in launches:
+    early, fused, one = launch.early_weights, launch.sum_in_down, launch.gate_up_one_loop
     for kernel in (gemv._gate_up_kernel, gemv._down_kernel):
         n, k, warps = launch.gate_up_tile if kernel is gemv._gate_up_kernel else launch.down_tile
         consts = {"BLOCK_N": n, "BLOCK_K": k, "PTX": True, "SCALE_CHUNKED": True, "PDL": True, "EARLY": early}
@@ -252,11 +255,14 @@ for launch, (early, fused, one) in zip([*sorted(launches, key=str), gemv.GEMV_ON
         ttgir = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                                options={"num_warps": warps}).asm["ttgir"]
         layouts = dict(re.findall(r"^(#\w+) = (#ttg\.\w+<.*>)$", ttgir, re.M))
-        for line in ttgir.splitlines():
-            if "elementwise_inline_asm" in line and "shf.l.wrap.b32 t" in line:
-                operand = re.search(r"tensor<\d+x\d+xi32, (#[\w.]+(?:<\{[^}]*\}>)?)>", line).group(1)
-                out.append([kernel.fn.__name__, f"{launch} early={early} sum={fused} one={one}",
-                            gemv.gemv_fits(launch, 4096, 2048), layouts.get(operand, operand)])
+        # the PTX's sites: one per K loop (the gate-up's two unless in one loop), one more each with early weights
+        want = ((1 if one else 2) if kernel is gemv._gate_up_kernel else 1) * (2 if early else 1)
+        sites = [line for line in ttgir.splitlines() if "elementwise_inline_asm" in line and "shf.l.wrap.b32 t" in line]
+        assert len(sites) == want, (kernel.fn.__name__, launch, len(sites))
+        for line in sites:
+            operand = re.search(r"tensor<\d+x\d+xi32, (#[\w.]+(?:<\{[^}]*\}>)?)>", line).group(1)
+            out.append([kernel.fn.__name__, str(launch), gemv.gemv_fits(launch, 4096, 2048),
+                        layouts.get(operand, operand)])
 print(json.dumps(out))
 """
 
@@ -265,14 +271,12 @@ def test_ptx_operands_pack_four_words_of_one_group():
     """The PTX sums a pack of 4 code words under the scale byte of its first: compiled for sm90 on the CPU (a
     subprocess: this one may run the interpreter) at the launches gemv_launch picks and more, each thread must hold
     its code words in runs of 4 consecutive, aligned words of one row (one 32-input group) wherever gemv_fits allows
-    the launch, also with the untimed variants (early weights, sum in the down); the too-small tile it refuses does
-    not."""
+    the launch, also with the chain's variants (early weights, sum in the down, the gate-up in one loop); the
+    too-small tile it refuses does not."""
     from sm90_compile import compiled_facts
     from test_dsv4_mxfp4_planes import packs_one_row_group
 
     found = compiled_facts(_OPERAND_LAYOUTS)
-    # two per gate-up (its gate and up loops), one per down; seven launches, then GEMV_ONE's variants (early weights:
-    # the first step outside the loop as well), then GEMV_FEW's with the gate-up in one loop (early: 2, down 2)
-    assert len(found) == 21 + 6 + 4, [f[:2] for f in found]
+    assert len(found) >= 2 * 10, [f[:2] for f in found]  # every launch's kernels (their sites counted in the script)
     for name, launch, fits, layout in found:
         assert packs_one_row_group(layout) == fits, (name, launch, layout)

@@ -42,11 +42,11 @@ GEMV_MAX_TOKENS = 8
 @dataclass(frozen=True)
 class GemvLaunch:
     """Weight rows per program, inputs per K step, warps per program (the gate-up's; `down` = the down's (rows,
-    inputs, warps) where they differ); two variants of the chain, not yet timed (off by default): `early_weights` (with
-    PDL, each program loads its first K step of weights before waiting for the kernel before it: the expert ids were
-    written before that kernel was let start) and `sum_in_down` (each token's last down program per tile sums the
-    pairs' rows, counted by an atomic: no combine launch; the same bits); `gate_up_one_loop` (the gate's and up's
-    rows of a tile in one K loop: twice the bytes per load step, half the steps)."""
+    inputs, warps) where they differ), and three variants of the chain: `early_weights` (with PDL, each program loads
+    its first K step of weights before waiting for the kernel before it: the expert ids were written before that
+    kernel was let start), `sum_in_down` (each token's last down program per tile sums the pairs' rows, counted by an
+    atomic: no combine launch; the same bits) and `gate_up_one_loop` (the gate's and up's rows of a tile in one K
+    loop: twice the bytes per load step, half the steps)."""
     block_n: int
     block_k: int
     num_warps: int = 1
@@ -64,14 +64,18 @@ class GemvLaunch:
         return self.down or self.gate_up_tile
 
 
-# The probe's best tiles on an H100 (RESULTS.md, 2026-12-05 fifteenth session): one token 4 x 512 (more programs),
-# 8 tokens 16 x 512, one warp each.
-GEMV_ONE = GemvLaunch(4, 512)
-GEMV_FEW = GemvLaunch(16, 512)
+# The sweep's best launches on an H100 (benchmark/kernels/sweep_moe_gemv.py; RESULTS.md, 2026-12-06): one token
+# 8 x 512 gate-up tiles with the gate and up rows in one loop, 16 x 512 down tiles, two warps each, early weights and
+# the sum in the down (35.8 us against 38.5 for the 4 x 512 tiles alone); 2-4 tokens 16 x 512 tiles with early
+# weights and the sum in the down (64.5 / 118.4 us at 2 / 4 tokens against 65.9 / 124.7); 5-8 tokens 16 x 512 alone
+# (the variants lose 1-3% at 8 tokens).
+GEMV_ONE = GemvLaunch(8, 512, 2, early_weights=True, sum_in_down=True, down=(16, 512, 2), gate_up_one_loop=True)
+GEMV_FEW = GemvLaunch(16, 512, early_weights=True, sum_in_down=True)
+GEMV_MANY = GemvLaunch(16, 512)
 
 
 def gemv_launch(num_tokens: int) -> GemvLaunch:
-    return GEMV_ONE if num_tokens == 1 else GEMV_FEW
+    return GEMV_ONE if num_tokens == 1 else GEMV_FEW if num_tokens <= 4 else GEMV_MANY
 
 
 def gemv_fits(launch: GemvLaunch, hidden: int, inter: int) -> bool:
