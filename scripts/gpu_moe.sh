@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
 # The fused MoE on a GPU in one device call (issue 13): its GPU tests at Flash widths (tl.dot_scaled and the
 # in-register path; the W4A8 op; the 1-8 token GEMVs), the fp32 W8A16 tests, the launch sweep, the whole-op benchmark
-# with a kernel profile (W4A16: the engine path and the planes alone; W4A8), the GEMV chain's variants A/B, a GEMV tile sweep, and (E2E=1, the default) the quantized Flash slice's agreement with the dequantized engine.
+# with a kernel profile (W4A16: the engine path and the planes alone; W4A8), the GEMV kernels' tiles and the chain's
+# variants (sweep_moe_gemv.py), and (E2E=1, the default) the quantized Flash slice's agreement with the dequantized
+# engine.
 # The whole-op figures use the sweep's best launches per token count (--config-from).
 #   [SWEEP_S=240] [SWEEP_TOKENS="1 32 256 4096"] [E2E=0] bash scripts/gpu_moe.sh   (carry .whl: the test wheels)
-#   DECODE_ONLY=1 bash scripts/gpu_moe.sh: only the GEMV tests, the engine path at 1-32 tokens, the GEMV variants A/B
-#   and the tile sweep (issue 13's open figures, when device time is short)
+#   DECODE_ONLY=1 bash scripts/gpu_moe.sh: only the GEMV tests, the engine path at 1-32 tokens and the GEMV sweep (the
+#   decode figures, when device time is short)
 # Logs and JSON go to $OUT.
 set -u -o pipefail
 source scripts/gpu_env.sh
 FAILED=()
 step() { local name=$1; shift; echo "=== $name"; ( "$@" ) 2>&1 | tee -a "$OUT/moe_log.txt" | tail -"${TAIL:-20}" \
   || { FAILED+=("$name"); echo "=== FAILED: $name"; }; }
-if [ "${DECODE_ONLY:-0}" = 1 ]; then  # the decode figures first, when device time is short (~4 minutes)
+if [ "${DECODE_ONLY:-0}" = 1 ]; then  # the decode figures first, when device time is short (~7 minutes)
   TAIL=8 step "GEMV GPU tests (variants included)" python3 -m pytest -q -s -m gpu test/kernels/test_dsv4_moe_gemv.py \
     -p no:cacheprovider
   TAIL=10 step "whole op, the engine's path at decode sizes" python3 benchmark/bench_moe_mxfp4.py --gemv \
@@ -31,13 +33,8 @@ TAIL=8 step "whole op, the sweep's best" python3 benchmark/bench_moe_mxfp4.py --
 TAIL=8 step "whole op, the engine's path (GEMVs at 1-8 tokens, then the planes)" python3 benchmark/bench_moe_mxfp4.py \
   --gemv --tokens 1 2 4 8 32 128 256 4096 --out "$OUT/moe_mxfp4_engine.json"
 fi
-TAIL=10 step "GEMV chain variants against the default, alternated twice (moe_ab.py: graph replays, checksums)" \
-  bash -c 'for r in 1 2; do for v in "" early sum "early sum"; do
-    python3 benchmark/kernels/moe_ab.py --gemv --tokens 1 2 4 8 ${v:+--gemv-variant $v}; done; done'
-TAIL=10 step "GEMV tiles at 1-8 tokens (moe_ab.py --gemv-launch, the first line the default)" \
-  bash -c 'python3 benchmark/kernels/moe_ab.py --gemv --tokens 1 2 4 8
-    for t in 4x256 8x256 8x512 4x1024 16x256 16x512 4x512x2 4x1024x2 8x512x2 16x512x2; do
-      python3 benchmark/kernels/moe_ab.py --gemv --tokens 1 2 4 8 --gemv-launch $t; done'
+TAIL=14 step "GEMV tiles per kernel and the chain's variants (sweep_moe_gemv.py: graph replays, two passes)" \
+  python3 benchmark/kernels/sweep_moe_gemv.py --tokens 1 2 4 8 --out "$OUT/sweep_gemv.json"
 if [ "${DECODE_ONLY:-0}" != 1 ]; then
 TAIL=8 step "whole op, the parity planes at every decode batch" python3 benchmark/bench_moe_mxfp4.py --planes \
   --tokens 1 2 4 8 32 128 256 4096 --out "$OUT/moe_mxfp4_planes.json"

@@ -12,12 +12,13 @@ So that the fp16 sums stay normal and in range, the activations are scaled by a 
 |x| into [2^14, 2^15); the sums' multiplier undoes it) and the SwiGLU output by a constant from the clamp's limit L
 (|silu(min(g, L)) * clamp(u, -L, L)| <= max(L, 1) * L). Both are stored fp16 in the order the PTX pairs inputs: per 8
 inputs (0, 4), (2, 6), (1, 5), (3, 7). The chain: prepare (scale and order), gate-up (with the clamped SwiGLU), down
-(times the router weight), the pairs' sum (dsv4_moe_sums.combine_pairs), as programmatic dependent launches where the
-GPU has them (dsv4_pdl).
+(times the router weight), the pairs' sum (dsv4_moe_sums.combine_pairs, or at 1-4 tokens the down's last program per
+tile: GemvLaunch.sum_in_down), as programmatic dependent launches where the GPU has them (dsv4_pdl).
 
 Elsewhere (the CPU interpreter) the same sums are computed in fp32 with Triton's own ops: the tests check the function
 there and the PTX's arithmetic from its text (test/kernels/test_dsv4_moe_gemv.py). Timings: RESULTS.md, 2026-12-05
-fifteenth session (the probe `benchmark/kernels/moe_gemv_probe.py` this path grew from).
+fifteenth session (the probe `benchmark/kernels/moe_gemv_probe.py` this path grew from), and 2026-12-06 (each kernel's
+tile and the variants, `benchmark/kernels/sweep_moe_gemv.py`).
 """
 
 from __future__ import annotations
