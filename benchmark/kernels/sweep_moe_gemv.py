@@ -30,7 +30,7 @@ from bench_moe_mxfp4 import copy_bandwidth, random_mxfp4_experts  # noqa: E402
 
 TILES = ["2x512", "2x1024", "4x256", "4x512", "4x1024", "8x256", "8x512", "8x1024", "16x256", "16x512", "4x512x2",
          "4x1024x2", "8x512x2", "16x512x2"]
-VARIANTS = [dict(early_weights=early, sum_in_down=fused, gate_up_one_loop=one)  # (early, sum, one loop)
+VARIANTS = [dict(early_weights=bool(early), sum_in_down=bool(fused), gate_up_one_loop=bool(one))
             for early, fused, one in ((0, 0, 0), (1, 0, 0), (0, 1, 0), (1, 1, 0), (0, 0, 1), (1, 1, 1))]
 
 
