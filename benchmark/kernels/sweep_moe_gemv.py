@@ -3,8 +3,8 @@ same run's copy bandwidth. Per token count: the gate-up's tiles, with its gate a
 down at the default tile), the down's tiles (the gate-up at the default), then the two stages' best tiles together,
 each with the chain's variants (early weights, sum in the down, one loop). Each stage's candidates are timed in two
 passes, alternated, as CUDA-graph replays, with the parity planes (the engine's decode path past GEMV_MAX_TOKENS) in
-every pass. Token counts past GEMV_MAX_TOKENS show whether
-the GEMVs would win there too (each pair reads its expert's codes once more).
+every pass. Token counts past GEMV_MAX_TOKENS show whether the GEMVs would win there too (each pair reads its expert's
+codes once more).
 
     python3 benchmark/kernels/sweep_moe_gemv.py [--tokens 1 2 4 8 16 32] [--tiles 4x512 8x512x2 ...] [--out r.json]
     TRITON_INTERPRET=1 python3 benchmark/kernels/sweep_moe_gemv.py --dry-run   (CPU: tiny widths, wall-clock "times")

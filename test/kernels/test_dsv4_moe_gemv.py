@@ -180,8 +180,7 @@ def test_ptx_places_codes_and_sums_a_group():
 def test_gpu_flash_widths_equal_reference(tokens):
     """Flash widths (hidden 4096, intermediate 2048, top-6 of 256 experts), bf16, the inline PTX with PDL: relative
     error vs the fp32 reference below 1%, the same bits twice, and the same from a CUDA graph's replay; each untimed
-    variant (early weights, sum in the down) the same bits, eager and replayed; the gate-up's one loop within 1% of
-    the reference, its replays its own bits."""
+    variant (early weights, sum in the down, the gate-up in one loop or two) the same bits, eager and replayed."""
     from sgl_kernel.dsv4_moe_mxfp4 import mxfp4_experts_of
 
     w13, s13, w2, s2 = _experts(256, 4096, 2048, seed=0, device="cuda")
@@ -208,11 +207,7 @@ def test_gpu_flash_widths_equal_reference(tokens):
                                       gate_up_one_loop=one_loop)
         again = lambda: gemv_moe(x, ids, weights, a, b, c, d, 10.0, 2048, launch=variant)  # noqa: E731
         first = again()
-        if one_loop:  # each row's sums in the same order, but its reduction over the threads may differ
-            print(f"  one loop, early {early}, sum {fused}: the default's bits {torch.equal(first, got)}")
-            assert ((first.float() - ref).norm() / ref.norm()).item() < 1e-2
-        else:
-            assert torch.equal(first, got), (early, fused)
+        assert torch.equal(first, got), (early, fused, one_loop)  # one loop too: each row's sums in the same order
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             replayed = again()

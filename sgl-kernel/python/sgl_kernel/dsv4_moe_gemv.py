@@ -368,16 +368,15 @@ def gemv_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     xw = xq.view(torch.int32)
     n, k, warps = launch.gate_up_tile
     dn, dk, dwarps = launch.down_tile
-    early, fused = launch.early_weights, launch.sum_in_down
+    early, fused, one_loop = launch.early_weights, launch.sum_in_down, launch.gate_up_one_loop
     down_tiles = hidden // dn
     counters = torch.empty(tokens, down_tiles, dtype=torch.int32, device=x.device) if fused else ids
     zero_per_program = triton.next_power_of_2(triton.cdiv(down_tiles, inter // n)) if fused else 0
     _gate_up_kernel[(inter // n, pairs)](
         xw, xm, ids, w13i, s13, h, counters, hidden, inter, num_experts, top_k, down_tiles, xw.stride(0),
         w13i.stride(0), w13i.stride(1), s13e, s13n, h.stride(0), float(limit), h_scale, BLOCK_N=n, BLOCK_K=k, PTX=ptx,
-        SCALE_CHUNKED=ch13, PDL=pdl, EARLY=early, ZERO_PER_PROGRAM=zero_per_program, ONE_LOOP=launch.gate_up_one_loop,
-        num_warps=warps,
-        **pdl_launch(pdl))
+        SCALE_CHUNKED=ch13, PDL=pdl, EARLY=early, ZERO_PER_PROGRAM=zero_per_program, ONE_LOOP=one_loop,
+        num_warps=warps, **pdl_launch(pdl))
     hw = h.view(torch.int32)
     out = torch.empty(pairs, hidden, dtype=torch.float32, device=x.device)
     summed = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device) if fused else out
