@@ -1,6 +1,6 @@
 """scripts/gpu_*.sh on a CPU machine, with stand-ins for python3, curl, nvidia-smi and pkill: every script shares
 scripts/gpu_env.sh's preamble (steps, failure handling, the summary), runs every step to the end, and reports a
-failed step by name with exit status 1."""
+failed step by name with exit status 1; docs/benchmarking.md and benchmark/README.md list every script there is."""
 
 from __future__ import annotations
 
@@ -92,3 +92,28 @@ def test_a_step_past_its_bound_fails(tmp_path):
                           env=env)
     assert proc.returncode == 1 and "failed step: hangs" in proc.stdout, proc.stdout + proc.stderr
 
+
+def test_docs_list_every_script():
+    """docs/benchmarking.md names every GPU script, benchmark/README.md every benchmark script, one line each."""
+    docs = open(os.path.join(ROOT, "docs", "benchmarking.md")).read()
+    for script in SCRIPTS:
+        assert len(re.findall(rf"^\| `{re.escape(script)}`", docs, re.M)) == 1, script
+    readme = open(os.path.join(ROOT, "benchmark", "README.md")).read()
+    scripts = [os.path.relpath(p, os.path.join(ROOT, "benchmark"))
+               for sub in ("*.py", "kernels/*.py", "*/bench_sglang.py")
+               for p in glob.glob(os.path.join(ROOT, "benchmark", sub))]
+    for script in scripts:
+        assert len(re.findall(rf"^\| `{re.escape(script)}`", readme, re.M)) == 1, script
+    for listed in re.findall(r"^\| `([\w/]+\.py)`", readme, re.M):
+        assert listed in scripts, f"benchmark/README.md lists {listed}, which does not exist"
+    for listed in re.findall(r"^\| `(gpu_\w+\.sh)`", docs, re.M):
+        assert listed in SCRIPTS, f"docs/benchmarking.md lists {listed}, which does not exist"
+
+
+def test_results_page_and_raw_files_agree():
+    """benchmark/RESULTS.md cites every raw file under benchmark/results/ by name, and every file it cites is there."""
+    page = open(os.path.join(ROOT, "benchmark", "RESULTS.md")).read()
+    kept = set(os.listdir(os.path.join(ROOT, "benchmark", "results")))
+    cited = set(re.findall(r"`(?:benchmark/results/)?([\w.-]+\.(?:json|jsonl|txt))`", page))
+    assert sorted(kept - cited) == [], "raw files no section cites"
+    assert sorted(cited - kept) == [], "cited raw files that are not in benchmark/results/"
