@@ -10,8 +10,9 @@ Each site is a producer and the FP8 linear reading it, timed as three chains:
 Sites: attn_norm -> wq_kv_a (RMSNorm of 4,096, wq_a + wkv joined: 1,536 x 4,096); q_norm -> wq_b_indexer (RMSNorm
 of 1,024 over strided rows, wq_b + the indexer's wq_b joined: 40,960 x 1,024); inverse RoPE -> wo_a (the attention
 output [T, 64, 512], 8 groups of 1,024 x 4,096). Also each GEMM alone (bf16 matmul vs FP8 GEMM of quantized rows:
-the issue's ">= 1.3x the bf16 matmul of the same shape") and the producers alone. Times are CUDA-graph replays (the
-kernels' time; decode replays graphs) and, for prefill rows, eager calls too (the engine's prefill is eager).
+the prefill target, ">= 1.3x the bf16 matmul of the same shape") and the producers alone. Times are CUDA-graph
+replays (the kernels' time; decode replays graphs) and, for prefill rows, eager calls too (the engine's prefill is
+eager).
 """
 
 from __future__ import annotations

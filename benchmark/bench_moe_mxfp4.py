@@ -2,19 +2,16 @@
 and the bf16 grouped-GEMM experts, all measured in one run.
 
     python benchmark/bench_moe_mxfp4.py [--experts 256] [--top-k 6] [--tokens 1 8 32 128 256 4096] [--profile]
-        [--config-from sweep.json] [--planes | --gemv] [--row-major-scales] [--no-pdl] [--mxfp4-moe-precision fp8]
-        [--out r.json]
+        [--config-from sweep.json] [--planes | --gemv] [--row-major-scales] [--no-pdl] [--out r.json]
 
 Per token count: router choices drawn uniformly (top-k distinct of E), the fused op's time replayed from a CUDA graph
 (triton.testing.do_bench_cudagraph: the engine's decode replays graphs; eager timing at 1 token measures the host's
 ~20 launches, not the GPU), the floor = bytes of the FP4 experts actually touched (distinct experts x (codes + scale
-bytes)) / same-run copy bandwidth, their ratio (the issue's target: >= 0.6 of copy bandwidth at <= 32 tokens), and
+bytes)) / same-run copy bandwidth, their ratio (the decode target: >= 0.6 of copy bandwidth at <= 32 tokens), and
 the engine's bf16 path (`RoutedExperts`, torch._grouped_mm) on the dequantized weights for comparison.
 --config-from takes each token count's launches from a sweep's JSON (benchmark/kernels/sweep_moe_mxfp4.py): the row
 count per block with the lowest gate-up + down time, each kernel's best launch at it; otherwise `moe_config`'s.
 --gemv times what the engine runs: 1-8 tokens as CUDA-core GEMVs (dsv4_moe_gemv), more through the planes.
---mxfp4-moe-precision fp8 times the W4A8 op instead (dsv4_moe_w4a8, its a8_config launches; the relative difference
-then printed is FP8 rounding against the W4A16 default, ~few %: its exactness is test_dsv4_moe_w4a8's).
 """
 
 from __future__ import annotations
@@ -86,7 +83,6 @@ def main() -> None:
     from sgl_kernel.dsv4_moe_mxfp4 import dsv4_moe_mxfp4, moe_config, tma_supported
     from sgl_kernel.dsv4_mxfp4_planes import planes_supported
     from sgl_kernel.dsv4_moe_mxfp4_ref import dequant_mxfp4_ref
-    from sgl_kernel.dsv4_moe_w4a8 import a8_config, dsv4_moe_mxfp4_w4a8
     from sglang.srt.layers.moe.experts import RoutedExperts
 
     ap = argparse.ArgumentParser()
@@ -105,8 +101,6 @@ def main() -> None:
                     "instead of the engine's chunked storage")
     ap.add_argument("--no-pdl", action="store_true", help="the decode chain without programmatic dependent launches "
                     "(MoeConfig.pdl; dsv4_pdl)")
-    ap.add_argument("--mxfp4-moe-precision", choices=("bf16", "fp8"), default="bf16",
-                    help="fp8: the W4A8 op (FP8 activations; dsv4_moe_w4a8)")
     ap.add_argument("--out")
     args = ap.parse_args()
     swept = json.load(open(args.config_from))["rows"] if args.config_from else []
@@ -131,10 +125,7 @@ def main() -> None:
         default = moe_config(t * k, e, tma=tma_supported(x.device))
         cfg = swept_config(swept, t) or moe_config(t * k, e, tma=tma_supported(x.device),
                                                    planes=args.planes and planes_supported(x.device, x.dtype))
-        if args.mxfp4_moe_precision == "fp8":
-            cfg = dataclasses.replace(a8_config(t * k, e), pdl=not args.no_pdl)
-            fused = lambda: dsv4_moe_mxfp4_w4a8(x, ids, weights, w13, s13, w2, s2, 10.0, config=cfg)  # noqa: E731
-        elif args.gemv:
+        if args.gemv:
             fit = planes_supported(x.device, x.dtype)
             fused = lambda: dsv4_moe_mxfp4(x, ids, weights, w13, s13, w2, s2, 10.0,  # noqa: E731
                                            scales_fit_planes=fit, gemv=True)
@@ -150,8 +141,7 @@ def main() -> None:
         floor_ms = touched * expert_bytes / bw * 1e3
         row = {"tokens": t, "experts_touched": touched, "fused_mxfp4_ms": ms, "bf16_grouped_ms": ms_bf16,
                "floor_ms": floor_ms, "fraction_of_copy_bw": floor_ms / ms, "speedup_vs_bf16": ms_bf16 / ms,
-               "config": str(cfg), "relative_difference_vs_default_launches": err,
-               "activations": args.mxfp4_moe_precision}
+               "config": str(cfg), "relative_difference_vs_default_launches": err}
         if args.profile:
             print(kernel_table(fused), flush=True)
         rows.append(row)

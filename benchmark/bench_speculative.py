@@ -1,6 +1,6 @@
 """Decode speed with and without MTP speculative decoding, on a checkpoint whose draft predicts the target.
 
-    python benchmark/bench_speculative.py [--config shared/bench/flash-slice-4l32e.config.json] [--steps 3]
+    python benchmark/bench_speculative.py [--config benchmark/configs/flash-slice-4l32e.config.json] [--steps 3]
         [--batch 1 16] [--new-tokens 64] [--out result.json]
 
 Builds (once, under --work-dir) a random native checkpoint of the config, then the "predictable" variant of
@@ -70,12 +70,9 @@ def decode_tok_s(engine, batch: int, prompt_len: int, new_tokens: int, warmup_to
     return batch * (new_tokens - 1) / max(total - prefill, 1e-9), accept, tokens
 
 
-def main() -> None:
-    import sglang
-    from sglang.bench_one_batch import WARMUP_DECODE_STEPS, profile_decode, tokens_per_step
-
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--config", default=os.path.join(ROOT, "..", "shared", "bench", "flash-slice-4l32e.config.json"))
+    ap.add_argument("--config", default=os.path.join(ROOT, "benchmark", "configs", "flash-slice-4l32e.config.json"))
     ap.add_argument("--work-dir", default="/tmp/sglang-bench-spec")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 16])
@@ -84,7 +81,14 @@ def main() -> None:
     ap.add_argument("--profile-steps", type=int, default=6,
                     help="decode steps profiled after the timed run, per (mode, batch) (0: no profile)")
     ap.add_argument("--out")
-    args = ap.parse_args()
+    return ap.parse_args(argv)
+
+
+def main() -> None:
+    import sglang
+    from sglang.bench_one_batch import WARMUP_DECODE_STEPS, profile_decode, tokens_per_step
+
+    args = parse_args()
     path = build_checkpoint(args.config, args.work_dir)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     rows = []

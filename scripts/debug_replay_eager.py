@@ -13,7 +13,7 @@ names the first differing step and what differs at it, in forward order, then th
 
     python3 scripts/debug_replay_eager.py --config hca128 --kv-cache-dtype fp8_e4m3 \
         --sides triton:replay triton:eager [--radix] [--warm] [--dtype float32]
-GPU (device tool): scripts/gpu_replay_bisect.sh. On CPU `replay` runs eagerly (no graphs); use torch sides there.
+GPU: scripts/gpu_replay_bisect.sh. On CPU `replay` runs eagerly (no graphs); use torch sides there.
 """
 
 from __future__ import annotations

@@ -1,28 +1,23 @@
 #!/usr/bin/env bash
-# Serving throughput on the standard Flash-slice workload (bf16 random weights) in one device call: a server with
+# Serving throughput on the standard Flash-slice workload (bf16 random weights) in one GPU call: a server with
 # --max-running-requests 256, then bench_serving at concurrency 256 with max_tokens set and without it
 # (chat without max_tokens, --omit-max-tokens: the client reads the output length and disconnects, as if the answer
 # had ended there; the server admits by estimate what would otherwise reserve the context length).
 # The server's peak running requests, retractions and new-token ratio are polled from /server_info.
-#   bash scripts/gpu_bench_serving.sh          (carry .whl and .whl_serve: the server's wheels for Python 3.12)
+#   bash scripts/gpu_bench_serving.sh          (.whl_serve: the server's wheels, where the image lacks them)
 # SERVER_SRC=DIR serves from another checkout (an older commit, for comparison); MODES picks the runs.
 # A dry run on CPU: MODEL=tiny-deepseek-v4 NUM_PROMPTS=8 INPUT_LEN=32 OUTPUT_LEN=8 CONCURRENCY=4 bash ...
-set -u -o pipefail
-source scripts/gpu_env.sh
+source "$(dirname "$0")/gpu_env.sh"
 CONFIG=benchmark/configs/flash-slice-4l32e.config.json
 if [ -z "${MODEL:-}" ]; then
-  python3 scripts/make_slice_checkpoint.py "$CONFIG" /tmp/w/base || exit 1
+  TAIL=2 step "checkpoint: Flash slice" python3 scripts/make_slice_checkpoint.py "$CONFIG" /tmp/w/base
   MODEL="/tmp/w/base --dtype bfloat16"
 fi
 PORT=30500
 SRC=${SERVER_SRC:-$PWD}  # the engine checkout that serves (the client is always this one)
-PYTHONPATH=/tmp/site:$SRC/python:$SRC/sgl-kernel/python${PYTHONPATH#*sgl-kernel/python} python3 -m sglang.launch_server \
-  --model-path $MODEL --port $PORT --max-running-requests 256 --enable-metrics > "$OUT/server_log.txt" 2>&1 &
-SERVER=$!
-trap 'kill $SERVER 2>/dev/null' EXIT
-wait_healthy $PORT $SERVER "$OUT/server_log.txt" 600 || exit 1
-grep -E "pool|CUDA graph|full tokens|concurrent" "$OUT/server_log.txt" | head -12
-python3 - "$PORT" "$OUT" <<'PY'
+
+modes() {  # each of MODES against the server, one JSON row per mode in $OUT/serving_summary.jsonl
+  python3 - "$PORT" "$OUT" <<'PY'
 import json, os, sys, threading, time
 import httpx
 from sglang import bench_serving
@@ -67,6 +62,15 @@ for mode in os.environ.get("MODES", "max_tokens omit_max_tokens").split():
     with open(f"{out}/serving_summary.jsonl", "a") as f:
         f.write(json.dumps(row) + "\n")
 PY
-RC=$?
-grep -E "new-token ratio|retracted" "$OUT/server_log.txt" | tail -4
-exit $RC
+}
+
+# shellcheck disable=SC2086
+if PYTHONPATH=/tmp/site:$SRC/python:$SRC/sgl-kernel/python${PYTHONPATH#*sgl-kernel/python} serve $PORT \
+    "$OUT/server_log.txt" --model-path $MODEL --max-running-requests 256 --enable-metrics; then
+  grep -E "pool|CUDA graph|full tokens|concurrent" "$OUT/server_log.txt" | head -12
+  TAIL=12 step "bench_serving: ${MODES:-max_tokens omit_max_tokens}" modes
+  grep -E "new-token ratio|retracted" "$OUT/server_log.txt" | tail -4
+else
+  fail "server"
+fi
+finish

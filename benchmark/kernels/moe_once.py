@@ -1,6 +1,6 @@
 """The fused MXFP4 MoE at Flash widths (256 experts, top-6, bf16; decode: the parity planes; scale bytes chunked as
-the engine keeps them), run a few times: a target for Nsight Compute, which reads the H200's hardware counters on the
-device tool's machines (RESULTS.md, 2026-12-04 fourth session):
+the engine keeps them), run a few times: a target for Nsight Compute (`--clock-control none` reads the hardware
+counters where the clocks cannot be locked, as on virtual machines; RESULTS.md "MoE kernels", 2026-12-04):
 
     ncu --clock-control none -k regex:_planes_ --launch-skip 4 --launch-count 2 \\
         --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section SchedulerStats \\

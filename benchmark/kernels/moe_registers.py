@@ -3,15 +3,14 @@ GPU without one (Triton's bundled ptxas and cuobjdump): register pressure can be
 Triton that is installed (3.6 on our H200 image; the numbers in RESULTS.md name the version).
 
     python benchmark/kernels/moe_registers.py [--tokens 1 8 32] [--tma both] [--sass] [--warps 4 8] [--stages 3 5]
-        [--maxnreg 128 96] [--planes | --a8]
+        [--maxnreg 128 96] [--planes]
 
 Each launch of `moe_config` for the token counts (Flash: 256 experts, top-6, bf16 activations, the scaled dot), with
 the codes read by pointers and through TMA descriptors (MoeLaunch.tma); --planes: the decode launches of the PTX
-parity planes instead (MoeLaunch.planes, the engine's on NVIDIA GPUs); --a8: the W4A8 launches (dsv4_moe_w4a8's
-a8_config). 255 registers with a stack means the compiler spilled; fewer registers leave room for more programs per
-SM (65,536 registers per SM on an H100 / H200). --sass adds the K loop's instruction mix: instructions per thread
-and iteration over the weights each thread upcasts is the issue cost per weight that bounds the decode launches
-(RESULTS.md, 2026-12-04).
+parity planes instead (MoeLaunch.planes, the engine's on NVIDIA GPUs from 9 tokens). 255 registers with a stack
+means the compiler spilled; fewer registers leave room for more programs per SM (65,536 registers per SM on an
+H100 / H200). --sass adds the K loop's instruction mix: instructions per thread and iteration over the weights each
+thread upcasts is the issue cost per weight that bounds the decode launches (RESULTS.md "MoE kernels").
 """
 
 from __future__ import annotations
@@ -68,28 +67,6 @@ def compile_sm90(kernel, consts: dict, launch, tma: bool):
                                    **launch.launch_options()})
 
 
-A8_POINTERS = {**POINTERS, "x_ptr": "*fp8e4nv", "xs_ptr": "*fp32", "hs_ptr": "*fp32"}
-
-
-def compile_a8(name: str, launch, block_m: int):
-    """A W4A8 launch (dsv4_moe_w4a8) compiled for sm90 as the JIT specializes it at Flash's sizes."""
-    from sgl_kernel import dsv4_moe_w4a8 as a8
-
-    kernel = a8._w4a8_gate_up_kernel if name == "gate_up" else a8._w4a8_down_kernel
-    consts = {"BLOCK_M": block_m, "BLOCK_N": launch.block_n, "BLOCK_K": launch.block_k, "PTX": True,
-              "SCALE_CHUNKED": True, "SPLITS": launch.split_k, "PDL": True}
-    if name == "gate_up":
-        consts["ROUND_IN_FP32"] = False
-    types = {**A8_POINTERS, "h_ptr": "*fp32" if name == "gate_up" and launch.split_k > 1 else "*fp8e4nv"}
-    sig = {n: "constexpr" if n in consts else types.get(n, "fp32" if n == "limit" else "i32") for n in kernel.arg_names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
-             if n not in consts and n not in ("TOPK", "limit")}
-    src = triton.compiler.ASTSource(fn=kernel, signature=sig, attrs=attrs,
-                                    constexprs={(kernel.arg_names.index(n),): v for n, v in consts.items()})
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": launch.num_warps, "num_stages": launch.num_stages})
-
-
 def _tool(name: str, cubin: bytes, *flags: str) -> str:
     path = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
@@ -130,22 +107,10 @@ def main() -> None:
     ap.add_argument("--sass", action="store_true", help="also the K loop's instruction mix (cuobjdump -sass)")
     ap.add_argument("--warps", type=int, nargs="+", default=[0], help="num_warps to compile (0: moe_config's)")
     ap.add_argument("--planes", action="store_true", help="the parity planes' launches (PTX conversion) instead")
-    ap.add_argument("--a8", action="store_true", help="the W4A8 launches (dsv4_moe_w4a8: FP8 activations) instead")
     ap.add_argument("--stages", type=int, nargs="+", default=[0], help="num_stages to compile (0: moe_config's)")
     ap.add_argument("--maxnreg", type=int, nargs="+", default=[0], help="register caps to compile (0: none)")
     args = ap.parse_args()
     print(f"Triton {triton.__version__}, sm90")
-    if args.a8:
-        from sgl_kernel.dsv4_moe_w4a8 import a8_config
-
-        for t in args.tokens:
-            cfg = a8_config(t * 6, 256)
-            for name, launch in (("gate_up", cfg.gate_up), ("down", cfg.down)):
-                c = compile_a8(name, launch, cfg.block_m)
-                print(f"tokens {t:4d} {name:8s} {launch} block_m {cfg.block_m}: {resources(c)}", flush=True)
-                if args.sass:
-                    print(f"      {loop_mix(c)}", flush=True)
-        return
     common = {"WEIGHT_FP8": False, "SCALE_BCAST": True, "PREC": "tf32", "A_FMT": "bf16", "SCALE_CHUNKED": True}
     for t in args.tokens:
         cfg = moe.moe_config(t * 6, 256, tma=not args.planes, planes=args.planes)

@@ -3,6 +3,7 @@ each kernel's rows as fractions of them (bytes/s of the copy bandwidth; flop/s o
 counts flops: the sparse attention and indexer logits, whose tensor-core work per byte is near or above the ridge).
 
     python benchmark/kernels/run_all.py [--out results.json] [--only sparse_attention indexer ...]
+    python benchmark/kernels/run_all.py --only none      # a name no benchmark has: the two limits alone
 
 Writes a markdown table to stdout (paste into benchmark/RESULTS.md) and all rows as JSON.
 """

@@ -10,9 +10,9 @@ Candidates: tl.dot_scaled launches beside the in-register path, with the weight 
 descriptors (MoeLaunch.tma: fewer registers, copies the compiler may pipeline); with --planes also the decode launches
 of the PTX parity planes (MoeLaunch.planes, dsv4_moe_planes: the engine's decode path on NVIDIA GPUs; planes first or
 second in the MMA, MoeLaunch.swap), the engine's planes launches and their 2 / 4 K splits (MoeLaunch.split_k) first.
-For the scaled dot, K splits, 1-8-row multiply-adds and one MMA per 32-input scale group (RESULTS.md, 2026-12-02 sixth
-session), and the next K tile prefetched into registers (2026-12-03), lost to one split at every decode size on the
-H200 and are not swept.
+For the scaled dot, K splits, 1-8-row multiply-adds and one MMA per 32-input scale group (2026-12-02) and the next K
+tile prefetched into registers (2026-12-03) lost to one split at every decode size on the H200 and are not swept
+(RESULTS.md "MoE kernels").
 
 Decode candidates are timed as CUDA-graph replays (the engine's decode; eager timing of a 30 us kernel measures the
 host's launch), prefill ones eagerly; every candidate's output is compared with the default launches' (relative

@@ -272,7 +272,7 @@ def fake_python(tmp_path, fail_on: str) -> dict:
 ])
 def test_gpu_validate_exit_status(tmp_path, mode, fail_on, failed_step):
     script = os.path.join(ROOT, "scripts", "gpu_validate.sh")
-    assert "set -u -o pipefail" in open(script).read()
+    assert "set -u -o pipefail" in open(os.path.join(ROOT, "scripts", "gpu_env.sh")).read()  # its shared preamble
     proc = subprocess.run(["bash", script, *([mode] if mode else [])], capture_output=True, text=True,
                           timeout=60, cwd=str(tmp_path), env=fake_python(tmp_path, fail_on))
     if failed_step is None:

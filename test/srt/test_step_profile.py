@@ -194,11 +194,23 @@ def test_bench_one_batch_refuses_zero_prefill_repeats(monkeypatch):
         bench_one_batch.parse_args()
 
 
-def test_bench_speculative_prints_profile(monkeypatch, capsys, tmp_path):
+def _bench_speculative():
     spec = importlib.util.spec_from_file_location("bench_speculative", os.path.join(ROOT, "benchmark",
                                                                                     "bench_speculative.py"))
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_bench_speculative_default_config_is_in_the_repository():
+    """Run without --config, the benchmark takes the standard Flash slice from benchmark/configs/."""
+    config = _bench_speculative().parse_args([]).config
+    assert os.path.isfile(config) and os.path.relpath(config, ROOT) == os.path.join(
+        "benchmark", "configs", "flash-slice-4l32e.config.json")
+
+
+def test_bench_speculative_prints_profile(monkeypatch, capsys, tmp_path):
+    bench = _bench_speculative()
     config = tmp_path / "tiny.json"
     config.write_text(json.dumps(TINY))
     out = tmp_path / "spec.json"
