@@ -16,7 +16,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from sglang.srt.constrained.tool_call_grammar import tool_call_ebnf
-from sglang.srt.constrained.xgrammar_backend import ANY_JSON, json_after_reasoning
+from sglang.srt.constrained.xgrammar_backend import JSON_OBJECT, json_after_reasoning
 from sglang.srt.entrypoints.openai.encoding_dsv4 import encode_messages, resolve_thinking
 from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
 from sglang.srt.entrypoints.openai.serving_base import (
@@ -104,12 +104,13 @@ def _constraint(req: ChatCompletionRequest, thinking: bool, forced) -> Optional[
 
 def _response_format_grammar(req: ChatCompletionRequest, thinking: bool) -> Optional[dict]:
     """The constraint a response_format sets (None: text or absent): json_schema -> its schema, json_object -> any
-    JSON; in thinking mode the reasoning runs free up to </think> and the JSON follows (an EBNF grammar)."""
+    JSON object (as OpenAI and upstream SGLang), both compact; in thinking mode the reasoning runs free up to
+    </think> and the JSON follows (an EBNF grammar)."""
     fmt = req.response_format
     if fmt is None or fmt.get("type") == "text":
         return None
     if fmt.get("type") == "json_object":
-        schema = ANY_JSON
+        schema = JSON_OBJECT
     elif fmt.get("type") == "json_schema":
         spec = fmt.get("json_schema")
         if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
