@@ -215,13 +215,11 @@ def test_json_after_reasoning_grammar():
 
 
 def _json_object_grammar(thinking: bool) -> tuple:
-    """(field, value) of the grammar the chat endpoint (and /v1/responses' text.format) sets for json_object."""
-    from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
-    from sglang.srt.entrypoints.openai.serving_chat import _response_format_grammar
+    """(field, value) of the grammar response_format json_object sets (chat, /v1/completions, /v1/responses'
+    text.format)."""
+    from sglang.srt.entrypoints.openai.serving_base import response_format_grammar
 
-    req = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "JSON please"}],
-                                response_format={"type": "json_object"})
-    ((field, value),) = _response_format_grammar(req, thinking).items()
+    ((field, value),) = response_format_grammar({"type": "json_object"}, thinking).items()
     return field, value
 
 
