@@ -18,6 +18,7 @@ import sys
 import threading
 from typing import Optional
 
+from sglang.srt.arg_groups import cli
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.common import configure_logging
 
@@ -50,6 +51,7 @@ def launch_server(server_args: ServerArgs, sock: Optional[socket.socket] = None)
     """Serve until stopped; `sock` is the address bound by `bind_listen_socket` (bound here when None)."""
     import uvicorn
 
+    from sglang.srt.arg_groups.deepseek_v4_hook import describe_parsers
     from sglang.srt.entrypoints.http_server import create_app
     from sglang.srt.managers.scheduler_process import start_scheduler
     from sglang.srt.managers.tokenizer_manager import TokenizerManager
@@ -61,6 +63,7 @@ def launch_server(server_args: ServerArgs, sock: Optional[socket.socket] = None)
     if sock is None:
         sock = bind_listen_socket(server_args.host, server_args.port)
     logger.info("DeepSeek-V4 defaults applied: %s", ", ".join(server_args.applied_defaults) or "none")
+    logger.info("chat parsers: %s", describe_parsers(server_args))
     shown = {k: ("***" if k == "api_key" and v else v) for k, v in dataclasses.asdict(server_args).items()}
     logger.info("server args: %s", shown)
     proc, ready, ports = start_scheduler(server_args)
@@ -123,48 +126,36 @@ def run_headless(server_args: ServerArgs) -> None:
     sys.exit(1)
 
 
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Appends "(default: X)" unless the help already says what the default is (options whose default is
-    decided at start, such as --page-size, state it in words)."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        if "default" in text or action.default is None:
-            return text
-        return super()._get_help_string(action)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m sglang.launch_server", formatter_class=HelpFormatter,
-                                     description="Serve a DeepSeek-V4 model over an OpenAI-compatible API.")
-    ServerArgs.add_cli_args(parser)
-    return parser
+    """The server's command line (arg_groups/cli.py): flags in --help groups, errors of one line."""
+    return cli.build_parser()
+
+
+def resolve_or_exit(args: argparse.Namespace, sock: Optional[socket.socket] = None) -> ServerArgs:
+    """ServerArgs from the parsed flags, validated and with the DeepSeek-V4 defaults; a bad value (or model path)
+    ends the process with one line naming the flag and exit status 2."""
+    from sglang.srt.arg_groups.deepseek_v4_hook import resolve_server_args
+
+    try:
+        return resolve_server_args(ServerArgs.from_cli_args(args))
+    except (ValueError, OSError) as e:
+        if sock is not None:
+            sock.close()
+        cli.fail(e)
 
 
 def main(argv=None) -> None:
-    from sglang.srt.arg_groups.deepseek_v4_hook import resolve_server_args
-
     exit_on_sigterm()  # from the start: a SIGTERM while the model is resolved or generated exits cleanly too
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     configure_logging(args.log_level)  # first: resolving may generate the built-in model (a progress bar)
     if args.node_rank > 0:  # headless: no HTTP address of its own
-        try:
-            server_args = resolve_server_args(ServerArgs.from_cli_args(args))
-        except ValueError as e:
-            parser.error(str(e))
-        run_headless(server_args)
+        run_headless(resolve_or_exit(args))
     try:
         sock = bind_listen_socket(args.host, args.port)
     except OSError as e:
         logger.error("%s", e)
         raise SystemExit(1) from None
-    try:
-        server_args = resolve_server_args(ServerArgs.from_cli_args(args))
-    except ValueError as e:
-        sock.close()
-        parser.error(str(e))
-    launch_server(server_args, sock)
+    launch_server(resolve_or_exit(args, sock), sock)
 
 
 if __name__ == "__main__":

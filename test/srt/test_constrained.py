@@ -59,10 +59,14 @@ def test_json_schema_outputs_parse_and_validate():
 
 
 def test_any_json_regex_and_ebnf():
-    # any JSON: random weights write strings that rarely close, so the outputs are checked as grammar prefixes
+    # any JSON (an object or an array, compact): random weights write strings that rarely close, so the outputs are
+    # checked as grammar prefixes
     for text in _sampled("json_schema", "$$ANY$$", n=4, max_new=40, complete=False):
-        assert text[0] in '{["-0123456789tfn' and tiny().scheduler.grammar_backend.matcher(
+        assert text[0] in "{[" and tiny().scheduler.grammar_backend.matcher(
             "json_schema", "$$ANY$$").accept_string(text), text
+    backend = tiny().scheduler._grammar()
+    assert backend.matcher("json_schema", "$$ANY$$").accept_string('[1,{"a":null}]')
+    assert not backend.matcher("json_schema", "$$ANY$$").accept_string("[1, 2]")  # no whitespace to pad with
     for text in _sampled("regex", REGEX):
         assert re.fullmatch(REGEX, text), text
     for text in _sampled("ebnf", EBNF):
@@ -208,6 +212,50 @@ def test_json_after_reasoning_grammar():
     assert early.accept_string('{"color":"red","ok":true}') and not early.is_completed()
     with pytest.raises(ValueError, match="does not compile"):
         json_after_reasoning('{"type": 5}')
+
+
+def _json_object_grammar(thinking: bool) -> tuple:
+    """(field, value) of the grammar response_format json_object sets (chat, /v1/completions, /v1/responses'
+    text.format)."""
+    from sglang.srt.entrypoints.openai.serving_base import response_format_grammar
+
+    ((field, value),) = response_format_grammar({"type": "json_object"}, thinking).items()
+    return field, value
+
+
+def test_json_object_is_a_compact_object():
+    """response_format json_object means any JSON object (as OpenAI and upstream SGLang), compact: never an array or
+    a scalar, no whitespace between tokens. At temperature 1 on random weights each of 20 outputs is a whole object
+    (the grammar completed) or, cut by max_new_tokens inside a string the model never closes, a prefix of one."""
+    field, value = _json_object_grammar(thinking=False)
+    backend = tiny().scheduler._grammar()
+
+    def complete(text):
+        matcher = backend.matcher(field, value)
+        return matcher.accept_string(text) and matcher.is_completed()
+
+    assert complete("{}") and complete('{"a":[1,{"b":null}],"c":"x y","d":-2.5e3,"e":true}')
+    for text in ("[]", "[false]", '"s"', "1", "true", "null", "{ }", '{"a": 1}', '{"a":1 }', '{"a":1,"b":2}\n'):
+        assert not complete(text), text
+    n = 20
+    params = [{"temperature": 1.0, "max_new_tokens": 48, "seed": 7 + i, field: value} for i in range(n)]
+    outs = tiny().generate(input_ids=[[5, 17, 300 + i] for i in range(n)], sampling_params=params)
+    completed = 0
+    for out in outs:
+        text = out["text"]
+        if out["meta_info"]["finish_reason"]["type"] == "stop":  # the grammar completed, then EOS
+            assert isinstance(json.loads(text), dict), text
+            completed += 1
+        else:
+            assert text.startswith('{"') and backend.matcher(field, value).accept_string(text), text
+    assert completed  # some objects close (these seeds: 10 of 20)
+    # thinking mode: the reasoning runs free up to </think>, then the object follows, compact
+    field, value = _json_object_grammar(thinking=True)
+    assert field == "ebnf"
+    for text, ok in (('Plan: {"a": [1]}.</think>{"a":[1]}', True), ("r</think>[1]", False),
+                     ("r</think>{ }", False), ("r</think>7", False)):
+        matcher = backend.matcher(field, value)
+        assert (matcher.accept_string(text) and matcher.is_completed()) == ok, text
 
 
 TOOLS = [

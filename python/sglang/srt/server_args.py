@@ -2,9 +2,9 @@
 
 The model- and platform-dependent defaults and checks live in one hook (arg_groups/deepseek_v4_hook.py);
 `resolve_server_args(args)` there runs `validate()` and then the hook. This module imports nothing of sglang but
-sglang.srt.platform and the stdlib-only arg_groups/upstream_recipes (lazily), so every layer may import it. Only the
-options the engine implements, and upstream recipe flags it maps or names as inert, are accepted; unknown flags are
-rejected by argparse.
+sglang.srt.platform and the stdlib-only arg_groups/cli.py and arg_groups/upstream_recipes.py (the flags, their
+choices and the upstream recipe flags), so every layer may import it. Only the options the engine implements, and
+upstream recipe flags it maps or names as inert, are accepted; unknown flags are rejected by argparse.
 """
 
 from __future__ import annotations
@@ -12,17 +12,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 from dataclasses import dataclass
 from typing import Optional
 
-ATTENTION_BACKENDS = ("torch", "triton", "dsv4")
-QUANTIZATIONS = (None, "fp8", "mxfp4", "none")
-MOE_PRECISIONS = ("bf16", "fp8")  # activations of the packed MXFP4 experts: W4A16 / W4A8
-KV_CACHE_DTYPES = ("auto", "bfloat16", "float32", "fp8_e4m3")
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-GRAMMAR_BACKENDS = ("xgrammar", "none")
-LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
-EXPERT_RECORDER_MODES = ("stat",)  # upstream also has per_pass, per_token, stat_approx: not built
+from sglang.srt.arg_groups.cli import (ATTENTION_BACKENDS, DTYPES, EXPERT_RECORDER_MODES, GRAMMAR_BACKENDS,
+                                       KV_CACHE_DTYPES, LOG_LEVELS, MOE_PRECISIONS, QUANTIZATIONS, REASONING_PARSERS,
+                                       TOOL_CALL_PARSERS, add_cli_args)
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +32,7 @@ class ServerArgs:
     device: Optional[str] = None  # None: cuda when available, else cpu
     dtype: str = "auto"  # auto: bfloat16 on GPU, float32 on CPU
     quantization: Optional[str] = None  # None: detected; fp8 / mxfp4: stored formats stay quantized on a GPU
-    mxfp4_moe_precision: str = "bf16"  # fp8: the packed MXFP4 experts take FP8 activations (W4A8, sm90+)
+    mxfp4_moe_precision: str = "bf16"  # activations of the packed MXFP4 experts (W4A16); upstream's default = bf16
     context_length: Optional[int] = None  # None: the model's max_position_embeddings
     # Memory pool
     mem_fraction_static: Optional[float] = None
@@ -77,6 +73,7 @@ class ServerArgs:
     # Prefix cache (radix tree over the pools)
     disable_radix_cache: bool = False
     # Serving
+    # None: the DeepSeek-V4 default (deepseek-v4 / deepseekv4, set by the hook); "none": off (None once resolved)
     reasoning_parser: Optional[str] = None
     tool_call_parser: Optional[str] = None
     api_key: Optional[str] = None
@@ -111,6 +108,9 @@ class ServerArgs:
         from sglang.srt.platform import default_device
 
         self.recipe_notes = apply_recipe_args(self)  # first: it may set --ep and --cuda-graph-max-bs
+        path = self.model_path
+        if (os.path.isabs(path) or path.startswith(".")) and not os.path.exists(path):
+            raise ValueError(f"--model-path {path}: no such directory")  # a path, not a hub id: nothing to fetch
         if self.device is None:
             self.device = default_device()
         if self.dtype not in DTYPES:
@@ -119,8 +119,12 @@ class ServerArgs:
             self.dtype = "float32" if self.device == "cpu" else "bfloat16"
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"--quantization must be one of {QUANTIZATIONS[1:]}, got {self.quantization!r}")
+        if self.mxfp4_moe_precision == "fp8":
+            raise ValueError("--mxfp4-moe-precision fp8 (W4A8) is not served: the W4A16 kernels measured faster at "
+                             "every batch; use bf16")
         if self.mxfp4_moe_precision not in MOE_PRECISIONS:
             raise ValueError(f"--mxfp4-moe-precision must be one of {MOE_PRECISIONS}, got {self.mxfp4_moe_precision!r}")
+        self.mxfp4_moe_precision = "bf16"  # upstream's `default` is bf16 activations too
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"--kv-cache-dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         if self.attention_backend is not None and self.attention_backend not in ATTENTION_BACKENDS:
@@ -160,10 +164,10 @@ class ServerArgs:
             raise ValueError(f"--node-rank must be in [0, {self.nnodes}), got {self.node_rank}")
         if not self.dist_timeout > 0:
             raise ValueError(f"--dist-timeout must be positive, got {self.dist_timeout}")
-        if self.reasoning_parser not in (None, "deepseek-v4"):
-            raise ValueError(f"--reasoning-parser must be deepseek-v4, got {self.reasoning_parser!r}")
-        if self.tool_call_parser not in (None, "deepseekv4"):
-            raise ValueError(f"--tool-call-parser must be deepseekv4, got {self.tool_call_parser!r}")
+        if self.reasoning_parser not in (None, *REASONING_PARSERS):
+            raise ValueError(f"--reasoning-parser must be one of {REASONING_PARSERS}, got {self.reasoning_parser!r}")
+        if self.tool_call_parser not in (None, *TOOL_CALL_PARSERS):
+            raise ValueError(f"--tool-call-parser must be one of {TOOL_CALL_PARSERS}, got {self.tool_call_parser!r}")
         if self.speculative_algorithm not in (None, "EAGLE", "NEXTN"):
             raise ValueError(f"--speculative-algorithm must be EAGLE or NEXTN, got {self.speculative_algorithm!r}")
         if not 0 < self.max_request_body_mb < float("inf"):
@@ -190,120 +194,8 @@ class ServerArgs:
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
-        p = parser
-        p.add_argument("--model-path", required=True,
-                       help="checkpoint directory, HF hub id, or 'tiny-deepseek-v4' (the built-in tiny model)")
-        p.add_argument("--tokenizer-path", help="directory with tokenizer.json (default: the model's directory)")
-        p.add_argument("--served-model-name", help="model id in the OpenAI API (default: --model-path)")
-        p.add_argument("--trust-remote-code", action="store_true",
-                       help="accepted for SGLang compatibility and not needed: DeepSeek-V4 is implemented here, no "
-                            "code from the checkpoint is run (logged when given)")
-        p.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when available, else cpu")
-        p.add_argument("--dtype", default="auto", choices=DTYPES,
-                       help="compute dtype; auto = bfloat16 on a GPU, float32 on CPU")
-        p.add_argument("--quantization", choices=QUANTIZATIONS[1:],
-                       help="weight formats kept on a GPU: fp8 = the checkpoint's FP8 linears stay FP8 and its MXFP4 "
-                            "experts packed; mxfp4 = only MXFP4 experts stay packed; none = every weight dequantized "
-                            "at load (default: detected from the checkpoint)")
-        p.add_argument("--mxfp4-moe-precision", "--flashinfer-mxfp4-moe-precision", default="bf16",
-                       choices=MOE_PRECISIONS,
-                       help="activations of the MXFP4 routed experts kept packed on an NVIDIA sm90+ GPU: bf16 (W4A16) "
-                            "or fp8 (W4A8: DeepSeek's reference function, activations quantized per token and 128 "
-                            "inputs; hidden and MoE intermediate sizes multiples of 256; 1.4-1.9x slower than bf16 "
-                            "on an H200)")
-        p.add_argument("--context-length", type=int,
-                       help="longest prompt + output in tokens (default: the model's max_position_embeddings)")
-        p.add_argument("--mem-fraction-static", type=float,
-                       help="share of device memory for weights and KV pools on a GPU, of free memory for the "
-                            "pools on CPU (default: 0.85 GPU, 0.25 CPU)")
-        p.add_argument("--max-running-requests", type=int, help="requests decoded at once (default: 256)")
-        p.add_argument("--max-total-tokens", type=int,
-                       help="cap on the KV pool's tokens (default: as many as --mem-fraction-static allows)")
-        p.add_argument("--page-size", type=int,
-                       help="tokens per KV page, a multiple of every compress ratio and the sliding window "
-                            "(default: 256)")
-        p.add_argument("--swa-full-tokens-ratio", type=float, default=0.1,
-                       help="sliding-window KV slots per full-pool token, in (0, 1]")
-        p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
-                       help="KV cache storage; auto = the compute dtype, fp8_e4m3 also quantizes the indexer keys")
-        p.add_argument("--enable-deepseek-v4-fp4-indexer", action="store_true",
-                       help="store the lightning indexer's keys in FP4")
-        p.add_argument("--chunked-prefill-size", type=int,
-                       help="prompt tokens per prefill chunk, -1 for no chunking (default: 8192 GPU, 1024 CPU)")
-        p.add_argument("--grammar-backend", default="xgrammar", choices=GRAMMAR_BACKENDS,
-                       help="constrained decoding of json_schema / regex / ebnf requests and response_format "
-                            "(none: such requests are refused)")
-        p.add_argument("--schedule-conservativeness", type=float, default=1.0,
-                       help="how much of their remaining max_new_tokens admission expects running requests to use "
-                            "(x 0.7 at start, decaying; larger admits fewer, smaller risks more retractions)")
-        p.add_argument("--attention-backend", choices=ATTENTION_BACKENDS,
-                       help="dsv4 = the best available: triton on a GPU, torch on CPU (default: dsv4)")
-        p.add_argument("--disable-cuda-graph", action="store_true",
-                       help="decode without CUDA graphs or static buffers: every step (and speculative cycle) runs "
-                            "eagerly")
-        p.add_argument("--disable-overlap-schedule", action="store_true",
-                       help="wait for each decode step's tokens before launching the next (default: the next step is "
-                            "launched first, so the host's bookkeeping overlaps the device)")
-        p.add_argument("--cuda-graph-max-bs", type=int,
-                       help="largest decode batch (or greedy speculative cycle) run as a CUDA graph; larger batches "
-                            "run eagerly "
-                            "(default: min(256, --max-running-requests))")
-        p.add_argument("--cuda-graph-bs", type=int, nargs="+",
-                       help="batch sizes to capture, of decode steps or speculative cycles (default: 1 2 4 8 12 16 24 "
-                            "... up to --cuda-graph-max-bs)")
-        p.add_argument("--enforce-shared-experts-fusion", action="store_true",
-                       help="run the shared expert as one more routed expert (default: on for ROCm only)")
-        p.add_argument("--disable-shared-experts-fusion", action="store_true",
-                       help="run the shared expert separately (exclusive with --enforce-shared-experts-fusion)")
-        p.add_argument("--speculative-algorithm", choices=("EAGLE", "NEXTN"),
-                       help="draft with the checkpoint's MTP layer (NEXTN is an alias of EAGLE; default: off)")
-        p.add_argument("--speculative-num-steps", type=int,
-                       help="tokens drafted ahead per cycle, 1 to 8 (default: 3 with --speculative-algorithm)")
-        p.add_argument("--speculative-eagle-topk", type=int, help="draft branches; only 1 is supported (default: 1)")
-        p.add_argument("--speculative-num-draft-tokens", type=int,
-                       help="must equal --speculative-num-steps + 1 (default: that)")
-        p.add_argument("--tp", "--tp-size", dest="tp_size", type=int, default=1,
-                       help="tensor-parallel ranks, one model process each (default: 1)")
-        p.add_argument("--ep", "--ep-size", dest="ep_size", type=int, default=1,
-                       help="expert-parallel ranks among the --tp ranks: routed experts split over them (default: 1)")
-        p.add_argument("--dp", "--dp-size", dest="dp_size", type=int, default=1,
-                       help="data-parallel attention groups, with --enable-dp-attention (default: 1)")
-        p.add_argument("--enable-dp-attention", action="store_true",
-                       help="attention data-parallel over --dp groups, the MoE over all --tp ranks (default: off)")
-        p.add_argument("--nnodes", type=int, default=1,
-                       help="nodes of one model instance: each runs --tp-size / --nnodes ranks; node 0 serves HTTP "
-                            "(default: 1)")
-        p.add_argument("--node-rank", type=int, default=0,
-                       help="this node's rank: 0 serves HTTP, the others run their ranks headless (default: 0)")
-        p.add_argument("--dist-init-addr",
-                       help="host:port where the ranks meet (default: 127.0.0.1 and a free port); with DP attention "
-                            "over several nodes, node 0 also takes the other nodes' DP groups' outputs on port + 1")
-        p.add_argument("--dist-timeout", type=float, default=300.0,
-                       help="seconds a collective waits for a dead or hung rank before the server exits "
-                            "(default: 300)")
-        p.add_argument("--disable-radix-cache", action="store_true",
-                       help="do not reuse cached prompt prefixes across requests (default: reuse them; off with "
-                            "--speculative-algorithm for now)")
-        p.add_argument("--reasoning-parser", choices=("deepseek-v4",),
-                       help="split thinking into reasoning_content (default: off)")
-        p.add_argument("--tool-call-parser", choices=("deepseekv4",),
-                       help="turn DSML tool-call blocks into tool_calls (default: off)")
-        p.add_argument("--api-key",
-                       help="require 'Authorization: Bearer <key>' on every endpoint but /health (default: none)")
-        p.add_argument("--max-request-body-mb", type=float, default=64.0,
-                       help="largest request body accepted, in MiB; a larger one is refused with 413")
-        p.add_argument("--enable-metrics", action="store_true", help="serve Prometheus metrics at /metrics")
-        p.add_argument("--expert-distribution-recorder-mode", choices=EXPERT_RECORDER_MODES,
-                       help="stat: count the tokens each routed expert of each MoE layer gets, between "
-                            "/start_expert_distribution_record and /stop_expert_distribution_record (one index_add "
-                            "per MoE layer and step; default: off)")
-        p.add_argument("--random-seed", type=int, default=42, help="seed of torch's generator in the model process")
-        p.add_argument("--log-level", default="info", choices=LOG_LEVELS, help="log level of every process")
-        p.add_argument("--host", default="127.0.0.1", help="address the HTTP server binds")
-        p.add_argument("--port", type=int, default=30000, help="port the HTTP server binds (checked before loading)")
-        from sglang.srt.arg_groups.upstream_recipes import add_recipe_args
-
-        add_recipe_args(p)
+        """Every flag, in --help groups (arg_groups/cli.py), as upstream's ServerArgs.add_cli_args."""
+        add_cli_args(parser)
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "ServerArgs":

@@ -132,13 +132,46 @@ def apply_dp_attention_defaults(args: "ServerArgs") -> list:
     return applied
 
 
+# DeepSeek-V4's chat parsers, on unless a flag says `none`: tool calls come back as tool_calls and thinking as
+# reasoning_content, as upstream's DeepSeek-V4 recipes start the server.
+DEFAULT_PARSERS = (("reasoning_parser", "deepseek-v4"), ("tool_call_parser", "deepseekv4"))
+
+
+def apply_parser_defaults(args: "ServerArgs") -> list:
+    """Unset parsers get the DeepSeek-V4 ones; `none` turns one off (None from here on: what the server reads)."""
+    applied = []
+    for name, parser in DEFAULT_PARSERS:
+        if getattr(args, name) is None:
+            setattr(args, name, parser)
+            applied.append(f"{name}={parser}")
+        elif getattr(args, name) == "none":
+            setattr(args, name, None)
+    return applied
+
+
+def describe_parsers(args: "ServerArgs") -> str:
+    """The start-up line naming the active chat parsers and whether each is the default (after resolve)."""
+    parts = []
+    for name, _ in DEFAULT_PARSERS:
+        value, flag = getattr(args, name), "--" + name.replace("_", "-")
+        if value is None:
+            parts.append(f"{flag} none (off)")
+        else:
+            default = f"{name}={value}" in getattr(args, "applied_defaults", [])
+            parts.append(f"{flag} {value}" + (f" (default; {flag} none turns it off)" if default else ""))
+    return ", ".join(parts)
+
+
 def apply_deepseek_v4_defaults(args: "ServerArgs") -> list:
     """Fill the options left unset with DeepSeek-V4 defaults and validate; returns 'name=value' of each default
     applied (printed at start)."""
     from sglang.srt.model_loader.model_path import resolve_model_path
 
     model_dir = resolve_model_path(args.model_path)
-    config = DeepseekV4Config.from_pretrained(model_dir)
+    try:
+        config = DeepseekV4Config.from_pretrained(model_dir)
+    except (ValueError, OSError) as e:
+        raise ValueError(f"--model-path {args.model_path}: {e}") from None
     on_cpu = args.device == "cpu"
     applied = []
 
@@ -147,7 +180,15 @@ def apply_deepseek_v4_defaults(args: "ServerArgs") -> list:
             setattr(args, name, value)
             applied.append(f"{name}={value}")
 
-    args.parallel_config().validate(config)  # names the heads / groups / experts that do not split
+    try:
+        args.parallel_config().validate(config)  # names the heads / groups / experts that do not split
+    except ValueError as e:
+        if str(e).startswith("--"):
+            raise
+        sizes = " ".join(f"--{flag} {n}" for flag, n in (("tp", args.tp_size), ("ep", args.ep_size),
+                                                          ("dp", args.dp_size)) if flag == "tp" or n > 1)
+        raise ValueError(f"{sizes}: {e}") from None
+    applied += apply_parser_defaults(args)
     default("page_size", DEFAULT_PAGE_SIZE)
     validate_page_size(args.page_size, config)
     applied += apply_platform_defaults(args)  # attention backend, sparse prefill, fusion, budgets, AITER

@@ -19,36 +19,38 @@ SPECULATIVE_ATTENTION_MODES = ("prefill", "decode")
 
 def add_recipe_args(p) -> None:
     """The recipe flags, grouped in --help."""
-    g = p.add_argument_group("upstream recipe flags", "accepted so upstream DeepSeek-V4 recipes start; see "
-                                                      "arg_groups/upstream_recipes.py for what each maps to")
+    g = p.add_argument_group("accepted for upstream SGLang recipes",
+                             "upstream DeepSeek-V4 launch commands start unchanged: each flag is mapped to what serves "
+                             "it here or logged at start as changing nothing")
     g.add_argument("--moe-runner-backend", default="auto", choices=MOE_RUNNER_BACKENDS,
-                   help="upstream's MoE kernel choice; every value runs the fused Triton MoE here (W4A16 on Hopper, "
-                        "as marlin / flashinfer_mxfp4; see --mxfp4-moe-precision)")
+                   help="upstream's MoE kernel choice; every value runs the fused Triton MoE here (MXFP4 experts "
+                        "W4A16, as marlin / flashinfer_mxfp4)")
     g.add_argument("--moe-a2a-backend", default="none", choices=MOE_A2A_BACKENDS,
                    help="upstream's expert all-to-all; any value but none puts the routed experts over all --tp "
                         "ranks (--ep = --tp, as upstream) and combines them with all-reduce (no DeepEP here)")
     g.add_argument("--deepep-mode", default="auto", choices=DEEPEP_MODES, help="changes nothing here (no DeepEP)")
-    g.add_argument("--deepep-config", help="a JSON object; changes nothing here (no DeepEP; default: none)")
+    g.add_argument("--deepep-config", metavar="JSON",
+                   help="a JSON object; changes nothing here (no DeepEP; default: none)")
     g.add_argument("--disable-flashinfer-autotune", action="store_true", help="changes nothing here (no FlashInfer)")
-    g.add_argument("--cuda-graph-max-bs-decode", type=int,
+    g.add_argument("--cuda-graph-max-bs-decode", type=int, metavar="N",
                    help="the same as --cuda-graph-max-bs (only decode steps are captured here; default: none)")
-    g.add_argument("--tokenizer-worker-num", type=int, default=1,
+    g.add_argument("--tokenizer-worker-num", type=int, default=1, metavar="N",
                    help="changes nothing here: long prompts are tokenized in worker threads of the HTTP process")
     g.add_argument("--enable-prefill-delayer", action="store_true",
                    help="changes nothing here: DP groups' prefills are not delayed to align them")
-    g.add_argument("--prefill-delayer-max-delay-ms", type=float,
+    g.add_argument("--prefill-delayer-max-delay-ms", type=float, metavar="MS",
                    help="with --enable-prefill-delayer; changes nothing (default: none)")
     g.add_argument("--enable-two-batch-overlap", action="store_true", help="changes nothing here (no TBO)")
-    g.add_argument("--speculative-draft-model-path",
+    g.add_argument("--speculative-draft-model-path", metavar="PATH",
                    help="changes nothing here: the draft is the checkpoint's own MTP (NextN) layer (default: none)")
     g.add_argument("--speculative-attention-mode", default="prefill", choices=SPECULATIVE_ATTENTION_MODES,
                    help="upstream's kernel family for verify / draft-extend attention; changes nothing here (verify "
                         "rows run the --attention-backend's decode kernels, captured in CUDA graphs)")
-    g.add_argument("--speculative-draft-attention-backend",
+    g.add_argument("--speculative-draft-attention-backend", metavar="BACKEND",
                    help="changes nothing here: the draft layer uses --attention-backend (default: none)")
     g.add_argument("--enable-w4a4-mxfp4-megamoe", action="store_true",
                    help="upstream's Blackwell MegaMoE with FP4 activations; changes nothing here (the MXFP4 experts "
-                        "take bf16 activations, or FP8 with --mxfp4-moe-precision fp8)")
+                        "take bf16 activations)")
 
 
 def apply_recipe_args(args) -> list:

@@ -4,8 +4,9 @@ A request with `json_schema`, `regex` or `ebnf` gets a GrammarMatcher at admissi
 their text; one that fails to compile is a 400 naming the field). Before each sampling, the matcher of every such
 row fills a token bitmask on the CPU (while the device still runs the forward: nothing waits for it), the bitmask is
 copied to the device and applied to the logits, so only tokens the grammar allows can be drawn. Each committed token
-advances the matcher; when the grammar is complete the request stops. JSON is compact (no free whitespace), so a
-weak model cannot pad it forever. `json_schema` "$$ANY$$" means any JSON value (OpenAI's json_object), as upstream.
+advances the matcher; when the grammar is complete the request stops. JSON is compact (no free whitespace, `,` and
+`:` without spaces), so a weak model cannot pad it forever. `json_schema` "$$ANY$$" means any JSON object or array
+(upstream's "any JSON"); OpenAI's `response_format: {"type": "json_object"}` is the schema JSON_OBJECT: any object.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ import torch
 from sglang.srt.sampling.sampling_params import SamplingParamError
 
 ANY_JSON = "$$ANY$$"
+JSON_OBJECT = '{"type": "object"}'  # any JSON object (xgrammar: any keys, values of any JSON type)
+# What ANY_JSON compiles to: the language of xgrammar's builtin JSON grammar (an object or an array), made compact
+ANY_JSON_SCHEMA = '{"type": ["object", "array"]}'
 # DeepSeek-V4 thinking mode: reasoning runs free up to </think> (approximated as text without "</" before it)
 REASONING_EBNF = 'root ::= ([^<] | "<" [^/])* "</think>"'
 
@@ -45,11 +49,9 @@ class XGrammarBackend:
         grammar does not compile."""
         try:
             if kind == "json_schema":
-                if text == ANY_JSON:
-                    compiled = self.compiler.compile_builtin_json_grammar()
-                else:
-                    json.loads(text)  # a clear message for text that is not JSON at all
-                    compiled = self.compiler.compile_json_schema(text, any_whitespace=False, separators=(",", ":"))
+                schema = ANY_JSON_SCHEMA if text == ANY_JSON else text
+                json.loads(schema)  # a clear message for text that is not JSON at all
+                compiled = self.compiler.compile_json_schema(schema, any_whitespace=False, separators=(",", ":"))
             elif kind == "regex":
                 compiled = self.compiler.compile_regex(text)
             else:
@@ -106,13 +108,14 @@ class XGrammarBackend:
 
 def json_after_reasoning(schema: str) -> str:
     """EBNF for DeepSeek-V4's thinking mode: free reasoning up to `</think>` (text without "</" before it), then
-    JSON under `schema` (ANY_JSON: any JSON value), compact as above. ValueError when the schema does not convert."""
+    JSON under `schema` (ANY_JSON: an object or an array), compact as above. ValueError when the schema does not
+    convert."""
     import xgrammar
 
     try:
         reasoning = xgrammar.Grammar.from_ebnf(REASONING_EBNF)
-        body = (xgrammar.Grammar.builtin_json_grammar() if schema == ANY_JSON else
-                xgrammar.Grammar.from_json_schema(schema, any_whitespace=False, separators=(",", ":")))
+        body = xgrammar.Grammar.from_json_schema(ANY_JSON_SCHEMA if schema == ANY_JSON else schema,
+                                                 any_whitespace=False, separators=(",", ":"))
     except (RuntimeError, ValueError) as e:
         raise ValueError(f"the JSON schema does not compile: {str(e).strip().splitlines()[-1]}") from None
     return str(xgrammar.Grammar.concat(reasoning, body))

@@ -79,6 +79,7 @@ class CompletionRequest(SamplingFields):
     max_tokens: Optional[int] = Field(default=COMPLETION_MAX_TOKENS, ge=1)  # null: the default (as OpenAI)
     logprobs: Optional[int] = Field(default=None, ge=0, le=20)
     echo: bool = False
+    response_format: Optional[dict] = None  # json_object / json_schema, as chat's
     suffix: Optional[str] = None
     best_of: Optional[int] = None
 

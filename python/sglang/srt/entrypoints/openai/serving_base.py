@@ -1,5 +1,5 @@
-"""Pieces shared by the OpenAI completions and chat endpoints: sampling params, SSE, fan-in of n choices,
-disconnect handling, logprob formatting."""
+"""Pieces shared by the OpenAI completions and chat endpoints: sampling params, response_format, SSE, fan-in of n
+choices, disconnect handling, logprob formatting."""
 
 from __future__ import annotations
 
@@ -79,9 +79,34 @@ def choice_seed(seed: int, choice: int) -> int:
     return z - 2**64 if z >= 2**63 else z
 
 
+def response_format_grammar(fmt: Optional[dict], thinking: bool) -> Optional[dict]:
+    """The constraint a response_format sets (None: text or absent): json_schema -> its schema, json_object -> any
+    JSON object (as OpenAI and upstream SGLang), both compact; in thinking mode the reasoning runs free up to
+    </think> and the JSON follows (an EBNF grammar)."""
+    from sglang.srt.constrained.xgrammar_backend import JSON_OBJECT, json_after_reasoning
+
+    if fmt is None or fmt.get("type") == "text":
+        return None
+    if fmt.get("type") == "json_object":
+        schema = JSON_OBJECT
+    elif fmt.get("type") == "json_schema":
+        spec = fmt.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+            raise RequestError("response_format of type json_schema needs json_schema.schema (an object)")
+        schema = json.dumps(spec["schema"])
+    else:
+        raise RequestError(f"response_format type must be text, json_object or json_schema, got {fmt.get('type')!r}")
+    if not thinking:
+        return {"json_schema": schema}
+    try:
+        return {"ebnf": json_after_reasoning(schema)}
+    except ValueError as e:
+        raise RequestError(f"response_format: {e}") from None
+
+
 def sampling_params(req, max_new_tokens: int, choice: int, grammar: Optional[dict] = None) -> SamplingParams:
     """SamplingParams of choice `choice` of an OpenAI request (n > 1 with a seed: choice_seed per choice);
-    `grammar`: the constraint a chat's response_format sets, else the request's own regex / ebnf / json_schema."""
+    `grammar`: the constraint a response_format sets, else the request's own regex / ebnf / json_schema."""
     stop = req.stop if isinstance(req.stop, list) else ([req.stop] if req.stop else [])
     params = SamplingParams(
         max_new_tokens=max_new_tokens, min_new_tokens=req.min_tokens,

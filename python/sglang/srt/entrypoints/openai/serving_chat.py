@@ -8,7 +8,6 @@ Thinking vs chat mode comes from `chat_template_kwargs.thinking` (or SGLANG_DEFA
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -16,12 +15,11 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from sglang.srt.constrained.tool_call_grammar import tool_call_ebnf
-from sglang.srt.constrained.xgrammar_backend import ANY_JSON, json_after_reasoning
 from sglang.srt.entrypoints.openai.encoding_dsv4 import encode_messages, resolve_thinking
 from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
 from sglang.srt.entrypoints.openai.serving_base import (
-    chat_logprobs, collect, finish_reason, matched_stop, merge, new_id, now, sampling_params, sse, sse_response,
-    start_streams, usage)
+    chat_logprobs, collect, finish_reason, matched_stop, merge, new_id, now, response_format_grammar, sampling_params,
+    sse, sse_response, start_streams, usage)
 from sglang.srt.managers.tokenizer_manager import RequestError, TokenizerManager
 
 
@@ -95,34 +93,11 @@ def _forced_tool(req: ChatCompletionRequest, args):
 def _constraint(req: ChatCompletionRequest, thinking: bool, forced) -> Optional[dict]:
     """The grammar a forced tool call (which wins) or a response_format sets, or None."""
     if forced is _NOT_FORCED:
-        return _response_format_grammar(req, thinking)
+        return response_format_grammar(req.response_format, thinking)
     try:
         return {"ebnf": tool_call_ebnf(tools_json(req), forced, thinking)}
     except ValueError as e:
         raise RequestError(f"tool_choice: {e}") from None
-
-
-def _response_format_grammar(req: ChatCompletionRequest, thinking: bool) -> Optional[dict]:
-    """The constraint a response_format sets (None: text or absent): json_schema -> its schema, json_object -> any
-    JSON; in thinking mode the reasoning runs free up to </think> and the JSON follows (an EBNF grammar)."""
-    fmt = req.response_format
-    if fmt is None or fmt.get("type") == "text":
-        return None
-    if fmt.get("type") == "json_object":
-        schema = ANY_JSON
-    elif fmt.get("type") == "json_schema":
-        spec = fmt.get("json_schema")
-        if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
-            raise RequestError("response_format of type json_schema needs json_schema.schema (an object)")
-        schema = json.dumps(spec["schema"])
-    else:
-        raise RequestError(f"response_format type must be text, json_object or json_schema, got {fmt.get('type')!r}")
-    if not thinking:
-        return {"json_schema": schema}
-    try:
-        return {"ebnf": json_after_reasoning(schema)}
-    except ValueError as e:
-        raise RequestError(f"response_format: {e}") from None
 
 
 def tools_json(req: ChatCompletionRequest) -> Optional[list]:

@@ -1,4 +1,5 @@
-"""POST /v1/completions: prompt as a string, a list of strings, token ids or a list of token-id lists."""
+"""POST /v1/completions: prompt as a string, a list of strings, token ids or a list of token-id lists; response_format
+(json_object, json_schema) as on chat, as upstream SGLang takes it."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from fastapi.responses import JSONResponse
 
 from sglang.srt.entrypoints.openai.protocol import COMPLETION_MAX_TOKENS, CompletionRequest
 from sglang.srt.entrypoints.openai.serving_base import (
-    collect, completion_logprobs, finish_reason, matched_stop, merge, new_id, now, sampling_params, sse, sse_response,
-    start_streams, usage)
+    collect, completion_logprobs, finish_reason, matched_stop, merge, new_id, now, response_format_grammar,
+    sampling_params, sse, sse_response, start_streams, usage)
 from sglang.srt.managers.tokenizer_manager import RequestError, TokenizerManager
 
 
@@ -30,11 +31,13 @@ def _prompts(tm: TokenizerManager, prompt) -> list:
 
 async def create_completion(req: CompletionRequest, raw: Request, tm: TokenizerManager, model_name: str):
     prompts = await asyncio.to_thread(_prompts, tm, req.prompt)  # off the event loop: long prompts take seconds
+    grammar = await asyncio.to_thread(response_format_grammar, req.response_format, False)
     top_n = req.logprobs or 0
     choices = []  # (prompt index, choice index) -> stream
     for p_index, (_, ids) in enumerate(prompts):
         for c in range(req.n):
-            params = sampling_params(req, COMPLETION_MAX_TOKENS if req.max_tokens is None else req.max_tokens, c)
+            params = sampling_params(req, COMPLETION_MAX_TOKENS if req.max_tokens is None else req.max_tokens, c,
+                                     grammar)
             choices.append(tm.generate(ids, params, return_logprob=req.logprobs is not None,
                                        top_logprobs_num=top_n))
     rid, created = new_id("cmpl"), now()
