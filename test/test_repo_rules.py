@@ -56,7 +56,8 @@ PROCESS_WORDING = re.compile(
     r"|\b(?:this|last|next|previous|earlier|later|same|the) (?:device |gpu |work )?session(?:'s)?\b"
     r"|\bsessions? (?:note|with a device)\b"
     r"|\bissues? #?[0-9]+\b"  # "issue 16", "issue #16"
-    r"|(?:^|[\s(\[])#[0-9]+\b",  # "(#12)", "see #12"
+    r"|\(#[0-9]+\b|#[0-9]+'s\b"  # "(#12)", "#16's runs"
+    r"|\b(?:see|in|per|from|by|after|since|fixes|fixed|closes) #[0-9]+\b",  # "see #12"
     re.IGNORECASE)
 
 
@@ -67,11 +68,11 @@ def process_wording(text: str) -> list:
 
 def test_process_wording_pattern():
     for bad in ("measured in the fifteenth session", "since the 3rd session", "see issue 16", "as in issue #13",
-                "fixed (#12)", "not timed this session", "the session's device time", "last session's estimate"):
+                "fixed (#12)", "as in #16's runs", "see #12", "not timed this session", "the session's device time", "last session's estimate"):
         assert process_wording(bad), bad
     for good in ("each multi-turn session resends the conversation", "aiohttp.ClientSession(timeout=t)",
                  "a live graph makes destroy_process_group hang: pytorch#115388", "Turn t of a session",
-                 "colour #1f77b4", "{lambda()#3}::operator()", "RESULTS.md, \"MoE kernels\" (2026-12-06, 3f99a54)"):
+                 "colour #1f77b4", "{lambda()#3}::operator()", "layers.2.ffn #13", "the newline #2 may come", "RESULTS.md, \"MoE kernels\" (2026-12-06, 3f99a54)"):
         assert not process_wording(good), good
 
 
@@ -80,6 +81,8 @@ def test_no_process_wording_in_the_tree():
     offenders = []
     for rel in filter(None, files.split("\0")):
         path = os.path.join(ROOT, rel)
+        if rel == "test/test_repo_rules.py":
+            continue  # the rule's own examples
         if not os.path.isfile(path):
             continue
         with open(path, "rb") as f:

@@ -1,4 +1,4 @@
-"""Hostile and malformed HTTP input against a real server (issue 10, points 2 and 4): every bad body is a 4xx
+"""Hostile and malformed HTTP input against a real server: every bad body is a 4xx
 naming the problem, big bodies are bounded and tokenized off the event loop, unknown routes get the error body,
 secrets never leave the server, and an unexpected exception is a generic 500 whose details are only in the log."""
 

@@ -68,7 +68,7 @@ def hf_mtp_block(name: str):
         if rest in _MTP_INPUT:
             continue
         state[rest if rest in _MTP_TOP else "layers.0." + rest] = t.contiguous()
-    out = checkpoint(name) + "-mtp-block-hf"  # beside the session's other test checkpoints
+    out = checkpoint(name) + "-mtp-block-hf"  # beside the test run's other checkpoints
     config.save_pretrained(out)
     save_file(state, os.path.join(out, "model.safetensors"))
     model, info = DeepseekV4ForCausalLM.from_pretrained(out, dtype=torch.float32, output_loading_info=True)

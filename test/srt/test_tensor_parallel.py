@@ -23,7 +23,7 @@ from sglang.srt.model_loader.tiny_checkpoint import make_tiny_checkpoint
 # Eight heads in four output groups, a prime vocabulary (509: every rank count pads the last LM-head part).
 WIDE = {**TINY, "num_attention_heads": 8, "o_groups": 4, "vocab_size": 509}
 # CPU: within 1e-5 of one rank. GPUs (SGLANG_TEST_DEVICE=cuda, NCCL, fp32 with IEEE-precision kernels): the ranks'
-# partial sums add in another order than one GPU's GEMMs, so 1e-4 (#16 runs it on several GPUs).
+# partial sums add in another order than one GPU's GEMMs, so 1e-4 (scripts/gpu_multi.sh runs it on several GPUs).
 LOGPROB_TOL = 1e-5 if DEVICE == "cpu" else 1e-4
 _WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tp_worker.py")
 
@@ -249,7 +249,7 @@ def test_bench_one_batch_over_two_ranks():
 def test_fp8_linears_cut_through_blocks_are_dequantized():
     """A rank part that is not whole 128 x 128 blocks cannot keep its block multipliers: the tiny wq_b (384 rows =
     3 blocks) stays FP8 on one rank, is dequantized at load under TP2; replicated FP8 linears stay FP8 on every
-    rank (#16: on 2 GPUs the loader had refused to split its multipliers)."""
+    rank (on 2 GPUs the loader once refused to split its multipliers)."""
     from sglang.srt.configs.deepseek_v4 import DeepseekV4Config
     from sglang.srt.model_loader.loader import fp8_linear_names, plan_checkpoint
 
@@ -272,7 +272,7 @@ def test_fp8_linears_cut_through_blocks_are_dequantized():
 
 def test_bench_collectives_dry_run():
     """benchmark/bench_collectives.py over 2 gloo ranks: one row per size, with bus bandwidth (on GPUs also the
-    fraction of the peer copy; #16's runs)."""
+    fraction of the peer copy: scripts/gpu_multi.sh)."""
     script = os.path.join(os.path.dirname(_WORKER), "..", "..", "benchmark", "bench_collectives.py")
     out = subprocess.run([sys.executable, script, "--device", "cpu", "--rows", "1", "8", "--iters", "2"],
                          capture_output=True, text=True, timeout=300)
