@@ -15,14 +15,35 @@ import oracle
 from oracle import TINY, assert_matches_hf, engine, greedy_run, hf_reference, random_ids
 
 
-def test_width_48_loads_at_tp1_and_matches_hf(monkeypatch):
-    monkeypatch.setitem(oracle.ORACLE_CONFIGS, "moe48", {**TINY, "moe_intermediate_size": 48})
-    monkeypatch.setitem(oracle.PAGE_SIZES, "moe48", 16)
-    ref = hf_reference("moe48", tuple(random_ids(37, seed=3)), 12)
-    eng = engine("moe48", chunked_prefill_size=-1)
-    assert eng.model_runner.model.layers[0].ffn.experts.w1.shape[1] == 48
+@pytest.mark.parametrize("width", [48, 42])  # 42: rows of 168 bytes in fp32, not whole 16-byte units
+def test_odd_width_loads_at_tp1_and_matches_hf(monkeypatch, width):
+    name = f"moe{width}"
+    monkeypatch.setitem(oracle.ORACLE_CONFIGS, name, {**TINY, "moe_intermediate_size": width})
+    monkeypatch.setitem(oracle.PAGE_SIZES, name, 16)
+    if width * 4 % 16:  # HF's grouped GEMM refuses such rows as torch's does: its per-expert loop instead
+        oracle.hf_model(name, False).config._experts_implementation = "eager"  # the key hf_reference uses
+    ref = hf_reference(name, tuple(random_ids(37, seed=3)), 12)
+    eng = engine(name, chunked_prefill_size=-1)
+    assert eng.model_runner.model.layers[0].ffn.experts.w1.shape[1] == width
     assert_matches_hf(greedy_run(eng, ref[0], 12), ref)
     eng.model_runner.token_allocator.check_all_free()
+
+
+@pytest.mark.parametrize("width,dtype", [(6, torch.float32), (12, torch.bfloat16), (8, torch.bfloat16)])
+def test_routed_experts_of_unaligned_widths_run(width, dtype):
+    """torch's grouped GEMM refuses rows that are not whole 16-byte units ('strides should be multiple of 16 bytes',
+    on CPU and on an H100 alike): such widths run the dense path, with the same result."""
+    from sglang.srt.layers.moe.experts import RoutedExperts
+
+    g = torch.Generator().manual_seed(0)
+    experts = RoutedExperts(8, 40, width, 10.0).to(dtype)
+    for p in experts.parameters():
+        p.data = (torch.randn(p.shape, generator=g) * 0.05).to(dtype)
+    x = torch.randn(9, 40, generator=g).to(dtype)
+    ids = torch.randint(0, 8, (9, 2), generator=g)
+    weights = torch.rand(9, 2, generator=g)
+    assert torch.allclose(experts(x, ids, weights).float(), experts._forward_dense(x, ids, weights).float(),
+                          atol=1e-2 if dtype == torch.bfloat16 else 1e-6)
 
 
 @pytest.mark.parametrize("width,layout", [
