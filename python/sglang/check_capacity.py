@@ -241,9 +241,10 @@ def per_rank_weight_bytes(model: str, config, args, pc, device: torch.device) ->
 
 def resolve_preset_args(args, config, stored) -> object:
     """`resolve_server_args` (arg_groups/deepseek_v4_hook.py) for a checkpoint known by its config and stored formats
-    (`stored`: loader.CheckpointQuantization) instead of its directory: the same steps in the same order, calling the
-    hook's own functions; only reading the directory is left out. test_check_capacity checks that both resolve a
-    checkpoint directory's arguments alike."""
+    (`stored`: loader.CheckpointQuantization) instead of its directory: the same steps in the same order, the hook's
+    own functions where it has them, its inline defaults and apply_quantization's checks restated (those read the
+    directory). test_check_capacity resolves a checkpoint directory's arguments both ways and requires the same
+    result, so a change to the hook not made here fails there."""
     from sglang.srt.arg_groups import deepseek_v4_hook as hook
     from sglang.srt.environ import envs
 
