@@ -14,8 +14,8 @@ and -Pro-FP8 repacks (FP8 routed experts), are known offline (configs/hub_config
 and `pro` are short for the first two. A checkpoint directory is read as the server reads it (headers only).
 
 Units: GB = 10^9 bytes, MiB = 2^20 bytes. Memory per GPU: H200 143,771 MiB = 150.8 GB, what the runtime reports on
-the lent H200s (the data sheet's "141 GB" is close to its 140.4 GiB); B200 180 GB and MI355X 288 GB, the vendors'
-figures, not measured here; --gpu-memory-gb overrides.
+the H200s the engine was measured on (the data sheet's "141 GB" is close to its 140.4 GiB); B200 180 GB and MI355X
+288 GB, the vendors' figures, not measured here; --gpu-memory-gb overrides.
 
 Prints per GPU: weight bytes (the engine's model built on the meta device in its final form, as rank 0 of the
 layout builds its own: sglang.srt.distributed.parallel_state.layout_of_rank), pool bytes per kind, max total tokens,
@@ -62,7 +62,7 @@ class GpuSpec:
 
 
 GPUS = {
-    "h200": GpuSpec("H200", 143771 * MIB, "nvidia", "what the runtime reports (nvidia-smi on the lent H200s; the "
+    "h200": GpuSpec("H200", 143771 * MIB, "nvidia", "what the runtime reports (nvidia-smi on the H200s measured; the "
                     "data sheet's \"141 GB\" is close to its 140.4 GiB)"),
     "b200": GpuSpec("B200", 180 * 10**9, "nvidia", "the data sheet's figure, not measured here"),
     "mi355x": GpuSpec("MI355X", 288 * 10**9, "amd", "the data sheet's figure, not measured here"),
