@@ -11,8 +11,12 @@ prefill is timed --prefill-repeats times (fresh prompts each, the extra ones fin
 reported as the median with the range, since single prefills of one build spread by +-15% on an H200. Then, in a
 separate pass, --profile-steps decode steps are timed by host phase (sglang.srt.utils.host_phases), and in a last
 pass run under torch.profiler for the GPU-busy fraction, kernel launches and host syncs per step
-(sglang.srt.utils.step_profile; n/a on CPU, where there is no GPU trace); --profile-prefill adds one profiled
-prefill per shape (request admission included).
+(sglang.srt.utils.step_profile; on CPU, where there is no GPU trace, the wall time only); --profile-prefill adds
+one profiled prefill per shape (request admission included).
+
+Output: the pool plan, then one table per pass, each result once: the timed runs (printed as each finishes), the
+host phases, and the profiles, printed after every profiled pass has run so that torch.profiler's own log lines
+(on stderr) come before them, not between their rows.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import math
 import statistics
 import time
 from typing import Optional
@@ -52,13 +57,17 @@ class BenchResult:
     prefill_latencies_s: tuple = ()  # every timed prefill (--prefill-repeats); prefill_latency_s is their median
     prefill_profile: Optional[StepProfile] = None  # one profiled prefill (--profile-prefill)
 
+    def label(self) -> str:
+        return f"batch {self.batch_size:4d} input {self.input_len:6d}"
+
     def columns(self) -> str:
         spread = (f" ({min(self.prefill_latencies_s) * 1e3:.1f}-{max(self.prefill_latencies_s) * 1e3:.1f}, "
                   f"{len(self.prefill_latencies_s)} runs)" if len(self.prefill_latencies_s) > 1 else "")
-        return (f"batch {self.batch_size:4d} input {self.input_len:6d} | prefill "
-                f"{self.prefill_latency_s * 1e3:9.1f} ms{spread} {self.prefill_throughput_tok_s:10.1f} tok/s | "
-                f"decode median {self.median_decode_latency_s * 1e3:8.2f} ms {self.decode_throughput_tok_s:9.1f} "
-                f"tok/s")
+        decode = ("decode median      n/a" if math.isnan(self.median_decode_latency_s) else
+                  f"decode median {self.median_decode_latency_s * 1e3:8.2f} ms {self.decode_throughput_tok_s:9.1f} "
+                  f"tok/s")
+        return (f"{self.label()} | prefill {self.prefill_latency_s * 1e3:9.1f} ms{spread} "
+                f"{self.prefill_throughput_tok_s:10.1f} tok/s | {decode}")
 
 
 def _sync(device: torch.device) -> None:
@@ -220,6 +229,32 @@ def _bench_rank(args, server_args: ServerArgs, rank: int, init_method: str) -> N
     destroy_parallel_state()  # only after a clean run: a failed rank's peers must not wait in its barrier
 
 
+def profile_report(results: list, args, device: torch.device) -> list:
+    """The profile rows (torch.profiler passes), one section per kind. Without a GPU trace (on CPU) the GPU columns
+    are left out, saying why once, rather than printed n/a on every row."""
+    profiles = [p for r in results for p in (r.profile, r.prefill_profile) if p is not None]
+    if not profiles:
+        return []
+    gpu = any(p.gpu_ms_per_step is not None for p in profiles)
+    lines = [] if gpu else [f"profiles: wall time only; GPU ms/step, busy, launches/step and syncs/step are not "
+                            f"measured ({'no GPU trace on CPU' if device.type == 'cpu' else 'no GPU work traced'})"]
+
+    def cells(p: StepProfile) -> str:
+        return p.columns() if gpu else f"wall ms/step {p.wall_ms_per_step:8.2f}"
+
+    for kind, steps, get in (("prefill", 1, lambda r: r.prefill_profile), ("decode", args.profile_steps,
+                                                                           lambda r: r.profile)):
+        rows = [(r, get(r)) for r in results if get(r) is not None]
+        if not rows:
+            continue
+        lines.append(f"{kind} profile (torch.profiler, {steps} {kind} step{'s' if steps > 1 else ''} per batch):")
+        for r, p in rows:
+            lines.append(f"{r.label()} | {kind} profile | {cells(p)}")
+            unit = "ms/step" if kind == "decode" else "ms"
+            lines += [f"    {ms:7.3f} {unit} {count:6.1f}x  {name[:110]}" for name, ms, count in p.top_kernels]
+    return lines
+
+
 def bench(args, server_args: ServerArgs, rank: int) -> None:
     """The whole benchmark on this rank's engine; only rank 0 prints and writes results."""
     import sglang
@@ -241,6 +276,9 @@ def bench(args, server_args: ServerArgs, rank: int) -> None:
                + (f", DP attention {server_args.dp_size} (figures per DP group: each runs the batch)"
                   if server_args.enable_dp_attention else ""))
     results = []
+    decode = (f"decode: median step of --output-len {args.output_len}" if args.output_len > 1 else
+              "decode: n/a, --output-len 1 leaves no decode step")
+    report(f"timed runs (prefill: median of {args.prefill_repeats}, range in parentheses; {decode}):")
     for bs in args.batch_size:
         for input_len in args.input_len:
             # Warm-up at this exact shape, so no first-use cost (allocation, kernel compilation) is timed.
@@ -250,24 +288,21 @@ def bench(args, server_args: ServerArgs, rank: int) -> None:
             report(results[-1].columns(), flush=True)  # at once: a later shape may fail
     # Host phases, then profiles, only after every timed pass: once the CUDA profiler ran, CUPTI stays attached and
     # slows each launch.
-    for r in results:
-        if args.profile_steps > 0:
+    if args.profile_steps > 0:
+        report(f"host time of a decode step by phase ({args.profile_steps} steps per batch, a pass of their own):")
+        for r in results:
             r.host_phases = host_phases(engine, r.batch_size, r.input_len, args.profile_steps, seed=3)
-            report(f"batch {r.batch_size:4d} input {r.input_len:6d} | host {r.host_phases.columns()}")
-    for r in results:
+            report(f"{r.label()} | host {r.host_phases.columns()}", flush=True)
+    for r in results:  # every profile first: the profiler's own log lines then come before the profile rows
         if args.profile_prefill:
             r.prefill_profile = profile_prefill(engine, r.batch_size, r.input_len, seed=4)
-            report(f"batch {r.batch_size:4d} input {r.input_len:6d} | prefill profile | "
-                   f"{r.prefill_profile.columns()}")
-            for name, ms, count in r.prefill_profile.top_kernels:
-                report(f"    {ms:7.3f} ms {count:6.1f}x  {name[:110]}")
         if args.profile_steps > 0:
             r.profile = profile_decode(engine, r.batch_size, r.input_len, args.profile_steps, seed=2)
-            report(f"{r.columns()} | {r.profile.columns()}")
-            for name, ms, count in r.profile.top_kernels:
-                report(f"    {ms:7.3f} ms/step {count:6.1f}x  {name[:110]}")
-        if args.result_filename and rank == 0:
-            with open(args.result_filename, "a") as f:
+    for line in profile_report(results, args, engine.model_runner.device):
+        report(line)
+    if args.result_filename and rank == 0:
+        with open(args.result_filename, "a") as f:
+            for r in results:
                 f.write(json.dumps(dataclasses.asdict(r)) + "\n")
     engine.shutdown()
 

@@ -1,16 +1,18 @@
 """The capacity planner (python -m sglang.check_capacity) and the sharding rules it counts with: on CPU the planner's
 pool plan and weight bytes equal what the engine allocates for the same arguments (with and without the MTP draft);
 per-rank weights shrink as the rules say under TP / EP / DP-attention; layouts that do not divide are refused
-naming the sizes; the CLI answers fits / does not fit for the real Flash and Pro configs."""
+naming the sizes; the CLI takes launch recipes verbatim, resolves their defaults as the server does and the hub ids
+offline, and answers fits / does not fit for the real Flash and Pro configs."""
 
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
 
-from oracle import checkpoint, engine
+from oracle import TINY, checkpoint, engine
 
 
 @pytest.mark.parametrize("spec,cache", [(False, True), (True, True), (False, False)])
@@ -39,7 +41,7 @@ def test_planner_equals_engine_on_cpu(monkeypatch, spec, cache):
     states = list(pool.attn_state.values()) + list(pool.index_state.values())
     assert sum(s.nbytes for s in states) == report.plan.state_bytes
     assert report.plan.shape.num_state_slots == (2 * 6 if cache else 0)
-    assert report.fits and "max total tokens" in report.format()
+    assert report.fits and "fits: 0.0 GB weights/GPU, KV pool 6,144 tokens" in report.format()
 
 
 def test_sharding_rules_split_weights():
@@ -129,11 +131,162 @@ def test_cli_real_configs(capsys):
 
     assert main(["flash", "--tp", "4"]) == 0
     out = capsys.readouterr().out
-    assert "flash on 4 x h200 GPUs, TP4" in out and "fits: max total tokens" in out
-    assert main(["flash"]) == 1 and "does NOT fit" in capsys.readouterr().out  # 158 GB of weights on one H200
+    assert out.startswith("flash on 4 x H200 GPUs, TP4") and "GB = 10^9 bytes" in out, out
+    assert "H200: 143,771 MiB = 150.8 GB" in out and "max running requests 256" in out
+    assert out.splitlines()[-1].startswith("fits: 40.7 GB weights/GPU, KV pool 7,286,528 tokens"), out
+    assert main(["flash"]) == 1  # 157 GB of weights on one H200
+    assert "does not fit: weights 156.7 GB/GPU leave no room for the KV pools" in capsys.readouterr().out
     assert main(["flash", "--tp", "8", "--ep", "8", "--dp", "8", "--enable-dp-attention", "--gpu", "b200"]) == 0
-    assert "DP-attention 8" in capsys.readouterr().out
-    assert main(["flash", "--tp", "3"]) == 2
+    out = capsys.readouterr().out
+    assert "DP-attention 8" in out and "KV pool 8 x " in out.splitlines()[-1]
+    assert main(["flash", "--tp", "3"]) == 2 and "attention heads do not split" in capsys.readouterr().err
+
+
+RECIPE = ["--model-path", "deepseek-ai/DeepSeek-V4-Flash", "--tp", "4", "--kv-cache-dtype", "fp8_e4m3",
+          "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+          "--speculative-num-draft-tokens", "4"]
+SUMMARY = re.compile(r"fits: \d+\.\d GB weights/GPU, KV pool [\d,]+ tokens, max context [\d,]+, [\d,]+ requests? of "
+                     r"128K tokens at once\n")
+
+
+def test_launch_recipe_verbatim(capsys):
+    """A launch command's flags, verbatim: the ones the plan does not depend on change nothing, the ones it does mean
+    what they mean to the server (the MTP draft layer and its rows, --moe-a2a-backend's EP), and what the server
+    refuses is refused naming the flag (exit 2)."""
+    from sglang.check_capacity import main
+
+    assert main([*RECIPE, "--gpu", "h200", "--summary"]) == 0
+    line = capsys.readouterr().out
+    assert SUMMARY.fullmatch(line), line
+    inert = ["--host", "0.0.0.0", "--port", "8000", "--reasoning-parser", "deepseek-v4", "--tool-call-parser",
+             "deepseekv4", "--moe-runner-backend", "flashinfer_mxfp4", "--trust-remote-code", "--cuda-graph-max-bs",
+             "64", "--attention-backend", "triton", "--device", "cpu", "--log-level", "warning"]
+    assert main([*RECIPE, *inert, "--summary"]) == 0 and capsys.readouterr().out == line
+    assert main(["flash", "--tp", "4", "--kv-cache-dtype", "fp8_e4m3", "--summary"]) == 0
+    no_mtp = capsys.readouterr().out
+    weights = lambda s: float(s.split()[1])  # noqa: E731
+    assert weights(line) > weights(no_mtp)  # the MTP layer's weights
+    assert main(RECIPE) == 0
+    assert "MTP draft 4 tokens" in capsys.readouterr().out
+    assert main(["pro", "--tp", "8", "--moe-a2a-backend", "deepep"]) in (0, 1)
+    assert "TP8 EP8" in capsys.readouterr().out  # the experts over all ranks, as the server does
+    assert main(["flash", "--tp", "4", "--speculative-num-steps", "3"]) == 2
+    assert "need --speculative-algorithm EAGLE" in capsys.readouterr().err
+    assert main([*RECIPE, "--speculative-eagle-topk", "2"]) == 2 and "top-k 1" in capsys.readouterr().err
+    assert main(["flash", "--tp", "4", "--context-length", str(2**21)]) == 2
+    assert "--context-length 2097152 exceeds" in capsys.readouterr().err
+    for bad in (["flash", "--no-such-flag"], ["flash", "--model-path", "deepseek-ai/DeepSeek-V4-Pro"], []):
+        with pytest.raises(SystemExit) as e:
+            main(bad)
+        assert e.value.code == 2, bad
+
+
+def test_hub_ids_resolve_offline(monkeypatch, capsys):
+    """The hub ids (and the FP8 repacks) plan from the built-in configs: nothing fetched, nothing read from disk."""
+    import huggingface_hub
+
+    import sglang.srt.model_loader.loader as loader
+    import sglang.srt.model_loader.model_path as model_path
+    from sglang.check_capacity import main
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"a hub preset touched the network or the disk: {args}")
+
+    for module, name in ((model_path, "resolve_model_path"), (loader, "plan_checkpoint"),
+                         (loader, "detect_quantization"), (huggingface_hub, "snapshot_download")):
+        monkeypatch.setattr(module, name, refuse)
+    lines = {}
+    for model in ("deepseek-ai/DeepSeek-V4-Flash", "sgl-project/DeepSeek-V4-Flash-FP8", "flash",
+                  "DEEPSEEK-AI/deepseek-v4-flash"):
+        assert main(["--model-path", model, "--tp", "4", "--summary"]) == 0
+        lines[model] = capsys.readouterr().out
+    assert lines["flash"] == lines["deepseek-ai/DeepSeek-V4-Flash"] == lines["DEEPSEEK-AI/deepseek-v4-flash"]
+    gb = lambda s: float(s.split()[1])  # noqa: E731
+    assert gb(lines["sgl-project/DeepSeek-V4-Flash-FP8"]) > gb(lines["flash"])  # FP8 experts: twice MXFP4's bytes
+    assert main(["deepseek-ai/DeepSeek-V4-Pro", "--tp", "8", "--kv-cache-dtype", "fp8_e4m3"]) == 0
+    assert "routed experts kept MXFP4" in capsys.readouterr().out
+    assert main(["sgl-project/DeepSeek-V4-Pro-FP8", "--tp", "8", "--gpu", "b200"]) in (0, 1)
+    assert "routed experts kept FP8" in capsys.readouterr().out
+
+
+def test_help_has_every_flag_and_the_units():
+    from sglang.check_capacity import build_parser
+
+    ap = build_parser()
+    missing = [a.option_strings or a.dest for a in ap._actions if not (a.help or "").strip()]
+    assert not missing, missing
+    text = " ".join(ap.format_help().split())
+    for part in ("GB = 10^9 bytes", "H200: 143,771 MiB = 150.8 GB", "\"141 GB\"", "140.4 GiB", "B200: 180.0 GB",
+                 "MI355X: 288.0 GB", "--speculative-num-draft-tokens", "--summary", "Exit status: 0 fits"):
+        assert part in text, part
+
+
+@pytest.mark.parametrize("platform", ["cuda", "hip"])
+@pytest.mark.parametrize("kwargs", [
+    {}, {"speculative_algorithm": "EAGLE"}, {"speculative_algorithm": "NEXTN", "speculative_num_steps": 2},
+    {"tp_size": 2, "ep_size": 2, "kv_cache_dtype": "fp8_e4m3", "enable_deepseek_v4_fp4_indexer": True},
+    {"tp_size": 2, "dp_size": 2, "enable_dp_attention": True, "speculative_algorithm": "EAGLE"},
+    {"tp_size": 2, "moe_a2a_backend": "deepep", "cuda_graph_max_bs_decode": 64, "max_running_requests": 32},
+    {"quantization": "mxfp4", "page_size": 128, "context_length": 512, "mem_fraction_static": 0.7},
+    {"quantization": "none", "disable_cuda_graph": True, "enforce_shared_experts_fusion": True},
+    {"speculative_num_steps": 3}, {"speculative_algorithm": "EAGLE", "speculative_eagle_topk": 2},
+    {"context_length": 4096}, {"page_size": 24}, {"tp_size": 3}, {"mem_fraction_static": 1.5},
+])
+def test_preset_resolution_equals_the_servers(platform, kwargs):
+    """Presets have no directory, so check_capacity resolves their arguments with resolve_preset_args; for a checkpoint
+    directory it gives what the server's resolve_server_args gives (every field, the defaults it reports, the
+    platform decisions), or refuses with the same message."""
+    import dataclasses
+
+    from sglang.check_capacity import resolve_preset_args
+    from sglang.srt.arg_groups.deepseek_v4_hook import resolve_server_args
+    from sglang.srt.model_loader.loader import detect_quantization, load_config
+    from sglang.srt.platform import simulate_platform
+    from sglang.srt.server_args import ServerArgs
+
+    path = checkpoint("tiny", quantize=True)
+    config = load_config(path)
+
+    def resolved(fn) -> tuple:
+        args = ServerArgs(model_path=path, device="cuda", log_level="warning", **kwargs)
+        try:
+            with simulate_platform(platform, gfx="gfx950" if platform == "hip" else None):
+                fn(args)
+        except ValueError as e:
+            return ("refused", str(e))
+        return dataclasses.asdict(args), args.applied_defaults, args.platform_decisions, args.recipe_notes
+
+    server = resolved(resolve_server_args)
+    assert resolved(lambda a: resolve_preset_args(a, config, detect_quantization(path, config))) == server
+
+
+def test_hub_plans_match_the_loaders_plan():
+    """The hub formats the presets are planned with are what the loader plans for a hub-quantized checkpoint: the same
+    tensors, formats and stored shapes (weights and scales)."""
+    from sglang.check_capacity import hub_plans
+    from sglang.srt.model_loader.loader import load_config, plan_checkpoint
+
+    path = checkpoint("tiny", quantize=True)
+    config = load_config(path)
+
+    def shapes(plans: list) -> dict:
+        return {p.name: (p.fmt, p.weight.shape, p.scale.shape if p.scale else None) for p in plans}
+
+    for part in ("main", "mtp"):
+        assert shapes(hub_plans(config, part, "fp4")) == shapes(plan_checkpoint(path, config, part))
+
+
+def test_odd_moe_widths_plan_as_they_load(tmp_path, capsys):
+    """The planner refuses exactly the layouts the server refuses (the same ParallelConfig.validate): a width of 48
+    plans at --tp 1 and over two ranks; over five it is refused naming the field and the layout."""
+    from sglang.check_capacity import main
+    from sglang.srt.model_loader.tiny_checkpoint import make_tiny_checkpoint
+
+    path = make_tiny_checkpoint(str(tmp_path / "moe48"), {**TINY, "moe_intermediate_size": 48}, dtype="float32")
+    assert main([path, "--summary"]) == 0 and main([path, "--tp", "2", "--summary"]) == 0
+    capsys.readouterr()
+    assert main([path, "--tp", "5", "--dp", "5", "--enable-dp-attention"]) == 2
+    assert "moe_intermediate_size 48 does not split over --tp 5 ranks" in capsys.readouterr().err
 
 
 def test_cli_checkpoint_directory(capsys):

@@ -157,6 +157,8 @@ def _check_columns(lines: list, n: int) -> None:
 
 
 def test_bench_one_batch_prints_profile(monkeypatch, capsys, tmp_path):
+    """Each result once, in one table per pass (timed runs, host phases, prefill and decode profiles), the profile
+    tables after every profiled pass; the GPU columns only where there is a GPU trace, their absence said once."""
     from sglang import bench_one_batch
 
     out = tmp_path / "r.jsonl"
@@ -165,14 +167,22 @@ def test_bench_one_batch_prints_profile(monkeypatch, capsys, tmp_path):
                                       "--prefill-repeats", "2", "--profile-prefill", "--result-filename", str(out)])
     bench_one_batch.main()
     printed = capsys.readouterr().out.splitlines()
-    lines = [ln for ln in printed if ln.startswith("batch") and "| wall ms/step" in ln and "prefill profile" not in ln]
-    _check_columns(lines, 2)
-    assert all("2 runs)" in ln for ln in lines)
-    prefill_profiles = [ln for ln in printed if ln.startswith("batch") and "| prefill profile |" in ln]
-    _check_columns(prefill_profiles, 2)
-    assert [int(re.match(r"batch\s+(\d+)", ln).group(1)) for ln in lines] == [1, 2]
-    host = [ln for ln in printed if ln.startswith("batch") and "| host step" in ln]
-    assert len(host) == 2 and all(p in host[0] for p in ("allocate", "forward", "sample", "wait", "finish", "other"))
+    rows = [ln for ln in printed if ln.startswith("batch")]
+    kinds = ["| prefill ", "| host step", "| prefill profile |", "| decode profile |"]
+    tables = {k: [ln for ln in rows if k in ln and (k != "| prefill " or "profile" not in ln)] for k in kinds}
+    assert sum(map(len, tables.values())) == len(rows) == 8, rows  # four tables of two shapes: each result once
+    for k, lines in tables.items():
+        assert [int(re.match(r"batch\s+(\d+)", ln).group(1)) for ln in lines] == [1, 2], k
+        between = printed[printed.index(lines[0]) + 1:printed.index(lines[1])]
+        assert all(ln.startswith("    ") for ln in between), (k, between)  # only a row's top kernels
+    assert all("2 runs)" in ln and "decode median" in ln for ln in tables["| prefill "])
+    assert all(p in tables["| host step"][0] for p in ("allocate", "forward", "sample", "wait", "finish", "other"))
+    gpu = torch.cuda.is_available()
+    for ln in tables["| prefill profile |"] + tables["| decode profile |"]:
+        assert "wall ms/step" in ln and all((c in ln) == gpu for c in COLUMNS[1:]), ln
+    assert not any("n/a" in ln for ln in printed)
+    assert sum("not measured (no GPU trace on CPU)" in ln for ln in printed) == (0 if gpu else 1)
+    assert printed.index(tables["| decode profile |"][0]) > printed.index(tables["| prefill profile |"][-1])
     records = [json.loads(ln) for ln in out.read_text().splitlines()]
     assert [r["batch_size"] for r in records] == [1, 2]
     for r in records:
@@ -184,6 +194,14 @@ def test_bench_one_batch_prints_profile(monkeypatch, capsys, tmp_path):
         assert len(r["prefill_latencies_s"]) == 2 and r["prefill_profile"]["steps"] == 1
         assert r["prefill_latency_s"] == pytest.approx(sum(r["prefill_latencies_s"]) / 2)  # the median of two
         assert (r["profile"]["launches_per_step"] is None) == (not torch.cuda.is_available())
+
+
+def test_bench_one_batch_decode_na_only_without_decode_steps():
+    from sglang.bench_one_batch import BenchResult
+
+    row = BenchResult(1, 16, 1, 0.01, 1600.0, float("nan"), float("nan")).columns()
+    assert row.endswith("| decode median      n/a") and "nan" not in row
+    assert "n/a" not in BenchResult(1, 16, 4, 0.01, 1600.0, 0.002, 500.0).columns()
 
 
 def test_bench_one_batch_refuses_zero_prefill_repeats(monkeypatch):

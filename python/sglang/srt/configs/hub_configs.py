@@ -1,6 +1,6 @@
 """The released DeepSeek-V4 Flash and Pro config.json values (native hub form, docs/dsv4-configs.md section 1).
 
-Used by pool-size reports, benchmarks and tests; no weights are implied.
+Used by pool-size reports, the capacity planner, benchmarks and tests; no weights are implied.
 """
 
 from __future__ import annotations
@@ -28,3 +28,15 @@ FLASH = {**_COMMON, "hidden_size": 4096, "num_hidden_layers": 43, "num_attention
 PRO = {**_COMMON, "hidden_size": 7168, "num_hidden_layers": 61, "num_attention_heads": 128, "q_lora_rank": 1536,
        "o_groups": 16, "index_topk": 1024, "n_routed_experts": 384, "moe_intermediate_size": 3072,
        "routed_scaling_factor": 2.5, "compress_ratios": [128, 128] + [4, 128] * 29 + [4, 0]}
+
+# Hub repositories known without a download (the capacity planner's presets): id -> (config.json, the routed experts'
+# stored format). The sgl-project repacks hold the same weights with FP8 routed experts (128 x 128 blocks) in place
+# of MXFP4, for GPUs without FP4 support.
+HUB_MODELS = {
+    "deepseek-ai/DeepSeek-V4-Flash": (FLASH, "fp4"),
+    "deepseek-ai/DeepSeek-V4-Pro": (PRO, "fp4"),
+    "sgl-project/DeepSeek-V4-Flash-FP8": ({**FLASH, "expert_dtype": "fp8"}, "fp8"),
+    "sgl-project/DeepSeek-V4-Pro-FP8": ({**PRO, "expert_dtype": "fp8"}, "fp8"),
+}
+# Short names of the planner and pool_sizing.
+PRESETS = {"flash": "deepseek-ai/DeepSeek-V4-Flash", "pro": "deepseek-ai/DeepSeek-V4-Pro"}

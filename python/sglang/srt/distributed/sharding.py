@@ -39,7 +39,10 @@ class ParallelConfig:
         return self.tp // self.ep
 
     def validate(self, config) -> None:
-        """Raise ValueError naming the sizes that do not divide."""
+        """Raise ValueError naming the sizes that do not divide. Only what this layout splits is checked, in any
+        stored format: a width that no rank splits may be anything (a packed-MXFP4 checkpoint's own blocks of 32 are
+        the loader's format check); whether quantized experts can stay packed when split is
+        `experts_split_whole_blocks` (they are dequantized at load where not)."""
         problems = []
         for name, value in (("--tp", self.tp), ("--ep", self.ep), ("--dp", self.dp)):
             if value < 1:
@@ -61,11 +64,25 @@ class ParallelConfig:
                                 f"{a} ranks")
             if config.n_routed_experts % self.ep:
                 problems.append(f"{config.n_routed_experts} routed experts do not split over --ep {self.ep}")
-            if config.moe_intermediate_size % (32 * self.moe_tp):
-                problems.append(f"moe_intermediate_size {config.moe_intermediate_size} does not split into blocks of "
-                                f"32 over {self.moe_tp} MoE tensor-parallel ranks")
+            if config.moe_intermediate_size % self.tp:
+                problems.append(f"moe_intermediate_size {config.moe_intermediate_size} does not split over --tp "
+                                f"{self.tp} ranks (each holds 1/{self.tp} of the shared expert's intermediate width"
+                                + (f" and 1/{self.moe_tp} of every routed expert's" if self.moe_tp > 1 else "") + ")")
         if problems:
             raise ValueError("; ".join(problems))
+
+
+# Inputs per scale of the routed experts' stored formats kept quantized: MXFP4 codes share one E8M0 scale per 32 inputs,
+# FP8 experts one multiplier per 128 x 128 block.
+EXPERT_BLOCKS = {"fp4": 32, "fp8": 128}
+
+
+def experts_split_whole_blocks(config, pc: ParallelConfig, experts: str) -> bool:
+    """Whether every MoE tensor-parallel rank's part of the routed experts' intermediate width is whole scale blocks
+    of the kept format `experts` ("fp4" / "fp8"), so its scales split with it. One rank holds whole experts (any
+    width the checkpoint stores); a part cutting through blocks cannot stay quantized (the loader dequantizes the
+    experts instead: model_builder.kept_formats)."""
+    return pc.moe_tp == 1 or config.moe_intermediate_size % (EXPERT_BLOCKS[experts] * pc.moe_tp) == 0
 
 
 # (name pattern, per dim: which parallel size divides it) for the split parameters; the rest are replicated.

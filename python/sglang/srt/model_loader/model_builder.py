@@ -18,7 +18,8 @@ from torch import nn
 
 from sglang.srt.configs.deepseek_v4 import DeepseekV4Config
 from sglang.srt.distributed.parallel_state import get_parallel_state
-from sglang.srt.distributed.sharding import local_name, rank_tensor
+from sglang.srt.distributed.sharding import (
+    EXPERT_BLOCKS, ParallelConfig, experts_split_whole_blocks, local_name, rank_tensor)
 from sglang.srt.layers.moe.experts import replace_routed_experts
 from sglang.srt.layers.quantization.fp8 import Fp8RoutedExperts, fp8_linears_supported, replace_fp8_linears
 from sglang.srt.layers.quantization.mxfp4 import Mxfp4RoutedExperts, mxfp4_experts_supported
@@ -128,6 +129,13 @@ def kept_formats(args, plans: dict, config: DeepseekV4Config, device: torch.devi
     elif stored == "fp8" and keep_fp8 and (config.quantization_config is None
                                             or tuple(config.quantization_config.weight_block_size) == (128, 128)):
         experts = "fp8"
+    pc = pc or ParallelConfig()
+    if experts is not None and not experts_split_whole_blocks(config, pc, experts):
+        logger.warning("routed experts stored %s are dequantized at load: moe_intermediate_size %d over %d MoE "
+                       "tensor-parallel ranks leaves parts of %d, not whole blocks of %d (a larger --ep splits "
+                       "fewer experts' widths)", experts.upper(), config.moe_intermediate_size, pc.moe_tp,
+                       config.moe_intermediate_size // pc.moe_tp, EXPERT_BLOCKS[experts])
+        experts = None
     # beside kept routed experts the shared expert stays FP8 too (decode reads half its bf16 bytes)
     fp8 = {part: fp8_linear_names(p, config, experts is not None, pc) if keep_fp8 else frozenset()
            for part, p in plans.items()}

@@ -56,8 +56,10 @@ class RoutedExperts(nn.Module):
     def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         """x [T, D], topk_ids/topk_weights [T, k] -> [T, D]: one grouped GEMM per projection over rows sorted by expert
         when torch offers it for this device and dtype, else the dense fallback (neither reads the device). An id of
-        -1 is another rank's expert (expert parallelism): that pair adds nothing and is not computed."""
-        if grouped_mm_supported(x):
+        -1 is another rank's expert (expert parallelism): that pair adds nothing and is not computed. torch's grouped
+        GEMM takes rows of whole 16-byte units only: a hidden or (per-rank) intermediate width that is not (a
+        checkpoint's odd moe_intermediate_size, or its part on one rank) runs the dense path."""
+        if grouped_mm_supported(x) and all(n * x.element_size() % 16 == 0 for n in (x.shape[1], self.w1.shape[1])):
             return self._forward_grouped(x, topk_ids, topk_weights)
         return self._forward_dense(x, topk_ids, topk_weights)
 
