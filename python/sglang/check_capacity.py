@@ -62,8 +62,8 @@ class GpuSpec:
 
 
 GPUS = {
-    "h200": GpuSpec("H200", 143771 * MIB, "nvidia", "what the runtime reports (nvidia-smi on the H200s measured; the "
-                    "data sheet's \"141 GB\" is close to its 140.4 GiB)"),
+    "h200": GpuSpec("H200", 143771 * MIB, "nvidia", "as nvidia-smi reports it on an H200 (the data sheet's \"141 GB\" "
+                    "is about 140.4 GiB)"),
     "b200": GpuSpec("B200", 180 * 10**9, "nvidia", "the data sheet's figure, not measured here"),
     "mi355x": GpuSpec("MI355X", 288 * 10**9, "amd", "the data sheet's figure, not measured here"),
 }
