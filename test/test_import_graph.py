@@ -1,8 +1,9 @@
-"""No import cycle between modules of the sglang package (issue 11, item 4).
+"""No import cycle between modules of the sglang package, nor between modules of the sgl_kernel package.
 
 An import inside a function counts (it runs whenever the function does, and a cycle through it is a cycle of
-real code); an import under `if TYPE_CHECKING:` does not (annotations only). A failure names each cycle with the
-file and line of every import in it.
+real code). In sglang an import under `if TYPE_CHECKING:` does not (annotations only); in sgl_kernel it does: its
+path modules share their types through leaf modules, so a kernel module never needs its caller's module, even for an
+annotation. A failure names each cycle with the file and line of every import in it.
 """
 
 from __future__ import annotations
@@ -31,14 +32,14 @@ def _is_type_checking(test: ast.expr) -> bool:
         (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _runtime_imports(tree: ast.AST):
-    """Every import statement that can run, skipping the bodies of `if TYPE_CHECKING:`."""
+def _imports(tree: ast.AST, type_checking: bool = False):
+    """Every import statement that can run, and those under `if TYPE_CHECKING:` only when `type_checking`."""
     stack = [tree]
     while stack:
         node = stack.pop()
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node
-        if isinstance(node, ast.If) and _is_type_checking(node.test):
+        if not type_checking and isinstance(node, ast.If) and _is_type_checking(node.test):
             stack.extend(node.orelse)
             continue
         stack.extend(ast.iter_child_nodes(node))
@@ -55,15 +56,16 @@ def _targets(node, mod: str, is_package: bool) -> list:
     return [base] + [f"{base}.{alias.name}" for alias in node.names]
 
 
-def import_graph(src: str, package: str) -> dict:
-    """module -> {imported module: line of the first import}, for imports between modules of the package."""
+def import_graph(src: str, package: str, type_checking: bool = False) -> dict:
+    """module -> {imported module: line of the first import}, for imports between modules of the package (those under
+    `if TYPE_CHECKING:` too when `type_checking`)."""
     mods = module_files(src, package)
     graph = {}
     for mod, path in mods.items():
         with open(path, encoding="utf-8") as f:
             tree = ast.parse(f.read(), path)
         edges = graph.setdefault(mod, {})
-        for node in _runtime_imports(tree):
+        for node in _imports(tree, type_checking):
             for target in _targets(node, mod, path.endswith("__init__.py")):
                 if target in mods and target != mod:
                     edges.setdefault(target, node.lineno)
@@ -131,8 +133,18 @@ def test_sglang_has_no_import_cycle():
     assert not cycles, "\n".join(describe(graph, files, c) for c in cycles)
 
 
-def test_checker_counts_lazy_imports_and_ignores_type_checking(tmp_path):
-    """The checker itself: a cycle through a function-level import is found, one through TYPE_CHECKING is not."""
+def test_sgl_kernel_has_no_import_cycle():
+    """The kernels package, TYPE_CHECKING imports counted: e.g. no path module of the MoE imports its front door
+    (sgl_kernel.dsv4_moe) back."""
+    src = os.path.join(ROOT, "sgl-kernel", "python")
+    graph, files = import_graph(src, "sgl_kernel", type_checking=True), module_files(src, "sgl_kernel")
+    cycles = find_cycles(graph)
+    assert not cycles, "\n".join(describe(graph, files, c) for c in cycles)
+
+
+def test_checker_counts_lazy_imports_and_type_checking_where_asked(tmp_path):
+    """The checker itself: a cycle through a function-level import is found; one through TYPE_CHECKING only when
+    TYPE_CHECKING imports are counted."""
     pkg = tmp_path / "pkg"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
@@ -144,3 +156,6 @@ def test_checker_counts_lazy_imports_and_ignores_type_checking(tmp_path):
     graph = import_graph(str(tmp_path), "pkg")
     assert graph["pkg.e"] == {"pkg": 1, "pkg.d": 1} and graph["pkg.d"] == {}
     assert find_cycles(graph) == [["pkg.a", "pkg.b", "pkg.c", "pkg.a"]]
+    strict = import_graph(str(tmp_path), "pkg", type_checking=True)
+    assert strict["pkg.d"] == {"pkg.e": 3}
+    assert sorted(find_cycles(strict)) == [["pkg.a", "pkg.b", "pkg.c", "pkg.a"], ["pkg.d", "pkg.e", "pkg.d"]]

@@ -13,15 +13,15 @@ import pytest
 import torch
 
 from sgl_kernel import dsv4_moe_gemv as gemv
-from sgl_kernel import dsv4_moe_mxfp4 as moe
+from sgl_kernel import dsv4_moe as moe
 from sgl_kernel.dsv4_formats_ref import e2m1_values
 from sgl_kernel.dsv4_moe_gemv import GemvLaunch, gemv_fits, gemv_moe, h_scale_of
-from sgl_kernel.dsv4_moe_mxfp4 import dsv4_moe_mxfp4
-from sgl_kernel.dsv4_moe_mxfp4_ref import fused_moe_mxfp4_ref
+from sgl_kernel.dsv4_moe import dsv4_moe_mxfp4
+from sgl_kernel.dsv4_moe_ref import fused_moe_mxfp4_ref
 from sgl_kernel.dsv4_mxfp4_scales import chunked
 
 from ptx_text import run_ptx
-from test_dsv4_moe_mxfp4 import _experts, _routing
+from test_dsv4_moe import _experts, _routing
 
 E2M1 = e2m1_values(torch.arange(16)).tolist()  # signed values of the 16 codes
 PAIR_ORDER = [0, 4, 2, 6, 1, 5, 3, 7]  # the inputs of an 8-input group, as the prepared activations hold them
@@ -181,7 +181,7 @@ def test_gpu_flash_widths_equal_reference(tokens):
     """Flash widths (hidden 4096, intermediate 2048, top-6 of 256 experts), bf16, the inline PTX with PDL: relative
     error vs the fp32 reference below 1%, the same bits twice, and the same from a CUDA graph's replay; each untimed
     variant (early weights, sum in the down, the gate-up in one loop or two) the same bits, eager and replayed."""
-    from sgl_kernel.dsv4_moe_mxfp4 import mxfp4_experts_of
+    from sgl_kernel.dsv4_moe import mxfp4_experts_of
 
     w13, s13, w2, s2 = _experts(256, 4096, 2048, seed=0, device="cuda")
     s13, s2 = chunked(s13), chunked(s2)  # as the experts module stores them
@@ -269,7 +269,7 @@ def test_ptx_operands_pack_four_words_of_one_group():
     the launch, also with the chain's variants (early weights, sum in the down, the gate-up in one loop); the
     too-small tile it refuses does not."""
     from sm90_compile import compiled_facts
-    from test_dsv4_mxfp4_planes import packs_one_row_group
+    from test_dsv4_moe_planes import packs_one_row_group
 
     found = compiled_facts(_OPERAND_LAYOUTS)
     assert len(found) >= 2 * 10, [f[:2] for f in found]  # every launch's kernels (their sites counted in the script)

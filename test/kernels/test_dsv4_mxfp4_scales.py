@@ -1,6 +1,6 @@
 """The fused MXFP4 MoE's chunked scale storage (sgl_kernel.dsv4_mxfp4_scales): the same bytes as the checkpoint's
 row-major [E, R, G], one 8-group chunk of consecutive rows contiguous, and every kernel path (in-register, scaled
-dot, parity planes, K splits) computing the identical result from either layout. CPU (the Triton interpreter); GPU
+dot, parity planes, their K splits) computing the identical result from either layout. CPU (the Triton interpreter); GPU
 (skipped without CUDA): bit-equal outputs at DeepSeek-V4 Flash widths, decode and prefill."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sgl_kernel.dsv4_moe_mxfp4 import MoeConfig, MoeLaunch, dsv4_moe_mxfp4
-from sgl_kernel.dsv4_moe_mxfp4_ref import fused_moe_mxfp4_ref
+from sgl_kernel.dsv4_moe import MoeConfig, MoeLaunch, dsv4_moe_mxfp4
+from sgl_kernel.dsv4_moe_ref import fused_moe_mxfp4_ref
 from sgl_kernel.dsv4_mxfp4_scales import CHUNK, as_rows, chunked, chunked_empty, scale_groups, scale_layout
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -56,7 +56,7 @@ def test_chunked_layout_holds_the_same_bytes():
             scale_layout(bad)
 
 
-@pytest.mark.parametrize("path", ["in-register", "scaled-dot", "planes", "planes-swap", "split-k"])
+@pytest.mark.parametrize("path", ["in-register", "scaled-dot", "planes", "planes-swap", "planes-split"])
 def test_kernels_read_chunked_scales(path):
     """Each kernel path gives the same output from chunked scale bytes as from row-major ones (the same arithmetic,
     other addresses: equal bits), and that output is the reference's; 2 chunks per gate-up row, 1 per down row."""
@@ -68,7 +68,7 @@ def test_kernels_read_chunked_scales(path):
     launch = {"in-register": MoeLaunch(64, 128, scaled_dot=False), "scaled-dot": MoeLaunch(64, 64),
               "planes": MoeLaunch(64, 256, scaled_dot=False, planes=True),
               "planes-swap": MoeLaunch(64, 128, scaled_dot=False, planes=True, swap=True),
-              "split-k": MoeLaunch(64, 64, split_k=2, scaled_dot=False)}[path]
+              "planes-split": MoeLaunch(64, 128, split_k=2, scaled_dot=False, planes=True)}[path]
     config = MoeConfig(16, launch, launch)
     row_major = dsv4_moe_mxfp4(x, ids, weights, w13, s13, w2, s2, 10.0, config=config)
     got = dsv4_moe_mxfp4(x, ids, weights, w13, chunked(s13), w2, chunked(s2), 10.0, config=config)
@@ -85,7 +85,7 @@ _SCALE_LOAD_LAYOUTS = r"""
 import json, re
 import triton
 from triton.backends.compiler import GPUTarget
-from sgl_kernel import dsv4_moe_mxfp4 as moe, dsv4_moe_planes as planes
+from sgl_kernel import dsv4_moe as moe, dsv4_moe_general as general, dsv4_moe_planes as planes
 
 types = {"x_ptr": "*bf16", "h_ptr": "*bf16", "rows_ptr": "*i64", "bexp_ptr": "*i64", "w_ptr": "*u8", "s_ptr": "*u8",
          "wts_ptr": "*fp32", "out_ptr": "*fp32", "limit": "fp32"}
@@ -94,7 +94,7 @@ for tokens in (1, 32, 4096):  # Flash widths, top-6 of 256: decode (the planes) 
     cfg = moe.moe_config(tokens * 6, 256, planes=tokens < 4096)
     for name, launch in (("gate_up", cfg.gate_up), ("down", cfg.down)):
         kernel = {(True, "gate_up"): planes._planes_gate_up_kernel, (True, "down"): planes._planes_down_kernel,
-                  (False, "gate_up"): moe._moe_gate_up_kernel, (False, "down"): moe._moe_down_kernel}[
+                  (False, "gate_up"): general._moe_gate_up_kernel, (False, "down"): general._moe_down_kernel}[
                       (launch.planes, name)]
         for chunked in (False, True):
             consts = {"BLOCK_M": cfg.block_m, "BLOCK_N": launch.block_n, "BLOCK_K": launch.block_k,
@@ -102,9 +102,7 @@ for tokens in (1, 32, 4096):  # Flash widths, top-6 of 256: decode (the planes) 
             if launch.planes:
                 consts.update(SWAP=launch.swap, PTX=True, SPLITS=launch.split_k, PDL=True)
             else:
-                consts.update(WEIGHT_FP8=False, SCALE_BCAST=True, A_FMT="bf16", TMA=False, w_desc=None)
-                if name == "gate_up":
-                    consts["SPLIT_K"] = 1
+                consts.update(WEIGHT_FP8=False, A_FMT="bf16", TMA=False, w_desc=None)
             sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in kernel.arg_names}
             attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
                      if n not in consts and n not in ("TOPK", "limit")}  # as the JIT specializes Flash's sizes
@@ -126,8 +124,8 @@ def test_chunked_scale_loads_keep_the_row_major_layout():
     prove contiguous (a K split's start not known as a multiple of the K tile) get spread across warps and reshuffled
     (the prefill gate-up 14% slower on an H200), so every launch must give both layouts the same load layout. Compiled
     for sm90 on the CPU (a subprocess: this one runs the interpreter) at the decode and prefill launches of Flash's
-    widths. Triton 3.6 (the GPU image's) needs the kernels' multiple_of hint on the split's start and fails this test
-    without it; Triton 3.9 infers it."""
+    widths. Triton 3.6 (the GPU image's) needs K starts it can prove multiples of the K tile: the general kernels'
+    loops start at 0, the planes' K splits carry a multiple_of hint (Triton 3.9 infers it)."""
     from sm90_compile import compiled_facts
 
     layouts = compiled_facts(_SCALE_LOAD_LAYOUTS)

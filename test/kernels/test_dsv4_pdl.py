@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 import torch
 
-from sgl_kernel.dsv4_moe_mxfp4 import MoeConfig, dsv4_moe_mxfp4, moe_config
+from sgl_kernel.dsv4_moe import MoeConfig, dsv4_moe_mxfp4, moe_config
 from sgl_kernel.dsv4_pdl import pdl_launch, pdl_supported
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -76,7 +76,7 @@ def test_gpu_pdl_chain_bit_equal_in_graph_replays(tokens, splits):
     """Flash widths, bf16, the parity planes' decode chain: PDL launches (eager and replayed from a CUDA graph with new
     activations, routes and weights before each replay) equal the launches without PDL bit for bit, unsplit and with
     K splits (the SwiGLU kernel and the down's slices in the chain)."""
-    from test_dsv4_moe_mxfp4 import _experts, _routing
+    from test_dsv4_moe import _experts, _routing
 
     device = torch.device("cuda")
     assert pdl_supported(device), "an sm90+ GPU with Triton's griddepcontrol is this test's subject"

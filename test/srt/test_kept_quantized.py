@@ -6,7 +6,7 @@ them, unfused, its linears FP8); weights take fewer bytes, and outputs equal the
 W4A16: activations are not rounded) through both FP8 paths (the Triton kernel for few rows, dequantize + matmul for
 many) and the fused MoE.
 --quantization is detected and printed; an explicit value the checkpoint does not store is refused, and so is
-SGLANG_DSV4_FP4_EXPERTS contradicting it. --mxfp4-moe-precision fp8 puts the kept experts on W4A8."""
+SGLANG_DSV4_FP4_EXPERTS contradicting it."""
 
 from __future__ import annotations
 
@@ -180,8 +180,8 @@ def test_mxfp4_scale_range_gates_the_parity_planes(monkeypatch):
     """The decode kernels' parity planes are exact only for scale bytes in [SCALE_MIN, SCALE_MAX]: the experts module
     records the loaded bytes' range (one read per tensor at load, none per forward) and vouches for the planes only
     inside it; a module never loaded vouches for nothing. The flag reaches dsv4_moe_mxfp4."""
-    import sgl_kernel.dsv4_moe_mxfp4 as moe
-    from sgl_kernel.dsv4_mxfp4_planes import SCALE_MAX, SCALE_MIN
+    import sgl_kernel.dsv4_moe as moe
+    from sgl_kernel.dsv4_moe import SCALE_MAX, SCALE_MIN
     from sglang.srt.layers.quantization.mxfp4 import Mxfp4RoutedExperts
 
     experts = Mxfp4RoutedExperts(2, 64, 32, 10.0)
@@ -205,7 +205,7 @@ def test_mxfp4_scale_range_gates_the_parity_planes(monkeypatch):
 def test_mxfp4_decode_env_picks_gemv_or_planes(monkeypatch):
     """SGLANG_DSV4_MOE_DECODE reaches dsv4_moe_mxfp4: auto (the default) lets 1-8 tokens take the GEMVs, planes
     keeps the MMA planes."""
-    import sgl_kernel.dsv4_moe_mxfp4 as moe
+    import sgl_kernel.dsv4_moe as moe
     from sglang.srt.environ import envs
     from sglang.srt.layers.quantization.mxfp4 import Mxfp4RoutedExperts
 
@@ -224,7 +224,7 @@ def test_mxfp4_experts_keep_scales_chunked(monkeypatch):
     storage: load_expert places the checkpoint's [rows, groups] bytes by (row, group), the forward hands the kernel
     the [E, rows, groups / 8, 8] view of them, and a checkpoint tensor of another shape is refused naming the
     checkpoint's shape."""
-    import sgl_kernel.dsv4_moe_mxfp4 as moe
+    import sgl_kernel.dsv4_moe as moe
     from sgl_kernel.dsv4_mxfp4_scales import chunked
     from sglang.srt.layers.quantization.mxfp4 import Mxfp4RoutedExperts
 
@@ -245,34 +245,3 @@ def test_mxfp4_experts_keep_scales_chunked(monkeypatch):
     assert torch.equal(seen["s2"], chunked(raw["w2"]))
     with pytest.raises(ValueError, match=r"expected \(512, 8\)"):
         experts.load_expert("w1", 0, raw["w1"][0][:, :4], is_scale=True)
-
-
-def test_fp8_activation_experts_run_w4a8(kept_on_cpu, monkeypatch, tmp_path):
-    """--mxfp4-moe-precision fp8 (MoE intermediate 256: the W4A8 kernels' widths): every kept experts module runs
-    W4A8 and the prompt logprobs move off the W4A16 engine's by FP8 rounding of the MoE's activations alone (more
-    than summation order, less than a nat; the kernels' exactness is test_dsv4_moe_w4a8's); refused at widths the
-    kernels do not take and where the experts are not kept packed (a CPU run dequantizes them at load)."""
-    import sglang.srt.model_loader.model_builder as model_builder
-    from oracle import TINY
-    from sglang.srt.layers.quantization.mxfp4 import Mxfp4RoutedExperts
-    from sglang.srt.model_loader.tiny_checkpoint import TINY_CONFIG, make_tiny_checkpoint
-
-    path = str(tmp_path / "a8")
-    make_tiny_checkpoint(path, {**TINY, "moe_intermediate_size": 256, "expert_dtype": "fp4",
-                                "quantization_config": TINY_CONFIG["quantization_config"]},
-                         seed=0, quantize=True, dtype="float32")
-    eng = engine("tiny", model_path=path, disable_cuda_graph=True, mxfp4_moe_precision="fp8")
-    ref = engine("tiny", model_path=path, disable_cuda_graph=True)
-    experts = [m for m in eng.model_runner.model.modules() if isinstance(m, Mxfp4RoutedExperts)]
-    assert experts and all(m.fp8_activations for m in experts)
-    assert not any(m.fp8_activations for m in ref.model_runner.model.modules() if isinstance(m, Mxfp4RoutedExperts))
-    lp, _ = _prompt_logprobs(eng, random_ids(24, seed=6))
-    ref_lp, _ = _prompt_logprobs(ref, random_ids(24, seed=6))
-    # 0.28 here: e4m3 keeps 3 mantissa bits, and a random tiny model's MoE output dominates its residual stream
-    assert 1e-4 < max(abs(a - b) for a, b in zip(lp, ref_lp)) < 1.0
-    eng.model_runner.token_allocator.check_all_free()
-    with pytest.raises(ValueError, match="multiples of 256"):
-        engine("tiny", quantize=True, disable_cuda_graph=True, mxfp4_moe_precision="fp8")
-    monkeypatch.setattr(model_builder, "mxfp4_experts_supported", lambda device: False)
-    with pytest.raises(ValueError, match="kept packed on an NVIDIA sm90"):
-        engine("tiny", model_path=path, disable_cuda_graph=True, mxfp4_moe_precision="fp8")

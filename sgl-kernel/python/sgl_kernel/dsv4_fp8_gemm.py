@@ -24,8 +24,6 @@ import triton
 import triton.language as tl
 
 from sgl_kernel.dsv4_fp8_gemm_ref import BLOCK, FP8_E4M3_MAX
-from sgl_kernel.dsv4_mxfp4_e4m3 import parity_column
-from sgl_kernel.dsv4_pdl import pdl_enter, pdl_launch
 
 
 @triton.jit
@@ -69,10 +67,8 @@ def quantize_rows(x, FP8_MAX: tl.constexpr, ROUND_IN_FP32: tl.constexpr):
 @triton.jit
 def _act_quant_kernel(x_ptr, q_ptr, s_ptr, M, K, KB, stride_x, stride_q, stride_s, stride_sc,
                       BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, FP8_MAX: tl.constexpr,
-                      ROUND_IN_FP32: tl.constexpr, PARITY: tl.constexpr, PDL: tl.constexpr):
-    """One 128-channel block of BLOCK_M rows (quantize_rows); PARITY: codes stored in group parity order
-    (dsv4_mxfp4_e4m3.parity_column, the W4A8 MoE's activations); PDL: a programmatic dependent (dsv4_pdl)."""
-    pdl_enter(PDL)
+                      ROUND_IN_FP32: tl.constexpr):
+    """One 128-channel block of BLOCK_M rows (quantize_rows)."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     g = tl.program_id(1) // KB
     b = tl.program_id(1) % KB
@@ -80,8 +76,7 @@ def _act_quant_kernel(x_ptr, q_ptr, s_ptr, M, K, KB, stride_x, stride_q, stride_
     mask = (rows[:, None] < M) & (k[None, :] < K)
     x = tl.load(x_ptr + rows[:, None] * stride_x + g * K + k[None, :], mask=mask, other=0.0).to(tl.float32)
     q, scale = quantize_rows(x, FP8_MAX, ROUND_IN_FP32)
-    col = parity_column(k) if PARITY else k
-    tl.store(q_ptr + rows[:, None] * stride_q + g * K + col[None, :], q.to(q_ptr.dtype.element_ty), mask=mask)
+    tl.store(q_ptr + rows[:, None] * stride_q + g * K + k[None, :], q.to(q_ptr.dtype.element_ty), mask=mask)
     tl.store(s_ptr + rows * stride_s + (g * KB + b) * stride_sc, scale, mask=rows < M)
 
 
@@ -192,16 +187,11 @@ def fp8_act_buffers(m: int, width: int, blocks: int, cublas_layout: bool, device
     return q, s
 
 
-def dsv4_fp8_act_quant(x: torch.Tensor, groups: int = 1, cublas_layout: bool = False, parity: bool = False,
-                       pdl: bool = False) -> tuple:
+def dsv4_fp8_act_quant(x: torch.Tensor, groups: int = 1, cublas_layout: bool = False) -> tuple:
     """x [M, G * K] -> (e4m3 [M, G * K], fp32 power-of-two multipliers [M, G * ceil(K / 128)]), in the cuBLAS
-    layout if asked (fp8_act_buffers). parity: each 32 channels' codes in group parity order, their even channels
-    then their odd ones (the W4A8 MoE's operand order; K a multiple of 32). pdl: launched as a programmatic
-    dependent (dsv4_pdl; the caller checks pdl_supported)."""
+    layout if asked (fp8_act_buffers)."""
     x = _rows(x, groups)
     m, k = x.shape[0], x.shape[1] // groups
-    if parity and k % 32:
-        raise ValueError(f"group parity order needs whole 32-channel groups, got K {k}")
     kb = triton.cdiv(k, BLOCK)
     q, s = fp8_act_buffers(m, x.shape[1], groups * kb, cublas_layout, x.device)
     if m and k:
@@ -209,7 +199,7 @@ def dsv4_fp8_act_quant(x: torch.Tensor, groups: int = 1, cublas_layout: bool = F
         # feeds at Flash's prefill shapes on an H200)
         _act_quant_kernel[(triton.cdiv(m, 16), groups * kb)](
             x, q, s, m, k, kb, x.stride(0), q.stride(0), s.stride(0), s.stride(1), BLOCK_M=16, BLOCK_K=BLOCK,
-            FP8_MAX=FP8_E4M3_MAX, ROUND_IN_FP32=x.device.type != "cuda", PARITY=parity, PDL=pdl, **pdl_launch(pdl))
+            FP8_MAX=FP8_E4M3_MAX, ROUND_IN_FP32=x.device.type != "cuda")
     return q, s
 
 

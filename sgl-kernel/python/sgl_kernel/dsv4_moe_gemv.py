@@ -1,4 +1,4 @@
-"""The fused MXFP4 MoE's few-token decode as GEMVs on the CUDA cores (dsv4_moe_mxfp4's `gemv=True`).
+"""The fused MXFP4 MoE's few-token decode as GEMVs on the CUDA cores (dsv4_moe.dsv4_moe_mxfp4's `gemv=True`).
 
 At 1-8 decode tokens the parity planes' MMA kernels (dsv4_moe_planes) pad each expert's few pairs to 16 rows, sort the
 pairs, stage the codes in shared memory and hold 150-250 registers per thread. Here one program takes one (token,
@@ -16,9 +16,10 @@ inputs (0, 4), (2, 6), (1, 5), (3, 7). The chain: prepare (scale and order), gat
 tile: GemvLaunch.sum_in_down), as programmatic dependent launches where the GPU has them (dsv4_pdl).
 
 Elsewhere (the CPU interpreter) the same sums are computed in fp32 with Triton's own ops: the tests check the function
-there and the PTX's arithmetic from its text (test/kernels/test_dsv4_moe_gemv.py). Timings: RESULTS.md, 2026-12-05
-fifteenth session (the probe `benchmark/kernels/moe_gemv_probe.py` this path grew from), and 2026-12-06 (each kernel's
-tile and the variants, `benchmark/kernels/sweep_moe_gemv.py`).
+there and the PTX's arithmetic from its text (test/kernels/test_dsv4_moe_gemv.py). Timings: RESULTS.md, "MoE decode:
+an 11-instruction e2m1 placement from the checkpoint's order; slower in the MMA planes, faster in the GEMV probe"
+(2026-12-05; the probe `benchmark/kernels/moe_gemv_probe.py` this path grew from), and "MoE decode GEMVs: each
+kernel's tile, the gate-up in one loop, the chain's variants timed" (2026-12-06; `benchmark/kernels/sweep_moe_gemv.py`).
 """
 
 from __future__ import annotations
@@ -30,10 +31,10 @@ import torch
 import triton
 import triton.language as tl
 
+from sgl_kernel.dsv4_moe_common import e2m1_value
 from sgl_kernel.dsv4_moe_sums import clamped_swiglu, combine_pairs
-from sgl_kernel.dsv4_mxfp4_planes import _interpreting, e2m1_value
 from sgl_kernel.dsv4_mxfp4_scales import scale_layout, scale_offsets
-from sgl_kernel.dsv4_pdl import pdl_enter, pdl_launch, pdl_supported
+from sgl_kernel.dsv4_pdl import interpreting, pdl_enter, pdl_launch, pdl_supported
 
 # Beyond 8 tokens more pairs share an expert, whose codes a GEMV reads once per pair (an MMA once per block): not
 # timed there, the planes stay.
@@ -94,7 +95,7 @@ def gemv_supported(device: torch.device, dtype: torch.dtype) -> bool:
     """The GEMV path: 16-bit activations on NVIDIA GPUs (its inline PTX) or in the CPU interpreter (Triton's ops)."""
     if dtype not in (torch.bfloat16, torch.float16):
         return False
-    return _interpreting() or (device.type == "cuda" and torch.version.hip is None)
+    return interpreting() or (device.type == "cuda" and torch.version.hip is None)
 
 
 def h_scale_of(limit: float) -> float:
@@ -343,15 +344,16 @@ def gemv_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
              s13: torch.Tensor, w2: torch.Tensor, s2: torch.Tensor, limit: float, inter: int,
              launch: GemvLaunch | None = None) -> torch.Tensor:
     """The MoE of x [T, D] (bf16 / fp16) through GEMVs: w13 uint8 [E, 2I, D/2], w2 uint8 [E, D, I/2] and their scale
-    bytes (row-major or chunked: dsv4_mxfp4_scales) as dsv4_moe_mxfp4 takes them; limit finite and positive. -> [T, D]
-    in x's dtype. A pair whose expert id is outside [0, E) adds nothing (experts held by other ranks)."""
+    bytes (row-major or chunked: dsv4_mxfp4_scales) as dsv4_moe.dsv4_moe_mxfp4 takes them; limit finite and
+    positive. -> [T, D] in x's dtype. A pair whose expert id is outside [0, E) adds nothing (experts held by other
+    ranks)."""
     tokens, hidden = x.shape
     num_experts, top_k = w13.shape[0], topk_ids.shape[1]
     launch = launch or gemv_launch(tokens)
     if not gemv_fits(launch, hidden, inter) or not (0 < limit < math.inf):
         raise ValueError(f"the GEMV MoE takes tiles dividing hidden {hidden} / intermediate {inter} and a finite "
                          f"positive limit, got {launch} and limit {limit}")
-    ptx = not _interpreting()
+    ptx = not interpreting()
     pdl = pdl_supported(x.device)
     pairs = tokens * top_k
     xq = torch.empty(tokens, hidden, dtype=torch.float16, device=x.device)

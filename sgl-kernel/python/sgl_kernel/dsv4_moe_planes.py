@@ -1,7 +1,20 @@
-"""The fused MXFP4 MoE's decode kernels with the codes as parity planes (dsv4_mxfp4_planes; MoeLaunch.planes).
+"""The fused MXFP4 MoE's decode kernels with the codes as parity planes (MoeLaunch.planes).
+
+A packed byte holds inputs 2j (low nibble) and 2j + 1 (high nibble). Instead of tl.dot_scaled, whose e2m1 upcast
+costs the compiler 5.5-7.3 SASS instructions per weight on sm90, the codes become two planes, the even inputs and the
+odd inputs of the tile, and the dot over K is split by parity: acc += x_even @ lo^T + x_odd @ hi^T (no interleave).
+On NVIDIA GPUs a few PTX instructions per 4 code bytes (8 weights: the scale byte's bf16x2 multiplier by one
+multiply-add, 2 masks, 4 byte permutes, 4 multiply-and-masks placing each code's bits, 4 bf16x2 multiplies by it;
+2.4 instructions per weight) write bf16 planes:
+    bf16 bits sign << 15 | (e1 e0 m) << 6 = the e2m1 value * 2^-126 (e = 0 lands on bf16 subnormals: exact),
+    times the bf16 multiplier 2^(s - 1 - BIAS) = the value * 2^(s - 127 - BIAS),
+so the caller multiplies its fp32 sums by 2^BIAS. Every product is exact (an e2m1 value times a power of two) while the
+scale byte s is within [SCALE_MIN, SCALE_MAX] (multipliers 2^-116 .. 2^17; real checkpoints' sit near 2^-8): callers
+use the planes only where the scales were checked at load. Elsewhere (the CPU interpreter, tests) the same planes are
+computed in Triton, exactly, in the activations' dtype.
 
 Decode is where the MoE is furthest from the bandwidth floor: a few 16-row blocks per expert, each program streaming
-its expert's weight rows while it converts every code. These two kernels keep only what that needs, so the K loop
+its expert's weight rows while it converts every code. The two kernels keep only what that needs, so the K loop
 issues the conversion, the MMAs and the copies and little else:
 - the tiles divide the widths (no masks on codes, scales or activations; `planes_fit` says whether a launch can);
 - the activation rows' addresses are computed once (padding rows read token 0 / their own garbage h row: a row of
@@ -9,30 +22,101 @@ issues the conversion, the MMAs and the copies and little else:
 - one K range, or K splits of whole tiles chosen at compile time (SPLITS: the default launches compile to the code
   they had without splits; split gate-ups add their fp32 sums in one small SwiGLU kernel, split downs leave one slice
   per split for dsv4_moe_sums.combine_pairs).
-On an H200 this lean gate-up ran 1.1-1.35x faster than the general kernel's planes branch it replaces, at the same
-tiles (RESULTS.md, 2026-12-04 third session).
+On an H200 this lean gate-up ran 1.1-1.35x faster than the general kernel's planes branch it replaced, at the same
+tiles (RESULTS.md, "MoE decode: lean parity-plane kernels, planes first in the MMA", 2026-12-04).
 
 SWAP puts the planes first in the MMA (acc [BLOCK_N, BLOCK_M]). With 2 warps (mma.sync) that gate-up won at 8-32
 tokens on the H200; with 4 warps on sm90 it becomes a wgmma fed from registers, whose operand layout costs more byte
-permutes than it saves (compile-only: 594 against 457 instructions per K tile). Products and sums are those of
-dsv4_moe_mxfp4's kernels (the torch reference is dsv4_moe_mxfp4_ref.py).
+permutes than it saves (compile-only: 594 against 457 instructions per K tile). Products and sums are those of the
+general kernels (dsv4_moe_general; the torch reference is dsv4_moe_ref.py).
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 import torch
 import triton
 import triton.language as tl
 
-from sgl_kernel.dsv4_mxfp4_planes import BIAS, fp4_planes, planes_supported, split_parity
+from sgl_kernel.dsv4_moe_common import MoeLaunch, e2m1_value
 from sgl_kernel.dsv4_moe_sums import clamped_swiglu, swiglu_splits
-from sgl_kernel.dsv4_mxfp4_scales import scale_layout
-from sgl_kernel.dsv4_pdl import pdl_enter, pdl_launch
+from sgl_kernel.dsv4_mxfp4_scales import scale_layout, scale_offsets
+from sgl_kernel.dsv4_pdl import interpreting, pdl_enter, pdl_launch
 
-if TYPE_CHECKING:
-    from sgl_kernel.dsv4_moe_mxfp4 import MoeLaunch
+BIAS = tl.constexpr(16)  # 2^-BIAS folded into the planes, 2^BIAS applied to the fp32 sums
+SCALE_MIN, SCALE_MAX = 11, 144  # scale bytes the bf16 planes hold exactly with this BIAS
+
+# $0, $1: low-nibble plane (elements 0-1, 2-3 of the 4 bytes in $4); $2, $3: high-nibble plane; $5: the scale byte of
+# the 4 bytes (8 consecutive inputs of one row: one 32-input group; $6-$8 repeat it). m = its bf16x2 multiplier
+# 2^(s - 1 - BIAS) in both halves, (s + 126 - BIAS) << 7 | (s + 126 - BIAS) << 23, by one multiply-add. x = [0, b1, 0,
+# b0] (prmt); * 0x1040 moves a low nibble's e1 e0 m (bits 0-2) to bits 6-8 and its sign (bit 3) to 15 of each half;
+# * 0x104 does it for the high nibble (bits 4-6, sign 7).
+_PTX = tl.constexpr("""
+{
+.reg .b32 h, l, x, y, m;
+mad.lo.u32 m, $5, 0x00800080, %d;
+and.b32 h, $4, 0xF0F0F0F0;
+and.b32 l, $4, 0x0F0F0F0F;
+prmt.b32 x, l, 0, 0x4140;
+mul.lo.u32 x, x, 0x1040;
+and.b32 x, x, 0x81C081C0;
+mul.rn.bf16x2 $0, x, m;
+prmt.b32 y, l, 0, 0x4342;
+mul.lo.u32 y, y, 0x1040;
+and.b32 y, y, 0x81C081C0;
+mul.rn.bf16x2 $1, y, m;
+prmt.b32 x, h, 0, 0x4140;
+mul.lo.u32 x, x, 0x104;
+and.b32 x, x, 0x81C081C0;
+mul.rn.bf16x2 $2, x, m;
+prmt.b32 y, h, 0, 0x4342;
+mul.lo.u32 y, y, 0x104;
+and.b32 y, y, 0x81C081C0;
+mul.rn.bf16x2 $3, y, m;
+}
+""" % ((126 - BIAS.value) * 0x00800080))
+
+
+@triton.jit
+def fp4_planes(w_ptr, s_ptr, rows, row_ok, k0, K, stride_wn, stride_sn, SCALE_CHUNKED: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PTX: tl.constexpr, dtype: tl.constexpr,
+               EVEN: tl.constexpr):
+    """The planes [BLOCK_N, BLOCK_K / 2] of weight rows `rows` at inputs k0 .. k0 + BLOCK_K: (even inputs, odd
+    inputs), each code value * 2^(scale - 127 - BIAS) in `dtype` (bf16 where PTX; masked rows and inputs 0). EVEN: the
+    tile lies inside the weight (no masks: fewer instructions per weight). Scale bytes at dsv4_mxfp4_scales' offsets
+    (stride_sn: the major stride of its layout, SCALE_CHUNKED)."""
+    col = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+    gi = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+    if EVEN:
+        b = tl.load(w_ptr + rows[:, None] * stride_wn + col[None, :])
+        s = tl.load(s_ptr + scale_offsets(rows, gi, stride_sn, SCALE_CHUNKED)).to(tl.int32)
+    else:
+        ok = row_ok[:, None] & (col < K // 2)[None, :]
+        b = tl.load(w_ptr + rows[:, None] * stride_wn + col[None, :], mask=ok, other=0)
+        s = tl.load(s_ptr + scale_offsets(rows, gi, stride_sn, SCALE_CHUNKED),
+                    mask=row_ok[:, None] & (gi < K // 32)[None, :], other=127).to(tl.int32)
+    if PTX:
+        s = tl.reshape(tl.broadcast_to(s[:, :, None], [BLOCK_N, BLOCK_K // 32, 16]), [BLOCK_N, BLOCK_K // 2])
+        lo, hi = tl.inline_asm_elementwise(_PTX, "=r,=r,=r,=r,r,r,r,r,r", [b, s], dtype=(tl.bfloat16, tl.bfloat16),
+                                           is_pure=True, pack=4)
+    else:
+        mult = (s << 23).to(tl.float32, bitcast=True) * (2.0 ** -BIAS)
+        mult = tl.reshape(tl.broadcast_to(mult[:, :, None], [BLOCK_N, BLOCK_K // 32, 16]), [BLOCK_N, BLOCK_K // 2])
+        c = b.to(tl.int32)
+        lo = (e2m1_value(c & 15) * mult).to(dtype)
+        hi = (e2m1_value(c >> 4) * mult).to(dtype)
+    return lo, hi
+
+
+@triton.jit
+def split_parity(x, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Rows [BLOCK_M, BLOCK_K] (loaded contiguously) -> (even inputs, odd inputs), each [BLOCK_M, BLOCK_K / 2] (split in
+    registers: stride-2 loads made ptxas rebuild the MMA fragments)."""
+    return tl.split(tl.reshape(x, [BLOCK_M, BLOCK_K // 2, 2]))
+
+
+def planes_supported(device: torch.device, dtype: torch.dtype) -> bool:
+    """The PTX planes: NVIDIA GPUs (not ROCm, not the CPU interpreter) with bf16 activations."""
+    return device.type == "cuda" and torch.version.hip is None and dtype == torch.bfloat16 and not interpreting()
 
 
 @triton.jit
@@ -188,14 +272,14 @@ def down_program(out_ptr, bexp_ptr, stride_os, BLOCK_M: tl.constexpr, BLOCK_N: t
     return out_ptr, e, r, n
 
 
-def planes_fit(launch: "MoeLaunch", k: int, n: int) -> bool:
+def planes_fit(launch: MoeLaunch, k: int, n: int) -> bool:
     """Whether `launch` can run these kernels over K = k inputs and n output rows: whole tiles, K tiles of whole
     32-input scale groups, K splits of whole tiles."""
     return (launch.block_k % 32 == 0 and k % launch.block_k == 0 and n % launch.block_n == 0 and launch.split_k >= 1
             and (k // launch.block_k) % launch.split_k == 0)
 
 
-def _check(launch: "MoeLaunch", k: int, n: int, dtype: torch.dtype, what: str) -> None:
+def _check(launch: MoeLaunch, k: int, n: int, dtype: torch.dtype, what: str) -> None:
     if not planes_fit(launch, k, n):
         raise ValueError(f"MoeLaunch.planes ({what}) needs tiles that divide the widths: block_k {launch.block_k} (a "
                          f"multiple of 32) must divide K {k}, block_n {launch.block_n} must divide {n}, split_k "
@@ -210,8 +294,8 @@ def _prec(dtype: torch.dtype) -> str:
 
 
 def planes_gate_up(x, rows, block_expert, w13, s13, inter: int, top_k: int, limit: float, block_m: int,
-                   launch: "MoeLaunch", pdl: bool = False) -> torch.Tensor:
-    """dsv4_moe_mxfp4.moe_gate_up for launch.planes: the activated intermediate rows [num_blocks * block_m, I]. With
+                   launch: MoeLaunch, pdl: bool = False) -> torch.Tensor:
+    """dsv4_moe.moe_gate_up for launch.planes: the activated intermediate rows [num_blocks * block_m, I]. With
     launch.split_k > 1 the splits' fp32 sums go through dsv4_moe_sums.swiglu_splits (one more launch; more programs,
     each with a shorter K loop: one token's few experts). pdl: launch it and the SwiGLU as programmatic dependents
     (dsv4_pdl; the caller checks pdl_supported)."""
@@ -232,9 +316,9 @@ def planes_gate_up(x, rows, block_expert, w13, s13, inter: int, top_k: int, limi
     return swiglu_splits(part, rows, out, limit, pdl) if splits > 1 else out
 
 
-def planes_down(h, rows, block_expert, w2, s2, weights, hidden: int, block_m: int, launch: "MoeLaunch",
+def planes_down(h, rows, block_expert, w2, s2, weights, hidden: int, block_m: int, launch: MoeLaunch,
                 pdl: bool = False) -> torch.Tensor:
-    """dsv4_moe_mxfp4.moe_down for launch.planes: each pair's weighted expert output [T * k, D] fp32 (weights: the
+    """dsv4_moe.moe_down for launch.planes: each pair's weighted expert output [T * k, D] fp32 (weights: the
     router weights flattened, fp32); with launch.split_k > 1 one such slice per K split, [splits, T * k, D]
     (dsv4_moe_sums.combine_pairs adds them). pdl: as planes_gate_up's."""
     num_blocks, inter = block_expert.shape[0], h.shape[1]

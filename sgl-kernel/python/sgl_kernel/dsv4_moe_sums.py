@@ -1,7 +1,8 @@
-"""The fused MoE's two reductions over partial sums, shared by its general kernels (dsv4_moe_mxfp4) and the parity
-planes' decode kernels (dsv4_moe_planes), each one launch in a fixed order (deterministic):
-- `swiglu_splits`: a gate-up split over K leaves fp32 gate and up sums per split, [splits, rows, 2I] (gate in columns
-  0..I-1, up in I..2I-1); their sum in split order goes through the clamped SwiGLU into the intermediate rows;
+"""The fused MoE's reductions over partial sums and its clamped SwiGLU, shared by its paths (dsv4_moe_general,
+dsv4_moe_planes, dsv4_moe_gemv), each reduction one launch in a fixed order (deterministic):
+- `swiglu_splits`: a parity planes' gate-up split over K leaves fp32 gate and up sums per split, [splits, rows, 2I]
+  (gate in columns 0..I-1, up in I..2I-1); their sum in split order goes through the clamped SwiGLU into the
+  intermediate rows;
 - `combine_pairs`: each token's k weighted expert rows (one slice per down K split) summed in slot then split order
   in fp32 and cast to the activations' dtype (a torch sum and a cast were two launches: 3.1 + 1.0 us of a 1-token
   MoE on an H200).

@@ -1,11 +1,12 @@
-"""Where the fused MXFP4 MoE reads its scale bytes (dsv4_moe_mxfp4): the checkpoint's row-major [E, R, G] (one ue8m0
+"""Where the fused MXFP4 MoE reads its scale bytes (dsv4_moe): the checkpoint's row-major [E, R, G] (one ue8m0
 byte per 32 inputs, G groups per row) or the K-chunked storage the experts module keeps on the GPU.
 
 A decode program streams BLOCK_N weight rows through 256-input K tiles, so each step needs 8 scale bytes of every row.
 Row-major, those 8 bytes sit G bytes apart from the next row's: one partly used 32-byte sector per row and step, a
 quarter as many extra requests as the codes themselves. Chunked, [E, G/8, R, 8] (8 groups = 256 inputs per chunk),
 one step's scale bytes of consecutive rows are contiguous. On an H200 that made the decode gate-up 8-11% faster at 1,
-8 and 32 tokens (RESULTS.md, 2026-12-04 fourth session); the codes keep the checkpoint's layout.
+8 and 32 tokens (RESULTS.md, "MoE decode: the scale bytes' loads, found by counters and stage timings; chunked scale
+storage", 2026-12-04); the codes keep the checkpoint's layout.
 
 Kernels take either layout (`scale_layout`): the byte of group g of row r is at r * G + g row-major and at
 r * 8 + (g // 8) * R * 8 + g % 8 chunked.

@@ -9,7 +9,7 @@ following it. A kernel lets its successor be scheduled once every one of its pro
 `pdl_enter(PDL)` does both at a kernel's start: wait for the predecessor, then release the successor. Waiting first
 keeps the rule simple: nothing a kernel reads can be stale, and when a successor starts, every kernel before this one
 has finished. Releasing right after lets the successor's programs fill SMs as this kernel's last wave drains. Both are
-no-ops in a kernel launched without PDL. The decode MoE chains its launches this way (dsv4_moe_mxfp4: align,
+no-ops in a kernel launched without PDL. The decode MoE chains its launches this way (dsv4_moe: align,
 gate-up, SwiGLU over K splits, down, combine); PDL=False compiles to the kernels without it (ROCm, the CPU
 interpreter, GPUs before sm90).
 """
@@ -17,12 +17,11 @@ interpreter, GPUs before sm90).
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import triton
 import triton.language as tl
-
-from sgl_kernel.dsv4_mxfp4_planes import _interpreting
 
 try:  # Triton 3.3+ on NVIDIA builds
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -32,7 +31,7 @@ except ImportError:  # pragma: no cover - an older or non-NVIDIA Triton: pdl_sup
 
 def pdl_supported(device: torch.device) -> bool:
     """PDL launches: an NVIDIA GPU of sm90 or later, a Triton with griddepcontrol, not the interpreter."""
-    if device.type != "cuda" or torch.version.hip is not None or gdc_wait is None or _interpreting():
+    if device.type != "cuda" or torch.version.hip is not None or gdc_wait is None or interpreting():
         return False
     return _sm90_or_later(torch.cuda.current_device() if device.index is None else device.index)
 
@@ -40,6 +39,12 @@ def pdl_supported(device: torch.device) -> bool:
 @functools.lru_cache(maxsize=None)
 def _sm90_or_later(index: int) -> bool:  # once per device: the MoE asks on every call
     return torch.cuda.get_device_capability(index) >= (9, 0)
+
+
+def interpreting() -> bool:
+    """Whether Triton runs its CPU interpreter (TRITON_INTERPRET=1): kernels there take Triton's own ops, never
+    inline PTX or launch options a GPU launcher has."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def pdl_launch(pdl: bool) -> dict:

@@ -142,18 +142,6 @@ def kept_formats(args, plans: dict, config: DeepseekV4Config, device: torch.devi
     return fp8, experts
 
 
-def fp8_activation_experts(args, experts: Optional[str], device: torch.device) -> bool:
-    """Whether the kept MXFP4 experts run W4A8 (--mxfp4-moe-precision fp8); refused where they cannot."""
-    if getattr(args, "mxfp4_moe_precision", "bf16") != "fp8":
-        return False
-    from sgl_kernel.dsv4_moe_w4a8 import a8_supported
-
-    if experts != "fp4" or not a8_supported(device):
-        raise ValueError(f"--mxfp4-moe-precision fp8 runs MXFP4 experts kept packed on an NVIDIA sm90+ GPU; here the "
-                         f"routed experts are {experts or 'dequantized at load'} on {device}")
-    return True
-
-
 def load_models(args, model_path: str, config: DeepseekV4Config, dtype: torch.dtype,
                 device: torch.device) -> LoadedModels:
     """The target model, and the MTP draft under speculative decoding, built, checked against memory and loaded."""
@@ -165,16 +153,10 @@ def load_models(args, model_path: str, config: DeepseekV4Config, dtype: torch.dt
     stored = sum(checkpoint_bytes(p) for p in plans.values())
     kept = f"{sum(map(len, fp8.values()))} linears kept FP8, routed experts " + (
         {"fp4": "kept MXFP4", "fp8": "kept FP8"}.get(experts) or f"in {args.dtype}")
-    fp8_acts = fp8_activation_experts(args, experts, device)
-    kept += " (W4A8)" if fp8_acts else ""
     check_fits(need, stored, device, args.mem_fraction_static, kept)
     models = {}
     for part in parts:
         models[part] = materialize(metas[part], device)
-        if fp8_acts:
-            for module in models[part].modules():
-                if isinstance(module, Mxfp4RoutedExperts):
-                    module.use_fp8_activations()
         models[part].load_weights(rank_weights(config, lambda select: iter_checkpoint(
             model_path, config, dtype=dtype, part=part, device=device, keep_fp8=fp8[part],
             keep_fp4=experts == "fp4", keep_fp8_experts=experts == "fp8", plans=plans[part], select=select)))

@@ -278,7 +278,7 @@ class Fp8RoutedExperts(nn.Module):
         return name
 
     def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
-        from sgl_kernel.dsv4_moe_mxfp4 import dsv4_moe_fp8
+        from sgl_kernel.dsv4_moe import dsv4_moe_fp8
 
         return dsv4_moe_fp8(x, topk_ids, topk_weights, self.w13, self.w13_scale, self.w2, self.w2_scale, self.limit)
 

@@ -1,17 +1,18 @@
 """Routed experts that stay packed MXFP4 on the GPU (the hub's e2m1 codes, two per byte, one ue8m0 exponent byte per
-32 inputs), computed by sgl_kernel's fused dsv4_moe_mxfp4 (W4A16: weights dequantized in registers, clamped SwiGLU
-fused, router weights applied, device-side expert sort; no host read, graph-capturable), or with
---mxfp4-moe-precision fp8 by dsv4_moe_w4a8 (W4A8, DeepSeek's reference function: FP8 activations per token and 128
-inputs, the codes converted to e4m3 for FP8 MMAs; sm90+).
+32 inputs), computed by sgl_kernel's fused dsv4_moe_mxfp4 (sgl_kernel.dsv4_moe; W4A16: weights dequantized in
+registers, clamped SwiGLU fused, router weights applied, device-side expert sort; no host read, graph-capturable).
+W4A16 is the only MoE precision: FP8 activations (W4A8, DeepSeek's reference function) ran 1.4-1.9x slower at every
+measured batch on an H200 (RESULTS.md, "MoE decode: W4A8 timed, it loses to W4A16; the FP8 shared expert end to end",
+2026-12-04).
 
 `Mxfp4RoutedExperts` replaces `RoutedExperts` when the checkpoint's experts are stored FP4 and the device keeps them
 (`mxfp4_experts_supported`: CUDA; CPU and ROCm dequantize at load). At 1-8 tokens the kernel takes CUDA-core GEMVs
-(sgl_kernel.dsv4_moe_gemv) unless SGLANG_DSV4_MOE_DECODE=planes. Its parameters hold all experts of a layer:
-w13 [E, 2I, D/2] (w1 rows, then w3 rows), w2 [E, D, I/2], all uint8, as the checkpoint packs them; the scale bytes
-(the checkpoint's [2I, D/32] and [D, I/32] per expert) in sgl_kernel's chunked storage where a row's groups are a
-multiple of 8 (w13_scale [E, D/256, 2I, 8], w2_scale [E, I/256, D, 8]: one decode K step's bytes of consecutive rows
-contiguous, dsv4_mxfp4_scales), else row-major. `load_expert` fills one expert's slice from the checkpoint's per-expert
-tensors. The shared expert is not fused into them (a SharedExpert beside them, its linears kept FP8 too).
+unless SGLANG_DSV4_MOE_DECODE=planes. Its parameters hold all experts of a layer: w13 [E, 2I, D/2] (w1 rows, then w3
+rows), w2 [E, D, I/2], all uint8, as the checkpoint packs them; the scale bytes (the checkpoint's [2I, D/32] and
+[D, I/32] per expert) in sgl_kernel's chunked storage where a row's groups are a multiple of 8 (w13_scale
+[E, D/256, 2I, 8], w2_scale [E, I/256, D, 8]: one decode K step's bytes of consecutive rows contiguous), else
+row-major. `load_expert` fills one expert's slice from the checkpoint's per-expert tensors. The shared expert is not
+fused into them (a SharedExpert beside them, its linears kept FP8 too).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class Mxfp4RoutedExperts(nn.Module):
         def param(*shape):
             return nn.Parameter(torch.empty(*shape, dtype=torch.uint8), requires_grad=False)
 
-        from sgl_kernel.dsv4_mxfp4_scales import CHUNK, chunked_empty
+        from sgl_kernel.dsv4_moe import CHUNK, chunked_empty
 
         def scales(rows, groups):
             if groups % CHUNK:
@@ -51,7 +52,6 @@ class Mxfp4RoutedExperts(nn.Module):
         self.w13, self.w13_scale = param(e, 2 * i, d // 2), scales(2 * i, d // FP4_BLOCK)
         self.w2, self.w2_scale = param(e, d, i // 2), scales(d, i // FP4_BLOCK)
         self.scale_range = (256, -1)  # (min, max) scale byte loaded: the decode kernels' parity planes need it in range
-        self.fp8_activations = False  # --mxfp4-moe-precision fp8: W4A8 (use_fp8_activations, after building)
 
     def load_expert(self, which: str, expert: int, tensor: torch.Tensor, is_scale: bool) -> str:
         """Copy the checkpoint's packed `which` (w1 / w2 / w3) codes or scale bytes of one expert; returns the name
@@ -75,29 +75,16 @@ class Mxfp4RoutedExperts(nn.Module):
             self.scale_range = (min(lo, int(target.min())), max(hi, int(target.max())))
         return name
 
-    def use_fp8_activations(self) -> None:
-        """Run W4A8 from now on (--mxfp4-moe-precision fp8); refused for widths its kernels do not take (this rank's
-        part of the intermediate dim under MoE tensor parallelism)."""
-        from sgl_kernel.dsv4_moe_w4a8 import check_widths
-
-        check_widths(self.w2.shape[1], self.intermediate_size)
-        self.fp8_activations = True
-
     @property
     def scales_fit_planes(self) -> bool:
         """Every scale byte loaded lies within the exact range of sgl_kernel's parity planes (the fast decode path of
         dsv4_moe_mxfp4); real checkpoints' do (multipliers near 2^-8; the range is 2^-116 .. 2^17)."""
-        from sgl_kernel.dsv4_mxfp4_planes import SCALE_MAX, SCALE_MIN
+        from sgl_kernel.dsv4_moe import scale_bytes_fit_planes
 
-        return self.scale_range[1] >= 0 and SCALE_MIN <= self.scale_range[0] and self.scale_range[1] <= SCALE_MAX
+        return scale_bytes_fit_planes(*self.scale_range)
 
     def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
-        if self.fp8_activations:
-            from sgl_kernel.dsv4_moe_w4a8 import dsv4_moe_mxfp4_w4a8
-
-            return dsv4_moe_mxfp4_w4a8(x, topk_ids, topk_weights, self.w13, self._rows(self.w13_scale), self.w2,
-                                       self._rows(self.w2_scale), self.limit)
-        from sgl_kernel.dsv4_moe_mxfp4 import dsv4_moe_mxfp4
+        from sgl_kernel.dsv4_moe import dsv4_moe_mxfp4
 
         return dsv4_moe_mxfp4(x, topk_ids, topk_weights, self.w13, self._rows(self.w13_scale), self.w2,
                               self._rows(self.w2_scale), self.limit, scales_fit_planes=self.scales_fit_planes,
@@ -106,7 +93,7 @@ class Mxfp4RoutedExperts(nn.Module):
     @staticmethod
     def _rows(param: torch.Tensor) -> torch.Tensor:
         """A parameter as [E, rows, ...]: chunked scale storage [E, G/8, R, 8] seen as [E, R, G/8, 8]."""
-        from sgl_kernel.dsv4_mxfp4_scales import as_rows
+        from sgl_kernel.dsv4_moe import as_rows
 
         return as_rows(param) if param.dim() == 4 else param
 

@@ -1,7 +1,8 @@
-"""Torch references of the fused MXFP4 MoE (dsv4_moe_mxfp4.py): routed experts stored as the hub's MXFP4 (e2m1
-codes packed two per byte, low nibble = even input; one ue8m0 exponent byte per 32 inputs of a row), computed
-W4A16: each weight dequantized exactly (code value * 2^(byte - 127)), the clamped SwiGLU between the projections,
-the router weights applied, each token's k expert outputs summed.
+"""Torch references of the fused MoE (dsv4_moe.py) and its expert sort (dsv4_moe_align.py, `align_ref`): routed
+experts stored as the hub's MXFP4 (e2m1 codes packed two per byte, low nibble = even input; one ue8m0 exponent byte
+per 32 inputs of a row; `fused_moe_mxfp4_ref`) or FP8-converted (`fused_moe_fp8_ref`), computed W4A16 / W8A16: each
+weight dequantized exactly (code value * 2^(byte - 127), or e4m3 * block multiplier), the clamped SwiGLU between the
+projections, the router weights applied, each token's k expert outputs summed.
 
 Layouts (what the engine keeps on the GPU): w13 [E, 2I, D/2] uint8 (rows 0..I-1 the gate projection w1, I..2I-1 the
 up projection w3), w13_scale [E, 2I, D/32] uint8; w2 [E, D, I/2], w2_scale [E, D, I/32].
@@ -13,7 +14,6 @@ import torch
 import torch.nn.functional as F
 
 from sgl_kernel.dsv4_formats_ref import FP4_BLOCK, e2m1_values
-from sgl_kernel.dsv4_fp8_gemm_ref import act_quant_ref
 
 
 def dequant_mxfp4_ref(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -38,33 +38,24 @@ def align_ref(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple:
     return rows, experts
 
 
-def fp8_round_ref(v: torch.Tensor) -> torch.Tensor:
-    """fp32 rows rounded as the FP8 activations are (per row and 128 inputs, power-of-two scales: act_quant_ref)."""
-    q, s = act_quant_ref(v)
-    return q.float() * s.repeat_interleave(128, 1)[:, :v.shape[1]]
-
-
-def _moe_ref(x, topk_ids, topk_weights, expert_weights, limit: float, fp8_acts: bool = False) -> torch.Tensor:
+def _moe_ref(x, topk_ids, topk_weights, expert_weights, limit: float) -> torch.Tensor:
     """sum_j w_j * w2_e . swiglu_L(w1_e x, w3_e x) with `expert_weights(e)` -> fp32 (w1, w3, w2) of expert e; pairs
-    with e = -1 (another rank's expert) add nothing. fp8_acts: x and the SwiGLU's output rounded to FP8 first."""
+    with e = -1 (another rank's expert) add nothing."""
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     for e in [e for e in topk_ids.unique().tolist() if e >= 0]:
         tok, slot = (topk_ids == e).nonzero(as_tuple=True)
         w1, w3, w2 = expert_weights(e)
-        xt = fp8_round_ref(x[tok].float()) if fp8_acts else x[tok].float()
+        xt = x[tok].float()
         act = F.silu((xt @ w1.T).clamp(max=limit)) * (xt @ w3.T).clamp(min=-limit, max=limit)
-        act = fp8_round_ref(act) if fp8_acts else act
         out.index_add_(0, tok, (act @ w2.T) * topk_weights[tok, slot, None].float())
     return out
 
 
 def fused_moe_mxfp4_ref(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13: torch.Tensor,
                         w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
-                        limit: float, fp8_acts: bool = False) -> torch.Tensor:
+                        limit: float) -> torch.Tensor:
     """x [T, D], topk_ids / topk_weights [T, k] -> [T, D] fp32, from MXFP4 experts (layouts above; scale bytes also
-    as dsv4_mxfp4_scales' chunked [E, rows, groups / 8, 8] views). fp8_acts: W4A8, DeepSeek's reference function
-    (its FP4 expert GEMMs take FP8 activations: x and the SwiGLU's output quantized per token and 128 inputs;
-    dsv4_moe_w4a8)."""
+    as dsv4_mxfp4_scales' chunked [E, rows, groups / 8, 8] views)."""
     inter = w13.shape[1] // 2
     w13_scale, w2_scale = (s.reshape(s.shape[0], s.shape[1], -1) for s in (w13_scale, w2_scale))  # row-major bytes
 
@@ -72,7 +63,7 @@ def fused_moe_mxfp4_ref(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: t
         w13e = dequant_mxfp4_ref(w13[e], w13_scale[e])
         return w13e[:inter], w13e[inter:], dequant_mxfp4_ref(w2[e], w2_scale[e])
 
-    return _moe_ref(x, topk_ids, topk_weights, weights, limit, fp8_acts)
+    return _moe_ref(x, topk_ids, topk_weights, weights, limit)
 
 
 def _dequant_fp8_grid(w: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
@@ -84,7 +75,7 @@ def _dequant_fp8_grid(w: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
 def fused_moe_fp8_ref(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13: torch.Tensor,
                       w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
                       limit: float) -> torch.Tensor:
-    """The same function for FP8-converted experts (layouts in dsv4_moe_mxfp4.dsv4_moe_fp8)."""
+    """The same function for FP8-converted experts (layouts in dsv4_moe.dsv4_moe_fp8)."""
     inter = w13.shape[1] // 2
 
     def weights(e):

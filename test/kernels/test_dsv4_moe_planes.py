@@ -1,5 +1,6 @@
-"""The parity planes' PTX (sgl_kernel.dsv4_mxfp4_planes) on the CPU: its scale multiplier's arithmetic, and the compiled
-operand layout it relies on (the GPU tests in test_dsv4_moe_mxfp4.py check its products)."""
+"""The parity planes' PTX (sgl_kernel.dsv4_moe_planes) on the CPU: its scale multiplier's arithmetic, and the compiled
+operand layout it relies on (the planes' kernels against the reference, and the GPU tests of their products, are in
+test_dsv4_moe.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import struct
 
 import torch
 from sgl_kernel.dsv4_formats_ref import e2m1_values
-from sgl_kernel.dsv4_mxfp4_planes import _PTX, BIAS, SCALE_MAX, SCALE_MIN
+from sgl_kernel.dsv4_moe_planes import _PTX, BIAS, SCALE_MAX, SCALE_MIN
 
 from ptx_text import run_ptx
 
@@ -85,7 +86,7 @@ _OPERAND_LAYOUTS = r"""
 import json, re
 import triton
 from triton.backends.compiler import GPUTarget
-from sgl_kernel import dsv4_moe_mxfp4 as moe, dsv4_moe_planes as planes
+from sgl_kernel import dsv4_moe as moe, dsv4_moe_planes as planes
 
 types = {"x_ptr": "*bf16", "h_ptr": "*bf16", "rows_ptr": "*i64", "bexp_ptr": "*i64", "w_ptr": "*u8", "s_ptr": "*u8",
          "wts_ptr": "*fp32", "out_ptr": "*fp32", "limit": "fp32"}

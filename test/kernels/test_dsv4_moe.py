@@ -1,5 +1,6 @@
-"""dsv4_moe_mxfp4 (fused MXFP4 MoE, W4A16) against its torch reference (sgl_kernel.dsv4_moe_mxfp4_ref): the block
-layout of dsv4_moe_align equals the reference's (capacity-static block count, -1 padding, experts past the work),
+"""The fused MoE's front door (sgl_kernel.dsv4_moe: dsv4_moe_mxfp4, W4A16; dsv4_moe_fp8, W8A16) against its torch
+references (sgl_kernel.dsv4_moe_ref), through each path it picks: the block layout of dsv4_moe_align equals the
+reference's (capacity-static block count, -1 padding, experts past the work),
 and the fused output equals the dequantized computation for skewed and uniform routing, experts nobody picks,
 a hidden size that is not a multiple of the K tile, the clamp engaged, one token, zero tokens. fp32 activations on
 CPU (the Triton interpreter); GPU (skipped without CUDA): bf16 at DeepSeek-V4 Flash widths, decode and prefill."""
@@ -11,8 +12,9 @@ import dataclasses
 import pytest
 import torch
 
-from sgl_kernel.dsv4_moe_mxfp4 import MoeConfig, MoeLaunch, dsv4_moe_align, dsv4_moe_fp8, dsv4_moe_mxfp4, moe_config
-from sgl_kernel.dsv4_moe_mxfp4_ref import align_ref, dequant_mxfp4_ref, fused_moe_fp8_ref, fused_moe_mxfp4_ref
+from sgl_kernel.dsv4_moe import MoeConfig, MoeLaunch, dsv4_moe_fp8, dsv4_moe_mxfp4, moe_config
+from sgl_kernel.dsv4_moe_align import dsv4_moe_align
+from sgl_kernel.dsv4_moe_ref import align_ref, dequant_mxfp4_ref, fused_moe_fp8_ref, fused_moe_mxfp4_ref
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -96,9 +98,10 @@ def test_other_ranks_pairs_add_nothing(scaled_dot):
     ref = fused_moe_mxfp4_ref(x, ids, weights, w13, s13, w2, s2, 10.0)
     tol = 2e-3 if scaled_dot else 1e-4
     torch.testing.assert_close(got, ref, rtol=tol, atol=tol * ref.abs().max().item())
-    split = MoeLaunch(block_n=32, block_k=32, split_k=2, scaled_dot=scaled_dot)  # each split zero-fills its slice
-    got_split = dsv4_moe_mxfp4(x, ids, weights, w13, s13, w2, s2, 10.0, config=MoeConfig(16, split, split)).float()
-    torch.testing.assert_close(got_split, ref, rtol=tol, atol=tol * ref.abs().max().item())
+    if not scaled_dot:  # the parity planes split over K (3 gate-up splits, 2 down): each zero-fills its slice
+        split = [MoeLaunch(32, 32, split_k=n, scaled_dot=False, planes=True) for n in (3, 2)]
+        got_split = dsv4_moe_mxfp4(x, ids, weights, w13, s13, w2, s2, 10.0, config=MoeConfig(16, *split))
+        torch.testing.assert_close(got_split, ref, rtol=tol, atol=tol * ref.abs().max().item())
     kept = torch.where(ids < 0, 0, ids)  # the same pairs on expert 0 at weight 0: the old dispatch's result
     torch.testing.assert_close(got, fused_moe_mxfp4_ref(x, kept, torch.where(ids < 0, 0.0, weights), w13, s13, w2,
                                                         s2, 10.0), rtol=tol, atol=tol * ref.abs().max().item())
@@ -112,15 +115,15 @@ def test_other_ranks_pairs_add_nothing(scaled_dot):
 def test_tma_launches_only_where_descriptors_exist(monkeypatch):
     """The decode launches take TMA copies only on NVIDIA sm90+ (tma_supported): never on the CPU, ROCm (simulated)
     or an sm80 GPU (simulated), never for one token's gate-up, prefill blocks or the in-register path."""
-    from sgl_kernel import dsv4_moe_mxfp4 as moe
+    from sgl_kernel import dsv4_moe as moe, dsv4_moe_general as general
 
     assert not moe.tma_supported(torch.device("cpu"))
     for hip, capability, want in ((None, (9, 0), True), (None, (8, 0), False), ("6.2", (9, 4), False)):
-        moe._TMA.clear()
+        general._TMA.clear()
         monkeypatch.setattr(torch.version, "hip", hip)
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None, c=capability: c)
         assert moe.tma_supported(torch.device("cuda", 0)) is want, (hip, capability)
-    moe._TMA.clear()
+    general._TMA.clear()
     on = moe_config(48, 256, tma=True)  # 8 tokens, top-6
     assert on.block_m == 16 and on.gate_up.tma and on.down.tma
     assert not any(launch.tma for launch in (moe_config(48, 256, tma=False).gate_up, moe_config(48, 256).down))
@@ -131,11 +134,9 @@ def test_tma_launches_only_where_descriptors_exist(monkeypatch):
 
 
 @pytest.mark.parametrize("config", [
-    MoeConfig(16, MoeLaunch(scale_bcast=False), MoeLaunch(scale_bcast=False)),  # one scale load per packed byte
     MoeConfig(32, MoeLaunch(block_n=32, block_k=128), MoeLaunch(block_n=128, block_k=32)),  # K tile past hidden
-    # split over K (decode: more programs than blocks x tiles): 2 splits of gate-up's 96 inputs, down's 64 in 3
-    MoeConfig(16, MoeLaunch(block_n=32, block_k=32, split_k=2), MoeLaunch(block_n=32, block_k=32, split_k=3)),
-], ids=["gathered-scales", "wide-k", "split-k"])
+    MoeConfig(16, MoeLaunch(block_n=128, block_k=32, num_stages=1), MoeLaunch(block_n=32, block_k=64)),
+], ids=["wide-k", "wide-n"])
 def test_fused_launch_variants_equal_reference(config):
     """Every tile shape the sweep may pick computes the same function (K tiles wider than the hidden size, 32-wide
     ones: one scale per tile row)."""
@@ -150,10 +151,10 @@ def test_fused_launch_variants_equal_reference(config):
                                rtol=1e-4, atol=1e-4 * got8.abs().max().item())
 
 
-@pytest.mark.parametrize("tokens,block_m,block_k,split_k,tma", [
-    (1, 16, 64, 1, False), (23, 16, 32, 1, False), (70, 32, 128, 1, False), (1, 16, 32, 3, False),
-    (23, 16, 32, 2, False), (1, 16, 64, 1, True), (70, 32, 128, 1, True), (23, 16, 32, 2, True)])
-def test_scaled_dot_equals_reference(tokens, block_m, block_k, split_k, tma):
+@pytest.mark.parametrize("tokens,block_m,block_k,tma", [
+    (1, 16, 64, False), (23, 16, 32, False), (70, 32, 128, False), (1, 16, 64, True), (70, 32, 128, True),
+    (23, 16, 32, True)])
+def test_scaled_dot_equals_reference(tokens, block_m, block_k, tma):
     """fp16 activations take tl.dot_scaled (the interpreter computes fp16 exactly): the same function as the
     reference on the same fp16 inputs, K tiles of one scale group and past the hidden size, with the codes read by
     pointers and through TMA descriptors (tiles past a projection's rows, or past the tensor, only reach masked
@@ -161,7 +162,7 @@ def test_scaled_dot_equals_reference(tokens, block_m, block_k, split_k, tma):
     w13, s13, w2, s2 = _experts(8, 96, 64, seed=5)
     ids, weights = _routing(tokens, 4, 8, seed=3, skew=tokens > 20)
     x = (torch.randn(tokens, 96, generator=torch.Generator().manual_seed(2)) * 0.05).half()
-    launch = MoeLaunch(block_n=32 if not tma else 64, block_k=block_k, split_k=split_k, tma=tma)
+    launch = MoeLaunch(block_n=32 if not tma else 64, block_k=block_k, tma=tma)
     got = dsv4_moe_mxfp4(x, ids, weights, w13, s13, w2, s2, 10.0, config=MoeConfig(block_m, launch, launch))
     ref = fused_moe_mxfp4_ref(x, ids, weights, w13, s13, w2, s2, 10.0)
     assert got.dtype == torch.float16
@@ -182,10 +183,10 @@ def _fp8_experts(num_experts: int, hidden: int, inter: int, seed: int, device="c
 @pytest.mark.parametrize("tokens,block_n,block_k,swap", [(1, 32, 64, False), (23, 32, 32, True), (5, 64, 64, True),
                                                       (23, 64, 32, False)])
 def test_planes_equal_reference(tokens, block_n, block_k, swap):
-    """The parity planes' decode kernels (dsv4_moe_planes; dsv4_mxfp4_planes computed in Triton here, by PTX on a GPU)
+    """The parity planes' decode kernels (dsv4_moe_planes; the planes computed in Triton here, by PTX on a GPU)
     with the activations split by parity: the reference's function in fp32, K tiles of one scale group and more, the
     planes first in the MMA (swap) or second, scale bytes at both ends of the planes' exact range, padding rows."""
-    from sgl_kernel.dsv4_mxfp4_planes import SCALE_MAX, SCALE_MIN
+    from sgl_kernel.dsv4_moe import SCALE_MAX, SCALE_MIN
 
     w13, s13, w2, s2 = _experts(8, 128, 64, seed=9)
     s13[0, :3, 0], s2[1, :3, 1] = SCALE_MIN, SCALE_MAX  # the range's ends
@@ -216,7 +217,7 @@ def test_planes_refuse_launches_that_do_not_fit(launch):
 def test_planes_fall_back_where_widths_do_not_fit(monkeypatch, hidden, planes_taken):
     """Decode with vouched scales on a device with the PTX (simulated) takes the planes where its tiles divide the
     widths and the scaled dot / in-register path elsewhere (small test models), the reference's result both ways."""
-    import sgl_kernel.dsv4_moe_mxfp4 as moe
+    import sgl_kernel.dsv4_moe as moe
 
     monkeypatch.setattr(moe, "planes_supported", lambda device, dtype: True)
     monkeypatch.setattr(moe, "PLANES_GATE_UP", MoeLaunch(32, 64, scaled_dot=False, planes=True))
@@ -236,12 +237,12 @@ def test_planes_fall_back_where_widths_do_not_fit(monkeypatch, hidden, planes_ta
 def test_planes_only_where_chosen(monkeypatch):
     """Decode takes the planes only when the caller vouches for the scales and the device has the PTX (NVIDIA, bf16,
     not the interpreter); prefill blocks keep the scaled dot."""
-    import sgl_kernel.dsv4_mxfp4_planes as planes
+    import sgl_kernel.dsv4_moe_planes as planes
 
     assert moe_config(6, 256, planes=True).gate_up.planes and moe_config(192, 256, planes=True).down.planes
     assert not moe_config(6, 256).gate_up.planes and not moe_config(24576, 256, planes=True).gate_up.planes
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    monkeypatch.setattr(planes, "_interpreting", lambda: False)
+    monkeypatch.setattr(planes, "interpreting", lambda: False)
     monkeypatch.setattr(torch.version, "hip", None)
     assert planes.planes_supported(cuda, torch.bfloat16)
     assert not planes.planes_supported(cuda, torch.float16) and not planes.planes_supported(cpu, torch.bfloat16)
@@ -296,6 +297,26 @@ def test_planes_split_k_equals_reference(swap):
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4 * ref.abs().max().item())
 
 
+def test_k_splits_only_for_the_parity_planes():
+    """K splits lost at every decode size measured on the general kernels (no default took them): a launch asking for
+    them there is refused by name at construction, as is a split count below 1; the planes' splits stay."""
+    with pytest.raises(ValueError, match="MoeLaunch.split_k"):
+        MoeLaunch(32, 32, split_k=2)
+    with pytest.raises(ValueError, match="MoeLaunch.split_k"):
+        MoeLaunch(32, 32, split_k=0, scaled_dot=False, planes=True)
+    assert MoeLaunch(32, 32, split_k=2, scaled_dot=False, planes=True).split_k == 2
+
+
+def test_scale_range_gate_of_the_planes():
+    """The loader's check (scale_bytes_fit_planes): a range inside [SCALE_MIN, SCALE_MAX] fits, one past either end
+    or an empty one (nothing loaded: smallest > largest) does not."""
+    from sgl_kernel.dsv4_moe import SCALE_MAX, SCALE_MIN, scale_bytes_fit_planes
+
+    assert scale_bytes_fit_planes(SCALE_MIN, SCALE_MAX) and scale_bytes_fit_planes(120, 120)
+    assert not scale_bytes_fit_planes(SCALE_MIN - 1, 120) and not scale_bytes_fit_planes(120, SCALE_MAX + 1)
+    assert not scale_bytes_fit_planes(256, -1)
+
+
 def test_zero_tokens_and_bad_shapes():
     w13, s13, w2, s2 = _experts(4, 64, 32, seed=0)
     assert dsv4_moe_mxfp4(torch.zeros(0, 64), torch.zeros(0, 2, dtype=torch.int64), torch.zeros(0, 2), w13, s13,
@@ -329,7 +350,7 @@ def test_gpu_flash_widths(tokens, path):
     (tl.dot_scaled; TMA copies from 8 tokens on sm90), the in-register dequantization, the scaled dot's launches
     with every code read by pointers / through TMA, and the PTX parity planes (decode; the scales in range), also split
     over K in 2 (gate-up) and 4 (down)."""
-    from sgl_kernel.dsv4_mxfp4_planes import planes_supported
+    from sgl_kernel.dsv4_moe import planes_supported
 
     w13, s13, w2, s2 = _experts(256, 4096, 2048, seed=0, device="cuda")
     ids, weights = _routing(tokens, 6, 256, seed=1, skew=False, device="cuda")
