@@ -68,11 +68,13 @@ def process_wording(text: str) -> list:
 
 def test_process_wording_pattern():
     for bad in ("measured in the fifteenth session", "since the 3rd session", "see issue 16", "as in issue #13",
-                "fixed (#12)", "as in #16's runs", "see #12", "not timed this session", "the session's device time", "last session's estimate"):
+                "fixed (#12)", "as in #16's runs", "see #12", "not timed this session", "the session's device time",
+                "last session's estimate"):
         assert process_wording(bad), bad
     for good in ("each multi-turn session resends the conversation", "aiohttp.ClientSession(timeout=t)",
                  "a live graph makes destroy_process_group hang: pytorch#115388", "Turn t of a session",
-                 "colour #1f77b4", "{lambda()#3}::operator()", "layers.2.ffn #13", "the newline #2 may come", "RESULTS.md, \"MoE kernels\" (2026-12-06, 3f99a54)"):
+                 "colour #1f77b4", "{lambda()#3}::operator()", "layers.2.ffn #13", "the newline #2 may come",
+                 "RESULTS.md, \"MoE kernels\" (2026-12-06, 3f99a54)"):
         assert not process_wording(good), good
 
 
