@@ -1,5 +1,5 @@
-"""The fused MXFP4 MoE (sgl_kernel.dsv4_moe_mxfp4) at DeepSeek-V4 Flash shapes on a GPU, against the bytes-read floor
-and the bf16 grouped-GEMM experts, all measured in one run.
+"""The fused MXFP4 MoE (sgl_kernel.dsv4_moe.dsv4_moe_mxfp4) at DeepSeek-V4 Flash shapes on a GPU, against the
+bytes-read floor and the bf16 grouped-GEMM experts, all measured in one run.
 
     python benchmark/bench_moe_mxfp4.py [--experts 256] [--top-k 6] [--tokens 1 8 32 128 256 4096] [--profile]
         [--config-from sweep.json] [--planes | --gemv] [--row-major-scales] [--no-pdl] [--out r.json]
@@ -10,7 +10,8 @@ Per token count: router choices drawn uniformly (top-k distinct of E), the fused
 bytes)) / same-run copy bandwidth, their ratio (the decode target: >= 0.6 of copy bandwidth at <= 32 tokens), and
 the engine's bf16 path (`RoutedExperts`, torch._grouped_mm) on the dequantized weights for comparison.
 --config-from takes each token count's launches from a sweep's JSON (benchmark/kernels/sweep_moe_mxfp4.py): the row
-count per block with the lowest gate-up + down time, each kernel's best launch at it; otherwise `moe_config`'s.
+count per block with the lowest gate-up + down time, each kernel's best launch at it (rows of launches the kernels
+no longer have, from older sweeps, passed over); otherwise `moe_config`'s.
 --gemv times what the engine runs: 1-8 tokens as CUDA-core GEMVs (dsv4_moe_gemv), more through the planes.
 """
 
@@ -57,32 +58,67 @@ def kernel_table(fn, steps: int = 20) -> str:
     return prof.key_averages().table(sort_by="cuda_time_total", row_limit=15, max_name_column_width=60)
 
 
+def load_sweep(path: str) -> list:
+    """The rows of a sweep's JSON (--config-from), or a clear error naming the flag."""
+    try:
+        with open(path) as f:
+            rows = json.load(f).get("rows")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise SystemExit(f"--config-from {path}: not a readable sweep JSON ({exc})") from exc
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and {"tokens", "kernel", "block_m"} <= r.keys()
+                                             for r in rows):
+        raise SystemExit(f"--config-from {path}: expected sweep_moe_mxfp4.py's JSON, a \"rows\" list of rows with "
+                         f"tokens, kernel and block_m")
+    return rows
+
+
+# A sweep row's fields that are not its launch's
+SWEEP_ROW_FIELDS = {"tokens", "kernel", "block_m", "ms", "floor_ms", "fraction_of_copy_bw", "relative_error_vs_default",
+                    "failed"}
+# Switches that older sweeps wrote for launch variants since dropped, at the value that is today's kernel (any other
+# switch, e.g. fma, group_dot, prefetch or swap_ab, at False)
+KEPT_SWITCHES = {"scale_bcast": True}
+
+
+def swept_launch(row: dict):
+    """The MoeLaunch a sweep row timed, or None where the kernels no longer have it: rows of older sweeps with a
+    dropped variant switched on (the per-byte scale loads, scale_bcast False; fma, group_dot, prefetch, swap_ab) or
+    K splits of the general kernels (split_k > 1 without planes). A launch built from the other fields would be a
+    different kernel than the one timed."""
+    from sgl_kernel.dsv4_moe import MoeLaunch
+
+    fields = {f.name for f in dataclasses.fields(MoeLaunch)}
+    if any(value != KEPT_SWITCHES.get(key, False) for key, value in row.items()
+           if key not in fields and key not in SWEEP_ROW_FIELDS):
+        return None
+    try:
+        return MoeLaunch(**{name: row[name] for name in fields if name in row})
+    except ValueError:  # MoeLaunch refuses split_k > 1 without planes
+        return None
+
+
 def swept_config(rows: list, tokens: int):
     """The sweep's best MoeConfig for `tokens` (None if it has no rows for it): per rows-per-block, each kernel's
-    fastest launch; the block size whose two launches sum lowest."""
+    fastest launch (of those the kernels still have: swept_launch); the block size whose two launches sum lowest."""
+    from sgl_kernel.dsv4_moe import MoeConfig
 
-    from sgl_kernel.dsv4_moe_mxfp4 import MoeConfig, MoeLaunch
-
-    fields = [f.name for f in dataclasses.fields(MoeLaunch)]
     best = {}
     for r in rows:
-        if r["tokens"] == tokens and "ms" in r:
+        if r["tokens"] == tokens and "ms" in r and (launch := swept_launch(r)) is not None:
             key = (r["block_m"], r["kernel"])
-            if key not in best or r["ms"] < best[key]["ms"]:
-                best[key] = r
+            if key not in best or r["ms"] < best[key][0]:
+                best[key] = (r["ms"], launch)
     sizes = [b for b in {bm for bm, _ in best} if (b, "gate_up") in best and (b, "down") in best]
     if not sizes:
         return None
-    bm = min(sizes, key=lambda b: best[(b, "gate_up")]["ms"] + best[(b, "down")]["ms"])
-    launch = lambda r: MoeLaunch(**{f: r[f] for f in fields if f in r})  # noqa: E731
-    return MoeConfig(bm, launch(best[(bm, "gate_up")]), launch(best[(bm, "down")]))
+    bm = min(sizes, key=lambda b: best[(b, "gate_up")][0] + best[(b, "down")][0])
+    return MoeConfig(bm, best[(bm, "gate_up")][1], best[(bm, "down")][1])
 
 
 def main() -> None:
     from sgl_kernel.dsv4_moe_gemv import GEMV_MAX_TOKENS
-    from sgl_kernel.dsv4_moe_mxfp4 import dsv4_moe_mxfp4, moe_config, tma_supported
-    from sgl_kernel.dsv4_mxfp4_planes import planes_supported
-    from sgl_kernel.dsv4_moe_mxfp4_ref import dequant_mxfp4_ref
+    from sgl_kernel.dsv4_moe import dsv4_moe_mxfp4, moe_config, planes_supported, tma_supported
+    from sgl_kernel.dsv4_moe_ref import dequant_mxfp4_ref
     from sglang.srt.layers.moe.experts import RoutedExperts
 
     ap = argparse.ArgumentParser()
@@ -94,7 +130,7 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="print torch.profiler's kernel table per token count")
     ap.add_argument("--config-from", help="a sweep's JSON: each token count's best launches from it")
     ap.add_argument("--planes", action="store_true", help="the engine's case: scales checked at load, so decode "
-                    "takes the parity planes (dsv4_mxfp4_planes) where the GPU has them")
+                    "takes the parity planes (dsv4_moe_planes) where the GPU has them")
     ap.add_argument("--gemv", action="store_true", help="the engine's default: 1-8 tokens as CUDA-core GEMVs "
                     "(dsv4_moe_gemv), more as --planes")
     ap.add_argument("--row-major-scales", action="store_true", help="scale bytes in the checkpoint's row-major layout "
@@ -103,7 +139,7 @@ def main() -> None:
                     "(MoeConfig.pdl; dsv4_pdl)")
     ap.add_argument("--out")
     args = ap.parse_args()
-    swept = json.load(open(args.config_from))["rows"] if args.config_from else []
+    swept = load_sweep(args.config_from) if args.config_from else []
     e, d, i, k = args.experts, args.hidden, args.intermediate, args.top_k
     g = torch.Generator(device="cuda").manual_seed(0)
     w13, s13, w2, s2 = random_mxfp4_experts(e, d, i, g, chunk=not args.row_major_scales)

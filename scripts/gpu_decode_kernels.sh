@@ -4,7 +4,7 @@
 # FP8 linear path at decode rows.
 #   [SWEEP_S=150] [SWEEP_TOKENS="1 8 32"] bash scripts/gpu_decode_kernels.sh      Logs and JSON: $OUT.
 source "$(dirname "$0")/gpu_env.sh"
-TAIL=30 step "MoE and FP8 GEMM GPU tests" python3 -m pytest -q -s -m gpu test/kernels/test_dsv4_moe_mxfp4.py \
+TAIL=30 step "MoE and FP8 GEMM GPU tests" python3 -m pytest -q -s -m gpu test/kernels/test_dsv4_moe.py \
   test/kernels/test_dsv4_mxfp4_scales.py test/kernels/test_dsv4_pdl.py test/kernels/test_dsv4_moe_gemv.py \
   test/kernels/test_dsv4_fp8_gemm.py -p no:cacheprovider
 TAIL=40 step "MoE sweep" python3 benchmark/kernels/sweep_moe_mxfp4.py --tokens ${SWEEP_TOKENS:-1 8 32} --planes \

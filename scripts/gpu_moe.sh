@@ -18,7 +18,7 @@ if [ "${DECODE_ONLY:-0}" = 1 ]; then
     --tokens 1 2 4 8 --out "$OUT/sweep_gemv.json"
   finish
 fi
-TAIL=14 step "MoE GPU tests (1, 32 tokens)" python3 -m pytest -q -s -m gpu test/kernels/test_dsv4_moe_mxfp4.py \
+TAIL=14 step "MoE GPU tests (1, 32 tokens)" python3 -m pytest -q -s -m gpu test/kernels/test_dsv4_moe.py \
   test/kernels/test_dsv4_mxfp4_scales.py test/kernels/test_dsv4_pdl.py test/kernels/test_dsv4_moe_gemv.py \
   -k "not 4096" -p no:cacheprovider
 TAIL=6 step "fp32 W8A16 GPU tests" python3 -m pytest -q -m gpu test/kernels/test_dsv4_fp8_gemm.py -k fp32 \

@@ -6,7 +6,7 @@
 source "$(dirname "$0")/gpu_env.sh"
 CONFIG=benchmark/configs/flash-slice-4l32e.config.json
 TAIL=6 step "limits: copy bandwidth, bf16 matmul" python3 benchmark/kernels/run_all.py --only none
-TAIL=30 step "kernel tests" python3 -m pytest -q -s -m gpu test/kernels/test_dsv4_moe_mxfp4.py \
+TAIL=30 step "kernel tests" python3 -m pytest -q -s -m gpu test/kernels/test_dsv4_moe.py \
   test/kernels/test_dsv4_mxfp4_scales.py test/kernels/test_dsv4_pdl.py test/kernels/test_dsv4_moe_gemv.py \
   test/kernels/test_dsv4_fp8_gemm.py -p no:cacheprovider
 TAIL=10 step "fused MXFP4 MoE, the engine's path" python3 benchmark/bench_moe_mxfp4.py --gemv \

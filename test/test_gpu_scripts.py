@@ -93,6 +93,17 @@ def test_a_step_past_its_bound_fails(tmp_path):
     assert proc.returncode == 1 and "failed step: hangs" in proc.stdout, proc.stdout + proc.stderr
 
 
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_files_a_script_names_exist(script):
+    """Every repository path a script passes (tests, benchmarks, scripts, configs) is there: a renamed test file or
+    benchmark fails here, not as a missing file on a GPU machine."""
+    text = open(os.path.join(ROOT, "scripts", script)).read()
+    named = set(re.findall(r"(?<![\w/.$-])((?:test|benchmark|scripts)/[\w/.-]+\.(?:py|sh|json))", text))
+    assert named, script
+    missing = sorted(p for p in named if not os.path.exists(os.path.join(ROOT, p)))
+    assert missing == [], f"{script} names files that do not exist"
+
+
 def test_docs_list_every_script():
     """docs/benchmarking.md names every GPU script, benchmark/README.md every benchmark script, one line each."""
     docs = open(os.path.join(ROOT, "docs", "benchmarking.md")).read()

@@ -1,6 +1,6 @@
-"""The fused MoE's token sort (sgl_kernel.dsv4_moe_mxfp4.dsv4_moe_align) on a GPU: the one-program Triton sort against
-the torch ops, as CUDA-graph replays (the engine's decode replays graphs), at Flash's 256 experts, top-6, with one
-other rank's pair (-1) per batch; both checked equal first. The crossover sets ALIGN_ONE_PROGRAM_PAIRS.
+"""The fused MoE's token sort (sgl_kernel.dsv4_moe_align) on a GPU: the one-program Triton sort against the torch
+ops, as CUDA-graph replays (the engine's decode replays graphs), at Flash's 256 experts, top-6, with one other rank's
+pair (-1) per batch; both checked equal first. The crossover sets ALIGN_ONE_PROGRAM_PAIRS.
 
     python benchmark/kernels/bench_moe_align.py [--tokens 1 8 32 42 128 256 1024 4096]
 """
@@ -15,7 +15,7 @@ import triton
 
 
 def main() -> None:
-    from sgl_kernel.dsv4_moe_mxfp4 import dsv4_moe_align
+    from sgl_kernel.dsv4_moe_align import dsv4_moe_align
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 32, 42, 128, 256, 1024, 4096])

@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from bench_moe_mxfp4 import random_mxfp4_experts  # noqa: E402
 
-from sgl_kernel.dsv4_moe_mxfp4 import MoeConfig, MoeLaunch, dsv4_moe_mxfp4, moe_config  # noqa: E402
+from sgl_kernel.dsv4_moe import MoeConfig, MoeLaunch, dsv4_moe_mxfp4, moe_config  # noqa: E402
 
 
 def launch(spec: str, default: MoeLaunch) -> MoeLaunch:

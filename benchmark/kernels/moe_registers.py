@@ -5,12 +5,13 @@ Triton that is installed (3.6 on our H200 image; the numbers in RESULTS.md name 
     python benchmark/kernels/moe_registers.py [--tokens 1 8 32] [--tma both] [--sass] [--warps 4 8] [--stages 3 5]
         [--maxnreg 128 96] [--planes]
 
-Each launch of `moe_config` for the token counts (Flash: 256 experts, top-6, bf16 activations, the scaled dot), with
-the codes read by pointers and through TMA descriptors (MoeLaunch.tma); --planes: the decode launches of the PTX
-parity planes instead (MoeLaunch.planes, the engine's on NVIDIA GPUs from 9 tokens). 255 registers with a stack
-means the compiler spilled; fewer registers leave room for more programs per SM (65,536 registers per SM on an
-H100 / H200). --sass adds the K loop's instruction mix: instructions per thread and iteration over the weights each
-thread upcasts is the issue cost per weight that bounds the decode launches (RESULTS.md "MoE kernels").
+Each launch of `moe_config` for the token counts (Flash: 256 experts, top-6, bf16 activations, the scaled dot of
+dsv4_moe_general's kernels), with the codes read by pointers and through TMA descriptors (MoeLaunch.tma); --planes: the
+decode launches of the PTX parity planes instead (MoeLaunch.planes, dsv4_moe_planes' kernels: the engine's on NVIDIA
+GPUs from 9 tokens; prefill sizes keep the scaled dot). 255 registers with a stack means the compiler spilled; fewer
+registers leave room for more programs per SM (65,536 registers per SM on an H100 / H200). --sass adds the K loop's
+instruction mix: instructions per thread and iteration over the weights each thread upcasts is the issue cost per weight
+that bounds the decode launches (RESULTS.md "MoE kernels").
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ import tempfile
 import triton
 from triton.backends.compiler import GPUTarget
 
-from sgl_kernel import dsv4_moe_mxfp4 as moe
+from sgl_kernel import dsv4_moe_general as general
 from sgl_kernel import dsv4_moe_planes as planes
+from sgl_kernel.dsv4_moe import moe_config
 
 # argument types by name (pointer element types; every other runtime argument is an int32 but `limit`)
 POINTERS = {"x_ptr": "*bf16", "h_ptr": "*bf16", "rows_ptr": "*i64", "bexp_ptr": "*i64", "w_ptr": "*u8", "s_ptr": "*u8",
@@ -36,6 +38,7 @@ POINTERS = {"x_ptr": "*bf16", "h_ptr": "*bf16", "rows_ptr": "*i64", "bexp_ptr": 
 
 
 def signature(kernel, consts: dict, desc_block) -> dict:
+    """Each runtime argument's type as the engine's launches pass them (constexprs named as such)."""
     sig = {}
     for name in kernel.arg_names:
         if name in consts:
@@ -44,9 +47,27 @@ def signature(kernel, consts: dict, desc_block) -> dict:
             sig[name] = f"tensordesc<u8[{desc_block[0]}, {desc_block[1]}]>" if desc_block else "constexpr"
         else:
             sig[name] = POINTERS.get(name, "fp32" if name == "limit" else "i32")
-    if kernel in (moe._moe_gate_up_kernel, planes._planes_gate_up_kernel):
-        sig["h_ptr"] = "*bf16"
+    if kernel is planes._planes_gate_up_kernel and consts.get("SPLITS", 1) > 1:
+        sig["h_ptr"] = "*fp32"  # K splits write their raw fp32 sums; one split the activated bf16 rows
     return sig
+
+
+def kernels_of(launch) -> tuple:
+    """The (gate-up, down) kernels that run `launch`: the parity planes' or the general ones."""
+    if launch.planes:
+        return planes._planes_gate_up_kernel, planes._planes_down_kernel
+    return general._moe_gate_up_kernel, general._moe_down_kernel
+
+
+def constexprs(block_m: int, launch, tma: bool) -> dict:
+    """The constexprs the engine's launch passes (bf16 activations, chunked scale bytes, MXFP4 weights): the planes
+    kernels' (dsv4_moe_planes.planes_gate_up / planes_down, PTX and PDL on) or the general kernels' (dsv4_moe_general,
+    the scaled dot)."""
+    tiles = {"BLOCK_M": block_m, "BLOCK_N": launch.block_n, "BLOCK_K": launch.block_k, "PREC": "tf32",
+             "SCALE_CHUNKED": True}
+    if launch.planes:
+        return {**tiles, "SWAP": launch.swap, "PTX": True, "SPLITS": launch.split_k, "PDL": True}
+    return {**tiles, "WEIGHT_FP8": False, "A_FMT": "bf16", "TMA": tma}
 
 
 def compile_sm90(kernel, consts: dict, launch, tma: bool):
@@ -111,24 +132,16 @@ def main() -> None:
     ap.add_argument("--maxnreg", type=int, nargs="+", default=[0], help="register caps to compile (0: none)")
     args = ap.parse_args()
     print(f"Triton {triton.__version__}, sm90")
-    common = {"WEIGHT_FP8": False, "SCALE_BCAST": True, "PREC": "tf32", "A_FMT": "bf16", "SCALE_CHUNKED": True}
     for t in args.tokens:
-        cfg = moe.moe_config(t * 6, 256, tma=not args.planes, planes=args.planes)
-        kernels = ((planes._planes_gate_up_kernel, planes._planes_down_kernel) if args.planes else
-                   (moe._moe_gate_up_kernel, moe._moe_down_kernel))
-        for name, kernel, launch, extra in (("gate_up", kernels[0], cfg.gate_up, {"SPLIT_K": 1}),
-                                            ("down", kernels[1], cfg.down, {})):
-            tmas = [False] if args.planes else {"off": [False], "on": [True], "both": [False, True]}[args.tma]
+        # --planes: moe_config's planes launches at decode sizes (prefill sizes keep the scaled dot's)
+        cfg = moe_config(t * 6, 256, tma=not args.planes, planes=args.planes)
+        for name, launch in (("gate_up", cfg.gate_up), ("down", cfg.down)):
+            kernel = kernels_of(launch)[name == "down"]
+            tmas = [False] if launch.planes else {"off": [False], "on": [True], "both": [False, True]}[args.tma]
             for tma, warps, stages, cap in itertools.product(tmas, args.warps, args.stages, args.maxnreg):
                 launch_t = dataclasses.replace(launch, tma=tma, num_warps=warps or launch.num_warps,
                                                num_stages=stages or launch.num_stages, maxnreg=cap or launch.maxnreg)
-                consts = {**common, **extra, "BLOCK_M": cfg.block_m, "BLOCK_N": launch.block_n,
-                          "BLOCK_K": launch.block_k, "TMA": tma}
-                if args.planes:  # the planes' kernels: their own constexprs
-                    consts = {"BLOCK_M": cfg.block_m, "BLOCK_N": launch.block_n, "BLOCK_K": launch.block_k,
-                              "SWAP": launch.swap, "PTX": True, "PREC": "tf32", "SCALE_CHUNKED": True,
-                              "SPLITS": launch.split_k, "PDL": True}
-                c = compile_sm90(kernel, consts, launch_t, tma)
+                c = compile_sm90(kernel, constexprs(cfg.block_m, launch, tma), launch_t, tma)
                 print(f"tokens {t:4d} {name:8s} {launch_t}: {resources(c)}", flush=True)
                 if args.sass:
                     print(f"      {loop_mix(c)}", flush=True)

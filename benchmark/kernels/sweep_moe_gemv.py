@@ -48,7 +48,7 @@ def label(launch) -> str:
 
 def main() -> None:
     from sgl_kernel.dsv4_moe_gemv import GemvLaunch, gemv_fits, gemv_launch, gemv_moe
-    from sgl_kernel.dsv4_moe_mxfp4 import dsv4_moe_mxfp4, mxfp4_experts_of
+    from sgl_kernel.dsv4_moe import dsv4_moe_mxfp4, mxfp4_experts_of
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])

@@ -1,4 +1,4 @@
-"""Tile sweep of the fused MXFP4 MoE kernels (sgl_kernel.dsv4_moe_mxfp4) at DeepSeek-V4 Flash shapes on a GPU: each
+"""Tile sweep of the fused MXFP4 MoE kernels (sgl_kernel.dsv4_moe) at DeepSeek-V4 Flash shapes on a GPU: each
 kernel (gate-up with the SwiGLU, down with the router weights) timed alone for every candidate launch, per token
 count, against the bytes-read floor of the packed experts it touches (same-run copy bandwidth). Prints the best
 launches per (kernel, tokens) and writes every row to --out; `moe_config` takes its settings from here.
@@ -12,7 +12,7 @@ of the PTX parity planes (MoeLaunch.planes, dsv4_moe_planes: the engine's decode
 second in the MMA, MoeLaunch.swap), the engine's planes launches and their 2 / 4 K splits (MoeLaunch.split_k) first.
 For the scaled dot, K splits, 1-8-row multiply-adds and one MMA per 32-input scale group (2026-12-02) and the next K
 tile prefetched into registers (2026-12-03) lost to one split at every decode size on the H200 and are not swept
-(RESULTS.md "MoE kernels").
+(RESULTS.md "MoE kernels"); the general kernels (dsv4_moe_general) have no K splits, so only planes launches split.
 
 Decode candidates are timed as CUDA-graph replays (the engine's decode; eager timing of a 30 us kernel measures the
 host's launch), prefill ones eagerly; every candidate's output is compared with the default launches' (relative
@@ -49,9 +49,9 @@ def by_pair(h: torch.Tensor, rows: torch.Tensor, pairs: int) -> torch.Tensor:
 
 
 def main() -> None:
-    from sgl_kernel.dsv4_moe_mxfp4 import (PLANES_DOWN, PLANES_DOWN_ONE, PLANES_GATE_UP, PLANES_GATE_UP_FEW,
-                                           PLANES_GATE_UP_ONE, MoeLaunch, dsv4_moe_align, moe_config, moe_down,
-                                           moe_gate_up, tma_supported)
+    from sgl_kernel.dsv4_moe import (PLANES_DOWN, PLANES_DOWN_ONE, PLANES_GATE_UP, PLANES_GATE_UP_FEW,
+                                     PLANES_GATE_UP_ONE, MoeLaunch, moe_config, moe_down, moe_gate_up, tma_supported)
+    from sgl_kernel.dsv4_moe_align import dsv4_moe_align
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--experts", type=int, default=256)
