@@ -1,4 +1,4 @@
-"""What a new user runs, as the README writes it: bench_serving and the OpenAI client against a real server,
+"""What a new user runs, as the README and docs/ write it: bench_serving and the OpenAI client against a real server,
 the launch_subprocess Engine script, the server's start-up (port in use, flags that change nothing, the chat
 parsers on by default) and scripts/gpu_validate.sh's exit status. The eval scripts' failure paths run against a stub
 in test_bench_clients.py; --help and CLI errors in test_cli.py."""
@@ -20,14 +20,25 @@ from server_process import launch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 README = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+API_DOC = open(os.path.join(ROOT, "docs", "api.md"), encoding="utf-8").read()
+BENCH_DOC = open(os.path.join(ROOT, "docs", "benchmarking.md"), encoding="utf-8").read()
 MODEL = "tiny-deepseek-v4"
 
 
-def readme_python_block(marker: str) -> str:
-    """The README's ```python block containing `marker`."""
-    blocks = [b for b in re.findall(r"```python\n(.*?)```", README, re.S) if marker in b]
-    assert len(blocks) == 1, f"expected one README python block with {marker!r}, found {len(blocks)}"
+def readme_python_block(marker: str, text: str = README) -> str:
+    """The ```python block of `text` (the README by default) containing `marker`."""
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if marker in b]
+    assert len(blocks) == 1, f"expected one python block with {marker!r}, found {len(blocks)}"
     return blocks[0]
+
+
+def shell_command(text: str, prefix: str) -> list:
+    """The words of the command in a ```bash block of `text` that starts with `prefix` (continuation lines joined)."""
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        for command in block.replace("\\\n", " ").splitlines():
+            if command.startswith(prefix):
+                return command.split()
+    raise AssertionError(f"no command starting with {prefix!r}")
 
 
 def run_script(tmp_path, code: str, timeout: float = 240) -> subprocess.CompletedProcess:
@@ -49,7 +60,7 @@ def server(tmp_path_factory):
 
 
 def test_readme_bench_serving_command(server):
-    cmd = re.search(r"`(python -m sglang\.bench_serving [^`]*)`", README, re.S).group(1).split()
+    cmd = shell_command(README, "python -m sglang.bench_serving ")
     assert cmd[3:] == ["--backend", "sglang", "--num-prompts", "64", "--random-input-len", "128",
                        "--random-output-len", "32"]  # no dataset file named: random ids, offline
     proc = subprocess.run([sys.executable, *cmd[1:], "--port", server.base_url.rsplit(":", 1)[1]],
@@ -60,9 +71,10 @@ def test_readme_bench_serving_command(server):
 
 
 def test_readme_multi_turn_command(server):
-    """The README's multi-turn bench_serving run: every turn completes and later turns reuse the cached history."""
-    cmd = re.search(r"`(python -m\s+sglang\.bench_serving --backend sglang-oai-chat --dataset-name multi-turn [^`]*)`",
-                    README, re.S).group(1).split()
+    """docs/benchmarking.md's multi-turn bench_serving run: every turn completes and later turns reuse the cached
+    history."""
+    cmd = shell_command(BENCH_DOC, "python -m sglang.bench_serving --backend sglang-oai-chat")
+    assert "multi-turn" in cmd
     proc = subprocess.run([sys.executable, *cmd[1:], "--port", server.base_url.rsplit(":", 1)[1]],
                           capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -228,12 +240,12 @@ if __name__ == "__main__":
 
 
 def test_readme_engine_scripts_exit_cleanly(tmp_path):
-    """In one script (one interpreter start): the README's Offline API block as written (and its finish_reason
-    shape), the README's launch_subprocess block as written, then the same block without its shutdown (the
-    exit hook stops the engine and closes its loop)."""
+    """In one script (one interpreter start): the README's Offline API block as written (and the finish_reason
+    shape docs/api.md describes), docs/api.md's launch_subprocess block as written, then the same block without its
+    shutdown (the exit hook stops the engine and closes its loop)."""
     offline = readme_python_block('engine.generate(prompt="Hello", sampling_params={"temperature": 0, '
                                   '"max_new_tokens": 8}')
-    sub = readme_python_block("launch_subprocess=True")
+    sub = readme_python_block("launch_subprocess=True", API_DOC)
     assert 'if __name__ == "__main__":' in sub and "engine.shutdown()" in sub  # the guard the README asks for
     code = PROBE + "\n".join([
         'if __name__ == "__main__":',
@@ -248,7 +260,7 @@ def test_readme_engine_scripts_exit_cleanly(tmp_path):
     for noise in ("Invalid file descriptor", "Exception ignored", "Traceback", "Task was destroyed", "leaked"):
         assert noise not in proc.stderr, proc.stderr[-3000:]
     assert re.search(r"FINISH (.*)", proc.stdout).group(1) == "{'type': 'length', 'length': 8}"
-    assert '`{"type": "length", "length": 8}`' in README  # the README describes exactly this shape
+    assert '`{"type": "length", "length": 8}`' in API_DOC  # the docs describe exactly this shape
 
 
 # ---- scripts/gpu_validate.sh ------------------------------------------------------------------------------------
