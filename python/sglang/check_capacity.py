@@ -239,63 +239,6 @@ def per_rank_weight_bytes(model: str, config, args, pc, device: torch.device) ->
     return w.weight_bytes, w.checkpoint_bytes
 
 
-def resolve_preset_args(args, config, stored) -> object:
-    """`resolve_server_args` (arg_groups/deepseek_v4_hook.py) for a checkpoint known by its config and stored formats
-    (`stored`: loader.CheckpointQuantization) instead of its directory: the same steps in the same order, the hook's
-    own functions where it has them, its inline defaults and apply_quantization's checks restated (those read the
-    directory). test_check_capacity resolves a checkpoint directory's arguments both ways and requires the same
-    result, so a change to the hook not made here fails there."""
-    from sglang.srt.arg_groups import deepseek_v4_hook as hook
-    from sglang.srt.environ import envs
-
-    args.validate()
-    applied = []
-
-    def default(name: str, value) -> None:
-        if getattr(args, name) is None:
-            setattr(args, name, value)
-            applied.append(f"{name}={value}")
-
-    on_cpu = args.device == "cpu"
-    args.parallel_config().validate(config)
-    default("page_size", hook.DEFAULT_PAGE_SIZE)
-    hook.validate_page_size(args.page_size, config)
-    applied += hook.apply_platform_defaults(args)
-    if args.context_length is not None and args.context_length > config.max_position_embeddings:
-        raise ValueError(f"--context-length {args.context_length} exceeds the model's max_position_embeddings "
-                         f"{config.max_position_embeddings}")
-    default("context_length", config.max_position_embeddings)
-    default("max_running_requests", 256)
-    default("chunked_prefill_size", 1024 if on_cpu else 8192)
-    default("mem_fraction_static", 0.25 if on_cpu else 0.85)
-    # hook.apply_quantization after its detect_quantization(model_dir)
-    fp4_env = envs.SGLANG_DSV4_FP4_EXPERTS.get()
-    if fp4_env is not None and stored.experts is not None and fp4_env != (stored.experts == "fp4"):
-        raise ValueError(f"SGLANG_DSV4_FP4_EXPERTS={int(fp4_env)} but the checkpoint's routed experts are stored "
-                         f"{stored.experts}")
-    if args.quantization == "fp8" and stored.linears != "fp8":
-        raise ValueError(f"--quantization fp8: the checkpoint stores no FP8 linears ({stored.describe()})")
-    if args.quantization == "mxfp4" and stored.experts != "fp4":
-        raise ValueError(f"--quantization mxfp4: the checkpoint stores no MXFP4 experts ({stored.describe()})")
-    if args.quantization is None:
-        args.quantization = "fp8" if stored.linears == "fp8" else "mxfp4" if stored.experts == "fp4" else "none"
-        where = "kept quantized on the GPU" if args.device != "cpu" else "dequantized at load on CPU"
-        note = f"; {where}" if args.quantization != "none" else ""
-        applied.append(f"quantization={args.quantization} (checkpoint: {stored.describe()}{note})")
-    applied += hook.apply_speculative_defaults(args, config)
-    applied += hook.apply_dp_attention_defaults(args)
-    applied += hook.apply_cuda_graph_defaults(args)
-    if args.kv_cache_dtype == "fp8_e4m3" and config.nope_head_dim % 64:
-        raise ValueError(f"--kv-cache-dtype fp8_e4m3 needs head_dim - qk_rope_head_dim ({config.nope_head_dim}) "
-                         f"to be a multiple of 64")
-    if args.enable_deepseek_v4_fp4_indexer and config.index_head_dim % 32:
-        raise ValueError(f"--enable-deepseek-v4-fp4-indexer needs index_head_dim ({config.index_head_dim}) to be "
-                         f"a multiple of 32")
-    args.applied_defaults = applied
-    args.log_inert_flags()
-    return args
-
-
 @contextmanager
 def planned_platform(gpu: GpuSpec):
     """Decide formats and defaults as on `gpu`'s platform, whatever this machine is (sglang.srt.platform answers every
@@ -380,7 +323,7 @@ def plan_from_argv(argv: list) -> Planned:
         hub = hub_model(name)
         if hub is not None:
             config = DeepseekV4Config.from_dict(hub[1])
-            resolve_preset_args(args, config, CheckpointQuantization("fp8", hub[2]))  # FP8 linears on the hub
+            resolve_server_args(args, (config, CheckpointQuantization("fp8", hub[2])))  # FP8 linears on the hub
         else:
             from sglang.srt.model_loader.model_path import resolve_model_path
 

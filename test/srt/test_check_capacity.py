@@ -233,12 +233,11 @@ def test_help_has_every_flag_and_the_units():
     {"context_length": 4096}, {"page_size": 24}, {"tp_size": 3}, {"mem_fraction_static": 1.5},
 ])
 def test_preset_resolution_equals_the_servers(platform, kwargs):
-    """Presets have no directory, so check_capacity resolves their arguments with resolve_preset_args; for a checkpoint
-    directory it gives what the server's resolve_server_args gives (every field, the defaults it reports, the
-    platform decisions), or refuses with the same message."""
+    """Presets have no directory, so check_capacity gives the server's resolve_server_args their config and stored
+    formats; for a checkpoint directory that gives what reading the directory gives (every field, the defaults it
+    reports, the platform decisions), or refuses with the same message."""
     import dataclasses
 
-    from sglang.check_capacity import resolve_preset_args
     from sglang.srt.arg_groups.deepseek_v4_hook import resolve_server_args
     from sglang.srt.model_loader.loader import detect_quantization, load_config
     from sglang.srt.platform import simulate_platform
@@ -257,7 +256,7 @@ def test_preset_resolution_equals_the_servers(platform, kwargs):
         return dataclasses.asdict(args), args.applied_defaults, args.platform_decisions, args.recipe_notes
 
     server = resolved(resolve_server_args)
-    assert resolved(lambda a: resolve_preset_args(a, config, detect_quantization(path, config))) == server
+    assert resolved(lambda a: resolve_server_args(a, (config, detect_quantization(path, config)))) == server
 
 
 def test_hub_plans_match_the_loaders_plan():

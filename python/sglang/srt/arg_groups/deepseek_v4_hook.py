@@ -93,14 +93,12 @@ def apply_cuda_graph_defaults(args: "ServerArgs") -> list:
     return [f"cuda_graph_bs={usable}"]
 
 
-def apply_quantization(args: "ServerArgs", model_dir: str, config: DeepseekV4Config) -> list:
-    """--quantization from the checkpoint's stored formats (printed at start): fp8 when its linears are FP8 (MXFP4
-    experts, if any, stay packed too), mxfp4 when only its routed experts are MXFP4, else none. An explicit value the
-    checkpoint does not store is refused (nothing quantizes at load); so is SGLANG_DSV4_FP4_EXPERTS contradicting
-    the experts' stored format (upstream's switch for FP8-converted expert checkpoints; detected here)."""
-    from sglang.srt.model_loader.loader import detect_quantization
-
-    stored = detect_quantization(model_dir, config)
+def apply_quantization(args: "ServerArgs", stored) -> list:
+    """--quantization from the checkpoint's stored formats (`stored`: loader.CheckpointQuantization; printed at
+    start): fp8 when its linears are FP8 (MXFP4 experts, if any, stay packed too), mxfp4 when only its routed experts
+    are MXFP4, else none. An explicit value the checkpoint does not store is refused (nothing quantizes at load); so
+    is SGLANG_DSV4_FP4_EXPERTS contradicting the experts' stored format (upstream's switch for FP8-converted expert
+    checkpoints; detected here)."""
     fp4_env = envs.SGLANG_DSV4_FP4_EXPERTS.get()
     if fp4_env is not None and stored.experts is not None and fp4_env != (stored.experts == "fp4"):
         raise ValueError(f"SGLANG_DSV4_FP4_EXPERTS={int(fp4_env)} but the checkpoint's routed experts are stored "
@@ -162,9 +160,9 @@ def describe_parsers(args: "ServerArgs") -> str:
     return ", ".join(parts)
 
 
-def apply_deepseek_v4_defaults(args: "ServerArgs") -> list:
-    """Fill the options left unset with DeepSeek-V4 defaults and validate; returns 'name=value' of each default
-    applied (printed at start)."""
+def read_model(args: "ServerArgs") -> tuple:
+    """(config, stored formats) of the checkpoint --model-path names (a hub id is fetched)."""
+    from sglang.srt.model_loader.loader import detect_quantization
     from sglang.srt.model_loader.model_path import resolve_model_path
 
     model_dir = resolve_model_path(args.model_path)
@@ -172,6 +170,12 @@ def apply_deepseek_v4_defaults(args: "ServerArgs") -> list:
         config = DeepseekV4Config.from_pretrained(model_dir)
     except (ValueError, OSError) as e:
         raise ValueError(f"--model-path {args.model_path}: {e}") from None
+    return config, detect_quantization(model_dir, config)
+
+
+def apply_deepseek_v4_defaults(args: "ServerArgs", config: DeepseekV4Config, stored) -> list:
+    """Fill the options left unset with DeepSeek-V4 defaults and validate them against the model (its config and
+    stored formats); returns 'name=value' of each default applied (printed at start)."""
     on_cpu = args.device == "cpu"
     applied = []
 
@@ -199,7 +203,7 @@ def apply_deepseek_v4_defaults(args: "ServerArgs") -> list:
     default("max_running_requests", 256)
     default("chunked_prefill_size", 1024 if on_cpu else 8192)
     default("mem_fraction_static", 0.25 if on_cpu else 0.85)
-    applied += apply_quantization(args, model_dir, config)
+    applied += apply_quantization(args, stored)
     applied += apply_speculative_defaults(args, config)
     applied += apply_dp_attention_defaults(args)
     applied += apply_cuda_graph_defaults(args)
@@ -212,11 +216,14 @@ def apply_deepseek_v4_defaults(args: "ServerArgs") -> list:
     return applied
 
 
-def resolve_server_args(args: "ServerArgs") -> "ServerArgs":
+def resolve_server_args(args: "ServerArgs", model: tuple = None) -> "ServerArgs":
     """Validate each option, fill platform and model defaults and validate them against the model; returns args
-    (with `applied_defaults` and `platform_decisions` set). Raises ValueError naming the option."""
+    (with `applied_defaults` and `platform_decisions` set). Raises ValueError naming the option. `model`: (config,
+    stored formats) of a model known without its directory (the capacity planner's hub presets); by default read
+    from --model-path."""
     args.validate()
+    config, stored = model if model is not None else read_model(args)
     # Not fields: shown at start; the hook also sets args.platform_decisions (arg_groups/platform_defaults.py)
-    args.applied_defaults = apply_deepseek_v4_defaults(args)
+    args.applied_defaults = apply_deepseek_v4_defaults(args, config, stored)
     args.log_inert_flags()
     return args
