@@ -126,18 +126,22 @@ def test_dp_attention_server_matches_single_rank(tmp_path):
 
 def test_two_nodes_on_loopback(tmp_path):
     """`--tp 2 --nnodes 2 --dp 2 --enable-dp-attention`: node 1 runs rank 1 headless, node 0 serves; each node is one
-    DP group, node 1's answering its requests over TCP (node 0's --dist-init-addr port + 1); the outputs equal the
-    single-rank engine's; when node 0 stops, node 1 exits with code 1 within the bounded --dist-timeout. (The ranks
-    meet and serve alike without DP attention: the DP-attention path is the superset.)"""
+    DP group, node 1's answering its requests over TCP (node 0's --dist-init-addr port + 1, whose messages are
+    signed with a key node 0's rank 0 gave the ranks); a pickle anyone else sends that port is dropped unread, and
+    the outputs equal the single-rank engine's; when node 0 stops, node 1 exits with code 1 within the bounded
+    --dist-timeout. (The ranks meet and serve alike without DP attention: the DP-attention path is the superset.)"""
     import concurrent.futures
     import sys
 
+    import zmq
     from server_process import free_port
+    from test_scheduler_channel import Evil
 
     prompts = [[7, 300, 4000, 50, 600, 7000, 80, 900], [11, 222, 3333, 44, 555, 6666]]
     sampling = {"temperature": 0, "max_new_tokens": 5, "ignore_eos": True}
     refs = _single_rank(prompts, sampling)
-    common = [*ARGS, "--tp", "2", "--nnodes", "2", "--dist-init-addr", f"127.0.0.1:{free_port()}",
+    init_port, marker = free_port(), str(tmp_path / "ran")
+    common = [*ARGS, "--tp", "2", "--nnodes", "2", "--dist-init-addr", f"127.0.0.1:{init_port}",
               "--dist-timeout", "20", "--dp", "2", "--enable-dp-attention"]
     node1_log = open(tmp_path / "node1.log", "w")
     node1 = subprocess.Popen([sys.executable, "-m", "sglang.launch_server", "--log-level", "info", *common,
@@ -146,9 +150,21 @@ def test_two_nodes_on_loopback(tmp_path):
         server = launch([*common, "--node-rank", "0"], str(tmp_path), timeout=240)
         try:
             assert _rank_pids(server.proc.pid) and len(_rank_pids(server.proc.pid)) == 1  # rank 0 only here
+            attacker = zmq.Context.instance().socket(zmq.PUSH)
+            attacker.setsockopt(zmq.LINGER, 1000)
+            attacker.connect(f"tcp://127.0.0.1:{init_port + 1}")
+            attacker.send_pyobj(Evil(marker))  # what node 0 unpickled from anyone before its messages were signed
+            attacker.send(b"not a message")
+            attacker.close()
             with concurrent.futures.ThreadPoolExecutor(2) as pool:  # together: round robin over both DP groups
                 list(pool.map(lambda pr: _generate_matches(server.base_url, pr[0], sampling, pr[1]),
                               zip(prompts, refs)))
+            for _ in range(300):  # the attacker's messages were read (and dropped) meanwhile
+                if "on the scheduler channel" in open(server.log_path).read():
+                    break
+                time.sleep(0.1)
+            assert "dropped 1 message(s) on the scheduler channel" in open(server.log_path).read()
+            assert not os.path.exists(marker)
         finally:
             server.stop()
         assert node1.wait(timeout=90) == 1

@@ -12,8 +12,8 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from sglang.srt.managers.io_struct import (AbortReq, BatchOutput, ReqOutput, SchedulerReady, SchedulerStats,
-                                           TokenizedGenerateReqInput)
+from sglang.srt.managers.io_struct import (AbortReq, BatchOutput, MessageCodec, ReqOutput, SchedulerReady,
+                                           SchedulerStats, TokenizedGenerateReqInput, new_channel_key)
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
 from sglang.srt.sampling.sampling_params import SamplingParams
 
@@ -27,7 +27,8 @@ def _output(rid: str, tokens: list, finished=None) -> ReqOutput:
 class FakeScheduler:
     """Receives what the TokenizerManager sends and answers with whatever the test pushes."""
 
-    def __init__(self, ctx: zmq.asyncio.Context, scheduler_input: str, tokenizer_input: str) -> None:
+    def __init__(self, ctx: zmq.asyncio.Context, scheduler_input: str, tokenizer_input: str, key: bytes) -> None:
+        self.codec = MessageCodec(key)
         self.recv = ctx.socket(zmq.PULL)
         self.recv.bind(scheduler_input)
         self.send = ctx.socket(zmq.PUSH)
@@ -37,7 +38,7 @@ class FakeScheduler:
         return await asyncio.wait_for(self.recv.recv_pyobj(), 10)
 
     async def answer(self, *outputs: ReqOutput) -> None:
-        await self.send.send_pyobj(BatchOutput(list(outputs), SchedulerStats(0, 0, 0.0, 0)))
+        await self.send.send_multipart(self.codec.encode(BatchOutput(list(outputs), SchedulerStats(0, 0, 0.0, 0))))
 
     def close(self) -> None:
         self.recv.close(linger=0)
@@ -49,8 +50,9 @@ def pair(tmp_path):
     ready = SchedulerReady(model_path="fake", context_length=64, vocab_size=100, max_total_tokens=64,
                            max_running_requests=4, eos_token_ids=[1], pool_report="")
     sched_in, tok_in = f"ipc://{os.path.join(tmp_path, 's')}", f"ipc://{os.path.join(tmp_path, 't')}"
-    tm = TokenizerManager(None, ready, sched_in, tok_in)
-    scheduler = FakeScheduler(tm.ctx, sched_in, tok_in)
+    key = new_channel_key()
+    tm = TokenizerManager(None, ready, sched_in, tok_in, channel_key=key)
+    scheduler = FakeScheduler(tm.ctx, sched_in, tok_in, key)
     yield tm, scheduler
     scheduler.close()
     tm.close()

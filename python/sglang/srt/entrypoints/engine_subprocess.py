@@ -26,7 +26,8 @@ class SubprocessScheduler:
 
         async def make() -> TokenizerManager:  # ZMQ asyncio sockets bind to the loop they are made in
             return TokenizerManager(tokenizer, self.ready, ports.scheduler_input, ports.tokenizer_input,
-                                    tokenizer_input_remote=ports.tokenizer_input_remote)
+                                    tokenizer_input_remote=ports.tokenizer_input_remote,
+                                    channel_key=ports.channel_key)
 
         self.tm = asyncio.run_coroutine_threadsafe(make(), self.loop).result()
         self._closed = False

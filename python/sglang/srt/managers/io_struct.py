@@ -4,15 +4,25 @@ Tokenizer -> scheduler: TokenizedGenerateReqInput, AbortReq and the control requ
 UpdateWeightsReq, UpdateTensorsReq, GetWeightsReq, ExpertDistributionReq).
 Scheduler -> tokenizer: SchedulerReady (once, over the start-up pipe), BatchOutput (after every step, and to answer
 a request that was rejected or aborted, or a control request: its ControlOutput). All are plain dataclasses sent
-with pickle over ZMQ.
+with pickle over ZMQ. Scheduler -> tokenizer messages carry an HMAC-SHA256 tag (MessageCodec): under DP attention
+over several nodes that socket also listens on TCP, and unpickling what anyone on the network sends would run their
+code. Tokenizer -> scheduler messages go over an ipc:// socket in a private directory of node 0 only.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import logging
+import pickle
+import secrets
+import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 from sglang.srt.sampling.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
 
 
 # ---- tokenizer -> scheduler ---------------------------------------------------------------------------------
@@ -177,3 +187,62 @@ class SchedulerReady:
     pool_report: str
     effective_args: dict = field(default_factory=dict)
     stats: Optional[SchedulerStats] = None  # at start (so /server_info has them before the first step)
+
+
+# ---- the wire -----------------------------------------------------------------------------------------------
+TAG_SIZE = 32  # HMAC-SHA256
+
+
+def new_channel_key() -> bytes:
+    """A fresh random key for one launch's scheduler -> tokenizer channel."""
+    return secrets.token_bytes(32)
+
+
+@dataclass
+class MessageCodec:
+    """Messages as two ZMQ frames, [HMAC-SHA256 tag, pickle]. `decode` checks the tag before anything is unpickled:
+    a peer without `key` cannot make the receiver run code, as any pickle could. A message that is not two frames,
+    whose tag does not match, or that is not `expected` is dropped and logged (the first, then at most one line per
+    `log_every_s` with the count since), never raised: an open port must not crash or flood its receiver."""
+
+    key: bytes
+    log_every_s: float = 10.0
+    clock: Callable[[], float] = time.monotonic
+    dropped: int = 0  # since start
+    _unlogged: int = 0
+    _last_log: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        if len(self.key) < 16:
+            raise ValueError("the channel key must be at least 16 bytes")
+
+    def _tag(self, payload: bytes) -> bytes:
+        return hmac.new(self.key, payload, hashlib.sha256).digest()
+
+    def encode(self, obj) -> list:
+        payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        return [self._tag(payload), payload]
+
+    def decode(self, frames: list, expected: type = object, source: str = "the scheduler channel"):
+        """The message `frames` carry, or None when it was dropped."""
+        if len(frames) != 2 or len(frames[0]) != TAG_SIZE:
+            return self._drop(source, f"not a [tag, payload] message ({len(frames)} frame(s))")
+        if not hmac.compare_digest(bytes(frames[0]), self._tag(bytes(frames[1]))):
+            return self._drop(source, "its tag does not match this launch's key (not one of its ranks)")
+        try:
+            obj = pickle.loads(frames[1])
+        except Exception as e:  # signed by one of our ranks but unreadable here: another sglang version on that node
+            return self._drop(source, f"a signed message that does not unpickle here ({type(e).__name__}: {e}; "
+                                      f"is every node on the same sglang version?)")
+        if not isinstance(obj, expected):
+            return self._drop(source, f"a {type(obj).__name__}, not a {expected.__name__}")
+        return obj
+
+    def _drop(self, source: str, reason: str) -> None:
+        self.dropped += 1
+        self._unlogged += 1
+        now = self.clock()
+        if self._last_log is None or now - self._last_log >= self.log_every_s:
+            logger.warning("dropped %d message(s) on %s; the latest: %s", self._unlogged, source, reason)
+            self._unlogged, self._last_log = 0, now
+        return None

@@ -34,8 +34,9 @@ import zmq
 
 from sglang.srt.eplb.expert_distribution import expert_distribution_action
 from sglang.srt.managers.io_struct import (
-    AbortReq, BatchOutput, ControlOutput, ExpertDistributionReq, FlushCacheReq, GetWeightsReq, ProfileReq, ReqOutput,
-    SchedulerReady, SchedulerStats, TokenizedGenerateReqInput, UpdateTensorsReq, UpdateWeightsReq)
+    AbortReq, BatchOutput, ControlOutput, ExpertDistributionReq, FlushCacheReq, GetWeightsReq, MessageCodec,
+    ProfileReq, ReqOutput, SchedulerReady, SchedulerStats, TokenizedGenerateReqInput, UpdateTensorsReq,
+    UpdateWeightsReq, new_channel_key)
 from sglang.srt.managers.schedule_batch import FinishReason, Req
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.common import configure_logging
@@ -45,12 +46,17 @@ logger = logging.getLogger(__name__)
 
 @dataclasses.dataclass
 class PortArgs:
-    """ZMQ endpoints: the scheduler pulls requests from one and pushes outputs to the other."""
+    """ZMQ endpoints: the scheduler pulls requests from one and pushes outputs to the other. Both ipc:// sockets live
+    in a private directory (mkdtemp: mode 0700), so only this user's processes on this node reach them."""
 
     scheduler_input: str
     tokenizer_input: str
     # DP attention over several nodes: node 0's TCP endpoint where DP groups led from other nodes send their outputs
+    # (bound on --dist-init-addr's host, the address the nodes already meet at, never on every interface)
     tokenizer_input_remote: Optional[str] = None
+    # signs every scheduler -> tokenizer message (io_struct.MessageCodec); node 0's reaches the other nodes' ranks
+    # over the process group they joined (SchedulerProcess), never over the command line or a file
+    channel_key: bytes = dataclasses.field(default_factory=new_channel_key, repr=False)
 
 
 class SchedulerProcess:
@@ -68,13 +74,17 @@ class SchedulerProcess:
         self._last_log = (time.perf_counter(), 0)
         state = get_parallel_state()
         self.ranks, self.dp, self.dp_rank = state.tp, get_dp_attention(), state.dp_rank
+        key = port_args.channel_key
+        if server_args.nnodes > 1:  # node 0's key, from rank 0; every rank calls this (a collective)
+            key = self.ranks.broadcast_object(key)
+        self.codec = MessageCodec(key)
         self.is_leader = self.ranks.rank_in_group == 0  # receives and broadcasts every message
         self.sends = state.attn_tp.rank_in_group == 0  # sends its DP group's outputs
         self._next_group = 0  # rank 0: the DP group of the next new request (round robin)
         if not self.sends:
             return
         ctx = zmq.Context()
-        if self.is_leader:
+        if self.is_leader:  # node 0's ipc socket (PortArgs): unsigned, no other host can reach it
             self.recv = ctx.socket(zmq.PULL)
             self.recv.setsockopt(zmq.LINGER, 0)
             self.recv.bind(port_args.scheduler_input)
@@ -113,7 +123,7 @@ class SchedulerProcess:
             self.runner.finish_dp_round()
             outputs = answers + [self._progress(req) for req in updated]
             if outputs and self.sends:
-                self.send.send_pyobj(BatchOutput(outputs, self._stats()))
+                self.send.send_multipart(self.codec.encode(BatchOutput(outputs, self._stats())))
             if self.sends:
                 self._log_progress()
 
@@ -351,17 +361,23 @@ def init_method_for(server_args: ServerArgs) -> str:
         return f"tcp://127.0.0.1:{s.getsockname()[1]}"
 
 
+def port_args_for(server_args: ServerArgs, ipc_dir: str) -> PortArgs:
+    """This launch's endpoints (ipc sockets under `ipc_dir`) and a fresh channel key."""
+    ports = PortArgs(scheduler_input=f"ipc://{os.path.join(ipc_dir, 'scheduler')}",
+                     tokenizer_input=f"ipc://{os.path.join(ipc_dir, 'tokenizer')}")
+    if server_args.nnodes > 1 and server_args.enable_dp_attention:  # DP groups led from other nodes answer over TCP
+        host, port = server_args.dist_init_addr.rsplit(":", 1)
+        ports.tokenizer_input_remote = f"tcp://{host}:{int(port) + 1}"
+    return ports
+
+
 def start_scheduler(server_args: ServerArgs):
     """Spawn this node's scheduler process(es) (--tp-size / --nnodes ranks from node_rank's first) and wait until
     each has loaded the model; returns (SchedulerRanks, the first rank's ready message, ports). Used by the HTTP
     server (node 0), headless nodes and sglang.Engine(launch_subprocess=True)."""
     ipc_dir = tempfile.mkdtemp(prefix="sglang-ipc-")
     atexit.register(shutil.rmtree, ipc_dir, ignore_errors=True)  # the socket files, when this process exits
-    ports = PortArgs(scheduler_input=f"ipc://{os.path.join(ipc_dir, 'scheduler')}",
-                     tokenizer_input=f"ipc://{os.path.join(ipc_dir, 'tokenizer')}")
-    if server_args.nnodes > 1 and server_args.enable_dp_attention:  # DP groups led from other nodes answer over TCP
-        host, port = server_args.dist_init_addr.rsplit(":", 1)
-        ports.tokenizer_input_remote = f"tcp://{host}:{int(port) + 1}"
+    ports = port_args_for(server_args, ipc_dir)
     ctx = mp.get_context("spawn")
     init_method = init_method_for(server_args) if server_args.tp_size > 1 else ""
     procs, readers = [], []

@@ -21,8 +21,9 @@ import zmq.asyncio
 
 from sglang.srt.managers.detokenizer import IncrementalDetokenizer
 from sglang.srt.managers.io_struct import (
-    AbortReq, BatchOutput, ControlOutput, ExpertDistributionReq, FlushCacheReq, GetWeightsReq, ProfileReq, ReqOutput,
-    SchedulerReady, SchedulerStats, TokenizedGenerateReqInput, UpdateTensorsReq, UpdateWeightsReq)
+    AbortReq, BatchOutput, ControlOutput, ExpertDistributionReq, FlushCacheReq, GetWeightsReq, MessageCodec,
+    ProfileReq, ReqOutput, SchedulerReady, SchedulerStats, TokenizedGenerateReqInput, UpdateTensorsReq,
+    UpdateWeightsReq)
 from sglang.srt.managers.output_shaping import OutputState
 from sglang.srt.sampling.sampling_params import SamplingParams
 
@@ -70,7 +71,9 @@ class ReqState(OutputState):
 
 class TokenizerManager:
     def __init__(self, tokenizer, ready: SchedulerReady, scheduler_input: str, tokenizer_input: str,
-                 metrics=None, tokenizer_input_remote: Optional[str] = None) -> None:
+                 metrics=None, tokenizer_input_remote: Optional[str] = None, *, channel_key: bytes) -> None:
+        """`channel_key`: the launch's key (PortArgs.channel_key); outputs whose tag it does not verify are dropped
+        unread."""
         self.tokenizer = tokenizer
         self.ready = ready
         self.metrics = metrics
@@ -82,7 +85,8 @@ class TokenizerManager:
         self.recv.setsockopt(zmq.LINGER, 0)
         self.recv.bind(tokenizer_input)
         if tokenizer_input_remote:  # DP groups led from other nodes (DP attention over several nodes)
-            self.recv.bind(tokenizer_input_remote)
+            self.recv.bind(tokenizer_input_remote)  # reachable from the network: every message is verified
+        self.codec = MessageCodec(channel_key)
         self.states: dict = {}  # sid -> ReqState
         self.dead_reason: Optional[str] = None
         self.last_stats = ready.stats  # the scheduler's at start, then each step's
@@ -294,7 +298,9 @@ class TokenizerManager:
     # ---- receiving ----------------------------------------------------------------------------------------
     async def _handle_loop(self) -> None:
         while True:
-            batch: BatchOutput = await self.recv.recv_pyobj()
+            batch: BatchOutput = self.codec.decode(await self.recv.recv_multipart(), BatchOutput)
+            if batch is None:  # not from one of this launch's ranks: dropped unread (and logged)
+                continue
             self.group_stats[batch.stats.dp_rank] = batch.stats  # DP attention: one sender per group
             self.last_stats = SchedulerStats.merge(list(self.group_stats.values()))
             if self.metrics:
