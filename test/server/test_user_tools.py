@@ -204,6 +204,28 @@ def test_upstream_recipe_flags_start_and_say_what_they_do(caplog):
             ServerArgs(model_path=MODEL, device="cpu", **bad).validate()
 
 
+def test_speculative_draft_model_path_names_the_served_checkpoint_or_is_refused(tmp_path, caplog):
+    """The draft is always the served checkpoint's own MTP (NextN) layer: --speculative-draft-model-path naming that
+    checkpoint (the same text or the same directory) is accepted and logged as changing nothing; any other path, a
+    separate draft checkpoint included, is an error naming the flag (nothing else would load it)."""
+    from sglang.srt.model_loader.model_path import resolve_model_path
+    from sglang.srt.server_args import ServerArgs
+
+    model_dir = resolve_model_path(MODEL)
+    caplog.set_level(logging.WARNING, logger="sglang.srt.server_args")
+    for model, draft in ((MODEL, MODEL), (model_dir, model_dir + "/"), (model_dir, os.path.relpath(model_dir))):
+        args = ServerArgs(model_path=model, device="cpu", speculative_algorithm="EAGLE",
+                          speculative_draft_model_path=draft).validate()
+        args.log_inert_flags()
+        assert "--speculative-draft-model-path: accepted from upstream's recipes; change nothing here" in caplog.text
+        caplog.clear()
+    other = tmp_path / "nextn"
+    other.mkdir()
+    for model, draft in ((MODEL, str(other)), (model_dir, str(other)), (model_dir, "deepseek-ai/DeepSeek-V4-Flash")):
+        with pytest.raises(ValueError, match="--speculative-draft-model-path .*own MTP"):
+            ServerArgs(model_path=model, device="cpu", speculative_draft_model_path=draft).validate()
+
+
 def test_progress_bars_for_generation_and_loading(tmp_path, caplog, capsys):
     from sglang.srt.model_loader.loader import iter_checkpoint
     from sglang.srt.model_loader.tiny_checkpoint import TINY_CONFIG, make_tiny_checkpoint

@@ -164,9 +164,8 @@ def test_rocm_defaults(gfx, monkeypatch):
         d = args.platform_decisions
         assert (d.platform, d.gfx, d.attention_backend) == ("rocm", gfx, "triton") == \
             ("rocm", gfx, args.attention_backend)
-        assert d.sparse_prefill is False and d.shared_experts_fusion is True and d.aiter == "missing"
+        assert d.shared_experts_fusion is True and d.aiter == "missing"
         assert f"platform=rocm {gfx}, aiter missing" in args.applied_defaults
-        assert any(s.startswith("sparse_prefill=off") for s in args.applied_defaults)
         # Triton missing: the torch reference, never a CUDA-only kernel.
         monkeypatch.setattr(plat, "has_library", lambda name: name != "triton")
         assert resolve(device="cuda").attention_backend == "torch"
@@ -176,11 +175,10 @@ def test_rocm_defaults(gfx, monkeypatch):
 def test_cuda_and_cpu_defaults():
     with plat.simulate_platform("cuda"):
         d = resolve(device="cuda").platform_decisions
-        assert (d.platform, d.attention_backend, d.sparse_prefill, d.shared_experts_fusion, d.aiter) == \
-            ("cuda", "triton", True, False, "n/a")
+        assert (d.platform, d.attention_backend, d.shared_experts_fusion, d.aiter) == \
+            ("cuda", "triton", False, "n/a")
     d = resolve(device="cpu").platform_decisions
-    assert (d.platform, d.attention_backend, d.sparse_prefill, d.shared_experts_fusion) == \
-        ("cpu", "torch", False, False)
+    assert (d.platform, d.attention_backend, d.shared_experts_fusion) == ("cpu", "torch", False)
 
 
 def test_torch_backend_on_a_gpu_runs_without_graphs(monkeypatch):
@@ -207,10 +205,29 @@ def test_env_overrides_win():
             assert resolve(device="cuda").attention_backend == "triton"
         with envs.SGLANG_HACK_FLASHMLA_BACKEND.override("kernel"), pytest.raises(ValueError, match="auto"):
             resolve(device="cuda")
-        with envs.SGLANG_OPT_FLASHMLA_SPARSE_PREFILL.override("1"):  # known wrong on MI355X: stays off
-            assert resolve(device="cuda").platform_decisions.sparse_prefill is False
-    with plat.simulate_platform("cuda"), envs.SGLANG_OPT_FLASHMLA_SPARSE_PREFILL.override("0"):
-        assert resolve(device="cuda").platform_decisions.sparse_prefill is False
+
+
+def test_upstream_sparse_prefill_switch_changes_nothing_and_says_so(caplog):
+    """Upstream's SGLANG_OPT_FLASHMLA_SPARSE_PREFILL picks a FlashMLA kernel this engine does not have (prefill and
+    decode run one sparse kernel): set, it is logged at start as changing nothing, and the resolved arguments and
+    start-up summary are those without it; a value that is not a boolean is an error naming it."""
+    caplog.set_level(logging.WARNING, logger="sglang.srt.server_args")
+    for where, device in (("cuda", "cuda"), ("hip", "cuda"), ("cuda", "cpu")):
+        with plat.simulate_platform(where):
+            want = resolve(device=device)
+            assert "SGLANG_OPT_FLASHMLA_SPARSE_PREFILL" not in caplog.text
+            assert not any("sparse" in line for line in want.applied_defaults)
+            for value in ("1", "0"):
+                with envs.SGLANG_OPT_FLASHMLA_SPARSE_PREFILL.override(value):
+                    got = resolve(device=device)
+                assert (got.platform_decisions, got.applied_defaults) == (want.platform_decisions,
+                                                                           want.applied_defaults)
+                assert "SGLANG_OPT_FLASHMLA_SPARSE_PREFILL: accepted from upstream's recipes; change nothing" \
+                    in caplog.text
+                caplog.clear()
+    with envs.SGLANG_OPT_FLASHMLA_SPARSE_PREFILL.override("sometimes"), pytest.raises(
+            ValueError, match="SGLANG_OPT_FLASHMLA_SPARSE_PREFILL"):
+        resolve(device="cpu")
 
 
 def test_shared_experts_fusion_flags():

@@ -146,9 +146,8 @@ class Envs:
         "one Triton kernel over window + compressed KV). An explicit --attention-backend triton|torch wins")
     SGLANG_OPT_FLASHMLA_SPARSE_PREFILL = EnvVar(
         "SGLANG_OPT_FLASHMLA_SPARSE_PREFILL", None, _tristate,
-        "sparse-prefill attention variant (auto: on for CUDA, off for ROCm; forced off on ROCm, where upstream's "
-        "variant returns wrong output on MI355X). Recorded decision only: prefill and decode share one sparse "
-        "kernel here, no separate sparse-prefill kernel exists yet")
+        "upstream's switch for FlashMLA's sparse-prefill kernel: accepted from upstream's recipes (a boolean or auto) "
+        "and logged at start as changing nothing; prefill and decode run one sparse attention kernel here")
 
     @classmethod
     def all(cls) -> list:

@@ -1,7 +1,7 @@
 """DeepSeek-V4 defaults and validation of ServerArgs, in one place (printed at start by launch_server / Engine).
 
 `resolve_server_args(args)` is what every entry point calls: the per-option checks of server_args.py, then this
-hook. Platform-dependent defaults (attention kernel, sparse prefill, shared-experts fusion, logits budget, AITER)
+hook. Platform-dependent defaults (attention kernel, shared-experts fusion, logits budget, AITER)
 are decided by arg_groups/platform_defaults.py, called from here; `best_attention_backend` is re-exported from it.
 The dependency goes one way: this package reads ServerArgs, server_args.py never calls in here.
 """
@@ -195,7 +195,7 @@ def apply_deepseek_v4_defaults(args: "ServerArgs", config: DeepseekV4Config, sto
     applied += apply_parser_defaults(args)
     default("page_size", DEFAULT_PAGE_SIZE)
     validate_page_size(args.page_size, config)
-    applied += apply_platform_defaults(args)  # attention backend, sparse prefill, fusion, budgets, AITER
+    applied += apply_platform_defaults(args)  # attention backend, fusion, budgets, AITER
     if args.context_length is not None and args.context_length > config.max_position_embeddings:
         raise ValueError(f"--context-length {args.context_length} exceeds the model's max_position_embeddings "
                          f"{config.max_position_embeddings}")

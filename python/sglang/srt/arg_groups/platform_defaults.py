@@ -7,20 +7,19 @@ for the platform the model runs on ("cpu" when --device cpu, else "rocm" or "cud
 * attention backend of `--attention-backend dsv4` (or unset): SGLANG_HACK_FLASHMLA_BACKEND (auto|triton|torch);
   auto = the Triton kernels on a GPU when Triton imports, else the torch reference. Both run on CUDA and ROCm:
   nothing CUDA-only (FlashMLA, DeepGEMM, FlashInfer) exists in this engine, so ROCm can never default to it.
-* sparse prefill (SGLANG_OPT_FLASHMLA_SPARSE_PREFILL): on for CUDA, off elsewhere, forced off on ROCm (upstream's
-  variant returns wrong output on MI355X). A recorded decision only: prefill and decode share one sparse kernel
-  here; a separate sparse-prefill kernel must read `args.platform_decisions.sparse_prefill` when it lands.
 * shared-experts fusion: --enforce-shared-experts-fusion / --disable-shared-experts-fusion; default off on
   CUDA and CPU (as upstream, which disables it because some fused implementations clamp the shared expert
   differently from the routed ones), on for ROCm (the MI355X recipe enforces it). Ours is exact either way.
 * indexer logits budget: SGLANG_DSV4_FP4_LOGITS_BUDGET_MB with the FP4 indexer, else
   SGLANG_DSV4_INDEXER_LOGITS_BUDGET_MB (the same choice as layers/attention/dsv4/logits_workspace.py).
 * AITER: on for ROCm when installed, unless SGLANG_USE_AITER=0 (layers/aiter_ops.py; warns once if missing).
+
+Upstream's sparse-prefill switch (SGLANG_OPT_FLASHMLA_SPARSE_PREFILL) has nothing to choose here: prefill and decode
+run one sparse attention kernel. arg_groups/upstream_recipes.py logs it, when set, as changing nothing.
 """
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
@@ -29,8 +28,6 @@ from sglang.srt.environ import envs
 
 if TYPE_CHECKING:
     from sglang.srt.server_args import ServerArgs
-
-logger = logging.getLogger(__name__)
 
 # Attention backends that run on CUDA and ROCm alike (sgl-kernel's Triton kernels, the torch reference).
 PORTABLE_BACKENDS = ("triton", "torch")
@@ -42,7 +39,6 @@ class PlatformDecisions:
     gfx: Optional[str]  # AMD architecture on ROCm ("gfx950" MI355X, "gfx942" MI300X)
     aiter: str  # "on", "off (SGLANG_USE_AITER=0)", "missing", or "n/a" off ROCm
     attention_backend: str
-    sparse_prefill: bool
     shared_experts_fusion: bool
     index_logits_budget_mb: int
     index_logits_budget_var: str  # the environment variable the budget came from
@@ -52,10 +48,7 @@ class PlatformDecisions:
         where = self.platform + (f" {self.gfx}" if self.gfx else "")
         if self.platform == "rocm":
             where += f", aiter {self.aiter}"
-        prefill = "on" if self.sparse_prefill else "off"
-        if self.platform == "rocm":
-            prefill += " (forced off on ROCm: wrong output on MI355X upstream)"
-        return [f"platform={where}", f"sparse_prefill={prefill}",
+        return [f"platform={where}",
                 f"shared_experts_fusion={'on' if self.shared_experts_fusion else 'off'}",
                 f"index_logits_budget_mb={self.index_logits_budget_mb} ({self.index_logits_budget_var})"]
 
@@ -87,16 +80,6 @@ def choose_attention_backend(args: "ServerArgs", where: str) -> Optional[str]:
     if where == "rocm" and backend not in PORTABLE_BACKENDS:
         raise ValueError(f"attention backend {backend!r} does not run on ROCm; use one of {PORTABLE_BACKENDS}")
     return backend
-
-
-def choose_sparse_prefill(where: str) -> bool:
-    wanted = envs.SGLANG_OPT_FLASHMLA_SPARSE_PREFILL.get()
-    if where == "rocm":
-        if wanted:
-            logger.warning("SGLANG_OPT_FLASHMLA_SPARSE_PREFILL=1 ignored on ROCm: the sparse-prefill variant "
-                           "returns wrong output on MI355X")
-        return False
-    return where == "cuda" if wanted is None else wanted
 
 
 def choose_shared_experts_fusion(args: "ServerArgs", where: str) -> bool:
@@ -142,7 +125,7 @@ def apply_platform_defaults(args: "ServerArgs") -> list:
         raise ValueError(f"{budget_var.name} must be positive, got {budget_mb}")
     decisions = PlatformDecisions(
         platform=where, gfx=plat.gfx_arch() if where == "rocm" else None, aiter=aiter_status(where),
-        attention_backend=args.attention_backend, sparse_prefill=choose_sparse_prefill(where),
+        attention_backend=args.attention_backend,
         shared_experts_fusion=choose_shared_experts_fusion(args, where), index_logits_budget_mb=budget_mb,
         index_logits_budget_var=budget_var.name)
     args.platform_decisions = decisions  # not a field: derived, like applied_defaults

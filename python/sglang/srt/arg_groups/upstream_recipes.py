@@ -2,12 +2,15 @@
 engine does not have: accepted, so a recipe's command line starts here, and each either mapped to what serves it
 (`--moe-a2a-backend deepep` puts the routed experts over all TP ranks, as upstream does; `--cuda-graph-max-bs-decode`
 is our `--cuda-graph-max-bs`, which only captures decode) or logged at start as changing nothing. Values outside
-upstream's are errors naming the flag. Stdlib only, like server_args.
+upstream's are errors naming the flag; so is a --speculative-draft-model-path other than the served checkpoint (the
+draft here is always its own MTP layer; no separate draft is loaded). Upstream's SGLANG_OPT_FLASHMLA_SPARSE_PREFILL
+is logged the same way when set. Stdlib and sglang.srt.environ only, like server_args.
 """
 
 from __future__ import annotations
 
 import json
+import os
 
 # Upstream's choices; every MXFP4 / FP8 expert path is served by our fused Triton MoE kernels (sgl_kernel).
 MOE_RUNNER_BACKENDS = ("auto", "triton", "triton_kernel", "marlin", "flashinfer_mxfp4", "flashinfer_trtllm",
@@ -42,7 +45,8 @@ def add_recipe_args(p) -> None:
                    help="with --enable-prefill-delayer; changes nothing (default: none)")
     g.add_argument("--enable-two-batch-overlap", action="store_true", help="changes nothing here (no TBO)")
     g.add_argument("--speculative-draft-model-path", metavar="PATH",
-                   help="changes nothing here: the draft is the checkpoint's own MTP (NextN) layer (default: none)")
+                   help="only --model-path's own checkpoint, whose MTP (NextN) layer is the draft here (changes "
+                        "nothing); any other path is refused (default: none)")
     g.add_argument("--speculative-attention-mode", default="prefill", choices=SPECULATIVE_ATTENTION_MODES,
                    help="upstream's kernel family for verify / draft-extend attention; changes nothing here (verify "
                         "rows run the --attention-backend's decode kernels, captured in CUDA graphs)")
@@ -65,6 +69,11 @@ def apply_recipe_args(args) -> list:
             raise ValueError(f"{flag} must be one of {choices}, got {value!r}")
     if args.tokenizer_worker_num < 1:
         raise ValueError(f"--tokenizer-worker-num must be >= 1, got {args.tokenizer_worker_num}")
+    draft = args.speculative_draft_model_path
+    if draft is not None and not _same_checkpoint(draft, args.model_path):
+        raise ValueError(f"--speculative-draft-model-path {draft!r}: the draft here is always --model-path's own MTP "
+                         f"(NextN) layer, and a separate draft checkpoint is not loaded; drop the flag (or give "
+                         f"--model-path's path)")
     if args.deepep_config is not None:
         try:
             json.loads(args.deepep_config)
@@ -95,7 +104,30 @@ def apply_recipe_args(args) -> list:
              ("--speculative-draft-attention-backend", args.speculative_draft_attention_backend is not None),
              ("--enable-w4a4-mxfp4-megamoe", args.enable_w4a4_mxfp4_megamoe)]
     given = [flag for flag, on in inert if on]
+    if sparse_prefill_set():
+        given.append("SGLANG_OPT_FLASHMLA_SPARSE_PREFILL")
     if given:
         notes.append(f"{', '.join(given)}: accepted from upstream's recipes; change nothing here")
     return notes
 
+
+def _same_checkpoint(draft: str, model_path: str) -> bool:
+    """Whether `draft` names the served checkpoint: the same text, or the same directory."""
+    if draft.rstrip("/") == model_path.rstrip("/"):
+        return True
+    try:
+        return os.path.samefile(draft, model_path)
+    except OSError:  # either is not a path here (a hub id): they differ
+        return False
+
+
+def sparse_prefill_set() -> bool:
+    """Whether upstream's SGLANG_OPT_FLASHMLA_SPARSE_PREFILL is set (its value checked: a typo is an error naming it).
+    There is no separate sparse-prefill kernel to switch: prefill and decode run one sparse attention kernel."""
+    from sglang.srt.environ import envs
+
+    var = envs.SGLANG_OPT_FLASHMLA_SPARSE_PREFILL
+    if not var.is_set():
+        return False
+    var.get()
+    return True
