@@ -57,9 +57,11 @@ def _act_tile(a_ptr, arow, valid, stride_a, k0, K, BLOCK_K: tl.constexpr):
 @triton.jit
 def _dot(a, w, PREC: tl.constexpr, UPCAST: tl.constexpr):
     """a [M, K] times w [N, K] transposed, fp32 sums; UPCAST: the operands in fp32 first (the interpreter's bf16)."""
-    if UPCAST:
-        return tl.dot(a.to(tl.float32), tl.trans(w.to(tl.float32)), out_dtype=tl.float32, input_precision="ieee")
-    return tl.dot(a, tl.trans(w), out_dtype=tl.float32, input_precision=PREC)
+    if UPCAST:  # static branches, one return (Triton checks that returns agree in type)
+        acc = tl.dot(a.to(tl.float32), tl.trans(w.to(tl.float32)), out_dtype=tl.float32, input_precision="ieee")
+    else:
+        acc = tl.dot(a, tl.trans(w), out_dtype=tl.float32, input_precision=PREC)
+    return acc
 
 
 @triton.jit
