@@ -1,6 +1,7 @@
-"""Routed experts: the grouped-GEMM path and the dense fallback (every expert on every token, fixed shapes: what
-CUDA graphs capture where torch has no grouped GEMM) both equal the per-token definition, repeated picks included,
-and skip pairs whose id is -1 (another rank's expert under expert parallelism)."""
+"""Routed experts: each of the three paths dispatch.routed_path picks (torch's grouped GEMM; sgl_kernel's fused Triton
+MoE, the GPU's path where torch has no grouped GEMM, here in the Triton interpreter; the CPU's per-expert loop) equals
+the per-token definition, repeated picks included, and skips pairs whose id is -1 (another rank's expert under expert
+parallelism)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def _per_token(experts: RoutedExperts, x, ids, weights) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("foreign", [False, True], ids=["all-local", "other-ranks-pairs"])
-@pytest.mark.parametrize("path", ["_forward_grouped", "_forward_dense"])
+@pytest.mark.parametrize("path", ["_forward_grouped", "_forward_fused", "_forward_loop"])
 def test_expert_paths_equal_the_definition(path, foreign):
     g = torch.Generator().manual_seed(0)
     experts = RoutedExperts(num_experts=6, hidden_size=16, intermediate_size=8, limit=0.5)

@@ -16,14 +16,18 @@ from oracle import TINY, assert_matches_hf, engine, greedy_run, hf_reference, ra
 
 
 @pytest.mark.parametrize("width", [48, 42])  # 42: rows of 168 bytes in fp32, not whole 16-byte units
-def test_odd_width_loads_at_tp1_and_matches_hf(monkeypatch, width):
+def test_odd_width_loads_at_tp1_and_matches_hf(monkeypatch, caplog, width):
+    """The start-up log names the path: torch's grouped GEMM at 48, the CPU's per-expert loop at 42."""
     name = f"moe{width}"
     monkeypatch.setitem(oracle.ORACLE_CONFIGS, name, {**TINY, "moe_intermediate_size": width})
     monkeypatch.setitem(oracle.PAGE_SIZES, name, 16)
     if width * 4 % 16:  # HF's grouped GEMM refuses such rows as torch's does: its per-expert loop instead
         oracle.hf_model(name, False).config._experts_implementation = "eager"  # the key hf_reference uses
     ref = hf_reference(name, tuple(random_ids(37, seed=3)), 12)
-    eng = engine(name, chunked_prefill_size=-1)
+    with caplog.at_level(logging.INFO, logger="sglang.srt.layers.moe.experts"):
+        eng = engine(name, chunked_prefill_size=-1)
+    path = "torch grouped GEMM" if width == 48 else "a per-expert loop over the rows sorted by expert"
+    assert f"MoE: routed experts fp32 via {path}" in caplog.text, caplog.text
     assert eng.model_runner.model.layers[0].ffn.experts.w1.shape[1] == width
     assert_matches_hf(greedy_run(eng, ref[0], 12), ref)
     eng.model_runner.token_allocator.check_all_free()
@@ -32,8 +36,12 @@ def test_odd_width_loads_at_tp1_and_matches_hf(monkeypatch, width):
 @pytest.mark.parametrize("width,dtype", [(6, torch.float32), (12, torch.bfloat16), (8, torch.bfloat16)])
 def test_routed_experts_of_unaligned_widths_run(width, dtype):
     """torch's grouped GEMM refuses rows that are not whole 16-byte units ('strides should be multiple of 16 bytes',
-    on CPU and on an H100 alike): such widths run the dense path, with the same result."""
+    on CPU and on an H100 alike): such widths run the per-expert loop on the CPU and the fused Triton MoE on a GPU
+    (simulated: the Triton interpreter), with the grouped path's result on the weights zero-padded to a width it
+    takes."""
+    from sglang.srt.layers.moe.dispatch import FUSED, GROUPED, LOOP, moe_device, routed_path
     from sglang.srt.layers.moe.experts import RoutedExperts
+    from sglang.srt.platform import simulate_platform
 
     g = torch.Generator().manual_seed(0)
     experts = RoutedExperts(8, 40, width, 10.0).to(dtype)
@@ -42,8 +50,20 @@ def test_routed_experts_of_unaligned_widths_run(width, dtype):
     x = torch.randn(9, 40, generator=g).to(dtype)
     ids = torch.randint(0, 8, (9, 2), generator=g)
     weights = torch.rand(9, 2, generator=g)
-    assert torch.allclose(experts(x, ids, weights).float(), experts._forward_dense(x, ids, weights).float(),
-                          atol=1e-2 if dtype == torch.bfloat16 else 1e-6)
+    wide = RoutedExperts(8, 40, 16, 10.0).to(dtype)  # zero-padded to 16 rows of 32 bytes: the grouped GEMM takes it
+    with torch.no_grad():
+        for name, dim in (("w1", 1), ("w3", 1), ("w2", 2)):
+            pad = [0, 0, 0, 16 - width] if dim == 1 else [0, 16 - width]
+            getattr(wide, name).copy_(torch.nn.functional.pad(getattr(experts, name), pad))
+        want = wide._forward_grouped(x, ids, weights).float()
+        tol = 1e-2 if dtype == torch.bfloat16 else 1e-6
+        whole = width * x.element_size() % 16 == 0  # 8 in bf16: one 16-byte unit
+        assert routed_path(moe_device(x), dtype, 40, width).kernel == (GROUPED if whole else LOOP)
+        assert torch.allclose(experts(x, ids, weights).float(), want, atol=tol)
+        with simulate_platform("cuda"):  # Hopper: grouped for bf16 only
+            assert routed_path(moe_device(x), dtype, 40, width).kernel == (
+                GROUPED if whole and dtype == torch.bfloat16 else FUSED)
+            assert torch.allclose(experts(x, ids, weights).float(), want, atol=tol)
 
 
 @pytest.mark.parametrize("width,layout", [

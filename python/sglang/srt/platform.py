@@ -1,8 +1,9 @@
 """The only place that asks what the hardware is (DESIGN section 6).
 
 Every other module calls these probes when it needs the answer (never copies a value at import time), so a
-test can simulate another platform: either `with simulate_platform("hip", gfx="gfx950", aiter=False):` or
-monkeypatching `is_hip` / `is_cuda` / `gfx_arch` / `aiter_available` on this module (callers look them up as
+test can simulate another platform: either `with simulate_platform("hip", gfx="gfx950", aiter=False):` (or
+`simulate_platform("cuda", capability=(8, 0))`, an A100) or monkeypatching `is_hip` / `is_cuda` / `gfx_arch` /
+`aiter_available` / `cuda_capability` on this module (callers look them up as
 `platform.is_hip()`). Optional libraries (aiter, triton) are probed with `find_spec`, never imported here.
 """
 
@@ -27,6 +28,7 @@ class SimulatedPlatform:
     kind: str  # "cuda" | "hip"
     gfx: Optional[str] = None  # "gfx950" (MI355X), "gfx942" (MI300X) when kind == "hip"
     aiter: bool = False  # whether `aiter` counts as installed
+    capability: Optional[tuple] = None  # NVIDIA compute capability (major, minor) when kind == "cuda"
 
     def __post_init__(self):
         if self.kind not in ("cuda", "hip"):
@@ -37,11 +39,13 @@ _simulated: Optional[SimulatedPlatform] = None
 
 
 @contextmanager
-def simulate_platform(kind: str, gfx: Optional[str] = None, aiter: bool = False):
-    """Pretend to run on `kind` inside the block (tests: ROCm paths on a machine without an AMD GPU)."""
+def simulate_platform(kind: str, gfx: Optional[str] = None, aiter: bool = False, capability: tuple = (9, 0)):
+    """Pretend to run on `kind` inside the block (tests: ROCm paths on a machine without an AMD GPU; an NVIDIA GPU
+    of compute capability `capability`, Hopper unless told)."""
     global _simulated
     saved = _simulated
-    _simulated = SimulatedPlatform(kind, gfx if kind == "hip" else None, aiter)
+    _simulated = SimulatedPlatform(kind, gfx if kind == "hip" else None, aiter,
+                                   tuple(capability) if kind == "cuda" else None)
     try:
         yield _simulated
     finally:
@@ -113,6 +117,21 @@ def gfx_arch() -> Optional[str]:
     if _simulated is not None:
         return _simulated.gfx
     return _probe_gfx() if is_hip() else None
+
+
+def cuda_capability(device: Optional[torch.device] = None) -> Optional[tuple]:
+    """NVIDIA compute capability (major, minor) of `device` (default: the current GPU): (9, 0) Hopper, (8, 0) A100;
+    None off NVIDIA GPUs (ROCm, CPU)."""
+    if _simulated is not None:
+        return _simulated.capability
+    if not is_cuda():
+        return None
+    return _capability(torch.cuda.current_device() if device is None or device.index is None else device.index)
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple:
+    return tuple(torch.cuda.get_device_capability(index))
 
 
 def aiter_available() -> bool:

@@ -1,5 +1,6 @@
-"""dsv4_moe_mxfp4 / dsv4_moe_fp8: DeepSeek-V4's routed experts from packed MXFP4 weights (W4A16) or FP8-converted
-ones (W8A16: e4m3 with 128x128 block multipliers); the one module the engine imports for them.
+"""dsv4_moe_mxfp4 / dsv4_moe_fp8 / dsv4_moe_dense: DeepSeek-V4's routed experts from packed MXFP4 weights (W4A16),
+FP8-converted ones (W8A16: e4m3 with 128x128 block multipliers) or unquantized bf16 / fp16 / fp32 weights (where torch
+has no grouped GEMM for them); the one module the engine imports for them.
 
 The MoE runs in device steps: the (token, slot) pairs sorted by expert into blocks (dsv4_moe_align), the gate-up with
 the clamped SwiGLU silu(min(g, L)) * clamp(u, -L, L), the down times the router weights, and each token's k rows
@@ -11,7 +12,9 @@ the kernels per call, from static facts only (a CUDA graph captures one choice p
   at load (`scales_fit_planes`, see `scale_bytes_fit_planes`): the parity planes (dsv4_moe_planes), where their
   tiles divide the widths;
 - otherwise the general kernels (dsv4_moe_general): tl.dot_scaled for bf16 / fp16 activations with MXFP4 weights,
-  the in-register dequantization for fp32 activations (GPU oracle runs) and for FP8 experts.
+  the in-register dequantization for fp32 activations (GPU oracle runs) and for FP8 experts;
+- unquantized weights: the dense-weight kernels (dsv4_moe_dense), the general kernels' blocks with the weight tiles
+  loaded as they are.
 `moe_config` holds each path's launches by pairs per expert; `config=` overrides them (tests, sweeps). The types the
 paths share (MoeLaunch, MoeConfig) live in dsv4_moe_common, so no path imports this module back. Scale bytes come
 row-major (the checkpoint's [E, rows, groups]) or chunked (dsv4_mxfp4_scales: the experts module's storage,
@@ -27,6 +30,7 @@ import torch
 
 from sgl_kernel.dsv4_moe_align import dsv4_moe_align
 from sgl_kernel.dsv4_moe_common import FP4_BLOCK, MoeConfig, MoeLaunch
+from sgl_kernel.dsv4_moe_dense import dense_config, dense_down, dense_gate_up
 from sgl_kernel.dsv4_moe_gemv import GEMV_MAX_TOKENS, gemv_fits, gemv_launch, gemv_moe, gemv_supported
 from sgl_kernel.dsv4_moe_general import general_down, general_gate_up, tma_supported
 from sgl_kernel.dsv4_moe_planes import SCALE_MAX, SCALE_MIN, planes_down, planes_fit, planes_gate_up, planes_supported
@@ -35,9 +39,9 @@ from sgl_kernel.dsv4_mxfp4_scales import CHUNK, as_rows, chunked_empty, scale_gr
 from sgl_kernel.dsv4_pdl import pdl_supported
 
 __all__ = [
-    "CHUNK", "SCALE_MAX", "SCALE_MIN", "MoeConfig", "MoeLaunch", "as_rows", "chunked_empty", "dsv4_moe_fp8",
-    "dsv4_moe_mxfp4", "moe_config", "moe_down", "moe_gate_up", "mxfp4_experts_of", "planes_supported",
-    "scale_bytes_fit_planes", "tma_supported",
+    "CHUNK", "SCALE_MAX", "SCALE_MIN", "MoeConfig", "MoeLaunch", "as_rows", "chunked_empty", "dense_config",
+    "describe_fp8", "describe_mxfp4", "dsv4_moe_dense", "dsv4_moe_fp8", "dsv4_moe_mxfp4", "moe_config", "moe_down",
+    "moe_gate_up", "mxfp4_experts_of", "planes_supported", "scale_bytes_fit_planes", "tma_supported",
 ]
 
 # Decode launches of the parity planes (`planes`: bf16 activations on NVIDIA GPUs, scale bytes within the planes'
@@ -124,6 +128,29 @@ def dsv4_moe_mxfp4(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.
                       planes=scales_fit_planes and planes_supported(x.device, x.dtype))
 
 
+def describe_mxfp4(device: torch.device, dtype: torch.dtype, hidden: int, inter: int, limit: float,
+                   scales_fit_planes: bool = False, gemv: bool = False) -> str:
+    """In words, the kernels dsv4_moe_mxfp4 (same arguments, no `config`) picks for these experts by batch size, from
+    the predicates it asks per call (a start-up log line)."""
+    parts = []
+    if gemv and gemv_supported(device, dtype) and 0 < limit < math.inf:
+        tokens = [t for t in range(1, GEMV_MAX_TOKENS + 1) if gemv_fits(gemv_launch(t), hidden, inter)]
+        if tokens:
+            spans = f"{tokens[0]}-{tokens[-1]}" if tokens == list(range(tokens[0], tokens[-1] + 1)) else \
+                ", ".join(map(str, tokens))
+            parts.append(f"CUDA-core GEMVs at {spans} tokens")
+    if (scales_fit_planes and planes_supported(device, dtype) and planes_fit(PLANES_GATE_UP, hidden, inter)
+            and planes_fit(PLANES_DOWN, inter, hidden)):
+        parts.append(f"PTX parity planes for {'other ' if parts else ''}decode batches")
+    general = "tl.dot_scaled" if dtype in (torch.bfloat16, torch.float16) else "in-register dequantization"
+    return ", ".join(parts + [f"general kernels ({general}) {'above' if parts else 'at every batch size'}"])
+
+
+def describe_fp8() -> str:
+    """In words, the kernels dsv4_moe_fp8 runs (a start-up log line)."""
+    return "W8A16, general kernels with the FP8 tiles converted in registers at every batch size"
+
+
 def mxfp4_experts_of(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor,
                      w2_scale: torch.Tensor) -> tuple:
     """(intermediate size, the four tensors as uint8) after checking that they fit x (dsv4_moe_mxfp4's layouts)."""
@@ -154,6 +181,34 @@ def dsv4_moe_fp8(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Te
                          f"{tuple(w2_scale.shape)} do not fit x {tuple(x.shape)}")
     return _fused_moe(x, topk_ids, topk_weights, w13, w13_scale.float(), w2, w2_scale.float(), limit, inter, fp8=True,
                       config=config)
+
+
+def dsv4_moe_dense(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w1: torch.Tensor,
+                   w3: torch.Tensor, w2: torch.Tensor, limit: float,
+                   config: Optional[MoeConfig] = None) -> torch.Tensor:
+    """Unquantized experts in x's dtype (bf16 / fp16 / fp32), fp32 accumulation: x [T, D], topk_ids / topk_weights
+    [T, k] (ids -1: another rank's expert, adds nothing), w1 / w3 [E, I, D] (gate, up), w2 [E, D, I] -> [T, D] in x's
+    dtype, any strides (a merged w13 [E, 2I, D] passes as w13[:, :I], w13[:, I:]). `config` overrides dense_config's
+    launches (tests, sweeps); a launch's scaled_dot / tma / planes settings do not apply to these weights."""
+    num_tokens, hidden = x.shape
+    num_experts, inter = w1.shape[0], w1.shape[1]
+    if (w1.dim() != 3 or w3.shape != w1.shape or w1.shape[2] != hidden or w2.shape != (num_experts, hidden, inter)
+            or topk_ids.shape != topk_weights.shape or topk_ids.dim() != 2 or topk_ids.shape[0] != num_tokens
+            or x.stride(1) != 1):
+        raise ValueError(f"dense experts w1 {tuple(w1.shape)}, w3 {tuple(w3.shape)}, w2 {tuple(w2.shape)} with "
+                         f"topk_ids {tuple(topk_ids.shape)} / topk_weights {tuple(topk_weights.shape)} do not fit x "
+                         f"{tuple(x.shape)}")
+    if x.dtype not in (torch.bfloat16, torch.float16, torch.float32) or any(w.dtype != x.dtype for w in (w1, w3, w2)):
+        raise ValueError(f"dense experts take bf16 / fp16 / fp32 weights in x's dtype, got x {x.dtype} and weights "
+                         f"{w1.dtype} / {w3.dtype} / {w2.dtype}")
+    if num_tokens == 0:
+        return torch.zeros_like(x)
+    top_k = topk_ids.shape[1]
+    cfg = config or dense_config(num_tokens * top_k, num_experts, x.dtype)
+    rows, block_expert = dsv4_moe_align(topk_ids, num_experts, cfg.block_m)
+    h = dense_gate_up(x, rows, block_expert, w1, w3, top_k, limit, cfg.block_m, cfg.gate_up)
+    pairs = dense_down(h, rows, block_expert, w2, topk_weights.flatten().float().contiguous(), cfg.block_m, cfg.down)
+    return combine_pairs(pairs, top_k, x.dtype)
 
 
 def _fused_moe(x, topk_ids, topk_weights, w13, s13, w2, s2, limit: float, inter: int, fp8: bool,

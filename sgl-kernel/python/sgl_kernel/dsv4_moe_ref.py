@@ -1,8 +1,9 @@
 """Torch references of the fused MoE (dsv4_moe.py) and its expert sort (dsv4_moe_align.py, `align_ref`): routed
 experts stored as the hub's MXFP4 (e2m1 codes packed two per byte, low nibble = even input; one ue8m0 exponent byte
-per 32 inputs of a row; `fused_moe_mxfp4_ref`) or FP8-converted (`fused_moe_fp8_ref`), computed W4A16 / W8A16: each
-weight dequantized exactly (code value * 2^(byte - 127), or e4m3 * block multiplier), the clamped SwiGLU between the
-projections, the router weights applied, each token's k expert outputs summed.
+per 32 inputs of a row; `fused_moe_mxfp4_ref`), FP8-converted (`fused_moe_fp8_ref`) or unquantized
+(`fused_moe_dense_ref`), computed W4A16 / W8A16 / in fp32: each weight dequantized exactly (code value * 2^(byte -
+127), or e4m3 * block multiplier), the clamped SwiGLU between the projections, the router weights applied, each
+token's k expert outputs summed.
 
 Layouts (what the engine keeps on the GPU): w13 [E, 2I, D/2] uint8 (rows 0..I-1 the gate projection w1, I..2I-1 the
 up projection w3), w13_scale [E, 2I, D/32] uint8; w2 [E, D, I/2], w2_scale [E, D, I/32].
@@ -83,3 +84,10 @@ def fused_moe_fp8_ref(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: tor
                 _dequant_fp8_grid(w2[e], w2_scale[e, 0]))
 
     return _moe_ref(x, topk_ids, topk_weights, weights, limit)
+
+
+def fused_moe_dense_ref(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w1: torch.Tensor,
+                        w3: torch.Tensor, w2: torch.Tensor, limit: float) -> torch.Tensor:
+    """The same function for unquantized experts (layouts in dsv4_moe.dsv4_moe_dense), one expert at a time in
+    fp32."""
+    return _moe_ref(x, topk_ids, topk_weights, lambda e: (w1[e].float(), w3[e].float(), w2[e].float()), limit)

@@ -20,7 +20,7 @@ from sglang.srt.configs.deepseek_v4 import DeepseekV4Config
 from sglang.srt.distributed.parallel_state import get_parallel_state
 from sglang.srt.distributed.sharding import (
     EXPERT_BLOCKS, ParallelConfig, experts_split_whole_blocks, local_name, rank_tensor)
-from sglang.srt.layers.moe.experts import replace_routed_experts
+from sglang.srt.layers.moe.experts import log_moe_paths, replace_routed_experts
 from sglang.srt.layers.quantization.fp8 import Fp8RoutedExperts, fp8_linears_supported, replace_fp8_linears
 from sglang.srt.layers.quantization.mxfp4 import Mxfp4RoutedExperts, mxfp4_experts_supported
 from sglang.srt.layers.rotary import RotaryEmbedding
@@ -164,6 +164,7 @@ def load_models(args, model_path: str, config: DeepseekV4Config, dtype: torch.dt
     if draft is not None:
         draft.set_embed_and_head(models["main"].embed, models["main"].head)
     logger.info("weights on %s: %.2f GB (checkpoint %.2f GB; %s)", device.type, need / 1e9, stored / 1e9, kept)
+    log_moe_paths(models.values(), dtype)
     return LoadedModels(models["main"], draft, need, stored, (fp8, experts))
 
 

@@ -12,11 +12,15 @@ default on CUDA because some fused implementations clamp the shared expert diffe
 
 from __future__ import annotations
 
-import functools
+import logging
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from sglang.srt.layers.moe.dispatch import FUSED, GROUPED, moe_device, packed_line, routed_line, routed_path
+
+logger = logging.getLogger(__name__)
 
 
 def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
@@ -40,10 +44,15 @@ class SharedExpert(nn.Module):
 
 
 class RoutedExperts(nn.Module):
-    """E experts; forward sums each token's k selected experts weighted by the router.
-
-    Rows sorted by expert go through torch's grouped GEMM where it exists (CPU, Hopper bf16); elsewhere every expert
-    runs on every token. Fused MoE kernels (quantized experts) replace both later.
+    """E experts; forward sums each token's k selected experts weighted by the router, on the path dispatch.routed_path
+    picks for the device, dtype and widths:
+    - torch's grouped GEMM over the pairs sorted by expert (`_forward_grouped`): the CPU with torch >= 2.9, bf16 on
+      NVIDIA Hopper+ (and ROCm builds where it runs), rows of whole 16-byte units;
+    - sgl_kernel's fused Triton MoE for unquantized weights (`_forward_fused`): every other GPU case (fp32 / fp16 on a
+      GPU, bf16 before Hopper, rows that are not whole 16-byte units such as a width of 42);
+    - one GEMM per expert over the sorted pairs (`_forward_loop`): every other CPU case (odd widths, a torch without
+      the op).
+    No path runs an expert on a token that did not pick it. The GPU paths read nothing back (graph-capturable).
     """
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, limit: float) -> None:
@@ -54,28 +63,23 @@ class RoutedExperts(nn.Module):
         self.limit = limit
 
     def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
-        """x [T, D], topk_ids/topk_weights [T, k] -> [T, D]: one grouped GEMM per projection over rows sorted by expert
-        when torch offers it for this device and dtype, else the dense fallback (neither reads the device). An id of
-        -1 is another rank's expert (expert parallelism): that pair adds nothing and is not computed. torch's grouped
-        GEMM takes rows of whole 16-byte units only: a hidden or (per-rank) intermediate width that is not (a
-        checkpoint's odd moe_intermediate_size, or its part on one rank) runs the dense path."""
-        if grouped_mm_supported(x) and all(n * x.element_size() % 16 == 0 for n in (x.shape[1], self.w1.shape[1])):
+        """x [T, D], topk_ids/topk_weights [T, k] -> [T, D]. An id of -1 is another rank's expert (expert
+        parallelism): that pair adds nothing and is not computed."""
+        path = routed_path(moe_device(x), x.dtype, x.shape[1], self.w1.shape[1])
+        if path.kernel == GROUPED:
             return self._forward_grouped(x, topk_ids, topk_weights)
-        return self._forward_dense(x, topk_ids, topk_weights)
+        if path.kernel == FUSED:
+            return self._forward_fused(x, topk_ids, topk_weights)
+        return self._forward_loop(x, topk_ids, topk_weights)
 
-    def _forward_dense(self, x, topk_ids, topk_weights) -> torch.Tensor:
-        """Every expert on every token, weighted by the router (0 for experts not picked): fixed shapes, no host read
-        (CUDA-graph safe). The fallback where torch has no grouped GEMM for this device and dtype (fp32 on a GPU,
-        GPUs before Hopper): E times the work, meant for small models and tests."""
-        num_experts = self.w1.shape[0]
-        coef = torch.zeros(x.shape[0], num_experts + 1, dtype=x.dtype, device=x.device)  # column E: other ranks'
-        coef.scatter_add_(1, torch.where(topk_ids < 0, num_experts, topk_ids), topk_weights.to(x.dtype))
-        coef = coef[:, :num_experts]  # [T, E]
-        h = clamped_swiglu(torch.einsum("td,eid->eti", x, self.w1), torch.einsum("td,eid->eti", x, self.w3),
-                           self.limit)
-        return torch.einsum("te,etd->td", coef, torch.einsum("eti,edi->etd", h, self.w2))
+    def _forward_fused(self, x, topk_ids, topk_weights) -> torch.Tensor:
+        from sgl_kernel.dsv4_moe import dsv4_moe_dense
 
-    def _forward_grouped(self, x, topk_ids, topk_weights) -> torch.Tensor:
+        return dsv4_moe_dense(x, topk_ids, topk_weights, self.w1, self.w3, self.w2, self.limit)
+
+    def _sorted_pairs(self, x, topk_ids, topk_weights) -> tuple:
+        """The (token, slot) pairs sorted by expert, other ranks' last: (token row per pair, num_tokens for other
+        ranks' pairs; router weight per pair in x's dtype; pairs per expert [E + 1], int32, other ranks' last)."""
         num_experts, num_tokens = self.w1.shape[0], x.shape[0]
         flat_ids = topk_ids.flatten()
         flat_ids = torch.where(flat_ids < 0, num_experts, flat_ids)  # other ranks' pairs sort last, in no group
@@ -86,6 +90,11 @@ class RoutedExperts(nn.Module):
         weights = topk_weights.flatten()[order, None].to(x.dtype)
         counts = torch.zeros(num_experts + 1, dtype=torch.int32, device=x.device)
         counts.scatter_add_(0, flat_ids, torch.ones_like(flat_ids, dtype=torch.int32))  # bincount would sync
+        return rows, weights, counts
+
+    def _forward_grouped(self, x, topk_ids, topk_weights) -> torch.Tensor:
+        num_experts, num_tokens = self.w1.shape[0], x.shape[0]
+        rows, weights, counts = self._sorted_pairs(x, topk_ids, topk_weights)
         offs = torch.cumsum(counts[:num_experts], dim=0, dtype=torch.int32)  # end row of each expert's group
         xs = x[rows.clamp(max=num_tokens - 1)]
         # rows past offs[-1] (other ranks' pairs) are no group's: the GEMMs skip them, their outputs are garbage that
@@ -96,38 +105,47 @@ class RoutedExperts(nn.Module):
         out = torch.zeros(num_tokens + 1, x.shape[1], dtype=x.dtype, device=x.device).index_add_(0, rows, y)
         return out[:num_tokens]
 
-
-def grouped_mm_supported(x: torch.Tensor) -> bool:
-    """torch._grouped_mm runs on CPU (torch >= 2.9) and on NVIDIA Hopper or newer for bf16; elsewhere (fp32 on a
-    GPU, older GPUs, ROCm without support) the dense fallback is used."""
-    if not hasattr(torch, "_grouped_mm"):
-        return False
-    if x.device.type == "cpu":
-        return _cpu_grouped_mm_works()
-    return x.dtype == torch.bfloat16 and _cuda_grouped_mm_works(x.device)
-
-
-@functools.lru_cache(maxsize=None)
-def _cpu_grouped_mm_works() -> bool:
-    return _probe(torch.device("cpu"), torch.float32)
-
-
-@functools.lru_cache(maxsize=None)
-def _cuda_grouped_mm_works(device: torch.device) -> bool:
-    if torch.version.hip is None and torch.cuda.get_device_capability(device)[0] < 9:
-        return False
-    return _probe(device, torch.bfloat16)
+    def _forward_loop(self, x, topk_ids, topk_weights) -> torch.Tensor:
+        """The grouped GEMM's function, one expert's rows at a time (the counts read back: CPU only, no graphs);
+        the outputs added in the same sorted order."""
+        rows, weights, counts = self._sorted_pairs(x, topk_ids, topk_weights)
+        out = torch.zeros_like(x)
+        start = 0
+        for e, n in enumerate(counts[:-1].tolist()):
+            if n:
+                tokens, xe = rows[start:start + n], x[rows[start:start + n]]
+                h = clamped_swiglu(xe @ self.w1[e].T, xe @ self.w3[e].T, self.limit)
+                out.index_add_(0, tokens, (h @ self.w2[e].T) * weights[start:start + n])
+            start += n
+        return out
 
 
-def _probe(device, dtype) -> bool:
-    """One tiny grouped GEMM against the plain product: the op exists in many builds but not on every backend."""
-    try:
-        a = torch.ones(4, 16, dtype=dtype, device=device)
-        b = torch.ones(2, 16, 8, dtype=dtype, device=device)
-        out = torch._grouped_mm(a, b, offs=torch.tensor([1, 4], dtype=torch.int32, device=device))
-        return bool((out == 16).all())
-    except (RuntimeError, NotImplementedError):
-        return False
+def log_moe_paths(models, dtype: torch.dtype) -> list:
+    """Log, once per kind of MoE layer in `models` (those not None), the path its routed experts take
+    (dispatch.routed_path for unquantized experts; the fused MoE's kernels for packed ones), with how many layers;
+    returns the lines. `dtype`: the activations' (the model's compute dtype)."""
+    from sglang.srt.environ import envs
+    from sglang.srt.layers.quantization.fp8 import Fp8RoutedExperts
+    from sglang.srt.layers.quantization.mxfp4 import Mxfp4RoutedExperts
+
+    counts: dict = {}
+    for module in (m for model in models if model is not None for m in model.modules()):
+        if isinstance(module, RoutedExperts):
+            w = module.w1
+            path = routed_path(moe_device(w), w.dtype, w.shape[2], w.shape[1])
+            line = routed_line(path, w.dtype)
+        elif isinstance(module, (Mxfp4RoutedExperts, Fp8RoutedExperts)):
+            fp4 = isinstance(module, Mxfp4RoutedExperts)
+            line = packed_line("fp4" if fp4 else "fp8", module.w13.device, dtype, module.w2.shape[1],
+                               module.intermediate_size, module.limit, fp4 and module.scales_fit_planes,
+                               envs.SGLANG_DSV4_MOE_DECODE.get() == "auto")
+        else:
+            continue
+        counts[line] = counts.get(line, 0) + 1
+    lines = [f"{line} in {n} layer{'s' if n > 1 else ''}" for line, n in counts.items()]
+    for line in lines:
+        logger.info("%s", line)
+    return lines
 
 
 def append_shared_expert(routed: RoutedExperts, shared: SharedExpert) -> int:
