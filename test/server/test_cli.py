@@ -77,6 +77,8 @@ def test_flag_defaults_are_the_server_args_defaults():
     (["--model-path", "/nonexistent/checkpoint"], "error: --model-path /nonexistent/checkpoint: no such directory"),
     (["--model-path", MODEL, "--tp", "3"], "error: --tp 3: 4 attention heads do not split over 3 ranks"),
     (["--model-path", MODEL, "--mxfp4-moe-precision", "fp8"], "error: --mxfp4-moe-precision fp8 (W4A8) is not served"),
+    (["--model-path", MODEL, "--watchdog-timeout", "0"], "error: --watchdog-timeout must be a positive number"),
+    (["--model-path", MODEL, "--max-queued-requests", "-1"], "error: --max-queued-requests must be 0 or more"),
 ])
 def test_cli_errors_are_one_line_naming_the_flag(argv, says):
     proc = launch_cli(*argv, "--port", "0", "--log-level", "warning", "--device", "cpu")

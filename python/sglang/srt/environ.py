@@ -150,6 +150,12 @@ class Envs:
         "variant returns wrong output on MI355X). Recorded decision only: prefill and decode share one sparse "
         "kernel here, no separate sparse-prefill kernel exists yet")
 
+    # Test hooks
+    SGLANG_TEST_HANG_SCHEDULER_FILE = EnvVar(
+        "SGLANG_TEST_HANG_SCHEDULER_FILE", "", str,
+        "tests only: while this file exists, the scheduler process hangs before each step (alive, reading nothing), "
+        "for the --watchdog-timeout tests")
+
     @classmethod
     def all(cls) -> list:
         return [v for v in vars(cls).values() if isinstance(v, EnvVar)]
