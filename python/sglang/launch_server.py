@@ -74,7 +74,9 @@ def launch_server(server_args: ServerArgs, sock: Optional[socket.socket] = None)
 
         metrics = MetricsCollector(server_args.served_model_name or server_args.model_path)
     tm = TokenizerManager(tokenizer, ready, ports.scheduler_input, ports.tokenizer_input, metrics,
-                          ports.tokenizer_input_remote, channel_key=ports.channel_key)
+                          ports.tokenizer_input_remote, channel_key=ports.channel_key,
+                          watchdog_timeout=server_args.watchdog_timeout,
+                          max_queued_requests=server_args.max_queued_requests)
     app = create_app(tm, server_args, metrics, scheduler_proc=proc)
 
     logger.info("serving %s on http://%s:%d", server_args.model_path, server_args.host, server_args.port)

@@ -43,6 +43,9 @@ class ScriptedTokenizerManager:
     def start(self) -> None:
         pass
 
+    def check_queue(self) -> None:  # no --max-queued-requests
+        pass
+
     def encode(self, text: str) -> list:
         self.prompts.append(text)
         return TOKENIZER.encode(text).ids

@@ -79,6 +79,8 @@ def test_flag_defaults_are_the_server_args_defaults():
     (["--model-path", MODEL, "--mxfp4-moe-precision", "fp8"], "error: --mxfp4-moe-precision fp8 (W4A8) is not served"),
     (["--model-path", MODEL, "--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", "/models/NextN"],
      "error: --speculative-draft-model-path '/models/NextN': the draft here is always --model-path's own MTP"),
+    (["--model-path", MODEL, "--watchdog-timeout", "0"], "error: --watchdog-timeout must be a positive number"),
+    (["--model-path", MODEL, "--max-queued-requests", "-1"], "error: --max-queued-requests must be 0 or more"),
 ])
 def test_cli_errors_are_one_line_naming_the_flag(argv, says):
     proc = launch_cli(*argv, "--port", "0", "--log-level", "warning", "--device", "cpu")

@@ -28,6 +28,9 @@ class FakeTokenizerManager:
         self.dead_reason, self.step_ok, self.num_steps = dead_reason, step_ok, 0
         self.ready = SimpleNamespace(eos_token_ids=[1])
 
+    def unavailable(self):
+        return self.dead_reason
+
     async def generate(self, input_ids, params):
         self.num_steps += 1
         if not self.step_ok:

@@ -149,6 +149,12 @@ class Envs:
         "upstream's switch for FlashMLA's sparse-prefill kernel: accepted from upstream's recipes (a boolean or auto) "
         "and logged at start as changing nothing; prefill and decode run one sparse attention kernel here")
 
+    # Test hooks
+    SGLANG_TEST_HANG_SCHEDULER_FILE = EnvVar(
+        "SGLANG_TEST_HANG_SCHEDULER_FILE", "", str,
+        "tests only: while this file exists, the scheduler process hangs before each step (alive, reading nothing), "
+        "for the --watchdog-timeout tests")
+
     @classmethod
     def all(cls) -> list:
         return [v for v in vars(cls).values() if isinstance(v, EnvVar)]

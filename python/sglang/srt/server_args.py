@@ -46,6 +46,8 @@ class ServerArgs:
     chunked_prefill_size: Optional[int] = None
     grammar_backend: str = "xgrammar"  # constrained decoding (json_schema / regex / ebnf); none: refused
     schedule_conservativeness: float = 1.0  # scales the new-token ratio admission reserves for running requests
+    max_queued_requests: Optional[int] = None  # beyond the running slots; more get 429 (None: no bound, as upstream)
+    watchdog_timeout: float = 300.0  # seconds without a scheduler step, requests pending, before they fail (upstream's)
     # Kernels
     attention_backend: Optional[str] = None
     disable_cuda_graph: bool = False  # decode runs the general eager path (no static buffers, no graphs)
@@ -143,6 +145,10 @@ class ServerArgs:
             raise ValueError("--chunked-prefill-size must be positive, or -1 to disable chunking")
         if self.grammar_backend not in GRAMMAR_BACKENDS:
             raise ValueError(f"--grammar-backend must be one of {GRAMMAR_BACKENDS}, got {self.grammar_backend!r}")
+        if self.max_queued_requests is not None and self.max_queued_requests < 0:
+            raise ValueError(f"--max-queued-requests must be 0 or more, got {self.max_queued_requests}")
+        if not 0 < self.watchdog_timeout < float("inf"):
+            raise ValueError(f"--watchdog-timeout must be a positive number of seconds, got {self.watchdog_timeout}")
         if not 0 < self.schedule_conservativeness < float("inf"):
             raise ValueError(f"--schedule-conservativeness must be a positive number, got "
                              f"{self.schedule_conservativeness}")

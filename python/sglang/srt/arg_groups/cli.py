@@ -142,6 +142,12 @@ def _scheduling_args(g) -> None:
                    help="store the lightning indexer's keys in FP4")
     g.add_argument("--chunked-prefill-size", metavar="N", type=int,
                    help="prompt tokens per prefill chunk, -1 for no chunking (default: 8192 GPU, 1024 CPU)")
+    g.add_argument("--max-queued-requests", metavar="N", type=int,
+                   help="requests that may wait beyond the running ones (--max-running-requests); more are refused "
+                        "with 429 and Retry-After (default: no bound)")
+    g.add_argument("--watchdog-timeout", metavar="SECONDS", type=float, default=300.0,
+                   help="when the scheduler completes no step for this long while requests await it, they fail with "
+                        "503 and /health answers 503 until a step completes")
     g.add_argument("--schedule-conservativeness", metavar="F", type=float, default=1.0,
                    help="how much of their remaining max_new_tokens admission expects running requests to use "
                         "(x 0.7 at start, decaying; larger admits fewer, smaller risks more retractions)")

@@ -1,5 +1,6 @@
 """The scheduler of `sglang.Engine(launch_subprocess=True)`: the same scheduler process and TokenizerManager the
-server uses, driven from a private event loop in a background thread.
+server uses, driven from a private event loop in a background thread. As behind the server, a scheduler process that
+dies, or completes no step for --watchdog-timeout while a call awaits it, ends the call with a RuntimeError naming it.
 
 Shutdown closes the loop explicitly (also at interpreter exit when the caller never calls `Engine.shutdown()`):
 a loop left for the garbage collector is closed after its self-pipe socket, which printed
@@ -25,9 +26,12 @@ class SubprocessScheduler:
         self.thread.start()
 
         async def make() -> TokenizerManager:  # ZMQ asyncio sockets bind to the loop they are made in
-            return TokenizerManager(tokenizer, self.ready, ports.scheduler_input, ports.tokenizer_input,
-                                    tokenizer_input_remote=ports.tokenizer_input_remote,
-                                    channel_key=ports.channel_key)
+            tm = TokenizerManager(tokenizer, self.ready, ports.scheduler_input, ports.tokenizer_input,
+                                  tokenizer_input_remote=ports.tokenizer_input_remote,
+                                  channel_key=ports.channel_key, watchdog_timeout=server_args.watchdog_timeout)
+            tm.start()
+            asyncio.get_running_loop().create_task(tm.watch_process(self.proc))  # a dead scheduler fails the calls
+            return tm
 
         self.tm = asyncio.run_coroutine_threadsafe(make(), self.loop).result()
         self._closed = False
@@ -48,8 +52,8 @@ class SubprocessScheduler:
 
         try:
             return asyncio.run_coroutine_threadsafe(all_of(), self.loop).result()
-        except RequestError as e:
-            raise ValueError(e.message) from None
+        except RequestError as e:  # refused (4xx), or the scheduler died or hung (5xx: --watchdog-timeout)
+            raise (ValueError if e.status_code < 500 else RuntimeError)(e.message) from None
 
     def flush_cache(self) -> bool:
         """Ask the scheduler process to empty its prefix cache, as the server's /flush_cache does, and wait for its

@@ -50,8 +50,10 @@ def health_routes(tm: TokenizerManager, args: ServerArgs, metrics=None, schedule
     router = APIRouter()
 
     def scheduler_dead() -> Optional[str]:
-        if tm.dead_reason:
-            return tm.dead_reason
+        """Why nothing can be served: the scheduler process died, the receive loop failed, or the watchdog found the
+        scheduler stuck (until it completes a step again)."""
+        if tm.unavailable():
+            return tm.unavailable()
         if scheduler_proc is not None and not scheduler_proc.is_alive():  # before the watchdog's next look
             return scheduler_proc.describe_exit()
         return None
@@ -78,9 +80,10 @@ def health_routes(tm: TokenizerManager, args: ServerArgs, metrics=None, schedule
 
     @router.get("/health")
     async def health():
-        """For load balancers: 503 while the scheduler cannot serve: its process died, or its latest steps all
-        failed. In the second case (only) /health runs one token itself, so a server whose failures have passed
-        comes back to 200 even when no traffic is routed to it."""
+        """For load balancers: 503 while the scheduler cannot serve: its process died, the HTTP side stopped
+        receiving from it, it completed no step for --watchdog-timeout while requests awaited it (until it does), or
+        its latest steps all failed. In the last case (only) /health runs one token itself, so a server whose failures
+        have passed comes back to 200 even when no traffic is routed to it."""
         if steps_failing() and not scheduler_dead():
             async with probe_lock:
                 if steps_failing():

@@ -1,7 +1,7 @@
 """The HTTP server (FastAPI): OpenAI-compatible and native SGLang endpoints over the TokenizerManager.
 
-`create_app` builds the app: lifespan (the TokenizerManager's receive loop, a watchdog on the scheduler process),
-the API-key guard and error handlers; the endpoints are three route groups in entrypoints/http_routes.py.
+`create_app` builds the app: lifespan (the TokenizerManager's receive loop and watchdog, a watch on the scheduler
+process), the API-key guard and error handlers; the endpoints are three route groups in entrypoints/http_routes.py.
 
 Every failure is answered with an OpenAI-style error body and a 4xx/5xx status; nothing a client sends can take
 the process down. Request bodies are parsed by hand (entrypoints/request_body.py: JSON media type, size limit,
@@ -87,12 +87,8 @@ def create_app(tm: TokenizerManager, args: ServerArgs, metrics=None, scheduler_p
         tm.start()
         watch = None
         if scheduler_proc is not None:
-            async def watchdog():
-                while scheduler_proc.is_alive():
-                    await asyncio.sleep(1.0)
-                why = scheduler_proc.describe_exit()
-                logger.error("%s", why)
-                tm.fail_all(f"{why}; restart the server")
+            async def watch_scheduler():
+                why = await tm.watch_process(scheduler_proc)  # every request failed with a 503 naming it
                 if args.tp_size > 1:  # the other ranks cannot go on without it: stop them and the server
                     scheduler_proc.kill()
                     app.state.fatal_error = why
@@ -102,13 +98,13 @@ def create_app(tm: TokenizerManager, args: ServerArgs, metrics=None, scheduler_p
                     else:
                         os.kill(os.getpid(), signal.SIGTERM)
 
-            watch = asyncio.get_running_loop().create_task(watchdog())
+            watch = asyncio.get_running_loop().create_task(watch_scheduler())
         yield
         if watch is not None:
             watch.cancel()
         await responses.stop_all()  # background responses still generating: aborted, not left pending
 
-    responses = ResponseStore()
+    responses = ResponseStore(admit=lambda: tm.check_queue())  # a background request is refused as any other
     app = FastAPI(title="sglang (DeepSeek-V4)", lifespan=lifespan)
     app.state.fatal_error = None
     app.state.responses = responses
@@ -118,7 +114,7 @@ def create_app(tm: TokenizerManager, args: ServerArgs, metrics=None, scheduler_p
 
     @app.exception_handler(RequestError)
     async def on_request_error(raw: Request, e: RequestError):
-        return _error(e.message, e.status_code, e.param)
+        return _error(e.message, e.status_code, e.param, headers=e.headers)  # a 429's Retry-After
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(raw: Request, e: StarletteHTTPException):  # unknown path (404), wrong method (405)

@@ -11,8 +11,10 @@ nothing to run serves the others' MoE layers with idle forwards. A rank that die
 next collective within --dist-timeout; the parent sees a rank process gone and stops the server, naming it.
 
 Loop: drain incoming messages (blocking only when idle), then run one scheduler step and send every request's
-progress. A failure inside a step aborts only the requests that cause it (Scheduler.step isolates them); a failure
-outside the model step (a scheduler bug) aborts every request, and the loop goes on. Either way the failed step is
+progress; a step is reported even when no request progressed in it (a prefill chunk), so the HTTP side's watchdog
+(--watchdog-timeout) hears from a scheduler that is alive and stepping, and from no other. A failure inside a step
+aborts only the requests that cause it (Scheduler.step isolates them); a failure outside the model step (a
+scheduler bug) aborts every request, and the loop goes on. Either way the failed step is
 counted in the stats sent with each output, which the HTTP side's /health reads. A request rejected at admission is
 answered with its error, so the HTTP side can return a 4xx.
 """
@@ -32,6 +34,7 @@ from typing import Optional
 
 import zmq
 
+from sglang.srt.environ import envs
 from sglang.srt.eplb.expert_distribution import expert_distribution_action
 from sglang.srt.managers.io_struct import (
     AbortReq, BatchOutput, ControlOutput, ExpertDistributionReq, FlushCacheReq, GetWeightsReq, MessageCodec,
@@ -81,6 +84,7 @@ class SchedulerProcess:
         self.is_leader = self.ranks.rank_in_group == 0  # receives and broadcasts every message
         self.sends = state.attn_tp.rank_in_group == 0  # sends its DP group's outputs
         self._next_group = 0  # rank 0: the DP group of the next new request (round robin)
+        self._hang_file = envs.SGLANG_TEST_HANG_SCHEDULER_FILE.get()
         if not self.sends:
             return
         ctx = zmq.Context()
@@ -112,8 +116,9 @@ class SchedulerProcess:
             if self.dp.active:  # wait for messages only when no DP group has work
                 busy = self.dp.any_rank(busy)
             answers = self._handle_messages(block=not busy)
-            updated = []
-            if self.scheduler.has_work():
+            updated, stepped = [], self.scheduler.has_work()
+            if stepped:
+                self._test_hang()
                 try:
                     updated = self.scheduler.step()
                 except Exception:  # a scheduler bug must not take the server down: fail every request
@@ -122,10 +127,16 @@ class SchedulerProcess:
                     self.scheduler.consecutive_failed_steps += 1
             self.runner.finish_dp_round()
             outputs = answers + [self._progress(req) for req in updated]
-            if outputs and self.sends:
+            if (outputs or stepped) and self.sends:  # every step is reported: the HTTP side's watchdog hears it
                 self.send.send_multipart(self.codec.encode(BatchOutput(outputs, self._stats())))
             if self.sends:
                 self._log_progress()
+
+    def _test_hang(self) -> None:
+        """Test hook (SGLANG_TEST_HANG_SCHEDULER_FILE): before a step, hang while that file exists, alive and reading
+        nothing, as a stuck device or collective would."""
+        while self._hang_file and os.path.exists(self._hang_file):
+            time.sleep(0.05)
 
     def _receive(self, block: bool) -> list:
         """Rank 0: the messages waiting (up to 1 s for the first when idle), each with the DP group that takes it (new

@@ -5,6 +5,20 @@ incrementally and hands SGLang-shaped chunks (`text`, `output_ids`, `meta_info`,
 as sglang.Engine's output is) to the endpoints. Prompts are validated in one place, the scheduler's admission
 (Scheduler.add_request): a refused one comes back as a RequestError with the status to answer (400). A request
 whose client goes away is aborted, which frees its slots in the scheduler.
+
+Nothing the scheduler does (or fails to do) leaves a request waiting forever:
+- the receive loop is supervised: if it dies, every pending request fails with a 503 and `unavailable()` (/health)
+  stays 503 until the server is restarted (a lost output cannot be told apart from a late one, so it does not
+  restart itself);
+- the watchdog (--watchdog-timeout): while requests await the scheduler and no step has completed for that long, they
+  fail with a 503 naming it and are aborted, and new requests are refused, until a step completes again (the
+  scheduler reports every step, outputs or not);
+- `watch_process`: the scheduler process died, every request fails with a 503;
+- a send to the scheduler waits at most SEND_TIMEOUT_S (ZMQ blocks once the scheduler stops reading and its input
+  queue is full); control requests wait for their answer at most their own timeout.
+Bounds: with --max-queued-requests N, a request is refused with 429 (Retry-After) while the requests awaiting the
+scheduler already fill the running slots and N more; a request whose consumer does not read (a streaming client that
+stopped reading) has at most MAX_BUFFERED_TOKENS output tokens waiting, then it is cut off: aborted, its slots freed.
 """
 
 from __future__ import annotations
@@ -29,14 +43,23 @@ from sglang.srt.sampling.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
+# A send to the scheduler blocks once it stopped reading and its input queue is full (ZMQ's high-water mark).
+SEND_TIMEOUT_S = 10.0
+# Output tokens a request may have waiting for its consumer: beyond it, a streaming client that does not read is cut
+# off (the socket's and the server's write buffers are full before this queue grows at all).
+MAX_BUFFERED_TOKENS = 4096
+SLOW_CLIENT_STATUS = 408  # a stream cut off because its client stopped reading
+RETRY_AFTER_S = 1  # the Retry-After of a 429 (a full queue drains as requests finish)
+
 
 class RequestError(Exception):
     """A request refused (by the endpoint or the scheduler's admission) or that could not finish; carries the
-    HTTP status to answer with."""
+    HTTP status to answer with (and headers, e.g. a 429's Retry-After)."""
 
-    def __init__(self, message: str, status_code: int = 400, param: Optional[str] = None) -> None:
+    def __init__(self, message: str, status_code: int = 400, param: Optional[str] = None,
+                 headers: Optional[dict] = None) -> None:
         super().__init__(message)
-        self.message, self.status_code, self.param = message, status_code, param
+        self.message, self.status_code, self.param, self.headers = message, status_code, param, headers
 
 
 @dataclass
@@ -67,11 +90,14 @@ class ReqState(OutputState):
     # whether its HTTP client has gone (Request.is_disconnected): a request reusing the rid asks it first
     client_gone: Optional[Callable[[], Awaitable[bool]]] = None
     aborted: bool = False  # /abort_request sent its abort: the rid is free for a new request at once
+    answered: bool = False  # its last output came (or it was failed here): the scheduler owes it nothing more
+    buffered: int = 0  # output tokens in `queue`, not yet taken by the consumer
 
 
 class TokenizerManager:
     def __init__(self, tokenizer, ready: SchedulerReady, scheduler_input: str, tokenizer_input: str,
-                 metrics=None, tokenizer_input_remote: Optional[str] = None, *, channel_key: bytes) -> None:
+                 metrics=None, tokenizer_input_remote: Optional[str] = None, *, channel_key: bytes,
+                 watchdog_timeout: Optional[float] = None, max_queued_requests: Optional[int] = None) -> None:
         """`channel_key`: the launch's key (PortArgs.channel_key); outputs whose tag it does not verify are dropped
         unread."""
         self.tokenizer = tokenizer
@@ -94,11 +120,44 @@ class TokenizerManager:
         self.control: dict = {}  # rid -> future of a control request's ControlOutput (io_struct)
         self.updating: Optional[asyncio.Event] = None  # set when a weight update ends; new requests wait for it
         self.weights_path: Optional[str] = None  # the checkpoint of the last weight update (None: the launch's)
+        self.watchdog_timeout = watchdog_timeout  # None: no watchdog
+        self.max_queued_requests = max_queued_requests  # None: no bound
+        self.max_buffered_tokens = MAX_BUFFERED_TOKENS
+        self.stalled: Optional[str] = None  # set by the watchdog until the scheduler completes a step again
+        self.last_progress = time.perf_counter()  # when the scheduler last reported
         self._loop_task: Optional[asyncio.Task] = None
+        self._tasks: set = set()  # the watchdog and aborts sent in the background
 
     def start(self) -> None:
         if self._loop_task is None:
             self._loop_task = asyncio.get_running_loop().create_task(self._handle_loop())
+            self._loop_task.add_done_callback(self._loop_ended)
+            if self.watchdog_timeout:
+                self._spawn(self._watchdog())
+
+    def unavailable(self) -> Optional[str]:
+        """Why no request can be served now (/health answers 503 with it), or None."""
+        return self.dead_reason or self.stalled
+
+    @property
+    def running_capacity(self) -> int:
+        """Requests the scheduler runs at once: --max-running-requests, per DP group under DP attention."""
+        args = self.ready.effective_args or {}
+        groups = args.get("dp_size", 1) if args.get("enable_dp_attention") else 1
+        return self.ready.max_running_requests * groups
+
+    def check_queue(self) -> None:
+        """Refuse a new request (429, Retry-After) when --max-queued-requests requests already wait beside a full
+        running batch. Counted here, over the requests awaiting the scheduler (the ones it runs or queues, and any on
+        their way): exact whatever the scheduler's latest stats say, and without a round trip."""
+        if self.max_queued_requests is None:
+            return
+        pending = sum(1 for state in self.states.values() if not state.answered)
+        capacity = self.running_capacity
+        if pending >= capacity + self.max_queued_requests:
+            raise RequestError(f"the server is at capacity: {pending} requests are running or queued (at most "
+                               f"{capacity} running + {self.max_queued_requests} queued, --max-queued-requests); "
+                               f"retry later", 429, headers={"Retry-After": str(RETRY_AFTER_S)})
 
     # ---- tokenization -----------------------------------------------------------------------------------
     def encode(self, text: str) -> list:
@@ -142,7 +201,7 @@ class TokenizerManager:
                     state.queue.put_nowait(ReqOutput(rid=state.sid, new_token_ids=[], new_logprobs=[],
                                                      new_top_logprobs=[], prompt_tokens=len(state.input_ids),
                                                      completion_tokens=0, finished_reason=state.finished_reason))
-                    await self.send.send_pyobj(AbortReq(state.sid))
+                    await self._abort(state.sid)
 
     async def generate(self, input_ids: list, params: SamplingParams, return_logprob: bool = False,
                        logprob_start_len: int = -1, top_logprobs_num: int = 0, rid: Optional[str] = None,
@@ -155,11 +214,12 @@ class TokenizerManager:
         see `abort_matching`; `client_gone`: whether this request's client has disconnected."""
         while self.updating is not None:  # a weight update: requests that arrive meanwhile start after it
             await self.updating.wait()
-        if self.dead_reason is not None:
-            raise RequestError(self.dead_reason, 503)
+        if self.unavailable():
+            raise RequestError(self.unavailable(), 503)
         self.start()
         if rid is not None:
             await self._free_rid(rid, group)
+        self.check_queue()  # with no await before the request is registered
         sid = uuid.uuid4().hex if rid is None else f"{rid}.{uuid.uuid4().hex[:12]}"
         rid = rid or sid
         detok = None if self.tokenizer is None else IncrementalDetokenizer(
@@ -169,12 +229,17 @@ class TokenizerManager:
                          logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num, detok=detok,
                          group=group, sid=sid, client_gone=client_gone)
         self.states[sid] = state
-        await self.send.send_pyobj(TokenizedGenerateReqInput(
-            rid=sid, input_ids=state.input_ids, sampling_params=params, return_logprob=return_logprob,
-            logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num))
         try:
+            try:
+                await self._send(TokenizedGenerateReqInput(
+                    rid=sid, input_ids=state.input_ids, sampling_params=params, return_logprob=return_logprob,
+                    logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num))
+            except RequestError:  # never sent: nothing to abort (an abort would wait as long again)
+                state.finished_reason = {"type": "abort"}
+                raise
             while True:
                 out: ReqOutput = await state.queue.get()
+                state.buffered -= len(out.new_token_ids)
                 if out.finished_reason is not None:
                     state.finished_reason = out.finished_reason  # nothing left to abort in the scheduler
                 if out.error is not None:
@@ -188,7 +253,7 @@ class TokenizerManager:
                     return
         finally:
             if state.finished_reason is None:  # the caller stopped listening: free the scheduler's slots
-                await self.send.send_pyobj(AbortReq(sid))
+                await self._abort(sid)
             self.states.pop(sid, None)
 
     def _apply(self, state: ReqState, out: ReqOutput) -> GenerationChunk:
@@ -223,7 +288,7 @@ class TokenizerManager:
                    if not state.aborted and (abort_all or rid in (state.rid, state.group))]
         for state in targets:
             state.aborted = True
-            await self.send.send_pyobj(AbortReq(state.sid))
+            await self._abort(state.sid)
         return [state.rid for state in targets]
 
     async def flush_cache(self) -> str:
@@ -279,13 +344,13 @@ class TokenizerManager:
     async def _control(self, make, timeout: float) -> ControlOutput:
         """Send make(rid) to the scheduler and wait for its ControlOutput (the first, under DP attention); RequestError
         with its status when refused."""
-        if self.dead_reason is not None:
-            raise RequestError(self.dead_reason, 503)
+        if self.unavailable():
+            raise RequestError(self.unavailable(), 503)
         self.start()
         rid = uuid.uuid4().hex
         answer = self.control[rid] = asyncio.get_running_loop().create_future()
         try:
-            await self.send.send_pyobj(make(rid))
+            await self._send(make(rid))
             out: ControlOutput = await asyncio.wait_for(answer, timeout)
         except asyncio.TimeoutError:
             raise RequestError(f"the scheduler did not answer within {timeout:.0f} s", 503) from None
@@ -295,41 +360,144 @@ class TokenizerManager:
             raise RequestError(out.message, out.status_code)
         return out
 
+    # ---- sending -----------------------------------------------------------------------------------------
+    async def _send(self, msg) -> None:
+        """Send to the scheduler; a 503 when it has not taken messages for SEND_TIMEOUT_S."""
+        try:
+            await asyncio.wait_for(self.send.send_pyobj(msg), SEND_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise RequestError(f"the scheduler has taken no message for {SEND_TIMEOUT_S:.0f} s (its input queue is "
+                               f"full); retry later", 503) from None
+
+    async def _abort(self, sid: str) -> None:
+        """Abort a request in the scheduler (its slots freed); a scheduler that takes no message is only logged: the
+        watchdog or the process watch deals with it."""
+        try:
+            await self._send(AbortReq(sid))
+        except RequestError as e:
+            logger.warning("could not abort request %s: %s", sid, e.message)
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)  # referenced until done (the loop keeps only weak references)
+        task.add_done_callback(self._tasks.discard)
+
     # ---- receiving ----------------------------------------------------------------------------------------
     async def _handle_loop(self) -> None:
         while True:
             batch: BatchOutput = self.codec.decode(await self.recv.recv_multipart(), BatchOutput)
             if batch is None:  # not from one of this launch's ranks: dropped unread (and logged)
                 continue
-            self.group_stats[batch.stats.dp_rank] = batch.stats  # DP attention: one sender per group
-            self.last_stats = SchedulerStats.merge(list(self.group_stats.values()))
-            if self.metrics:
-                self.metrics.observe_stats(self.last_stats)
-            for out in batch.outputs:
-                if isinstance(out, ControlOutput):  # DP attention: each group answers; the first one counts
-                    answer = self.control.get(out.rid)
-                    if answer is not None and not answer.done():
-                        answer.set_result(out)
-                    continue
-                state = self.states.get(out.rid)
-                if state is not None:
-                    state.queue.put_nowait(out)
+            self._dispatch(batch)
+
+    def _dispatch(self, batch: BatchOutput) -> None:
+        """One message of the scheduler: a step completed (or messages were answered)."""
+        self.last_progress = time.perf_counter()
+        if self.stalled is not None:
+            logger.warning("the scheduler completed a step again: serving resumes")
+            self.stalled = None
+        self.group_stats[batch.stats.dp_rank] = batch.stats  # DP attention: one sender per group
+        self.last_stats = SchedulerStats.merge(list(self.group_stats.values()))
+        if self.metrics:
+            self.metrics.observe_stats(self.last_stats)
+        for out in batch.outputs:
+            if isinstance(out, ControlOutput):  # DP attention: each group answers; the first one counts
+                answer = self.control.get(out.rid)
+                if answer is not None and not answer.done():
+                    answer.set_result(out)
+                continue
+            state = self.states.get(out.rid)
+            if state is None or state.answered:  # gone, or already failed here (cut off, watchdog)
+                continue
+            if out.finished_reason is not None:
+                state.answered = True
+            elif state.buffered + len(out.new_token_ids) > self.max_buffered_tokens:
+                self._cut_off(state)
+                continue
+            state.buffered += len(out.new_token_ids)
+            state.queue.put_nowait(out)
+
+    def _loop_ended(self, task: asyncio.Task) -> None:
+        """The receive loop is supervised: anything but close() ending it fails every request and the server."""
+        if task.cancelled():
+            return
+        logger.error("the receive loop from the scheduler failed; every request fails and /health answers 503 "
+                     "until the server is restarted", exc_info=task.exception())
+        pending = [state.sid for state in self.states.values() if not state.answered]
+        self.fail_all("internal error: the server stopped receiving from the scheduler (see the server log); "
+                      "restart the server")
+        for sid in pending:  # the scheduler still runs them: free their slots
+            self._spawn(self._abort(sid))
+
+    def _fail(self, state: ReqState, message: str, status_code: int) -> None:
+        """Finish a request here: its consumer gets `message` with `status_code` after the outputs before it."""
+        state.answered = True
+        state.queue.put_nowait(ReqOutput(
+            rid=state.sid, new_token_ids=[], new_logprobs=[], new_top_logprobs=[], prompt_tokens=state.prompt_tokens,
+            completion_tokens=0, finished_reason={"type": "abort", "status_code": status_code, "message": message},
+            error=message))
+
+    def _cut_off(self, state: ReqState) -> None:
+        """A consumer that does not read (a streaming client that stopped): abort the request, freeing its slots,
+        rather than buffer its output without bound."""
+        message = (f"the client did not read its stream: {state.buffered} output tokens were waiting to be sent "
+                   f"(at most {self.max_buffered_tokens}); the request was aborted")
+        logger.warning("request %s: %s", state.rid, message)
+        self._fail(state, message, SLOW_CLIENT_STATUS)
+        state.aborted = True
+        self._spawn(self._abort(state.sid))
+
+    # ---- supervision --------------------------------------------------------------------------------------
+    async def _watchdog(self) -> None:
+        """--watchdog-timeout: requests awaiting a scheduler that completed no step for that long are failed and
+        aborted, and the server is unavailable until the scheduler reports again (it reports every step)."""
+        timeout = self.watchdog_timeout
+        while True:
+            await asyncio.sleep(min(1.0, timeout / 4))
+            if self.unavailable():
+                continue
+            pending = [state for state in self.states.values() if not state.answered]
+            if not pending:
+                continue
+            since = max(self.last_progress, min(state.created for state in pending))  # the clock runs while busy
+            idle = time.perf_counter() - since
+            if idle > timeout:
+                self.stalled = (f"the scheduler has completed no step for {idle:.0f} s while {len(pending)} "
+                                f"request(s) awaited it (--watchdog-timeout {timeout:g})")
+                logger.error("watchdog: %s; they are aborted, and new requests refused until it completes a step",
+                             self.stalled)
+                for state in pending:
+                    self._fail(state, f"watchdog: the scheduler completed no step in {timeout:g} s "
+                                      f"(--watchdog-timeout); the request was aborted", 503)
+                    self._spawn(self._abort(state.sid))  # queued: the scheduler frees them when it goes on
+
+    async def watch_process(self, proc, interval: float = 1.0) -> str:
+        """Wait until the scheduler process (scheduler_process.SchedulerRanks) exits, then fail every request with
+        a 503 naming it; returns why."""
+        while proc.is_alive():
+            await asyncio.sleep(interval)
+        why = proc.describe_exit()
+        logger.error("%s", why)
+        self.fail_all(f"{why}; restart the server")
+        return why
 
     def close(self) -> None:
         """Stop receiving and release the ZMQ sockets (call from the event loop's thread)."""
         if self._loop_task is not None:
             self._loop_task.cancel()
+        for task in list(self._tasks):
+            task.cancel()
         self.send.close(linger=0)
         self.recv.close(linger=0)
         self.ctx.term()
 
     def fail_all(self, reason: str) -> None:
-        """The scheduler process died: answer every waiting request with a 503."""
-        self.dead_reason = reason
-        for rid, state in list(self.states.items()):
-            state.queue.put_nowait(ReqOutput(rid=rid, new_token_ids=[], new_logprobs=[], new_top_logprobs=[],
-                                             prompt_tokens=state.prompt_tokens, completion_tokens=0,
-                                             finished_reason={"type": "abort", "status_code": 503}, error=reason))
+        """The scheduler cannot answer any more (its process died, the receive loop failed): answer every waiting
+        request with a 503."""
+        self.dead_reason = self.dead_reason or reason
+        for state in list(self.states.values()):
+            if not state.answered:
+                self._fail(state, reason, 503)
         for rid, answer in list(self.control.items()):
             if not answer.done():
                 answer.set_result(ControlOutput(rid, 503, reason))

@@ -268,7 +268,8 @@ class ProfileRequest(BaseModel):
 
 def error_body(message: str, status_code: int, param: Optional[str] = None) -> dict:
     kind = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 405: "MethodNotAllowedError",
-            413: "RequestTooLargeError", 415: "UnsupportedMediaTypeError", 499: "ClientDisconnectedError",
+            413: "RequestTooLargeError", 415: "UnsupportedMediaTypeError", 429: "RateLimitError",
+            499: "ClientDisconnectedError",
             503: "ServiceUnavailableError"}.get(status_code)
     if kind is None:
         kind = "BadRequestError" if 400 <= status_code < 500 else "InternalServerError"

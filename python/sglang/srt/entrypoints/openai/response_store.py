@@ -8,6 +8,10 @@ output items so far), then "completed" / "incomplete", "failed" with an error, o
 `stream: true` answers with its event stream instead, and keeps the events: GET /v1/responses/{id}?stream=true
 [&starting_after=N] streams them again from any point (a client that disconnected resumes where it was), the
 generation going on whoever listens; a cancelled one's stream ends without a final event.
+
+A background response holds no connection, so what one client can start is bounded here: at most MAX_BACKGROUND
+generate at once (more are refused with 429 and Retry-After), and one is refused as a foreground request would be
+when the server's queue is full (--max-queued-requests).
 """
 
 from __future__ import annotations
@@ -17,9 +21,10 @@ import collections
 from typing import AsyncIterator, Callable, Optional
 
 from sglang.srt.entrypoints.openai.serving_base import sse
-from sglang.srt.managers.tokenizer_manager import RequestError
+from sglang.srt.managers.tokenizer_manager import RETRY_AFTER_S, RequestError
 
 STORE_SIZE = 1024  # stored responses kept (oldest finished ones dropped first)
+MAX_BACKGROUND = 256  # background responses generating at once
 _UNFINISHED = ("queued", "in_progress")
 
 
@@ -60,8 +65,10 @@ class ResponseStore:
     """Stored responses by id: the response object and the chat messages that continue it; the tasks of background
     responses still generating."""
 
-    def __init__(self, size: int = STORE_SIZE) -> None:
-        self.size = size
+    def __init__(self, size: int = STORE_SIZE, max_background: int = MAX_BACKGROUND,
+                 admit: Optional[Callable[[], None]] = None) -> None:
+        """`admit()` raises the RequestError of a request the server cannot queue now (TokenizerManager.check_queue)."""
+        self.size, self.max_background, self.admit = size, max_background, admit
         self.items: collections.OrderedDict = collections.OrderedDict()
         self.tasks: dict = {}  # response id -> asyncio.Task, while it generates
         self.logs: dict = {}  # response id -> EventLog of a background response created with stream
@@ -90,7 +97,14 @@ class ResponseStore:
 
     def start(self, response: dict, messages: list, run: Callable, log: Optional[EventLog] = None) -> None:
         """Store a background response as queued and generate it: `run()` is the coroutine that does (and writes
-        `log`, the events of one created with stream)."""
+        `log`, the events of one created with stream). A 429 when MAX_BACKGROUND are generating or the server's
+        queue is full."""
+        if len(self.tasks) >= self.max_background:
+            raise RequestError(f"{len(self.tasks)} background responses are generating (at most "
+                               f"{self.max_background}); retry later, or cancel one", 429,
+                               param="background", headers={"Retry-After": str(RETRY_AFTER_S)})
+        if self.admit is not None:
+            self.admit()
         response["status"] = "queued"
         if log is not None:
             self.logs[response["id"]] = log

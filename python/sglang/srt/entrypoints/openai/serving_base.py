@@ -143,18 +143,21 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
 
 
 async def merge(streams: list) -> AsyncIterator[tuple]:
-    """Interleave several async iterators, yielding (index, item); cancelling this cancels (and so aborts) all."""
-    queue: asyncio.Queue = asyncio.Queue()
+    """Interleave several async iterators, yielding (index, item); cancelling this cancels (and so aborts) all.
+    The queue between them is bounded: a consumer that stops (a streaming client that does not read) stops the
+    streams, so their output waits in the TokenizerManager, which cuts such a request off past its bound."""
+    queue: asyncio.Queue = asyncio.Queue(maxsize=len(streams))
     done = object()
 
     async def pump(i, stream):
         try:
             async for item in stream:
                 await queue.put((i, item))
+        except asyncio.CancelledError:
+            raise  # the consumer is gone: nobody reads the queue
         except BaseException as e:  # re-raised in the consumer
             await queue.put((i, e))
-        finally:
-            await queue.put((i, done))
+        await queue.put((i, done))
 
     tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
     remaining = len(tasks)
