@@ -77,6 +77,10 @@ def test_flag_defaults_are_the_server_args_defaults():
     (["--model-path", "/nonexistent/checkpoint"], "error: --model-path /nonexistent/checkpoint: no such directory"),
     (["--model-path", MODEL, "--tp", "3"], "error: --tp 3: 4 attention heads do not split over 3 ranks"),
     (["--model-path", MODEL, "--mxfp4-moe-precision", "fp8"], "error: --mxfp4-moe-precision fp8 (W4A8) is not served"),
+    (["--model-path", MODEL, "--api-key", "k", "--admin-api-key", "k"], "error: --admin-api-key must be a non-empty "
+                                                                         "key other than --api-key"),
+    (["--model-path", MODEL, "--weights-dir", "/nonexistent/weights"], "error: --weights-dir /nonexistent/weights: "
+                                                                       "no such directory"),
 ])
 def test_cli_errors_are_one_line_naming_the_flag(argv, says):
     proc = launch_cli(*argv, "--port", "0", "--log-level", "warning", "--device", "cpu")

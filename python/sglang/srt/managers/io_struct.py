@@ -112,7 +112,7 @@ class ControlOutput:
     rid: str
     status_code: int  # 200; 400 when refused (requests running, a profile already running, ...); 500 when it failed
     message: str
-    data: Optional[object] = None  # what a GetWeightsReq asked for
+    data: Optional[object] = None  # what a GetWeightsReq asked for (a float32 CPU tensor of its rows)
 
 
 # /health answers 503 once this many scheduler steps in a row failed for every request in them (a load balancer then

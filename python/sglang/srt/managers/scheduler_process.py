@@ -185,8 +185,9 @@ class SchedulerProcess:
             return ControlOutput(msg.rid, 500, f"weight update failed: {e}")
 
     def _get_weights(self, msg: GetWeightsReq) -> ControlOutput:
+        """The rows as a tensor: the HTTP process makes the lists (slow for wide weights) off this loop."""
         try:
-            data = self.scheduler.runner.get_weights_by_name(msg.name, msg.truncate_size)
+            data = self.scheduler.runner.weight_rows(msg.name, msg.truncate_size)
         except ValueError as e:
             return ControlOutput(msg.rid, 400, str(e))
         return ControlOutput(msg.rid, 200, "ok", data)
