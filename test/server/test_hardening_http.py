@@ -208,8 +208,8 @@ def test_unknown_route_and_wrong_method_use_the_error_body(http):
 def test_server_info_never_returns_the_key(http):
     for path in ("/server_info", "/get_server_info"):
         r = http.get(path)
-        assert r.status_code == 200 and KEY not in r.text
-        assert r.json()["api_key"] == "***" and r.json()["model_path"] == MODEL
+        assert r.status_code == 200 and KEY not in r.text and ADMIN_KEY not in r.text
+        assert r.json()["api_key"] == r.json()["admin_api_key"] == "***" and r.json()["model_path"] == MODEL
 
 
 def test_api_key_checks(server, http):
@@ -476,3 +476,33 @@ def test_profile_traces_stay_under_the_profiler_dir(tmp_path, monkeypatch):
         err = error_of(call_from(app, "::1", "/start_profile", {"profile_prefix": prefix}), 400)
         assert err["param"] == "profile_prefix", (prefix, err)
     assert stub.calls == []
+
+
+def test_weight_rows_are_bounded_in_values_before_any_copy():
+    """1,000 rows of a wide or stacked tensor could be gigabytes of JSON: the scheduler refuses an answer of more than
+    MAX_WEIGHT_VALUES values (a 400 naming truncate_size) and says how many rows fit."""
+    import functools
+
+    import torch
+
+    from sglang.srt.managers.io_struct import MAX_WEIGHT_VALUES, GetWeightsReq
+    from sglang.srt.managers.scheduler_process import SchedulerProcess
+    from sglang.srt.model_executor.model_runner import ModelRunner
+
+    model = torch.nn.Module()
+    width = 9000
+    model.register_buffer("wide", torch.zeros(1).expand(2000, width))  # no memory behind it
+    model.register_buffer("stacked", torch.zeros(1).expand(4, 1000, MAX_WEIGHT_VALUES // 1000))
+    runner = SimpleNamespace(model=model, draft_model=None)
+    runner.weight_rows = functools.partial(ModelRunner.weight_rows, runner)
+    proc = SchedulerProcess.__new__(SchedulerProcess)
+    proc.scheduler = SimpleNamespace(runner=runner)
+    fit = MAX_WEIGHT_VALUES // width
+    for name, rows, allowed in (("wide", fit, True), ("wide", fit + 1, False), ("wide", 1000, False),
+                                ("stacked", 1, True), ("stacked", 2, False)):
+        out = proc._get_weights(GetWeightsReq("r", name, rows))
+        if allowed:
+            assert out.status_code == 200 and out.data.shape[0] == rows, out.message
+        else:
+            assert out.status_code == 400 and "truncate_size" in out.message, out.message
+            assert f"at most {fit if name == 'wide' else 1} rows" in out.message, out.message

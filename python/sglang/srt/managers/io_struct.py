@@ -75,6 +75,11 @@ class ExpertDistributionReq:
     action: str  # start | stop | dump
 
 
+# The most values one GetWeightsReq answer may hold (1,000 rows of 8,192): the rows are pickled to the HTTP process
+# and become JSON there, and 1,000 rows of a wide or stacked tensor could otherwise be gigabytes.
+MAX_WEIGHT_VALUES = 1000 * 8192
+
+
 @dataclass
 class GetWeightsReq:
     """The first `truncate_size` rows of the weight loaded from checkpoint tensor `name`; answered by a ControlOutput

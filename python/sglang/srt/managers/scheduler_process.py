@@ -34,8 +34,9 @@ import zmq
 
 from sglang.srt.eplb.expert_distribution import expert_distribution_action
 from sglang.srt.managers.io_struct import (
-    AbortReq, BatchOutput, ControlOutput, ExpertDistributionReq, FlushCacheReq, GetWeightsReq, ProfileReq, ReqOutput,
-    SchedulerReady, SchedulerStats, TokenizedGenerateReqInput, UpdateTensorsReq, UpdateWeightsReq)
+    MAX_WEIGHT_VALUES, AbortReq, BatchOutput, ControlOutput, ExpertDistributionReq, FlushCacheReq, GetWeightsReq,
+    ProfileReq, ReqOutput, SchedulerReady, SchedulerStats, TokenizedGenerateReqInput, UpdateTensorsReq,
+    UpdateWeightsReq)
 from sglang.srt.managers.schedule_batch import FinishReason, Req
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.common import configure_logging
@@ -187,7 +188,7 @@ class SchedulerProcess:
     def _get_weights(self, msg: GetWeightsReq) -> ControlOutput:
         """The rows as a tensor: the HTTP process makes the lists (slow for wide weights) off this loop."""
         try:
-            data = self.scheduler.runner.weight_rows(msg.name, msg.truncate_size)
+            data = self.scheduler.runner.weight_rows(msg.name, msg.truncate_size, MAX_WEIGHT_VALUES)
         except ValueError as e:
             return ControlOutput(msg.rid, 400, str(e))
         return ControlOutput(msg.rid, 200, "ok", data)
