@@ -38,6 +38,14 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends git curl ca-certificates \
     && rm -rf /var/lib/apt/lists/*
 
+# The server runs as this unprivileged user: what it writes at run time (the tiny model under SGLANG_CACHE_DIR,
+# AITER's JIT modules in /opt/aiter, Triton's and torch's caches under its home, traces and IPC sockets under
+# /tmp) needs no root.
+RUN groupadd --gid 10001 sglang \
+    && useradd --no-log-init --create-home --uid 10001 --gid 10001 --shell /bin/bash sglang \
+    && mkdir -p /home/sglang/.cache/sglang \
+    && chown -R sglang:sglang /home/sglang/.cache
+
 # Keep the base image's ROCm torch: every later pip install is constrained to exactly this build, so no
 # dependency can swap it for a CUDA wheel from PyPI.
 RUN python3 -c "import importlib.metadata as m; print('torch==' + m.version('torch'))" > /etc/pip-torch-constraint.txt \
@@ -65,7 +73,8 @@ RUN if [ "${INSTALL_AITER}" = "1" ]; then \
            "setuptools_scm>=8" "packaging>=23" "psutil>=5" "ninja>=1.11" "pandas>=2" \
       && AITER_USE_SYSTEM_TRITON=1 PREBUILD_KERNELS="${AITER_PREBUILD_KERNELS}" GPU_ARCHS="${GPU_ARCH}" \
          python3 -m pip install --no-cache-dir --no-build-isolation -c /etc/pip-torch-constraint.txt \
-           --config-settings editable_mode=compat -e /opt/aiter; \
+           --config-settings editable_mode=compat -e /opt/aiter \
+      && chown -R sglang:sglang /opt/aiter; \
     fi
 
 # Our two packages from the build context (editable: mount a checkout over /opt/sglang/python to try a change
@@ -91,8 +100,9 @@ ENV TORCH_BLAS_PREFER_HIPBLASLT=1
 # AITER fused MoE: use the FP8-activation kernels from M >= 0 tokens (the recipes' value; AITER's default
 # falls back to BF16 activations for small batches).
 ENV AITER_BF16_FP8_MOE_BOUND=0
-# Our engine: where the built-in tiny model and other generated files are kept.
-ENV SGLANG_CACHE_DIR=/root/.cache/sglang
+# Our engine: where the built-in tiny model and other generated files are kept (the user's, see above).
+ENV HOME=/home/sglang
+ENV SGLANG_CACHE_DIR=/home/sglang/.cache/sglang
 # Not set here, because nothing in this image reads them: upstream SGLang's SGLANG_USE_ROCM700A,
 # SGLANG_OPT_USE_AITER_BATCHED_GEMM and the SGLANG_DP_* switches; and
 # GPU_MAX_HW_QUEUES=5, which the recipes set only with two-batch overlap (capping the queues slows other modes).
@@ -102,6 +112,10 @@ EXPOSE 30000
 HEALTHCHECK --interval=30s --timeout=10s --start-period=1800s --retries=3 \
     CMD ["curl", "-fsS", "--max-time", "8", "http://localhost:30000/health"]
 
+# Bound beyond loopback inside the container: pass --api-key and --admin-api-key (docker/README.md, "Exposure").
+# Without an admin key the admin endpoints answer loopback clients only, and a published port's clients are not.
+# Numeric, so an orchestrator can check it is not root without resolving names (Kubernetes' runAsNonRoot).
+USER 10001:10001
 # `docker run IMAGE --model-path /models/x ...` replaces CMD and keeps the host/port below.
 ENTRYPOINT ["python3", "-m", "sglang.launch_server", "--host", "0.0.0.0", "--port", "30000"]
 CMD ["--model-path", "tiny-deepseek-v4"]

@@ -3,7 +3,8 @@
 No Docker engine runs on the development or CI machines, so the images are never built here. What is checked:
 hadolint (with its ShellCheck pass over every RUN) reports nothing; every COPY/ADD source exists in the repo; the
 packages pip installs from the build context are exactly the repo's two packages; the server port, EXPOSE and
-HEALTHCHECK agree; every SGLANG_* variable an image sets is one the engine declares, with a value it accepts.
+HEALTHCHECK agree; every SGLANG_* variable an image sets is one the engine declares, with a value it accepts; the
+server runs as an unprivileged user the image creates, whose home holds what it writes.
 """
 
 from __future__ import annotations
@@ -305,3 +306,56 @@ def test_rocm_build_args():
     assert args["GPU_ARCH"] == "gfx950" and args["INSTALL_AITER"] == "1", args
     assert args["BASE_IMAGE"].startswith("rocm/pytorch:"), args["BASE_IMAGE"]
     assert re.fullmatch(r"[0-9a-f]{40}|v[0-9][\w.]*", args["AITER_COMMIT"]), "pin AITER to a commit or tag"
+
+
+def created_users(rel: str) -> dict:
+    """{uid: (name, gid)} of every `useradd --uid N [--gid G] ... NAME` in the RUN instructions."""
+    out = {}
+    for _, keyword, args in instructions(rel):
+        if keyword != "RUN":
+            continue
+        for words in _shell_commands(args):
+            if words and posixpath.basename(words[0]) == "useradd":
+                opts = dict(zip(words[1:], words[2:]))
+                uid = opts.get("--uid", opts.get("-u"))
+                gid = opts.get("--gid", opts.get("-g"))
+                assert uid is not None, f"{rel}: useradd without --uid: the image's USER must be numeric"
+                out[uid] = (words[-1], gid)
+    return out
+
+
+def chowned(rel: str) -> list:
+    """(owner, path) of every `chown [-R] OWNER PATH...` in the RUN instructions."""
+    out = []
+    for _, keyword, args in instructions(rel):
+        if keyword == "RUN":
+            for words in _shell_commands(args):
+                if words and words[0] == "chown":
+                    rest = [w for w in words[1:] if not w.startswith("-")]
+                    out += [(rest[0], path) for path in rest[1:]]
+    return out
+
+
+@pytest.mark.parametrize("rel", DOCKERFILES)
+def test_server_runs_as_an_unprivileged_user(rel):
+    found = instructions(rel)
+    users = [(line, args) for line, keyword, args in found if keyword == "USER"]
+    assert users, f"{rel}: no USER: the server would run as root"
+    line, user = users[-1]
+    entrypoint = next(n for n, keyword, _ in found if keyword == "ENTRYPOINT")
+    assert line < entrypoint, f"{rel}:{line}: the last USER must come before the ENTRYPOINT"
+    uid, _, gid = user.partition(":")
+    assert uid.isdigit() and uid != "0" and gid != "0", f"{rel}:{line}: USER {user} must be a numeric non-root uid"
+    created = created_users(rel)
+    assert uid in created, f"{rel}: USER {uid} is not created by a useradd --uid {uid}"
+    name, created_gid = created[uid]
+    assert not gid or gid == created_gid, f"{rel}: USER {user}: the group is not the user's ({created_gid})"
+    home = f"/home/{name}"
+    env = {k: v for _, k, v in env_settings(rel)}
+    assert env.get("HOME") == home, f"{rel}: HOME must be {home} (caches of Triton, torch, the hub go there)"
+    cache = env.get("SGLANG_CACHE_DIR", "")
+    assert cache.startswith(home + "/"), f"{rel}: SGLANG_CACHE_DIR={cache!r} is not under {home}"
+    assert any(owner.split(":")[0] in (name, uid) and cache.startswith(path.rstrip("/") + "/")
+               for owner, path in chowned(rel)), f"{rel}: {cache} (or a parent) is not chowned to {name}"
+    for line, name_, value in env_settings(rel):
+        assert not value.startswith("/root"), f"{rel}:{line}: {name_}={value} is under /root, unwritable by {name}"

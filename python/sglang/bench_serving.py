@@ -541,7 +541,8 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     p.add_argument("--profile", action="store_true",
                    help="torch.profiler on the server over the benchmark (/start_profile after the warmup, "
                         "/stop_profile at the end); traces go to the server's SGLANG_TORCH_PROFILER_DIR, or this "
-                        "process's when set")
+                        "process's when set (a directory under the server's); profiling is an admin action, "
+                        "which a server without --admin-api-key serves to loopback clients only")
     p.add_argument("--profile-activities", nargs="+", default=None, choices=["CPU", "GPU", "MEM", "CUDA_PROFILER"],
                    help="what to record (server default: CPU and, on a GPU, GPU)")
     p.add_argument("--profile-num-steps", type=int, default=None,

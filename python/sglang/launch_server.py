@@ -64,7 +64,8 @@ def launch_server(server_args: ServerArgs, sock: Optional[socket.socket] = None)
         sock = bind_listen_socket(server_args.host, server_args.port)
     logger.info("DeepSeek-V4 defaults applied: %s", ", ".join(server_args.applied_defaults) or "none")
     logger.info("chat parsers: %s", describe_parsers(server_args))
-    shown = {k: ("***" if k == "api_key" and v else v) for k, v in dataclasses.asdict(server_args).items()}
+    shown = {k: ("***" if k in ("api_key", "admin_api_key") and v else v)
+             for k, v in dataclasses.asdict(server_args).items()}
     logger.info("server args: %s", shown)
     proc, ready, ports = start_scheduler(server_args)
     tokenizer = load_tokenizer(server_args.tokenizer_path or resolve_model_path(server_args.model_path))

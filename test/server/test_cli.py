@@ -81,6 +81,10 @@ def test_flag_defaults_are_the_server_args_defaults():
      "error: --speculative-draft-model-path '/models/NextN': the draft here is always --model-path's own MTP"),
     (["--model-path", MODEL, "--watchdog-timeout", "0"], "error: --watchdog-timeout must be a positive number"),
     (["--model-path", MODEL, "--max-queued-requests", "-1"], "error: --max-queued-requests must be 0 or more"),
+    (["--model-path", MODEL, "--api-key", "k", "--admin-api-key", "k"], "error: --admin-api-key must be a non-empty "
+                                                                         "key other than --api-key"),
+    (["--model-path", MODEL, "--weights-dir", "/nonexistent/weights"], "error: --weights-dir /nonexistent/weights: "
+                                                                       "no such directory"),
 ])
 def test_cli_errors_are_one_line_naming_the_flag(argv, says):
     proc = launch_cli(*argv, "--port", "0", "--log-level", "warning", "--device", "cpu")

@@ -221,7 +221,7 @@ def test_shutdown_stops_background_responses():
         response_id = respond(client, background=True).json()["id"]
         poll(client, response_id, until=("in_progress",))
         closed = tm.closed
-    assert tm.closed == closed + 1 and app.state.responses.get(response_id)[0]["status"] == "cancelled"
+    assert tm.closed == closed + 1 and app.state.responses.get(response_id).response["status"] == "cancelled"
 
 
 def test_background_stream_is_resumed_from_any_event(app):

@@ -99,7 +99,8 @@ def test_dp_attention_server_matches_single_rank(tmp_path):
     sampling = {"temperature": 0, "max_new_tokens": 5, "ignore_eos": True}
     refs = _single_rank(prompts, sampling)
 
-    server = launch([*ARGS, "--tp", "2", "--dp", "2", "--enable-dp-attention"], str(tmp_path), timeout=240)
+    server = launch([*ARGS, "--tp", "2", "--dp", "2", "--enable-dp-attention"], str(tmp_path), timeout=240,
+                    env={"SGLANG_TORCH_PROFILER_DIR": str(tmp_path)})  # output_dir must lie under it
     try:
         traces = tmp_path / "traces"
         started = httpx.post(f"{server.base_url}/start_profile", timeout=60, json={"output_dir": str(traces)})

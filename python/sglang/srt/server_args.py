@@ -79,6 +79,9 @@ class ServerArgs:
     reasoning_parser: Optional[str] = None
     tool_call_parser: Optional[str] = None
     api_key: Optional[str] = None
+    admin_api_key: Optional[str] = None  # admin endpoints: this key only; without it, loopback clients only
+    weights_dir: Optional[str] = None  # /update_weights_from_disk loads under it; None: the checkpoint's parent dir
+    allow_hub_weight_updates: bool = False  # /update_weights_from_disk may fetch hub ids
     max_request_body_mb: float = 64.0  # larger bodies get 413; refused from Content-Length or while streaming in
     enable_metrics: bool = False
     expert_distribution_recorder_mode: Optional[str] = None  # stat: count each layer's routed experts (eplb/)
@@ -176,6 +179,11 @@ class ServerArgs:
             raise ValueError(f"--tool-call-parser must be one of {TOOL_CALL_PARSERS}, got {self.tool_call_parser!r}")
         if self.speculative_algorithm not in (None, "EAGLE", "NEXTN"):
             raise ValueError(f"--speculative-algorithm must be EAGLE or NEXTN, got {self.speculative_algorithm!r}")
+        if self.admin_api_key is not None and (not self.admin_api_key or self.admin_api_key == self.api_key):
+            raise ValueError("--admin-api-key must be a non-empty key other than --api-key (the API key must not "
+                             "grant admin)")
+        if self.weights_dir is not None and not os.path.isdir(self.weights_dir):
+            raise ValueError(f"--weights-dir {self.weights_dir}: no such directory")
         if not 0 < self.max_request_body_mb < float("inf"):
             raise ValueError(f"--max-request-body-mb must be a positive number, got {self.max_request_body_mb}")
         if self.expert_distribution_recorder_mode not in (None, *EXPERT_RECORDER_MODES):

@@ -111,6 +111,15 @@ def _api_args(g) -> None:
                    help="port the HTTP server binds, checked before the model loads")
     g.add_argument("--api-key", metavar="KEY",
                    help="require 'Authorization: Bearer <key>' on every endpoint but /health (default: none)")
+    g.add_argument("--admin-api-key", metavar="KEY",
+                   help="the key of the admin endpoints (weight updates and inspection, profiling, cache flush, "
+                        "expert records, /abort_request with abort_all): 'Authorization: Bearer <key>'; --api-key "
+                        "does not grant them (default: none: admin endpoints answer loopback clients only)")
+    g.add_argument("--weights-dir", metavar="DIR",
+                   help="directory /update_weights_from_disk may load checkpoints from, symlinks resolved (default: "
+                        "the served checkpoint's parent directory)")
+    g.add_argument("--allow-hub-weight-updates", action="store_true",
+                   help="let /update_weights_from_disk fetch hub ids (default: off: local directories only)")
     g.add_argument("--max-request-body-mb", metavar="MIB", type=float, default=64.0,
                    help="largest request body accepted, in MiB; a larger one is refused with 413")
     g.add_argument("--reasoning-parser", choices=REASONING_PARSERS,

@@ -96,7 +96,7 @@ class SubprocessScheduler:
         """The scheduler process's TokenizerManager.get_weights_by_name; ValueError when refused."""
         try:
             return asyncio.run_coroutine_threadsafe(self.tm.get_weights_by_name(name, truncate_size),
-                                                    self.loop).result()
+                                                    self.loop).result().tolist()
         except RequestError as e:
             raise ValueError(e.message) from None
 

@@ -2,16 +2,19 @@
 (http_server.py) includes them:
 
 * health_routes: /health, /health_generate, /model_info, /server_info, /flush_cache, /metrics
-* openai_routes: /v1/models, /v1/completions, /v1/chat/completions
-* native_routes: SGLang's /generate, /abort_request, /tokenize, /detokenize, /start_profile, /stop_profile
+* openai_routes: /v1/models, /v1/completions, /v1/chat/completions, /v1/responses (stored ones: their creator's key's)
+* native_routes: SGLang's /generate, /abort_request, /tokenize, /detokenize, and the admin endpoints: weight update
+  and inspection, profiling, expert distribution records
 
 A handler raises RequestError for anything the client got wrong; the app answers it with an OpenAI-style error body.
+Who may call which endpoint is entrypoints/access.py (the app's guard checks it before a handler runs).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import re
 import time
 from typing import Optional
@@ -19,6 +22,7 @@ from typing import Optional
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
+from sglang.srt.entrypoints.access import AccessPolicy
 from sglang.srt.entrypoints.openai.protocol import (
     AbortRequest, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, GenerateRequest,
     GetWeightsByNameRequest, ProfileRequest, ResponsesRequest, TokenizeRequest, UpdateWeightsFromDiskRequest)
@@ -139,8 +143,9 @@ def health_routes(tm: TokenizerManager, args: ServerArgs, metrics=None, schedule
 
 
 # ---- OpenAI-compatible --------------------------------------------------------------------------------------
-def openai_routes(tm: TokenizerManager, args: ServerArgs, stored: ResponseStore) -> APIRouter:
-    """`stored`: the ResponseStore of /v1/responses (the app stops its background responses at shutdown)."""
+def openai_routes(tm: TokenizerManager, args: ServerArgs, stored: ResponseStore, access: AccessPolicy) -> APIRouter:
+    """`stored`: the ResponseStore of /v1/responses (the app stops its background responses at shutdown); a stored
+    response is seen only with the key that created it (`access.owner`)."""
     router = APIRouter()
     served_name = served_model_name(args)
     model_names = {served_name, args.model_path}
@@ -184,33 +189,33 @@ def openai_routes(tm: TokenizerManager, args: ServerArgs, stored: ResponseStore)
 
         req = await parse_request(raw, ResponsesRequest)
         check_model(req.model)
-        return await create_response(req, raw, tm, served_name, args, stored)
+        return await create_response(req, raw, tm, served_name, args, stored, owner=access.owner(raw.scope))
 
     @router.get("/v1/responses/{response_id}")
     async def get_response(response_id: str, raw: Request):
-        query = raw.query_params
+        query, owner = raw.query_params, access.owner(raw.scope)
         if query.get("stream", "false").lower() not in ("true", "1"):
-            return stored.get(response_id)[0]
+            return stored.get(response_id, owner).response
         after = query.get("starting_after")
         if after is not None and not after.isdigit():
             raise RequestError("starting_after must be an event's sequence number (0 or more)", param="starting_after")
-        frames = stored.stream(response_id, -1 if after is None else int(after))  # 4xx before the stream starts
+        frames = stored.stream(response_id, -1 if after is None else int(after), owner)  # 4xx before it starts
         return sse_response(frames, "GET /v1/responses/{id} (stream)")
 
     @router.delete("/v1/responses/{response_id}")
-    async def delete_response(response_id: str):
-        await stored.delete(response_id)  # a 404 when unknown; a background one still generating is stopped
+    async def delete_response(response_id: str, raw: Request):
+        await stored.delete(response_id, access.owner(raw.scope))  # 404 when unknown; a running one is stopped
         return {"id": response_id, "object": "response.deleted", "deleted": True}
 
     @router.post("/v1/responses/{response_id}/cancel")
-    async def cancel_response(response_id: str):
-        return await stored.cancel(response_id)
+    async def cancel_response(response_id: str, raw: Request):
+        return await stored.cancel(response_id, access.owner(raw.scope))
 
     return router
 
 
 # ---- native -------------------------------------------------------------------------------------------------
-def native_routes(tm: TokenizerManager) -> APIRouter:
+def native_routes(tm: TokenizerManager, access: AccessPolicy) -> APIRouter:
     router = APIRouter()
 
     @router.api_route("/generate", methods=["POST", "PUT"])
@@ -221,10 +226,13 @@ def native_routes(tm: TokenizerManager) -> APIRouter:
     @router.post("/abort_request")
     async def abort_request(raw: Request):
         """Abort a request by the rid its /generate gave (with its samples), or every request (abort_all); they end
-        with finish_reason abort and the output so far. An rid that is not running (finished) aborts nothing."""
+        with finish_reason abort and the output so far. An rid that is not running (finished) aborts nothing.
+        abort_all ends every client's requests: an admin action."""
         req = await parse_request(raw, AbortRequest)
         if not req.abort_all and not req.rid:
             raise RequestError("give the 'rid' of a request, or 'abort_all': true", param="rid")
+        if req.abort_all:
+            access.require_admin(raw.scope)
         return {"aborted": await tm.abort_matching(req.rid, req.abort_all)}
 
     @router.post("/tokenize")
@@ -245,10 +253,11 @@ def native_routes(tm: TokenizerManager) -> APIRouter:
     async def update_weights_from_disk(raw: Request):
         """Load another checkpoint of the served model in place (upstream's answer: success, message,
         num_paused_requests); a refusal (another architecture or format, a missing tensor) is a 400 with
-        success false and the served weights unchanged."""
+        success false and the served weights unchanged, as is a model_path outside --weights-dir (access.py)."""
         req = await parse_request(raw, UpdateWeightsFromDiskRequest)
         try:
-            message = await tm.update_weights_from_disk(req.model_path, req.abort_all_requests)
+            path = access.checkpoint_path(req.model_path, tm.ready.model_path)
+            message = await tm.update_weights_from_disk(path, req.abort_all_requests)
         except RequestError as e:
             return JSONResponse({"success": False, "message": e.message, "num_paused_requests": 0},
                                 status_code=e.status_code)
@@ -256,10 +265,13 @@ def native_routes(tm: TokenizerManager) -> APIRouter:
 
     @router.api_route("/get_weights_by_name", methods=["GET", "POST"])
     async def get_weights_by_name(raw: Request):
-        """The first truncate_size rows of a served weight, by its checkpoint name (float32 nested lists, as
-        upstream; to check a weight update)."""
+        """The first truncate_size rows (at most MAX_WEIGHT_ROWS) of a served weight, by its checkpoint name (float32
+        nested lists, as upstream; to check a weight update). The scheduler sends a tensor; the lists and their JSON
+        are made in a worker thread, off the scheduler's loop and the event loop."""
         req = await parse_request(raw, GetWeightsByNameRequest)
-        return await tm.get_weights_by_name(req.name, req.truncate_size)
+        rows = await tm.get_weights_by_name(req.name, req.truncate_size)
+        body = await asyncio.to_thread(lambda: json.dumps(rows.tolist()).encode())
+        return Response(body, media_type="application/json")
 
     for action in ("start", "stop", "dump"):  # upstream's expert distribution endpoints (eplb/expert_distribution.py)
         async def expert_distribution(action=action):
@@ -270,11 +282,15 @@ def native_routes(tm: TokenizerManager) -> APIRouter:
     @router.api_route("/start_profile", methods=["GET", "POST"])
     async def start_profile(raw: Request):
         """torch.profiler on every scheduler rank until /stop_profile or for num_steps steps (as upstream)."""
-        from sglang.srt.managers.scheduler_profiler import ProfileConfig
+        from sglang.srt.managers.scheduler_profiler import ProfileConfig, confined_output_dir
 
         req = await parse_request(raw, ProfileRequest, empty_ok=True)
         try:
-            config = ProfileConfig.make(req.output_dir, req.activities, req.num_steps, req.with_stack,
+            output_dir = confined_output_dir(req.output_dir)
+        except ValueError as e:
+            raise RequestError(str(e), param="output_dir") from None
+        try:
+            config = ProfileConfig.make(output_dir, req.activities, req.num_steps, req.with_stack,
                                         req.record_shapes, req.profile_prefix or req.profile_id)
         except ValueError as e:
             raise RequestError(str(e)) from None

@@ -1,20 +1,21 @@
 """The HTTP server (FastAPI): OpenAI-compatible and native SGLang endpoints over the TokenizerManager.
 
 `create_app` builds the app: lifespan (the TokenizerManager's receive loop and watchdog, a watch on the scheduler
-process), the API-key guard and error handlers; the endpoints are three route groups in entrypoints/http_routes.py.
+process), the access guard (API key, admin endpoints) and error handlers; the endpoints are three route groups in
+entrypoints/http_routes.py.
 
 Every failure is answered with an OpenAI-style error body and a 4xx/5xx status; nothing a client sends can take
 the process down. Request bodies are parsed by hand (entrypoints/request_body.py: JSON media type, size limit,
 nesting depth, valid unicode) so every malformed body gets a 4xx naming the problem (FastAPI would answer 422).
 An unexpected exception is answered with a generic 500 carrying a request id; its traceback goes to the log under
-that id. Secrets never leave the server: /server_info redacts them and API keys are compared in constant time.
+that id. Secrets never leave the server: /server_info redacts them and keys are compared in constant time. Who may
+call which endpoint (API key, admin key, loopback) is entrypoints/access.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import os
 import signal
@@ -24,6 +25,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from sglang.srt.entrypoints.access import AccessPolicy
 from sglang.srt.entrypoints.http_routes import health_routes, native_routes, openai_routes
 from sglang.srt.entrypoints.openai.protocol import error_body
 from sglang.srt.entrypoints.openai.response_store import ResponseStore
@@ -45,27 +47,23 @@ def _internal_error(raw: Request, e: BaseException) -> JSONResponse:
     return _error(message, 500, headers={"X-Request-Id": request_id})
 
 
-def _key_ok(raw: Request, api_key: str) -> bool:
-    """Constant-time comparison, so response timing does not reveal how much of a guessed key is right."""
-    sent = raw.headers.get("authorization", "").encode("latin-1")  # the header's bytes as received
-    return hmac.compare_digest(sent, f"Bearer {api_key}".encode("utf-8"))
-
-
 class ApiKeyGuard:
-    """The API-key check (every path but /health) and the last-resort 500, as a plain ASGI middleware: Starlette's
-    `@app.middleware("http")` (BaseHTTPMiddleware) hides a client's disconnect from the endpoint, so a non-streaming
-    request would run to max_tokens after its client left."""
+    """The access checks (entrypoints/access.py: API key, admin endpoints) before any body is read, and the
+    last-resort 500, as a plain ASGI middleware: Starlette's `@app.middleware("http")` (BaseHTTPMiddleware) hides a
+    client's disconnect from the endpoint, so a non-streaming request would run to max_tokens after its client
+    left."""
 
-    def __init__(self, app, api_key: Optional[str]) -> None:
-        self.app, self.api_key = app, api_key
+    def __init__(self, app, access: AccessPolicy) -> None:
+        self.app, self.access = app, access
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         raw = Request(scope, receive)
-        if self.api_key and raw.url.path != "/health" and not _key_ok(raw, self.api_key):
-            await _error("missing or invalid API key (send 'Authorization: Bearer <key>')", 401)(scope, receive, send)
+        refused = self.access.refusal(scope)
+        if refused is not None:
+            await _error(refused.message, refused.status_code)(scope, receive, send)
             return
         started = False
 
@@ -110,7 +108,8 @@ def create_app(tm: TokenizerManager, args: ServerArgs, metrics=None, scheduler_p
     app.state.responses = responses
     app.state.max_request_body_bytes = int(args.max_request_body_mb * 2**20)
 
-    app.add_middleware(ApiKeyGuard, api_key=args.api_key)
+    access = AccessPolicy.from_args(args)
+    app.add_middleware(ApiKeyGuard, access=access)
 
     @app.exception_handler(RequestError)
     async def on_request_error(raw: Request, e: RequestError):
@@ -125,6 +124,6 @@ def create_app(tm: TokenizerManager, args: ServerArgs, metrics=None, scheduler_p
         return _internal_error(raw, e)
 
     app.include_router(health_routes(tm, args, metrics, scheduler_proc))
-    app.include_router(native_routes(tm))
-    app.include_router(openai_routes(tm, args, responses))
+    app.include_router(native_routes(tm, access))
+    app.include_router(openai_routes(tm, args, responses, access))
     return app

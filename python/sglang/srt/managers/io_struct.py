@@ -85,6 +85,11 @@ class ExpertDistributionReq:
     action: str  # start | stop | dump
 
 
+# The most values one GetWeightsReq answer may hold (1,000 rows of 8,192): the rows are pickled to the HTTP process
+# and become JSON there, and 1,000 rows of a wide or stacked tensor could otherwise be gigabytes.
+MAX_WEIGHT_VALUES = 1000 * 8192
+
+
 @dataclass
 class GetWeightsReq:
     """The first `truncate_size` rows of the weight loaded from checkpoint tensor `name`; answered by a ControlOutput
@@ -122,7 +127,7 @@ class ControlOutput:
     rid: str
     status_code: int  # 200; 400 when refused (requests running, a profile already running, ...); 500 when it failed
     message: str
-    data: Optional[object] = None  # what a GetWeightsReq asked for
+    data: Optional[object] = None  # what a GetWeightsReq asked for (a float32 CPU tensor of its rows)
 
 
 # /health answers 503 once this many scheduler steps in a row failed for every request in them (a load balancer then

@@ -37,8 +37,8 @@ import zmq
 from sglang.srt.environ import envs
 from sglang.srt.eplb.expert_distribution import expert_distribution_action
 from sglang.srt.managers.io_struct import (
-    AbortReq, BatchOutput, ControlOutput, ExpertDistributionReq, FlushCacheReq, GetWeightsReq, MessageCodec,
-    ProfileReq, ReqOutput, SchedulerReady, SchedulerStats, TokenizedGenerateReqInput, UpdateTensorsReq,
+    MAX_WEIGHT_VALUES, AbortReq, BatchOutput, ControlOutput, ExpertDistributionReq, FlushCacheReq, GetWeightsReq,
+    MessageCodec, ProfileReq, ReqOutput, SchedulerReady, SchedulerStats, TokenizedGenerateReqInput, UpdateTensorsReq,
     UpdateWeightsReq, new_channel_key)
 from sglang.srt.managers.schedule_batch import FinishReason, Req
 from sglang.srt.server_args import ServerArgs
@@ -206,8 +206,9 @@ class SchedulerProcess:
             return ControlOutput(msg.rid, 500, f"weight update failed: {e}")
 
     def _get_weights(self, msg: GetWeightsReq) -> ControlOutput:
+        """The rows as a tensor: the HTTP process makes the lists (slow for wide weights) off this loop."""
         try:
-            data = self.scheduler.runner.get_weights_by_name(msg.name, msg.truncate_size)
+            data = self.scheduler.runner.weight_rows(msg.name, msg.truncate_size, MAX_WEIGHT_VALUES)
         except ValueError as e:
             return ControlOutput(msg.rid, 400, str(e))
         return ControlOutput(msg.rid, 200, "ok", data)

@@ -7,7 +7,8 @@ Perfetto or chrome://tracing). Activities, as upstream's: CPU (host ops), GPU (k
 memory-history snapshot, `...-TP-{rank}-memory.pickle`, for torch's memory_viz), CUDA_PROFILER (cudaProfilerStart /
 Stop, for an `nsys --capture-range=cudaProfilerApi` run; no trace of ours). Output directory by default
 $SGLANG_TORCH_PROFILER_DIR (/tmp); stacks and shapes by default $SGLANG_PROFILE_WITH_STACK and
-$SGLANG_PROFILE_RECORD_SHAPES (both true).
+$SGLANG_PROFILE_RECORD_SHAPES (both true). An HTTP client's output_dir must lie under $SGLANG_TORCH_PROFILER_DIR
+(`confined_output_dir`): traces are files the server writes, and a client must not choose where on its disk.
 """
 
 from __future__ import annotations
@@ -26,6 +27,22 @@ logger = logging.getLogger(__name__)
 
 ACTIVITIES = ("CPU", "GPU", "MEM", "CUDA_PROFILER")
 MEMORY_HISTORY_ENTRIES = 100_000
+
+
+def confined_output_dir(output_dir: Optional[str]) -> Optional[str]:
+    """An HTTP request's output_dir resolved (a relative one from $SGLANG_TORCH_PROFILER_DIR; symlinks and '..'
+    followed) and checked to lie under that directory; ValueError naming output_dir otherwise. None stays None (the
+    directory itself)."""
+    if output_dir is None:
+        return None
+    if "\0" in output_dir:
+        raise ValueError("output_dir must not contain a NUL character")
+    root = os.path.realpath(envs.SGLANG_TORCH_PROFILER_DIR.get())
+    path = os.path.realpath(os.path.join(root, output_dir))
+    if os.path.commonpath([root, path]) != root:
+        raise ValueError(f"output_dir {output_dir!r} is outside the server's profile directory {root} "
+                         f"(SGLANG_TORCH_PROFILER_DIR); give a directory under it, or a relative one")
+    return path
 
 
 @dataclass

@@ -337,8 +337,9 @@ class TokenizerManager:
         """start / stop / dump the expert distribution record on every rank (eplb/expert_distribution.py)."""
         return (await self._control(lambda rid: ExpertDistributionReq(rid, action), timeout=120.0)).message
 
-    async def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list:
-        """The first rows of the weight loaded from checkpoint tensor `name` (upstream's /get_weights_by_name)."""
+    async def get_weights_by_name(self, name: str, truncate_size: int = 100):
+        """The first rows of the weight loaded from checkpoint tensor `name` (upstream's /get_weights_by_name), a
+        float32 CPU tensor (its lists are the caller's to make, off the event loop)."""
         return (await self._control(lambda rid: GetWeightsReq(rid, name, truncate_size), timeout=60.0)).data
 
     async def _control(self, make, timeout: float) -> ControlOutput:

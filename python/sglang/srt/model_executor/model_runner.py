@@ -159,8 +159,14 @@ class ModelRunner:
 
     def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list:
         """The first `truncate_size` rows of the weight loaded from checkpoint tensor `name` (upstream's
-        /get_weights_by_name: a nested list, float32), from the target model or the MTP draft. ValueError for a name
-        that maps to no served tensor, and under tensor parallelism (each rank holds a part)."""
+        /get_weights_by_name: a nested list, float32); see `weight_rows`."""
+        return self.weight_rows(name, truncate_size).tolist()
+
+    def weight_rows(self, name: str, truncate_size: int = 100, max_values: Optional[int] = None) -> torch.Tensor:
+        """The first `truncate_size` rows of the weight loaded from checkpoint tensor `name`, a float32 CPU tensor,
+        from the target model or the MTP draft. ValueError for a name that maps to no served tensor, under tensor
+        parallelism (each rank holds a part), and for rows holding more than `max_values` values (checked before
+        anything is copied)."""
         from sglang.srt.models.weight_loading import find_weight
 
         if get_parallel_state().config.tp > 1:
@@ -171,7 +177,13 @@ class ModelRunner:
         if found is None:
             raise ValueError(f"no served weight is loaded from checkpoint tensor {name!r} (names as in the checkpoint, "
                              f"e.g. 'layers.0.attn.wq_a.weight'; packed MXFP4 / FP8 experts are not readable)")
-        return found[:truncate_size].float().cpu().tolist()
+        rows = found[:truncate_size]
+        if max_values is not None and rows.numel() > max_values:
+            per_row = max(1, rows[:1].numel())
+            raise ValueError(f"truncate_size {truncate_size}: {len(rows)} rows of {name!r} (shape "
+                             f"{tuple(found.shape)}) hold {rows.numel():,} values, more than one answer may "
+                             f"({max_values:,}); ask for at most {max_values // per_row} rows")
+        return rows.float().cpu()
 
     def _planes_fit(self) -> tuple:
         """Each packed-MXFP4 expert module's scales_fit_planes (what its decode path was chosen by)."""

@@ -231,13 +231,16 @@ class UpdateWeightsFromDiskRequest(BaseModel):
     abort_all_requests: bool = False  # abort running requests instead of letting them finish first
 
 
+MAX_WEIGHT_ROWS = 1000  # rows of one /get_weights_by_name answer: enough to check an update, a bounded reply
+
+
 class GetWeightsByNameRequest(BaseModel):
     """/get_weights_by_name (SGLang's): the first `truncate_size` rows of the weight loaded from a checkpoint tensor."""
 
     model_config = ConfigDict(extra="ignore")
 
     name: str = Field(min_length=1)
-    truncate_size: int = Field(default=100, ge=1, le=100_000)
+    truncate_size: int = Field(default=100, ge=1, le=MAX_WEIGHT_ROWS)
 
 
 class ProfileRequest(BaseModel):
@@ -251,8 +254,9 @@ class ProfileRequest(BaseModel):
     activities: Optional[list[Literal["CPU", "GPU", "MEM", "CUDA_PROFILER"]]] = Field(default=None, min_length=1)
     with_stack: Optional[bool] = None
     record_shapes: Optional[bool] = None
-    profile_prefix: Optional[str] = None
-    profile_id: Optional[str] = None  # upstream's name for the prefix's role: used as the prefix
+    # the start of each trace's file name: no path separators (the traces stay in output_dir)
+    profile_prefix: Optional[str] = Field(default=None, pattern=r"^[A-Za-z0-9_.-]{1,128}$")
+    profile_id: Optional[str] = Field(default=None, pattern=r"^[A-Za-z0-9_.-]{1,128}$")  # upstream's name for it
     start_step: Optional[int] = None  # not served: a profile starts at the next step
     profile_by_stage: bool = False
     merge_profiles: bool = False
@@ -267,10 +271,9 @@ class ProfileRequest(BaseModel):
 
 
 def error_body(message: str, status_code: int, param: Optional[str] = None) -> dict:
-    kind = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 405: "MethodNotAllowedError",
-            413: "RequestTooLargeError", 415: "UnsupportedMediaTypeError", 429: "RateLimitError",
-            499: "ClientDisconnectedError",
-            503: "ServiceUnavailableError"}.get(status_code)
+    kind = {400: "BadRequestError", 401: "AuthenticationError", 403: "PermissionDeniedError", 404: "NotFoundError",
+            405: "MethodNotAllowedError", 413: "RequestTooLargeError", 415: "UnsupportedMediaTypeError",
+            429: "RateLimitError", 499: "ClientDisconnectedError", 503: "ServiceUnavailableError"}.get(status_code)
     if kind is None:
         kind = "BadRequestError" if 400 <= status_code < 500 else "InternalServerError"
     detail = {"message": message, "type": kind, "param": param, "code": status_code}

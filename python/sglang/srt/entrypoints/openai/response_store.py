@@ -12,12 +12,17 @@ generation going on whoever listens; a cancelled one's stream ends without a fin
 A background response holds no connection, so what one client can start is bounded here: at most MAX_BACKGROUND
 generate at once (more are refused with 429 and Retry-After), and one is refused as a foreground request would be
 when the server's queue is full (--max-queued-requests).
+
+Each stored response has an owner: a hash of the API key that created it (entrypoints/access.py), None when the
+server has no --api-key. Every lookup names the asker; another owner's response is answered as unknown (404), so
+response ids cannot be probed across keys.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+from dataclasses import dataclass
 from typing import AsyncIterator, Callable, Optional
 
 from sglang.srt.entrypoints.openai.serving_base import sse
@@ -61,9 +66,15 @@ class EventLog:
                 return
 
 
+@dataclass
+class StoredResponse:
+    response: dict  # the response object (a background one's keeps changing while it generates)
+    messages: list  # the chat messages that continue it (previous_response_id)
+    owner: Optional[str] = None  # a hash of the API key that created it; None: anyone's
+
+
 class ResponseStore:
-    """Stored responses by id: the response object and the chat messages that continue it; the tasks of background
-    responses still generating."""
+    """Stored responses by id (StoredResponse); the tasks of background responses still generating."""
 
     def __init__(self, size: int = STORE_SIZE, max_background: int = MAX_BACKGROUND,
                  admit: Optional[Callable[[], None]] = None) -> None:
@@ -73,29 +84,34 @@ class ResponseStore:
         self.tasks: dict = {}  # response id -> asyncio.Task, while it generates
         self.logs: dict = {}  # response id -> EventLog of a background response created with stream
 
-    def put(self, response: dict, messages: list) -> None:
-        self.items[response["id"]] = (response, messages)
+    def put(self, response: dict, messages: list, owner: Optional[str] = None) -> None:
+        self.items[response["id"]] = StoredResponse(response, messages, owner)
         droppable = [k for k in self.items if k not in self.tasks and k != response["id"]]
         for old in droppable[:max(0, len(self.items) - self.size)]:
             del self.items[old]
             self.logs.pop(old, None)
 
-    def get(self, response_id: str, param: Optional[str] = None) -> tuple:
-        if response_id not in self.items:
+    def get(self, response_id: str, owner: Optional[str] = None, param: Optional[str] = None) -> StoredResponse:
+        """The stored response `response_id` if `owner` owns it; a 404 otherwise (unknown, dropped, or another
+        key's)."""
+        stored = self.items.get(response_id)
+        if stored is None or stored.owner != owner:
             raise RequestError(f"no stored response {response_id!r} (responses are kept in memory, the newest "
                                f"{self.size})", 404, param=param)
-        return self.items[response_id]
+        return stored
 
-    def history(self, response_id: str) -> list:
+    def history(self, response_id: str, owner: Optional[str] = None) -> list:
         """The chat messages a request with previous_response_id continues; a background response that has not
         ended has no output to continue yet."""
-        response, messages = self.get(response_id, "previous_response_id")
-        if response["status"] in _UNFINISHED:
-            raise RequestError(f"response {response_id!r} is still {response['status']}: continue it once it has "
-                               "ended", param="previous_response_id")
-        return messages
+        stored = self.get(response_id, owner, "previous_response_id")
+        status = stored.response["status"]
+        if status in _UNFINISHED:
+            raise RequestError(f"response {response_id!r} is still {status}: continue it once it has ended",
+                               param="previous_response_id")
+        return stored.messages
 
-    def start(self, response: dict, messages: list, run: Callable, log: Optional[EventLog] = None) -> None:
+    def start(self, response: dict, messages: list, run: Callable, log: Optional[EventLog] = None,
+              owner: Optional[str] = None) -> None:
         """Store a background response as queued and generate it: `run()` is the coroutine that does (and writes
         `log`, the events of one created with stream). A 429 when MAX_BACKGROUND are generating or the server's
         queue is full."""
@@ -108,14 +124,14 @@ class ResponseStore:
         response["status"] = "queued"
         if log is not None:
             self.logs[response["id"]] = log
-        self.put(response, messages)
+        self.put(response, messages, owner)
         task = asyncio.get_running_loop().create_task(run())
         self.tasks[response["id"]] = task
         task.add_done_callback(lambda _: self.tasks.pop(response["id"], None))
 
-    async def cancel(self, response_id: str) -> dict:
+    async def cancel(self, response_id: str, owner: Optional[str] = None) -> dict:
         """Stop a background response (its request aborted); one that has ended is returned as it is."""
-        response = self.get(response_id)[0]
+        response = self.get(response_id, owner).response
         if not response.get("background"):
             raise RequestError(f"response {response_id!r} was not created with background=true: only background "
                                "responses can be cancelled")
@@ -124,10 +140,10 @@ class ResponseStore:
             response["status"] = "cancelled"
         return response
 
-    def stream(self, response_id: str, starting_after: int = -1) -> AsyncIterator[str]:
+    def stream(self, response_id: str, starting_after: int = -1, owner: Optional[str] = None) -> AsyncIterator[str]:
         """GET /v1/responses/{id}?stream=true: the events after sequence number `starting_after` (all with -1), then
         the rest as they come."""
-        self.get(response_id)
+        self.get(response_id, owner)
         if response_id not in self.logs:
             raise RequestError(f"response {response_id!r} was not created with background=true and stream=true: it "
                                "has no events to stream", param="stream")
@@ -136,10 +152,10 @@ class ResponseStore:
     async def stop_all(self) -> None:
         """At shutdown: cancel the background responses still generating (their requests aborted)."""
         for response_id in list(self.tasks):
-            await self.cancel(response_id)
+            await self.cancel(response_id, self.items[response_id].owner)
 
-    async def delete(self, response_id: str) -> None:
-        self.get(response_id)  # a 404 when unknown
+    async def delete(self, response_id: str, owner: Optional[str] = None) -> None:
+        self.get(response_id, owner)  # a 404 when unknown or another key's
         await self._stop(response_id)
         del self.items[response_id]
         self.logs.pop(response_id, None)

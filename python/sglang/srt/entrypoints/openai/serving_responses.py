@@ -7,7 +7,7 @@ parsers and grammars). The answer is a `response` object whose output items are 
 --reasoning-parser), a message with output_text, and function_call items (with --tool-call-parser); streamed, the
 Responses events (response.created ... response.output_text.delta ... response.completed). Stored responses (store,
 the default) and background ones (answered at once or streamed, polled or streamed again by GET, stopped by cancel):
-response_store.py.
+response_store.py (each seen only with the API key that created it).
 """
 
 from __future__ import annotations
@@ -288,8 +288,9 @@ class ResponseBuilder:
 
 
 async def create_response(req: ResponsesRequest, raw: Request, tm: TokenizerManager, model_name: str, args,
-                          store: ResponseStore):
-    history = store.history(req.previous_response_id) if req.previous_response_id else []
+                          store: ResponseStore, owner: Optional[str] = None):
+    """`owner`: who stores the response and may continue from previous_response_id (access.AccessPolicy.owner)."""
+    history = store.history(req.previous_response_id, owner) if req.previous_response_id else []
     chat = chat_request(req, history)
     plan = await plan_chat(chat, tm, args)
     stream = tm.generate(plan.ids, sampling_params(chat, plan.max_new, 0, plan.grammar))
@@ -301,7 +302,7 @@ async def create_response(req: ResponsesRequest, raw: Request, tm: TokenizerMana
     def done(chunk) -> list:
         events = builder.finish(chunk, len(plan.ids), _reasoning_tokens(tm, chunk, plan.thinking))
         if req.store:
-            store.put(builder.response, messages + builder.assistant_messages())
+            store.put(builder.response, messages + builder.assistant_messages(), owner)
         return events
 
     if req.background:
@@ -330,7 +331,7 @@ async def create_response(req: ResponsesRequest, raw: Request, tm: TokenizerMana
                         await log.append(_snapshot("response.failed", builder.response))
                     await log.close()
 
-        store.start(builder.response, messages, generate_in_background, log)
+        store.start(builder.response, messages, generate_in_background, log, owner)
         if log is not None:
             return sse_response(log.frames(-1), "POST /v1/responses (background stream)")
         return JSONResponse(json.loads(json.dumps(builder.response)))
