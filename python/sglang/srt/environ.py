@@ -26,6 +26,26 @@ def _tristate(text: str):
     return None if text.strip().lower() in ("auto", "") else _bool(text)
 
 
+def _positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
+    def parse(text: str):
+        value = kind(text)
+        if not value > 0:
+            raise ValueError("must be greater than 0")
+        return value
+
+    return parse
+
+
+def _non_negative(kind: Callable[[str], Any]) -> Callable[[str], Any]:
+    def parse(text: str):
+        value = kind(text)
+        if value < 0:
+            raise ValueError("must be 0 or more")
+        return value
+
+    return parse
+
+
 def _choice(*allowed: str, aliases: dict = None) -> Callable[[str], str]:
     aliases = aliases or {}
 
@@ -101,6 +121,13 @@ class Envs:
     SGLANG_FORWARD_UNKNOWN_TOOLS = EnvVar("SGLANG_FORWARD_UNKNOWN_TOOLS", False, _bool,
                                           "a DSML call to a tool the request did not offer comes back as a tool call "
                                           "(arguments unchecked) instead of as text")
+    # Constrained decoding (constrained/grammar_queue.py)
+    SGLANG_GRAMMAR_TIMEOUT = EnvVar("SGLANG_GRAMMAR_TIMEOUT", 300.0, _positive(float),
+                                    "seconds a request waits for its grammar to compile before it is refused with a "
+                                    "400 naming the field (upstream's name and default)")
+    SGLANG_GRAMMAR_CACHE_MB = EnvVar("SGLANG_GRAMMAR_CACHE_MB", 512, _non_negative(int),
+                                     "MiB of compiled grammars kept for reuse, least recently used evicted first "
+                                     "(0: none kept)")
     # Indexer logits budgets (GPU backends)
     SGLANG_DSV4_FP4_LOGITS_BUDGET_MB = EnvVar("SGLANG_DSV4_FP4_LOGITS_BUDGET_MB", 2048, int,
                                               "pooled prefill-logits block of the FP4 indexer, MiB")

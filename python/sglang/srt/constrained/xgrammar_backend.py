@@ -1,21 +1,26 @@
 """Constrained decoding with xgrammar (`--grammar-backend xgrammar`, SGLang's default; `none` disables it).
 
-A request with `json_schema`, `regex` or `ebnf` gets a GrammarMatcher at admission (compiled grammars are cached by
-their text; one that fails to compile is a 400 naming the field). Before each sampling, the matcher of every such
-row fills a token bitmask on the CPU (while the device still runs the forward: nothing waits for it), the bitmask is
-copied to the device and applied to the logits, so only tokens the grammar allows can be drawn. Each committed token
-advances the matcher; when the grammar is complete the request stops. JSON is compact (no free whitespace, `,` and
-`:` without spaces), so a weak model cannot pad it forever. `json_schema` "$$ANY$$" means any JSON object or array
-(upstream's "any JSON"); OpenAI's `response_format: {"type": "json_object"}` is the schema JSON_OBJECT: any object.
+A request with `json_schema`, `regex` or `ebnf` gets a GrammarMatcher before it is admitted: its grammar is compiled
+off the scheduler loop (constrained/grammar_queue.py); one that fails to compile, or allows no first token, is a 400
+naming the field. Compiled grammars are kept by their text in an LRU cache bounded in bytes (SGLANG_GRAMMAR_CACHE_MB).
+Before each sampling, the matcher of every such row fills a token bitmask on the CPU (while the device still runs the
+forward: nothing waits for it), the bitmask is copied to the device and applied to the logits, so only tokens the
+grammar allows can be drawn. Each committed token advances the matcher; when the grammar is complete the request
+stops. JSON is compact (no free whitespace, `,` and `:` without spaces), so a weak model cannot pad it forever.
+`json_schema` "$$ANY$$" means any JSON object or array (upstream's "any JSON"); OpenAI's `response_format: {"type":
+"json_object"}` is the schema JSON_OBJECT: any object.
 """
 
 from __future__ import annotations
 
 import json
+import threading
+from collections import OrderedDict
 from typing import Optional
 
 import torch
 
+from sglang.srt.environ import envs
 from sglang.srt.sampling.sampling_params import SamplingParamError
 
 ANY_JSON = "$$ANY$$"
@@ -26,8 +31,49 @@ ANY_JSON_SCHEMA = '{"type": ["object", "array"]}'
 REASONING_EBNF = 'root ::= ([^<] | "<" [^/])* "</think>"'
 
 
+class CompiledGrammarCache:
+    """Compiled grammars by (kind, text), least recently used evicted first, within `capacity_bytes` (their xgrammar
+    size plus the text: one large schema can compile to hundreds of MB). Shared by the compile threads: locked."""
+
+    def __init__(self, capacity_bytes: int) -> None:
+        self.capacity_bytes = capacity_bytes
+        self.nbytes = 0
+        self._entries: OrderedDict = OrderedDict()  # key -> (compiled, size)
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def size_of(key: tuple, compiled) -> int:
+        return compiled.memory_size_bytes + len(key[1].encode())
+
+    def get(self, key: tuple):
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return None
+            self._entries.move_to_end(key)
+            return entry[0]
+
+    def put(self, key: tuple, compiled) -> None:
+        """Keep `compiled` (evicting the least recently used); one larger than the whole cache is not kept."""
+        size = self.size_of(key, compiled)
+        with self._lock:
+            if key in self._entries or size > self.capacity_bytes:
+                return
+            while self.nbytes + size > self.capacity_bytes:
+                _, (_, evicted) = self._entries.popitem(last=False)
+                self.nbytes -= evicted
+            self._entries[key] = (compiled, size)
+            self.nbytes += size
+
+    def keys(self) -> list:
+        """Least recently used first."""
+        with self._lock:
+            return list(self._entries)
+
+
 class XGrammarBackend:
-    """Compiles grammars for one tokenizer and vocabulary and hands out matchers."""
+    """Compiles grammars for one tokenizer and vocabulary and hands out matchers. compile() may run in several threads
+    at once (xgrammar releases the GIL while compiling)."""
 
     def __init__(self, tokenizer, vocab_size: int, stop_token_ids: list, max_threads: int = 2) -> None:
         import xgrammar
@@ -42,11 +88,17 @@ class XGrammarBackend:
         info = xgrammar.TokenizerInfo(encoded, xgrammar.VocabType.BYTE_LEVEL, vocab_size=vocab_size,
                                       stop_token_ids=list(stop_token_ids))
         self.vocab_size = vocab_size
-        self.compiler = xgrammar.GrammarCompiler(info, max_threads=max_threads, cache_enabled=True)
+        # xgrammar's own cache is unbounded: ours replaces it
+        self.compiler = xgrammar.GrammarCompiler(info, max_threads=max_threads, cache_enabled=False)
+        self.cache = CompiledGrammarCache(envs.SGLANG_GRAMMAR_CACHE_MB.get() << 20)
 
-    def matcher(self, kind: str, text: str):
-        """A fresh GrammarMatcher for `kind` (json_schema | regex | ebnf); SamplingParamError naming the field when the
-        grammar does not compile."""
+    def compile(self, kind: str, text: str):
+        """The CompiledGrammar of `kind` (json_schema | regex | ebnf) `text`, from the cache or compiled now;
+        SamplingParamError naming the field when the grammar does not compile or allows no first token."""
+        key = (kind, text)
+        compiled = self.cache.get(key)
+        if compiled is not None:
+            return compiled
         try:
             if kind == "json_schema":
                 schema = ANY_JSON_SCHEMA if text == ANY_JSON else text
@@ -59,10 +111,17 @@ class XGrammarBackend:
         except (RuntimeError, ValueError) as e:
             reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
             raise SamplingParamError(kind, f"{kind} does not compile: {reason}"[:500]) from None
-        matcher = self.xgr.GrammarMatcher(compiled)
-        if not self.allows_any(matcher):
+        if not self.allows_any(self.xgr.GrammarMatcher(compiled)):
             raise SamplingParamError(kind, f"{kind} matches no text: it allows no first token")
-        return matcher
+        self.cache.put(key, compiled)
+        return compiled
+
+    def matcher(self, kind: str, text: str):
+        """A fresh GrammarMatcher for `kind` `text`, compiled in this thread (compile() for the errors)."""
+        return self.new_matcher(self.compile(kind, text))
+
+    def new_matcher(self, compiled):
+        return self.xgr.GrammarMatcher(compiled)
 
     def allows_any(self, matcher) -> bool:
         """Whether the matcher, in its current state, allows some token (a grammar that compiles may still match

@@ -126,8 +126,9 @@ def init_parallel_state(pc: ParallelConfig, rank: int, backend: str, init_method
         for start in range(0, pc.tp, pc.attn_tp):  # every rank creates every group, as new_group requires
             ranks = tuple(range(start, start + pc.attn_tp))
             group = dist.new_group(list(ranks))
+            cpu_group = group if backend == "gloo" else dist.new_group(list(ranks), backend="gloo")
             if rank in ranks:
-                attn_tp = GroupCoordinator(ranks, rank - start, group)
+                attn_tp = GroupCoordinator(ranks, rank - start, group, cpu_group)
     elif pc.attn_tp == 1:
         attn_tp = GroupCoordinator((rank,), 0)
     _STATE = ParallelState(pc, rank, tp, attn_tp)

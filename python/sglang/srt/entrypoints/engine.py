@@ -24,7 +24,7 @@ from sglang.srt.managers.output_shaping import OutputState, output_text
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.model_executor.model_runner import ModelRunner
-from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.sampling.sampling_params import SamplingParamError, SamplingParams
 from sglang.srt.server_args import LOG_LEVELS, ServerArgs
 from sglang.srt.utils.common import configure_logging
 from sglang.srt.utils.hf_transformers_utils import load_tokenizer
@@ -109,12 +109,13 @@ class Engine:
             while any(not r.finished for r in reqs):
                 self.scheduler.step()
         except BaseException:
-            for req in added:  # never leak pool slots, whatever failed
+            for req in added:  # never leak pool slots or queued requests, whatever failed
                 if not req.finished:
-                    if req in self.scheduler.waiting:
-                        self.scheduler.waiting.remove(req)
-                    self.scheduler.free_request(req)
+                    self.scheduler.abort_request(req.rid)
             raise
+        refused = next((r.finished_reason for r in reqs if r.finished_reason.param), None)
+        if refused is not None:  # refused once queued (a grammar that does not compile): as refused at admission
+            raise SamplingParamError(refused.param, refused.message)
         latency = time.perf_counter() - start
         return [self._output(r, latency) for r in reqs]
 

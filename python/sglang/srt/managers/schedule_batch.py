@@ -26,10 +26,11 @@ class FinishReason:
     matched: Union[int, str, None] = None  # the stop token id or stop string
     message: Optional[str] = None
     status_code: Optional[int] = None  # aborts the server caused or refused: the HTTP status the client gets
+    param: Optional[str] = None  # a request refused after it was queued: the field at fault (a grammar's)
 
     def to_json(self) -> dict:
         out = {"type": self.type}
-        for key in ("length", "matched", "message", "status_code"):
+        for key in ("length", "matched", "message", "status_code", "param"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         return out
@@ -62,7 +63,7 @@ class Req:
     min_tokens_stop_ids: list = field(default_factory=list)  # masked until min_new_tokens (set at admission)
     admitted_time: Optional[float] = None  # first admission (queue time = admitted_time - created_time)
     num_retractions: int = 0  # times the scheduler freed its slots to re-prefill it later
-    grammar: Optional[Any] = None  # xgrammar GrammarMatcher of a constrained request (set at admission)
+    grammar: Optional[Any] = None  # xgrammar GrammarMatcher of a constrained request (set once its grammar compiled)
     cached_tokens: int = 0  # prompt tokens reused from the prefix cache (at the first admission)
     cache_node: Optional[Any] = None  # the radix-cache node it reuses (locked while it runs)
     prompt_cached: bool = False  # its prefilled prompt was given to the prefix cache

@@ -2,7 +2,9 @@
 
 Each step runs one forward. While some request still has prompt tokens to prefill, the step is a mixed EXTEND
 batch: every decoding request contributes its one row and prefill chunks fill the rest of the
---chunked-prefill-size budget, so a long prompt never stalls running decodes. Otherwise it is a DECODE batch.
+--chunked-prefill-size budget, so a long prompt never stalls running decodes. Otherwise it is a DECODE batch. A
+request with a grammar joins the queue once its grammar has compiled in worker threads (scheduler_grammar_mixin.py),
+so a large schema never stalls the others either.
 
 Admission is by estimate (managers/schedule_policy.py): running requests are expected to generate a decaying share of
 their remaining max_new_tokens, so a request without max_tokens does not hold the context length. When a step cannot
@@ -43,12 +45,12 @@ from typing import Optional
 
 import torch
 
-from sglang.srt.constrained.xgrammar_backend import make_grammar_backend
 from sglang.srt.distributed.parallel_state import get_parallel_state
 from sglang.srt.layers.sampler import PendingSample, sample_async
 from sglang.srt.managers.decode_worker import DecodeWorker
 from sglang.srt.managers.schedule_policy import NewTokenRatio, clip_max_new_tokens, expected_tokens, retraction_order
 from sglang.srt.managers.schedule_batch import FinishReason, Req, ScheduleBatch
+from sglang.srt.managers.scheduler_grammar_mixin import SchedulerGrammarMixin
 from sglang.srt.managers.scheduler_output_processor_mixin import SchedulerOutputProcessorMixin
 from sglang.srt.managers.scheduler_profiler import SchedulerProfiler
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
@@ -76,7 +78,7 @@ def make_decode_worker(model_runner: ModelRunner) -> DecodeWorker:
     return EagleWorker(model_runner)
 
 
-class Scheduler(SchedulerOutputProcessorMixin):
+class Scheduler(SchedulerOutputProcessorMixin, SchedulerGrammarMixin):
     def __init__(self, model_runner: ModelRunner, tokenizer=None) -> None:
         self.runner = model_runner
         args = model_runner.server_args
@@ -102,7 +104,8 @@ class Scheduler(SchedulerOutputProcessorMixin):
         self.clip_max_new_tokens = clip_max_new_tokens()
         self.decode_tokens = max(1, self.num_draft_tokens)  # positions a decode step adds per request
         self.num_retractions = 0  # requests retracted since start
-        self.grammar_backend = None  # XGrammarBackend, built for the first constrained request
+        self.grammar_backend = None  # XGrammarBackend, once the first constrained request is ready
+        self.grammar_queue = self._start_grammar_queue()  # constrained requests whose grammar compiles
         self.profiler = SchedulerProfiler(rank=get_parallel_state().rank, on_cuda=self.runner.device.type == "cuda")
 
     # ---- requests ---------------------------------------------------------------------------------
@@ -136,28 +139,22 @@ class Scheduler(SchedulerOutputProcessorMixin):
         if req.sampling_params.seed is not None:
             req.generator = torch.Generator(device=self.runner.device).manual_seed(req.sampling_params.seed)
         params = req.sampling_params
-        if params.grammar is not None:
-            req.grammar = self._grammar().matcher(*params.grammar)
+        grammars = self._grammar_queue() if params.grammar is not None else None
         if params.min_new_tokens:  # what may not end the output before it (ids outside the vocab never do)
             stops = set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_ids)
             req.min_tokens_stop_ids = sorted(t for t in stops if 0 <= t < self.config.vocab_size)
-        self.waiting.append(req)
-
-    def _grammar(self):
-        """The grammar backend (built on first use); SamplingParamError when constrained decoding is unavailable."""
-        if self.grammar_backend is None:
-            field = "json_schema"
-            if self.runner.server_args.grammar_backend == "none":
-                raise SamplingParamError(field, "constrained decoding is off (--grammar-backend none)")
-            if self.tokenizer is None:
-                raise SamplingParamError(field, "constrained decoding needs a tokenizer; this checkpoint has none")
-            self.grammar_backend = make_grammar_backend(self.runner.server_args.grammar_backend, self.tokenizer,
-                                                        self.config.vocab_size, sorted(self.eos_ids))
-            self.worker.grammar = self.grammar_backend
-        return self.grammar_backend
+        if grammars is not None:  # admitted once its grammar compiled (_poll_grammars)
+            grammars.submit(req, *params.grammar, time.perf_counter())
+        else:
+            self.waiting.append(req)
 
     def abort_request(self, rid: str) -> Optional[Req]:
-        """Finish a waiting or running request as aborted and free its slots; None if unknown."""
+        """Finish a waiting or running request (or one whose grammar compiles) as aborted and free its slots; None if
+        unknown."""
+        req = self.grammar_queue.remove(rid) if self.grammar_queue is not None else None
+        if req is not None:  # it holds no slot yet; its compile is dropped unless it started or others share it
+            req.finished_reason = FinishReason("abort", message="request aborted")
+            return req
         for req in list(self.waiting):
             if req.rid == rid:
                 self.waiting.remove(req)
@@ -171,7 +168,7 @@ class Scheduler(SchedulerOutputProcessorMixin):
         return None
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.in_flight)
+        return bool(self.waiting or self.running or self.in_flight or (self.grammar_queue and self.grammar_queue.jobs))
 
     @property
     def mean_accept_length(self) -> Optional[float]:
@@ -184,10 +181,11 @@ class Scheduler(SchedulerOutputProcessorMixin):
     def step(self) -> list:
         """Run one forward; returns the requests that got a token or finished in it (failed ones included). Under
         overlap scheduling that is the previous step's: this one is launched, and read at the next call. A running
-        profile (/start_profile) counts it."""
+        profile (/start_profile) counts it. Requests refused because their grammar failed are returned too."""
+        refused = self._poll_grammars()
         updated = self._step()
         self.profiler.step_done()
-        return updated
+        return refused + updated
 
     def _step(self) -> list:
         self._admit()

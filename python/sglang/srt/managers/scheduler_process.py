@@ -238,7 +238,7 @@ class SchedulerProcess:
         return None
 
     def _abort_all(self, message: str) -> list:
-        reqs = list(self.scheduler.running) + list(self.scheduler.waiting)
+        reqs = list(self.scheduler.running) + list(self.scheduler.waiting) + self.scheduler.drop_grammar_queue()
         self.scheduler.waiting.clear()
         for req in reqs:
             self.scheduler.fail_request(req, message)

@@ -246,7 +246,7 @@ class TokenizerManager:
                     raise RequestError(out.error, (out.finished_reason or {}).get("status_code", 400))
                 reason = out.finished_reason or {}
                 if reason.get("type") == "abort" and reason.get("status_code"):
-                    raise RequestError(reason.get("message", "aborted"), reason["status_code"])
+                    raise RequestError(reason.get("message", "aborted"), reason["status_code"], reason.get("param"))
                 chunk = self._apply(state, out)
                 yield chunk
                 if chunk.finished:
