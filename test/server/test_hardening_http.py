@@ -1,16 +1,20 @@
 """Hostile and malformed HTTP input against a real server: every bad body is a 4xx
 naming the problem, big bodies are bounded and tokenized off the event loop, unknown routes get the error body,
-secrets never leave the server, and an unexpected exception is a generic 500 whose details are only in the log."""
+secrets never leave the server, an unexpected exception is a generic 500 whose details are only in the log, and a
+stop_regex that a backtracking engine would take exponential time on delays no other request."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import random
+import statistics
 from types import SimpleNamespace
 
 import httpx
 import pytest
+import re2
 from fastapi.testclient import TestClient
 
 from server_process import launch
@@ -212,6 +216,119 @@ def test_api_key_checks(server, http):
         err = error_of(r, 401)
         assert err["type"] == "AuthenticationError" and KEY not in r.text
     assert httpx.get(f"{server.base_url}/health").status_code == 200  # load balancers probe without a key
+
+
+# Patterns a backtracking engine takes about 2**n steps on over n x's without a y (the scheduler searches the last 32
+# tokens' text after every token, the detokenizer searches on the HTTP process's event loop).
+CATASTROPHIC = [r"(x+x+)+y", r"(x|xx)+y", r"(x+)+\s?y"]
+RUN_OF_X = {"regex": "x+", "ignore_eos": True, "temperature": 0}  # a long run of x, whatever the model prefers
+
+
+async def stream_generate(client, body: dict):
+    """Yields (arrival time, completion tokens so far, text) per event of a streamed /generate."""
+    async with client.stream("POST", "/generate", json={**body, "stream": True}) as r:
+        assert r.status_code == 200, await r.aread()
+        async for line in r.aiter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                event = json.loads(line[len("data: "):])
+                yield asyncio.get_running_loop().time(), event["meta_info"]["completion_tokens"], event
+
+
+def test_catastrophic_stop_regex_does_not_delay_other_requests(server):
+    """A request generating a long run of x with CATASTROPHIC stop regexes, beside a greedy request streamed at the
+    same time: the greedy request's tokens come about as fast as beside the same run of x with a trivial stop_regex
+    (RE2 searches the window in time linear in it). The hostile patterns must add less than one decode step (the
+    trivial rounds' median per-token gap) to the median gap of at least one of three alternating rounds: load on a
+    shared machine slows some rounds, a backtracking engine slows all of them (or ends none). The hostile request is
+    still running when the greedy one ends, and its output is x's only (the text those patterns blow up on)."""
+    hostile_tokens, greedy_tokens = 120, 48
+
+    async def greedy_gaps(client, stop_regex) -> list:
+        events, full = [], asyncio.Event()
+
+        async def run_of_x():
+            async for t, n, event in stream_generate(client, {"text": "x", "sampling_params": {
+                    **RUN_OF_X, "max_new_tokens": hostile_tokens, "stop_regex": stop_regex}}):
+                events.append((t, event))
+                if n >= 40:  # the window is full of x: the greedy request starts
+                    full.set()
+
+        other, waiter = asyncio.create_task(run_of_x()), asyncio.ensure_future(full.wait())
+        await asyncio.wait({other, waiter}, timeout=120, return_when=asyncio.FIRST_COMPLETED)
+        if other.done():
+            other.result()  # its error, if any
+        assert full.is_set(), "the run of x did not reach 40 tokens"
+        gaps, last = [], None
+        async for t, n, _ in stream_generate(client, {"text": "Once upon a time", "sampling_params": {
+                "temperature": 0, "ignore_eos": True, "max_new_tokens": greedy_tokens}}):
+            if last is not None and n > last[1]:
+                gaps += [(t - last[0]) / (n - last[1])] * (n - last[1])
+            last = (t, n)
+        assert last[1] == greedy_tokens
+        await other
+        ended, event = events[-1]
+        assert ended > last[0], "the run of x ended before the greedy request"
+        assert event["meta_info"]["finish_reason"] == {"type": "length", "length": hostile_tokens}
+        assert set(event["text"]) == {"x"} and len(event["text"]) >= hostile_tokens, event["text"]
+        return gaps
+
+    async def main() -> tuple:
+        trivial, catastrophic = [], []
+        async with httpx.AsyncClient(base_url=server.base_url, headers=AUTH, timeout=120) as client:
+            for _ in range(3):
+                trivial += await greedy_gaps(client, ["y"])
+                catastrophic.append(statistics.median(await greedy_gaps(client, CATASTROPHIC)))
+        return statistics.median(trivial), catastrophic
+
+    step, hostile = asyncio.run(main())
+    assert min(hostile) < 2 * step, f"median gaps {hostile} s beside the catastrophic stop regexes, {step} s without"
+    server.wait_pools_free(headers=AUTH)
+
+
+def fuzzed_stop_regex(rng: random.Random):
+    atoms = ["x", "xx", "a", ".", r"\w", r"\pL", "[^y]", r"\s", "é", "(x|xx)", "(x+x+)", "(a|aa)", r"\d", "(?:x)"]
+    quantifiers = ["", "+", "*", "?", "{2,}", "{1000}", "+?", "++", "{0,200}", "{3}"]
+    shapes = ["(@)+", "@$", "^@", "(?=@)x", r"(@)\1", "(?<!a)@", "(?i)@y", "@y", "(@)+z", "@" * 40]
+    pattern = "".join(rng.choice(atoms) + rng.choice(quantifiers) for _ in range(rng.randint(1, 4)))
+    for _ in range(rng.randint(0, 2)):
+        pattern = rng.choice(shapes).replace("@", pattern)
+    return pattern if rng.random() < 0.7 else [pattern] * rng.randint(1, 17)
+
+
+def test_fuzzed_stop_regexes_are_served_or_refused_naming_the_field(server):
+    """Seeded hostile stop regexes (nested quantifiers, backreferences, lookaround, huge repetitions, long and many
+    patterns), sent concurrently over runs of x: each request either ends (a match, with its text, or the length) or
+    is a 400 naming stop_regex; what RE2 cannot run is refused as such."""
+    rng = random.Random(48)
+    cases = [fuzzed_stop_regex(rng) for _ in range(40)]
+    cases += [r"(x)\1", r"(?=x)x", r"(?<=x)y", r"(?P<a>x)(?P=a)", "x" * 1001, [r"\pL+", r"\pN\pL"], ["y"] * 17, "",
+              "x*", 5, [None], {"x": 1}, "(", r"(x+x+)+y", r"[\s\S]{1000}"]
+    refused_syntax = [r"(x)\1", r"(?=x)x", r"(?<=x)y", r"(?P<a>x)(?P=a)"]
+
+    async def one(client, gate, stop_regex):
+        async with gate:
+            return await client.post("/generate", json={"text": "x", "sampling_params": {
+                **RUN_OF_X, "max_new_tokens": 40, "stop_regex": stop_regex}})
+
+    async def main():
+        gate = asyncio.Semaphore(8)
+        async with httpx.AsyncClient(base_url=server.base_url, headers=AUTH, timeout=120) as client:
+            return await asyncio.gather(*(one(client, gate, case) for case in cases))
+
+    served = 0
+    for case, r in zip(cases, asyncio.run(main())):
+        if r.status_code == 400:
+            assert error_of(r, 400)["param"] == "stop_regex", (case, r.text)
+            assert case not in refused_syntax or "RE2 syntax" in r.json()["message"], (case, r.text)
+            continue
+        assert r.status_code == 200 and case not in refused_syntax, (case, r.status_code, r.text)
+        reason, served = r.json()["meta_info"]["finish_reason"], served + 1
+        assert reason["type"] in ("stop", "length"), (case, reason)
+        if reason["type"] == "stop":
+            patterns = [case] if isinstance(case, str) else case
+            assert any(re2.search(p, reason["matched"]) for p in patterns), (case, reason)
+    assert served >= 10  # the fuzz reaches the searches, not only the validation
+    server.wait_pools_free(headers=AUTH)
 
 
 def test_server_still_serves_after_bad_inputs(server, http):
