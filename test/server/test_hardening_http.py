@@ -1,8 +1,9 @@
 """Hostile and malformed HTTP input against a real server: every bad body is a 4xx
 naming the problem, big bodies are bounded and tokenized off the event loop, unknown routes get the error body,
-secrets never leave the server, and an unexpected exception is a generic 500 whose details are only in the log.
-The admin endpoints take only the admin key (or, without one, loopback clients only: the in-process tests at the
-end, whose clients have any address), load and write only under their directories, and answer bounded payloads; a
+secrets never leave the server, an unexpected exception is a generic 500 whose details are only in the log, and a
+stop_regex that a backtracking engine would take exponential time on delays no other request.
+The admin endpoints take only the admin key (without one, loopback clients only: test_admin_access.py, whose
+clients have any address), load and write only under their directories, and answer bounded payloads; a
 stored response is seen only with the key that created it."""
 
 from __future__ import annotations
@@ -10,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
+import random
+import statistics
 from types import SimpleNamespace
 
 import httpx
 import pytest
+import re2
 from fastapi.testclient import TestClient
 
 from server_process import launch
@@ -290,6 +293,119 @@ def test_stored_responses_are_their_keys_own(server, http):
     other.close()
 
 
+# Patterns a backtracking engine takes about 2**n steps on over n x's without a y (the scheduler searches the last 32
+# tokens' text after every token, the detokenizer searches on the HTTP process's event loop).
+CATASTROPHIC = [r"(x+x+)+y", r"(x|xx)+y", r"(x+)+\s?y"]
+RUN_OF_X = {"regex": "x+", "ignore_eos": True, "temperature": 0}  # a long run of x, whatever the model prefers
+
+
+async def stream_generate(client, body: dict):
+    """Yields (arrival time, completion tokens so far, text) per event of a streamed /generate."""
+    async with client.stream("POST", "/generate", json={**body, "stream": True}) as r:
+        assert r.status_code == 200, await r.aread()
+        async for line in r.aiter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                event = json.loads(line[len("data: "):])
+                yield asyncio.get_running_loop().time(), event["meta_info"]["completion_tokens"], event
+
+
+def test_catastrophic_stop_regex_does_not_delay_other_requests(server):
+    """A request generating a long run of x with CATASTROPHIC stop regexes, beside a greedy request streamed at the
+    same time: the greedy request's tokens come about as fast as beside the same run of x with a trivial stop_regex
+    (RE2 searches the window in time linear in it). The hostile patterns must add less than one decode step (the
+    trivial rounds' median per-token gap) to the median gap of at least one of three alternating rounds: load on a
+    shared machine slows some rounds, a backtracking engine slows all of them (or ends none). The hostile request is
+    still running when the greedy one ends, and its output is x's only (the text those patterns blow up on)."""
+    hostile_tokens, greedy_tokens = 120, 48
+
+    async def greedy_gaps(client, stop_regex) -> list:
+        events, full = [], asyncio.Event()
+
+        async def run_of_x():
+            async for t, n, event in stream_generate(client, {"text": "x", "sampling_params": {
+                    **RUN_OF_X, "max_new_tokens": hostile_tokens, "stop_regex": stop_regex}}):
+                events.append((t, event))
+                if n >= 40:  # the window is full of x: the greedy request starts
+                    full.set()
+
+        other, waiter = asyncio.create_task(run_of_x()), asyncio.ensure_future(full.wait())
+        await asyncio.wait({other, waiter}, timeout=120, return_when=asyncio.FIRST_COMPLETED)
+        if other.done():
+            other.result()  # its error, if any
+        assert full.is_set(), "the run of x did not reach 40 tokens"
+        gaps, last = [], None
+        async for t, n, _ in stream_generate(client, {"text": "Once upon a time", "sampling_params": {
+                "temperature": 0, "ignore_eos": True, "max_new_tokens": greedy_tokens}}):
+            if last is not None and n > last[1]:
+                gaps += [(t - last[0]) / (n - last[1])] * (n - last[1])
+            last = (t, n)
+        assert last[1] == greedy_tokens
+        await other
+        ended, event = events[-1]
+        assert ended > last[0], "the run of x ended before the greedy request"
+        assert event["meta_info"]["finish_reason"] == {"type": "length", "length": hostile_tokens}
+        assert set(event["text"]) == {"x"} and len(event["text"]) >= hostile_tokens, event["text"]
+        return gaps
+
+    async def main() -> tuple:
+        trivial, catastrophic = [], []
+        async with httpx.AsyncClient(base_url=server.base_url, headers=AUTH, timeout=120) as client:
+            for _ in range(3):
+                trivial += await greedy_gaps(client, ["y"])
+                catastrophic.append(statistics.median(await greedy_gaps(client, CATASTROPHIC)))
+        return statistics.median(trivial), catastrophic
+
+    step, hostile = asyncio.run(main())
+    assert min(hostile) < 2 * step, f"median gaps {hostile} s beside the catastrophic stop regexes, {step} s without"
+    server.wait_pools_free(headers=AUTH)
+
+
+def fuzzed_stop_regex(rng: random.Random):
+    atoms = ["x", "xx", "a", ".", r"\w", r"\pL", "[^y]", r"\s", "é", "(x|xx)", "(x+x+)", "(a|aa)", r"\d", "(?:x)"]
+    quantifiers = ["", "+", "*", "?", "{2,}", "{1000}", "+?", "++", "{0,200}", "{3}"]
+    shapes = ["(@)+", "@$", "^@", "(?=@)x", r"(@)\1", "(?<!a)@", "(?i)@y", "@y", "(@)+z", "@" * 40]
+    pattern = "".join(rng.choice(atoms) + rng.choice(quantifiers) for _ in range(rng.randint(1, 4)))
+    for _ in range(rng.randint(0, 2)):
+        pattern = rng.choice(shapes).replace("@", pattern)
+    return pattern if rng.random() < 0.7 else [pattern] * rng.randint(1, 17)
+
+
+def test_fuzzed_stop_regexes_are_served_or_refused_naming_the_field(server):
+    """Seeded hostile stop regexes (nested quantifiers, backreferences, lookaround, huge repetitions, long and many
+    patterns), sent concurrently over runs of x: each request either ends (a match, with its text, or the length) or
+    is a 400 naming stop_regex; what RE2 cannot run is refused as such."""
+    rng = random.Random(48)
+    cases = [fuzzed_stop_regex(rng) for _ in range(40)]
+    cases += [r"(x)\1", r"(?=x)x", r"(?<=x)y", r"(?P<a>x)(?P=a)", "x" * 1001, [r"\pL+", r"\pN\pL"], ["y"] * 17, "",
+              "x*", 5, [None], {"x": 1}, "(", r"(x+x+)+y", r"[\s\S]{1000}"]
+    refused_syntax = [r"(x)\1", r"(?=x)x", r"(?<=x)y", r"(?P<a>x)(?P=a)"]
+
+    async def one(client, gate, stop_regex):
+        async with gate:
+            return await client.post("/generate", json={"text": "x", "sampling_params": {
+                **RUN_OF_X, "max_new_tokens": 40, "stop_regex": stop_regex}})
+
+    async def main():
+        gate = asyncio.Semaphore(8)
+        async with httpx.AsyncClient(base_url=server.base_url, headers=AUTH, timeout=120) as client:
+            return await asyncio.gather(*(one(client, gate, case) for case in cases))
+
+    served = 0
+    for case, r in zip(cases, asyncio.run(main())):
+        if r.status_code == 400:
+            assert error_of(r, 400)["param"] == "stop_regex", (case, r.text)
+            assert case not in refused_syntax or "RE2 syntax" in r.json()["message"], (case, r.text)
+            continue
+        assert r.status_code == 200 and case not in refused_syntax, (case, r.status_code, r.text)
+        reason, served = r.json()["meta_info"]["finish_reason"], served + 1
+        assert reason["type"] in ("stop", "length"), (case, reason)
+        if reason["type"] == "stop":
+            patterns = [case] if isinstance(case, str) else case
+            assert any(re2.search(p, reason["matched"]) for p in patterns), (case, reason)
+    assert served >= 10  # the fuzz reaches the searches, not only the validation
+    server.wait_pools_free(headers=AUTH)
+
+
 def test_server_still_serves_after_bad_inputs(server, http):
     """Runs last in the module: after everything above, a normal request works and no slot is leaked."""
     r = http.post("/v1/chat/completions", json={**CHAT, "max_tokens": 4, "temperature": 0})
@@ -315,194 +431,3 @@ def test_unhandled_exception_is_a_generic_500_with_request_id(caplog):
     assert err["message"] == f"internal server error (request id {request_id})" and "hunter2" not in r.text
     logged = [rec for rec in caplog.records if request_id in rec.getMessage()]
     assert logged and logged[0].exc_info and secret in str(logged[0].exc_info[1])
-
-
-# ---- who may call the admin endpoints, from any client address: the real app over a stub TokenizerManager --------
-class AdminStub:
-    """What the admin endpoints call on the TokenizerManager, recorded."""
-
-    def __init__(self, served_dir: str = "/nonexistent/served") -> None:
-        self.ready = SimpleNamespace(model_path=served_dir)
-        self.states, self.calls, self.weights_path = {}, [], None
-
-    def start(self) -> None:
-        pass
-
-    async def flush_cache(self):
-        self.calls.append("flush")
-
-    async def abort_matching(self, rid, abort_all):
-        self.calls.append(("abort", rid, abort_all))
-        return []
-
-    async def update_weights_from_disk(self, path, abort_all=False):
-        self.calls.append(("load", path))
-        return f"weights updated from {path}"
-
-    async def get_weights_by_name(self, name, truncate_size):
-        import torch
-
-        self.calls.append(("rows", name))
-        return torch.ones(truncate_size, 3)
-
-    async def profile(self, start, config=None):
-        self.calls.append(("profile", start, config))
-        return "ok"
-
-    async def expert_distribution(self, action):
-        self.calls.append(("experts", action))
-        return "ok"
-
-
-STUB_ADMIN_REQUESTS = [*[(p, b) for p, b in ADMIN_REQUESTS if p != "/update_weights_from_disk"],
-                       ("/update_weights_from_disk", {"model_path": "served-id"})]
-
-
-def call_from(app, host: str, path: str, body=None, headers=None) -> httpx.Response:
-    """One POST as a client at `host` sees it answered (httpx's ASGI transport sets the client address)."""
-    async def go():
-        transport = httpx.ASGITransport(app=app, client=(host, 40000))
-        async with httpx.AsyncClient(transport=transport, base_url="http://localhost:30000") as client:
-            return await client.post(path, json=body, headers=headers)
-
-    return asyncio.run(go())
-
-
-def test_admin_endpoints_refuse_remote_clients_without_an_admin_key():
-    from sglang.srt.entrypoints.access import ADMIN_PATHS
-
-    assert {path for path, _ in STUB_ADMIN_REQUESTS} == ADMIN_PATHS | {"/abort_request"}  # each one tried: a route
-    stub = AdminStub()
-    app = create_app(stub, ServerArgs(model_path="served-id"))
-    for host in ("10.0.0.5", "192.168.1.20", "2001:db8::1", "::ffff:10.0.0.5", "0.0.0.0"):
-        for path, body in STUB_ADMIN_REQUESTS:
-            err = error_of(call_from(app, host, path, body), 403)
-            assert "loopback" in err["message"] and "--admin-api-key" in err["message"], (host, path, err)
-    assert stub.calls == []  # nothing ran
-    assert call_from(app, "10.0.0.5", "/abort_request", {"rid": "mine"}).status_code == 200  # not an admin action
-    for host in ("127.0.0.1", "127.4.5.6", "::1", "::ffff:127.0.0.1"):
-        stub.calls.clear()
-        for path, body in STUB_ADMIN_REQUESTS:
-            assert call_from(app, host, path, body).status_code == 200, (host, path)
-        assert len(stub.calls) == len(STUB_ADMIN_REQUESTS), stub.calls
-
-
-def test_admin_endpoints_refuse_web_pages_on_loopback():
-    """A page of another site makes the browser call localhost (Origin, Sec-Fetch-Site), or reaches it under its own
-    name by DNS rebinding (Host): not a local tool, so refused without an admin key. The server's own pages (same
-    origin), an address typed in the browser and the loopback names are served."""
-    stub = AdminStub()
-    app = create_app(stub, ServerArgs(model_path="served-id"))
-    refused = [{"Host": "evil.example:30000"}, {"Host": "localhost.evil.example"}, {"Host": "[::1"},
-               {"Sec-Fetch-Site": "cross-site"}, {"Sec-Fetch-Site": "same-site", "Origin": "http://localhost:8888"},
-               {"Origin": "http://evil.example"}, {"Origin": "null"}]
-    for headers in refused:
-        for path, body in STUB_ADMIN_REQUESTS:
-            err = error_of(call_from(app, "127.0.0.1", path, body, headers), 403)
-            assert "local tools" in err["message"], (headers, err)
-    assert stub.calls == []
-    served = [{"Host": "127.0.0.1:30000"}, {"Host": "[::1]:30000"}, {"Host": "LOCALHOST."}, {"Sec-Fetch-Site": "none"},
-              {"Sec-Fetch-Site": "same-origin", "Origin": "http://localhost:30000"}]
-    for headers in served:
-        assert call_from(app, "127.0.0.1", "/flush_cache", None, headers).status_code == 200, headers
-    assert call_from(app, "127.0.0.1", "/generate", None, {"Host": "evil.example"}).status_code != 403  # not admin
-
-
-def test_admin_key_is_needed_from_every_address_once_set():
-    stub = AdminStub()
-    app = create_app(stub, ServerArgs(model_path="served-id", api_key=KEY, admin_api_key=ADMIN_KEY))
-    for host in ("10.0.0.5", "127.0.0.1"):  # with an admin key, loopback is not enough
-        for path, body in STUB_ADMIN_REQUESTS:
-            assert error_of(call_from(app, host, path, body), 401)["type"] == "AuthenticationError"
-            for headers in (AUTH, {"Authorization": f"Bearer {ADMIN_KEY[:-1]}"}, {"Authorization": ADMIN_KEY}):
-                bad_api_key = path == "/abort_request" and headers is not AUTH  # see the real server's test
-                error_of(call_from(app, host, path, body, headers), 401 if bad_api_key else 403)
-            assert call_from(app, host, path, body, ADMIN).status_code == 200, (host, path)
-    assert call_from(app, "10.0.0.5", "/abort_request", {"rid": "mine"}, AUTH).status_code == 200
-    assert call_from(app, "10.0.0.5", "/abort_request", {"rid": "mine"}).status_code == 401  # the API key still
-
-
-def test_weight_updates_load_only_under_the_weights_dir(tmp_path):
-    models, outside = tmp_path / "models", tmp_path / "outside"
-    for d in (models / "served", models / "step-200", outside):
-        d.mkdir(parents=True)
-    (models / "escape").symlink_to(outside)
-    stub = AdminStub(str(models / "served"))
-
-    def load(path, **args) -> httpx.Response:
-        stub.calls.clear()
-        app = create_app(stub, ServerArgs(model_path="served-id", **args))
-        return call_from(app, "127.0.0.1", "/update_weights_from_disk", {"model_path": path})
-
-    step, away = os.path.realpath(models / "step-200"), os.path.realpath(outside)  # what is loaded: symlinks resolved
-    allowed = [("served-id", {}, "served-id"), (str(models / "step-200"), {}, step),
-               (str(models / "served" / ".." / "step-200"), {}, step),
-               ("org/other-model", {"allow_hub_weight_updates": True}, "org/other-model"),
-               (str(outside), {"weights_dir": str(outside)}, away)]
-    for path, args, loaded in allowed:
-        r = load(path, **args)
-        assert r.status_code == 200 and r.json()["success"] is True, (path, r.text)
-        assert stub.calls == [("load", loaded)], stub.calls
-    refused = [(str(outside), {}, "--weights-dir"), (str(models / "escape"), {}, "--weights-dir"),
-               (str(models / "step-200" / ".." / ".." / "outside"), {}, "--weights-dir"),
-               ("/", {}, "--weights-dir"), ("org/other-model", {}, "--allow-hub-weight-updates"),
-               (str(models / "step-200"), {"weights_dir": str(outside)}, "--weights-dir"),
-               ("/a\x00b", {}, "NUL")]
-    for path, args, says in refused:
-        r = load(path, **args)
-        assert r.status_code == 400 and r.json()["success"] is False, (path, r.text)
-        assert "model_path" in r.json()["message"] and says in r.json()["message"], r.text
-        assert stub.calls == [], (path, stub.calls)
-
-
-def test_profile_traces_stay_under_the_profiler_dir(tmp_path, monkeypatch):
-    root, elsewhere = tmp_path / "traces", tmp_path / "elsewhere"
-    root.mkdir()
-    elsewhere.mkdir()
-    (root / "link").symlink_to(elsewhere)
-    monkeypatch.setenv("SGLANG_TORCH_PROFILER_DIR", str(root))
-    stub = AdminStub()
-    app = create_app(stub, ServerArgs(model_path="x"))
-    for output_dir, lands in ((None, root), ("run-1", root / "run-1"), (str(root / "a" / "b"), root / "a" / "b"),
-                              ("a/../b", root / "b")):
-        stub.calls.clear()
-        assert call_from(app, "::1", "/start_profile", {"output_dir": output_dir}).status_code == 200
-        assert stub.calls[0][2].output_dir == str(lands), (output_dir, stub.calls)
-    stub.calls.clear()
-    for output_dir in ("..", "../elsewhere", str(elsewhere), "link", "link/deeper", "/", "a\x00"):
-        err = error_of(call_from(app, "::1", "/start_profile", {"output_dir": output_dir}), 400)
-        assert err["param"] == "output_dir", (output_dir, err)
-    for prefix in ("a/b", "../../etc/x", "", "x" * 129):
-        err = error_of(call_from(app, "::1", "/start_profile", {"profile_prefix": prefix}), 400)
-        assert err["param"] == "profile_prefix", (prefix, err)
-    assert stub.calls == []
-
-
-def test_weight_rows_are_bounded_in_values_before_any_copy():
-    """1,000 rows of a wide or stacked tensor could be gigabytes of JSON: the scheduler refuses an answer of more than
-    MAX_WEIGHT_VALUES values (a 400 naming truncate_size) and says how many rows fit."""
-    import functools
-
-    import torch
-
-    from sglang.srt.managers.io_struct import MAX_WEIGHT_VALUES, GetWeightsReq
-    from sglang.srt.managers.scheduler_process import SchedulerProcess
-    from sglang.srt.model_executor.model_runner import ModelRunner
-
-    model = torch.nn.Module()
-    width = 9000
-    model.register_buffer("wide", torch.zeros(1).expand(2000, width))  # no memory behind it
-    model.register_buffer("stacked", torch.zeros(1).expand(4, 1000, MAX_WEIGHT_VALUES // 1000))
-    runner = SimpleNamespace(model=model, draft_model=None)
-    runner.weight_rows = functools.partial(ModelRunner.weight_rows, runner)
-    proc = SchedulerProcess.__new__(SchedulerProcess)
-    proc.scheduler = SimpleNamespace(runner=runner)
-    fit = MAX_WEIGHT_VALUES // width
-    for name, rows, allowed in (("wide", fit, True), ("wide", fit + 1, False), ("wide", 1000, False),
-                                ("stacked", 1, True), ("stacked", 2, False)):
-        out = proc._get_weights(GetWeightsReq("r", name, rows))
-        if allowed:
-            assert out.status_code == 200 and out.data.shape[0] == rows, out.message
-        else:
-            assert out.status_code == 400 and "truncate_size" in out.message, out.message
-            assert f"at most {fit if name == 'wide' else 1} rows" in out.message, out.message

@@ -4,9 +4,13 @@ refused at any other value with an error naming it."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
-from sglang.srt.sampling.sampling_params import UPSTREAM_AT_DEFAULT_ONLY, SamplingParamError, SamplingParams
+from sglang.srt.sampling.sampling_params import (
+    STOP_REGEX_MAX_LEN, UPSTREAM_AT_DEFAULT_ONLY, SamplingParamError, SamplingParams)
 
 # What sglang.test.few_shot_gsm8k's frontend sends with every request (its defaults), plus nulls.
 UPSTREAM_DEFAULTS = {
@@ -62,6 +66,38 @@ def test_stop_regex_is_checked():
         with pytest.raises(SamplingParamError, match=why) as err:
             SamplingParams.from_dict({"stop_regex": bad})
         assert err.value.param == "stop_regex"
+
+
+def test_stop_regex_runs_on_a_linear_engine_and_refuses_what_it_cannot_run():
+    """Stop regexes are searched by RE2 (linear time): what it cannot run (backreferences, lookaround, possessive
+    or atomic groups) is refused naming the field, as is a pattern over 1,000 characters or patterns too large to
+    search in bounded time; the classic catastrophic-backtracking patterns are accepted."""
+    for ok in (r"(a|aa)+$", r"(x+x+)+y", r"\pL+", r"(?i)answer:\s*\d+", "a" * STOP_REGEX_MAX_LEN):
+        assert SamplingParams.from_dict({"stop_regex": ok}).stop_regex == [ok]
+    for bad, why in ((r"(a)\1", "RE2 syntax"), (r"(?=a)b", "RE2 syntax"), (r"(?<=a)b", "RE2 syntax"),
+                     (r"(?<!a)b", "RE2 syntax"), (r"(?P<x>a)(?P=x)", "RE2 syntax"), (r"a++", "RE2 syntax"),
+                     (r"(?>a)b", "RE2 syntax"), ("a" * (STOP_REGEX_MAX_LEN + 1), "at most 1000 characters"),
+                     (r"[\s\S]{1000}", "too large"), (r"(?:\pL{100}){10}", "too large"),
+                     ([r"\pL+", r"\pN\pL"], "too large")):  # each fits; together they exceed the program budget
+        with pytest.raises(SamplingParamError, match=why) as err:
+            SamplingParams.from_dict({"stop_regex": bad})
+        assert err.value.param == "stop_regex", bad
+
+
+def test_catastrophic_stop_regexes_search_a_long_text_in_linear_time():
+    """A backtracking engine takes exponential time on these (about 2**n steps for n repeated characters: (a|aa)+$
+    over 28 characters already took 0.12 s); RE2 takes one pass. Run in a child process so that an engine that does
+    backtrack fails the test (it never finishes) instead of hanging the suite."""
+    code = """if True:
+        from sglang.srt.sampling.sampling_params import compile_stop_regex, search_stop_regex
+        n = 200_000
+        for pattern, text in (("(a|aa)+$", "a" * n + "b"), ("(x+x+)+y", "x" * n), ("(a+)+b", "a" * n),
+                              ("^(a|a?)+$", "a" * n + "b")):
+            assert search_stop_regex(compile_stop_regex(pattern), text, floor=n) is None, pattern
+        print("searched")
+    """
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "searched" in done.stdout, done.stderr[-2000:]
 
 
 def test_logit_bias_and_spaces_between_special_tokens():

@@ -14,9 +14,7 @@ import torch
 
 from sglang.srt.layers.sampler import sample
 from sglang.srt.managers.schedule_batch import FinishReason, Req, ScheduleBatch
-from sglang.srt.sampling.sampling_params import compile_stop_regex, find_stop, search_stop_regex
-
-STOP_REGEX_WINDOW = 32  # output tokens whose text a stop_regex is searched in, after each new token
+from sglang.srt.sampling.sampling_params import STOP_REGEX_WINDOW, compile_stop_regex, find_stop, search_stop_regex
 
 
 class SchedulerOutputProcessorMixin:
@@ -121,7 +119,9 @@ class SchedulerOutputProcessorMixin:
 
     def _matched_stop_regex(self, req: Req) -> Optional[str]:
         """The text of a stop_regex match in the text of the last STOP_REGEX_WINDOW tokens (checked after every token,
-        so the first match ends the output; a match must fit in that window)."""
+        so the first match ends the output; a match must fit in that window). Work per token: one decode of the
+        window and, per pattern, one RE2 search of it (linear: sampling_params.STOP_REGEX_MAX_PROGRAM bounds the
+        programs), a few more while the window holds min_new_tokens text (search_stop_regex)."""
         tail, floor = self._stop_tail(req, STOP_REGEX_WINDOW)
         for pattern in req.sampling_params.stop_regex:
             if (m := search_stop_regex(compile_stop_regex(pattern), tail, floor)) is not None:

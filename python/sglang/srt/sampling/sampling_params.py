@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import functools
 import math
-import re
 from dataclasses import dataclass, field, fields
 from typing import Optional
+
+import re2
 
 # Below this temperature sampling is greedy (as in SGLang): logits / 1e-40 overflow to inf and the softmax to NaN.
 GREEDY_TEMPERATURE = 1e-6
@@ -25,26 +26,70 @@ UPSTREAM_AT_DEFAULT_ONLY = {
     "structural_tag": None, "custom_params": None, "stream_interval": None,
 }
 
+# Stop regexes run on RE2, whose search time is linear in the text (a backtracking engine takes exponential time on
+# patterns such as (a|aa)+$, and the search runs after every token, in the scheduler loop). Its cost per search is
+# at most (bytes searched) x (program size) on RE2's NFA, and usually one DFA step per byte, so both are bounded:
+# the text is the last STOP_REGEX_WINDOW output tokens' (at most 32 x 128 bytes with this tokenizer), and a
+# request's patterns compile to at most STOP_REGEX_MAX_PROGRAM instructions together.
+STOP_REGEX_WINDOW = 32  # output tokens whose text a stop_regex is searched in, after each new token
+STOP_REGEX_MAX_LEN = 1000  # characters of one pattern
+STOP_REGEX_MAX_PROGRAM = 2000  # RE2 instructions of a request's patterns together (\pL alone takes 1,200)
+STOP_REGEX_MAX_SKIPS = 8  # matches within the min_new_tokens text one search steps over (search_stop_regex)
 
-@functools.lru_cache(maxsize=1024)
-def compile_stop_regex(pattern: str) -> "re.Pattern":
-    return re.compile(pattern)
+
+def _re2_options(max_mem: int) -> "re2.Options":
+    options = re2.Options()
+    options.max_mem = max_mem  # RE2 refuses a pattern whose program would exceed about max_mem / 17 instructions
+    options.log_errors = False
+    options.never_capture = True  # only the whole match is used
+    return options
+
+
+# Checking the size: RE2 stops compiling past ~3,800 instructions, so a huge pattern is refused in about a millisecond.
+_SIZE_CHECK = _re2_options(64 << 10)
+# Searching: the program and its DFA caches (a DFA that outgrows them falls back to the slower, still linear NFA).
+_SEARCH = _re2_options(1 << 20)
+
+
+@functools.lru_cache(maxsize=128)
+def stop_regex_program_size(pattern: str) -> int:
+    """RE2 instructions of a stop_regex pattern; re2.error when RE2 cannot run it (syntax it lacks, such as
+    backreferences and lookaround, or a program past the size check)."""
+    return re2.compile(pattern, _SIZE_CHECK).programsize
+
+
+@functools.lru_cache(maxsize=128)  # with re2's own cache of 128: at most ~256 MiB of programs and DFAs
+def compile_stop_regex(pattern: str) -> "re2._Regexp":
+    """A verified stop_regex pattern (SamplingParams.verify), compiled for searching."""
+    return re2.compile(pattern, _SEARCH)
 
 
 # Stop strings and regexes apply from the min_new_tokens-th output token on: one that the tokens before it complete is
 # no stop. `floor` is the length of those tokens' text within the searched text; a match must end past it.
 
 def find_stop(text: str, stop: str, floor: int = 0) -> int:
-    """Start of the first occurrence of `stop` in text that ends past text[:floor], or -1."""
+    """Start of the first occurrence of `stop` in text that ends past text[:floor], or -1 (searches
+    text[floor - len(stop) + 1:] only)."""
     return text.find(stop, max(0, floor - len(stop) + 1))
 
 
-def search_stop_regex(pattern: "re.Pattern", text: str, floor: int = 0) -> "Optional[re.Match]":
-    """The first match of a compiled stop_regex in text that ends past text[:floor], or None."""
+def search_stop_regex(pattern: "re2._Regexp", text: str, floor: int = 0) -> "Optional[re2._Match]":
+    """The first match of a compiled stop_regex in text that ends past text[:floor], or None. A match that ends
+    within text[:floor] is stepped over (the search goes on from the position after its start) at most
+    STOP_REGEX_MAX_SKIPS times; after that only matches that start at the floor or later count. So a search costs at
+    most STOP_REGEX_MAX_SKIPS + 2 linear passes over the text, however many matches the min_new_tokens text holds."""
     start = 0
-    while (m := pattern.search(text, start)) is not None and m.end() <= floor:
+    for _ in range(STOP_REGEX_MAX_SKIPS):
+        m = pattern.search(text, start)
+        if m is None or m.end() > floor:
+            return m
         start = m.start() + 1
-    return m
+    return pattern.search(text, max(start, floor))
+
+
+def _regex_error(e: "re2.error") -> str:
+    reason = e.args[0] if e.args else ""
+    return reason.decode("utf-8", "replace") if isinstance(reason, bytes) else str(reason)
 
 
 class SamplingParamError(ValueError):
@@ -156,13 +201,26 @@ class SamplingParams:
         if not isinstance(self.stop_regex, (list, tuple)) or len(self.stop_regex) > 16 \
                 or not all(isinstance(t, str) and t for t in self.stop_regex):
             bad("stop_regex", "must be a pattern or a list of at most 16 non-empty patterns")
+        program = 0
         for pattern in self.stop_regex:
+            shown = repr(pattern) if len(pattern) <= 60 else repr(pattern[:57]) + "..."
+            if len(pattern) > STOP_REGEX_MAX_LEN:
+                bad("stop_regex", f"patterns must be at most {STOP_REGEX_MAX_LEN} characters ({shown} has "
+                                  f"{len(pattern)})")
             try:
-                compiled = compile_stop_regex(pattern)
-            except re.error as e:
-                bad("stop_regex", f"must hold valid regular expressions ({pattern!r}: {e})")
-            if compiled.search("") is not None:
-                bad("stop_regex", f"must not match the empty string ({pattern!r} does)")
+                program += stop_regex_program_size(pattern)
+            except re2.error as e:
+                why = _regex_error(e)
+                if "too large" in why:
+                    program = STOP_REGEX_MAX_PROGRAM + 1
+                else:
+                    bad("stop_regex", f"must hold valid regular expressions in RE2 syntax (no backreferences or "
+                                      f"lookaround) ({shown}: {why})")
+            if program > STOP_REGEX_MAX_PROGRAM:
+                bad("stop_regex", f"patterns are too large: together they must compile to at most "
+                                  f"{STOP_REGEX_MAX_PROGRAM} RE2 instructions (reached with {shown})")
+            if compile_stop_regex(pattern).search("") is not None:
+                bad("stop_regex", f"must not match the empty string ({shown} does)")
         if self.logit_bias is not None:
             if not isinstance(self.logit_bias, dict) or len(self.logit_bias) > 1024:
                 bad("logit_bias", "must be an object of at most 1024 token ids to biases")
