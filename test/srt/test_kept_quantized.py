@@ -27,9 +27,12 @@ def kept_on_cpu(monkeypatch):
 
 
 def _prompt_logprobs(eng, ids):
+    # two tokens: the prefill's and one decode step's (each later decode step runs the same kernels, interpreted)
     out = eng.generate(input_ids=ids, return_logprob=True, logprob_start_len=0,
-                       sampling_params={"temperature": 0, "max_new_tokens": 4, "ignore_eos": True})
-    return [lp for lp, _, _ in out["meta_info"]["input_token_logprobs"][1:]], out["output_ids"]
+                       sampling_params={"temperature": 0, "max_new_tokens": 2, "ignore_eos": True})
+    # the decode step's logprob too: the kernel's decode output compared, not only its argmax
+    meta = out["meta_info"]
+    return [lp for lp, _, _ in meta["input_token_logprobs"][1:] + meta["output_token_logprobs"]], out["output_ids"]
 
 
 def test_quantized_weights_stay_quantized_and_agree(kept_on_cpu):

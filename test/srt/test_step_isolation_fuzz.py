@@ -25,6 +25,21 @@ PARAMS = [{"temperature": 0, "max_new_tokens": 10, "ignore_eos": True},
           {"temperature": 0.8, "top_k": 50, "seed": 7, "max_new_tokens": 10, "ignore_eos": True}]
 
 
+LONG_PARAMS = [{**PARAMS[0], "max_new_tokens": 40}, {**PARAMS[1], "max_new_tokens": 60}]
+_ALONE: dict = {}
+
+
+def _alone(params: list) -> dict:
+    """{(prompt, params): output ids} of each request run alone (no failure injected), computed once per params list
+    for both failure sites."""
+    key = id(params)
+    if key not in _ALONE:
+        eng = isolation_engine(False)
+        _ALONE[key] = {(i, j): eng.generate(input_ids=p, sampling_params=params[j])["output_ids"]
+                       for i, p in enumerate(PROMPTS) for j in range(2)}
+    return _ALONE[key]
+
+
 def _fails(reqs) -> None:
     for r in reqs:
         if r.origin_input_ids[:3] == MARK and len(r.output_ids) >= r.origin_input_ids[3]:
@@ -76,9 +91,7 @@ def _schedules(eng, alone: dict, seeds: range, params: list, fail_by: int, arriv
 
 @pytest.mark.parametrize("where", ["sample", "append_token"])
 def test_random_schedules_match_the_requests_alone(monkeypatch, where):
-    eng = isolation_engine(False)
-    alone = {(i, j): eng.generate(input_ids=p, sampling_params=PARAMS[j])["output_ids"]
-             for i, p in enumerate(PROMPTS) for j in range(2)}
+    eng, alone = isolation_engine(False), _alone(PARAMS)  # alone: before any failure is injected
     _inject(monkeypatch, eng.scheduler, where)
     _schedules(eng, alone, range(6), PARAMS, fail_by=3, arrive_by=4)
 
@@ -88,9 +101,8 @@ def test_random_schedules_under_retraction_match_the_requests_alone(monkeypatch,
     """A 192-token pool with admission counting 8 of a request's max_new_tokens (test_retraction.py's pressure):
     longer requests (40-60 tokens) outgrow it, so running ones are retracted and resumed between failures that come
     up to their 30th token."""
-    params = [{**PARAMS[0], "max_new_tokens": 40}, {**PARAMS[1], "max_new_tokens": 60}]
-    alone = {(i, j): isolation_engine(False).generate(input_ids=p, sampling_params=params[j])["output_ids"]
-             for i, p in enumerate(PROMPTS) for j in range(2)}
+    params = LONG_PARAMS
+    alone = _alone(params)
     with envs.SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION.override(8):  # read when the scheduler is built
         eng = engine("tiny", chunked_prefill_size=32, max_total_tokens=192)
     _inject(monkeypatch, eng.scheduler, where)
