@@ -258,3 +258,30 @@ def test_profile_report_prints_kernels_per_layer_and_the_table():
     r.profile = StepProfile(2, 1.0, 0.6, 0.6, 130.0, 3.0, 0.0, (("void gemm<1>()", 0.5, 24.0),), 0.0)
     assert "void gemm<1>()" in "\n".join(profile_report([r], Args, torch.device("cuda"), engine_layers=2))
     assert math.isclose(sum(k.share for k in table), 1.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (device tool)")
+def test_gpu_bench_attributes_graph_kernels_to_layers(monkeypatch, capsys, tmp_path):
+    """On a GPU, decode replays CUDA graphs: the eager run of the captured forward puts every layer's kernels in its
+    range (the profiler's GPU twins), the LM head's in its own, and the floor divides by a device copy."""
+    from sglang import bench_one_batch
+
+    out = tmp_path / "r.jsonl"
+    monkeypatch.setattr(sys, "argv", ["bench_one_batch", "--model-path", "tiny-deepseek-v4", "--batch-size", "1", "3",
+                                      "--input-len", "64", "--output-len", "8", "--profile-steps", "2",
+                                      "--prefill-repeats", "1", "--cuda-graph-bs", "1", "2", "4", "--kernel-table",
+                                      "--result-filename", str(out)])
+    bench_one_batch.main()
+    print("\n".join(ln for ln in capsys.readouterr().out.splitlines() if "kernel" in ln or "floor" in ln))
+    for r in (json.loads(ln) for ln in out.read_text().splitlines()):
+        layers, profile, floor = r["layer_kernels"], r["profile"], r["floor"]
+        assert layers is not None and len(layers["per_layer"]) == 4 and min(layers["per_layer"]) > 0, layers
+        assert layers["lm_head"] > 0 and layers["outside"] >= 0
+        assert sum(layers["per_layer"]) + layers["lm_head"] + layers["outside"] == layers["total"]
+        print(f"batch {r['batch_size']}: graph step {profile['kernels_per_step']} kernels, eager attribution "
+              f"{layers['total']}")
+        assert profile["kernel_table"] and sum(k["share"] for k in profile["kernel_table"]) == pytest.approx(1.0)
+        assert sum(k["runs_per_step"] for k in profile["kernel_table"] if not k["name"].startswith("Mem")) == \
+            pytest.approx(profile["kernels_per_step"])
+        assert floor["copy_device"] == "cuda" and floor["copy_gbps"] > 100 and 0 < floor["fraction"] < 1.5
