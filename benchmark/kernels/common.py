@@ -72,12 +72,10 @@ def time_cuda_us(fn: Callable[[], object], iters: int = 20, warmup: int = 3) -> 
 
 def copy_bandwidth_gbps(num_elements: int = 1 << 30) -> float:
     """Device-to-device copy bandwidth of two 2 GiB bf16 buffers (as the HF peer script, hf_peer.py, measures it),
-    counting bytes read plus bytes written."""
-    a = torch.empty(num_elements, dtype=torch.bfloat16, device="cuda").normal_()
-    b = torch.empty_like(a)
-    num_bytes = a.numel() * a.element_size()
-    us = time_eager_us(lambda: b.copy_(a), iters=20)
-    return 2 * num_bytes / (us * 1e-6) / 1e9
+    counting bytes read plus bytes written: the engine's own measurement (bench_one_batch's bytes floor uses it)."""
+    from sglang.srt.utils.bytes_floor import copy_bandwidth_gbps as measure
+
+    return measure(torch.device("cuda"), 2 * num_elements)
 
 
 def matmul_tflops(n: int = 8192) -> float:

@@ -12,7 +12,11 @@ reported as the median with the range, since single prefills of one build spread
 separate pass, --profile-steps decode steps are timed by host phase (sglang.srt.utils.host_phases), and in a last
 pass run under torch.profiler for the GPU-busy fraction, kernel launches and host syncs per step
 (sglang.srt.utils.step_profile; on CPU, where there is no GPU trace, the wall time only); --profile-prefill adds
-one profiled prefill per shape (request admission included).
+one profiled prefill per shape (request admission included). The decode profile counts the kernels the GPU ran per
+step and per decoder layer, and attributes them to the layers, the LM head and the rest from one more decode step run
+eagerly with a profiler range around each layer (attribute_decode); --kernel-table adds every kernel of the step by
+name. The bytes floor (sglang.srt.utils.bytes_floor) divides what a decode step must read (weights, the routed
+experts the step touched, the cache its attention reads) by the copy bandwidth measured before the engine starts.
 
 Output: the pool plan, then one table per pass, each result once: the timed runs (printed as each finishes), the
 host phases, and the profiles, printed after every profiled pass has run so that torch.profiler's own log lines
@@ -22,6 +26,7 @@ host phases, and the profiles, printed after every profiled pass has run so that
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
@@ -34,12 +39,19 @@ import torch
 
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
+from sglang.srt.platform import default_device
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
+from sglang.srt.utils.bytes_floor import BytesFloor, ExpertTouches, copy_bandwidth_gbps, decode_floor, model_bytes
+from sglang.srt.utils.graph_capture import graph_capture_region
 from sglang.srt.utils.host_phases import HostPhases, time_host_phases
-from sglang.srt.utils.step_profile import StepProfile, profile_steps
+from sglang.srt.utils.step_profile import (LayerKernels, StepProfile, attribute_kernels, layer_ranges, profile_steps,
+                                           record_steps)
 
 WARMUP_DECODE_STEPS = 4
+# The copy that measures the bandwidth of the bytes floor: two 2 GiB buffers on a GPU; on a CPU a 256 MiB memcpy
+# (past the caches, and short on a shared machine).
+COPY_BYTES = {"cuda": 2 << 30, "cpu": 256 << 20}
 PROMPTS = ["The capital of France is", "DeepSeek-V4 compresses its KV cache by", "1, 2, 3, 4,"]
 
 
@@ -56,6 +68,8 @@ class BenchResult:
     host_phases: Optional[HostPhases] = None  # host time by phase, from a separate pass before any profile
     prefill_latencies_s: tuple = ()  # every timed prefill (--prefill-repeats); prefill_latency_s is their median
     prefill_profile: Optional[StepProfile] = None  # one profiled prefill (--profile-prefill)
+    layer_kernels: Optional[LayerKernels] = None  # a decode step's kernels by layer (attribute_decode)
+    floor: Optional[BytesFloor] = None  # the bytes floor of a decode step and the median step's fraction of it
 
     def label(self) -> str:
         return f"batch {self.batch_size:4d} input {self.input_len:6d}"
@@ -132,19 +146,51 @@ def tokens_per_step(engine) -> int:
     return max(1, engine.scheduler.num_draft_tokens)
 
 
-def profile_decode(engine, batch_size: int, input_len: int, steps: int, seed: int) -> StepProfile:
+def profile_decode(engine, batch_size: int, input_len: int, steps: int, seed: int,
+                   kernel_table: bool = False) -> StepProfile:
     """Prefill a fresh batch, profile `steps` decode steps (a speculative cycle is one step), then finish the batch.
     Never part of a timed pass."""
     sched = engine.scheduler
     # The first token comes from prefill; one more step is the profiler's warm-up, one more is slack.
     prefill(engine, batch_size, input_len, 1 + (steps + 2) * tokens_per_step(engine), seed)
-    result = profile_steps(sched.step, steps, engine.model_runner.device)
+    result = profile_steps(sched.step, steps, engine.model_runner.device, kernel_table)
     if len(sched.running) != batch_size:
         raise RuntimeError(f"a request finished inside the profiled steps ({len(sched.running)} of {batch_size} "
                            f"left)")
     while sched.running:
         sched.step()
     return result
+
+
+def attribute_decode(engine, batch_size: int, input_len: int, seed: int) -> tuple:
+    """One decode step of a fresh batch under the profiler, with a range around each decoder layer and the LM head,
+    the routers' choices kept: (LayerKernels, None without a GPU trace; distinct routed experts per MoE layer). A
+    graph replay launches no ranges, so a batch of the static path runs its captured forward eagerly here
+    (graph_capture_region: the kernels the capture chose), launching the graph's kernels one by one. The device is
+    synchronised after each step: no earlier step's kernels run inside the recorded one."""
+    sched, runner = engine.scheduler, engine.model_runner
+    prefill(engine, batch_size, input_len, 1 + 3 * tokens_per_step(engine), seed)
+    graphs, model = runner.graph_runner, runner.model
+    static = runner.can_run_decode_graph(batch_size)
+    captured = graphs.graphs if graphs is not None else None
+
+    def step() -> None:
+        sched.step()
+        _sync(runner.device)
+
+    touches = ExpertTouches(model, batch_size * tokens_per_step(engine))
+    try:
+        if graphs is not None:
+            graphs.graphs = {}  # the static path's eager run (the CPU's)
+        with graph_capture_region() if static else contextlib.nullcontext(), touches, \
+                layer_ranges(model.layers, model.logits_processor):
+            events = record_steps(step, 1, runner.device)
+    finally:
+        if graphs is not None:
+            graphs.graphs = captured
+    while sched.running:
+        sched.step()
+    return attribute_kernels(events), touches
 
 
 def host_phases(engine, batch_size: int, input_len: int, steps: int, seed: int) -> HostPhases:
@@ -176,6 +222,9 @@ def parse_args() -> tuple:
                         help="timed prefills per shape, reported as median and range (>= 1)")
     parser.add_argument("--profile-prefill", action="store_true",
                         help="profile one prefill per shape (GPU busy, launches, syncs) after the timed runs")
+    parser.add_argument("--kernel-table", action="store_true",
+                        help="with the decode profile, every GPU kernel of a step by name (runs, ms, share of GPU "
+                             "time), printed and in --result-filename")
     parser.add_argument("--correctness-test", action="store_true", help="print completions of a few prompts")
     parser.add_argument("--result-filename", help="append one JSON line per run")
     args = parser.parse_args()
@@ -229,9 +278,10 @@ def _bench_rank(args, server_args: ServerArgs, rank: int, init_method: str) -> N
     destroy_parallel_state()  # only after a clean run: a failed rank's peers must not wait in its barrier
 
 
-def profile_report(results: list, args, device: torch.device) -> list:
+def profile_report(results: list, args, device: torch.device, engine_layers: int = 1) -> list:
     """The profile rows (torch.profiler passes), one section per kind. Without a GPU trace (on CPU) the GPU columns
-    are left out, saying why once, rather than printed n/a on every row."""
+    are left out, saying why once, rather than printed n/a on every row. `engine_layers`: the model's decoder
+    layers (kernels per layer)."""
     profiles = [p for r in results for p in (r.profile, r.prefill_profile) if p is not None]
     if not profiles:
         return []
@@ -251,8 +301,44 @@ def profile_report(results: list, args, device: torch.device) -> list:
         for r, p in rows:
             lines.append(f"{r.label()} | {kind} profile | {cells(p)}")
             unit = "ms/step" if kind == "decode" else "ms"
-            lines += [f"    {ms:7.3f} {unit} {count:6.1f}x  {name[:110]}" for name, ms, count in p.top_kernels]
+            if kind == "decode":
+                lines += kernel_lines(r, p, engine_layers)
+            if p.kernel_table:
+                lines.append(f"    every kernel, by name: {unit} | runs/step | share of GPU time | name")
+                lines += [f"    {k.ms_per_step:7.3f} {k.runs_per_step:7.1f}x {k.share:6.1%}  {k.name[:110]}"
+                          for k in p.kernel_table]
+            else:
+                lines += [f"    {ms:7.3f} {unit} {count:6.1f}x  {name[:110]}" for name, ms, count in p.top_kernels]
     return lines
+
+
+def kernel_lines(r: BenchResult, p: StepProfile, num_layers: int) -> list:
+    """Kernels per step and per decoder layer (the step's over the layer count), and by where they were launched."""
+    if p.kernels_per_step is None:
+        return []
+    lines = [f"    kernels/step {p.kernels_per_step:.1f} | kernels/layer {p.kernels_per_step / num_layers:.1f} "
+             f"(kernels/step / {num_layers} layers)"]
+    if r.layer_kernels is not None:
+        lines.append(f"    {r.layer_kernels.columns()}")
+    return lines
+
+
+def floor_report(results: list, runner, touches: dict, copy_gbps: Optional[float], output_len: int) -> str:
+    """Fill each result's bytes floor (at the median timed step's context: input + output_len / 2 tokens); returns
+    the section's heading."""
+    mb = model_bytes(runner.model)
+    pool = runner.token_to_kv_pool
+    for r in results:
+        touched = touches.get(id(r))
+        r.floor = decode_floor(mb, runner.model_config, r.batch_size, r.input_len + output_len // 2,
+                               pool.kv_format.bytes_per_entry, pool.index_format.bytes_per_entry,
+                               touched.touched(mb.experts) if touched is not None else None, copy_gbps,
+                               runner.device.type, r.median_decode_latency_s)
+    return (f"bytes floor of a decode step (weights as stored {mb.non_expert / 1e6:.1f} MB, the embedding's rows "
+            f"only; routed experts {mb.expert_total / 1e6:.1f} MB stored, the touched ones "
+            f"{'counted in one step' if touches else 'estimated from uniform routing'}; "
+            f"the cache read at the median step; copy bandwidth measured before the engine, "
+            f"{'a device-to-device copy' if runner.device.type == 'cuda' else 'a CPU memcpy'}):")
 
 
 def bench(args, server_args: ServerArgs, rank: int) -> None:
@@ -260,6 +346,12 @@ def bench(args, server_args: ServerArgs, rank: int) -> None:
     import sglang
 
     report = print if rank == 0 else (lambda *a, **k: None)
+    # Before the engine: its pools take the device memory the copy's two buffers need.
+    device = torch.device(server_args.device or default_device())
+    copy_gbps = copy_bandwidth_gbps(device, COPY_BYTES[device.type]) if rank == 0 and device.type in COPY_BYTES \
+        else None
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
     engine = sglang.Engine(**dataclasses.asdict(server_args))
     if args.correctness_test:
         correctness_test(engine) if rank == 0 else engine.generate(
@@ -297,9 +389,20 @@ def bench(args, server_args: ServerArgs, rank: int) -> None:
         if args.profile_prefill:
             r.prefill_profile = profile_prefill(engine, r.batch_size, r.input_len, seed=4)
         if args.profile_steps > 0:
-            r.profile = profile_decode(engine, r.batch_size, r.input_len, args.profile_steps, seed=2)
-    for line in profile_report(results, args, engine.model_runner.device):
+            r.profile = profile_decode(engine, r.batch_size, r.input_len, args.profile_steps, seed=2,
+                                       kernel_table=args.kernel_table)
+    touches = {}
+    if args.profile_steps > 0:  # after every profile above: its eager steps are no part of them
+        for r in results:
+            r.layer_kernels, counted = attribute_decode(engine, r.batch_size, r.input_len, seed=5)
+            touches[id(r)] = counted
+    runner = engine.model_runner
+    num_layers = runner.model_config.num_hidden_layers
+    for line in profile_report(results, args, runner.device, num_layers):
         report(line)
+    report(floor_report(results, runner, touches, copy_gbps, args.output_len))
+    for r in results:
+        report(f"{r.label()} | floor | {r.floor.columns()}")
     if args.result_filename and rank == 0:
         with open(args.result_filename, "a") as f:
             for r in results:

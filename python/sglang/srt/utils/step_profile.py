@@ -11,10 +11,17 @@ Definitions, over the window from the first step's start to the end of the last 
 - syncs: host calls that block on the device (stream/device/event synchronize, synchronous cudaMemcpy, cudaFree).
 The wall time is that of the profiled steps, the profiler's host overhead included (the timed pass has the clean
 step time). Without a GPU trace (a CPU run) the GPU columns are None, printed as n/a: there is nothing to measure.
+
+kernels: the kernels the trace shows on the GPU (a CUDA graph replays many from one launch). The kernel table
+(`kernel_table=True`) groups them by short name (template arguments and parameter list stripped). Kernels by layer:
+`layer_ranges()` puts a record_function range around each decoder layer and the LM head; the profiler gives each
+range a GPU twin spanning the kernels launched inside it, and `attribute_kernels()` counts the kernels in each twin.
+A graph replay launches no ranges, so the bench attributes an eager run of the graph's forward (the same kernels).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import re
@@ -38,6 +45,19 @@ _SYNC = re.compile(r"(cuda|cu|hip)(Stream|Device|Event|Ctx)Synchronize|(cuda|hip
 
 
 TOP_KERNELS = 12  # GPU work names kept in StepProfile.top_kernels
+LAYER_MARK = "sglang::layer."  # + the decoder layer's index: layer_ranges()
+HEAD_MARK = "sglang::lm_head"  # the logits processor (final norm's output through the LM head to the logits)
+GPU_RANGE = "gpu_user_annotation"
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelRow:
+    """One row of the kernel table: the GPU work of one short name in a step."""
+
+    name: str
+    runs_per_step: float
+    ms_per_step: float
+    share: float  # of the summed GPU work time (overlapping work counted each)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +84,7 @@ class StepProfile:
     # The GPU work that took longest, summed per name: (name, ms per step, runs per step), longest first.
     top_kernels: tuple = ()
     collective_ms_per_step: Optional[float] = None  # NCCL / RCCL kernels (all-reduce, all-gather, reduce-scatter)
+    kernel_table: tuple = ()  # KernelRow per short name, longest first (summarize(kernel_table=True))
 
     def columns(self) -> str:
         """One table cell group, n/a where nothing was measured."""
@@ -97,10 +118,11 @@ def merged_length(intervals: Iterable[tuple]) -> float:
     return total if cur_end is None else total + cur_end - cur_start
 
 
-def summarize(events: list, gpu_trace: bool) -> StepProfile:
+def summarize(events: list, gpu_trace: bool, kernel_table: bool = False) -> StepProfile:
     """StepProfile of the STEP_MARK ranges in `events`. Host calls count only inside the steps (the profiler's own
     synchronize at stop falls outside); GPU work counts clipped to the window, whose end waits for the last of it.
-    `gpu_trace`: the trace was taken with CUDA activities (False on CPU: GPU fields None)."""
+    `gpu_trace`: the trace was taken with CUDA activities (False on CPU: GPU fields None). `kernel_table`: fill
+    StepProfile.kernel_table."""
     marks = [e for e in events if e.name == STEP_MARK and e.activity == HOST_RANGE]
     if not marks:
         raise ValueError(f"no {STEP_MARK!r} ranges in the trace: wrap each step in record_function(STEP_MARK)")
@@ -123,7 +145,109 @@ def summarize(events: list, gpu_trace: bool) -> StepProfile:
     return StepProfile(n, wall_us / n / 1e3, busy_us / n / 1e3, busy_us / wall_us, kernels / n,
                        sum(map(is_launch, host)) / n, sum(map(is_sync, host)) / n,
                        tuple((name, us / n / 1e3, count / n) for name, (us, count) in top),
-                       collective_us / n / 1e3)
+                       collective_us / n / 1e3, table_of(by_name, n) if kernel_table else ())
+
+
+def short_name(name: str) -> str:
+    """A kernel's name without template arguments, parameter list and return type: `void at::native::
+    vectorized_elementwise_kernel<4, ...>(int, ...)` -> `at::native::vectorized_elementwise_kernel`. Names without
+    them (Triton kernels, `Memcpy DtoD (Device -> Device)`) are kept whole."""
+    if "<" not in name and not name.endswith(")") or name.startswith(("Memcpy", "Memset")):
+        return name
+    out, depth = [], 0
+    for ch in name:  # drop every <...>, nested ones included
+        if ch == "<":
+            depth += 1
+        elif ch == ">" and depth:
+            depth -= 1
+        elif not depth:
+            out.append(ch)
+    short = "".join(out).strip()
+    if short.endswith(")"):  # the parameter list: from its matching "("
+        depth = 0
+        for i in range(len(short) - 1, -1, -1):
+            depth += {")": 1, "(": -1}.get(short[i], 0)
+            if depth == 0:
+                short = short[:i].rstrip()
+                break
+    return short.removeprefix("void ") or name  # kernels return void
+
+
+def table_of(by_name: dict, steps: int) -> tuple:
+    """KernelRows of {full name: (us, runs)} over `steps` steps, grouped by short_name, longest first."""
+    grouped: dict = {}
+    for name, (us, count) in by_name.items():
+        total, runs = grouped.get(short_name(name), (0.0, 0))
+        grouped[short_name(name)] = (total + us, runs + count)
+    all_us = sum(us for us, _ in grouped.values()) or 1.0
+    return tuple(KernelRow(name, runs / steps, us / steps / 1e3, us / all_us)
+                 for name, (us, runs) in sorted(grouped.items(), key=lambda kv: (-kv[1][0], kv[0])))
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerKernels:
+    """The kernels of one step by where they were launched (attribute_kernels)."""
+
+    per_layer: tuple  # kernels of each decoder layer, in layer order
+    lm_head: int
+    outside: int  # the rest of the step: embedding, HC head and final norm, sampling, input copies
+    total: int
+
+    def columns(self) -> str:
+        layers = self.per_layer
+        return (f"by layer (an eager run of the same forward): {sum(layers) / len(layers):.1f} per layer "
+                f"(min {min(layers)}, max {max(layers)}, {len(layers)} layers) | LM head {self.lm_head} | "
+                f"outside the layers {self.outside} | total {self.total}")
+
+
+def attribute_kernels(events: list) -> Optional[LayerKernels]:
+    """Kernels of the STEP_MARK window of `events` inside each layer's and the LM head's GPU range (layer_ranges);
+    None without GPU kernels or without layer ranges (a CPU trace)."""
+    marks = [e for e in events if e.name == STEP_MARK and e.activity == HOST_RANGE]
+    if not marks:
+        raise ValueError(f"no {STEP_MARK!r} ranges in the trace: wrap each step in record_function(STEP_MARK)")
+    start = min(m.start_us for m in marks)
+    kernels = [e for e in events if e.activity == "kernel" and e.end_us > start]
+    ranges = [e for e in events if e.activity == GPU_RANGE and e.end_us > start
+              and (e.name.startswith(LAYER_MARK) or e.name == HEAD_MARK)]
+    layer_ids = sorted({int(e.name[len(LAYER_MARK):]) for e in ranges if e.name != HEAD_MARK})
+    if not kernels or not layer_ids:
+        return None
+    counts = {name: 0 for name in [f"{LAYER_MARK}{i}" for i in range(layer_ids[-1] + 1)] + [HEAD_MARK]}
+    for k in kernels:
+        inside = next((r.name for r in ranges if r.start_us <= k.start_us and k.end_us <= r.end_us), None)
+        if inside is not None:
+            counts[inside] += 1
+    per_layer = tuple(counts[f"{LAYER_MARK}{i}"] for i in range(layer_ids[-1] + 1))
+    head = counts[HEAD_MARK]
+    return LayerKernels(per_layer, head, len(kernels) - sum(per_layer) - head, len(kernels))
+
+
+@contextlib.contextmanager
+def layer_ranges(layers: Iterable[torch.nn.Module], head: Optional[torch.nn.Module]):
+    """Inside: each forward of layers[i] runs in a record_function range LAYER_MARK + i, `head`'s in HEAD_MARK
+    (module hooks: the model's code is unchanged, and nothing is added outside this block)."""
+    from torch.autograd.profiler import record_function
+
+    open_ranges: list = []
+    handles = []
+
+    def enter(name: str):
+        def hook(module, args):
+            open_ranges.append(record_function(name).__enter__())
+        return hook
+
+    def leave(module, args, output):
+        open_ranges.pop().__exit__(None, None, None)
+
+    named = [(f"{LAYER_MARK}{i}", m) for i, m in enumerate(layers)] + ([(HEAD_MARK, head)] if head is not None else [])
+    for name, module in named:
+        handles += [module.register_forward_pre_hook(enter(name)), module.register_forward_hook(leave)]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
 
 
 def is_collective(name: str) -> bool:
@@ -131,9 +255,19 @@ def is_collective(name: str) -> bool:
     return name.startswith(("ncclDevKernel", "ncclKernel", "ncclDevFunc"))
 
 
-def profile_steps(step: Callable[[], object], steps: int, device: torch.device) -> StepProfile:
+def profile_steps(step: Callable[[], object], steps: int, device: torch.device,
+                  kernel_table: bool = False) -> StepProfile:
     """Run `step` 1 + `steps` times under torch.profiler and summarize the last `steps` (the first one is the
     profiler's warm-up: CUPTI's start-up cost lands there, not in the numbers)."""
+    result = summarize(record_steps(step, steps, device), device.type == "cuda", kernel_table)
+    if device.type == "cuda" and result.gpu_busy is None:
+        logger.warning("the CUDA profile holds no GPU work (is CUPTI available?): GPU columns are n/a")
+    return result
+
+
+def record_steps(step: Callable[[], object], steps: int, device: torch.device) -> list:
+    """The TraceEvents of `steps` runs of `step` under torch.profiler, each in a STEP_MARK range, after one unrecorded
+    warm-up run; CUDA activities too on a GPU."""
     from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
     if steps < 1:
@@ -147,10 +281,7 @@ def profile_steps(step: Callable[[], object], steps: int, device: torch.device) 
             with record_function(STEP_MARK):
                 step()
             prof.step()
-    result = summarize(trace_events(prof), gpu)
-    if gpu and result.gpu_busy is None:
-        logger.warning("the CUDA profile holds no GPU work (is CUPTI available?): GPU columns are n/a")
-    return result
+    return trace_events(prof)
 
 
 def trace_events(prof, raw: bool = True) -> list:
@@ -171,8 +302,8 @@ def activity_of(record) -> str:
     if hasattr(record, "activity_type"):
         return record.activity_type()
     name, on_gpu = record.name(), record.device_type() == torch.autograd.DeviceType.CUDA
-    if name == STEP_MARK:
-        return "gpu_user_annotation" if on_gpu else HOST_RANGE
+    if name == STEP_MARK or name.startswith(LAYER_MARK) or name == HEAD_MARK:
+        return GPU_RANGE if on_gpu else HOST_RANGE
     if not on_gpu:
         return "cpu_op"
     return "gpu_memcpy" if name.startswith("Memcpy") else "gpu_memset" if name.startswith("Memset") else "kernel"
