@@ -148,11 +148,15 @@ def test_many_chunks_strided_streams(monkeypatch):
 def test_launch_grid():
     """Decode spreads fn over ~256 programs of one 32-column tile; past 16 tokens a program takes two tiles at least,
     so the partials stay small beside the streams."""
-    assert mixes_launch(1, 4096) == kernels.MixesLaunch(block_t=16, block_d=32, d_tiles=1, chunks=128)
+    assert mixes_launch(1, 4096) == kernels.MixesLaunch(block_t=16, block_d=32, d_tiles=1, chunks=128,
+                                                       num_warps=4)
     assert mixes_launch(8, 4096) == mixes_launch(1, 4096)
-    assert mixes_launch(128, 4096) == kernels.MixesLaunch(block_t=64, block_d=32, d_tiles=2, chunks=64)
-    assert mixes_launch(4096, 4096) == kernels.MixesLaunch(block_t=64, block_d=32, d_tiles=32, chunks=4)
-    assert mixes_launch(1, 8) == kernels.MixesLaunch(block_t=16, block_d=16, d_tiles=1, chunks=1)
+    assert mixes_launch(128, 4096) == kernels.MixesLaunch(block_t=64, block_d=32, d_tiles=2, chunks=64,
+                                                         num_warps=8)
+    assert mixes_launch(4096, 4096) == kernels.MixesLaunch(block_t=64, block_d=32, d_tiles=32, chunks=4,
+                                                          num_warps=8)
+    assert mixes_launch(1, 8) == kernels.MixesLaunch(block_t=16, block_d=16, d_tiles=1, chunks=1,
+                                                    num_warps=4)
 
 
 def test_zero_tokens_and_bad_arguments():
@@ -270,3 +274,49 @@ def test_gpu_flash_widths_dispatch_and_graph(t):
 
     assert_replays_equal(chain, chain, live, lambda seed: _layer(t, 4, 4096, seed=seed, dtype=torch.bfloat16,
                                                                   device="cuda")[::4], seeds=(100, 101))
+
+
+_RESOURCES = r"""
+import json, os, subprocess, sys, tempfile
+import triton
+from triton.backends.compiler import GPUTarget
+import sgl_kernel.dsv4_mhc as k
+
+def stack(kernel, types, consts, warps):
+    sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in kernel.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names) if n.endswith("_ptr")}
+    src = triton.compiler.ASTSource(fn=kernel, signature=sig, attrs=attrs,
+                                    constexprs={(kernel.arg_names.index(n),): v for n, v in consts.items()})
+    cubin = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}).asm["cubin"]
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+    line = next(ln for ln in usage.splitlines() if "REG:" in ln).split()
+    return [int(line[0].split(":")[1]), int(line[1].split(":")[1])]
+
+out = {}
+for t in map(int, sys.argv[1:]):
+    launch = k.mixes_launch(t, 4096)
+    out[f"mixes {t}"] = stack(k._dsv4_hc_mixes_kernel, {"s_ptr": "*bf16", "fn_ptr": "*fp32", "part_ptr": "*fp32"},
+                              dict(N=4, W=32, BLOCK_T=launch.block_t, BLOCK_D=launch.block_d, D_TILES=launch.d_tiles,
+                                   PDL=True), launch.num_warps)
+fp32 = {"width": "fp32", "norm_eps": "fp32", "eps": "fp32", "s_ptr": "*bf16", "u_ptr": "*bf16", "o_ptr": "*bf16",
+        "out_ptr": "*bf16"}
+fp32.update({n: "*fp32" for n in ("part_ptr", "scale_ptr", "base_ptr", "post_ptr", "comb_ptr")})
+out["pre"] = stack(k._dsv4_hc_pre_kernel, fp32, dict(N=4, NP=4, W=32, BLOCK_C=32, BLOCK_D=k.U_BLOCK_D, MIX=True,
+                                                      PDL=True), 8)
+out["post"] = stack(k._dsv4_hc_post_kernel, fp32, dict(N=4, NP=4, BLOCK_D=k.POST_BLOCK_D, PDL=True), 4)
+print(json.dumps(out))
+"""
+
+
+def test_sm90_launches_do_not_spill():
+    """Compiled for sm90 on the CPU at Flash's widths (bf16 streams) as the engine launches them: no kernel keeps a
+    local-memory stack (spills). The mixes' fp32 dot runs on FMAs; at 64-token blocks it spills on 4 warps."""
+    from sm90_compile import compiled_facts
+
+    found = compiled_facts(_RESOURCES, "1", "32", "128", timeout=600)
+    print(found)  # [registers, stack bytes] per kernel
+    assert all(regs <= 255 and stack == 0 for regs, stack in found.values()), found

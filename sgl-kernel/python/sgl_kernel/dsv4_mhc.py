@@ -215,6 +215,7 @@ class MixesLaunch:
     block_d: int
     d_tiles: int
     chunks: int
+    num_warps: int
 
 
 def mixes_launch(t: int, d: int) -> MixesLaunch:
@@ -227,7 +228,8 @@ def mixes_launch(t: int, d: int) -> MixesLaunch:
     if t > 16:  # two tiles a program at least: a partial row (W fp32) is then <= 1/4 of its bf16 columns
         chunks = max(1, min(chunks, tiles // 2))
     d_tiles = triton.cdiv(tiles, chunks)
-    return MixesLaunch(block_t, block_d, d_tiles, triton.cdiv(tiles, d_tiles))
+    # the fp32 dot runs on FMAs: 8 warps keep 32 / 64-token blocks' operands in registers (sm90: 112 / 182, no spill)
+    return MixesLaunch(block_t, block_d, d_tiles, triton.cdiv(tiles, d_tiles), 4 if block_t <= 16 else 8)
 
 
 def _check_streams(streams: torch.Tensor, fn: torch.Tensor, rows: int) -> None:
@@ -256,7 +258,7 @@ def _collapse(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base
     _dsv4_hc_mixes_kernel[(triton.cdiv(t, launch.block_t), launch.chunks)](
         streams, fn, part, t, d, rows, launch.chunks, streams.stride(0), streams.stride(1), fn.stride(0),
         N=n, W=width, BLOCK_T=launch.block_t, BLOCK_D=launch.block_d, D_TILES=launch.d_tiles, PDL=pdl,
-        num_warps=4, **pdl_launch(pdl))
+        num_warps=launch.num_warps, **pdl_launch(pdl))
     _dsv4_hc_pre_kernel[(t,)](
         part, streams, scale.float().contiguous(), base.float().contiguous(), u, post, comb, d, rows, launch.chunks,
         streams.stride(0), streams.stride(1), u.stride(0), float(n * d), norm_eps, iters, eps,
