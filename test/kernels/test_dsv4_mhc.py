@@ -81,9 +81,10 @@ def _layer(t: int, n: int, d: int, seed: int, dtype=torch.float32, device="cpu",
 
 
 def _assert_rounded(got: torch.Tensor, ref32: torch.Tensor, name: str, gpu: bool = False) -> None:
-    """got in its dtype against the fp32 result: fp32 to summation order, bf16 to one rounding of it."""
+    """got in its dtype against the fp32 result: fp32 to summation order, bf16 to one rounding of it (plus the
+    weights' own summation-order differences)."""
     assert got.dtype in (torch.float32, torch.bfloat16) and got.shape == ref32.shape, name
-    rtol = 1e-5 if got.dtype == torch.float32 else BF16_ULP / (2 if gpu else 1)
+    rtol = 1e-5 if got.dtype == torch.float32 else BF16_ULP / (2 if gpu else 1) + 1e-4
     torch.testing.assert_close(got.float(), ref32, rtol=rtol, atol=1e-5, msg=lambda m: f"{name}: {m}")
 
 
@@ -92,8 +93,9 @@ def _check_pre(streams, fn, scale, base, gpu=False) -> tuple:
     u, post, comb = hc_pre_ref(streams.float(), fn, scale, base, 20, 1e-6, 1e-6)  # u before its rounding
     _assert_rounded(got[0], u, "u", gpu)
     assert got[0].dtype == streams.dtype
-    torch.testing.assert_close(got[1], post, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(got[2], comb, rtol=1e-5, atol=1e-6)
+    tol = dict(rtol=1e-4, atol=1e-5) if gpu else dict(rtol=1e-5, atol=1e-6)  # GPU: sums of 16,384 products
+    torch.testing.assert_close(got[1], post, **tol)
+    torch.testing.assert_close(got[2], comb, **tol)
     return got
 
 
