@@ -20,6 +20,10 @@ engine's own CPU paths in `sglang.srt.layers.mhc` (hc_mix_weights, hc_pre, hc_po
 * `dsv4_hc_head`: the same two launches without post and Sinkhorn (the step's last collapse of the streams).
 * `dsv4_hc_post`: new streams S'_k = post_k * o + sum_j comb[j, k] * S_j in one launch, fp32 math, one rounding to
   the streams' dtype.
+
+hc_post could also write the next sub-layer's partial mixes (its new streams are in registers), saving the next
+hc_pre's first launch; it does not yet: its grid would need token blocks (fn read once per block, not per token) and
+the caller the next sub-layer's fn (across decoder layers too), so it stays a separate launch for now.
 """
 
 from __future__ import annotations
