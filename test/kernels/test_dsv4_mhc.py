@@ -1,19 +1,27 @@
-"""dsv4_hc_mix (fused mHC pre / post / Sinkhorn weights) against the engine's torch path `hc_mix_weights`.
+"""The fused mHC kernels (sgl_kernel.dsv4_mhc) against the engine's torch path (sglang.srt.layers.mhc, *_ref).
 
-CPU (Triton interpreter): n = 4 (DeepSeek-V4) and n = 3 (padded to 4), 1 and 20 Sinkhorn rounds, row counts that
-leave a partial block, zero rows; every comb column sums to 1. GPU (skipped without CUDA):
-4096 rows at n = 4, 20 rounds, and `hc_pre` dispatching to the kernel.
+dsv4_hc_mix (pre / post / Sinkhorn weights from the mixes): n = 4 and n = 3 (padded to 4), 1 and 20 Sinkhorn rounds,
+partial blocks, zero rows. dsv4_hc_pre (two launches), dsv4_hc_post (one), dsv4_hc_head (two): n = 4 / 3, D = 48 / 40
+(not a power of two, a partial tile), T = 1 / 5 / 63, fp32 and bf16; more D chunks than one partial-sum step, several
+u steps and hc_post blocks; strided streams; zero tokens; no host reads and no torch compute ops (graph-capturable,
+launch counts). bf16 is compared with the fp32 torch path before its rounding: the interpreter's bf16 casts
+truncate (one ulp), a GPU rounds to nearest (half an ulp). GPU (skipped without CUDA): Flash widths (n 4, D 4096,
+T 1 / 8 / 32 / 128, bf16), the layer dispatching to the kernels, and pre -> post -> head captured as a CUDA graph.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from sgl_kernel.dsv4_mhc import dsv4_hc_mix
-from sglang.srt.layers.mhc import hc_mix_weights
+import sgl_kernel.dsv4_mhc as kernels
+from sgl_kernel.dsv4_mhc import dsv4_hc_head, dsv4_hc_mix, dsv4_hc_post, dsv4_hc_pre, mixes_launch
+from sglang.srt.layers import mhc
+from sglang.srt.layers.mhc import hc_head_ref, hc_mix_weights, hc_post_ref, hc_pre_ref
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+BF16_ULP = 2.0 ** -7  # relative spacing of bf16 values (8 significant bits)
 
 
 def _inputs(t: int, n: int, seed: int, device="cpu"):
@@ -56,18 +64,261 @@ def test_rejects_bad_arguments():
         dsv4_hc_mix(z, scale, base, 4, 0, 1e-6)
 
 
+# ----------------------------------------------------------------------------- hc_pre / hc_post / hc_head
+
+
+def _layer(t: int, n: int, d: int, seed: int, dtype=torch.float32, device="cpu", head=False) -> tuple:
+    """streams [T, n, D] in `dtype`, a sub-layer's (or with `head` the head's) fn / scale / base, a sub-layer output
+    o [T, D] in `dtype`; fn scaled so the mixes are O(1), as trained ones are."""
+    g = torch.Generator().manual_seed(seed)
+    rows = n if head else 2 * n + n * n
+    streams = torch.randn(t, n, d, generator=g) * 2
+    fn = torch.randn(rows, n * d, generator=g) * (n * d) ** -0.5 * 2
+    scale = torch.rand(1 if head else 3, generator=g) + 0.5
+    base = torch.randn(rows, generator=g)
+    out = torch.randn(t, d, generator=g)
+    return tuple(x.to(device) for x in (streams.to(dtype), fn, scale, base, out.to(dtype)))
+
+
+def _assert_rounded(got: torch.Tensor, ref32: torch.Tensor, name: str, gpu: bool = False) -> None:
+    """got in its dtype against the fp32 result: fp32 to summation order, bf16 to one rounding of it (plus the
+    weights' own summation-order differences)."""
+    assert got.dtype in (torch.float32, torch.bfloat16) and got.shape == ref32.shape, name
+    rtol = 1e-5 if got.dtype == torch.float32 else BF16_ULP / (2 if gpu else 1) + 1e-4
+    torch.testing.assert_close(got.float(), ref32, rtol=rtol, atol=1e-5, msg=lambda m: f"{name}: {m}")
+
+
+def _check_pre(streams, fn, scale, base, gpu=False) -> tuple:
+    got = dsv4_hc_pre(streams, fn, scale, base, 20, 1e-6, 1e-6)
+    u, post, comb = hc_pre_ref(streams.float(), fn, scale, base, 20, 1e-6, 1e-6)  # u before its rounding
+    _assert_rounded(got[0], u, "u", gpu)
+    assert got[0].dtype == streams.dtype
+    tol = dict(rtol=1e-4, atol=1e-5) if gpu else dict(rtol=1e-5, atol=1e-6)  # GPU: sums of 16,384 products
+    torch.testing.assert_close(got[1], post, **tol)
+    torch.testing.assert_close(got[2], comb, **tol)
+    return got
+
+
+def _check_post(out, streams, post, comb, gpu=False) -> torch.Tensor:
+    got = dsv4_hc_post(out, streams, post, comb)
+    assert got.dtype == streams.dtype and got.is_contiguous()
+    _assert_rounded(got, hc_post_ref(out.float(), streams.float(), post, comb), "new streams", gpu)
+    return got
+
+
+def _check_head(streams, fn, scale, base, gpu=False) -> torch.Tensor:
+    got = dsv4_hc_head(streams, fn, scale, base, 1e-6, 1e-6)
+    assert got.dtype == streams.dtype
+    _assert_rounded(got, hc_head_ref(streams.float(), fn, scale, base, 1e-6, 1e-6), "head", gpu)
+    return got
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("t", [1, 5, 63])
+@pytest.mark.parametrize("n,d", [(4, 48), (3, 40)])
+def test_pre_post_head_match_torch(n, d, t, dtype):
+    """D 48: two 32-column tiles (two D chunks at decode, one chunk of two tiles past 16 tokens); D 40: a partial
+    tile; n 3: padded streams and Sinkhorn entries; 63 tokens: a partial token block."""
+    streams, fn, scale, base, out = _layer(t, n, d, seed=t * 100 + n, dtype=dtype)
+    _, post, comb = _check_pre(streams, fn, scale, base)
+    new = _check_post(out, streams, post, comb)
+    if dtype == torch.float32:  # the torch path itself: fp32 everywhere, summation order only
+        torch.testing.assert_close(new, hc_post_ref(out, streams, post, comb), rtol=1e-5, atol=1e-5)
+    head = _layer(t, n, d, seed=t + n, dtype=dtype, head=True)
+    _check_head(new, *head[1:4])
+
+
+def test_many_chunks_strided_streams(monkeypatch):
+    """D 1,064 at decode: 34 D chunks (two partial-sum steps of 32, the second masked), u in five 256-column steps
+    (the last partial), hc_post in five blocks; streams and o as strided views (a [T, n + 1, D] buffer's last n
+    streams, o every other row of a wider buffer)."""
+    monkeypatch.setattr(kernels, "U_BLOCK_D", 256)
+    n, d = 3, 1064
+    assert mixes_launch(1, d).chunks == 34
+    streams, fn, scale, base, _ = _layer(2, n, d, seed=7)
+    wide = torch.randn(2, n + 1, d)
+    wide[:, 1:] = streams
+    view = wide[:, 1:]
+    out = torch.randn(2, 2 * d)[:, ::2].contiguous()[:, :d]  # contiguous rows of its own
+    out_view = torch.randn(2, 3 * d)[:, d:2 * d]
+    out_view.copy_(out)
+    _, post, comb = _check_pre(view, fn, scale, base)
+    torch.testing.assert_close(dsv4_hc_post(out_view, view, post, comb), _check_post(out, streams, post, comb),
+                               rtol=0, atol=0)
+
+
+def test_launch_grid():
+    """Decode spreads fn over ~256 programs of one 32-column tile; past 16 tokens a program takes two tiles at least,
+    so the partials stay small beside the streams."""
+    assert mixes_launch(1, 4096) == kernels.MixesLaunch(block_t=16, block_d=32, d_tiles=1, chunks=128,
+                                                       num_warps=4)
+    assert mixes_launch(8, 4096) == mixes_launch(1, 4096)
+    assert mixes_launch(128, 4096) == kernels.MixesLaunch(block_t=64, block_d=32, d_tiles=2, chunks=64,
+                                                         num_warps=8)
+    assert mixes_launch(4096, 4096) == kernels.MixesLaunch(block_t=64, block_d=32, d_tiles=32, chunks=4,
+                                                          num_warps=8)
+    assert mixes_launch(1, 8) == kernels.MixesLaunch(block_t=16, block_d=16, d_tiles=1, chunks=1,
+                                                    num_warps=4)
+
+
+def test_zero_tokens_and_bad_arguments():
+    streams, fn, scale, base, out = _layer(0, 4, 48, seed=0)
+    u, post, comb = dsv4_hc_pre(streams, fn, scale, base, 20, 1e-6, 1e-6)
+    assert u.shape == (0, 48) and post.shape == (0, 4) and comb.shape == (0, 4, 4)
+    assert dsv4_hc_post(out, streams, post, comb).shape == (0, 4, 48)
+    assert dsv4_hc_head(streams, fn[:4], scale[:1], base[:4], 1e-6, 1e-6).shape == (0, 48)
+    streams, fn, scale, base, out = _layer(2, 4, 48, seed=0)
+    with pytest.raises(AssertionError, match="fn must be"):
+        dsv4_hc_pre(streams, fn[:, :96], scale, base, 20, 1e-6, 1e-6)
+    with pytest.raises(AssertionError, match="streams must be"):
+        dsv4_hc_pre(streams.transpose(1, 2), fn, scale, base, 20, 1e-6, 1e-6)
+    with pytest.raises(AssertionError, match="iterations"):
+        dsv4_hc_pre(streams, fn, scale, base, 0, 1e-6, 1e-6)
+    with pytest.raises(AssertionError, match="scale"):
+        dsv4_hc_head(streams, fn[:4], scale, base[:4], 1e-6, 1e-6)
+    with pytest.raises(AssertionError, match="comb"):
+        dsv4_hc_post(out, streams, torch.ones(2, 4), torch.ones(2, 4, 4).transpose(1, 2))
+
+
+class _OpCounter(TorchDispatchMode):
+    """The torch ops called outside kernel launches (the interpreter's own copies inside a launch are not ours)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops, self.in_launch = [], False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not self.in_launch:
+            self.ops.append(str(func.overloadpacket))
+        return func(*args, **(kwargs or {}))
+
+    def launch(self, run, *args, **kwargs):
+        self.in_launch = True
+        try:
+            return run(*args, **kwargs)
+        finally:
+            self.in_launch = False
+
+
+def test_launches_only_kernels_and_reads_nothing_back(monkeypatch):
+    """Graph-capturable and few launches: hc_pre is two kernel launches, hc_post one, hc_head two, beside output
+    allocations only (no torch compute op, no copy); no tensor is read on the host (.item(), .tolist(), bool(), ...)."""
+    streams, fn, scale, base, out = _layer(3, 4, 48, seed=1)
+    head = _layer(3, 4, 48, seed=2, head=True)
+    _, post, comb = dsv4_hc_pre(streams, fn, scale, base, 20, 1e-6, 1e-6)  # compiled (interpreted) once
+    launches, reads, counter = [], [], _OpCounter()
+    with monkeypatch.context() as m:
+        for name in ("item", "tolist", "__bool__", "__int__", "__float__", "__index__"):
+            real = getattr(torch.Tensor, name)
+            m.setattr(torch.Tensor, name, lambda t, *a, _name=name, _real=real, **k: reads.append(_name) or
+                      _real(t, *a, **k))
+        for kernel in (kernels._dsv4_hc_mixes_kernel, kernels._dsv4_hc_pre_kernel, kernels._dsv4_hc_post_kernel):
+            real = kernel.run
+            m.setattr(kernel, "run", lambda *a, _real=real, _name=kernel.fn.__name__, **k: launches.append(_name) or
+                      counter.launch(_real, *a, **k))
+        bool(torch.tensor(1))  # the guard sees a read (positive control)
+        with counter:
+            dsv4_hc_pre(streams, fn, scale, base, 20, 1e-6, 1e-6)
+            dsv4_hc_post(out, streams, post, comb)
+            dsv4_hc_head(streams, *head[1:4], 1e-6, 1e-6)
+    assert reads == ["__bool__"]
+    assert launches == ["_dsv4_hc_mixes_kernel", "_dsv4_hc_pre_kernel", "_dsv4_hc_post_kernel",
+                        "_dsv4_hc_mixes_kernel", "_dsv4_hc_pre_kernel"]
+    assert set(counter.ops) <= {"aten.empty", "aten.empty_like"}, counter.ops
+
+
+def test_cpu_tensors_keep_the_torch_path():
+    """The layer dispatches to the kernels for GPU tensors only: on CPU it is the torch code, exactly."""
+    streams, fn, scale, base, out = _layer(5, 4, 48, seed=3)
+    assert mhc._fused("dsv4_hc_pre", streams) is None
+    got = mhc.hc_pre(streams, fn, scale, base, 20, 1e-6, 1e-6)
+    for a, b in zip(got, hc_pre_ref(streams, fn, scale, base, 20, 1e-6, 1e-6)):
+        assert torch.equal(a, b)
+    assert torch.equal(mhc.hc_post(out, streams, got[1], got[2]), hc_post_ref(out, streams, got[1], got[2]))
+
+
+# ----------------------------------------------------------------------------- GPU
+
+
 @pytest.mark.gpu
 @needs_cuda
-def test_gpu_flash_shape_and_dispatch(monkeypatch):
+def test_gpu_mix_flash_rows():
     _compare(4096, 4, 20, seed=1, device="cuda", atol=1e-5)
-    import sglang.srt.layers.mhc as mhc
 
-    calls = []
-    real = mhc._fused_kernel()
-    assert real is dsv4_hc_mix  # hc_pre uses the kernel on CUDA
-    monkeypatch.setattr(mhc, "_fused_kernel", lambda: (lambda *a: calls.append(1) or real(*a)))
-    streams = torch.randn(5, 4, 64, device="cuda", dtype=torch.bfloat16)
-    fn = torch.randn(24, 4 * 64, device="cuda")
-    u, post, comb = mhc.hc_pre(streams, fn, torch.ones(3, device="cuda"), torch.zeros(24, device="cuda"), 20, 1e-6,
-                               1e-6)
-    assert calls and u.shape == (5, 64) and comb.shape == (5, 4, 4)
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("t", [1, 8, 32, 128])
+def test_gpu_flash_widths_dispatch_and_graph(t):
+    """n 4, D 4096, bf16 streams: each kernel against the fp32 torch path (half a bf16 ulp: rounding to nearest);
+    the layer's hc_pre / hc_post / hc_head are the kernels on CUDA; pre -> post -> head captured as a CUDA graph and
+    replayed with new streams and sub-layer outputs equals the same chain launched plainly, bit for bit."""
+    from graph_replays import assert_replays_equal
+
+    streams, fn, scale, base, out = _layer(t, 4, 4096, seed=t, dtype=torch.bfloat16, device="cuda")
+    head = _layer(t, 4, 4096, seed=t + 1, device="cuda", head=True)[1:4]
+    u, post, comb = _check_pre(streams, fn, scale, base, gpu=True)
+    new = _check_post(out, streams, post, comb, gpu=True)
+    _check_head(new, *head, gpu=True)
+    for name, op in (("dsv4_hc_pre", dsv4_hc_pre), ("dsv4_hc_post", dsv4_hc_post), ("dsv4_hc_head", dsv4_hc_head)):
+        assert mhc._fused(name, streams) is op
+    layer_u, layer_post, layer_comb = mhc.hc_pre(streams, fn, scale, base, 20, 1e-6, 1e-6)
+    assert torch.equal(layer_u, u) and torch.equal(layer_post, post) and torch.equal(layer_comb, comb)
+    assert torch.equal(mhc.hc_post(out, streams, post, comb), new)
+    assert torch.equal(mhc.hc_head(new, *head, 1e-6, 1e-6), dsv4_hc_head(new, *head, 1e-6, 1e-6))
+
+    live = (streams.clone(), out.clone())
+
+    def chain():
+        u, post, comb = dsv4_hc_pre(live[0], fn, scale, base, 20, 1e-6, 1e-6)
+        new = dsv4_hc_post(live[1] + u, live[0], post, comb)  # o depends on u, as a sub-layer's does
+        return torch.cat((new.flatten(), dsv4_hc_head(new, *head, 1e-6, 1e-6).flatten(), post.flatten().bfloat16()))
+
+    assert_replays_equal(chain, chain, live, lambda seed: _layer(t, 4, 4096, seed=seed, dtype=torch.bfloat16,
+                                                                  device="cuda")[::4], seeds=(100, 101))
+
+
+_RESOURCES = r"""
+import json, os, subprocess, sys, tempfile
+import triton
+from triton.backends.compiler import GPUTarget
+import sgl_kernel.dsv4_mhc as k
+
+def stack(kernel, types, consts, warps):
+    sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in kernel.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names) if n.endswith("_ptr")}
+    src = triton.compiler.ASTSource(fn=kernel, signature=sig, attrs=attrs,
+                                    constexprs={(kernel.arg_names.index(n),): v for n, v in consts.items()})
+    cubin = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}).asm["cubin"]
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+    line = next(ln for ln in usage.splitlines() if "REG:" in ln).split()
+    return [int(line[0].split(":")[1]), int(line[1].split(":")[1])]
+
+out = {}
+for t in map(int, sys.argv[1:]):
+    launch = k.mixes_launch(t, 4096)
+    out[f"mixes {t}"] = stack(k._dsv4_hc_mixes_kernel, {"s_ptr": "*bf16", "fn_ptr": "*fp32", "part_ptr": "*fp32"},
+                              dict(N=4, W=32, BLOCK_T=launch.block_t, BLOCK_D=launch.block_d, D_TILES=launch.d_tiles,
+                                   PDL=True), launch.num_warps)
+fp32 = {"width": "fp32", "norm_eps": "fp32", "eps": "fp32", "s_ptr": "*bf16", "u_ptr": "*bf16", "o_ptr": "*bf16",
+        "out_ptr": "*bf16"}
+fp32.update({n: "*fp32" for n in ("part_ptr", "scale_ptr", "base_ptr", "post_ptr", "comb_ptr")})
+out["pre"] = stack(k._dsv4_hc_pre_kernel, fp32, dict(N=4, NP=4, W=32, BLOCK_C=32, BLOCK_D=k.U_BLOCK_D, MIX=True,
+                                                      PDL=True), 8)
+out["post"] = stack(k._dsv4_hc_post_kernel, fp32, dict(N=4, NP=4, BLOCK_D=k.POST_BLOCK_D, PDL=True), 4)
+print(json.dumps(out))
+"""
+
+
+def test_sm90_launches_do_not_spill():
+    """Compiled for sm90 on the CPU at Flash's widths (bf16 streams) as the engine launches them: no kernel keeps a
+    local-memory stack (spills). The mixes' fp32 dot runs on FMAs; at 64-token blocks it spills on 4 warps."""
+    from sm90_compile import compiled_facts
+
+    found = compiled_facts(_RESOURCES, "1", "32", "128", timeout=600)
+    print(found)  # [registers, stack bytes] per kernel
+    assert all(regs <= 255 and stack == 0 for regs, stack in found.values()), found

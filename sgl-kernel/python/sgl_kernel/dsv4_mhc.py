@@ -1,26 +1,72 @@
-"""dsv4_hc_mix: the mixing weights of DeepSeek-V4's manifold-constrained hyper-connections in one launch
-(docs/dsv4-architecture.md section 4).
+"""DeepSeek-V4's manifold-constrained hyper-connections (mHC, docs/dsv4-architecture.md section 4) in few launches.
 
-From the per-row mixes z [T, 2n + n*n] (fp32; `fn . f / rms(f)` of the flattened streams):
+Streams S [T, n, D]; per sub-layer fn [M, n*D] fp32 (M = 2n + n*n), scale [3], base [M]. The torch references are the
+engine's own CPU paths in `sglang.srt.layers.mhc` (hc_mix_weights, hc_pre, hc_post, hc_head).
 
-    pre  = sigmoid(z[:, :n] * scale[0] + base[:n]) + eps                          [T, n]
-    post = 2 * sigmoid(z[:, n:2n] * scale[1] + base[n:2n])                        [T, n]
-    comb = Sinkhorn(z[:, 2n:] * scale[2] + base[2n:])                             [T, n, n]
+* `dsv4_hc_mix`: the mixing weights from the per-row mixes z [T, M] (fp32; `fn . f / rms(f)` of the flattened
+  streams f) in one launch:
 
-Sinkhorn: row softmax (+ eps), a column normalisation x / (column sum + eps), then `iters - 1` rounds of row then
-column normalisation. In torch that is about 6 launches per round (20 rounds per sub-layer, two sub-layers per layer:
-some 10,000 launches per decode step on DeepSeek-V4-Flash); here each program keeps BLOCK_T rows' n x n matrices in
-registers for all rounds. Padding (n not a power of two) is kept at exactly 0 so it never enters a sum.
-The torch reference is the engine's own CPU path, `sglang.srt.layers.mhc.hc_mix_weights`.
+      pre  = sigmoid(z[:, :n] * scale[0] + base[:n]) + eps                          [T, n]
+      post = 2 * sigmoid(z[:, n:2n] * scale[1] + base[n:2n])                        [T, n]
+      comb = Sinkhorn(z[:, 2n:] * scale[2] + base[2n:])                             [T, n, n]
+
+  Sinkhorn: row softmax (+ eps), a column normalisation x / (column sum + eps), then `iters - 1` rounds of row then
+  column normalisation. In torch that is about 6 launches per round; here each program keeps its rows' n x n matrices
+  in registers for all rounds. Padding (n not a power of two) is kept at exactly 0 so it never enters a sum.
+* `dsv4_hc_pre`: the whole sub-layer entry (u [T, D] = sum_j pre_j S_j, post, comb) in two launches: the mixes'
+  partial dot products and sums of squares over D chunks (the 1.5 MB fn on Flash is spread over ~all SMs at decode
+  instead of one program per token reading all of it), then per token their fixed-order sum, 1/rms, the weights
+  above and u. No atomics: a replay equals a plain launch bit for bit.
+* `dsv4_hc_head`: the same two launches without post and Sinkhorn (the step's last collapse of the streams).
+* `dsv4_hc_post`: new streams S'_k = post_k * o + sum_j comb[j, k] * S_j in one launch, fp32 math, one rounding to
+  the streams' dtype.
+
+hc_post could also write the next sub-layer's partial mixes (its new streams are in registers), saving the next
+hc_pre's first launch; it does not yet: its grid would need token blocks (fn read once per block, not per token) and
+the caller the next sub-layer's fn (across decoder layers too), so it stays a separate launch for now.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from sgl_kernel.dsv4_pdl import pdl_enter, pdl_launch, pdl_supported
+
 BLOCK_T = 64
+TARGET_PROGRAMS = 256  # ~2 per SM on an H100: the mixes' reads of fn and the streams spread over the whole GPU
+POST_BLOCK_D = 256  # hc_post: columns of every stream a program
+U_BLOCK_D = 2048  # hc_pre's second launch: columns of every stream summed into u per loop step
+
+
+@triton.jit
+def _pre_gate(z, s, b, eps):
+    return tl.sigmoid(z * s + b) + eps
+
+
+@triton.jit
+def _post_gate(z, s, b):
+    return 2.0 * tl.sigmoid(z * s + b)
+
+
+@triton.jit
+def _sinkhorn(logits, valid, iters, eps):
+    """logits [BLOCK_T, NP, NP] (rows j = input stream, columns k = output stream), `valid` [NP, NP] the real n x n
+    entries: row softmax + eps, a column normalisation, then `iters - 1` rounds of row then column normalisation."""
+    logits = tl.where(valid[None, :, :], logits, float("-inf"))
+    row_max = tl.max(logits, axis=2)
+    row_max = tl.where(row_max == float("-inf"), 0.0, row_max)  # padded rows: keep -inf - max finite
+    e = tl.exp(logits - row_max[:, :, None])  # padding: exp(-inf) = 0
+    row_sum = tl.sum(e, axis=2)
+    comb = tl.where(valid[None, :, :], e / tl.where(row_sum > 0, row_sum, 1.0)[:, :, None] + eps, 0.0)
+    comb = comb / (tl.sum(comb, axis=1)[:, None, :] + eps)
+    for _ in range(iters - 1):
+        comb = comb / (tl.sum(comb, axis=2)[:, :, None] + eps)
+        comb = comb / (tl.sum(comb, axis=1)[:, None, :] + eps)
+    return comb
 
 
 @triton.jit
@@ -37,10 +83,10 @@ def _dsv4_hc_mix_kernel(z_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr,
     s1 = tl.load(scale_ptr + 1)
     s2 = tl.load(scale_ptr + 2)
     z_pre = tl.load(rows + j[None, :], mask=m2, other=0.0)
-    pre = tl.sigmoid(z_pre * s0 + tl.load(base_ptr + j, mask=jmask, other=0.0)[None, :]) + eps
+    pre = _pre_gate(z_pre, s0, tl.load(base_ptr + j, mask=jmask, other=0.0)[None, :], eps)
     tl.store(pre_ptr + t.to(tl.int64)[:, None] * N + j[None, :], pre, mask=m2)
     z_post = tl.load(rows + N + j[None, :], mask=m2, other=0.0)
-    post = 2.0 * tl.sigmoid(z_post * s1 + tl.load(base_ptr + N + j, mask=jmask, other=0.0)[None, :])
+    post = _post_gate(z_post, s1, tl.load(base_ptr + N + j, mask=jmask, other=0.0)[None, :])
     tl.store(post_ptr + t.to(tl.int64)[:, None] * N + j[None, :], post, mask=m2)
 
     # comb [BLOCK_T, j (input stream), k (output stream)]
@@ -49,16 +95,7 @@ def _dsv4_hc_mix_kernel(z_ptr, scale_ptr, base_ptr, pre_ptr, post_ptr, comb_ptr,
     m3 = tmask[:, None, None] & valid[None, :, :]
     logits = tl.load(rows[:, :, None] + 2 * N + jk[None, :, :], mask=m3, other=0.0) * s2 \
         + tl.load(base_ptr + 2 * N + jk, mask=valid, other=0.0)[None, :, :]
-    logits = tl.where(valid[None, :, :], logits, float("-inf"))
-    row_max = tl.max(logits, axis=2)
-    row_max = tl.where(row_max == float("-inf"), 0.0, row_max)  # padded rows: keep -inf - max finite
-    e = tl.exp(logits - row_max[:, :, None])  # padding: exp(-inf) = 0
-    row_sum = tl.sum(e, axis=2)
-    comb = tl.where(valid[None, :, :], e / tl.where(row_sum > 0, row_sum, 1.0)[:, :, None] + eps, 0.0)
-    comb = comb / (tl.sum(comb, axis=1)[:, None, :] + eps)
-    for _ in range(iters - 1):
-        comb = comb / (tl.sum(comb, axis=2)[:, :, None] + eps)
-        comb = comb / (tl.sum(comb, axis=1)[:, None, :] + eps)
+    comb = _sinkhorn(logits, valid, iters, eps)
     tl.store(comb_ptr + t.to(tl.int64)[:, None, None] * (N * N) + jk[None, :, :], comb, mask=m3)
 
 
@@ -78,3 +115,198 @@ def dsv4_hc_mix(z: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, n: int
         z, scale.float().contiguous(), base.float().contiguous(), pre, post, comb, t, z.stride(0), iters, eps,
         N=n, NP=triton.next_power_of_2(n), BLOCK_T=BLOCK_T, num_warps=4)
     return pre, post, comb
+
+
+@triton.jit
+def _dsv4_hc_mixes_kernel(s_ptr, fn_ptr, part_ptr, T, D, M, C, stride_st, stride_sn, stride_fn,
+                          N: tl.constexpr, W: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+                          D_TILES: tl.constexpr, PDL: tl.constexpr):
+    """Program (token block, D chunk): over its D_TILES * BLOCK_D columns of every stream, the partial dot products
+    with fn's M rows and the partial sum of squares, written to part [T, C, W] (column M: the sum of squares)."""
+    pdl_enter(PDL)
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    tmask = t < T
+    m = tl.arange(0, W)
+    mmask = m < M
+    rows = s_ptr + t.to(tl.int64)[:, None] * stride_st  # [BLOCK_T, 1]
+    fn_rows = fn_ptr + m[None, :].to(tl.int64) * stride_fn  # [1, W]
+    dot = tl.zeros([BLOCK_T, W], dtype=tl.float32)
+    sq = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
+    for i in range(D_TILES):
+        d = (tl.program_id(1) * D_TILES + i) * BLOCK_D + tl.arange(0, BLOCK_D)
+        dmask = d < D
+        for k in tl.static_range(N):
+            x = tl.load(rows + k * stride_sn + d[None, :], mask=tmask[:, None] & dmask[None, :], other=0.0)
+            x = x.to(tl.float32)
+            w = tl.load(fn_rows + k * D + d[:, None], mask=dmask[:, None] & mmask[None, :], other=0.0)  # [BLOCK_D, W]
+            dot = tl.dot(x, w, dot, input_precision="ieee")  # fp32 products and sums, as torch's fp32 matmul
+            sq += x * x
+    out = tl.where(m[None, :] == M, tl.sum(sq, axis=1)[:, None], dot)
+    tl.store(part_ptr + (t.to(tl.int64)[:, None] * C + tl.program_id(1)) * W + m[None, :], out, mask=tmask[:, None])
+
+
+@triton.jit
+def _dsv4_hc_pre_kernel(part_ptr, s_ptr, scale_ptr, base_ptr, u_ptr, post_ptr, comb_ptr, D, M, C, stride_st,
+                        stride_sn, stride_u, width, norm_eps, iters, eps,
+                        N: tl.constexpr, NP: tl.constexpr, W: tl.constexpr, BLOCK_C: tl.constexpr,
+                        BLOCK_D: tl.constexpr, MIX: tl.constexpr, PDL: tl.constexpr):
+    """Program per token: the partials summed over the C chunks in a fixed order, 1/rms, pre (and with MIX post and
+    the Sinkhorn comb), then u = sum_j pre_j S_j in the streams' dtype. Column M of a partial row: sum of squares."""
+    pdl_enter(PDL)
+    t = tl.program_id(0).to(tl.int64)
+    j = tl.arange(0, NP)
+    jmask = j < N
+    jk = j[:, None] * N + j[None, :]  # [NP, NP]
+    valid = jmask[:, None] & jmask[None, :]
+    c = tl.arange(0, BLOCK_C)
+    acc_sq = tl.zeros([BLOCK_C], dtype=tl.float32)
+    acc_pre = tl.zeros([BLOCK_C, NP], dtype=tl.float32)
+    acc_post = tl.zeros([BLOCK_C, NP], dtype=tl.float32)
+    acc_comb = tl.zeros([BLOCK_C, NP, NP], dtype=tl.float32)
+    for c0 in range(0, C, BLOCK_C):
+        cmask = c0 + c < C
+        rows = part_ptr + (t * C + c0 + c) * W  # [BLOCK_C]
+        acc_sq += tl.load(rows + M, mask=cmask, other=0.0)
+        acc_pre += tl.load(rows[:, None] + j[None, :], mask=cmask[:, None] & jmask[None, :], other=0.0)
+        if MIX:
+            acc_post += tl.load(rows[:, None] + N + j[None, :], mask=cmask[:, None] & jmask[None, :], other=0.0)
+            acc_comb += tl.load(rows[:, None, None] + 2 * N + jk[None, :, :],
+                                mask=cmask[:, None, None] & valid[None, :, :], other=0.0)
+    inv_rms = tl.math.rsqrt(tl.sum(acc_sq, axis=0) / width + norm_eps)
+    pre = _pre_gate(tl.sum(acc_pre, axis=0) * inv_rms, tl.load(scale_ptr),
+                    tl.load(base_ptr + j, mask=jmask, other=0.0), eps)  # [NP]
+    if MIX:
+        post = _post_gate(tl.sum(acc_post, axis=0) * inv_rms, tl.load(scale_ptr + 1),
+                          tl.load(base_ptr + N + j, mask=jmask, other=0.0))
+        tl.store(post_ptr + t * N + j, post, mask=jmask)
+        logits = tl.sum(acc_comb, axis=0) * inv_rms * tl.load(scale_ptr + 2) \
+            + tl.load(base_ptr + 2 * N + jk, mask=valid, other=0.0)
+        comb = _sinkhorn(logits[None, :, :], valid, iters, eps)
+        tl.store(comb_ptr + t * (N * N) + jk[None, :, :], comb, mask=valid[None, :, :])
+
+    streams = s_ptr + t * stride_st + j[:, None] * stride_sn  # [NP, 1]
+    for d0 in range(0, D, BLOCK_D):
+        d = d0 + tl.arange(0, BLOCK_D)
+        dmask = d < D
+        x = tl.load(streams + d[None, :], mask=jmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
+        u = tl.sum(pre[:, None] * x, axis=0)
+        tl.store(u_ptr + t * stride_u + d, u.to(u_ptr.dtype.element_ty), mask=dmask)
+
+
+@triton.jit
+def _dsv4_hc_post_kernel(o_ptr, s_ptr, post_ptr, comb_ptr, out_ptr, D, stride_o, stride_st, stride_sn, stride_ot,
+                         stride_on, N: tl.constexpr, NP: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+    """Program (token, D block): S'_k = post_k * o + sum_j comb[j, k] * S_j for every output stream k, in fp32."""
+    pdl_enter(PDL)
+    t = tl.program_id(0).to(tl.int64)
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    dmask = d < D
+    k = tl.arange(0, NP)
+    kmask = k < N
+    o = tl.load(o_ptr + t * stride_o + d, mask=dmask, other=0.0).to(tl.float32)
+    acc = tl.load(post_ptr + t * N + k, mask=kmask, other=0.0)[:, None] * o[None, :]  # [NP, BLOCK_D]
+    for j in tl.static_range(N):
+        x = tl.load(s_ptr + t * stride_st + j * stride_sn + d, mask=dmask, other=0.0).to(tl.float32)
+        acc += tl.load(comb_ptr + t * (N * N) + j * N + k, mask=kmask, other=0.0)[:, None] * x[None, :]
+    tl.store(out_ptr + t * stride_ot + k[:, None] * stride_on + d[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=kmask[:, None] & dmask[None, :])
+
+
+@dataclass(frozen=True)
+class MixesLaunch:
+    """The mixes' grid: token blocks x `chunks` D chunks of `d_tiles` tiles of `block_d` columns (of every stream)."""
+    block_t: int
+    block_d: int
+    d_tiles: int
+    chunks: int
+    num_warps: int
+
+
+def mixes_launch(t: int, d: int) -> MixesLaunch:
+    """~TARGET_PROGRAMS programs: at decode (one token block) one 32-column tile each, so fn is read by every SM
+    once; with more token blocks longer chunks, which also keeps the partials small beside the streams."""
+    block_t = 16 if t <= 16 else 32 if t <= 64 else 64
+    block_d = max(16, min(32, triton.next_power_of_2(d)))  # tl.dot needs 16 at least
+    tiles = triton.cdiv(d, block_d)
+    chunks = max(1, min(tiles, TARGET_PROGRAMS // triton.cdiv(t, block_t)))
+    if t > 16:  # two tiles a program at least: a partial row (W fp32) is then <= 1/4 of its bf16 columns
+        chunks = max(1, min(chunks, tiles // 2))
+    d_tiles = triton.cdiv(tiles, chunks)
+    # the fp32 dot runs on FMAs: 8 warps keep 32 / 64-token blocks' operands in registers (sm90: 112 / 182, no spill)
+    return MixesLaunch(block_t, block_d, d_tiles, triton.cdiv(tiles, d_tiles), 4 if block_t <= 16 else 8)
+
+
+def _check_streams(streams: torch.Tensor, fn: torch.Tensor, rows: int) -> None:
+    assert streams.dim() == 3 and streams.stride(2) == 1, \
+        f"streams must be [T, n, D] with contiguous rows, got {tuple(streams.shape)} strides {streams.stride()}"
+    n, d = streams.shape[1], streams.shape[2]
+    assert fn.shape == (rows, n * d) and fn.dtype == torch.float32 and fn.stride(1) == 1, \
+        f"fn must be [{rows}, {n * d}] float32 with contiguous rows, got {tuple(fn.shape)} {fn.dtype}"
+
+
+def _collapse(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, mix: bool,
+              iters: int, eps: float, norm_eps: float) -> tuple:
+    """The two launches of dsv4_hc_pre / dsv4_hc_head: (u, post, comb), post and comb left empty without `mix`."""
+    t, n, d = streams.shape
+    rows = 2 * n + n * n if mix else n
+    dev = streams.device
+    u = torch.empty(t, d, dtype=streams.dtype, device=dev)
+    post = torch.empty(t, n if mix else 0, dtype=torch.float32, device=dev)
+    comb = torch.empty(t, n if mix else 0, n if mix else 0, dtype=torch.float32, device=dev)
+    if t == 0:
+        return u, post, comb
+    launch = mixes_launch(t, d)
+    width = max(16, triton.next_power_of_2(rows + 1))  # the M mixes and the sum of squares; tl.dot needs 16
+    part = torch.empty(t, launch.chunks, width, dtype=torch.float32, device=dev)
+    pdl = pdl_supported(dev)
+    _dsv4_hc_mixes_kernel[(triton.cdiv(t, launch.block_t), launch.chunks)](
+        streams, fn, part, t, d, rows, launch.chunks, streams.stride(0), streams.stride(1), fn.stride(0),
+        N=n, W=width, BLOCK_T=launch.block_t, BLOCK_D=launch.block_d, D_TILES=launch.d_tiles, PDL=pdl,
+        num_warps=launch.num_warps, **pdl_launch(pdl))
+    _dsv4_hc_pre_kernel[(t,)](
+        part, streams, scale.float().contiguous(), base.float().contiguous(), u, post, comb, d, rows, launch.chunks,
+        streams.stride(0), streams.stride(1), u.stride(0), float(n * d), norm_eps, iters, eps,
+        N=n, NP=triton.next_power_of_2(n), W=width, BLOCK_C=min(32, triton.next_power_of_2(launch.chunks)),
+        BLOCK_D=min(U_BLOCK_D, triton.next_power_of_2(d)), MIX=mix, PDL=pdl, num_warps=8, **pdl_launch(pdl))
+    return u, post, comb
+
+
+def dsv4_hc_pre(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, iters: int,
+                eps: float, norm_eps: float) -> tuple:
+    """streams [T, n, D], fn [2n + n*n, n*D] fp32, scale [3], base [2n + n*n] -> (u [T, D] in the streams' dtype,
+    post [T, n] fp32, comb [T, n, n] fp32): `sglang.srt.layers.mhc.hc_pre` in two launches."""
+    n = streams.shape[1] if streams.dim() == 3 else 0
+    _check_streams(streams, fn, 2 * n + n * n)
+    assert scale.numel() == 3 and base.numel() == 2 * n + n * n, "scale [3] and base [2n + n*n]"
+    assert iters >= 1, f"sinkhorn iterations must be >= 1, got {iters}"
+    return _collapse(streams, fn, scale, base, True, iters, eps, norm_eps)
+
+
+def dsv4_hc_head(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, eps: float,
+                 norm_eps: float) -> torch.Tensor:
+    """streams [T, n, D], fn [n, n*D] fp32, scale [1], base [n] -> [T, D] with w_j = sigmoid(a_j * scale + base_j)
+    + eps: `sglang.srt.layers.mhc.hc_head` in two launches."""
+    n = streams.shape[1] if streams.dim() == 3 else 0
+    _check_streams(streams, fn, n)
+    assert scale.numel() == 1 and base.numel() == n, "scale [1] and base [n]"
+    return _collapse(streams, fn, scale, base, False, 1, eps, norm_eps)[0]
+
+
+def dsv4_hc_post(out: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+    """out [T, D], streams [T, n, D], post [T, n] fp32, comb [T, n, n] fp32 -> new streams [T, n, D] in the streams'
+    dtype: post (x) out + comb^T . streams with fp32 products and sums, rounded once."""
+    assert streams.dim() == 3 and streams.stride(2) == 1, \
+        f"streams must be [T, n, D] with contiguous rows, got {tuple(streams.shape)} strides {streams.stride()}"
+    t, n, d = streams.shape
+    assert out.shape == (t, d) and out.stride(1) == 1, f"out must be [{t}, {d}] with contiguous rows"
+    assert post.shape == (t, n) and post.dtype == torch.float32 and post.is_contiguous(), "post [T, n] float32"
+    assert comb.shape == (t, n, n) and comb.dtype == torch.float32 and comb.is_contiguous(), "comb [T, n, n] float32"
+    new = torch.empty_like(streams, memory_format=torch.contiguous_format)
+    if t == 0:
+        return new
+    pdl = pdl_supported(streams.device)
+    _dsv4_hc_post_kernel[(t, triton.cdiv(d, POST_BLOCK_D))](
+        out, streams, post, comb, new, d, out.stride(0), streams.stride(0), streams.stride(1), new.stride(0),
+        new.stride(1), N=n, NP=triton.next_power_of_2(n), BLOCK_D=POST_BLOCK_D, PDL=pdl, num_warps=4,
+        **pdl_launch(pdl))
+    return new

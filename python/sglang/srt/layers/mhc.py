@@ -4,8 +4,11 @@ Streams S [T, n, D] (n = hc_mult). Per sub-layer, `hc_pre` derives from the flat
 pre [T, n] (sigmoid + eps), post [T, n] (2 * sigmoid) and comb [T, n, n] (Sinkhorn-projected, rows = input
 stream j, columns = output stream k); it returns the sub-layer input u = sum_j pre_j S_j. `hc_post` then
 forms S'_k = post_k * o + sum_j comb[j, k] * S_j. `hc_head` collapses the streams with sigmoid weights only.
-All mixing weights are computed in fp32. On GPUs the pre / post / Sinkhorn weights come from one fused Triton
-kernel (sgl_kernel.dsv4_mhc: one launch instead of ~130 per sub-layer); `hc_mix_weights` is the torch path.
+All mixing weights are computed in fp32. On GPUs each step runs fused Triton kernels (sgl_kernel.dsv4_mhc): hc_pre
+in two launches, hc_post in one, hc_head in two (instead of ~15 for the mixing alone, plus ~130 for a torch
+Sinkhorn). The torch functions here are the CPU path and the kernels' reference. hc_post's kernel keeps fp32 math
+with one rounding to the streams' dtype, where the torch path rounds comb / post to that dtype first: in bf16 the
+two differ by bf16 roundings, in fp32 by summation order only.
 """
 
 from __future__ import annotations
@@ -44,25 +47,41 @@ def hc_mix_weights(z: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, n: 
     return pre, post, comb
 
 
-def _fused_kernel():
-    """sgl_kernel's fused mixing-weights kernel, or None where Triton / sgl_kernel is not installed."""
-    return sgl_kernel_op("dsv4_mhc", "dsv4_hc_mix")
+def _fused(name: str, streams: torch.Tensor):
+    """sgl_kernel.dsv4_mhc.<name> for GPU tensors (CUDA and ROCm), None on CPU (the interpreter is slow) or where
+    Triton / sgl_kernel is not installed."""
+    return sgl_kernel_op("dsv4_mhc", name) if streams.is_cuda else None
 
 
 def hc_pre(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,
            sinkhorn_iters: int, hc_eps: float, norm_eps: float) -> tuple:
     """streams [T, n, D] -> (u [T, D], post [T, n] fp32, comb [T, n, n] fp32)."""
+    fused = _fused("dsv4_hc_pre", streams)
+    if fused is not None:
+        return fused(streams, fn, scale, base, sinkhorn_iters, hc_eps, norm_eps)
+    return hc_pre_ref(streams, fn, scale, base, sinkhorn_iters, hc_eps, norm_eps)
+
+
+def hc_pre_ref(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,
+               sinkhorn_iters: int, hc_eps: float, norm_eps: float) -> tuple:
+    """hc_pre in torch (the CPU path)."""
     n = streams.shape[1]
     z = _mixes(streams, fn, norm_eps)
-    fused = _fused_kernel() if z.is_cuda else None  # CUDA and ROCm; CPU keeps torch (the interpreter is slow)
-    mix = fused or hc_mix_weights
-    pre, post, comb = mix(z, scale, base, n, sinkhorn_iters, hc_eps)
+    pre, post, comb = hc_mix_weights(z, scale, base, n, sinkhorn_iters, hc_eps)
     u = (pre.unsqueeze(-1) * streams).sum(dim=1).to(streams.dtype)
     return u, post, comb
 
 
 def hc_post(out: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
     """out [T, D], streams [T, n, D] -> new streams [T, n, D]: post (x) out + comb^T . streams."""
+    fused = _fused("dsv4_hc_post", streams)
+    if fused is not None:
+        return fused(out, streams, post, comb)
+    return hc_post_ref(out, streams, post, comb)
+
+
+def hc_post_ref(out: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+    """hc_post in torch (the CPU path): comb and post rounded to the streams' dtype, a matmul in that dtype."""
     dtype = streams.dtype
     mixed = torch.matmul(comb.to(dtype).transpose(-1, -2), streams)
     return post.to(dtype).unsqueeze(-1) * out.unsqueeze(-2) + mixed
@@ -71,6 +90,15 @@ def hc_post(out: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: 
 def hc_head(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,
             hc_eps: float, norm_eps: float) -> torch.Tensor:
     """Collapse streams [T, n, D] -> [T, D] with w_j = sigmoid(a_j * scale + base_j) + eps (no Sinkhorn)."""
+    fused = _fused("dsv4_hc_head", streams)
+    if fused is not None:
+        return fused(streams, fn, scale, base, hc_eps, norm_eps)
+    return hc_head_ref(streams, fn, scale, base, hc_eps, norm_eps)
+
+
+def hc_head_ref(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,
+                hc_eps: float, norm_eps: float) -> torch.Tensor:
+    """hc_head in torch (the CPU path)."""
     a = _mixes(streams, fn, norm_eps)
     w = torch.sigmoid(a * scale.float() + base.float()) + hc_eps
     return (w.unsqueeze(-1) * streams).sum(dim=1).to(streams.dtype)

@@ -1,0 +1,98 @@
+"""Benchmark of the fused mHC ops (sgl_kernel.dsv4_mhc) against the engine's torch path, at DeepSeek-V4-Flash widths
+(n 4 streams, D 4096, bf16 streams, fn [24, 16384] fp32) and 1 / 8 / 32 / 128 tokens.
+
+    python benchmark/kernels/bench_dsv4_mhc.py
+
+Rows: hc_pre (the torch path on a GPU before the fusion: torch mixes, dsv4_hc_mix, the torch sum of u), hc_post and
+hc_head against their torch code. Per row: GPU kernel time (CUDA profiler), the call captured as a CUDA graph and
+replayed (wall time: what a decode step pays, each kernel's launch and tail included), kernels per call, for the
+fused op and the torch path; bytes_moved = the streams (and o) read once, fn once, every output written once.
+The same run's copy bandwidth prints first.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+from sgl_kernel.dsv4_mhc import dsv4_hc_head, dsv4_hc_mix, dsv4_hc_post, dsv4_hc_pre
+from sglang.srt.layers.mhc import _mixes, hc_head_ref, hc_post_ref
+
+try:
+    from .common import BenchRow, copy_bandwidth_gbps, time_cuda_us, time_eager_us
+except ImportError:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from common import BenchRow, copy_bandwidth_gbps, time_cuda_us, time_eager_us
+
+N, D, ITERS, EPS = 4, 4096, 20, 1e-6
+TOKENS = (1, 8, 32, 128)
+
+
+def kernels_per_call(fn) -> float:
+    """GPU kernels (and copies) one call launches, from the CUDA profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            fn()
+        torch.cuda.synchronize()
+    return sum(e.device_type == torch.autograd.DeviceType.CUDA for e in prof.events()) / 5
+
+
+def graph_replay_us(fn) -> float:
+    """Wall time of fn captured as a CUDA graph and replayed (median of CUDA events around each replay)."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return time_eager_us(graph.replay, iters=100, warmup=10)
+
+
+def _pre_torch(streams, fn, scale, base):
+    """The engine's hc_pre on a GPU before the fusion: torch mixes, the fused weights kernel, a torch sum."""
+    pre, post, comb = dsv4_hc_mix(_mixes(streams, fn, EPS), scale, base, N, ITERS, EPS)
+    return (pre.unsqueeze(-1) * streams).sum(dim=1).to(streams.dtype), post, comb
+
+
+def _row(op: str, t: int, fused, torch_path, bytes_moved: float) -> BenchRow:
+    us = time_cuda_us(fused)
+    base = time_cuda_us(torch_path)
+    note = (f"graph replay {graph_replay_us(fused):.1f} us vs {graph_replay_us(torch_path):.1f} us; kernels "
+            f"{kernels_per_call(fused):.0f} vs {kernels_per_call(torch_path):.0f}")
+    return BenchRow(kernel=f"dsv4_{op}", case=f"T={t} n={N} D={D} bf16", time_us=us, bytes_moved=bytes_moved,
+                    baseline_us=base, note=note)
+
+
+def bench() -> list:
+    rows = []
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for t in TOKENS:
+        m = 2 * N + N * N
+        streams = torch.randn(t, N, D, device="cuda", generator=g).bfloat16()
+        out = torch.randn(t, D, device="cuda", generator=g).bfloat16()
+        fn = torch.randn(m, N * D, device="cuda", generator=g) * (N * D) ** -0.5
+        scale, base = torch.ones(3, device="cuda"), torch.zeros(m, device="cuda")
+        head_fn, head_scale, head_base = fn[:N].contiguous(), scale[:1], base[:N]
+        _, post, comb = dsv4_hc_pre(streams, fn, scale, base, ITERS, EPS, EPS)
+        s_bytes, o_bytes, w_bytes = streams.numel() * 2, out.numel() * 2, post.numel() * 4 + comb.numel() * 4
+        rows.append(_row("hc_pre", t, lambda: dsv4_hc_pre(streams, fn, scale, base, ITERS, EPS, EPS),
+                         lambda: _pre_torch(streams, fn, scale, base), s_bytes + fn.numel() * 4 + o_bytes + w_bytes))
+        rows.append(_row("hc_post", t, lambda: dsv4_hc_post(out, streams, post, comb),
+                         lambda: hc_post_ref(out, streams, post, comb), 2 * s_bytes + o_bytes + w_bytes))
+        rows.append(_row("hc_head", t, lambda: dsv4_hc_head(streams, head_fn, head_scale, head_base, EPS, EPS),
+                         lambda: hc_head_ref(streams, head_fn, head_scale, head_base, EPS, EPS),
+                         s_bytes + head_fn.numel() * 4 + o_bytes))
+    return rows
+
+
+if __name__ == "__main__":
+    copy = copy_bandwidth_gbps()
+    print(f"{torch.cuda.get_device_name()}: copy bandwidth {copy:.0f} GB/s (read + write)")
+    for r in bench():
+        print(f"{r.kernel:12s} {r.case:22s} {r.time_us:7.1f} us {r.gbps():6.0f} GB/s ({r.gbps() / copy:5.1%} of copy)"
+              f"  torch {r.baseline_us:7.1f} us  {r.note}")
