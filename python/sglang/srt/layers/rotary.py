@@ -4,18 +4,21 @@ Pairs are (2i, 2i+1) of the rotary slice, rotated by pos * w_i, w_i = theta^(-2i
 compress_rope_theta with YaRN frequency interpolation and no magnitude factor; sliding-only layers and MTP use
 rope_theta without YaRN. The same table serves queries, window KV, compressed entries and indexer q/k.
 On GPUs `apply` runs sgl_kernel's one-launch `dsv4_rope` (`apply_fp8`: its FP8-quantizing twin, for the attention
-output before an FP8 wo_a); the torch code here is the CPU path and its reference.
+output before an FP8 wo_a; `apply_normed`: RMSNorm and RoPE as one launch, dsv4_qk_norm_rope, for the attention's
+query heads and its K=V vector); the torch code here is the CPU path and its reference.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 from torch import nn
 
 from sglang.srt.configs.deepseek_v4 import YarnScaling, yarn_ramp_bounds
+from sglang.srt.layers import aiter_ops
 from sglang.srt.layers.gpu_kernels import sgl_kernel_op
+from sglang.srt.layers.norm import RMSNorm, rms_normalize
 from sglang.srt.layers.quantization.fp8 import Fp8Activation
 
 
@@ -57,6 +60,15 @@ class RotaryEmbedding(nn.Module):
         cos, sin = self.cos_sin(positions)
         return apply_rotary(x, cos, sin, inverse)
 
+    def apply_normed(self, x: torch.Tensor, positions: torch.Tensor, norm: Union[RMSNorm, float]) -> torch.Tensor:
+        """apply(RMSNorm(x), positions): x [T, H, D] query heads under the unweighted norm (`norm` its eps) or x [T, D],
+        the K=V vector, under a weighted RMSNorm module. On GPUs one launch that reads x through its strides (a
+        joined projection's split view needs no copy); on CPU, and under AITER (its norm), the norm then `apply`."""
+        weight, eps = (norm.weight, norm.eps) if isinstance(norm, RMSNorm) else (None, float(norm))
+        fused = _fused_norm_rope(x)
+        if fused is not None:
+            return fused(x, weight, eps, positions, self.inv_freq)
+        return self.apply(norm(x) if weight is not None else rms_normalize(x, eps), positions)
 
     def apply_fp8(self, x: torch.Tensor, positions: torch.Tensor, inverse: bool,
                   path: str) -> Optional[Fp8Activation]:
@@ -74,6 +86,14 @@ class RotaryEmbedding(nn.Module):
 def _fused_kernel():
     """sgl_kernel's Triton RoPE, or None where Triton / sgl_kernel is not installed."""
     return sgl_kernel_op("dsv4_rope", "dsv4_rope")
+
+
+def _fused_norm_rope(x: torch.Tensor):
+    """sgl_kernel's one-launch RMSNorm + RoPE where x is on a GPU (not where AITER runs the norm) and its layout is
+    covered; else None."""
+    if not x.is_cuda or x.stride(-1) != 1 or x.dim() not in (2, 3) or aiter_ops.use_aiter(x):
+        return None
+    return sgl_kernel_op("dsv4_qk_norm_rope", "dsv4_qk_norm_rope")
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False) -> torch.Tensor:

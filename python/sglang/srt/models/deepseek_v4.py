@@ -27,7 +27,7 @@ from sglang.srt.layers.fused_linear import join_linears, record_joined
 from sglang.srt.layers.mhc import hc_head, hc_post, hc_pre
 from sglang.srt.layers.moe.experts import RoutedExperts, SharedExpert, append_shared_expert
 from sglang.srt.layers.moe.router import Gate
-from sglang.srt.layers.norm import RMSNorm, rms_normalize
+from sglang.srt.layers.norm import RMSNorm
 from sglang.srt.layers.parallel_linear import ParallelLMHead, VocabParallelEmbedding
 from sglang.srt.layers.quantization.fp8 import Fp8Activation, Fp8BlockLinear, w8a8_input_path
 from sglang.srt.layers.rotary import RotaryEmbedding
@@ -164,10 +164,10 @@ class Attention(nn.Module):
         else:
             qr, qr_in = norm_for_linear(self.q_norm, q_a, self.wq_b)
             q = self.wq_b(qr_in)
-        q = rms_normalize(q.view(-1, self.n_heads, self.head_dim), self.eps)
-        q = self.rotary.apply(q, positions)
+        # Norm and RoPE as one launch each on GPUs, reading the split views through their strides (no copies).
+        q = self.rotary.apply_normed(q.view(-1, self.n_heads, self.head_dim), positions, self.eps)
         # One shared key = value vector per token.
-        kv = self.rotary.apply(self.kv_norm(kv), positions)
+        kv = self.rotary.apply_normed(kv, positions, self.kv_norm)
         # Compressed entries completed by these rows must exist before any row attends.
         topk_slots = None
         if self.compressor is not None:
