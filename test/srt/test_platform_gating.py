@@ -291,6 +291,7 @@ def test_aiter_import_failure_falls_back(caplog, monkeypatch):
 
 
 def test_aiter_present_dispatch(stub_aiter):
+    torch.manual_seed(0)  # the draws are the test's own, whatever earlier tests left in the global generator
     x32, w = torch.randn(4, 3, 64), torch.randn(64)
     want_norm, want_plain = reference_norms(x32, w)
     with plat.simulate_platform("hip", gfx="gfx950", aiter=True):
@@ -320,7 +321,7 @@ def test_aiter_present_dispatch(stub_aiter):
         assert x_in.shape == (12, 64) and out.shape == xb.shape
         xf = xb.float()  # (computed here: a reference through RMSNorm would itself dispatch to the stub)
         ref = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + 1e-6) * exact.weight
-        assert torch.allclose(out.float(), ref + 1, atol=2e-2)
+        assert torch.allclose(out.float(), ref + 1, rtol=1e-2, atol=2e-2)  # bf16 output: relative rounding
         joined = torch.randn(5, 96)  # a split view of a joined projection's output: rows 96 apart
         out = norm(joined[:, :64])
         x_in, _, _ = stub_aiter.calls[-1]
