@@ -14,11 +14,11 @@ path) follows it through a stable descending sort: the lower expert id wins a ti
 
 Letters: T tokens, D hidden, E experts, k picks. Grid (expert blocks x D splits, token blocks). Each program sums
 its [BLOCK_T, BLOCK_E] logits over its D split: a broadcast multiply-sum for a few tokens (the decode GEMV), tl.dot
-for 16 or more rows. Where a token block has more than one program, each writes its partial sums to a workspace and
-counts itself in on the token block's counter (an atomic: only the count depends on arrival order); the last to
-arrive adds the partials in split order (the same bits whatever the order of arrival), routes the rows and sets the
-counter back to 0. The counters are a per-device buffer that stays zero between launches, so a launch needs no
-memset: one kernel per call. Launches on one device must not run concurrently (the engine runs one stream).
+for 16 or more rows. Each writes its partial sums to a workspace and counts itself in on the token block's counter
+(an atomic: only the count depends on arrival order); the last to arrive sets the counter back to 0, adds the
+partials in split order (the same bits whatever the order of arrival) and routes the rows, 16 at a time at E 256.
+The counters are a per-device buffer that stays zero between launches, so a launch needs no memset: one kernel per
+call. Launches on one device must not run concurrently (the engine runs one stream).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import triton.language as tl
 
 from sgl_kernel.dsv4_pdl import interpreting
 
-SOFTPLUS_THRESHOLD = 20.0  # torch.nn.functional.softplus's default: above it softplus(x) = x
+SOFTPLUS_THRESHOLD = tl.constexpr(20.0)  # torch.nn.functional.softplus's default: above it softplus(x) = x
 
 
 @dataclass(frozen=True)
@@ -163,14 +163,14 @@ def _route_rows(logits, rows, T, E, bias_ptr, tid_ptr, ids_in_ptr, stride_tid, o
 
 @triton.jit
 def _router_kernel(x_ptr, w_ptr, bias_ptr, tid_ptr, ids_in_ptr, ws_ptr, cnt_ptr, out_w_ptr, out_id_ptr,
-                   T, D, E, d_per_split, stride_x, stride_w, stride_tid, stride_ow, stride_oid,
+                   T, D, E, d_per_split, split_d, stride_x, stride_w, stride_tid, stride_ow, stride_oid,
                    local_start, num_local, shared_id, scale,
                    BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr, E_PAD: tl.constexpr,
-                   SPLIT_D: tl.constexpr, TOPK: tl.constexpr, K_PAD: tl.constexpr, HASH: tl.constexpr,
-                   SHARED: tl.constexpr, TICKET: tl.constexpr, USE_DOT: tl.constexpr, NATIVE: tl.constexpr):
-    """program_id(1): a block of BLOCK_T tokens; program_id(0) = split * expert blocks + expert block. TICKET
-    (more than one program per token block): partial logits through the workspace ws [SPLIT_D, T, E_PAD] and the
-    token block's counter; else the program holds every expert's logits and routes its rows itself."""
+                   ROUTE_T: tl.constexpr, TOPK: tl.constexpr, K_PAD: tl.constexpr, HASH: tl.constexpr,
+                   SHARED: tl.constexpr, USE_DOT: tl.constexpr, NATIVE: tl.constexpr):
+    """program_id(1): a block of BLOCK_T tokens; program_id(0) = split * expert blocks + expert block. The partial
+    logits go through the workspace ws [split_d, T, E_PAD]; the token block's last program to arrive sums them and
+    routes the block ROUTE_T rows at a time (a [ROUTE_T, E_PAD] tile fits the registers)."""
     tb = tl.program_id(1)
     num_eb = tl.cdiv(E, BLOCK_E)
     eb = tl.program_id(0) % num_eb
@@ -181,26 +181,23 @@ def _router_kernel(x_ptr, w_ptr, bias_ptr, tid_ptr, ids_in_ptr, ws_ptr, cnt_ptr,
     d_hi = tl.minimum(d_lo + d_per_split, D)
     acc = _partial_logits(x_ptr, w_ptr, rows, cols, d_lo, d_hi, T, E, stride_x, stride_w, BLOCK_T, BLOCK_E,
                           BLOCK_D, USE_DOT, NATIVE)
-    if TICKET:
-        r64 = rows.to(tl.int64)[:, None]
-        tl.store(ws_ptr + (split * T + r64) * E_PAD + cols[None, :], acc, mask=(rows < T)[:, None])
-        tl.debug_barrier()  # every thread's partials stored before the count releases them
-        arrived = tl.atomic_add(cnt_ptr + tb, 1, sem="acq_rel")
-        if arrived == tl.num_programs(0) - 1:  # the others' partials are visible (acquire): read them from L2
-            all_cols = tl.arange(0, E_PAD)
-            part = ws_ptr + r64 * E_PAD + all_cols[None, :]
-            ok = (rows < T)[:, None] & (all_cols < E)[None, :]  # columns past E were never written
+    tl.store(ws_ptr + (split * T + rows.to(tl.int64)[:, None]) * E_PAD + cols[None, :], acc,
+             mask=(rows < T)[:, None])
+    tl.debug_barrier()  # every thread's partials stored before the count releases them
+    arrived = tl.atomic_add(cnt_ptr + tb, 1, sem="acq_rel")
+    if arrived == tl.num_programs(0) - 1:  # the others' partials are visible (acquire): read them from L2
+        tl.store(cnt_ptr + tb, 0)  # zero for the next launch
+        all_cols = tl.arange(0, E_PAD)
+        for r0 in tl.static_range(0, BLOCK_T, ROUTE_T):
+            sub = tb * BLOCK_T + r0 + tl.arange(0, ROUTE_T)
+            part = ws_ptr + sub.to(tl.int64)[:, None] * E_PAD + all_cols[None, :]
+            ok = (sub < T)[:, None] & (all_cols < E)[None, :]  # columns past E were never written
             logits = tl.load(part, mask=ok, other=0.0, cache_modifier=".cg")
-            for s in tl.static_range(1, SPLIT_D):
+            for s in range(1, split_d):  # in split order: the same sums whatever the order of arrival
                 logits += tl.load(part + s * T * E_PAD, mask=ok, other=0.0, cache_modifier=".cg")
-            tl.store(cnt_ptr + tb, 0)  # zero for the next launch
-            _route_rows(logits, rows, T, E, bias_ptr, tid_ptr, ids_in_ptr, stride_tid, out_w_ptr, out_id_ptr,
-                        stride_ow, stride_oid, local_start, num_local, shared_id, scale, BLOCK_T, E_PAD, TOPK,
+            _route_rows(logits, sub, T, E, bias_ptr, tid_ptr, ids_in_ptr, stride_tid, out_w_ptr, out_id_ptr,
+                        stride_ow, stride_oid, local_start, num_local, shared_id, scale, ROUTE_T, E_PAD, TOPK,
                         K_PAD, HASH, SHARED)
-    else:
-        _route_rows(acc, rows, T, E, bias_ptr, tid_ptr, ids_in_ptr, stride_tid, out_w_ptr, out_id_ptr,
-                    stride_ow, stride_oid, local_start, num_local, shared_id, scale, BLOCK_T, E_PAD, TOPK, K_PAD,
-                    HASH, SHARED)
 
 
 def dsv4_router(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], tid2eid: Optional[torch.Tensor],
@@ -236,24 +233,22 @@ def dsv4_router(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
     num_eb, num_tb = triton.cdiv(num_experts, block_e), triton.cdiv(tokens, cfg.block_t)
     d_per_split = triton.cdiv(triton.cdiv(hidden, cfg.split_d), cfg.block_d) * cfg.block_d
     split_d = triton.cdiv(hidden, d_per_split)
-    ticket = num_eb * split_d > 1
-    if ticket:
-        ws = torch.empty(split_d, tokens, e_pad, dtype=torch.float32, device=x.device)
-        counters = _token_block_counters(x.device, num_tb)
-    else:
-        ws = counters = out_w
+    ws = torch.empty(split_d, tokens, e_pad, dtype=torch.float32, device=x.device)
+    counters = _token_block_counters(x.device, num_tb)
     use_dot = cfg.block_t >= 16 and block_e >= 16 and cfg.block_d >= 16
     native = use_dot and x.dtype == weight.dtype and x.dtype in (torch.bfloat16, torch.float16) and not interpreting()
     local = local_experts if local_experts is not None else range(0, num_experts)
+    # rows routed at a time: 32 logits a thread per [ROUTE_T, E_PAD] tile (the routing holds ~3 such tiles)
+    route_t = min(cfg.block_t, max(1, 32 * 32 * cfg.num_warps // e_pad))
     _router_kernel[(num_eb * split_d, num_tb)](
         x, weight, bias if bias is not None else weight, tid2eid if use_hash else out_id,
         input_ids if use_hash else out_id, ws, counters, out_w, out_id,
-        tokens, hidden, num_experts, d_per_split, x.stride(0), weight.stride(0),
+        tokens, hidden, num_experts, d_per_split, split_d, x.stride(0), weight.stride(0),
         tid2eid.stride(0) if use_hash else 0, out_w.stride(0), out_id.stride(0),
         local.start, len(local), shared_expert_id if shared else 0, float(routed_scaling_factor),
-        BLOCK_T=cfg.block_t, BLOCK_E=block_e, BLOCK_D=cfg.block_d, E_PAD=e_pad, SPLIT_D=split_d, TOPK=top_k,
-        K_PAD=triton.next_power_of_2(width), HASH=use_hash, SHARED=shared, TICKET=ticket, USE_DOT=use_dot,
-        NATIVE=native, num_warps=cfg.num_warps)
+        BLOCK_T=cfg.block_t, BLOCK_E=block_e, BLOCK_D=cfg.block_d, E_PAD=e_pad, ROUTE_T=route_t, TOPK=top_k,
+        K_PAD=triton.next_power_of_2(width), HASH=use_hash, SHARED=shared, USE_DOT=use_dot, NATIVE=native,
+        num_warps=cfg.num_warps)
     return out_w, out_id
 
 
