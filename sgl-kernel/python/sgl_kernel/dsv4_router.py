@@ -227,6 +227,10 @@ def dsv4_router(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
         return out_w, out_id
     x = x if x.stride(-1) == 1 else x.contiguous()
     weight = weight if weight.stride(-1) == 1 else weight.contiguous()
+    if use_hash and tid2eid.stride(-1) != 1:
+        tid2eid = tid2eid.contiguous()
+    if bias is not None and bias.stride(0) != 1:
+        bias = bias.contiguous()
     cfg = launch or router_launch(tokens, num_experts, hidden)
     e_pad = triton.next_power_of_2(num_experts)
     block_e = min(cfg.block_e, e_pad)
