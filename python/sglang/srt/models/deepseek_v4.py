@@ -26,7 +26,7 @@ from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorO
 from sglang.srt.layers.fused_linear import join_linears, record_joined
 from sglang.srt.layers.mhc import hc_head, hc_post, hc_pre
 from sglang.srt.layers.moe.experts import RoutedExperts, SharedExpert, append_shared_expert
-from sglang.srt.layers.moe.router import Gate
+from sglang.srt.layers.moe.router import Gate, for_local_experts
 from sglang.srt.layers.norm import RMSNorm
 from sglang.srt.layers.parallel_linear import ParallelLMHead, VocabParallelEmbedding
 from sglang.srt.layers.quantization.fp8 import Fp8Activation, Fp8BlockLinear, w8a8_input_path
@@ -239,22 +239,19 @@ class MoE(nn.Module):
     def _partial(self, x: torch.Tensor, input_ids: torch.Tensor,
                  x_in: Union[torch.Tensor, Fp8Activation, None] = None) -> torch.Tensor:
         """This rank's part of the MoE output: its experts' (and shared-expert part's) sum, before the all-reduce."""
-        weights, ids = self.gate(x, input_ids)
+        # Expert parallelism: pairs routed to another rank's experts get id -1, which the experts skip; fused: one
+        # more column per token, expert E at weight 1 (the grouped pass adds it after the routed experts, in the
+        # unfused order, so the sum is the same). On GPUs the gate's one launch does both (router.Gate.route).
+        local = self.local_experts if self.expert_parallel else None
         recorder = get_expert_distribution_recorder()
-        if recorder is not None:  # --expert-distribution-recorder-mode: the router's choices, counted on the device
+        if recorder is None:
+            weights, ids = self.gate.route(x, input_ids, local, self.shared_expert_id)
+        else:  # --expert-distribution-recorder-mode: the router's global choices, counted on the device
+            weights, ids = self.gate(x, input_ids)
             recorder.record(self.layer_id, ids)
-        if self.expert_parallel:
-            # Pairs routed to another rank's experts: id -1, which the experts skip (fixed shapes, no host read;
-            # that rank computes them and the all-reduce adds them).
-            local = ids - self.local_experts.start
-            mine = (local >= 0) & (local < len(self.local_experts))
-            ids, weights = torch.where(mine, local, -1), torch.where(mine, weights, 0.0)
+            weights, ids = for_local_experts(weights, ids, local, self.shared_expert_id)
         if self.shared_experts is not None:
             return self.experts(x, ids, weights) + self.shared_experts(x if x_in is None else x_in)
-        # Fused: one more column per token, expert E at weight 1. The grouped pass adds it after the routed
-        # experts, in the unfused order, so the sum is the same.
-        ids = torch.cat((ids, ids.new_full((ids.shape[0], 1), self.shared_expert_id)), dim=1)
-        weights = torch.cat((weights, weights.new_ones(weights.shape[0], 1)), dim=1)
         return self.experts(x, ids, weights)
 
 
