@@ -1,8 +1,9 @@
 """dsv4_fp8_act_quant / dsv4_fp8_block_gemm against their torch references (sgl_kernel.dsv4_fp8_gemm_ref):
 power-of-two activation scales and e4m3 codes equal exactly (ties to even included), the GEMM of given FP8 operands
 equal to the fp32 product of their dequantized values, W8A16, groups with N not a multiple of 128 and partial K
-blocks, zero rows. GPU (skipped without CUDA): exact activation codes and measured error bounds at DeepSeek-V4 Flash
-shapes in bf16."""
+blocks, zero rows; split-K reduced in its one launch exactly as the partials summed in split order. GPU (skipped
+without CUDA): exact activation codes and measured error bounds at DeepSeek-V4 Flash shapes in bf16, the split-K
+reduction bit for bit and under CUDA-graph replays."""
 
 from __future__ import annotations
 
@@ -119,8 +120,8 @@ def test_dequant_equals_reference(n, k, dtype):
 @pytest.mark.parametrize("split_k", [2, 3])
 @pytest.mark.parametrize("quantize_act", [False, True])
 def test_split_k_equals_one_pass(split_k, quantize_act):
-    """Split-K (few rows: each split sums its K blocks into an fp32 slice, the slices summed after) gives the one-pass
-    result, with a partial last K block and two groups."""
+    """Split-K (few rows: each split sums its K blocks into an fp32 slice, the tile's last split adds the slices)
+    gives the one-pass result, with a partial last K block and two groups."""
     from sgl_kernel.dsv4_fp8_gemm import _launch
 
     groups, n, k = 2, 80, 600  # 5 K blocks, the last partial
