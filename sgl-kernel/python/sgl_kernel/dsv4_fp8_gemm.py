@@ -117,6 +117,7 @@ def _fp8_block_gemm_kernel(a_ptr, as_ptr, w_ptr, w_desc, ws_ptr, out_ptr, part_p
     w_ptrs = w_ptr + w_row[None, :] * stride_wn + kb_lo * BLOCK_K + rk[:, None]  # [BLOCK_K, BLOCK_N], W transposed
     ws_ptrs = ws_ptr + (w_row // BLOCK_K) * stride_ws
     as_ptrs = as_ptr + rm.to(tl.int64) * stride_as + g * KB
+    cnt = cnt_ptr + (g * tl.num_programs(1) + pid_m) * tl.num_programs(0) + pid_n  # this output tile's counter
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kb in range(kb_lo, kb_hi):
         k_ok = kb * BLOCK_K + rk < K
@@ -139,16 +140,15 @@ def _fp8_block_gemm_kernel(a_ptr, as_ptr, w_ptr, w_desc, ws_ptr, out_ptr, part_p
         parts = part_ptr + rm.to(tl.int64)[:, None] * stride_pm + g * N + rn[None, :]
         tl.store(parts + split.to(tl.int64) * stride_ps, acc, mask=ok)
         if LAST_REDUCES:
-            tile = (g * tl.num_programs(1) + pid_m) * tl.num_programs(0) + pid_n
             tl.debug_barrier()  # every thread's partial stored before the count releases them
-            arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
+            arrived = tl.atomic_add(cnt, 1, sem="acq_rel")
             if arrived == SPLITS - 1:  # the other splits' partials are visible (acquire): add them from L2 in order
                 total = tl.load(parts, mask=ok, other=0.0, cache_modifier=".cg")
                 for _ in range(1, SPLITS):
                     parts += stride_ps  # pointer steps: 64-bit offsets
                     total += tl.load(parts, mask=ok, other=0.0, cache_modifier=".cg")
                 tl.store(out_ptrs, total.to(out_ptr.dtype.element_ty), mask=ok)
-                tl.store(cnt_ptr + tile, 0)  # every split has counted: the next launch (or graph replay) starts at 0
+                tl.store(cnt, 0)  # every split has counted: the next launch (or graph replay) starts at 0
     else:
         tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
