@@ -6,6 +6,13 @@ the bits of amax, as the hub's dynamic ue8m0 scheme; dsv4_fp8_gemm_ref.py is the
 MMA is missing (pre-Hopper NVIDIA, or a caller's choice), `quantize_act=False` runs W8A16: the weight tile is
 converted to the activation dtype in registers and only its scale applied.
 
+Split-K: at decode rows the output tiles are too few to fill the GPU, so K is split (`_splits`: tiles x splits about
+twice the SMs). Each split stores its fp32 partial tile to a workspace and counts itself on the tile's int32 counter
+(release); the tile's last split (acquire) adds the partials in split order and stores the sum in the output dtype,
+then puts the counter back to zero. One launch, deterministic, and bit for bit what a GEMM writing the partials
+followed by a summing kernel gives. The counters (`_tile_counters`) are allocated once per device; launches sharing a
+device must run one after another (one stream), as the engine's do.
+
 Groups: x [M, G * K] and W [G * N, K]; output columns [g * N, (g + 1) * N) are x[:, g] @ W[g * N:(g + 1) * N].T, each
 group's activations quantized on their own. G = 1 is a plain linear; DeepSeek-V4's grouped low-rank output
 projection `wo_a` uses G = o_groups. Weight-scale rows are looked up by absolute weight row, so N need not be a
@@ -81,15 +88,19 @@ def _act_quant_kernel(x_ptr, q_ptr, s_ptr, M, K, KB, stride_x, stride_q, stride_
 
 
 @triton.jit
-def _fp8_block_gemm_kernel(a_ptr, as_ptr, w_ptr, w_desc, ws_ptr, c_ptr, M, N, K, KB, SPLITS, KB_PER_SPLIT, stride_am,
-                           stride_as, stride_wn, stride_ws, stride_cm, stride_cs, QUANT_A: tl.constexpr,
-                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                           PREC: tl.constexpr, TMA: tl.constexpr):
-    """One [BLOCK_M, BLOCK_N] tile of group g over K blocks [split * KB_PER_SPLIT, ...) (split-K: few rows leave
-    too few tiles to fill the GPU; each split writes its fp32 partial sums to its own slice, summed afterwards).
-    TMA: the weight tiles through the tensor descriptor `w_desc` over w [G * N, K] (no per-element address
-    registers; copies the compiler can pipeline); tile rows past this group's N only reach masked outputs, K past
-    the weight reads zeros."""
+def _fp8_block_gemm_kernel(a_ptr, as_ptr, w_ptr, w_desc, ws_ptr, out_ptr, part_ptr, cnt_ptr, M, N, K, KB, SPLITS,
+                           KB_PER_SPLIT, stride_am, stride_as, stride_wn, stride_ws, stride_om, stride_pm, stride_ps,
+                           QUANT_A: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                           BLOCK_K: tl.constexpr, PREC: tl.constexpr, TMA: tl.constexpr, SPLIT_K: tl.constexpr,
+                           LAST_REDUCES: tl.constexpr):
+    """One [BLOCK_M, BLOCK_N] tile of group g over K blocks [split * KB_PER_SPLIT, ...). Without SPLIT_K the one
+    split stores its tile to out. SPLIT_K (few rows leave too few tiles to fill the GPU): each split stores its fp32
+    partial sums to its own slice of part [SPLITS, M, G * N]; with LAST_REDUCES the tile's last split to finish
+    (counted in cnt_ptr, one int32 per output tile, zero between launches) adds the SPLITS slices in split order,
+    stores the sum to out in out's dtype and puts the count back to zero (a two-launch GEMM + sum, bit for bit, in
+    one launch). TMA: the weight tiles through the tensor descriptor `w_desc` over w [G * N, K] (no per-element
+    address registers; copies the compiler can pipeline); tile rows past this group's N only reach masked outputs,
+    K past the weight reads zeros."""
     pid_m = tl.program_id(1)
     pid_n = tl.program_id(0)
     g = tl.program_id(2) // SPLITS
@@ -106,6 +117,7 @@ def _fp8_block_gemm_kernel(a_ptr, as_ptr, w_ptr, w_desc, ws_ptr, c_ptr, M, N, K,
     w_ptrs = w_ptr + w_row[None, :] * stride_wn + kb_lo * BLOCK_K + rk[:, None]  # [BLOCK_K, BLOCK_N], W transposed
     ws_ptrs = ws_ptr + (w_row // BLOCK_K) * stride_ws
     as_ptrs = as_ptr + rm.to(tl.int64) * stride_as + g * KB
+    cnt = cnt_ptr + (g * tl.num_programs(1) + pid_m) * tl.num_programs(0) + pid_n  # this output tile's counter
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kb in range(kb_lo, kb_hi):
         k_ok = kb * BLOCK_K + rk < K
@@ -122,20 +134,23 @@ def _fp8_block_gemm_kernel(a_ptr, as_ptr, w_ptr, w_desc, ws_ptr, c_ptr, M, N, K,
             acc += tl.dot(a, w.to(a.dtype), out_dtype=tl.float32, input_precision=PREC) * sw[None, :]
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
-    c_ptrs = c_ptr + split.to(tl.int64) * stride_cs + rm.to(tl.int64)[:, None] * stride_cm + g * N + rn[None, :]
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
-
-
-@triton.jit
-def _sum_splits_kernel(c_ptr, out_ptr, numel, SPLITS, BLOCK: tl.constexpr):
-    """out = the K splits' fp32 partial sums c [SPLITS, numel] added in split order, in out's dtype (one launch where
-    c.sum(0).to(dtype) took two)."""
-    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    ok = i < numel
-    acc = tl.load(c_ptr + i, mask=ok, other=0.0)
-    for s in range(1, SPLITS):
-        acc += tl.load(c_ptr + s * numel + i, mask=ok, other=0.0)
-    tl.store(out_ptr + i, acc.to(out_ptr.dtype.element_ty), mask=ok)
+    ok = m_ok[:, None] & n_ok[None, :]
+    out_ptrs = out_ptr + rm.to(tl.int64)[:, None] * stride_om + g * N + rn[None, :]
+    if SPLIT_K:
+        parts = part_ptr + rm.to(tl.int64)[:, None] * stride_pm + g * N + rn[None, :]
+        tl.store(parts + split.to(tl.int64) * stride_ps, acc, mask=ok)
+        if LAST_REDUCES:
+            tl.debug_barrier()  # every thread's partial stored before the count releases them
+            arrived = tl.atomic_add(cnt, 1, sem="acq_rel")
+            if arrived == SPLITS - 1:  # the other splits' partials are visible (acquire): add them from L2 in order
+                total = tl.load(parts, mask=ok, other=0.0, cache_modifier=".cg")
+                for _ in range(1, SPLITS):
+                    parts += stride_ps  # pointer steps: 64-bit offsets
+                    total += tl.load(parts, mask=ok, other=0.0, cache_modifier=".cg")
+                tl.store(out_ptrs, total.to(out_ptr.dtype.element_ty), mask=ok)
+                tl.store(cnt, 0)  # every split has counted: the next launch (or graph replay) starts at 0
+    else:
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -258,8 +273,33 @@ def _splits(tiles: int, kb: int, device: torch.device) -> int:
     return max(1, min(want, kb // 2))
 
 
+_COUNTERS: dict = {}
+_COUNTERS_MIN = 1024  # more than the output tiles of any launch _splits splits (fewer than twice the SMs)
+
+
+def _tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
+    """The device's int32 split counters, one per output tile of a split-K launch: zeroed once at allocation, put
+    back to zero by the launch that counts on them (its last split of each tile), so every later launch and CUDA-graph
+    replay finds them zero. Launches on one device must not overlap in time (one stream, as the engine's). A larger
+    buffer replaces a smaller one only outside a graph capture; the smaller stays allocated for graphs captured with
+    it."""
+    key = (device.type, device.index)
+    held = _COUNTERS.setdefault(key, [])
+    if not held or held[-1].numel() < tiles:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"a split-K FP8 GEMM of {tiles} output tiles needs its counters allocated before "
+                               "graph capture: run it once eagerly (a warm-up) first")
+        held.append(torch.zeros(max(tiles, _COUNTERS_MIN, 2 * held[-1].numel() if held else 0), dtype=torch.int32,
+                                device=device))
+    return held[-1]
+
+
 def _launch(a: torch.Tensor, a_scale, w: torch.Tensor, w_scale: torch.Tensor, groups: int,
-            out_dtype: torch.dtype, split_k: Optional[int] = None, tma: bool = False) -> torch.Tensor:
+            out_dtype: torch.dtype, split_k: Optional[int] = None, tma: bool = False,
+            last_reduces: bool = True) -> torch.Tensor:
+    """The GEMM launch. split_k: K splits (None: by `_splits` up to 64 rows, else 1). With more than one split and
+    last_reduces False, the splits' fp32 partial sums [splits, M, G * N] are returned unsummed (tests and benchmarks
+    of the in-kernel reduction: what the two-launch GEMM + sum summed)."""
     a = _rows(a, groups)
     m, k = a.shape[0], a.shape[1] // groups
     n = w.shape[0] // groups
@@ -274,10 +314,11 @@ def _launch(a: torch.Tensor, a_scale, w: torch.Tensor, w_scale: torch.Tensor, gr
     splits = split_k or (_splits(tiles, kb, a.device) if m <= 64 else 1)
     per_split = triton.cdiv(kb, splits)
     splits = triton.cdiv(kb, per_split)  # no empty split
-    if splits == 1:
-        c = out = torch.empty(m, groups * n, dtype=out_dtype, device=a.device)
-    else:
-        c = torch.empty(splits, m, groups * n, dtype=torch.float32, device=a.device)
+    out = torch.empty(m, groups * n, dtype=out_dtype, device=a.device)
+    part, counters = out, out  # not read or written without K splits
+    if splits > 1:
+        part = torch.empty(splits, m, groups * n, dtype=torch.float32, device=a.device)
+        counters = _tile_counters(a.device, tiles) if last_reduces else part
     grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m), groups * splits)
     w_desc = None
     if tma:
@@ -287,12 +328,10 @@ def _launch(a: torch.Tensor, a_scale, w: torch.Tensor, w_scale: torch.Tensor, gr
             raise ValueError(f"tma needs a contiguous weight with K a multiple of 16, got {tuple(w.shape)} stride "
                              f"{w.stride()}")
         w_desc = TensorDescriptor.from_tensor(w, [block_n, BLOCK])
-    _fp8_block_gemm_kernel[grid](a, a_scale, w, w_desc, w_scale, c, m, n, k, kb, splits, per_split, a.stride(0),
-                                 a_scale.stride(0), w.stride(0), w_scale.stride(0), c.stride(-2),
-                                 c.stride(0) if splits > 1 else 0, QUANT_A=quantize_act, BLOCK_M=block_m,
-                                 BLOCK_N=block_n, BLOCK_K=BLOCK, PREC="ieee" if a.dtype == torch.float32 else "tf32",
-                                 TMA=tma, num_warps=warps, num_stages=stages)
-    if splits > 1:
-        out = torch.empty(m, groups * n, dtype=out_dtype, device=a.device)
-        _sum_splits_kernel[(triton.cdiv(out.numel(), 1024),)](c, out, out.numel(), splits, BLOCK=1024, num_warps=4)
-    return out
+    _fp8_block_gemm_kernel[grid](a, a_scale, w, w_desc, w_scale, out, part, counters, m, n, k, kb, splits, per_split,
+                                 a.stride(0), a_scale.stride(0), w.stride(0), w_scale.stride(0), out.stride(0),
+                                 part.stride(-2), part.stride(0) if splits > 1 else 0, QUANT_A=quantize_act,
+                                 BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=BLOCK,
+                                 PREC="ieee" if a.dtype == torch.float32 else "tf32", TMA=tma, SPLIT_K=splits > 1,
+                                 LAST_REDUCES=last_reduces, num_warps=warps, num_stages=stages)
+    return out if splits == 1 or last_reduces else part
