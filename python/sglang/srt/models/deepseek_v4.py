@@ -67,15 +67,19 @@ class Compressor(nn.Module):
         [T, 2, width] (content, gate) layout."""
         return join_linears(self, ["wkv", "wgate"], "wkv_gate")
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch) -> None:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch,
+                xf: Optional[torch.Tensor] = None) -> None:
+        """xf: x.float() where the caller has it (a CSA layer's two compressors share one cast)."""
         # The reference computes both projections in fp32 (the weights are kept in fp32: model_builder._FP32_PARAM);
         # ape is the bias of the token's slot in its window.
-        xf = x.float()
+        xf = x.float() if xf is None else xf
         if self.wkv_gate is not None:
             kv_gate = F.linear(xf, self.wkv_gate.weight.float()).view(-1, 2, self.width)
         else:
             kv_gate = torch.stack((F.linear(xf, self.wkv.weight.float()), F.linear(xf, self.wgate.weight.float())), 1)
-        kv_gate[:, 1] += self.ape[positions % self.ratio]
+        offset = forward_batch.attn_metadata.ratios[self.ratio].window_offset  # positions % ratio, once per step
+        # in place on the gate half's view: `kv_gate[:, 1] += ...` would also copy the sum back onto itself
+        kv_gate[:, 1].add_(self.ape[positions % self.ratio if offset is None else offset])
         forward_batch.attn_backend.forward_compressor(self, kv_gate, forward_batch, compute_dtype=x.dtype)
 
 
@@ -93,10 +97,10 @@ class Indexer(nn.Module):
         self.weight_scale = self.head_dim ** -0.5 * self.n_heads ** -0.5
 
     def forward(self, x: torch.Tensor, qr: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch,
-                q_proj: Optional[torch.Tensor] = None) -> torch.Tensor:
+                q_proj: Optional[torch.Tensor] = None, xf: Optional[torch.Tensor] = None) -> torch.Tensor:
         """-> physical slots [T, index_topk] of the chosen compressed entries, -1 padded. q_proj: wq_b(qr), where the
-        attention computed it (its joined wq_b_indexer); else computed here."""
-        self.compressor(x, positions, forward_batch)  # the current token may complete a window
+        attention computed it (its joined wq_b_indexer); else computed here. xf: x.float(), where the caller has it."""
+        self.compressor(x, positions, forward_batch, xf)  # the current token may complete a window
         if q_proj is None:
             q_proj = self.wq_b(qr)
         q = self.rotary.apply(q_proj.view(-1, self.n_heads, self.head_dim), positions)
@@ -170,10 +174,11 @@ class Attention(nn.Module):
         kv = self.rotary.apply_normed(kv, positions, self.kv_norm)
         # Compressed entries completed by these rows must exist before any row attends.
         topk_slots = None
+        xf = x.float() if self.compressor is not None else None  # the compressors' fp32 input, cast once
         if self.compressor is not None:
-            self.compressor(x, positions, forward_batch)
+            self.compressor(x, positions, forward_batch, xf)
         if self.indexer is not None:
-            topk_slots = self.indexer(x, qr, positions, forward_batch, q_proj=q_idx)
+            topk_slots = self.indexer(x, qr, positions, forward_batch, q_proj=q_idx, xf=xf)
         o = forward_batch.attn_backend.forward(self, q, kv, forward_batch, topk_slots)
         # V carries RoPE in its last Dr dims: undo it at the query position, then the grouped output.
         if isinstance(self.wo_a, Fp8BlockLinear):  # one grouped FP8 GEMM

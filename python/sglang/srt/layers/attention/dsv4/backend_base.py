@@ -85,7 +85,8 @@ class DeepseekV4AttnBackendBase(AttentionBackend):
                                            boundary)
                 entry_slots = build_entry_slots(fb, ratio, self.page_size)
             visible = torch.div(fb.positions + 1, ratio, rounding_mode="floor")
-            ratios[ratio] = RatioMetadata(ratio=ratio, entry_slots=entry_slots, row_visible=visible, plan=plan)
+            ratios[ratio] = RatioMetadata(ratio=ratio, entry_slots=entry_slots, row_visible=visible, plan=plan,
+                                          window_offset=torch.remainder(fb.positions, ratio))
         out_swa_loc = self.allocator.full_to_swa[fb.out_cache_loc]
         fb.attn_metadata = DSV4Metadata(window_slots=window_slots, out_swa_loc=out_swa_loc, ratios=ratios)
 

@@ -47,6 +47,9 @@ class RatioMetadata:
     entry_slots: torch.Tensor  # [B, E_max]
     row_visible: torch.Tensor  # [T]
     plan: CompressPlan
+    # [T] each row's slot in its window, positions % m: the row of the compressors' position bias `ape` (one kernel
+    # per step and ratio here, not one per compressor); None where no compressor runs
+    window_offset: Optional[torch.Tensor] = None
 
 
 @dataclass

@@ -1,0 +1,98 @@
+"""benchmark/kernels/decode_census.py: the counting rule on single ops, and one decode step of the tiny model on the
+simulated GPU, whose census adds up (per layer to the total) and shows every layer on its GPU path."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _census_module():
+    path = os.path.join(ROOT, "benchmark", "kernels", "decode_census.py")
+    spec = importlib.util.spec_from_file_location("decode_census", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("decode_census", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+dc = _census_module()
+
+
+def _count(fn) -> dict:
+    census = dc.Census()
+    census.active = True
+    with dc.counting(census):
+        fn()
+    return dict(census.current.by_site)
+
+
+def test_counting_rule_views_allocations_and_no_op_casts_launch_nothing():
+    x = torch.randn(3, 8)
+    free = _count(lambda: (x.view(8, 3), x[1:], x.t(), x.float(), x.contiguous(), torch.empty(4), x.reshape(24)))
+    assert free == {}
+    paid = _count(lambda: (x.to(torch.bfloat16), x + 1, x.t().contiguous(), torch.zeros(3), x[[0, 2]]))
+    assert sorted(k.split(" @ ")[0] for k in paid) == ["_to_copy", "add", "clone", "index", "zeros"], paid
+    assert all(k.endswith(" @ ?") for k in paid)  # no frame in python/sglang or sgl_kernel
+
+
+def test_call_site_is_the_innermost_engine_frame():
+    from sglang.srt.layers.attention.dsv4.hadamard import hadamard_rotate
+
+    x = torch.randn(2, 8)
+    sites = _count(lambda: hadamard_rotate(x))
+    assert sites and all("sgl_kernel/dsv4_formats_ref.py:" in k or "dsv4/hadamard.py:" in k for k in sites), sites
+
+
+def test_device_tensor_checks_only_inside_the_simulation():
+    from sglang.srt.platform import simulate_platform
+
+    x = torch.zeros(2)
+    with simulate_platform("cuda"), dc.device_tensor_checks():
+        assert x.is_cuda
+    assert not x.is_cuda
+    with dc.device_tensor_checks():  # no simulated GPU: CPU tensors stay CPU tensors
+        assert not x.is_cuda
+
+
+@pytest.fixture(scope="module")
+def census():
+    torch.set_num_threads(1)
+    return dc.take_census(input_len=9)
+
+
+def test_decode_census_adds_up(census, tmp_path):
+    scopes = census.scopes
+    layers = [s for name, s in scopes.items() if name != dc.OUTSIDE]
+    assert [s.name for s in layers] == [f"layer {i}" for i in range(4)]
+    assert [s.kind for s in layers] == ["SWA hash", "CSA hash", "HCA", "CSA"]
+    assert census.total == sum(s.total for s in scopes.values())
+    for s in scopes.values():
+        assert sum(s.by_site.values()) == s.total + s.host_reads
+        assert s.host_reads == 0  # the captured step reads nothing back
+    out = tmp_path / "census.json"
+    out.write_text(json.dumps(dc.to_json(census)))
+    data = json.loads(out.read_text())
+    assert data["total"] == census.total == sum(s["total"] for s in data["scopes"])
+    assert any(line.startswith("CSA") for line in dc.report(census))
+
+
+def test_decode_census_takes_the_gpu_paths(census):
+    """Every layer runs sgl_kernel's attention and mHC kernels (mHC dispatches on `x.is_cuda`), the CSA layers the
+    indexer's, and the metadata is built outside the layers."""
+    for name, s in census.scopes.items():
+        kernels = {k.split(" @ ")[0] for k in s.by_site}
+        if name == dc.OUTSIDE:
+            assert "_dsv4_hc_mixes_kernel" in kernels  # the HC head
+            continue
+        assert {"_dsv4_sparse_attention_kernel", "_dsv4_store_kv_kernel", "_dsv4_hc_pre_kernel",
+                "_dsv4_hc_post_kernel"} <= kernels, (name, kernels)
+        if s.kind.startswith("CSA"):
+            assert {"_dsv4_index_logits_kernel", "_topk_level_kernel", "_dsv4_compress_kernel"} <= kernels
