@@ -107,10 +107,27 @@ class ExpertTouches:
 
     def __enter__(self) -> "ExpertTouches":
         for layer_id, layer in enumerate(self.model.layers):
+            gate = layer.ffn.gate
+
             def keep(module, args, output, layer_id=layer_id):
                 self.ids[layer_id] = output[1][:self.rows].detach().clone()
-            self.handles.append(layer.ffn.gate.register_forward_hook(keep))
+            self.handles.append(gate.register_forward_hook(keep))
+            self._wrap_route(gate, layer_id)
         return self
+
+    def _wrap_route(self, gate: nn.Module, layer_id: int) -> None:
+        """Gate.route (forward and the local remap in one call, no forward hook fires) as well: its ids are this
+        rank's (-1: another rank's, the shared expert's column last), kept as global ids."""
+        route = gate.route
+
+        def keep_route(x, input_ids, local_experts=None, shared_expert_id=None):
+            weights, ids = route(x, input_ids, local_experts, shared_expert_id)
+            mine = ids[:self.rows, :gate.top_k]
+            start = local_experts.start if local_experts is not None else 0
+            self.ids[layer_id] = torch.where(mine >= 0, mine + start, -1).detach().clone()
+            return weights, ids
+        gate.route = keep_route
+        self.handles.append(_InstanceAttr(gate, "route"))
 
     def __exit__(self, *exc) -> None:
         for h in self.handles:
@@ -126,6 +143,16 @@ class ExpertTouches:
                 mine = ids[(ids >= e.first_routed) & (ids < e.first_routed + e.routed)]
                 out[e.layer_id] = int(torch.unique(mine).numel())
         return out
+
+
+class _InstanceAttr:
+    """A handle whose remove() deletes an attribute set on an instance (uncovering its class's method)."""
+
+    def __init__(self, obj, name: str) -> None:
+        self.obj, self.name = obj, name
+
+    def remove(self) -> None:
+        self.obj.__dict__.pop(self.name, None)
 
 
 @dataclasses.dataclass(frozen=True)
