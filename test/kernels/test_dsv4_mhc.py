@@ -3,24 +3,20 @@
 dsv4_hc_mix (pre / post / Sinkhorn weights from the mixes): n = 4 and n = 3 (padded to 4), 1 and 20 Sinkhorn rounds,
 partial blocks, zero rows. dsv4_hc_pre (two launches), dsv4_hc_post (one), dsv4_hc_head (two): n = 4 / 3, D = 48 / 40
 (not a power of two, a partial tile), T = 1 / 5 / 63, fp32 and bf16; more D chunks than one partial-sum step, several
-u blocks and hc_post blocks; strided streams; zero tokens; no host reads and no torch compute ops (graph-capturable,
-launch counts). Launch sizes (HcPreLaunch): the default picker, a finish split over D equal bit for bit to one block
-a token, mixes by tl.dot or broadcast products, and the benchmark's sweep checking its candidates on the CPU. bf16 is
-compared with the fp32 torch path before its rounding: the interpreter's bf16 casts truncate (one ulp), a GPU rounds
-to nearest (half an ulp). GPU (skipped without CUDA): Flash widths (n 4, D 4096,
+u steps and hc_post blocks; strided streams; zero tokens; no host reads and no torch compute ops (graph-capturable,
+launch counts). bf16 is compared with the fp32 torch path before its rounding: the interpreter's bf16 casts
+truncate (one ulp), a GPU rounds to nearest (half an ulp). GPU (skipped without CUDA): Flash widths (n 4, D 4096,
 T 1 / 8 / 32 / 128, bf16), the layer dispatching to the kernels, and pre -> post -> head captured as a CUDA graph.
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import sgl_kernel.dsv4_mhc as kernels
-from sgl_kernel.dsv4_mhc import HcPreLaunch, dsv4_hc_head, dsv4_hc_mix, dsv4_hc_post, dsv4_hc_pre, hc_pre_launch
+from sgl_kernel.dsv4_mhc import dsv4_hc_head, dsv4_hc_mix, dsv4_hc_post, dsv4_hc_pre, mixes_launch
 from sglang.srt.layers import mhc
 from sglang.srt.layers.mhc import hc_head_ref, hc_mix_weights, hc_post_ref, hc_pre_ref
 
@@ -92,8 +88,8 @@ def _assert_rounded(got: torch.Tensor, ref32: torch.Tensor, name: str, gpu: bool
     torch.testing.assert_close(got.float(), ref32, rtol=rtol, atol=1e-5, msg=lambda m: f"{name}: {m}")
 
 
-def _check_pre(streams, fn, scale, base, gpu=False, launch=None) -> tuple:
-    got = dsv4_hc_pre(streams, fn, scale, base, 20, 1e-6, 1e-6, launch=launch)
+def _check_pre(streams, fn, scale, base, gpu=False) -> tuple:
+    got = dsv4_hc_pre(streams, fn, scale, base, 20, 1e-6, 1e-6)
     u, post, comb = hc_pre_ref(streams.float(), fn, scale, base, 20, 1e-6, 1e-6)  # u before its rounding
     _assert_rounded(got[0], u, "u", gpu)
     assert got[0].dtype == streams.dtype
@@ -121,9 +117,8 @@ def _check_head(streams, fn, scale, base, gpu=False) -> torch.Tensor:
 @pytest.mark.parametrize("t", [1, 5, 63])
 @pytest.mark.parametrize("n,d", [(4, 48), (3, 40)])
 def test_pre_post_head_match_torch(n, d, t, dtype):
-    """D 48: two 32-column tiles (two D chunks of broadcast products up to 8 tokens, one tl.dot chunk of two tiles
-    past 16 tokens); D 40: a partial tile; n 3: padded streams and Sinkhorn entries; 5 / 63 tokens: partial token
-    blocks."""
+    """D 48: two 32-column tiles (two D chunks at decode, one chunk of two tiles past 16 tokens); D 40: a partial
+    tile; n 3: padded streams and Sinkhorn entries; 63 tokens: a partial token block."""
     streams, fn, scale, base, out = _layer(t, n, d, seed=t * 100 + n, dtype=dtype)
     _, post, comb = _check_pre(streams, fn, scale, base)
     new = _check_post(out, streams, post, comb)
@@ -133,13 +128,13 @@ def test_pre_post_head_match_torch(n, d, t, dtype):
     _check_head(new, *head[1:4])
 
 
-def test_many_chunks_strided_streams():
-    """D 1,064 at decode: 34 D chunks (two partial-sum steps of 32, the second masked), u in five 256-column blocks
+def test_many_chunks_strided_streams(monkeypatch):
+    """D 1,064 at decode: 34 D chunks (two partial-sum steps of 32, the second masked), u in five 256-column steps
     (the last partial), hc_post in five blocks; streams and o as strided views (a [T, n + 1, D] buffer's last n
     streams, o every other row of a wider buffer)."""
+    monkeypatch.setattr(kernels, "U_BLOCK_D", 256)
     n, d = 3, 1064
-    launch = hc_pre_launch(2, n, d)
-    assert launch.chunks(d) == 34 and launch.u_blocks(d) == 5 and launch.u_block_d == 256
+    assert mixes_launch(1, d).chunks == 34
     streams, fn, scale, base, _ = _layer(2, n, d, seed=7)
     wide = torch.randn(2, n + 1, d)
     wide[:, 1:] = streams
@@ -153,80 +148,17 @@ def test_many_chunks_strided_streams():
 
 
 def test_launch_grid():
-    """Decode (<= 8 tokens): 128 programs of one 32-column tile of broadcast products, the finish in 16 blocks of 256
-    columns a token; past 8 tokens tl.dot over 16+ token blocks (past 16 two tiles a program at least, so the
-    partials stay small beside the streams) and fewer, wider finish blocks (one a token from 128 tokens)."""
-    flash = dict(n=4, d=4096)
-    assert hc_pre_launch(1, **flash) == HcPreLaunch(block_t=1, block_d=32, d_tiles=1, mixes_warps=4, dot=False,
-                                                    u_block_d=256, u_steps=1, u_warps=4)
-    assert hc_pre_launch(1, **flash).chunks(4096) == 128 and hc_pre_launch(1, **flash).u_blocks(4096) == 16
-    assert hc_pre_launch(3, **flash).block_t == 4 and not hc_pre_launch(3, **flash).dot
-    assert hc_pre_launch(8, **flash) == HcPreLaunch(block_t=8, block_d=32, d_tiles=1, mixes_warps=8, dot=False,
-                                                    u_block_d=256, u_steps=1, u_warps=4)
-    assert hc_pre_launch(9, **flash) == HcPreLaunch(block_t=16, block_d=32, d_tiles=1, mixes_warps=4, dot=True,
-                                                    u_block_d=512, u_steps=1, u_warps=4)
-    assert hc_pre_launch(32, **flash) == HcPreLaunch(block_t=32, block_d=32, d_tiles=2, mixes_warps=8, dot=True,
-                                                     u_block_d=1024, u_steps=1, u_warps=4)
-    big = hc_pre_launch(128, **flash)
-    assert big == HcPreLaunch(block_t=64, block_d=32, d_tiles=2, mixes_warps=8, dot=True, u_block_d=1024, u_steps=4,
-                              u_warps=4)
-    assert big.chunks(4096) == 64 and big.u_blocks(4096) == 1
-    assert hc_pre_launch(4096, **flash).chunks(4096) == 4
-    assert hc_pre_launch(1, 4, 8) == HcPreLaunch(block_t=1, block_d=16, d_tiles=1, mixes_warps=4, dot=False,
-                                                 u_block_d=8, u_steps=1, u_warps=4)
-    for bad in (dict(block_t=3), dict(dot=True), dict(u_steps=0), dict(u_block_d=96)):
-        with pytest.raises(AssertionError, match="launch|tl.dot"):
-            dsv4_hc_pre(*_layer(1, 4, 48, seed=0)[:4], 20, 1e-6, 1e-6,
-                        launch=dataclasses.replace(hc_pre_launch(1, 4, 48), **bad))
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_split_finish_equals_one_block(dtype):
-    """The finish split over D (blocks of 16 columns, or of 3 steps of 16) writes u equal bit for bit to one block a
-    token walking all D (every block sums the partials in the same order: the same pre weights), post and comb too;
-    n 3, D 200 (a partial last block), 3 tokens; each against the torch path."""
-    n, d = 3, 200
-    streams, fn, scale, base, _ = _layer(3, n, d, seed=11, dtype=dtype)
-    one = dataclasses.replace(hc_pre_launch(3, n, d), u_block_d=256, u_steps=1)
-    assert one.u_blocks(d) == 1
-    whole = _check_pre(streams, fn, scale, base, launch=one)
-    for u_block_d, u_steps, u_warps in ((16, 1, 4), (16, 3, 1), (64, 1, 2)):
-        launch = dataclasses.replace(one, u_block_d=u_block_d, u_steps=u_steps, u_warps=u_warps)
-        assert launch.u_blocks(d) > 1
-        for a, b in zip(_check_pre(streams, fn, scale, base, launch=launch), whole):
-            assert torch.equal(a, b), launch
-    head = _layer(3, n, d, seed=12, head=True)[1:4]
-    head_one = dsv4_hc_head(streams, *head, 1e-6, 1e-6, launch=one)
-    head_split = dsv4_hc_head(streams, *head, 1e-6, 1e-6, launch=dataclasses.replace(one, u_block_d=16, u_steps=3))
-    assert torch.equal(head_split, head_one)
-
-
-@pytest.mark.parametrize("dot,block_t,block_d,d_tiles", [(False, 2, 16, 2), (False, 8, 64, 1), (True, 16, 16, 3)])
-def test_mixes_variants_match_torch(dot, block_t, block_d, d_tiles):
-    """Mixes by broadcast products or tl.dot, token blocks smaller and larger than the 5 tokens, several tiles a
-    chunk (the last partial: D 40), against the torch path."""
-    streams, fn, scale, base, _ = _layer(5, 4, 40, seed=13)
-    launch = HcPreLaunch(block_t, block_d, d_tiles, 4, dot, 16, 1, 2)
-    _check_pre(streams, fn, scale, base, launch=launch)
-
-
-def test_sweep_checks_candidates_on_cpu(capsys):
-    """The benchmark's --sweep: per token count distinct candidates (the default first, the launch before the split
-    finish, mixes and finish variants); its dry run checks each against the torch path at decode under the
-    interpreter and reports a best launch."""
-    from benchmark.kernels import bench_dsv4_mhc as bench
-
-    for t in (1, 8, 32, 128):
-        found = bench.sweep_candidates(t, 4, 4096)
-        launches = [launch for _, launch in found]
-        assert found[0] == ("default", hc_pre_launch(t, 4, 4096)) and len(set(launches)) == len(launches) >= 8
-        for launch in launches:
-            launch.check()
-    assert bench.previous_launch(1, 4, 4096) == HcPreLaunch(16, 32, 1, 4, True, 2048, 2, 8)
-    best = bench.sweep(dry_run=True, tokens=(1,))
-    assert best[1][1] in [launch for _, launch in bench.sweep_candidates(1, 4, bench.DRY_D)] + [best[1][1]]
-    out = capsys.readouterr().out
-    assert "FAILED" not in out and "best at T=1" in out
+    """Decode spreads fn over ~256 programs of one 32-column tile; past 16 tokens a program takes two tiles at least,
+    so the partials stay small beside the streams."""
+    assert mixes_launch(1, 4096) == kernels.MixesLaunch(block_t=16, block_d=32, d_tiles=1, chunks=128,
+                                                       num_warps=4)
+    assert mixes_launch(8, 4096) == mixes_launch(1, 4096)
+    assert mixes_launch(128, 4096) == kernels.MixesLaunch(block_t=64, block_d=32, d_tiles=2, chunks=64,
+                                                         num_warps=8)
+    assert mixes_launch(4096, 4096) == kernels.MixesLaunch(block_t=64, block_d=32, d_tiles=32, chunks=4,
+                                                          num_warps=8)
+    assert mixes_launch(1, 8) == kernels.MixesLaunch(block_t=16, block_d=16, d_tiles=1, chunks=1,
+                                                    num_warps=4)
 
 
 def test_zero_tokens_and_bad_arguments():
@@ -367,17 +299,17 @@ def stack(kernel, types, consts, warps):
     return [int(line[0].split(":")[1]), int(line[1].split(":")[1])]
 
 out = {}
+for t in map(int, sys.argv[1:]):
+    launch = k.mixes_launch(t, 4096)
+    out[f"mixes {t}"] = stack(k._dsv4_hc_mixes_kernel, {"s_ptr": "*bf16", "fn_ptr": "*fp32", "part_ptr": "*fp32"},
+                              dict(N=4, W=32, BLOCK_T=launch.block_t, BLOCK_D=launch.block_d, D_TILES=launch.d_tiles,
+                                   PDL=True), launch.num_warps)
 fp32 = {"width": "fp32", "norm_eps": "fp32", "eps": "fp32", "s_ptr": "*bf16", "u_ptr": "*bf16", "o_ptr": "*bf16",
         "out_ptr": "*bf16"}
 fp32.update({n: "*fp32" for n in ("part_ptr", "scale_ptr", "base_ptr", "post_ptr", "comb_ptr")})
-for t in map(int, sys.argv[1:]):
-    launch = k.hc_pre_launch(t, 4, 4096)
-    out[f"mixes {t}"] = stack(k._dsv4_hc_mixes_kernel, {"s_ptr": "*bf16", "fn_ptr": "*fp32", "part_ptr": "*fp32"},
-                              dict(N=4, W=32, BLOCK_T=launch.block_t, BLOCK_D=launch.block_d, D_TILES=launch.d_tiles,
-                                   DOT=launch.dot, PDL=True), launch.mixes_warps)
-    out[f"pre {t}"] = stack(k._dsv4_hc_pre_kernel, fp32, dict(
-        N=4, NP=4, W=32, BLOCK_C=min(32, triton.next_power_of_2(launch.chunks(4096))), BLOCK_D=launch.u_block_d,
-        D_STEPS=launch.u_steps, MIX=True, PDL=True), launch.u_warps)
+out["pre"] = stack(k._dsv4_hc_pre_kernel, fp32, dict(N=4, NP=4, W=32, BLOCK_C=32, BLOCK_D=k.U_BLOCK_D, MIX=True,
+                                                      PDL=True), 8)
+out["post"] = stack(k._dsv4_hc_post_kernel, fp32, dict(N=4, NP=4, BLOCK_D=k.POST_BLOCK_D, PDL=True), 4)
 print(json.dumps(out))
 """
 
@@ -387,6 +319,6 @@ def test_sm90_launches_do_not_spill():
     local-memory stack (spills). The mixes' fp32 dot runs on FMAs; at 64-token blocks it spills on 4 warps."""
     from sm90_compile import compiled_facts
 
-    found = compiled_facts(_RESOURCES, "1", "8", "32", "128", timeout=900)
+    found = compiled_facts(_RESOURCES, "1", "32", "128", timeout=600)
     print(found)  # [registers, stack bytes] per kernel
     assert all(regs <= 255 and stack == 0 for regs, stack in found.values()), found

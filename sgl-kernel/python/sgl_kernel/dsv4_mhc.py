@@ -15,10 +15,8 @@ engine's own CPU paths in `sglang.srt.layers.mhc` (hc_mix_weights, hc_pre, hc_po
   in registers for all rounds. Padding (n not a power of two) is kept at exactly 0 so it never enters a sum.
 * `dsv4_hc_pre`: the whole sub-layer entry (u [T, D] = sum_j pre_j S_j, post, comb) in two launches: the mixes'
   partial dot products and sums of squares over D chunks (the 1.5 MB fn on Flash is spread over ~all SMs at decode
-  instead of one program per token reading all of it), then per (token, block of u's columns) their fixed-order sum,
-  1/rms, pre and that block of u; block 0 also writes post and the Sinkhorn comb. No atomics: a replay equals a
-  plain launch bit for bit, and every block sums the partials alike. `HcPreLaunch` holds the launch sizes
-  (`hc_pre_launch` picks them; benchmark/kernels/bench_dsv4_mhc.py --sweep times others).
+  instead of one program per token reading all of it), then per token their fixed-order sum, 1/rms, the weights
+  above and u. No atomics: a replay equals a plain launch bit for bit.
 * `dsv4_hc_head`: the same two launches without post and Sinkhorn (the step's last collapse of the streams).
 * `dsv4_hc_post`: new streams S'_k = post_k * o + sum_j comb[j, k] * S_j in one launch, fp32 math, one rounding to
   the streams' dtype.
@@ -31,7 +29,6 @@ the caller the next sub-layer's fn (across decoder layers too), so it stays a se
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 import triton
@@ -42,8 +39,7 @@ from sgl_kernel.dsv4_pdl import pdl_enter, pdl_launch, pdl_supported
 BLOCK_T = 64
 TARGET_PROGRAMS = 256  # ~2 per SM on an H100: the mixes' reads of fn and the streams spread over the whole GPU
 POST_BLOCK_D = 256  # hc_post: columns of every stream a program
-U_BLOCK_D = 1024  # hc_pre's second launch: at most this many columns of every stream summed into u per loop step
-U_TARGET_PROGRAMS = 128  # the second launch's programs at decode: u's reads spread over SMs
+U_BLOCK_D = 2048  # hc_pre's second launch: columns of every stream summed into u per loop step
 
 
 @triton.jit
@@ -124,17 +120,16 @@ def dsv4_hc_mix(z: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, n: int
 @triton.jit
 def _dsv4_hc_mixes_kernel(s_ptr, fn_ptr, part_ptr, T, D, M, C, stride_st, stride_sn, stride_fn,
                           N: tl.constexpr, W: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
-                          D_TILES: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr):
+                          D_TILES: tl.constexpr, PDL: tl.constexpr):
     """Program (token block, D chunk): over its D_TILES * BLOCK_D columns of every stream, the partial dot products
-    with fn's M rows and the partial sum of squares, written to part [T, C, W] (column M: the sum of squares).
-    DOT: tl.dot over token blocks of 16+ (fn read once per block); otherwise broadcast products summed per row, for
-    the few tokens of a decode step (a tl.dot would pad them to 16 rows and stage its operands in shared memory)."""
+    with fn's M rows and the partial sum of squares, written to part [T, C, W] (column M: the sum of squares)."""
     pdl_enter(PDL)
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     tmask = t < T
     m = tl.arange(0, W)
     mmask = m < M
     rows = s_ptr + t.to(tl.int64)[:, None] * stride_st  # [BLOCK_T, 1]
+    fn_rows = fn_ptr + m[None, :].to(tl.int64) * stride_fn  # [1, W]
     dot = tl.zeros([BLOCK_T, W], dtype=tl.float32)
     sq = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
     for i in range(D_TILES):
@@ -143,14 +138,8 @@ def _dsv4_hc_mixes_kernel(s_ptr, fn_ptr, part_ptr, T, D, M, C, stride_st, stride
         for k in tl.static_range(N):
             x = tl.load(rows + k * stride_sn + d[None, :], mask=tmask[:, None] & dmask[None, :], other=0.0)
             x = x.to(tl.float32)
-            if DOT:
-                w = tl.load(fn_ptr + m[None, :].to(tl.int64) * stride_fn + k * D + d[:, None],
-                            mask=dmask[:, None] & mmask[None, :], other=0.0)  # [BLOCK_D, W]
-                dot = tl.dot(x, w, dot, input_precision="ieee")  # fp32 products and sums, as torch's fp32 matmul
-            else:
-                w = tl.load(fn_ptr + m[:, None].to(tl.int64) * stride_fn + k * D + d[None, :],
-                            mask=mmask[:, None] & dmask[None, :], other=0.0)  # [W, BLOCK_D]: rows read along D
-                dot += tl.sum(x[:, None, :] * w[None, :, :], axis=2)
+            w = tl.load(fn_rows + k * D + d[:, None], mask=dmask[:, None] & mmask[None, :], other=0.0)  # [BLOCK_D, W]
+            dot = tl.dot(x, w, dot, input_precision="ieee")  # fp32 products and sums, as torch's fp32 matmul
             sq += x * x
     out = tl.where(m[None, :] == M, tl.sum(sq, axis=1)[:, None], dot)
     tl.store(part_ptr + (t.to(tl.int64)[:, None] * C + tl.program_id(1)) * W + m[None, :], out, mask=tmask[:, None])
@@ -160,56 +149,48 @@ def _dsv4_hc_mixes_kernel(s_ptr, fn_ptr, part_ptr, T, D, M, C, stride_st, stride
 def _dsv4_hc_pre_kernel(part_ptr, s_ptr, scale_ptr, base_ptr, u_ptr, post_ptr, comb_ptr, D, M, C, stride_st,
                         stride_sn, stride_u, width, norm_eps, iters, eps,
                         N: tl.constexpr, NP: tl.constexpr, W: tl.constexpr, BLOCK_C: tl.constexpr,
-                        BLOCK_D: tl.constexpr, D_STEPS: tl.constexpr, MIX: tl.constexpr, PDL: tl.constexpr):
-    """Program (token, u block of D_STEPS * BLOCK_D columns): the partials summed over the C chunks in a fixed order
-    (the same in every block, so every block uses the same pre weights, bit for bit), 1/rms, pre and its block of
-    u = sum_j pre_j S_j in the streams' dtype; with MIX, block 0 then also sums the post / comb partials and writes
-    post and the Sinkhorn comb (after its u block: the other blocks never wait on Sinkhorn's serial rounds). Column
-    M of a partial row: sum of squares."""
+                        BLOCK_D: tl.constexpr, MIX: tl.constexpr, PDL: tl.constexpr):
+    """Program per token: the partials summed over the C chunks in a fixed order, 1/rms, pre (and with MIX post and
+    the Sinkhorn comb), then u = sum_j pre_j S_j in the streams' dtype. Column M of a partial row: sum of squares."""
     pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
-    blk = tl.program_id(1)
     j = tl.arange(0, NP)
     jmask = j < N
+    jk = j[:, None] * N + j[None, :]  # [NP, NP]
+    valid = jmask[:, None] & jmask[None, :]
     c = tl.arange(0, BLOCK_C)
     acc_sq = tl.zeros([BLOCK_C], dtype=tl.float32)
     acc_pre = tl.zeros([BLOCK_C, NP], dtype=tl.float32)
+    acc_post = tl.zeros([BLOCK_C, NP], dtype=tl.float32)
+    acc_comb = tl.zeros([BLOCK_C, NP, NP], dtype=tl.float32)
     for c0 in range(0, C, BLOCK_C):
         cmask = c0 + c < C
         rows = part_ptr + (t * C + c0 + c) * W  # [BLOCK_C]
         acc_sq += tl.load(rows + M, mask=cmask, other=0.0)
         acc_pre += tl.load(rows[:, None] + j[None, :], mask=cmask[:, None] & jmask[None, :], other=0.0)
+        if MIX:
+            acc_post += tl.load(rows[:, None] + N + j[None, :], mask=cmask[:, None] & jmask[None, :], other=0.0)
+            acc_comb += tl.load(rows[:, None, None] + 2 * N + jk[None, :, :],
+                                mask=cmask[:, None, None] & valid[None, :, :], other=0.0)
     inv_rms = tl.math.rsqrt(tl.sum(acc_sq, axis=0) / width + norm_eps)
     pre = _pre_gate(tl.sum(acc_pre, axis=0) * inv_rms, tl.load(scale_ptr),
                     tl.load(base_ptr + j, mask=jmask, other=0.0), eps)  # [NP]
+    if MIX:
+        post = _post_gate(tl.sum(acc_post, axis=0) * inv_rms, tl.load(scale_ptr + 1),
+                          tl.load(base_ptr + N + j, mask=jmask, other=0.0))
+        tl.store(post_ptr + t * N + j, post, mask=jmask)
+        logits = tl.sum(acc_comb, axis=0) * inv_rms * tl.load(scale_ptr + 2) \
+            + tl.load(base_ptr + 2 * N + jk, mask=valid, other=0.0)
+        comb = _sinkhorn(logits[None, :, :], valid, iters, eps)
+        tl.store(comb_ptr + t * (N * N) + jk[None, :, :], comb, mask=valid[None, :, :])
 
     streams = s_ptr + t * stride_st + j[:, None] * stride_sn  # [NP, 1]
-    for i in range(D_STEPS):
-        d = (blk * D_STEPS + i) * BLOCK_D + tl.arange(0, BLOCK_D)
+    for d0 in range(0, D, BLOCK_D):
+        d = d0 + tl.arange(0, BLOCK_D)
         dmask = d < D
         x = tl.load(streams + d[None, :], mask=jmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
         u = tl.sum(pre[:, None] * x, axis=0)
         tl.store(u_ptr + t * stride_u + d, u.to(u_ptr.dtype.element_ty), mask=dmask)
-
-    if MIX:
-        if blk == 0:
-            jk = j[:, None] * N + j[None, :]  # [NP, NP]
-            valid = jmask[:, None] & jmask[None, :]
-            acc_post = tl.zeros([BLOCK_C, NP], dtype=tl.float32)
-            acc_comb = tl.zeros([BLOCK_C, NP, NP], dtype=tl.float32)
-            for c0 in range(0, C, BLOCK_C):
-                cmask = c0 + c < C
-                rows = part_ptr + (t * C + c0 + c) * W
-                acc_post += tl.load(rows[:, None] + N + j[None, :], mask=cmask[:, None] & jmask[None, :], other=0.0)
-                acc_comb += tl.load(rows[:, None, None] + 2 * N + jk[None, :, :],
-                                    mask=cmask[:, None, None] & valid[None, :, :], other=0.0)
-            post = _post_gate(tl.sum(acc_post, axis=0) * inv_rms, tl.load(scale_ptr + 1),
-                              tl.load(base_ptr + N + j, mask=jmask, other=0.0))
-            tl.store(post_ptr + t * N + j, post, mask=jmask)
-            logits = tl.sum(acc_comb, axis=0) * inv_rms * tl.load(scale_ptr + 2) \
-                + tl.load(base_ptr + 2 * N + jk, mask=valid, other=0.0)
-            comb = _sinkhorn(logits[None, :, :], valid, iters, eps)
-            tl.store(comb_ptr + t * (N * N) + jk[None, :, :], comb, mask=valid[None, :, :])
 
 
 @triton.jit
@@ -232,59 +213,27 @@ def _dsv4_hc_post_kernel(o_ptr, s_ptr, post_ptr, comb_ptr, out_ptr, D, stride_o,
 
 
 @dataclass(frozen=True)
-class HcPreLaunch:
-    """The launches of hc_pre / hc_head. Mixes: a grid of token blocks (`block_t` tokens) x D chunks of `d_tiles`
-    tiles of `block_d` columns of every stream, `mixes_warps` warps, `dot` (tl.dot, block_t >= 16) or broadcast
-    products. Finish: a grid of tokens x u blocks of `u_steps` steps of `u_block_d` columns, `u_warps` warps."""
+class MixesLaunch:
+    """The mixes' grid: token blocks x `chunks` D chunks of `d_tiles` tiles of `block_d` columns (of every stream)."""
     block_t: int
     block_d: int
     d_tiles: int
-    mixes_warps: int
-    dot: bool
-    u_block_d: int
-    u_steps: int
-    u_warps: int
-
-    def chunks(self, d: int) -> int:
-        """D chunks of the mixes: partial rows a token's finish sums."""
-        return triton.cdiv(triton.cdiv(d, self.block_d), self.d_tiles)
-
-    def u_blocks(self, d: int) -> int:
-        return triton.cdiv(d, self.u_block_d * self.u_steps)
-
-    def check(self) -> None:
-        pow2 = all(v > 0 and v & (v - 1) == 0 for v in (self.block_t, self.block_d, self.u_block_d))
-        assert pow2 and self.d_tiles >= 1 and self.u_steps >= 1, f"launch sizes: powers of two, >= 1 steps: {self}"
-        assert not self.dot or (self.block_t >= 16 and self.block_d >= 16), f"tl.dot needs 16 x 16 tiles: {self}"
+    chunks: int
+    num_warps: int
 
 
-def hc_pre_launch(t: int, n: int, d: int) -> HcPreLaunch:
-    """The default launches for t tokens of n streams of width d.
-
-    Mixes: up to TARGET_PROGRAMS programs, fn spread over the SMs. Up to 8 tokens (decode) one 32-column tile of
-    every stream each (128 programs at D 4096), broadcast products (no tl.dot padding to 16 tokens); 8 warps where
-    the n tiles of fn and the products of 8 tokens are in flight. Past 8 tokens tl.dot over 16 / 32 / 64-token
-    blocks, and past 16 tokens two tiles a program at least, so a partial row (W fp32) is <= 1/4 of its bf16
-    columns; the fp32 dot runs on FMAs: 8 warps keep 32 / 64-token blocks' operands in registers (sm90: 112 / 182,
-    no spill).
-    Finish: up to U_TARGET_PROGRAMS programs of >= 256 columns (16 a token at decode: u's reads spread over SMs
-    instead of one walking all n * D); with many tokens one program a token, as every block re-sums the partials."""
-    block_d = max(16, min(32, triton.next_power_of_2(d)))
+def mixes_launch(t: int, d: int) -> MixesLaunch:
+    """~TARGET_PROGRAMS programs: at decode (one token block) one 32-column tile each, so fn is read by every SM
+    once; with more token blocks longer chunks, which also keeps the partials small beside the streams."""
+    block_t = 16 if t <= 16 else 32 if t <= 64 else 64
+    block_d = max(16, min(32, triton.next_power_of_2(d)))  # tl.dot needs 16 at least
     tiles = triton.cdiv(d, block_d)
-    if t <= 8:
-        block_t = triton.next_power_of_2(max(t, 1))
-        d_tiles = triton.cdiv(tiles, min(tiles, TARGET_PROGRAMS))
-        warps, dot = (4 if block_t * n <= 16 else 8), False
-    else:
-        block_t = 16 if t <= 16 else 32 if t <= 64 else 64
-        chunks = max(1, min(tiles, TARGET_PROGRAMS // triton.cdiv(t, block_t)))
-        if t > 16:
-            chunks = max(1, min(chunks, tiles // 2))
-        d_tiles, warps, dot = triton.cdiv(tiles, chunks), 4 if block_t <= 16 else 8, True
-    blocks = max(1, min(triton.cdiv(d, 256), U_TARGET_PROGRAMS // max(t, 1)))
-    cols = triton.cdiv(d, blocks)
-    u_block_d = min(U_BLOCK_D, triton.next_power_of_2(cols))
-    return HcPreLaunch(block_t, block_d, d_tiles, warps, dot, u_block_d, triton.cdiv(cols, u_block_d), 4)
+    chunks = max(1, min(tiles, TARGET_PROGRAMS // triton.cdiv(t, block_t)))
+    if t > 16:  # two tiles a program at least: a partial row (W fp32) is then <= 1/4 of its bf16 columns
+        chunks = max(1, min(chunks, tiles // 2))
+    d_tiles = triton.cdiv(tiles, chunks)
+    # the fp32 dot runs on FMAs: 8 warps keep 32 / 64-token blocks' operands in registers (sm90: 112 / 182, no spill)
+    return MixesLaunch(block_t, block_d, d_tiles, triton.cdiv(tiles, d_tiles), 4 if block_t <= 16 else 8)
 
 
 def _check_streams(streams: torch.Tensor, fn: torch.Tensor, rows: int) -> None:
@@ -296,7 +245,7 @@ def _check_streams(streams: torch.Tensor, fn: torch.Tensor, rows: int) -> None:
 
 
 def _collapse(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, mix: bool,
-              iters: int, eps: float, norm_eps: float, launch: Optional[HcPreLaunch]) -> tuple:
+              iters: int, eps: float, norm_eps: float) -> tuple:
     """The two launches of dsv4_hc_pre / dsv4_hc_head: (u, post, comb), post and comb left empty without `mix`."""
     t, n, d = streams.shape
     rows = 2 * n + n * n if mix else n
@@ -306,46 +255,41 @@ def _collapse(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base
     comb = torch.empty(t, n if mix else 0, n if mix else 0, dtype=torch.float32, device=dev)
     if t == 0:
         return u, post, comb
-    launch = launch or hc_pre_launch(t, n, d)
-    launch.check()
-    chunks = launch.chunks(d)
-    width = triton.next_power_of_2(rows + 1)  # the M mixes and the sum of squares
-    width = max(16, width) if launch.dot else width  # tl.dot needs 16
-    part = torch.empty(t, chunks, width, dtype=torch.float32, device=dev)
+    launch = mixes_launch(t, d)
+    width = max(16, triton.next_power_of_2(rows + 1))  # the M mixes and the sum of squares; tl.dot needs 16
+    part = torch.empty(t, launch.chunks, width, dtype=torch.float32, device=dev)
     pdl = pdl_supported(dev)
-    _dsv4_hc_mixes_kernel[(triton.cdiv(t, launch.block_t), chunks)](
-        streams, fn, part, t, d, rows, chunks, streams.stride(0), streams.stride(1), fn.stride(0),
-        N=n, W=width, BLOCK_T=launch.block_t, BLOCK_D=launch.block_d, D_TILES=launch.d_tiles, DOT=launch.dot,
-        PDL=pdl, num_warps=launch.mixes_warps, **pdl_launch(pdl))
-    _dsv4_hc_pre_kernel[(t, launch.u_blocks(d))](
-        part, streams, scale.float().contiguous(), base.float().contiguous(), u, post, comb, d, rows, chunks,
+    _dsv4_hc_mixes_kernel[(triton.cdiv(t, launch.block_t), launch.chunks)](
+        streams, fn, part, t, d, rows, launch.chunks, streams.stride(0), streams.stride(1), fn.stride(0),
+        N=n, W=width, BLOCK_T=launch.block_t, BLOCK_D=launch.block_d, D_TILES=launch.d_tiles, PDL=pdl,
+        num_warps=launch.num_warps, **pdl_launch(pdl))
+    _dsv4_hc_pre_kernel[(t,)](
+        part, streams, scale.float().contiguous(), base.float().contiguous(), u, post, comb, d, rows, launch.chunks,
         streams.stride(0), streams.stride(1), u.stride(0), float(n * d), norm_eps, iters, eps,
-        N=n, NP=triton.next_power_of_2(n), W=width, BLOCK_C=min(32, triton.next_power_of_2(chunks)),
-        BLOCK_D=launch.u_block_d, D_STEPS=launch.u_steps, MIX=mix, PDL=pdl, num_warps=launch.u_warps,
-        **pdl_launch(pdl))
+        N=n, NP=triton.next_power_of_2(n), W=width, BLOCK_C=min(32, triton.next_power_of_2(launch.chunks)),
+        BLOCK_D=min(U_BLOCK_D, triton.next_power_of_2(d)), MIX=mix, PDL=pdl, num_warps=8, **pdl_launch(pdl))
     return u, post, comb
 
 
 def dsv4_hc_pre(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, iters: int,
-                eps: float, norm_eps: float, launch: Optional[HcPreLaunch] = None) -> tuple:
+                eps: float, norm_eps: float) -> tuple:
     """streams [T, n, D], fn [2n + n*n, n*D] fp32, scale [3], base [2n + n*n] -> (u [T, D] in the streams' dtype,
-    post [T, n] fp32, comb [T, n, n] fp32): `sglang.srt.layers.mhc.hc_pre` in two launches (`launch`: by default
-    hc_pre_launch's)."""
+    post [T, n] fp32, comb [T, n, n] fp32): `sglang.srt.layers.mhc.hc_pre` in two launches."""
     n = streams.shape[1] if streams.dim() == 3 else 0
     _check_streams(streams, fn, 2 * n + n * n)
     assert scale.numel() == 3 and base.numel() == 2 * n + n * n, "scale [3] and base [2n + n*n]"
     assert iters >= 1, f"sinkhorn iterations must be >= 1, got {iters}"
-    return _collapse(streams, fn, scale, base, True, iters, eps, norm_eps, launch)
+    return _collapse(streams, fn, scale, base, True, iters, eps, norm_eps)
 
 
 def dsv4_hc_head(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, eps: float,
-                 norm_eps: float, launch: Optional[HcPreLaunch] = None) -> torch.Tensor:
+                 norm_eps: float) -> torch.Tensor:
     """streams [T, n, D], fn [n, n*D] fp32, scale [1], base [n] -> [T, D] with w_j = sigmoid(a_j * scale + base_j)
     + eps: `sglang.srt.layers.mhc.hc_head` in two launches."""
     n = streams.shape[1] if streams.dim() == 3 else 0
     _check_streams(streams, fn, n)
     assert scale.numel() == 1 and base.numel() == n, "scale [1] and base [n]"
-    return _collapse(streams, fn, scale, base, False, 1, eps, norm_eps, launch)[0]
+    return _collapse(streams, fn, scale, base, False, 1, eps, norm_eps)[0]
 
 
 def dsv4_hc_post(out: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
