@@ -105,6 +105,20 @@ def test_gpu_path_is_one_launch(use_hash, monkeypatch):
     assert torch_path.triton == [] and len(torch_path.compute_ops()) >= 15
 
 
+def test_gpu_path_above_the_fused_rows_is_torch(monkeypatch):
+    """Past FUSED_MAX_ROWS rows (prefill, large decode batches) the GPU takes the torch path, where a GEMM is
+    faster than the one-launch kernel; the same routes."""
+    from sglang.srt.layers.moe.router import FUSED_MAX_ROWS
+
+    gate, (x, input_ids) = _gate(False), _inputs(FUSED_MAX_ROWS + 1)
+    with torch.no_grad():
+        want = gate.route(x, input_ids, range(3, 8), 5)
+        with plat.simulate_platform("cuda"), _Launches(monkeypatch) as launches:
+            got = gate.route(x, input_ids, range(3, 8), 5)
+    assert launches.triton == [] and len(launches.compute_ops()) >= 15
+    assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0])
+
+
 def _tiny_moe(layer_id: int):
     from sglang.srt.configs.deepseek_v4 import DeepseekV4Config
     from sglang.srt.models.deepseek_v4 import MoE
