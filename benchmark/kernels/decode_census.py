@@ -3,6 +3,7 @@
     python benchmark/kernels/decode_census.py                      # tiny-deepseek-v4, batch 1, a table per layer kind
     python benchmark/kernels/decode_census.py --json census.json   # the same, written as JSON
     python benchmark/kernels/decode_census.py --sites 0            # totals only
+    python benchmark/kernels/decode_census.py --device cuda --model-path /tmp/w/f12 --input-len 1024   # a real GPU
 
 Runs on a CPU: the engine starts under platform.simulate_platform("cuda", capability=(9, 0)), so every layer takes
 its GPU code path (platform.is_device_tensor says yes for CPU tensors; sgl_kernel's Triton kernels run in the
@@ -213,17 +214,20 @@ def _hook_layers(model, census: Census) -> list:
 
 
 def take_census(model_path: str = "tiny-deepseek-v4", input_len: int = 37, engine_kwargs: Optional[dict] = None,
-                step: Optional[Callable] = None) -> Census:
-    """Start an engine on the simulated GPU, prefill one prompt of `input_len` tokens, count one decode step."""
+                step: Optional[Callable] = None, device: str = "cpu") -> Census:
+    """Start an engine on the simulated GPU (`device="cpu"`) or a real one (`"cuda"`: the checkpoint's kept formats
+    and the GPU's own dispatch), prefill one prompt of `input_len` tokens, count one decode step."""
     import sglang
     from sglang.bench_one_batch import prefill
     from sglang.srt.platform import simulate_platform
 
-    kwargs = dict(model_path=model_path, device="cpu", dtype="bfloat16", log_level="warning", max_running_requests=4,
+    kwargs = dict(model_path=model_path, device=device, dtype="bfloat16", log_level="warning", max_running_requests=4,
                   max_total_tokens=4096, attention_backend="triton")
     kwargs.update(engine_kwargs or {})
     census = Census()
-    with simulate_platform("cuda", capability=(9, 0)), device_tensor_checks():
+    simulated = device == "cpu"
+    with (simulate_platform("cuda", capability=(9, 0)) if simulated else contextlib.nullcontext()), \
+            (device_tensor_checks() if simulated else contextlib.nullcontext()):
         engine = sglang.Engine(**kwargs)
         try:
             runner = engine.model_runner
@@ -240,12 +244,14 @@ def take_census(model_path: str = "tiny-deepseek-v4", input_len: int = 37, engin
                 finally:
                     census.active = False
             graphs._run_rows = counted_run
+            # a captured graph would replay without passing through Python: run the same static path eagerly
+            real_replay, graphs._replay = graphs._replay, counted_run
             handles = _hook_layers(runner.model, census)
             try:
                 with counting(census):
                     (step or engine.scheduler.step)()
             finally:
-                graphs._run_rows = real_run
+                graphs._run_rows, graphs._replay = real_run, real_replay
                 for h in handles:
                     h.remove()
             while engine.scheduler.running:
@@ -289,9 +295,13 @@ def main() -> None:
     p.add_argument("--input-len", type=int, default=37, help="prompt tokens before the counted decode step")
     p.add_argument("--sites", type=int, default=40, help="call sites listed per layer kind")
     p.add_argument("--json", help="write the census here")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                   help="cpu: the GPU path simulated (interpreter); cuda: a real GPU, kept quantized formats")
+    p.add_argument("--max-total-tokens", type=int, default=4096)
     args = p.parse_args()
     torch.set_num_threads(1)
-    census = take_census(args.model_path, args.input_len)
+    census = take_census(args.model_path, args.input_len, dict(max_total_tokens=args.max_total_tokens),
+                         device=args.device)
     print("\n".join(report(census, args.sites)))
     if args.json:
         with open(args.json, "w") as f:
