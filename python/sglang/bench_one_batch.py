@@ -90,9 +90,12 @@ def _sync(device: torch.device) -> None:
 
 
 def prefill(engine, batch_size: int, input_len: int, output_len: int, seed: int) -> float:
-    """Admit `batch_size` random prompts and prefill them (whole prompts, chunk-budget sized forwards); returns the
-    prefill seconds."""
+    """Admit `batch_size` random prompts and prefill them (chunk-budget sized forwards: several whole prompts in one,
+    or a long prompt in chunks); returns the prefill seconds. Nothing comes from the prefix cache: it is emptied
+    first (prompts of different lengths drawn from one seed share their first tokens)."""
     sched, runner = engine.scheduler, engine.model_runner
+    if not sched.flush_cache():
+        raise RuntimeError("bench_one_batch prefills on an idle engine: requests are still running")
     vocab = runner.model_config.vocab_size
     g = torch.Generator().manual_seed(seed)
     params = SamplingParams(max_new_tokens=output_len, temperature=0, ignore_eos=True)
@@ -104,14 +107,17 @@ def prefill(engine, batch_size: int, input_len: int, output_len: int, seed: int)
     if len(sched.running) != batch_size:
         raise ValueError(f"only {len(sched.running)} of {batch_size} requests fit the pool; "
                          f"raise --max-total-tokens or lower the batch")
-    # Whole prompts, as many per forward as --chunked-prefill-size allows (at least one): a batch of 128 x 1024 in
-    # one forward would need activations the pools leave no room for.
+    # Whole prompts, as many per forward as --chunked-prefill-size allows (at least one), a prompt longer than that
+    # in chunks of it: a batch of 128 x 1024, or one 128K prompt, in one forward would need activations the pools
+    # leave no room for.
     per_forward = max(1, sched.chunk_budget // input_len)
     _sync(runner.device)
     start = time.perf_counter()
     for i in range(0, batch_size, per_forward):
         group = reqs[i:i + per_forward]
-        sched.run_batch(ScheduleBatch(ForwardMode.EXTEND, group, [input_len] * len(group)))
+        while not group[0].prefill_done:
+            n = input_len if len(group) > 1 else min(sched.chunk_budget, input_len - group[0].num_computed)
+            sched.run_batch(ScheduleBatch(ForwardMode.EXTEND, group, [n] * len(group)))
     _sync(runner.device)
     return time.perf_counter() - start
 
