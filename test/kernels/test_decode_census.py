@@ -86,11 +86,15 @@ def test_decode_census_adds_up(census, tmp_path):
 
 def test_decode_census_takes_the_gpu_paths(census):
     """Every layer runs sgl_kernel's attention and mHC kernels (mHC dispatches on `x.is_cuda`), the CSA layers the
-    indexer's, and the metadata is built outside the layers."""
+    indexer's, and the metadata is built outside the layers, in one launch."""
     for name, s in census.scopes.items():
         kernels = {k.split(" @ ")[0] for k in s.by_site}
         if name == dc.OUTSIDE:
             assert "_dsv4_hc_mixes_kernel" in kernels  # the HC head
+            # the attention metadata and the step's slot writes: one launch each, no torch op of theirs
+            assert {"_dsv4_decode_metadata_kernel", "_dsv4_write_slots_kernel"} <= kernels
+            assert not [k for k in s.by_site if "attention/dsv4/" in k or "deepseek_v4_allocator.py" in k], s.by_site
+            assert sum(n for k, n in s.by_site.items() if k.startswith("_dsv4_decode_metadata_kernel")) == 1
             continue
         assert {"_dsv4_sparse_attention_kernel", "_dsv4_store_kv_kernel", "_dsv4_hc_pre_kernel",
                 "_dsv4_hc_post_kernel"} <= kernels, (name, kernels)

@@ -19,7 +19,10 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
+from sgl_kernel.dsv4_decode_metadata_ref import write_slots_ref
 
+from sglang.srt import platform as plat
+from sglang.srt.layers.gpu_kernels import sgl_kernel_op
 from sglang.srt.mem_cache.allocator import PageAllocator, PoolExhaustedError
 from sglang.srt.mem_cache.radix_cache import CacheCallbacks, RadixCache, TreeNode
 from sglang.srt.mem_cache.req_to_token_pool import ReqToTokenPool
@@ -29,9 +32,10 @@ _FEW_POSITIONS = 256  # up to this many new positions in a step, extend_batch bu
 
 def write_slots_on_device(req_to_token: torch.Tensor, full_to_swa: torch.Tensor, rows: torch.Tensor,
                           positions: torch.Tensor, full: torch.Tensor, swa: torch.Tensor) -> None:
-    """req_to_token[rows, positions] = full and full_to_swa[full] = swa (device tensors; no host read)."""
-    req_to_token[rows, positions] = full.to(torch.int32)
-    full_to_swa[full] = swa
+    """req_to_token[rows, positions] = full and full_to_swa[full] = swa (device tensors; no host read): on GPUs one
+    sgl_kernel launch (the torch reference takes three, inside every decode graph)."""
+    fused = sgl_kernel_op("dsv4_decode_metadata", "dsv4_write_slots") if plat.is_device_tensor(full) else None
+    (fused or write_slots_ref)(req_to_token, full_to_swa, rows, positions, full, swa)
 
 
 @dataclass

@@ -19,7 +19,7 @@ import torch
 
 from sglang.srt.configs.deepseek_v4 import CSA_RATIO
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
-from sglang.srt.layers.attention.dsv4.decode_metadata import decode_compress_plan, decode_entry_slots, static_seq_lens
+from sglang.srt.layers.attention.dsv4.decode_metadata import build_decode_metadata, ratio_spec
 from sglang.srt.layers.attention.dsv4.logits_workspace import IndexerLogitsWorkspace, logits_budget_bytes
 from sglang.srt.layers.attention.dsv4.metadata import (
     DSV4Metadata, RatioMetadata, build_compress_plan, build_entry_slots, build_window_slots)
@@ -61,32 +61,31 @@ class DeepseekV4AttnBackendBase(AttentionBackend):
 
     # ---- metadata ------------------------------------------------------------------------------
     def init_forward_metadata(self, forward_batch) -> None:
-        """The metadata of every layer. A capacity-static DECODE batch (the CUDA-graph path) derives it on the device
-        at fixed shapes (decode_metadata.py); any other batch sizes it from the host lists (metadata.py)."""
+        """The metadata of every layer. A capacity-static batch (the CUDA-graph path: DECODE, a speculative verify and
+        draft-extend) derives it on the device at fixed shapes (decode_metadata.py: one launch on GPUs); any other
+        batch sizes it from the host lists (metadata.py)."""
         fb = forward_batch
-        window_slots = build_window_slots(fb, self.config.sliding_window, self.allocator.full_to_swa)
-        req_to_token = fb.req_to_token_pool.req_to_token
-        ratios = {}
         # the MTP layer attends to its window only: a draft forward needs no compressed-entry metadata
         needed = () if fb.forward_mode == ForwardMode.DRAFT_EXTEND else self.config.distinct_ratios
+        specs = []
         for ratio in needed:
-            overlap = ratio == CSA_RATIO
             state = self._any_state(ratio)
-            num_ring_rows = state.buf.shape[0]
-            boundary = state.boundary is not None  # the prefix cache's boundary rows (CSA, cache on)
-            if fb.capacity_static:
-                plan = decode_compress_plan(req_to_token, fb.req_pool_indices, fb.positions, ratio, overlap,
-                                            self.page_size, self.num_draft_tokens, num_ring_rows, boundary)
-                seq_lens = static_seq_lens(fb.positions, fb.req_pool_indices.shape[0])
-                entry_slots = decode_entry_slots(req_to_token, fb.req_pool_indices, seq_lens, ratio,
-                                                 self.page_size, capacity=req_to_token.shape[1] // ratio)
-            else:
-                plan = build_compress_plan(fb, ratio, overlap, self.page_size, self.num_draft_tokens, num_ring_rows,
-                                           boundary)
-                entry_slots = build_entry_slots(fb, ratio, self.page_size)
-            visible = torch.div(fb.positions + 1, ratio, rounding_mode="floor")
-            ratios[ratio] = RatioMetadata(ratio=ratio, entry_slots=entry_slots, row_visible=visible, plan=plan,
-                                          window_offset=torch.remainder(fb.positions, ratio))
+            # boundary: the prefix cache's boundary rows (CSA, cache on)
+            specs.append(ratio_spec(ratio, ratio == CSA_RATIO, self.num_draft_tokens, state.buf.shape[0],
+                                    boundary=state.boundary is not None))
+        if fb.capacity_static:
+            fb.attn_metadata = build_decode_metadata(fb, self.config.sliding_window, self.allocator.full_to_swa,
+                                                     self.page_size, specs)
+            return
+        window_slots = build_window_slots(fb, self.config.sliding_window, self.allocator.full_to_swa)
+        ratios = {}
+        for spec in specs:
+            plan = build_compress_plan(fb, spec.ratio, spec.overlap, self.page_size, self.num_draft_tokens,
+                                       spec.num_ring_rows, spec.boundary)
+            ratios[spec.ratio] = RatioMetadata(
+                ratio=spec.ratio, entry_slots=build_entry_slots(fb, spec.ratio, self.page_size), plan=plan,
+                row_visible=torch.div(fb.positions + 1, spec.ratio, rounding_mode="floor"),
+                window_offset=torch.remainder(fb.positions, spec.ratio))
         out_swa_loc = self.allocator.full_to_swa[fb.out_cache_loc]
         fb.attn_metadata = DSV4Metadata(window_slots=window_slots, out_swa_loc=out_swa_loc, ratios=ratios)
 

@@ -16,68 +16,66 @@ the context capacity:
 Padded rows use the reserved request slot 0 at position 0 with out slot 0: no window keys (page 0 maps to no window
 slot), nothing stored (window slot -1), no entries, their ring rows are request 0's. The general plan and this one
 agree on every real entry (test_static_decode.py checks it).
+The torch code is sgl_kernel's dsv4_decode_metadata_ref (the CPU path); on GPUs sgl_kernel's dsv4_decode_metadata
+writes every tensor of all ratios in one launch (the reference took ~80 small launches for two ratios).
 """
 
 from __future__ import annotations
 
-import torch
+from typing import Sequence
 
-from sglang.srt.layers.attention.dsv4.metadata import CompressPlan, entry_slots_of
+import torch
+from sgl_kernel.dsv4_decode_metadata_ref import (  # noqa: F401  (DUMP_ENTRY_SLOT, static_seq_lens: re-exported)
+    DUMP_ENTRY_SLOT, DecodeRatioMetadata, DecodeRatioSpec, decode_entry_slots_ref, decode_ratio_ref,
+    dsv4_decode_metadata_ref, static_seq_lens)
+
+from sglang.srt import platform as plat
+from sglang.srt.layers.attention.dsv4.metadata import CompressPlan, DSV4Metadata, RatioMetadata
+from sglang.srt.layers.gpu_kernels import sgl_kernel_op
 from sglang.srt.mem_cache.deepseek_v4_pool import ring_size
 
-DUMP_ENTRY_SLOT = 0  # compressed / index-key slot written by rows that complete no entry (reserved page 0)
+decode_entry_slots = decode_entry_slots_ref  # [B, capacity] entry slots of each request (-1 past its entries)
 
 
-def decode_entry_slots(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
-                       ratio: int, page_size: int, capacity: int) -> torch.Tensor:
-    """[B, capacity] compressed-pool slot of entry w of each request, -1 for w >= seq_len // ratio."""
-    w = torch.arange(capacity, device=seq_lens.device)
-    full = req_to_token[req_pool_indices[:, None], (w * ratio)[None, :]].to(torch.int64)
-    slots = entry_slots_of(full, w[None, :], ratio, page_size)
-    valid = w[None, :] < torch.div(seq_lens, ratio, rounding_mode="floor")[:, None]
-    return torch.where(valid, slots, torch.full_like(slots, -1))
+def _fused_kernel():
+    """sgl_kernel's one-launch decode metadata, or None where Triton / sgl_kernel is not installed."""
+    return sgl_kernel_op("dsv4_decode_metadata", "dsv4_decode_metadata")
 
 
-def static_seq_lens(positions: torch.Tensor, num_reqs: int) -> torch.Tensor:
-    """[B] tokens each request holds after the forward: its last row's position + 1."""
-    return positions.view(num_reqs, -1)[:, -1] + 1
+def ratio_spec(ratio: int, overlap: bool, num_draft_tokens: int, num_ring_rows: int,
+               boundary: bool = False) -> DecodeRatioSpec:
+    return DecodeRatioSpec(ratio=ratio, overlap=overlap, ring=ring_size(ratio, overlap, num_draft_tokens),
+                           num_ring_rows=num_ring_rows, boundary=boundary)
+
+
+def _plan(rm: DecodeRatioMetadata, spec: DecodeRatioSpec) -> CompressPlan:
+    return CompressPlan(ratio=spec.ratio, overlap=spec.overlap, ring=spec.ring, num_new=rm.new_entry_slots.shape[0],
+                        entry_slots=rm.new_entry_slots, entry_positions=rm.entry_positions,
+                        source_rows=rm.source_rows, ring_dst=rm.ring_dst, ring_src=rm.ring_src,
+                        boundary_dst=rm.boundary_dst, boundary_src=rm.boundary_src)
 
 
 def decode_compress_plan(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, positions: torch.Tensor,
                          ratio: int, overlap: bool, page_size: int, num_draft_tokens: int,
                          num_ring_rows: int, boundary: bool = False) -> CompressPlan:
     """The plan of T = B * R rows (R per request, at consecutive positions), T candidate entries (see the module
-    docstring)."""
-    ring = ring_size(ratio, overlap, num_draft_tokens)
-    span = 2 * ratio if overlap else ratio
-    device = positions.device
+    docstring), by the torch reference."""
+    spec = ratio_spec(ratio, overlap, num_draft_tokens, num_ring_rows, boundary)
     num_rows, num_reqs = positions.shape[0], req_pool_indices.shape[0]
-    per_req = num_rows // num_reqs
-    if per_req * num_reqs != num_rows or per_req > ring:
-        raise ValueError(f"{num_rows} static rows for {num_reqs} requests (ring of {ring} rows)")
-    offsets = torch.arange(span, device=device) - (ratio if overlap else 0)
-    rows = torch.arange(num_rows, device=device)
-    row_req = torch.div(rows, per_req, rounding_mode="floor")
-    req = req_pool_indices[row_req]
-    first_row = row_req * per_req
-    first_pos = positions[first_row]  # c_b: the request's first row in this forward
-    done = torch.remainder(positions + 1, ratio) == 0
-    w = (torch.div(positions + 1, ratio, rounding_mode="floor") - 1).clamp(min=0)
-    p = w[:, None] * ratio + offsets[None, :]  # [T, S] source positions of the entry row t completes
-    fresh = num_ring_rows + first_row[:, None] + (p - first_pos[:, None])
-    from_ring = req[:, None] * ring + torch.remainder(p, ring)
-    source = torch.where(p < 0, -1, torch.where(p >= first_pos[:, None], fresh, from_ring))
-    own = (num_ring_rows + rows)[:, None].expand_as(p)
-    source = torch.where(done[:, None], source, own)  # nothing completed: pool the own fresh row into the dump entry
-    first_full = req_to_token[req, w * ratio].to(torch.int64)
-    entry_slots = torch.where(done, entry_slots_of(first_full, w, ratio, page_size),
-                              torch.full_like(first_full, DUMP_ENTRY_SLOT))
-    boundary_dst = None
-    if boundary:  # rows in the last m positions of a page: the request's boundary rows; the rest: request 0's (dump)
-        at_end = torch.remainder(positions, page_size) >= page_size - ratio
-        half = torch.remainder(torch.div(positions, page_size, rounding_mode="floor"), 2)  # page parity
-        boundary_dst = (torch.where(at_end, req, 0) * 2 + half) * ratio + torch.remainder(positions, ratio)
-    return CompressPlan(ratio=ratio, overlap=overlap, ring=ring, num_new=num_rows,
-                        entry_slots=entry_slots, entry_positions=w * ratio, source_rows=source,
-                        ring_dst=req * ring + torch.remainder(positions, ring), ring_src=rows,
-                        boundary_dst=boundary_dst, boundary_src=rows if boundary else None)
+    if num_rows % num_reqs or num_rows // num_reqs > spec.ring:
+        raise ValueError(f"{num_rows} static rows for {num_reqs} requests (ring of {spec.ring} rows)")
+    return _plan(decode_ratio_ref(req_to_token, req_pool_indices, positions, spec, page_size), spec)
+
+
+def build_decode_metadata(forward_batch, window: int, full_to_swa: torch.Tensor, page_size: int,
+                          specs: Sequence[DecodeRatioSpec]) -> DSV4Metadata:
+    """Every layer's metadata of a capacity-static batch from its static inputs: one sgl_kernel launch where the
+    tensors are on a GPU, the torch reference elsewhere."""
+    fb = forward_batch
+    fused = _fused_kernel() if plat.is_device_tensor(fb.positions) else None
+    md = (fused or dsv4_decode_metadata_ref)(fb.positions, fb.req_pool_indices, fb.out_cache_loc,
+                                             fb.req_to_token_pool.req_to_token, full_to_swa, window, page_size, specs)
+    ratios = {spec.ratio: RatioMetadata(ratio=spec.ratio, entry_slots=rm.entry_slots, row_visible=rm.row_visible,
+                                        plan=_plan(rm, spec), window_offset=rm.window_offset)
+              for spec, rm in zip(specs, md.ratios)}
+    return DSV4Metadata(window_slots=md.window_slots, out_swa_loc=md.out_swa_loc, ratios=ratios)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+from sgl_kernel.dsv4_decode_metadata_ref import entry_slots_of, window_slots_ref
 
 from sglang.srt.mem_cache.deepseek_v4_pool import ring_size
 
@@ -59,19 +60,10 @@ class DSV4Metadata:
     ratios: dict  # ratio -> RatioMetadata
 
 
-def entry_slots_of(first_full: torch.Tensor, w: torch.Tensor, ratio: int, page_size: int) -> torch.Tensor:
-    """Compressed-pool slot of entry w of ratio m, whose window starts at full slot `first_full` (the slot of token
-    w*m): entry w shares that token's page, page_size / m entries per page (broadcasts)."""
-    per_page = page_size // ratio
-    return (first_full // page_size) * per_page + w % per_page
-
-
 def build_window_slots(forward_batch, window: int, full_to_swa: torch.Tensor) -> torch.Tensor:
-    req = forward_batch.req_pool_indices[forward_batch.row_req][:, None]  # [T, 1]
-    positions = forward_batch.positions
-    pos = positions[:, None] - (window - 1) + torch.arange(window, device=positions.device)[None, :]
-    full = forward_batch.req_to_token_pool.req_to_token[req, pos.clamp(min=0)].to(torch.int64)  # [T, W]
-    return torch.where(pos >= 0, full_to_swa[full], torch.full_like(full, -1))
+    req = forward_batch.req_pool_indices[forward_batch.row_req]  # [T]
+    return window_slots_ref(forward_batch.req_to_token_pool.req_to_token, full_to_swa, req, forward_batch.positions,
+                            window)
 
 
 def build_entry_slots(forward_batch, ratio: int, page_size: int) -> torch.Tensor:
