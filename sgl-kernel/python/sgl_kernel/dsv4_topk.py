@@ -15,12 +15,13 @@ Algorithm: radix select in registers, applied level by level over chunks.
   A cumsum over the selection gives each pick its output position: no atomics, deterministic.
 * Level 1 runs one program per (row, chunk) over the logits and writes each chunk's k survivors (value and
   column) to a [T, S*k] workspace; each further level does the same on the survivors (8x fewer values per
-  level); a level whose input fits one program (at most LAST_CHUNK = 32,768 values: 32 warps x 32 per thread)
+  level); a level whose input fits one program (at most LAST_CHUNK = 16,384 values: 16 warps x 32 per thread)
   is the last: one chunk of the input rounded up to a power of two, which maps columns to slots and writes the
-  output row. So at most two launches up to LAST_CHUNK / k chunks of the first level:
-  262,144 candidates: 64 -> 1 chunks at k = 512 (C = 4096), 32 -> 1 at k = 1024 (C = 8192); up to 32,768
-  candidates one launch. Ties at the threshold keep the lowest columns at every level, so the result is the top-k
-  by (value desc, column asc), independent of the chunking.
+  output row. Earlier levels take chunks just large enough (up to LAST_CHUNK) for their survivors to fit that last
+  program, so a 1M-token context selects in two launches: 262,144 candidates: 32 chunks of 8,192 -> 1 of 16,384 at
+  k = 512, 16 of 16,384 -> 1 of 16,384 at k = 1024; up to 16,384 candidates one launch. Ties at the threshold keep
+  the lowest columns at every level, so the result is the top-k by (value desc, column asc), independent of the
+  chunking.
 
 The logits are read once from global memory; later levels read 1/8 of the previous level's input.
 """
@@ -39,7 +40,9 @@ CHUNK_PER_K = 8  # chunk = 8 * next_pow2(k): each level shrinks its input 8x
 MIN_CHUNK = 256
 MAX_K = 4096  # chunk 32768 = 32 warps x 32 values per thread
 VALUES_PER_THREAD = 32
-LAST_CHUNK = 32 * 32 * VALUES_PER_THREAD  # the most values one program selects from (32 warps)
+# the most values the last level's one program selects from: 16 warps (at 32 warps, 64 registers a thread, the
+# values spill to the stack: ~460 bytes a thread on sm90, against ~80 at 16 warps)
+LAST_CHUNK = 16 * 32 * VALUES_PER_THREAD
 
 
 @triton.jit
@@ -120,13 +123,21 @@ def _num_warps(chunk: int) -> int:
 
 
 def topk_levels(n: int, k: int, chunk_per_k: int = CHUNK_PER_K, last_chunk: int = LAST_CHUNK) -> list:
-    """[(CHUNK, num_chunks, num_warps)] of each level (one launch each) selecting k of n values per row: chunks of
-    topk_config's size while the input exceeds one program's `last_chunk` values, then one chunk of all of it."""
+    """[(CHUNK, num_chunks, num_warps)] of each level (one launch each) selecting k of n values per row. While the
+    input exceeds one program's `last_chunk` values: chunks of the smallest power-of-two size (from topk_config's, up
+    to last_chunk) whose survivors fit one last program, or topk_config's where none does; then one chunk of all of
+    it. last_chunk at most topk_config's chunk: every level's chunk is topk_config's."""
     _, chunk, num_warps = topk_config(k, chunk_per_k)
+    last_chunk = max(last_chunk, chunk)
     levels = []
-    while n > max(chunk, last_chunk):
-        num_chunks = triton.cdiv(n, chunk)
-        levels.append((chunk, num_chunks, num_warps))
+    while n > last_chunk:
+        size = chunk
+        while size < last_chunk and triton.cdiv(n, size) * k > last_chunk:
+            size *= 2
+        if triton.cdiv(n, size) * k > last_chunk:
+            size = chunk
+        num_chunks = triton.cdiv(n, size)
+        levels.append((size, num_chunks, _num_warps(size)))
         n = num_chunks * k
     last = max(chunk, triton.next_power_of_2(n))
     return levels + [(last, 1, _num_warps(last))]
