@@ -142,3 +142,15 @@ def test_gpu_path_projects_everything_in_one_launch(monkeypatch, dtype):
     assert fused.xf is None
     assert torch.equal(fused.kv_gate, want_kv) and torch.equal(fused.index_kv_gate, want_idx)
     assert torch.equal(fused.index_weights, want_w)
+
+
+def test_prefill_sized_batches_keep_the_torch_gemms(monkeypatch):
+    """Above FUSED_PROJ_MAX_ROWS rows (prefill chunks) the projections stay cuBLAS's fp32 GEMMs, even on a GPU."""
+    from sglang.srt.models import deepseek_v4
+    from sglang.srt.platform import simulate_platform
+
+    x = torch.zeros(deepseek_v4.FUSED_PROJ_MAX_ROWS + 1, 8)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    with simulate_platform("cuda"):
+        assert deepseek_v4._compressor_proj_op(x) is None
+        assert deepseek_v4._compressor_proj_op(x[:-1]) is not None

@@ -102,9 +102,15 @@ class CompressorInputs:
     index_weights: Optional[torch.Tensor] = None  # [T, nI] fp32: weights_proj(x) * weight_scale
 
 
+# Rows up to which the compressors' projections run as one fused launch: decode and verify batches. Prefill chunks
+# are compute-bound fp32 GEMMs (thousands of rows), where cuBLAS's tiles beat the kernel's decode-sized ones.
+FUSED_PROJ_MAX_ROWS = 128
+
+
 def _compressor_proj_op(x: torch.Tensor):
-    """sgl_kernel's dsv4_compressor_proj where x is a GPU tensor of rows it reads, else None."""
-    if not x.is_cuda or x.dim() != 2 or x.stride(-1) != 1:
+    """sgl_kernel's dsv4_compressor_proj where x is a GPU tensor of rows it reads (at most FUSED_PROJ_MAX_ROWS),
+    else None."""
+    if not x.is_cuda or x.dim() != 2 or x.stride(-1) != 1 or x.shape[0] > FUSED_PROJ_MAX_ROWS:
         return None
     return sgl_kernel_op("dsv4_compressor_proj", "dsv4_compressor_proj")
 
