@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from sglang.srt.configs.deepseek_v4 import DeepseekV4Config
 from sglang.srt.layers.attention.dsv4.metadata import RatioMetadata
@@ -77,3 +77,80 @@ def test_compressor_glue_launches():
     launched = {k: v for k, v in counter.ops.items() if k not in ("view", "select", "t", "clone", "_to_copy")}
     assert launched == {"mm": 1, "index": 1, "add_": 1}, counter.ops
     assert counter.ops["_to_copy"] == 1  # the caller's x.float() only
+
+
+# ---------------------------------------------------------------------------------------- the GPU path's one launch
+
+
+def _csa_attention(dtype: torch.dtype):
+    """What Attention.compressor_inputs reads of a CSA attention: its compressor, its indexer (joined wkv_gate,
+    fp32 compressor weights, weights_proj in the model dtype), dyadic values so any summation order is exact."""
+    from sglang.srt.models.deepseek_v4 import Indexer
+
+    config = DeepseekV4Config.from_dict(dict(TINY_CONFIG))
+    rotary = RotaryEmbedding(8, 10000.0, None)
+    g = torch.Generator().manual_seed(3)
+    attn = SimpleNamespace(ratio=4, compressor=Compressor(config, 1, 4, 32, rotary, is_indexer=False),
+                           indexer=Indexer(config, 1, rotary))
+    with torch.no_grad():
+        for module in (attn.compressor, attn.indexer):
+            for p in module.parameters():
+                p.copy_(torch.randint(-8, 9, p.shape, generator=g).float() / 8)
+    attn.indexer.weights_proj.to(dtype)
+    for c in (attn.compressor, attn.indexer.compressor):
+        assert c.join_projections()
+    return attn
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_gpu_path_projects_everything_in_one_launch(monkeypatch, dtype):
+    """Where x is a GPU tensor (here: the op run on CPU tensors in the Triton interpreter), the compressors' and the
+    indexer's projections of x come from ONE dsv4_compressor_proj launch, equal to the torch path: no cast of x, no
+    fp32 GEMMs, no bias gather / add, no weights_proj linear / cast / scale."""
+    pytest.importorskip("triton")
+    import triton
+    import triton.runtime.interpreter  # noqa: F401  (the attribute below)
+
+    from sgl_kernel.dsv4_compressor_proj import dsv4_compressor_proj
+    from sglang.srt.models import deepseek_v4
+    from sglang.srt.models.deepseek_v4 import Attention
+
+    attn = _csa_attention(dtype)
+    positions = torch.tensor([0, 5, 6, 7, 13, 31, 2])
+    x = (torch.randint(-8, 9, (positions.shape[0], TINY_CONFIG["hidden_size"])).float() / 4).to(dtype)
+    fb = SimpleNamespace(attn_metadata=SimpleNamespace(
+        ratios={4: RatioMetadata(4, None, None, None, window_offset=positions % 4)}))
+    torch_path = Attention.compressor_inputs(attn, x, positions, fb)  # a CPU tensor: x.float() only
+    assert torch_path.kv_gate is None and torch.equal(torch_path.xf, x.float())
+    launches = []
+    for cls in (triton.runtime.jit.JITFunction, getattr(triton.runtime.interpreter, "InterpretedFunction", None)):
+        if cls is not None and "run" in vars(cls):
+            def run(self, *args, _real=vars(cls)["run"], **kwargs):
+                launches.append(getattr(self, "__name__", None) or self.fn.__name__)
+                with _disable_current_modes():  # the interpreter's own tensor copies are not launches
+                    return _real(self, *args, **kwargs)
+            monkeypatch.setattr(cls, "run", run)
+    monkeypatch.setattr(deepseek_v4, "_compressor_proj_op", lambda x: dsv4_compressor_proj)
+    with torch.no_grad(), _Ops() as counter:
+        fused = Attention.compressor_inputs(attn, x, positions, fb)
+    assert launches == ["_dsv4_compressor_proj_kernel"]
+    assert {k for k in counter.ops if k not in ("empty", "view")} == set(), counter.ops
+    with torch.no_grad():
+        want_kv = attn.compressor.project(x, positions, fb)
+        want_idx = attn.indexer.compressor.project(x, positions, fb)
+        want_w = attn.indexer.weights_proj(x).float() * attn.indexer.weight_scale
+    assert fused.xf is None
+    assert torch.equal(fused.kv_gate, want_kv) and torch.equal(fused.index_kv_gate, want_idx)
+    assert torch.equal(fused.index_weights, want_w)
+
+
+def test_prefill_sized_batches_keep_the_torch_gemms(monkeypatch):
+    """Above FUSED_PROJ_MAX_ROWS rows (prefill chunks) the projections stay cuBLAS's fp32 GEMMs, even on a GPU."""
+    from sglang.srt.models import deepseek_v4
+    from sglang.srt.platform import simulate_platform
+
+    x = torch.zeros(deepseek_v4.FUSED_PROJ_MAX_ROWS + 1, 8)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    with simulate_platform("cuda"):
+        assert deepseek_v4._compressor_proj_op(x) is None
+        assert deepseek_v4._compressor_proj_op(x[:-1]) is not None

@@ -221,6 +221,18 @@ def dsv4_update_ring_ref(ring: torch.Tensor, ring_dst: torch.Tensor, fresh: torc
     ring[ring_dst] = fresh[ring_src]
 
 
+def dsv4_compress_staged_ref(ring: torch.Tensor, fresh: torch.Tensor, source_rows: torch.Tensor, *,
+                             ring_dst: torch.Tensor, ring_src: torch.Tensor, boundary: Optional[torch.Tensor] = None,
+                             boundary_dst: Optional[torch.Tensor] = None, boundary_src: Optional[torch.Tensor] = None,
+                             **compress_args) -> None:
+    """dsv4_compress_ref, then the staging writes ring[ring_dst] = fresh[ring_src] (and boundary[boundary_dst] =
+    fresh[boundary_src]): the kernel's one launch, for plans where no ring row written is one the pool reads."""
+    dsv4_compress_ref(ring, fresh, source_rows, **compress_args)
+    dsv4_update_ring_ref(ring, ring_dst, fresh, ring_src)
+    if boundary is not None:
+        dsv4_update_ring_ref(boundary, boundary_dst, fresh, boundary_src)
+
+
 # ----------------------------------------------------------------------------- index logits
 
 

@@ -24,18 +24,22 @@ the torch reference to a few fp32 ulps only, so a value that lands within that d
 the compute dtype / e4m3 / e2m1 may come out one step apart (see test/kernels/test_dsv4_compress.py).
 
 Ordering: the pool reads ring rows that `dsv4_update_ring` (ring[ring_dst] = fresh[ring_src]) overwrites, so launch
-the ring update after this kernel on the same stream.
+the ring update after this kernel on the same stream; or, where no written ring row is read (a decode step),
+`dsv4_compress_staged` does both (and the prefix cache's boundary rows) in the same launch.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
-from sgl_kernel.dsv4_attention_ref import check_compress_args, dsv4_compress_ref, dsv4_update_ring_ref, pool_ref
+from sgl_kernel.dsv4_attention_ref import (
+    check_compress_args, dsv4_compress_ref, dsv4_compress_staged_ref, dsv4_update_ring_ref, pool_ref)
 from sgl_kernel.dsv4_formats_ref import FP4_MAX, FP8_INDEX_BLOCK, FP8_KV_AMAX_FLOOR, FP8_MAX, ROW_FORMATS
 
 _FORMAT_ID = {name: i for i, name in enumerate(ROW_FORMATS)}  # dense 0, fp8_kv 1, fp8_index 2, fp4_index 3
@@ -264,14 +268,51 @@ def _store_fp4_index(row_ptr, y, D: tl.constexpr, BLOCK_D: tl.constexpr):
 
 
 @triton.jit
+def _copy_row(dst_ptr, dst_idx_ptr, src_ptr, src_idx_ptr, i, dst_row_stride, src_row_stride,
+              WIDTH: tl.constexpr, BLOCK: tl.constexpr):
+    """dst[dst_idx[i]] = src[src_idx[i]] (rows of WIDTH contiguous elements)."""
+    dst = tl.load(dst_idx_ptr + i).to(tl.int64)
+    src = tl.load(src_idx_ptr + i).to(tl.int64)
+    for c0 in range(0, WIDTH, BLOCK):
+        offs = c0 + tl.arange(0, BLOCK)
+        v = tl.load(src_ptr + src * src_row_stride + offs, mask=offs < WIDTH)
+        tl.store(dst_ptr + dst * dst_row_stride + offs, v, mask=offs < WIDTH)
+
+
+@triton.jit
 def _dsv4_compress_kernel(ring_ptr, fresh_ptr, rows_ptr, pos_ptr, inv_freq_ptr, w_ptr, slots_ptr, out_ptr,
                           num_ring_rows, ring_row_stride, ring_gate_stride, fresh_row_stride, fresh_gate_stride,
-                          out_row_stride, eps, hadamard_scale,
+                          out_row_stride, eps, hadamard_scale, num_entries,
+                          ring_dst_ptr, ring_src_ptr, num_ring_writes, bnd_ptr, bnd_dst_ptr, bnd_src_ptr,
+                          num_bnd_writes, bnd_row_stride,
                           S: tl.constexpr, RATIO: tl.constexpr, OVERLAP: tl.constexpr, D: tl.constexpr,
                           ROPE: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, COMPUTE: tl.constexpr,
                           FORMAT: tl.constexpr, DENSE: tl.constexpr, HADAMARD: tl.constexpr, LOG_D: tl.constexpr,
-                          WIDTH: tl.constexpr, IDX_BLOCK: tl.constexpr):
+                          WIDTH: tl.constexpr, IDX_BLOCK: tl.constexpr, STAGE: tl.constexpr,
+                          STAGE_WIDTH: tl.constexpr, STAGE_BLOCK: tl.constexpr):
     n = tl.program_id(0).to(tl.int64)
+    if n < num_entries:
+        _compress_entry(ring_ptr, fresh_ptr, rows_ptr, pos_ptr, inv_freq_ptr, w_ptr, slots_ptr, out_ptr, n,
+                        num_ring_rows, ring_row_stride, ring_gate_stride, fresh_row_stride, fresh_gate_stride,
+                        out_row_stride, eps, hadamard_scale, S, RATIO, OVERLAP, D, ROPE, BLOCK_S, BLOCK_D, COMPUTE,
+                        FORMAT, DENSE, HADAMARD, LOG_D, WIDTH, IDX_BLOCK)
+    if STAGE:  # staging writes of this launch: rows no program of it reads (dsv4_compress_staged)
+        if n < num_ring_writes:
+            _copy_row(ring_ptr, ring_dst_ptr, fresh_ptr, ring_src_ptr, n, ring_row_stride, fresh_row_stride,
+                      STAGE_WIDTH, STAGE_BLOCK)
+        if n < num_bnd_writes:
+            _copy_row(bnd_ptr, bnd_dst_ptr, fresh_ptr, bnd_src_ptr, n, bnd_row_stride, fresh_row_stride,
+                      STAGE_WIDTH, STAGE_BLOCK)
+
+
+@triton.jit
+def _compress_entry(ring_ptr, fresh_ptr, rows_ptr, pos_ptr, inv_freq_ptr, w_ptr, slots_ptr, out_ptr, n,
+                    num_ring_rows, ring_row_stride, ring_gate_stride, fresh_row_stride, fresh_gate_stride,
+                    out_row_stride, eps, hadamard_scale,
+                    S: tl.constexpr, RATIO: tl.constexpr, OVERLAP: tl.constexpr, D: tl.constexpr,
+                    ROPE: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, COMPUTE: tl.constexpr,
+                    FORMAT: tl.constexpr, DENSE: tl.constexpr, HADAMARD: tl.constexpr, LOG_D: tl.constexpr,
+                    WIDTH: tl.constexpr, IDX_BLOCK: tl.constexpr):
     y = _pool(ring_ptr, fresh_ptr, rows_ptr, n, num_ring_rows, ring_row_stride, ring_gate_stride, fresh_row_stride,
               fresh_gate_stride, S, RATIO, OVERLAP, D, BLOCK_S, BLOCK_D)
     y = _rms_norm(_round_to(y, COMPUTE), w_ptr, eps, D, BLOCK_D, COMPUTE)
@@ -293,13 +334,8 @@ def _dsv4_compress_kernel(ring_ptr, fresh_ptr, rows_ptr, pos_ptr, inv_freq_ptr, 
 @triton.jit
 def _update_ring_kernel(ring_ptr, fresh_ptr, dst_ptr, src_ptr, ring_row_stride, fresh_row_stride,
                         WIDTH: tl.constexpr, BLOCK: tl.constexpr):
-    i = tl.program_id(0)
-    dst = tl.load(dst_ptr + i).to(tl.int64)
-    src = tl.load(src_ptr + i).to(tl.int64)
-    for c0 in range(0, WIDTH, BLOCK):
-        offs = c0 + tl.arange(0, BLOCK)
-        v = tl.load(fresh_ptr + src * fresh_row_stride + offs, mask=offs < WIDTH)
-        tl.store(ring_ptr + dst * ring_row_stride + offs, v, mask=offs < WIDTH)
+    _copy_row(ring_ptr, dst_ptr, fresh_ptr, src_ptr, tl.program_id(0), ring_row_stride, fresh_row_stride, WIDTH,
+              BLOCK)
 
 
 # ----------------------------------------------------------------------------- wrappers
@@ -319,33 +355,89 @@ def dsv4_compress(ring: torch.Tensor, fresh: torch.Tensor, source_rows: torch.Te
     """
     check_compress_args(ring, fresh, source_rows, ratio, overlap, head_dim, norm_weight, positions, inv_freq, rope_dim,
                         out_cache, out_slots, out_format, hadamard, compute_dtype)
+    if source_rows.shape[0]:
+        _launch(ring, fresh, source_rows, None, ratio, overlap, head_dim, norm_weight, eps, positions, inv_freq,
+                rope_dim, out_cache, out_slots, out_format, hadamard, compute_dtype)
+
+
+def dsv4_compress_staged(ring: torch.Tensor, fresh: torch.Tensor, source_rows: torch.Tensor, *, ring_dst: torch.Tensor,
+                         ring_src: torch.Tensor, boundary: Optional[torch.Tensor] = None,
+                         boundary_dst: Optional[torch.Tensor] = None, boundary_src: Optional[torch.Tensor] = None,
+                         **compress_args) -> None:
+    """dsv4_compress, then ring[ring_dst] = fresh[ring_src] and boundary[boundary_dst] = fresh[boundary_src], in one
+    launch (program i pools entry i and writes staging row i). The caller guarantees that no ring row written is
+    one that a source row reads (a decode step: each request writes its newest positions, which lie a whole ring
+    after the oldest ones its entries read); then the order of the programs does not matter."""
+    args = {"hadamard": False, "compute_dtype": torch.float32, **compress_args}
+    check_compress_args(ring, fresh, source_rows, **{k: v for k, v in args.items() if k != "eps"})
+    check_update_ring_args(ring, ring_dst, fresh, ring_src)
+    if boundary is not None:
+        check_update_ring_args(boundary, boundary_dst, fresh, boundary_src)
+    stage = _Stage(ring_dst, ring_src, boundary, boundary_dst, boundary_src)
+    if source_rows.shape[0] or stage.num_programs():
+        _launch(ring, fresh, source_rows, stage, **args)
+
+
+@dataclass
+class _Stage:
+    """The staging writes of a dsv4_compress_staged launch."""
+    ring_dst: torch.Tensor
+    ring_src: torch.Tensor
+    boundary: Optional[torch.Tensor]
+    boundary_dst: Optional[torch.Tensor]
+    boundary_src: Optional[torch.Tensor]
+
+    def num_boundary(self) -> int:
+        return 0 if self.boundary is None else self.boundary_dst.numel()
+
+    def num_programs(self) -> int:
+        return max(self.ring_dst.numel(), self.num_boundary())
+
+
+def _launch(ring, fresh, source_rows, stage: Optional[_Stage], ratio, overlap, head_dim, norm_weight, eps, positions,
+            inv_freq, rope_dim, out_cache, out_slots, out_format, hadamard=False,
+            compute_dtype=torch.float32) -> None:
     n = source_rows.shape[0]
-    if n == 0:
-        return
     s = source_rows.shape[1]
     block_d = triton.next_power_of_2(head_dim)
     block_s = min(triton.next_power_of_2(s), max(1, _TILE_ELEMS // block_d))
     tile = block_s * block_d
     dense = _DTYPE_ID.get(out_cache.dtype, 0)
     out = out_cache.view(torch.int16) if out_cache.dtype == torch.bfloat16 else out_cache
-    _dsv4_compress_kernel[(n,)](
+    stage_width = ring.shape[1] * ring.shape[2]
+    if stage is None:
+        grid, stage_args = n, (source_rows, source_rows, 0, ring, source_rows, source_rows, 0, 0)
+    else:
+        boundary = stage.boundary if stage.boundary is not None else ring
+        bnd_dst = stage.boundary_dst if stage.boundary is not None else stage.ring_dst
+        bnd_src = stage.boundary_src if stage.boundary is not None else stage.ring_src
+        grid = max(n, stage.num_programs())
+        stage_args = (stage.ring_dst, stage.ring_src, stage.ring_dst.numel(), boundary, bnd_dst, bnd_src,
+                      stage.num_boundary(), boundary.stride(0))
+    _dsv4_compress_kernel[(grid,)](
         ring, fresh, source_rows, positions, inv_freq, norm_weight.to(torch.float32), out_slots, out,
         ring.shape[0], ring.stride(0), ring.stride(1), fresh.stride(0), fresh.stride(1), out.stride(0),
-        float(eps), float(head_dim) ** -0.5,
+        float(eps), float(head_dim) ** -0.5, n, *stage_args,
         S=s, RATIO=ratio, OVERLAP=overlap, D=head_dim, ROPE=rope_dim, BLOCK_S=block_s, BLOCK_D=block_d,
         COMPUTE=_DTYPE_ID[compute_dtype], FORMAT=_FORMAT_ID[out_format], DENSE=dense, HADAMARD=hadamard,
         LOG_D=int(math.log2(block_d)), WIDTH=out_cache.shape[1], IDX_BLOCK=min(FP8_INDEX_BLOCK, block_d),
+        STAGE=stage is not None, STAGE_WIDTH=stage_width, STAGE_BLOCK=min(triton.next_power_of_2(stage_width), 2048),
         num_warps=2 if tile <= 1024 else 4 if tile <= 2048 else 8)
 
 
-def dsv4_update_ring(ring: torch.Tensor, ring_dst: torch.Tensor, fresh: torch.Tensor, ring_src: torch.Tensor) -> None:
-    """ring[ring_dst] = fresh[ring_src] (whole [2, C] rows); launch after dsv4_compress has read the ring."""
+def check_update_ring_args(ring: torch.Tensor, ring_dst: torch.Tensor, fresh: torch.Tensor,
+                           ring_src: torch.Tensor) -> None:
     assert ring.dim() == 3 and fresh.dim() == 3 and ring.shape[1:] == fresh.shape[1:] and ring.dtype == fresh.dtype, \
         f"ring {ring.dtype} {tuple(ring.shape)} and fresh {fresh.dtype} {tuple(fresh.shape)} rows must match"
     assert ring_dst.shape == ring_src.shape and ring_dst.dim() == 1, \
         f"ring_dst {tuple(ring_dst.shape)} and ring_src {tuple(ring_src.shape)} must be equal 1-D"
     assert all(t.stride(2) == 1 and t.stride(1) == t.shape[2] for t in (ring, fresh)), \
         "ring / fresh rows [2, C] must be contiguous"
+
+
+def dsv4_update_ring(ring: torch.Tensor, ring_dst: torch.Tensor, fresh: torch.Tensor, ring_src: torch.Tensor) -> None:
+    """ring[ring_dst] = fresh[ring_src] (whole [2, C] rows); launch after dsv4_compress has read the ring."""
+    check_update_ring_args(ring, ring_dst, fresh, ring_src)
     if ring_dst.numel() == 0:
         return
     width = ring.shape[1] * ring.shape[2]
@@ -354,4 +446,5 @@ def dsv4_update_ring(ring: torch.Tensor, ring_dst: torch.Tensor, fresh: torch.Te
                                              num_warps=4)
 
 
-__all__ = ["dsv4_compress", "dsv4_compress_ref", "dsv4_update_ring", "dsv4_update_ring_ref", "pool_ref"]
+__all__ = ["dsv4_compress", "dsv4_compress_ref", "dsv4_compress_staged", "dsv4_compress_staged_ref", "dsv4_update_ring",
+           "dsv4_update_ring_ref", "pool_ref"]

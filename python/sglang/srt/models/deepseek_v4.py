@@ -24,6 +24,7 @@ from sglang.srt.eplb.expert_distribution import get_expert_distribution_recorder
 from sglang.srt.layers.attention.dsv4.hadamard import hadamard_rotate
 from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
 from sglang.srt.layers.fused_linear import join_linears, record_joined
+from sglang.srt.layers.gpu_kernels import sgl_kernel_op
 from sglang.srt.layers.mhc import hc_head, hc_post, hc_pre
 from sglang.srt.layers.moe.experts import RoutedExperts, SharedExpert, append_shared_expert
 from sglang.srt.layers.moe.router import Gate, for_local_experts
@@ -68,8 +69,16 @@ class Compressor(nn.Module):
         return join_linears(self, ["wkv", "wgate"], "wkv_gate")
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch,
-                xf: Optional[torch.Tensor] = None) -> None:
-        """xf: x.float() where the caller has it (a CSA layer's two compressors share one cast)."""
+                xf: Optional[torch.Tensor] = None, kv_gate: Optional[torch.Tensor] = None) -> None:
+        """xf: x.float() where the caller has it (a CSA layer's two compressors share one cast); kv_gate: the
+        projection below, where the caller computed it (Attention.compressor_inputs)."""
+        if kv_gate is None:
+            kv_gate = self.project(x, positions, forward_batch, xf)
+        forward_batch.attn_backend.forward_compressor(self, kv_gate, forward_batch, compute_dtype=x.dtype)
+
+    def project(self, x: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch,
+                xf: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """-> [T, 2, width] fp32 (content, gate logit + ape): the torch path and reference of dsv4_compressor_proj."""
         # The reference computes both projections in fp32 (the weights are kept in fp32: model_builder._FP32_PARAM);
         # ape is the bias of the token's slot in its window.
         xf = x.float() if xf is None else xf
@@ -80,7 +89,30 @@ class Compressor(nn.Module):
         offset = forward_batch.attn_metadata.ratios[self.ratio].window_offset  # positions % ratio, once per step
         # in place on the gate half's view: `kv_gate[:, 1] += ...` would also copy the sum back onto itself
         kv_gate[:, 1].add_(self.ape[positions % self.ratio if offset is None else offset])
-        forward_batch.attn_backend.forward_compressor(self, kv_gate, forward_batch, compute_dtype=x.dtype)
+        return kv_gate
+
+
+@dataclass
+class CompressorInputs:
+    """A compressed layer's projections of x for its compressors and indexer (Attention.compressor_inputs): all of
+    them from one fused launch, or only x.float() for the torch path (the rest None: computed by the modules)."""
+    xf: Optional[torch.Tensor] = None  # x.float()
+    kv_gate: Optional[torch.Tensor] = None  # [T, 2, width] fp32 of the attention's compressor
+    index_kv_gate: Optional[torch.Tensor] = None  # the same of the indexer's compressor
+    index_weights: Optional[torch.Tensor] = None  # [T, nI] fp32: weights_proj(x) * weight_scale
+
+
+# Rows up to which the compressors' projections run as one fused launch: decode and verify batches. Prefill chunks
+# are compute-bound fp32 GEMMs (thousands of rows), where cuBLAS's tiles beat the kernel's decode-sized ones.
+FUSED_PROJ_MAX_ROWS = 128
+
+
+def _compressor_proj_op(x: torch.Tensor):
+    """sgl_kernel's dsv4_compressor_proj where x is a GPU tensor of rows it reads (at most FUSED_PROJ_MAX_ROWS),
+    else None."""
+    if not x.is_cuda or x.dim() != 2 or x.stride(-1) != 1 or x.shape[0] > FUSED_PROJ_MAX_ROWS:
+        return None
+    return sgl_kernel_op("dsv4_compressor_proj", "dsv4_compressor_proj")
 
 
 class Indexer(nn.Module):
@@ -97,14 +129,17 @@ class Indexer(nn.Module):
         self.weight_scale = self.head_dim ** -0.5 * self.n_heads ** -0.5
 
     def forward(self, x: torch.Tensor, qr: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch,
-                q_proj: Optional[torch.Tensor] = None, xf: Optional[torch.Tensor] = None) -> torch.Tensor:
+                q_proj: Optional[torch.Tensor] = None, xf: Optional[torch.Tensor] = None,
+                kv_gate: Optional[torch.Tensor] = None, weights: Optional[torch.Tensor] = None) -> torch.Tensor:
         """-> physical slots [T, index_topk] of the chosen compressed entries, -1 padded. q_proj: wq_b(qr), where the
-        attention computed it (its joined wq_b_indexer); else computed here. xf: x.float(), where the caller has it."""
-        self.compressor(x, positions, forward_batch, xf)  # the current token may complete a window
+        attention computed it (its joined wq_b_indexer); else computed here. xf: x.float(), where the caller has it.
+        kv_gate, weights: the compressor's projection and the head weights, where the caller computed them."""
+        self.compressor(x, positions, forward_batch, xf, kv_gate)  # the current token may complete a window
         if q_proj is None:
             q_proj = self.wq_b(qr)
         q = self.rotary.apply(q_proj.view(-1, self.n_heads, self.head_dim), positions)
-        weights = self.weights_proj(x).float() * self.weight_scale  # from x, not from q
+        if weights is None:
+            weights = self.weights_proj(x).float() * self.weight_scale  # from x, not from q
         return forward_batch.attn_backend.forward_indexer(self, q, weights, forward_batch)
 
     def rotate(self, x: torch.Tensor) -> torch.Tensor:
@@ -153,6 +188,26 @@ class Attention(nn.Module):
         fused_b = self.indexer is not None and join_linears(self, ["wq_b", "indexer.wq_b"], "wq_b_indexer")
         return fused, fused_b
 
+    def compressor_inputs(self, x: torch.Tensor, positions: torch.Tensor,
+                          forward_batch: ForwardBatch) -> CompressorInputs:
+        """What the compressors and the indexer read of x. On GPUs sgl_kernel's dsv4_compressor_proj computes every
+        projection (each compressor's wkv_gate with its ape, the indexer's weights_proj times its scale) in one launch,
+        reading x in its dtype; elsewhere (or with unjoined / non-fp32 compressor weights) x.float() once, for the
+        compressors' torch path (Compressor.project), which is the kernel's reference."""
+        compressors = [self.compressor] + ([self.indexer.compressor] if self.indexer is not None else [])
+        op = _compressor_proj_op(x)
+        if op is None or not all(type(c.wkv_gate) is nn.Linear and c.wkv_gate.weight.dtype == torch.float32
+                                 and c.ape.is_contiguous() for c in compressors):
+            return CompressorInputs(xf=x.float())
+        offset = forward_batch.attn_metadata.ratios[self.ratio].window_offset
+        wp = self.indexer.weights_proj if self.indexer is not None else None
+        fold = type(wp) is nn.Linear and wp.weight.dtype == x.dtype and wp.weight.is_contiguous()
+        kv_gates, weights = op(x, positions % self.ratio if offset is None else offset,
+                               [c.wkv_gate.weight for c in compressors], [c.ape for c in compressors],
+                               wp.weight if fold else None, self.indexer.weight_scale if fold else 1.0)
+        return CompressorInputs(kv_gate=kv_gates[0], index_kv_gate=kv_gates[1] if len(kv_gates) > 1 else None,
+                                index_weights=weights)
+
     def forward(self, x: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch,
                 x_in: Union[torch.Tensor, Fp8Activation, None] = None) -> torch.Tensor:
         """x_in: wq_kv_a's input, x or x quantized by the norm that produced it (norm_for_linear); None: x."""
@@ -174,11 +229,12 @@ class Attention(nn.Module):
         kv = self.rotary.apply_normed(kv, positions, self.kv_norm)
         # Compressed entries completed by these rows must exist before any row attends.
         topk_slots = None
-        xf = x.float() if self.compressor is not None else None  # the compressors' fp32 input, cast once
         if self.compressor is not None:
-            self.compressor(x, positions, forward_batch, xf)
+            c_in = self.compressor_inputs(x, positions, forward_batch)
+            self.compressor(x, positions, forward_batch, c_in.xf, c_in.kv_gate)
         if self.indexer is not None:
-            topk_slots = self.indexer(x, qr, positions, forward_batch, q_proj=q_idx, xf=xf)
+            topk_slots = self.indexer(x, qr, positions, forward_batch, q_proj=q_idx, xf=c_in.xf,
+                                      kv_gate=c_in.index_kv_gate, weights=c_in.index_weights)
         o = forward_batch.attn_backend.forward(self, q, kv, forward_batch, topk_slots)
         # V carries RoPE in its last Dr dims: undo it at the query position, then the grouped output.
         if isinstance(self.wo_a, Fp8BlockLinear):  # one grouped FP8 GEMM

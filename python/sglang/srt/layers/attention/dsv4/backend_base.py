@@ -29,7 +29,7 @@ from sglang.srt.model_executor.forward_batch_info import ForwardMode
 @dataclass(frozen=True)
 class DSV4AttnOps:
     """The cache ops of a backend; signatures of sgl_kernel's dsv4_store_kv, dsv4_sparse_attention, dsv4_compress,
-    dsv4_update_ring, dsv4_index_logits and dsv4_topk_slots."""
+    dsv4_update_ring, dsv4_index_logits, dsv4_topk_slots and dsv4_compress_staged (compress + ring updates)."""
 
     store_kv: Callable
     sparse_attention: Callable
@@ -37,6 +37,7 @@ class DSV4AttnOps:
     update_ring: Callable
     index_logits: Callable
     topk_slots: Callable
+    compress_staged: Callable
 
 
 class DeepseekV4AttnBackendBase(AttentionBackend):
@@ -116,21 +117,26 @@ class DeepseekV4AttnBackendBase(AttentionBackend):
     def forward_compressor(self, compressor, fresh: torch.Tensor, forward_batch, compute_dtype: torch.dtype) -> None:
         plan = forward_batch.attn_metadata.ratios[compressor.ratio].plan
         state = self.pool.compressor_state(compressor.layer_id, compressor.is_indexer)
+        if compressor.is_indexer:
+            cache, fmt = self.pool.index_k[compressor.layer_id], self.pool.index_format
+        else:
+            cache, fmt = self.pool.compressed_kv[compressor.layer_id], self.pool.kv_format
+        args = dict(ratio=plan.ratio, overlap=plan.overlap, head_dim=compressor.head_dim,
+                    norm_weight=compressor.norm.weight, eps=compressor.norm.eps, positions=plan.entry_positions,
+                    inv_freq=compressor.rotary.inv_freq, rope_dim=compressor.rotary.rope_dim, out_cache=cache,
+                    out_slots=plan.entry_slots, out_format=fmt.kernel_format,
+                    # quantized index keys are stored Hadamard-rotated (queries too, in forward_indexer)
+                    hadamard=compressor.is_indexer and self.pool.index_keys_rotated, compute_dtype=compute_dtype)
+        boundary = plan.boundary_dst is not None and plan.boundary_dst.numel() > 0
+        if _ring_writes_unread(plan, forward_batch):  # one launch: pool, store, ring (and boundary) writes
+            self.ops.compress_staged(state.buf, fresh, plan.source_rows, ring_dst=plan.ring_dst,
+                                     ring_src=plan.ring_src, boundary=state.boundary if boundary else None,
+                                     boundary_dst=plan.boundary_dst, boundary_src=plan.boundary_src, **args)
+            return
         if plan.num_new:
-            if compressor.is_indexer:
-                cache, fmt = self.pool.index_k[compressor.layer_id], self.pool.index_format
-            else:
-                cache, fmt = self.pool.compressed_kv[compressor.layer_id], self.pool.kv_format
-            self.ops.compress(state.buf, fresh, plan.source_rows, ratio=plan.ratio, overlap=plan.overlap,
-                              head_dim=compressor.head_dim, norm_weight=compressor.norm.weight,
-                              eps=compressor.norm.eps, positions=plan.entry_positions,
-                              inv_freq=compressor.rotary.inv_freq, rope_dim=compressor.rotary.rope_dim,
-                              out_cache=cache, out_slots=plan.entry_slots, out_format=fmt.kernel_format,
-                              # quantized index keys are stored Hadamard-rotated (queries too, in forward_indexer)
-                              hadamard=compressor.is_indexer and self.pool.index_keys_rotated,
-                              compute_dtype=compute_dtype)
+            self.ops.compress(state.buf, fresh, plan.source_rows, **args)
         self.ops.update_ring(state.buf, plan.ring_dst, fresh, plan.ring_src)  # after the pool has read the ring
-        if plan.boundary_dst is not None and plan.boundary_dst.numel():
+        if boundary:
             self.ops.update_ring(state.boundary, plan.boundary_dst, fresh, plan.boundary_src)
 
     # ---- indexer -------------------------------------------------------------------------------
@@ -161,3 +167,15 @@ class DeepseekV4AttnBackendBase(AttentionBackend):
         self.ops.index_logits(q, weights, self.pool.index_k[indexer.layer_id], self.pool.index_format.kernel_format,
                               entry_slots, row_req, row_visible, logits)
         return self.ops.topk_slots(logits, entry_slots, row_req, indexer.index_topk)
+
+
+def _ring_writes_unread(plan, forward_batch) -> bool:
+    """Whether no staging-ring row this forward writes is one its pool reads, so both can run in one launch: a
+    capacity-static forward (decode_metadata.py: R rows per request at consecutive positions c .. c+R-1) writes
+    ring slots of positions [c, c+R) and reads, per request, positions [c+1-S, c) (S = 2m CSA, m HCA): distinct
+    modulo the ring when ring >= S - 1 + R. Any other plan writes and reads in two launches, in that order."""
+    if not forward_batch.capacity_static:
+        return False
+    rows_per_req = forward_batch.positions.shape[0] // max(1, forward_batch.req_pool_indices.shape[0])
+    span = 2 * plan.ratio if plan.overlap else plan.ratio
+    return plan.ring >= span - 1 + rows_per_req

@@ -8,13 +8,14 @@ query rows in blocks so memory stays bounded for long prefills.
 from __future__ import annotations
 
 from sgl_kernel.dsv4_attention_ref import (
-    dsv4_compress_ref, dsv4_index_logits_ref, dsv4_sparse_attention_ref, dsv4_store_kv_ref, dsv4_topk_slots_ref,
-    dsv4_update_ring_ref)
+    dsv4_compress_ref, dsv4_compress_staged_ref, dsv4_index_logits_ref, dsv4_sparse_attention_ref, dsv4_store_kv_ref,
+    dsv4_topk_slots_ref, dsv4_update_ring_ref)
 
 from sglang.srt.layers.attention.dsv4.backend_base import DeepseekV4AttnBackendBase, DSV4AttnOps
 
 REFERENCE_OPS = DSV4AttnOps(store_kv=dsv4_store_kv_ref, sparse_attention=dsv4_sparse_attention_ref,
                             compress=dsv4_compress_ref, update_ring=dsv4_update_ring_ref,
+                            compress_staged=dsv4_compress_staged_ref,
                             index_logits=dsv4_index_logits_ref, topk_slots=dsv4_topk_slots_ref)
 
 

@@ -1,0 +1,121 @@
+"""dsv4_compressor_proj (one launch: both compressors' fp32 projections with the slot bias `ape`, and the indexer's
+head weights) against its torch reference, which is the model's Compressor / Indexer torch path.
+
+CPU (Triton interpreter), odd shapes: with dyadic inputs (small integers times powers of two) every product and
+partial sum is exact in fp32, so the kernel equals the reference bit for bit whatever the summation order, in both
+the register-reduction (decode) and the tl.dot tiles; random inputs agree to fp32 rounding.
+GPU (skipped without CUDA): Flash widths (hidden 4096, CSA widths 1024 + 256, 64 index heads) at batch 1 / 32 / 128,
+and a CUDA-graph replay equals a plain launch.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sgl_kernel.dsv4_compressor_proj import dsv4_compressor_proj, dsv4_compressor_proj_ref, launch_config
+
+CUDA = torch.cuda.is_available()
+
+
+def _dyadic(shape, g, scale=2.0 ** -3):
+    return torch.randint(-8, 9, shape, generator=g).float() * scale
+
+
+def _inputs(T, D, widths, ni, ratio, dtype, exact, device="cpu", seed=0):
+    g = torch.Generator().manual_seed(seed)
+    make = _dyadic if exact else (lambda shape, g: torch.randn(shape, generator=g))
+    x = make((T, D), g).to(dtype)
+    weights = [make((2 * w, D), g) for w in widths]
+    apes = [make((ratio, w), g) for w in widths]
+    index_weight = make((ni, D), g).to(dtype) if ni else None
+    offset = torch.randint(0, ratio, (T,), generator=g)
+    to = (lambda t: t.to(device) if t is not None else None)
+    return to(x), to(offset), [to(w) for w in weights], [to(a) for a in apes], to(index_weight)
+
+
+CASES = [  # T, D, compressor widths, index heads, ratio
+    (1, 37, (5, 3), 7, 4), (3, 70, (9, 2), 5, 4), (2, 33, (11,), 0, 8), (7, 45, (6, 5), 3, 4),
+    (19, 21, (13,), 0, 128), (40, 29, (3, 7), 9, 4),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"T{c[0]}-D{c[1]}-w{'x'.join(map(str, c[2]))}-nI{c[3]}")
+def test_exact_inputs_equal_the_reference(case, dtype):
+    T, D, widths, ni, ratio = case
+    x, offset, weights, apes, wi = _inputs(T, D, widths, ni, ratio, dtype, exact=True, seed=T + D)
+    scale = 0.125 * 3  # the indexer's scale (dI nI)^-1/2 need not be a power of two
+    got, got_i = dsv4_compressor_proj(x, offset, weights, apes, wi, scale)
+    ref, ref_i = dsv4_compressor_proj_ref(x, offset, weights, apes, wi, scale)
+    assert [g.shape for g in got] == [(T, 2, w) for w in widths]
+    for g, r in zip(got, ref):
+        assert g.dtype == torch.float32 and torch.equal(g, r)
+    assert (got_i is None) == (ni == 0)
+    if ni:
+        assert got_i.dtype == torch.float32 and torch.equal(got_i, ref_i)
+
+
+@pytest.mark.parametrize("case", CASES[:4], ids=lambda c: f"T{c[0]}-D{c[1]}")
+def test_random_inputs_match_the_reference(case):
+    T, D, widths, ni, ratio = case
+    x, offset, weights, apes, wi = _inputs(T, D, widths, ni, ratio, torch.bfloat16, exact=False, seed=5)
+    got, got_i = dsv4_compressor_proj(x, offset, weights, apes, wi, 0.3)
+    ref, ref_i = dsv4_compressor_proj_ref(x, offset, weights, apes, wi, 0.3)
+    for g, r in zip(got, ref):
+        torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)
+    if ni:  # one bf16 step apart at most where the fp32 sums straddle a rounding boundary
+        torch.testing.assert_close(got_i, ref_i, rtol=2 ** -7, atol=1e-5)
+
+
+def test_the_gate_half_alone_gets_the_slot_bias():
+    """Zero weights: the content half is exactly zero, the gate half exactly ape[offset]."""
+    x, offset, weights, apes, _ = _inputs(3, 16, (4, 6), 0, 4, torch.bfloat16, exact=True)
+    weights = [torch.zeros_like(w) for w in weights]
+    got, _ = dsv4_compressor_proj(x, offset, weights, apes)
+    for g, ape in zip(got, apes):
+        assert torch.equal(g[:, 0], torch.zeros_like(g[:, 0])) and torch.equal(g[:, 1], ape[offset])
+
+
+def test_launch_config_depends_on_the_row_count_only():
+    assert not launch_config(1)["USE_DOT"] and not launch_config(4)["USE_DOT"] and launch_config(5)["USE_DOT"]
+    assert launch_config(1)["BLOCK_T"] * launch_config(1)["BLOCK_K"] == 512
+
+
+def test_empty_batch():
+    x, offset, weights, apes, wi = _inputs(0, 16, (4,), 3, 4, torch.bfloat16, exact=True)
+    got, got_i = dsv4_compressor_proj(x, offset, weights, apes, wi)
+    assert got[0].shape == (0, 2, 4) and got_i.shape == (0, 3)
+
+
+# ----------------------------------------------------------------------------- GPU, Flash widths
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("T", [1, 2, 4, 32, 128])
+@pytest.mark.parametrize("widths,ni", [((1024, 256), 64), ((512,), 0)], ids=["csa", "hca"])
+def test_gpu_flash_widths_and_graph_replay(T, widths, ni):
+    from graph_replays import assert_replays_equal
+
+    x, offset, weights, apes, wi = _inputs(T, 4096, widths, ni, 4 if ni else 128, torch.bfloat16, exact=True,
+                                           device="cuda", seed=T)
+    got, got_i = dsv4_compressor_proj(x, offset, weights, apes, wi, 2.0 ** -6)
+    ref, ref_i = dsv4_compressor_proj_ref(x, offset, weights, apes, wi, 2.0 ** -6)
+    for g, r in zip(got, ref):
+        assert torch.equal(g, r)  # dyadic inputs: exact in any order
+    if ni:
+        assert torch.equal(got_i, ref_i)
+    xr, _, _, _, _ = _inputs(T, 4096, widths, ni, 4, torch.bfloat16, exact=False, device="cuda", seed=T + 1)
+    live = x.clone()
+
+    def run():
+        outs, iw = dsv4_compressor_proj(live, offset, weights, apes, wi, 2.0 ** -6)
+        return torch.cat([o.flatten() for o in outs] + ([iw.flatten()] if iw is not None else []))
+
+    assert_replays_equal(run, run, (live,), lambda s: (xr * (s + 1),), seeds=range(3))
+    # random inputs: fp32 rounding of another summation order
+    outs, _ = dsv4_compressor_proj(xr, offset, weights, apes, wi)
+    refs, _ = dsv4_compressor_proj_ref(xr, offset, weights, apes, wi)
+    for g, r in zip(outs, refs):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-3)
