@@ -27,6 +27,7 @@ import dataclasses
 import gc
 import json
 import os
+import shutil
 import sys
 import time
 from typing import Optional
@@ -50,6 +51,7 @@ def build_checkpoint(config_path: str, work_dir: str, quantize: bool = False) ->
         return path
     gpu = torch.cuda.is_available()
     partial = path + ".partial"
+    shutil.rmtree(partial, ignore_errors=True)  # an interrupted earlier write
     write_slice_checkpoint(config_path, partial, quantize, shard_gb=SHARD_GB if gpu else None,
                            device="cuda" if gpu else "cpu", dtype="bfloat16" if gpu else "float32",
                            edit=predictable_edit)
