@@ -7,24 +7,35 @@ routed experts).
 
 --shard-gb streams the tensors into shards of about that size (host memory holds one shard: the 48 GB of
 benchmark/configs/flash-12l256e.config.json quantized); --device cuda draws and quantizes them on the GPU (other random
-values than the CPU's, the same formats).
+values than the CPU's, the same formats). Benchmarks that need edited weights (benchmark/bench_speculative.py) call
+`write_slice_checkpoint` with an `edit`.
 """
 
 import argparse
 import json
+from typing import Optional
 
-from sglang.srt.model_loader.tiny_checkpoint import make_tiny_checkpoint
+from sglang.srt.model_loader.tiny_checkpoint import WeightEdit, make_tiny_checkpoint
 
-ap = argparse.ArgumentParser()
-ap.add_argument("config")
-ap.add_argument("out_dir")
-ap.add_argument("--quantize", action="store_true")
-ap.add_argument("--shard-gb", type=float, default=None)
-ap.add_argument("--device", default="cpu")
-args = ap.parse_args()
-cfg = json.load(open(args.config))
-if not args.quantize:
-    for key in ("quantization_config", "expert_dtype"):
-        cfg.pop(key, None)
-make_tiny_checkpoint(args.out_dir, cfg, seed=0, quantize=args.quantize, dtype="bfloat16", shard_gb=args.shard_gb,
-                     device=args.device)
+
+def write_slice_checkpoint(config_path: str, out_dir: str, quantize: bool = False, shard_gb: Optional[float] = None,
+                           device: str = "cpu", dtype: str = "bfloat16", edit: Optional[WeightEdit] = None) -> str:
+    """The checkpoint of the config at `config_path` in `out_dir` (this script's command line as a function)."""
+    with open(config_path) as f:
+        cfg = json.load(f)
+    if not quantize:
+        for key in ("quantization_config", "expert_dtype"):
+            cfg.pop(key, None)
+    return make_tiny_checkpoint(out_dir, cfg, seed=0, quantize=quantize, dtype=dtype, shard_gb=shard_gb,
+                                device=device, edit=edit)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("config")
+    ap.add_argument("out_dir")
+    ap.add_argument("--quantize", action="store_true")
+    ap.add_argument("--shard-gb", type=float, default=None)
+    ap.add_argument("--device", default="cpu")
+    args = ap.parse_args()
+    write_slice_checkpoint(args.config, args.out_dir, args.quantize, args.shard_gb, args.device)

@@ -10,15 +10,17 @@ temperature > 0 the token distribution matches non-speculative sampling.
 from __future__ import annotations
 
 import functools
+import os
 
 import pytest
 import torch
 
 from host_reads import HostReadGuard
-from oracle import checkpoint, engine, random_ids
-from spec_checkpoint import make_predictable
+from oracle import CHECKPOINT_ROOT, TINY, engine, random_ids
+from spec_checkpoint import make_predictable_checkpoint
 from sglang.srt.layers.attention.dsv4.torch_backend import TorchAttnBackend
 from sglang.srt.managers.schedule_batch import Req
+from sglang.srt.model_loader.tiny_checkpoint import TINY_CONFIG
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.sampling.sampling_params import SamplingParams
 
@@ -70,8 +72,11 @@ def test_greedy_speculative_equals_plain(steps):
 
 
 @functools.lru_cache(maxsize=None)
-def predictable_path() -> str:
-    return make_predictable(checkpoint("tiny"), checkpoint("tiny") + "-predictable")
+def predictable_path(quantize: bool = False) -> str:
+    config = dict(TINY, quantization_config=TINY_CONFIG["quantization_config"], expert_dtype="fp4") \
+        if quantize else TINY
+    out = os.path.join(CHECKPOINT_ROOT, f"tiny-predictable-{'q' if quantize else 'f32'}")
+    return make_predictable_checkpoint(out, config, quantize=quantize)
 
 
 @pytest.mark.parametrize("steps", [1, 2, 3])
@@ -92,6 +97,34 @@ def test_acceptance_predictable_draft_vs_random(steps):
     assert rand_len < 1.2
     for eng in (good, rand):
         eng.model_runner.token_allocator.check_all_free()
+
+
+def test_quantized_predictable_checkpoint_accepts_every_draft():
+    """The predictable checkpoint in the hub's formats (FP8 linears incl. the MTP's e_proj = I and zeroed wo_b / h_proj,
+    MXFP4 experts with zeroed w2): the zeroed blocks load as exact zeros (no NaN scale), I survives FP8 exactly, greedy
+    speculative output equals plain greedy output, and every verification accepts all 3 drafts plus the bonus token."""
+    from safetensors import safe_open
+
+    from sglang.srt.model_loader.quant_formats import dequantize_fp8_block, dequantize_mxfp4
+
+    path = predictable_path(quantize=True)
+    with safe_open(os.path.join(path, "model.safetensors"), "pt") as f:
+        def stored(name: str) -> tuple:
+            return f.get_tensor(name + ".weight"), f.get_tensor(name + ".scale")
+        e_proj = dequantize_fp8_block(*stored("mtp.0.e_proj"))
+        wo_b = dequantize_fp8_block(*stored("layers.1.attn.wo_b"))
+        w2 = dequantize_mxfp4(*stored("mtp.0.ffn.experts.3.w2"))
+    assert torch.equal(e_proj, torch.eye(e_proj.shape[0])) and not wo_b.any() and not w2.any()
+    ids = [random_ids(30 + 9 * i, seed=7 + i) for i in range(3)]
+    sp = {"temperature": 0, "max_new_tokens": 1 + 4 * 6, "ignore_eos": True}  # the prefill's token, 6 full cycles
+    plain = engine("tiny", quantize=True, model_path=path).generate(input_ids=ids, sampling_params=sp)
+    spec_eng = engine("tiny", quantize=True, model_path=path, speculative_algorithm="EAGLE", speculative_num_steps=3)
+    spec = spec_eng.generate(input_ids=ids, sampling_params=sp)
+    for prompt, p, s in zip(ids, plain, spec):
+        assert s["output_ids"] == p["output_ids"] == [(prompt[-1] + 1 + i) % 512 for i in range(25)]
+        assert s["meta_info"]["spec_accept_length"] == 4.0
+    assert spec_eng.scheduler.mean_accept_length == 4.0
+    spec_eng.model_runner.token_allocator.check_all_free()
 
 
 def test_multi_step_metadata_equals_single_step():

@@ -217,6 +217,7 @@ def _bench_speculative():
     spec = importlib.util.spec_from_file_location("bench_speculative", os.path.join(ROOT, "benchmark",
                                                                                     "bench_speculative.py"))
     bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench  # its dataclass resolves string annotations through the module
     spec.loader.exec_module(bench)
     return bench
 
@@ -229,20 +230,42 @@ def test_bench_speculative_default_config_is_in_the_repository():
 
 
 def test_bench_speculative_prints_profile(monkeypatch, capsys, tmp_path):
+    """A dry run in the hub's formats (--quantize): the predictable checkpoint is written once (FP8 / MXFP4 stored),
+    every draft is accepted (3 steps: accept length 4), and each batch's speed-up line and JSON row come out."""
     bench = _bench_speculative()
     config = tmp_path / "tiny.json"
     config.write_text(json.dumps(TINY))
     out = tmp_path / "spec.json"
     monkeypatch.setattr(sys, "argv", ["bench_speculative", "--config", str(config), "--work-dir", str(tmp_path),
-                                      "--batch", "2", "--prompt-len", "16", "--new-tokens", "8", "--steps", "1",
-                                      "--profile-steps", "2", "--out", str(out)])
+                                      "--batch", "2", "--prompt-len", "16", "--new-tokens", "9", "--steps", "3",
+                                      "--profile-steps", "2", "--quantize", "--out", str(out)])
     bench.main()
-    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("speculative=")]
-    _check_columns(lines, 2)
-    rows = json.loads(out.read_text())["rows"]
+    printed = capsys.readouterr().out.splitlines()
+    _check_columns([ln for ln in printed if ln.startswith("speculative=")], 2)
+    ckpt = tmp_path / "tiny-predictable-fp8-mxfp4"
+    with open(ckpt / "config.json") as f:
+        assert json.load(f)["expert_dtype"] == "fp4"
+    result = json.loads(out.read_text())
+    rows = result["rows"]
     assert [(r["speculative"], r["batch"]) for r in rows] == [(False, 2), (True, 2)]
     assert all(r["profile"]["steps"] == 2 and r["decode_tok_s"] > 0 for r in rows)
-    assert rows[1]["accept_length"] > 1  # the predictable draft is accepted
+    assert result["quantized"] and rows[1]["accept_length"] == 4.0  # the predictable draft: every draft accepted
+    (summary,) = result["speed_up"]
+    assert summary["speed_up"] == rows[1]["decode_tok_s"] / rows[0]["decode_tok_s"]
+    assert (summary["gpu_bound_limit"] is None) == (not torch.cuda.is_available())
+    assert sum(ln.startswith("batch   2: plain") for ln in printed) == 1
+
+
+def test_bench_speculative_gpu_bound_limit():
+    """cycle cost = cycle GPU ms / plain step GPU ms; the GPU-bound limit = accept length / cycle cost."""
+    bench = _bench_speculative()
+    prof = dict(gpu_ms_per_step=2.0, launches_per_step=10.0, kernels_per_step=700.0)
+    plain = dict(batch=1, decode_tok_s=100.0, accept_length=None, profile=prof)
+    spec = dict(batch=1, decode_tok_s=150.0, accept_length=4.0, profile=dict(prof, gpu_ms_per_step=5.0,
+                                                                           kernels_per_step=2600.0))
+    s = bench.speed_up(plain, spec)
+    assert (s.speed_up, s.cycle_cost, s.gpu_bound_limit, s.cycle_kernels) == (1.5, 2.5, 1.6, 2600.0)
+    assert "GPU-bound limit 1.60x" in s.line() and "n/a" not in s.line()
 
 
 class _OldKinetoRecord:

@@ -16,7 +16,7 @@ import os
 import shutil
 import tempfile
 import zlib
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -95,13 +95,26 @@ def random_tensor(name: str, spec: TensorSpec, config: DeepseekV4Config, seed: i
     return randn(1.0 / math.sqrt(shape[1]))  # linear [out, in]
 
 
+# edit(name, value, draw) -> the value to store instead of `value` (fp32, before quantization); draw(other name) gives
+# another tensor's random value, e.g. to derive one weight from another (test/srt/spec_checkpoint.py)
+WeightEdit = Callable[[str, torch.Tensor, Callable[[str], torch.Tensor]], torch.Tensor]
+
+
 def iter_checkpoint_tensors(config: DeepseekV4Config, seed: int = 0, quantize: bool = False,
-                            dtype: torch.dtype = torch.bfloat16, device="cpu"):
-    """(stored name, tensor on the CPU) for every main and MTP tensor, as the hub stores it, one at a time."""
+                            dtype: torch.dtype = torch.bfloat16, device="cpu", edit: Optional[WeightEdit] = None):
+    """(stored name, tensor on the CPU) for every main and MTP tensor, as the hub stores it, one at a time; `edit`
+    replaces drawn values before they are stored (and quantized)."""
     block = tuple(config.quantization_config.weight_block_size) if config.quantization_config else FP8_BLOCK
     specs = [item for part in ("main", "mtp") for item in expected_tensors(config, part).items()]
+    by_name = dict(specs)
+
+    def draw(name: str) -> torch.Tensor:
+        return random_tensor(name, by_name[name], config, seed, device)
+
     for name, spec in progress_bar(specs, desc="Generating random weights", unit="tensor"):
-        t = random_tensor(name, spec, config, seed, device)
+        t = draw(name)
+        if edit is not None:
+            t = edit(name, t, draw)
         if spec.kind == TensorKind.INDEX:
             pairs = [(name, t)]
         elif spec.kind == TensorKind.FP32:
@@ -146,14 +159,15 @@ def copy_tokenizer(out_dir: str) -> None:
 
 def make_tiny_checkpoint(out_dir: str, config: Optional[dict] = None, seed: int = 0, quantize: bool = False,
                          num_shards: int = 1, dtype: str = "bfloat16", shard_gb: Optional[float] = None,
-                         device="cpu") -> str:
+                         device="cpu", edit: Optional[WeightEdit] = None) -> str:
     """Write a native-format random checkpoint (config.json, safetensors, tokenizer) to `out_dir`.
 
     `quantize=True` stores the FP8 linears as F8_E4M3 + F8_E8M0 `.scale` (128x128) and routed experts as
     I8 packed FP4 + F8_E8M0 `.scale` (per 32), like the hub; `dtype` is the storage of plain float tensors
     ("bfloat16" like the hub, or "float32" for exact-oracle checkpoints). `shard_gb`: stream the tensors into shards
     of about that size (host memory holds one shard; for benchmark-sized configs) instead of `num_shards` equal ones;
-    `device`: where the values are drawn and quantized. Returns `out_dir`.
+    `device`: where the values are drawn and quantized; `edit`: replaces drawn values (iter_checkpoint_tensors).
+    Returns `out_dir`.
     """
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
@@ -164,10 +178,11 @@ def make_tiny_checkpoint(out_dir: str, config: Optional[dict] = None, seed: int 
         json.dump(native, f, indent=2)
         f.write("\n")
     if shard_gb is not None:
-        save_streaming(out_dir, iter_checkpoint_tensors(cfg, seed, quantize, _DTYPES[dtype], device),
+        save_streaming(out_dir, iter_checkpoint_tensors(cfg, seed, quantize, _DTYPES[dtype], device, edit),
                        int(shard_gb * 1e9))
     else:
-        save_sharded(out_dir, dict(iter_checkpoint_tensors(cfg, seed, quantize, _DTYPES[dtype], device)), num_shards)
+        save_sharded(out_dir, dict(iter_checkpoint_tensors(cfg, seed, quantize, _DTYPES[dtype], device, edit)),
+                      num_shards)
     copy_tokenizer(out_dir)
     return out_dir
 

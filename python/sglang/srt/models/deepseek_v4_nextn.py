@@ -19,7 +19,7 @@ from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorO
 from sglang.srt.layers.mhc import hc_head
 from sglang.srt.layers.norm import RMSNorm
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
-from sglang.srt.models.deepseek_v4 import DeepseekV4DecoderLayer
+from sglang.srt.models.deepseek_v4 import DeepseekV4DecoderLayer, norm_for_linear
 
 
 class MTPBlock(DeepseekV4DecoderLayer):
@@ -40,7 +40,11 @@ class MTPBlock(DeepseekV4DecoderLayer):
         """Hs_p [T, n, D] and Embed(x_{p+1}) [T, D] -> (S [T, n, D], the block's output streams; hidden [T, D] for
         the shared head)."""
         c = self.config
-        streams = self.h_proj(self.hnorm(prev_streams)) + self.e_proj(self.enorm(embedded)).unsqueeze(1)
+        # As in the decoder layers: where h_proj / e_proj are FP8 linears on a GPU, each norm's kernel also writes its
+        # rows quantized for them (no separate activation-quantization launch)
+        _, h_in = norm_for_linear(self.hnorm, prev_streams.flatten(0, 1), self.h_proj)
+        _, e_in = norm_for_linear(self.enorm, embedded, self.e_proj)
+        streams = self.h_proj(h_in).view(prev_streams.shape) + self.e_proj(e_in).unsqueeze(1)
         streams = super().forward(streams, positions, input_ids, forward_batch)
         hidden = self.norm(hc_head(streams, self.hc_head_fn, self.hc_head_scale, self.hc_head_base,
                                    c.hc_eps, c.rms_norm_eps))
