@@ -5,8 +5,6 @@ CUPTI, same run):
   x.float(), two fp32 F.linear, two ape gathers + adds, weights_proj + .float() + scale (10 launches).
 * stage: dsv4_compress_staged (pool + store + ring + boundary rows; one launch) vs dsv4_compress + two
   dsv4_update_ring (three launches), the attention compressor's decode step (every row completes a window).
-* topk: dsv4_topk_slots over the static decode path's 262,144 candidates (1M-token capacity) with few visible, in
-  the two-level plan vs the three-level one (LAST_CHUNK = topk_config's chunk).
 The copy bandwidth of the same run is printed first; `floor` is the bytes each must move over that bandwidth.
 
     python benchmark/kernels/bench_dsv4_compressor_front.py
@@ -21,7 +19,6 @@ import torch
 
 from sgl_kernel.dsv4_compress import dsv4_compress, dsv4_compress_staged, dsv4_update_ring
 from sgl_kernel.dsv4_compressor_proj import dsv4_compressor_proj, dsv4_compressor_proj_ref
-from sgl_kernel.dsv4_topk import dsv4_topk_slots, topk_config
 from sglang.srt.layers.attention.dsv4.decode_metadata import decode_compress_plan
 from sglang.srt.mem_cache import kv_formats as kf
 from sglang.srt.mem_cache.deepseek_v4_pool import ring_size
@@ -80,18 +77,6 @@ def bench_stage(batch: int, gbps: float) -> None:
     _row("stage", batch, fused, time_cuda_us(two_pass), nbytes, gbps)
 
 
-def bench_topk(batch: int, gbps: float) -> None:
-    e, k = 262144, 512
-    logits = torch.full((batch, e), float("-inf"), device="cuda")
-    logits[:, :1000] = torch.randn(batch, 1000, device="cuda")  # a 4K-token context: 1,000 entries visible
-    cand = torch.arange(e, device="cuda").expand(batch, e)
-    row_map = torch.arange(batch, device="cuda")
-    two = time_cuda_us(lambda: dsv4_topk_slots(logits, cand, row_map, k))
-    three = time_cuda_us(lambda: dsv4_topk_slots(logits, cand, row_map, k,
-                                                 launch_config={"LAST_CHUNK": topk_config(k)[1]}))
-    _row("topk", batch, two, three, batch * e * 4, gbps)  # "torch" column: the three-level plan
-
-
 def main() -> None:
     gbps = copy_bandwidth_gbps()
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {gbps:.0f} GB/s")
@@ -99,8 +84,6 @@ def main() -> None:
         bench_proj(batch, gbps)
     for batch in (1, 32, 128):
         bench_stage(batch, gbps)
-    for batch in (1, 32, 128):
-        bench_topk(batch, gbps)
 
 
 if __name__ == "__main__":

@@ -142,7 +142,8 @@ def test_gpu_flash_decode_staged_equals_two_pass_and_replays(batch):
                 compute_dtype=torch.bfloat16)
     stage = dict(ring_dst=plan.ring_dst, ring_src=plan.ring_src, boundary_dst=plan.boundary_dst,
                  boundary_src=plan.boundary_src)
-    caches = [fmt.allocate(8 * batch + 8, "cuda") for _ in range(2)]
+    entries = (batch + 1) * 2048 // 4  # every compressed entry the page table maps: plan.entry_slots index these
+    caches = [fmt.allocate(entries, "cuda") for _ in range(2)]
     rings, bounds = [ring.clone(), ring.clone()], [boundary.clone(), boundary.clone()]
     dsv4_compress(rings[0], fresh, plan.source_rows, out_cache=caches[0], **args)
     dsv4_update_ring(rings[0], plan.ring_dst, fresh, plan.ring_src)
@@ -155,7 +156,7 @@ def test_gpu_flash_decode_staged_equals_two_pass_and_replays(batch):
     live = torch.empty_like(fresh)
 
     def run():
-        r, c = ring.clone(), fmt.allocate(8 * batch + 8, "cuda")
+        r, c = ring.clone(), fmt.allocate(entries, "cuda")
         dsv4_compress_staged(r, live, plan.source_rows, boundary=boundary.clone(), out_cache=c, **stage, **args)
         return torch.cat((r.flatten().view(torch.uint8), c[real].flatten()))
 

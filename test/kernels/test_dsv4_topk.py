@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from sgl_kernel.dsv4_index_logits import dsv4_index_logits
-from sgl_kernel.dsv4_topk import dsv4_topk_slots, dsv4_topk_slots_ref, topk_config, topk_levels
+from sgl_kernel.dsv4_topk import dsv4_topk_slots, dsv4_topk_slots_ref, topk_config
 from sglang.srt.layers.attention.dsv4.hadamard import hadamard_rotate
 from sglang.srt.layers.attention.dsv4.logits_workspace import IndexerLogitsWorkspace
 from sglang.srt.layers.attention.dsv4.metadata import DSV4Metadata, RatioMetadata
@@ -61,12 +61,7 @@ CASES = [  # T, E, k, layout: chunk = max(256, 8 * next_pow2(k)), so small k run
 ]
 
 
-# LAST_CHUNK 256: every level's chunk as topk_config says (several levels); "grow": first-level chunks grown so the
-# survivors fit one last program of 512 (E 5000, k 32: 10 chunks of 512); the default: one program takes up to
-# 16,384 values (these cases: one level)
-SELECT = {"chunk8k": dict(CHUNK_PER_K=8, LAST_CHUNK=256), "chunk4k": dict(CHUNK_PER_K=4, LAST_CHUNK=256),
-          "chunk16k": dict(CHUNK_PER_K=16, LAST_CHUNK=256), "grow": dict(CHUNK_PER_K=8, LAST_CHUNK=512),
-          "default": {}}
+SELECT = {"chunk8k": dict(CHUNK_PER_K=8), "chunk4k": dict(CHUNK_PER_K=4), "chunk16k": dict(CHUNK_PER_K=16)}
 
 
 @pytest.mark.parametrize("select", list(SELECT))
@@ -82,18 +77,6 @@ def test_distinct_logits_same_set_as_topk(T, E, k, layout, select):
 
 def test_chunk_size_is_a_function_of_k():
     assert topk_config(16)[1] == 256 and topk_config(512)[1] == 4096 and topk_config(1024)[1] == 8192
-
-
-@pytest.mark.parametrize("E,k,levels", [(262144, 512, [(8192, 32, 8), (16384, 1, 16)]),
-                                         (262144, 1024, [(16384, 16, 16), (16384, 1, 16)]),
-                                         (1048576, 512, [(4096, 256, 4), (4096, 32, 4), (16384, 1, 16)]),
-                                         (32768, 512, [(4096, 8, 4), (4096, 1, 4)]), (16384, 512, [(16384, 1, 16)]),
-                                         (700, 512, [(4096, 1, 4)]), (5000, 32, [(8192, 1, 8)])])
-def test_levels_at_flash_decode_sizes(E, k, levels):
-    """A context of 1M tokens (262,144 CSA entries) in two launches, not three; up to 16,384 entries in one."""
-    assert topk_levels(E, k) == levels
-    assert topk_levels(5000, 32, last_chunk=256) == [(256, 20, 1), (256, 3, 1), (256, 1, 1)]  # the old levels
-    assert topk_levels(5000, 32, last_chunk=512) == [(512, 10, 1), (512, 1, 1)]  # grown to fit the last program
 
 
 @pytest.mark.parametrize("E", [0, 37])

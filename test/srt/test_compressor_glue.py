@@ -145,7 +145,8 @@ def test_gpu_path_projects_everything_in_one_launch(monkeypatch, dtype):
 
 
 def test_prefill_sized_batches_keep_the_torch_gemms(monkeypatch):
-    """Above FUSED_PROJ_MAX_ROWS rows (prefill chunks) the projections stay cuBLAS's fp32 GEMMs, even on a GPU."""
+    """Above FUSED_PROJ_MAX_ROWS rows (batches from 3 rows, prefill chunks) the projections stay cuBLAS's fp32 GEMMs,
+    even on a GPU."""
     from sglang.srt.models import deepseek_v4
     from sglang.srt.platform import simulate_platform
 

@@ -15,8 +15,11 @@ Every product and sum is fp32 (the reference computes the compressors in fp32). 
 cuBLAS (K in BLOCK_K chunks), so the values agree with the torch path to fp32 rounding; each output is one
 program's sequential sum (no split-K, no atomics): deterministic.
 
-Grid: (output blocks of BLOCK_N rows over the concatenation [W_0; W_1; Wi], row tiles of BLOCK_T). Decode sizes
-(T <= 4) reduce broadcast products in registers; larger T uses an fp32 tl.dot ("ieee", no TF32).
+Grid: (output blocks of BLOCK_N rows over the concatenation [W_0; W_1; Wi], row tiles of BLOCK_T <= 4), broadcast
+products reduced in registers. The engine runs it at 1-2 rows only (models/deepseek_v4.FUSED_PROJ_MAX_ROWS): one
+H100, 2026-12-06, `python3 benchmark/kernels/bench_dsv4_compressor_front.py`: 18.8 / 30.5 us at 1 / 2 rows against
+37.4 / 55.1 for the torch path, 74.8 against 59.8 at 4 rows; an fp32 tl.dot tile from 5 rows lost 2-5x to cuBLAS
+and was removed.
 """
 
 from __future__ import annotations
@@ -29,12 +32,9 @@ import triton.language as tl
 
 from sgl_kernel.dsv4_compress import _DTYPE_ID, _round_to
 
-_DOT_MIN_ROWS = 5  # from here on the tile is a tl.dot
-
-
 @triton.jit
 def _dot_rows(x_ptr, stride_x, w_ptr, T, K, t0, n0, N, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
-              BLOCK_K: tl.constexpr, USE_DOT: tl.constexpr):
+              BLOCK_K: tl.constexpr):
     """[BLOCK_T, BLOCK_N] fp32: rows t0.. of x times rows n0.. of w (row-major [N, K]); 0 outside."""
     t = t0 + tl.arange(0, BLOCK_T)
     n = n0 + tl.arange(0, BLOCK_N)
@@ -45,10 +45,7 @@ def _dot_rows(x_ptr, stride_x, w_ptr, T, K, t0, n0, N, BLOCK_T: tl.constexpr, BL
                      mask=(t < T)[:, None] & (k < K)[None, :], other=0.0).to(tl.float32)
         wv = tl.load(w_ptr + n.to(tl.int64)[:, None] * K + k[None, :],
                      mask=(n < N)[:, None] & (k < K)[None, :], other=0.0).to(tl.float32)
-        if USE_DOT:
-            acc = tl.dot(xv, tl.trans(wv), acc, input_precision="ieee")
-        else:
-            acc += tl.sum(xv[:, None, :] * wv[None, :, :], axis=2)
+        acc += tl.sum(xv[:, None, :] * wv[None, :, :], axis=2)
     return acc
 
 
@@ -69,23 +66,22 @@ def _dsv4_compressor_proj_kernel(x_ptr, stride_x, off_ptr, T, K,
                                  w0_ptr, ape0_ptr, out0_ptr, W0, w1_ptr, ape1_ptr, out1_ptr, W1,
                                  wi_ptr, outi_ptr, NI, scale,
                                  HAS_INDEX: tl.constexpr, ROUND: tl.constexpr,
-                                 BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                                 USE_DOT: tl.constexpr):
+                                 BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_n, pid_t = tl.program_id(0), tl.program_id(1)
     t0 = pid_t * BLOCK_T
     nb0 = tl.cdiv(2 * W0, BLOCK_N)
     nb1 = tl.cdiv(2 * W1, BLOCK_N)  # W1 = 0: one compressor
     if pid_n < nb0:
         n0 = pid_n * BLOCK_N
-        acc = _dot_rows(x_ptr, stride_x, w0_ptr, T, K, t0, n0, 2 * W0, BLOCK_T, BLOCK_N, BLOCK_K, USE_DOT)
+        acc = _dot_rows(x_ptr, stride_x, w0_ptr, T, K, t0, n0, 2 * W0, BLOCK_T, BLOCK_N, BLOCK_K)
         _store_kv_gate(acc, out0_ptr, ape0_ptr, off_ptr, T, t0, n0, W0, BLOCK_T, BLOCK_N)
     elif pid_n < nb0 + nb1:
         n0 = (pid_n - nb0) * BLOCK_N
-        acc = _dot_rows(x_ptr, stride_x, w1_ptr, T, K, t0, n0, 2 * W1, BLOCK_T, BLOCK_N, BLOCK_K, USE_DOT)
+        acc = _dot_rows(x_ptr, stride_x, w1_ptr, T, K, t0, n0, 2 * W1, BLOCK_T, BLOCK_N, BLOCK_K)
         _store_kv_gate(acc, out1_ptr, ape1_ptr, off_ptr, T, t0, n0, W1, BLOCK_T, BLOCK_N)
     elif HAS_INDEX:
         n0 = (pid_n - nb0 - nb1) * BLOCK_N
-        acc = _dot_rows(x_ptr, stride_x, wi_ptr, T, K, t0, n0, NI, BLOCK_T, BLOCK_N, BLOCK_K, USE_DOT)
+        acc = _dot_rows(x_ptr, stride_x, wi_ptr, T, K, t0, n0, NI, BLOCK_T, BLOCK_N, BLOCK_K)
         acc = _round_to(acc, ROUND) * scale
         t = t0 + tl.arange(0, BLOCK_T)
         n = n0 + tl.arange(0, BLOCK_N)
@@ -95,10 +91,8 @@ def _dsv4_compressor_proj_kernel(x_ptr, stride_x, off_ptr, T, K,
 def launch_config(num_rows: int) -> dict:
     """Static settings, a function of the row count only (a captured batch size replays what eager runs).
     Decode rows: BLOCK_N output rows per program, BLOCK_T * BLOCK_K = 512 products per output row per step."""
-    if num_rows < _DOT_MIN_ROWS:
-        block_t = triton.next_power_of_2(max(num_rows, 1))
-        return dict(BLOCK_T=block_t, BLOCK_N=8, BLOCK_K=512 // block_t, USE_DOT=False, num_warps=4)
-    return dict(BLOCK_T=16 if num_rows <= 16 else 32, BLOCK_N=32, BLOCK_K=32, USE_DOT=True, num_warps=4)
+    block_t = min(4, triton.next_power_of_2(max(num_rows, 1)))
+    return dict(BLOCK_T=block_t, BLOCK_N=8, BLOCK_K=512 // block_t, num_warps=4)
 
 
 def check_compressor_proj_args(x, offset, kv_gate_weights, apes, index_weight) -> None:

@@ -15,13 +15,10 @@ Algorithm: radix select in registers, applied level by level over chunks.
   A cumsum over the selection gives each pick its output position: no atomics, deterministic.
 * Level 1 runs one program per (row, chunk) over the logits and writes each chunk's k survivors (value and
   column) to a [T, S*k] workspace; each further level does the same on the survivors (8x fewer values per
-  level); a level whose input fits one program (at most LAST_CHUNK = 16,384 values: 16 warps x 32 per thread)
-  is the last: one chunk of the input rounded up to a power of two, which maps columns to slots and writes the
-  output row. Earlier levels take chunks just large enough (up to LAST_CHUNK) for their survivors to fit that last
-  program, so a 1M-token context selects in two launches: 262,144 candidates: 32 chunks of 8,192 -> 1 of 16,384 at
-  k = 512, 16 of 16,384 -> 1 of 16,384 at k = 1024; up to 16,384 candidates one launch. Ties at the threshold keep
-  the lowest columns at every level, so the result is the top-k by (value desc, column asc), independent of the
-  chunking.
+  level); the level whose input fits one chunk maps columns to slots and writes the output row.
+  262,144 candidates: 64 -> 8 -> 1 chunks at k = 512 (C = 4096), 32 -> 4 -> 1 at k = 1024 (C = 8192).
+  Ties at the threshold keep the lowest columns at every level, so the result is the top-k by (value desc,
+  column asc), independent of the chunking.
 
 The logits are read once from global memory; later levels read 1/8 of the previous level's input.
 """
@@ -40,9 +37,6 @@ CHUNK_PER_K = 8  # chunk = 8 * next_pow2(k): each level shrinks its input 8x
 MIN_CHUNK = 256
 MAX_K = 4096  # chunk 32768 = 32 warps x 32 values per thread
 VALUES_PER_THREAD = 32
-# the most values the last level's one program selects from: 16 warps (at 32 warps, 64 registers a thread, the
-# values spill to the stack: ~460 bytes a thread on sm90, against ~80 at 16 warps)
-LAST_CHUNK = 16 * 32 * VALUES_PER_THREAD
 
 
 @triton.jit
@@ -115,38 +109,13 @@ def topk_config(k: int, chunk_per_k: int = CHUNK_PER_K) -> tuple:
     """(K_PAD, CHUNK, num_warps) for k: a function of k only."""
     k_pad = triton.next_power_of_2(max(k, 1))
     chunk = max(MIN_CHUNK, chunk_per_k * k_pad)
-    return k_pad, chunk, _num_warps(chunk)
-
-
-def _num_warps(chunk: int) -> int:
-    return max(1, min(32, chunk // (32 * VALUES_PER_THREAD)))
-
-
-def topk_levels(n: int, k: int, chunk_per_k: int = CHUNK_PER_K, last_chunk: int = LAST_CHUNK) -> list:
-    """[(CHUNK, num_chunks, num_warps)] of each level (one launch each) selecting k of n values per row. While the
-    input exceeds one program's `last_chunk` values: chunks of the smallest power-of-two size (from topk_config's, up
-    to last_chunk) whose survivors fit one last program, or topk_config's where none does; then one chunk of all of
-    it. last_chunk at most topk_config's chunk: every level's chunk is topk_config's."""
-    _, chunk, num_warps = topk_config(k, chunk_per_k)
-    last_chunk = max(last_chunk, chunk)
-    levels = []
-    while n > last_chunk:
-        size = chunk
-        while size < last_chunk and triton.cdiv(n, size) * k > last_chunk:
-            size *= 2
-        if triton.cdiv(n, size) * k > last_chunk:
-            size = chunk
-        num_chunks = triton.cdiv(n, size)
-        levels.append((size, num_chunks, _num_warps(size)))
-        n = num_chunks * k
-    last = max(chunk, triton.next_power_of_2(n))
-    return levels + [(last, 1, _num_warps(last))]
+    return k_pad, chunk, max(1, min(32, chunk // (32 * VALUES_PER_THREAD)))
 
 
 def dsv4_topk_slots(logits: torch.Tensor, cand_slots: torch.Tensor, row_map: Optional[torch.Tensor],
                     k: int, launch_config: Optional[dict] = None) -> torch.Tensor:
     """[T, k] int64: slots of each row's k largest finite logits (column order, then -1 padding).
-    launch_config: {"CHUNK_PER_K", "LAST_CHUNK"} overrides (benchmark sweeps, tests of several levels)."""
+    launch_config: {"CHUNK_PER_K"} overrides (benchmark sweeps)."""
     check_topk_args(logits, cand_slots, row_map, k)
     assert k <= MAX_K, f"k must be at most {MAX_K}, got {k}"
     T, E = logits.shape
@@ -155,10 +124,11 @@ def dsv4_topk_slots(logits: torch.Tensor, cand_slots: torch.Tensor, row_map: Opt
         return out
     if E == 0:
         return out.fill_(-1)
-    cfg = {"CHUNK_PER_K": CHUNK_PER_K, "LAST_CHUNK": LAST_CHUNK, **(launch_config or {})}
-    k_pad = topk_config(k)[0]
+    cfg = launch_config or dict(CHUNK_PER_K=CHUNK_PER_K)
+    k_pad, chunk, num_warps = topk_config(k, cfg["CHUNK_PER_K"])
     vals, cols, n = logits, None, E
-    for chunk, num_chunks, num_warps in topk_levels(E, k, cfg["CHUNK_PER_K"], cfg["LAST_CHUNK"]):
+    while True:
+        num_chunks = triton.cdiv(n, chunk)
         last = num_chunks == 1
         if last:
             nxt_vals = nxt_cols = None
@@ -171,9 +141,9 @@ def dsv4_topk_slots(logits: torch.Tensor, cand_slots: torch.Tensor, row_map: Opt
             cand_slots, cand_slots.stride(0), row_map if row_map is not None else cand_slots, out, out.stride(0),
             CHUNK=chunk, K_PAD=k_pad, HAS_COLS=cols is not None, IS_LAST=last, HAS_ROW_MAP=row_map is not None,
             num_warps=num_warps)
-        if not last:
-            vals, cols, n = nxt_vals, nxt_cols, num_chunks * k
-    return out
+        if last:
+            return out
+        vals, cols, n = nxt_vals, nxt_cols, num_chunks * k
 
 
-__all__ = ["dsv4_topk_slots", "dsv4_topk_slots_ref", "topk_config", "topk_levels"]
+__all__ = ["dsv4_topk_slots", "dsv4_topk_slots_ref", "topk_config"]

@@ -102,9 +102,9 @@ class CompressorInputs:
     index_weights: Optional[torch.Tensor] = None  # [T, nI] fp32: weights_proj(x) * weight_scale
 
 
-# Rows up to which the compressors' projections run as one fused launch: decode and verify batches. Prefill chunks
-# are compute-bound fp32 GEMMs (thousands of rows), where cuBLAS's tiles beat the kernel's decode-sized ones.
-FUSED_PROJ_MAX_ROWS = 128
+# Rows up to which the compressors' projections run as one fused launch (sgl_kernel/dsv4_compressor_proj.py has the
+# H100 figures): at 1-2 rows it halves the torch path's time; from 4 rows cuBLAS's fp32 GEMMs win.
+FUSED_PROJ_MAX_ROWS = 2
 
 
 def _compressor_proj_op(x: torch.Tensor):
