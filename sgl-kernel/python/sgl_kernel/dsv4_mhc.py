@@ -29,17 +29,22 @@ the caller the next sub-layer's fn (across decoder layers too), so it stays a se
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
+from sgl_kernel.dsv4_fp8_gemm import fp8_act_buffers, quantize_rows
+from sgl_kernel.dsv4_fp8_gemm_ref import BLOCK as FP8_BLOCK
+from sgl_kernel.dsv4_fp8_gemm_ref import FP8_E4M3_MAX
 from sgl_kernel.dsv4_pdl import pdl_enter, pdl_launch, pdl_supported
 
 BLOCK_T = 64
 TARGET_PROGRAMS = 256  # ~2 per SM on an H100: the mixes' reads of fn and the streams spread over the whole GPU
 POST_BLOCK_D = 256  # hc_post: columns of every stream a program
 U_BLOCK_D = 2048  # hc_pre's second launch: columns of every stream summed into u per loop step
+FINISH_BLOCK_C = 32  # hc_pre's second launch: the D chunks' partials summed per loop step
 
 
 @triton.jit
@@ -145,13 +150,18 @@ def _dsv4_hc_mixes_kernel(s_ptr, fn_ptr, part_ptr, T, D, M, C, stride_st, stride
     tl.store(part_ptr + (t.to(tl.int64)[:, None] * C + tl.program_id(1)) * W + m[None, :], out, mask=tmask[:, None])
 
 
-@triton.jit
-def _dsv4_hc_pre_kernel(part_ptr, s_ptr, scale_ptr, base_ptr, u_ptr, post_ptr, comb_ptr, D, M, C, stride_st,
-                        stride_sn, stride_u, width, norm_eps, iters, eps,
-                        N: tl.constexpr, NP: tl.constexpr, W: tl.constexpr, BLOCK_C: tl.constexpr,
-                        BLOCK_D: tl.constexpr, MIX: tl.constexpr, PDL: tl.constexpr):
+@triton.jit(do_not_specialize=["stride_q8"])
+def _dsv4_hc_pre_kernel(part_ptr, s_ptr, scale_ptr, base_ptr, u_ptr, post_ptr, comb_ptr, w_ptr, q_ptr, qs_ptr, D, M,
+                        C, stride_st, stride_sn, stride_u, stride_q8, stride_qs, stride_qc, width, norm_eps, iters, eps,
+                        rms_eps, N: tl.constexpr, NP: tl.constexpr, W: tl.constexpr, BLOCK_C: tl.constexpr,
+                        BLOCK_D: tl.constexpr, MIX: tl.constexpr, NORM: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+                        QUANT: tl.constexpr, FP8_MAX: tl.constexpr, ROUND_IN_FP32: tl.constexpr, PDL: tl.constexpr):
     """Program per token: the partials summed over the C chunks in a fixed order, 1/rms, pre (and with MIX post and
-    the Sinkhorn comb), then u = sum_j pre_j S_j in the streams' dtype. Column M of a partial row: sum of squares."""
+    the Sinkhorn comb), then u = sum_j pre_j S_j in the streams' dtype. Column M of a partial row: sum of squares.
+
+    NORM (BLOCK_D >= D: the whole row in registers): u_ptr gets RMSNorm(u) [* w] instead of u, u rounded to the
+    streams' dtype first as the norm would read it; QUANT: also its e4m3 codes and per-128-channel multipliers, as
+    dsv4_rmsnorm's kernel writes them (its note on the codes' stride, not specialized to 16, applies here too)."""
     pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     j = tl.arange(0, NP)
@@ -185,12 +195,28 @@ def _dsv4_hc_pre_kernel(part_ptr, s_ptr, scale_ptr, base_ptr, u_ptr, post_ptr, c
         tl.store(comb_ptr + t * (N * N) + jk[None, :, :], comb, mask=valid[None, :, :])
 
     streams = s_ptr + t * stride_st + j[:, None] * stride_sn  # [NP, 1]
-    for d0 in range(0, D, BLOCK_D):
-        d = d0 + tl.arange(0, BLOCK_D)
+    if NORM:
+        d = tl.arange(0, BLOCK_D)
         dmask = d < D
         x = tl.load(streams + d[None, :], mask=jmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
-        u = tl.sum(pre[:, None] * x, axis=0)
-        tl.store(u_ptr + t * stride_u + d, u.to(u_ptr.dtype.element_ty), mask=dmask)
+        u = tl.sum(pre[:, None] * x, axis=0).to(u_ptr.dtype.element_ty).to(tl.float32)
+        y = u * tl.math.rsqrt(tl.sum(u * u, axis=0) / D + rms_eps)
+        if HAS_WEIGHT:
+            y = tl.load(w_ptr + d, mask=dmask, other=0.0).to(tl.float32) * y
+        y = y.to(u_ptr.dtype.element_ty)
+        tl.store(u_ptr + t * stride_u + d, y, mask=dmask)
+        if QUANT:
+            q, qscale = quantize_rows(tl.reshape(y.to(tl.float32), [BLOCK_D // 128, 128]), FP8_MAX, ROUND_IN_FP32)
+            tl.store(q_ptr + t * (stride_q8 * 8) + d, tl.reshape(q, [BLOCK_D]).to(q_ptr.dtype.element_ty), mask=dmask)
+            blocks = tl.arange(0, BLOCK_D // 128)
+            tl.store(qs_ptr + t * stride_qs + blocks * stride_qc, qscale, mask=blocks * 128 < D)
+    else:
+        for d0 in range(0, D, BLOCK_D):
+            d = d0 + tl.arange(0, BLOCK_D)
+            dmask = d < D
+            x = tl.load(streams + d[None, :], mask=jmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
+            u = tl.sum(pre[:, None] * x, axis=0)
+            tl.store(u_ptr + t * stride_u + d, u.to(u_ptr.dtype.element_ty), mask=dmask)
 
 
 @triton.jit
@@ -244,17 +270,36 @@ def _check_streams(streams: torch.Tensor, fn: torch.Tensor, rows: int) -> None:
         f"fn must be [{rows}, {n * d}] float32 with contiguous rows, got {tuple(fn.shape)} {fn.dtype}"
 
 
+@dataclass(frozen=True)
+class FoldedNorm:
+    """The RMSNorm folded into hc_pre's second launch: weight [D] or None, eps; `quant`: the result also quantized
+    for an FP8 W8A8 linear (cuBLAS's multiplier layout with `cublas_layout`), as dsv4_rms_norm_fp8 writes it."""
+    weight: Optional[torch.Tensor]
+    eps: float
+    quant: bool = False
+    cublas_layout: bool = False
+
+
+def finish_warps(block_d: int, n: int, norm: bool) -> int:
+    """Warps of hc_pre's second launch: 8 with u in column steps; with the norm the whole row of every stream is
+    held (8 fp32 a thread up to 16 warps: n 4 x D 4,096 at Flash's widths)."""
+    return max(8, min(16, triton.next_power_of_2(n) * block_d // 2048)) if norm else 8
+
+
 def _collapse(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, mix: bool,
-              iters: int, eps: float, norm_eps: float) -> tuple:
-    """The two launches of dsv4_hc_pre / dsv4_hc_head: (u, post, comb), post and comb left empty without `mix`."""
+              iters: int, eps: float, norm_eps: float, norm: Optional[FoldedNorm] = None) -> tuple:
+    """The two launches of dsv4_hc_pre / dsv4_hc_head / dsv4_hc_pre_norm: (u or with `norm` RMSNorm(u), post, comb,
+    codes, multipliers), post and comb left empty without `mix`, the codes and multipliers None without a quant."""
     t, n, d = streams.shape
     rows = 2 * n + n * n if mix else n
     dev = streams.device
     u = torch.empty(t, d, dtype=streams.dtype, device=dev)
     post = torch.empty(t, n if mix else 0, dtype=torch.float32, device=dev)
     comb = torch.empty(t, n if mix else 0, n if mix else 0, dtype=torch.float32, device=dev)
+    quant = norm is not None and norm.quant
+    q, qs = fp8_act_buffers(t, d, d // FP8_BLOCK, norm.cublas_layout, dev) if quant else (None, None)
     if t == 0:
-        return u, post, comb
+        return u, post, comb, q, qs
     launch = mixes_launch(t, d)
     width = max(16, triton.next_power_of_2(rows + 1))  # the M mixes and the sum of squares; tl.dot needs 16
     part = torch.empty(t, launch.chunks, width, dtype=torch.float32, device=dev)
@@ -263,23 +308,56 @@ def _collapse(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base
         streams, fn, part, t, d, rows, launch.chunks, streams.stride(0), streams.stride(1), fn.stride(0),
         N=n, W=width, BLOCK_T=launch.block_t, BLOCK_D=launch.block_d, D_TILES=launch.d_tiles, PDL=pdl,
         num_warps=launch.num_warps, **pdl_launch(pdl))
+    block_d = triton.next_power_of_2(d) if norm is not None else min(U_BLOCK_D, triton.next_power_of_2(d))
+    weight = norm.weight if norm is not None and norm.weight is not None else None
     _dsv4_hc_pre_kernel[(t,)](
-        part, streams, scale.float().contiguous(), base.float().contiguous(), u, post, comb, d, rows, launch.chunks,
-        streams.stride(0), streams.stride(1), u.stride(0), float(n * d), norm_eps, iters, eps,
-        N=n, NP=triton.next_power_of_2(n), W=width, BLOCK_C=min(32, triton.next_power_of_2(launch.chunks)),
-        BLOCK_D=min(U_BLOCK_D, triton.next_power_of_2(d)), MIX=mix, PDL=pdl, num_warps=8, **pdl_launch(pdl))
-    return u, post, comb
+        part, streams, scale.float().contiguous(), base.float().contiguous(), u, post, comb,
+        weight if weight is not None else u, q if quant else u, qs if quant else u, d, rows, launch.chunks,
+        streams.stride(0), streams.stride(1), u.stride(0), q.stride(0) // 8 if quant else 0,
+        qs.stride(0) if quant else 0, qs.stride(1) if quant else 0, float(n * d), norm_eps, iters, eps,
+        norm.eps if norm is not None else 0.0,
+        N=n, NP=triton.next_power_of_2(n), W=width, BLOCK_C=min(FINISH_BLOCK_C, triton.next_power_of_2(launch.chunks)),
+        BLOCK_D=block_d, MIX=mix, NORM=norm is not None, HAS_WEIGHT=weight is not None, QUANT=quant,
+        FP8_MAX=FP8_E4M3_MAX, ROUND_IN_FP32=dev.type != "cuda", PDL=pdl,
+        num_warps=finish_warps(block_d, n, norm is not None), **pdl_launch(pdl))
+    return u, post, comb, q, qs
 
 
 def dsv4_hc_pre(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, iters: int,
                 eps: float, norm_eps: float) -> tuple:
     """streams [T, n, D], fn [2n + n*n, n*D] fp32, scale [3], base [2n + n*n] -> (u [T, D] in the streams' dtype,
     post [T, n] fp32, comb [T, n, n] fp32): `sglang.srt.layers.mhc.hc_pre` in two launches."""
+    _check_pre(streams, fn, scale, base, iters)
+    return _collapse(streams, fn, scale, base, True, iters, eps, norm_eps)[:3]
+
+
+def _check_pre(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, iters: int) -> None:
     n = streams.shape[1] if streams.dim() == 3 else 0
     _check_streams(streams, fn, 2 * n + n * n)
     assert scale.numel() == 3 and base.numel() == 2 * n + n * n, "scale [3] and base [2n + n*n]"
     assert iters >= 1, f"sinkhorn iterations must be >= 1, got {iters}"
-    return _collapse(streams, fn, scale, base, True, iters, eps, norm_eps)
+
+
+def dsv4_hc_pre_norm(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, iters: int,
+                     eps: float, norm_eps: float, weight: Optional[torch.Tensor], rms_eps: float) -> tuple:
+    """dsv4_hc_pre followed by the sub-layer's RMSNorm of u (weight [D] or None, rms_eps) in the same two launches:
+    (RMSNorm(u) [T, D] in the streams' dtype, post, comb); u itself is not written."""
+    _check_pre(streams, fn, scale, base, iters)
+    assert weight is None or (weight.shape == (streams.shape[2],) and weight.is_contiguous()), "weight [D] contiguous"
+    return _collapse(streams, fn, scale, base, True, iters, eps, norm_eps, FoldedNorm(weight, rms_eps))[:3]
+
+
+def dsv4_hc_pre_norm_fp8(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,
+                         iters: int, eps: float, norm_eps: float, weight: Optional[torch.Tensor], rms_eps: float,
+                         cublas_layout: bool = False) -> tuple:
+    """dsv4_hc_pre_norm whose result is also quantized for the FP8 linear that reads it (D a multiple of 128):
+    (RMSNorm(u), post, comb, e4m3 codes, multipliers), the codes and multipliers dsv4_rms_norm_fp8's of that result."""
+    _check_pre(streams, fn, scale, base, iters)
+    if streams.shape[2] % FP8_BLOCK:
+        raise ValueError(f"the quantized norm needs D a multiple of {FP8_BLOCK}, got {streams.shape[2]}")
+    assert weight is None or (weight.shape == (streams.shape[2],) and weight.is_contiguous()), "weight [D] contiguous"
+    return _collapse(streams, fn, scale, base, True, iters, eps, norm_eps,
+                     FoldedNorm(weight, rms_eps, True, cublas_layout))
 
 
 def dsv4_hc_head(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, eps: float,
