@@ -6,8 +6,11 @@
 Rows: hc_pre (the torch path on a GPU before the fusion: torch mixes, dsv4_hc_mix, the torch sum of u), hc_post and
 hc_head against their torch code; hc_pre_norm (the decoder layer's entry: hc_pre with the sub-layer's RMSNorm folded
 into its second launch) and hc_pre_norm_fp8 (the norm also quantized for an FP8 linear) against hc_pre + the separate
-norm kernel (dsv4_rms_norm / dsv4_rms_norm_fp8: three launches). `--finish` also prints the finish's variants:
-FINISH_BLOCK_C 32 / 128 (partials summed in one step at decode) and 1 Sinkhorn round (what the 20 rounds cost).
+norm kernel as the engine ran them before (dsv4_rms_norm / dsv4_rms_norm_fp8, hc_pre's finish one program a token:
+three launches). `--finish` also prints the finish's variants:
+FINISH_BLOCK_C 128 (partials summed in one step at decode), SPLIT_ROLES off (one program a token: the Sinkhorn, then
+u: hc_pre's second launch before the role split; pre_1role is today's hc_pre alone) and 1 Sinkhorn round (what the
+20 rounds cost), each against that same three-launch baseline.
 Per row: GPU kernel time (CUDA profiler), the call captured as a CUDA graph and replayed (wall time: what a decode
 step pays, each kernel's launch and tail included; the pre_norm rows 20 calls a graph, per call), kernels per call,
 for the fused op and the other path; bytes_moved = the streams (and o) read once, fn once, every output written once.
@@ -98,12 +101,19 @@ def bench_pre_norm(finish: bool = False) -> list:
         w = torch.randn(D, device="cuda", generator=g).bfloat16()
         moved = streams.numel() * 2 + fn.numel() * 4 + t * D * 2 + t * m * 4
 
+        def serial_pre(iters):  # hc_pre as the engine ran it before the fold: one finish program a token
+            mhc_kernels.SPLIT_ROLES = False
+            try:
+                return dsv4_hc_pre(streams, fn, scale, base, iters, EPS, EPS)
+            finally:
+                mhc_kernels.SPLIT_ROLES = True
+
         def unfused(iters=ITERS):
-            u, post, comb = dsv4_hc_pre(streams, fn, scale, base, iters, EPS, EPS)
+            u, post, comb = serial_pre(iters)
             return dsv4_rms_norm(u, w, EPS), post, comb
 
         def unfused_fp8():
-            u, post, comb = dsv4_hc_pre(streams, fn, scale, base, ITERS, EPS, EPS)
+            u, post, comb = serial_pre(ITERS)
             return dsv4_rms_norm_fp8(u, w, EPS), post, comb
 
         def fused(iters=ITERS):
@@ -114,14 +124,16 @@ def bench_pre_norm(finish: bool = False) -> list:
                                                                               EPS, w, EPS), unfused_fp8, moved))
         if finish:
             rows.append(_row_vs("pre_norm_1it", t, lambda: fused(1), lambda: unfused(1), moved))
-            saved = mhc_kernels.FINISH_BLOCK_C
-            mhc_kernels.FINISH_BLOCK_C = 128
+            saved = mhc_kernels.FINISH_BLOCK_C, mhc_kernels.SPLIT_ROLES
             try:
+                mhc_kernels.FINISH_BLOCK_C = 128
                 rows.append(_row_vs("pre_norm_c128", t, fused, unfused, moved))
-                rows.append(_row_vs("pre_c128", t, lambda: dsv4_hc_pre(streams, fn, scale, base, ITERS, EPS, EPS),
+                mhc_kernels.FINISH_BLOCK_C, mhc_kernels.SPLIT_ROLES = saved[0], False
+                rows.append(_row_vs("pre_norm_1role", t, fused, unfused, moved))
+                rows.append(_row_vs("pre_1role", t, lambda: dsv4_hc_pre(streams, fn, scale, base, ITERS, EPS, EPS),
                                     unfused, moved))
             finally:
-                mhc_kernels.FINISH_BLOCK_C = saved
+                mhc_kernels.FINISH_BLOCK_C, mhc_kernels.SPLIT_ROLES = saved
     return rows
 
 

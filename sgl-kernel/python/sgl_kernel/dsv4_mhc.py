@@ -16,7 +16,12 @@ engine's own CPU paths in `sglang.srt.layers.mhc` (hc_mix_weights, hc_pre, hc_po
 * `dsv4_hc_pre`: the whole sub-layer entry (u [T, D] = sum_j pre_j S_j, post, comb) in two launches: the mixes'
   partial dot products and sums of squares over D chunks (the 1.5 MB fn on Flash is spread over ~all SMs at decode
   instead of one program per token reading all of it), then per token their fixed-order sum, 1/rms, the weights
-  above and u. No atomics: a replay equals a plain launch bit for bit.
+  above and u. No atomics: a replay equals a plain launch bit for bit. The second launch runs two programs a token
+  side by side, one for pre and u, one for post and the Sinkhorn (20 rounds on 4 x 4, a serial latency that u
+  otherwise waited for; each program re-sums the token's few KB of partials).
+* `dsv4_hc_pre_norm(_fp8)`: dsv4_hc_pre with the sub-layer's RMSNorm (and its FP8 quantization for a W8A8 linear,
+  as dsv4_rms_norm_fp8 writes it) in u's program: the whole row is in registers, so hc_pre + norm is two launches
+  instead of three and u is never written.
 * `dsv4_hc_head`: the same two launches without post and Sinkhorn (the step's last collapse of the streams).
 * `dsv4_hc_post`: new streams S'_k = post_k * o + sum_j comb[j, k] * S_j in one launch, fp32 math, one rounding to
   the streams' dtype.
@@ -45,6 +50,7 @@ TARGET_PROGRAMS = 256  # ~2 per SM on an H100: the mixes' reads of fn and the st
 POST_BLOCK_D = 256  # hc_post: columns of every stream a program
 U_BLOCK_D = 2048  # hc_pre's second launch: columns of every stream summed into u per loop step
 FINISH_BLOCK_C = 32  # hc_pre's second launch: the D chunks' partials summed per loop step
+SPLIT_ROLES = True  # hc_pre's second launch: u (and the norm) and the Sinkhorn in two programs a token, side by side
 
 
 @triton.jit
@@ -155,13 +161,14 @@ def _dsv4_hc_pre_kernel(part_ptr, s_ptr, scale_ptr, base_ptr, u_ptr, post_ptr, c
                         C, stride_st, stride_sn, stride_u, stride_q8, stride_qs, stride_qc, width, norm_eps, iters, eps,
                         rms_eps, N: tl.constexpr, NP: tl.constexpr, W: tl.constexpr, BLOCK_C: tl.constexpr,
                         BLOCK_D: tl.constexpr, MIX: tl.constexpr, NORM: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-                        QUANT: tl.constexpr, FP8_MAX: tl.constexpr, ROUND_IN_FP32: tl.constexpr, PDL: tl.constexpr):
-    """Program per token: the partials summed over the C chunks in a fixed order, 1/rms, pre (and with MIX post and
-    the Sinkhorn comb), then u = sum_j pre_j S_j in the streams' dtype. Column M of a partial row: sum of squares.
-
-    NORM (BLOCK_D >= D: the whole row in registers): u_ptr gets RMSNorm(u) [* w] instead of u, u rounded to the
-    streams' dtype first as the norm would read it; QUANT: also its e4m3 codes and per-128-channel multipliers, as
-    dsv4_rmsnorm's kernel writes them (its note on the codes' stride, not specialized to 16, applies here too)."""
+                        QUANT: tl.constexpr, FP8_MAX: tl.constexpr, ROUND_IN_FP32: tl.constexpr, ROLES: tl.constexpr,
+                        PDL: tl.constexpr):
+    """Programs (token, role): each sums the token's partials over the C chunks in a fixed order (column M of a
+    partial row: the sum of squares) and takes 1/rms; role 0 then pre and u = sum_j pre_j S_j in the streams' dtype
+    (_weighted_sum; NORM: RMSNorm(u), QUANT: quantized too, as dsv4_rmsnorm's kernel writes it, whose note on the
+    codes' stride, not specialized to 16, applies here too), role 1 (MIX with ROLES 2) post and the Sinkhorn comb:
+    side by side, a token's u (and norm) does not wait for its 20 Sinkhorn rounds. ROLES 1 with MIX: one program
+    does both, the comb first."""
     pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     j = tl.arange(0, NP)
@@ -183,40 +190,68 @@ def _dsv4_hc_pre_kernel(part_ptr, s_ptr, scale_ptr, base_ptr, u_ptr, post_ptr, c
             acc_comb += tl.load(rows[:, None, None] + 2 * N + jk[None, :, :],
                                 mask=cmask[:, None, None] & valid[None, :, :], other=0.0)
     inv_rms = tl.math.rsqrt(tl.sum(acc_sq, axis=0) / width + norm_eps)
-    pre = _pre_gate(tl.sum(acc_pre, axis=0) * inv_rms, tl.load(scale_ptr),
-                    tl.load(base_ptr + j, mask=jmask, other=0.0), eps)  # [NP]
-    if MIX:
-        post = _post_gate(tl.sum(acc_post, axis=0) * inv_rms, tl.load(scale_ptr + 1),
-                          tl.load(base_ptr + N + j, mask=jmask, other=0.0))
-        tl.store(post_ptr + t * N + j, post, mask=jmask)
-        logits = tl.sum(acc_comb, axis=0) * inv_rms * tl.load(scale_ptr + 2) \
-            + tl.load(base_ptr + 2 * N + jk, mask=valid, other=0.0)
-        comb = _sinkhorn(logits[None, :, :], valid, iters, eps)
-        tl.store(comb_ptr + t * (N * N) + jk[None, :, :], comb, mask=valid[None, :, :])
+    if ROLES == 2:  # post and the Sinkhorn comb in a program of their own, beside u's
+        if tl.program_id(1) == 1:
+            _post_comb(acc_post, acc_comb, inv_rms, scale_ptr, base_ptr, post_ptr + t * N, comb_ptr + t * (N * N),
+                       iters, eps, N, NP)
+    elif MIX:  # one program per token: post and comb first
+        _post_comb(acc_post, acc_comb, inv_rms, scale_ptr, base_ptr, post_ptr + t * N, comb_ptr + t * (N * N), iters,
+                   eps, N, NP)
+    if tl.program_id(1) == 0:
+        pre = _pre_gate(tl.sum(acc_pre, axis=0) * inv_rms, tl.load(scale_ptr),
+                        tl.load(base_ptr + j, mask=jmask, other=0.0), eps)  # [NP]
+        _weighted_sum(pre, s_ptr + t * stride_st + j[:, None] * stride_sn, jmask, u_ptr + t * stride_u, w_ptr,
+                      q_ptr + t * (stride_q8 * 8), qs_ptr + t * stride_qs, stride_qc, D, rms_eps, BLOCK_D, NORM,
+                      HAS_WEIGHT, QUANT, FP8_MAX, ROUND_IN_FP32)
 
-    streams = s_ptr + t * stride_st + j[:, None] * stride_sn  # [NP, 1]
+
+@triton.jit
+def _post_comb(acc_post, acc_comb, inv_rms, scale_ptr, base_ptr, post_row, comb_row, iters, eps, N: tl.constexpr,
+               NP: tl.constexpr):
+    """One token's post and Sinkhorn comb from its summed partials (acc_post [BLOCK_C, NP], acc_comb [BLOCK_C, NP,
+    NP]), stored to post_row / comb_row."""
+    j = tl.arange(0, NP)
+    jmask = j < N
+    jk = j[:, None] * N + j[None, :]
+    valid = jmask[:, None] & jmask[None, :]
+    post = _post_gate(tl.sum(acc_post, axis=0) * inv_rms, tl.load(scale_ptr + 1),
+                      tl.load(base_ptr + N + j, mask=jmask, other=0.0))
+    tl.store(post_row + j, post, mask=jmask)
+    logits = tl.sum(acc_comb, axis=0) * inv_rms * tl.load(scale_ptr + 2) \
+        + tl.load(base_ptr + 2 * N + jk, mask=valid, other=0.0)
+    comb = _sinkhorn(logits[None, :, :], valid, iters, eps)
+    tl.store(comb_row + jk[None, :, :], comb, mask=valid[None, :, :])
+
+
+@triton.jit
+def _weighted_sum(pre, streams, jmask, u_row, w_ptr, q_row, qs_row, stride_qc, D, rms_eps, BLOCK_D: tl.constexpr,
+                  NORM: tl.constexpr, HAS_WEIGHT: tl.constexpr, QUANT: tl.constexpr, FP8_MAX: tl.constexpr,
+                  ROUND_IN_FP32: tl.constexpr):
+    """u = sum_j pre_j S_j of one token (streams [NP, 1] its rows' pointers) to u_row in its dtype; with NORM (BLOCK_D
+    >= D) RMSNorm(u) [* w] instead, u rounded to that dtype first as the norm would read it, and with QUANT also its
+    codes (q_row) and per-128-channel multipliers (qs_row, stride_qc apart)."""
     if NORM:
         d = tl.arange(0, BLOCK_D)
         dmask = d < D
         x = tl.load(streams + d[None, :], mask=jmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
-        u = tl.sum(pre[:, None] * x, axis=0).to(u_ptr.dtype.element_ty).to(tl.float32)
+        u = tl.sum(pre[:, None] * x, axis=0).to(u_row.dtype.element_ty).to(tl.float32)
         y = u * tl.math.rsqrt(tl.sum(u * u, axis=0) / D + rms_eps)
         if HAS_WEIGHT:
             y = tl.load(w_ptr + d, mask=dmask, other=0.0).to(tl.float32) * y
-        y = y.to(u_ptr.dtype.element_ty)
-        tl.store(u_ptr + t * stride_u + d, y, mask=dmask)
+        y = y.to(u_row.dtype.element_ty)
+        tl.store(u_row + d, y, mask=dmask)
         if QUANT:
             q, qscale = quantize_rows(tl.reshape(y.to(tl.float32), [BLOCK_D // 128, 128]), FP8_MAX, ROUND_IN_FP32)
-            tl.store(q_ptr + t * (stride_q8 * 8) + d, tl.reshape(q, [BLOCK_D]).to(q_ptr.dtype.element_ty), mask=dmask)
+            tl.store(q_row + d, tl.reshape(q, [BLOCK_D]).to(q_row.dtype.element_ty), mask=dmask)
             blocks = tl.arange(0, BLOCK_D // 128)
-            tl.store(qs_ptr + t * stride_qs + blocks * stride_qc, qscale, mask=blocks * 128 < D)
+            tl.store(qs_row + blocks * stride_qc, qscale, mask=blocks * 128 < D)
     else:
         for d0 in range(0, D, BLOCK_D):
             d = d0 + tl.arange(0, BLOCK_D)
             dmask = d < D
             x = tl.load(streams + d[None, :], mask=jmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
             u = tl.sum(pre[:, None] * x, axis=0)
-            tl.store(u_ptr + t * stride_u + d, u.to(u_ptr.dtype.element_ty), mask=dmask)
+            tl.store(u_row + d, u.to(u_row.dtype.element_ty), mask=dmask)
 
 
 @triton.jit
@@ -310,7 +345,8 @@ def _collapse(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base
         num_warps=launch.num_warps, **pdl_launch(pdl))
     block_d = triton.next_power_of_2(d) if norm is not None else min(U_BLOCK_D, triton.next_power_of_2(d))
     weight = norm.weight if norm is not None and norm.weight is not None else None
-    _dsv4_hc_pre_kernel[(t,)](
+    roles = 2 if mix and SPLIT_ROLES else 1
+    _dsv4_hc_pre_kernel[(t, roles)](
         part, streams, scale.float().contiguous(), base.float().contiguous(), u, post, comb,
         weight if weight is not None else u, q if quant else u, qs if quant else u, d, rows, launch.chunks,
         streams.stride(0), streams.stride(1), u.stride(0), q.stride(0) // 8 if quant else 0,
@@ -318,7 +354,7 @@ def _collapse(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base
         norm.eps if norm is not None else 0.0,
         N=n, NP=triton.next_power_of_2(n), W=width, BLOCK_C=min(FINISH_BLOCK_C, triton.next_power_of_2(launch.chunks)),
         BLOCK_D=block_d, MIX=mix, NORM=norm is not None, HAS_WEIGHT=weight is not None, QUANT=quant,
-        FP8_MAX=FP8_E4M3_MAX, ROUND_IN_FP32=dev.type != "cuda", PDL=pdl,
+        FP8_MAX=FP8_E4M3_MAX, ROUND_IN_FP32=dev.type != "cuda", ROLES=roles, PDL=pdl,
         num_warps=finish_warps(block_d, n, norm is not None), **pdl_launch(pdl))
     return u, post, comb, q, qs
 
