@@ -4,9 +4,16 @@
     python benchmark/kernels/bench_dsv4_mhc.py
 
 Rows: hc_pre (the torch path on a GPU before the fusion: torch mixes, dsv4_hc_mix, the torch sum of u), hc_post and
-hc_head against their torch code. Per row: GPU kernel time (CUDA profiler), the call captured as a CUDA graph and
-replayed (wall time: what a decode step pays, each kernel's launch and tail included), kernels per call, for the
-fused op and the torch path; bytes_moved = the streams (and o) read once, fn once, every output written once.
+hc_head against their torch code; hc_pre_norm (the decoder layer's entry: hc_pre with the sub-layer's RMSNorm folded
+into its second launch) and hc_pre_norm_fp8 (the norm also quantized for an FP8 linear) against hc_pre + the separate
+norm kernel as the engine ran them before (dsv4_rms_norm / dsv4_rms_norm_fp8, hc_pre's finish one program a token:
+three launches). `--finish` also prints the finish's variants:
+FINISH_BLOCK_C 128 (partials summed in one step at decode), SPLIT_ROLES off (one program a token: the Sinkhorn, then
+u: hc_pre's second launch before the role split; pre_1role is today's hc_pre alone) and 1 Sinkhorn round (what the
+20 rounds cost), each against that same three-launch baseline.
+Per row: GPU kernel time (CUDA profiler), the call captured as a CUDA graph and replayed (wall time: what a decode
+step pays, each kernel's launch and tail included; the pre_norm rows 20 calls a graph, per call), kernels per call,
+for the fused op and the other path; bytes_moved = the streams (and o) read once, fn once, every output written once.
 The same run's copy bandwidth prints first.
 """
 
@@ -17,7 +24,10 @@ import sys
 
 import torch
 
-from sgl_kernel.dsv4_mhc import dsv4_hc_head, dsv4_hc_mix, dsv4_hc_post, dsv4_hc_pre
+import sgl_kernel.dsv4_mhc as mhc_kernels
+from sgl_kernel.dsv4_mhc import (dsv4_hc_head, dsv4_hc_mix, dsv4_hc_post, dsv4_hc_pre, dsv4_hc_pre_norm,
+                                 dsv4_hc_pre_norm_fp8)
+from sgl_kernel.dsv4_rmsnorm import dsv4_rms_norm, dsv4_rms_norm_fp8
 from sglang.srt.layers.mhc import _mixes, hc_head_ref, hc_post_ref
 
 try:
@@ -43,14 +53,16 @@ def kernels_per_call(fn) -> float:
     return sum(e.device_type == torch.autograd.DeviceType.CUDA for e in prof.events()) / 5
 
 
-def graph_replay_us(fn) -> float:
-    """Wall time of fn captured as a CUDA graph and replayed (median of CUDA events around each replay)."""
+def graph_replay_us(fn, reps: int = 1) -> float:
+    """Wall time of fn captured as a CUDA graph and replayed (median of CUDA events around each replay); with `reps`
+    the graph holds fn that many times and the time is per call (a decode step's graph: no graph launch per call)."""
     fn()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn()
-    return time_eager_us(graph.replay, iters=100, warmup=10)
+        for _ in range(reps):
+            fn()
+    return time_eager_us(graph.replay, iters=100, warmup=10) / reps
 
 
 def _pre_torch(streams, fn, scale, base):
@@ -66,6 +78,63 @@ def _row(op: str, t: int, fused, torch_path, bytes_moved: float) -> BenchRow:
             f"{kernels_per_call(fused):.0f} vs {kernels_per_call(torch_path):.0f}")
     return BenchRow(kernel=f"dsv4_{op}", case=f"T={t} n={N} D={D} bf16", time_us=us, bytes_moved=bytes_moved,
                     baseline_us=base, note=note)
+
+
+def _row_vs(op: str, t: int, fused, unfused, bytes_moved: float, reps: int = 20) -> BenchRow:
+    """fused against the kernels it replaces, both graph-replayed `reps` times a graph (what a decode step pays)."""
+    return BenchRow(kernel=f"dsv4_{op}", case=f"T={t} n={N} D={D} bf16", time_us=graph_replay_us(fused, reps),
+                    bytes_moved=bytes_moved, baseline_us=graph_replay_us(unfused, reps),
+                    note=f"GPU time {time_cuda_us(fused):.1f} us vs {time_cuda_us(unfused):.1f} us; kernels "
+                         f"{kernels_per_call(fused):.0f} vs {kernels_per_call(unfused):.0f}")
+
+
+def bench_pre_norm(finish: bool = False) -> list:
+    """hc_pre_norm(_fp8) against hc_pre + the norm kernel; with `finish` the finish's variants as extra rows (the
+    baseline column: today's hc_pre + norm)."""
+    rows = []
+    g = torch.Generator(device="cuda").manual_seed(1)
+    for t in TOKENS:
+        m = 2 * N + N * N
+        streams = torch.randn(t, N, D, device="cuda", generator=g).bfloat16()
+        fn = torch.randn(m, N * D, device="cuda", generator=g) * (N * D) ** -0.5
+        scale, base = torch.ones(3, device="cuda"), torch.zeros(m, device="cuda")
+        w = torch.randn(D, device="cuda", generator=g).bfloat16()
+        moved = streams.numel() * 2 + fn.numel() * 4 + t * D * 2 + t * m * 4
+
+        def serial_pre(iters):  # hc_pre as the engine ran it before the fold: one finish program a token
+            mhc_kernels.SPLIT_ROLES = False
+            try:
+                return dsv4_hc_pre(streams, fn, scale, base, iters, EPS, EPS)
+            finally:
+                mhc_kernels.SPLIT_ROLES = True
+
+        def unfused(iters=ITERS):
+            u, post, comb = serial_pre(iters)
+            return dsv4_rms_norm(u, w, EPS), post, comb
+
+        def unfused_fp8():
+            u, post, comb = serial_pre(ITERS)
+            return dsv4_rms_norm_fp8(u, w, EPS), post, comb
+
+        def fused(iters=ITERS):
+            return dsv4_hc_pre_norm(streams, fn, scale, base, iters, EPS, EPS, w, EPS)
+
+        rows.append(_row_vs("hc_pre_norm", t, fused, unfused, moved))
+        rows.append(_row_vs("hc_pre_norm_fp8", t, lambda: dsv4_hc_pre_norm_fp8(streams, fn, scale, base, ITERS, EPS,
+                                                                              EPS, w, EPS), unfused_fp8, moved))
+        if finish:
+            rows.append(_row_vs("pre_norm_1it", t, lambda: fused(1), lambda: unfused(1), moved))
+            saved = mhc_kernels.FINISH_BLOCK_C, mhc_kernels.SPLIT_ROLES
+            try:
+                mhc_kernels.FINISH_BLOCK_C = 128
+                rows.append(_row_vs("pre_norm_c128", t, fused, unfused, moved))
+                mhc_kernels.FINISH_BLOCK_C, mhc_kernels.SPLIT_ROLES = saved[0], False
+                rows.append(_row_vs("pre_norm_1role", t, fused, unfused, moved))
+                rows.append(_row_vs("pre_1role", t, lambda: dsv4_hc_pre(streams, fn, scale, base, ITERS, EPS, EPS),
+                                    unfused, moved))
+            finally:
+                mhc_kernels.FINISH_BLOCK_C, mhc_kernels.SPLIT_ROLES = saved
+    return rows
 
 
 def bench() -> list:
@@ -87,12 +156,12 @@ def bench() -> list:
         rows.append(_row("hc_head", t, lambda: dsv4_hc_head(streams, head_fn, head_scale, head_base, EPS, EPS),
                          lambda: hc_head_ref(streams, head_fn, head_scale, head_base, EPS, EPS),
                          s_bytes + head_fn.numel() * 4 + o_bytes))
-    return rows
+    return rows + bench_pre_norm()
 
 
 if __name__ == "__main__":
     copy = copy_bandwidth_gbps()
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {copy:.0f} GB/s (read + write)")
-    for r in bench():
+    for r in (bench_pre_norm(finish=True) if "--finish" in sys.argv else bench()):
         print(f"{r.kernel:12s} {r.case:22s} {r.time_us:7.1f} us {r.gbps():6.0f} GB/s ({r.gbps() / copy:5.1%} of copy)"
               f"  torch {r.baseline_us:7.1f} us  {r.note}")

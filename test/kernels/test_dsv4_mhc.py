@@ -16,7 +16,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import sgl_kernel.dsv4_mhc as kernels
-from sgl_kernel.dsv4_mhc import dsv4_hc_head, dsv4_hc_mix, dsv4_hc_post, dsv4_hc_pre, mixes_launch
+from sgl_kernel.dsv4_mhc import (dsv4_hc_head, dsv4_hc_mix, dsv4_hc_post, dsv4_hc_pre, dsv4_hc_pre_norm,
+                                 dsv4_hc_pre_norm_fp8, mixes_launch)
+from sgl_kernel.dsv4_rmsnorm import dsv4_rms_norm_fp8
 from sglang.srt.layers import mhc
 from sglang.srt.layers.mhc import hc_head_ref, hc_mix_weights, hc_post_ref, hc_pre_ref
 
@@ -237,6 +239,111 @@ def test_cpu_tensors_keep_the_torch_path():
     assert torch.equal(mhc.hc_post(out, streams, got[1], got[2]), hc_post_ref(out, streams, got[1], got[2]))
 
 
+# ----------------------------------------------------------------------------- hc_pre + the sub-layer's RMSNorm
+
+
+def _norm_ref(u: torch.Tensor, weight, eps: float) -> torch.Tensor:
+    """RMSNorm of u (fp32 values of `dtype`) as the norm layer's torch path computes it, before its rounding."""
+    y = u * torch.rsqrt(u.square().mean(-1, keepdim=True) + eps)
+    return y if weight is None else weight.float() * y
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("t,n,d,weighted", [(1, 4, 48, True), (5, 3, 40, False), (3, 4, 200, True)])
+def test_pre_norm_matches_torch(t, n, d, weighted, dtype):
+    """hc_pre with the norm folded in: norm(u) against the torch path (u rounded to the streams' dtype, then the
+    norm), post and comb exactly dsv4_hc_pre's. D 40 / 200: a row that is not a power of two; n 3: padded streams."""
+    streams, fn, scale, base, _ = _layer(t, n, d, seed=t * 7 + d, dtype=dtype)
+    weight = torch.randn(d, generator=torch.Generator().manual_seed(d)).to(dtype) if weighted else None
+    y, post, comb = dsv4_hc_pre_norm(streams, fn, scale, base, 20, 1e-6, 1e-6, weight, 1e-5)
+    assert y.dtype == dtype and y.shape == (t, d)
+    u, want_post, want_comb = dsv4_hc_pre(streams, fn, scale, base, 20, 1e-6, 1e-6)
+    torch.testing.assert_close(u.float(), hc_pre_ref(streams.float(), fn, scale, base, 20, 1e-6, 1e-6)[0],
+                               rtol=BF16_ULP + 1e-4 if dtype == torch.bfloat16 else 1e-5, atol=1e-5)
+    _assert_rounded(y, _norm_ref(u.float(), weight, 1e-5), "norm(u)")  # the norm of u as hc_pre gives it
+    assert torch.equal(post, want_post) and torch.equal(comb, want_comb)
+
+
+@pytest.mark.parametrize("cublas_layout", [False, True])
+def test_pre_norm_fp8_quantizes_its_result(cublas_layout):
+    """The quantized variant: its norm(u) equals the plain variant's, its codes and multipliers are
+    dsv4_rms_norm_fp8's of that row (the codes act_quant would give), in either multiplier layout; 3 tokens (the
+    cuBLAS layout pads to 4 rows)."""
+    streams, fn, scale, base, _ = _layer(3, 4, 256, seed=11, dtype=torch.float16)
+    weight = torch.randn(256, generator=torch.Generator().manual_seed(1)).half()
+    y, post, comb, q, qs = dsv4_hc_pre_norm_fp8(streams, fn, scale, base, 20, 1e-6, 1e-6, weight, 1e-5,
+                                                cublas_layout)
+    plain = dsv4_hc_pre_norm(streams, fn, scale, base, 20, 1e-6, 1e-6, weight, 1e-5)
+    assert torch.equal(y, plain[0]) and torch.equal(post, plain[1]) and torch.equal(comb, plain[2])
+    u = dsv4_hc_pre(streams, fn, scale, base, 20, 1e-6, 1e-6)[0]
+    y_ref, q_ref, qs_ref = dsv4_rms_norm_fp8(u, weight, 1e-5, cublas_layout=cublas_layout)
+    assert torch.equal(y, y_ref)  # interpreted, the same row (on a GPU the sums of squares may differ in order)
+    assert torch.equal(q.float(), q_ref.float()) and torch.equal(qs, qs_ref) and qs.stride() == qs_ref.stride()
+    with pytest.raises(ValueError, match="multiple of 128"):
+        dsv4_hc_pre_norm_fp8(*_layer(2, 4, 48, seed=0)[:4], 20, 1e-6, 1e-6, None, 1e-5)
+
+
+def test_pre_norm_two_launches_side_by_side_roles(monkeypatch):
+    """hc_pre_norm(_fp8) is hc_pre's two launches, beside output allocations only; the second launch runs a
+    program pair per token (u and its norm beside post and the Sinkhorn), hc_head's one program per token."""
+    streams, fn, scale, base, _ = _layer(3, 4, 128, seed=4)
+    head = _layer(3, 4, 128, seed=5, head=True)
+    dsv4_hc_pre_norm_fp8(streams, fn, scale, base, 20, 1e-6, 1e-6, None, 1e-5)  # compiled (interpreted) once
+    launches, counter = [], _OpCounter()
+    with monkeypatch.context() as m:
+        for kernel in (kernels._dsv4_hc_mixes_kernel, kernels._dsv4_hc_pre_kernel):
+            real = kernel.run
+            m.setattr(kernel, "run", lambda *a, _real=real, _name=kernel.fn.__name__, **k: launches.append(
+                (_name, tuple(k["grid"]))) or counter.launch(_real, *a, **k))
+        with counter:
+            dsv4_hc_pre_norm(streams, fn, scale, base, 20, 1e-6, 1e-6, None, 1e-5)
+            dsv4_hc_pre_norm_fp8(streams, fn, scale, base, 20, 1e-6, 1e-6, None, 1e-5)
+            dsv4_hc_head(streams, *head[1:4], 1e-6, 1e-6)
+    names = [name for name, _ in launches]
+    assert names == ["_dsv4_hc_mixes_kernel", "_dsv4_hc_pre_kernel"] * 3
+    assert [grid for name, grid in launches if name == "_dsv4_hc_pre_kernel"] == [(3, 2), (3, 2), (3, 1)]
+    assert set(counter.ops) <= {"aten.empty", "aten.empty_like"}, counter.ops
+
+
+def test_finish_in_one_program_a_token(monkeypatch):
+    """SPLIT_ROLES off (the benchmark's baseline): one finish program a token does the Sinkhorn, then u (and the
+    norm): the same results as the side-by-side programs."""
+    streams, fn, scale, base, _ = _layer(5, 3, 128, seed=9)
+    split = dsv4_hc_pre_norm_fp8(streams, fn, scale, base, 20, 1e-6, 1e-6, None, 1e-5)
+    plain = dsv4_hc_pre(streams, fn, scale, base, 20, 1e-6, 1e-6)
+    monkeypatch.setattr(kernels, "SPLIT_ROLES", False)
+    for a, b in zip(dsv4_hc_pre_norm_fp8(streams, fn, scale, base, 20, 1e-6, 1e-6, None, 1e-5), split):
+        assert torch.equal(a.float(), b.float())
+    for a, b in zip(dsv4_hc_pre(streams, fn, scale, base, 20, 1e-6, 1e-6), plain):
+        assert torch.equal(a, b)
+
+
+def test_layer_pre_norm_paths(monkeypatch):
+    """mhc.hc_pre_norm: on CPU hc_pre then the norm, exactly (the quantized input from RMSNorm.forward_fp8); where
+    the kernels run (here interpreted) the folded launches, the FP8 path an Fp8Activation of its codes."""
+    from sglang.srt.layers.norm import RMSNorm
+    from sglang.srt.layers.quantization.fp8 import Fp8Activation
+
+    streams, fn, scale, base, _ = _layer(4, 4, 128, seed=6)
+    norm = RMSNorm(128, 1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(128, generator=torch.Generator().manual_seed(2)))
+    y, x_in, post, comb = mhc.hc_pre_norm(streams, fn, scale, base, 20, 1e-6, 1e-6, norm, None)
+    u, want_post, want_comb = hc_pre_ref(streams, fn, scale, base, 20, 1e-6, 1e-6)
+    assert x_in is y and torch.equal(y, norm(u)) and torch.equal(post, want_post) and torch.equal(comb, want_comb)
+    monkeypatch.setattr(mhc, "_fused", lambda name, x: getattr(kernels, name))
+    y, x_in, post, comb = mhc.hc_pre_norm(streams, fn, scale, base, 20, 1e-6, 1e-6, norm, None)
+    assert x_in is y
+    assert torch.equal(y, dsv4_hc_pre_norm(streams, fn, scale, base, 20, 1e-6, 1e-6, norm.weight, 1e-5)[0])
+    monkeypatch.setattr(mhc, "sgl_kernel_op", lambda module, name: getattr(kernels, name))
+    y8, x_in, post8, _ = mhc.hc_pre_norm(streams, fn, scale, base, 20, 1e-6, 1e-6, norm, "w8a8")
+    want = dsv4_hc_pre_norm_fp8(streams, fn, scale, base, 20, 1e-6, 1e-6, norm.weight, 1e-5)
+    assert isinstance(x_in, Fp8Activation) and x_in.path == "w8a8" and x_in.rows == 4 and x_in.dtype == y8.dtype
+    assert torch.equal(y8, want[0]) and torch.equal(x_in.q.float(), want[3].float()) and torch.equal(x_in.scale,
+                                                                                                      want[4])
+    assert torch.equal(post8, post)
+
+
 # ----------------------------------------------------------------------------- GPU
 
 
@@ -304,11 +411,16 @@ for t in map(int, sys.argv[1:]):
     out[f"mixes {t}"] = stack(k._dsv4_hc_mixes_kernel, {"s_ptr": "*bf16", "fn_ptr": "*fp32", "part_ptr": "*fp32"},
                               dict(N=4, W=32, BLOCK_T=launch.block_t, BLOCK_D=launch.block_d, D_TILES=launch.d_tiles,
                                    PDL=True), launch.num_warps)
-fp32 = {"width": "fp32", "norm_eps": "fp32", "eps": "fp32", "s_ptr": "*bf16", "u_ptr": "*bf16", "o_ptr": "*bf16",
-        "out_ptr": "*bf16"}
-fp32.update({n: "*fp32" for n in ("part_ptr", "scale_ptr", "base_ptr", "post_ptr", "comb_ptr")})
-out["pre"] = stack(k._dsv4_hc_pre_kernel, fp32, dict(N=4, NP=4, W=32, BLOCK_C=32, BLOCK_D=k.U_BLOCK_D, MIX=True,
-                                                      PDL=True), 8)
+fp32 = {"width": "fp32", "norm_eps": "fp32", "eps": "fp32", "rms_eps": "fp32", "s_ptr": "*bf16", "u_ptr": "*bf16",
+        "o_ptr": "*bf16", "out_ptr": "*bf16", "w_ptr": "*bf16", "q_ptr": "*fp8e4nv"}
+fp32.update({n: "*fp32" for n in ("part_ptr", "scale_ptr", "base_ptr", "post_ptr", "comb_ptr", "qs_ptr")})
+finish = dict(N=4, NP=4, W=32, BLOCK_C=32, MIX=True, HAS_WEIGHT=True, FP8_MAX=448.0, ROUND_IN_FP32=False, ROLES=2,
+              PDL=True)
+out["pre"] = stack(k._dsv4_hc_pre_kernel, fp32, dict(finish, BLOCK_D=k.U_BLOCK_D, NORM=False, QUANT=False),
+                   k.finish_warps(k.U_BLOCK_D, 4, False))
+for name, quant in (("pre_norm", False), ("pre_norm_fp8", True)):
+    out[name] = stack(k._dsv4_hc_pre_kernel, fp32, dict(finish, BLOCK_D=4096, NORM=True, QUANT=quant),
+                      k.finish_warps(4096, 4, True))
 out["post"] = stack(k._dsv4_hc_post_kernel, fp32, dict(N=4, NP=4, BLOCK_D=k.POST_BLOCK_D, PDL=True), 4)
 print(json.dumps(out))
 """
@@ -322,3 +434,38 @@ def test_sm90_launches_do_not_spill():
     found = compiled_facts(_RESOURCES, "1", "32", "128", timeout=600)
     print(found)  # [registers, stack bytes] per kernel
     assert all(regs <= 255 and stack == 0 for regs, stack in found.values()), found
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("t", [1, 8, 32, 128])
+def test_gpu_pre_norm_flash_widths_and_graph(t):
+    """n 4, D 4,096, bf16: hc_pre_norm within a bf16 rounding (and the sums of squares' order) of the norm of
+    dsv4_hc_pre's u, post and comb exactly dsv4_hc_pre's; the FP8 variant's codes and multipliers those of
+    dsv4_fp8_act_quant of its own row; captured as a CUDA graph and replayed with new streams, equal to plain launches
+    bit for bit."""
+    from graph_replays import assert_replays_equal
+    from sgl_kernel.dsv4_fp8_gemm import dsv4_fp8_act_quant
+
+    streams, fn, scale, base, _ = _layer(t, 4, 4096, seed=t + 3, dtype=torch.bfloat16, device="cuda")
+    weight = torch.randn(4096, generator=torch.Generator().manual_seed(t)).bfloat16().cuda()
+    u, post, comb = dsv4_hc_pre(streams, fn, scale, base, 20, 1e-6, 1e-6)
+    y, y_post, y_comb = dsv4_hc_pre_norm(streams, fn, scale, base, 20, 1e-6, 1e-6, weight, 1e-5)
+    assert torch.equal(y_post, post) and torch.equal(y_comb, comb)
+    torch.testing.assert_close(y.float(), _norm_ref(u.float(), weight, 1e-5), rtol=BF16_ULP, atol=1e-5)
+    for cublas_layout in (False, True):
+        y8, _, _, q, qs = dsv4_hc_pre_norm_fp8(streams, fn, scale, base, 20, 1e-6, 1e-6, weight, 1e-5, cublas_layout)
+        torch.testing.assert_close(y8, y, rtol=BF16_ULP, atol=1e-5)
+        q_ref, qs_ref = dsv4_fp8_act_quant(y8, cublas_layout=cublas_layout)
+        assert torch.equal(q.float(), q_ref.float()) and torch.equal(qs, qs_ref)
+
+    live = (streams.clone(),)
+
+    def chain():
+        y, post, comb, q, qs = dsv4_hc_pre_norm_fp8(live[0], fn, scale, base, 20, 1e-6, 1e-6, weight, 1e-5)
+        y2 = dsv4_hc_pre_norm(live[0], fn, scale, base, 20, 1e-6, 1e-6, weight, 1e-5)[0]
+        return torch.cat((y.float().flatten(), y2.float().flatten(), post.flatten(), comb.flatten(),
+                          q.float().flatten(), qs.flatten()))
+
+    assert_replays_equal(chain, chain, live, lambda seed: _layer(t, 4, 4096, seed=seed, dtype=torch.bfloat16,
+                                                                  device="cuda")[:1], seeds=(200, 201))

@@ -16,7 +16,12 @@ engine's own CPU paths in `sglang.srt.layers.mhc` (hc_mix_weights, hc_pre, hc_po
 * `dsv4_hc_pre`: the whole sub-layer entry (u [T, D] = sum_j pre_j S_j, post, comb) in two launches: the mixes'
   partial dot products and sums of squares over D chunks (the 1.5 MB fn on Flash is spread over ~all SMs at decode
   instead of one program per token reading all of it), then per token their fixed-order sum, 1/rms, the weights
-  above and u. No atomics: a replay equals a plain launch bit for bit.
+  above and u. No atomics: a replay equals a plain launch bit for bit. The second launch runs two programs a token
+  side by side, one for pre and u, one for post and the Sinkhorn (20 rounds on 4 x 4, a serial latency that u
+  otherwise waited for; each program re-sums the token's few KB of partials).
+* `dsv4_hc_pre_norm(_fp8)`: dsv4_hc_pre with the sub-layer's RMSNorm (and its FP8 quantization for a W8A8 linear,
+  as dsv4_rms_norm_fp8 writes it) in u's program: the whole row is in registers, so hc_pre + norm is two launches
+  instead of three and u is never written.
 * `dsv4_hc_head`: the same two launches without post and Sinkhorn (the step's last collapse of the streams).
 * `dsv4_hc_post`: new streams S'_k = post_k * o + sum_j comb[j, k] * S_j in one launch, fp32 math, one rounding to
   the streams' dtype.
@@ -29,17 +34,23 @@ the caller the next sub-layer's fn (across decoder layers too), so it stays a se
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
+from sgl_kernel.dsv4_fp8_gemm import fp8_act_buffers, quantize_rows
+from sgl_kernel.dsv4_fp8_gemm_ref import BLOCK as FP8_BLOCK
+from sgl_kernel.dsv4_fp8_gemm_ref import FP8_E4M3_MAX
 from sgl_kernel.dsv4_pdl import pdl_enter, pdl_launch, pdl_supported
 
 BLOCK_T = 64
 TARGET_PROGRAMS = 256  # ~2 per SM on an H100: the mixes' reads of fn and the streams spread over the whole GPU
 POST_BLOCK_D = 256  # hc_post: columns of every stream a program
 U_BLOCK_D = 2048  # hc_pre's second launch: columns of every stream summed into u per loop step
+FINISH_BLOCK_C = 32  # hc_pre's second launch: the D chunks' partials summed per loop step
+SPLIT_ROLES = True  # hc_pre's second launch: u (and the norm) and the Sinkhorn in two programs a token, side by side
 
 
 @triton.jit
@@ -145,13 +156,19 @@ def _dsv4_hc_mixes_kernel(s_ptr, fn_ptr, part_ptr, T, D, M, C, stride_st, stride
     tl.store(part_ptr + (t.to(tl.int64)[:, None] * C + tl.program_id(1)) * W + m[None, :], out, mask=tmask[:, None])
 
 
-@triton.jit
-def _dsv4_hc_pre_kernel(part_ptr, s_ptr, scale_ptr, base_ptr, u_ptr, post_ptr, comb_ptr, D, M, C, stride_st,
-                        stride_sn, stride_u, width, norm_eps, iters, eps,
-                        N: tl.constexpr, NP: tl.constexpr, W: tl.constexpr, BLOCK_C: tl.constexpr,
-                        BLOCK_D: tl.constexpr, MIX: tl.constexpr, PDL: tl.constexpr):
-    """Program per token: the partials summed over the C chunks in a fixed order, 1/rms, pre (and with MIX post and
-    the Sinkhorn comb), then u = sum_j pre_j S_j in the streams' dtype. Column M of a partial row: sum of squares."""
+@triton.jit(do_not_specialize=["stride_q8"])
+def _dsv4_hc_pre_kernel(part_ptr, s_ptr, scale_ptr, base_ptr, u_ptr, post_ptr, comb_ptr, w_ptr, q_ptr, qs_ptr, D, M,
+                        C, stride_st, stride_sn, stride_u, stride_q8, stride_qs, stride_qc, width, norm_eps, iters, eps,
+                        rms_eps, N: tl.constexpr, NP: tl.constexpr, W: tl.constexpr, BLOCK_C: tl.constexpr,
+                        BLOCK_D: tl.constexpr, MIX: tl.constexpr, NORM: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+                        QUANT: tl.constexpr, FP8_MAX: tl.constexpr, ROUND_IN_FP32: tl.constexpr, ROLES: tl.constexpr,
+                        PDL: tl.constexpr):
+    """Programs (token, role): each sums the token's partials over the C chunks in a fixed order (column M of a
+    partial row: the sum of squares) and takes 1/rms; role 0 then pre and u = sum_j pre_j S_j in the streams' dtype
+    (_weighted_sum; NORM: RMSNorm(u), QUANT: quantized too, as dsv4_rmsnorm's kernel writes it, whose note on the
+    codes' stride, not specialized to 16, applies here too), role 1 (MIX with ROLES 2) post and the Sinkhorn comb:
+    side by side, a token's u (and norm) does not wait for its 20 Sinkhorn rounds. ROLES 1 with MIX: one program
+    does both, the comb first."""
     pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     j = tl.arange(0, NP)
@@ -173,24 +190,68 @@ def _dsv4_hc_pre_kernel(part_ptr, s_ptr, scale_ptr, base_ptr, u_ptr, post_ptr, c
             acc_comb += tl.load(rows[:, None, None] + 2 * N + jk[None, :, :],
                                 mask=cmask[:, None, None] & valid[None, :, :], other=0.0)
     inv_rms = tl.math.rsqrt(tl.sum(acc_sq, axis=0) / width + norm_eps)
-    pre = _pre_gate(tl.sum(acc_pre, axis=0) * inv_rms, tl.load(scale_ptr),
-                    tl.load(base_ptr + j, mask=jmask, other=0.0), eps)  # [NP]
-    if MIX:
-        post = _post_gate(tl.sum(acc_post, axis=0) * inv_rms, tl.load(scale_ptr + 1),
-                          tl.load(base_ptr + N + j, mask=jmask, other=0.0))
-        tl.store(post_ptr + t * N + j, post, mask=jmask)
-        logits = tl.sum(acc_comb, axis=0) * inv_rms * tl.load(scale_ptr + 2) \
-            + tl.load(base_ptr + 2 * N + jk, mask=valid, other=0.0)
-        comb = _sinkhorn(logits[None, :, :], valid, iters, eps)
-        tl.store(comb_ptr + t * (N * N) + jk[None, :, :], comb, mask=valid[None, :, :])
+    if ROLES == 2:  # post and the Sinkhorn comb in a program of their own, beside u's
+        if tl.program_id(1) == 1:
+            _post_comb(acc_post, acc_comb, inv_rms, scale_ptr, base_ptr, post_ptr + t * N, comb_ptr + t * (N * N),
+                       iters, eps, N, NP)
+    elif MIX:  # one program per token: post and comb first
+        _post_comb(acc_post, acc_comb, inv_rms, scale_ptr, base_ptr, post_ptr + t * N, comb_ptr + t * (N * N), iters,
+                   eps, N, NP)
+    if tl.program_id(1) == 0:
+        pre = _pre_gate(tl.sum(acc_pre, axis=0) * inv_rms, tl.load(scale_ptr),
+                        tl.load(base_ptr + j, mask=jmask, other=0.0), eps)  # [NP]
+        _weighted_sum(pre, s_ptr + t * stride_st + j[:, None] * stride_sn, jmask, u_ptr + t * stride_u, w_ptr,
+                      q_ptr + t * (stride_q8 * 8), qs_ptr + t * stride_qs, stride_qc, D, rms_eps, BLOCK_D, NORM,
+                      HAS_WEIGHT, QUANT, FP8_MAX, ROUND_IN_FP32)
 
-    streams = s_ptr + t * stride_st + j[:, None] * stride_sn  # [NP, 1]
-    for d0 in range(0, D, BLOCK_D):
-        d = d0 + tl.arange(0, BLOCK_D)
+
+@triton.jit
+def _post_comb(acc_post, acc_comb, inv_rms, scale_ptr, base_ptr, post_row, comb_row, iters, eps, N: tl.constexpr,
+               NP: tl.constexpr):
+    """One token's post and Sinkhorn comb from its summed partials (acc_post [BLOCK_C, NP], acc_comb [BLOCK_C, NP,
+    NP]), stored to post_row / comb_row."""
+    j = tl.arange(0, NP)
+    jmask = j < N
+    jk = j[:, None] * N + j[None, :]
+    valid = jmask[:, None] & jmask[None, :]
+    post = _post_gate(tl.sum(acc_post, axis=0) * inv_rms, tl.load(scale_ptr + 1),
+                      tl.load(base_ptr + N + j, mask=jmask, other=0.0))
+    tl.store(post_row + j, post, mask=jmask)
+    logits = tl.sum(acc_comb, axis=0) * inv_rms * tl.load(scale_ptr + 2) \
+        + tl.load(base_ptr + 2 * N + jk, mask=valid, other=0.0)
+    comb = _sinkhorn(logits[None, :, :], valid, iters, eps)
+    tl.store(comb_row + jk[None, :, :], comb, mask=valid[None, :, :])
+
+
+@triton.jit
+def _weighted_sum(pre, streams, jmask, u_row, w_ptr, q_row, qs_row, stride_qc, D, rms_eps, BLOCK_D: tl.constexpr,
+                  NORM: tl.constexpr, HAS_WEIGHT: tl.constexpr, QUANT: tl.constexpr, FP8_MAX: tl.constexpr,
+                  ROUND_IN_FP32: tl.constexpr):
+    """u = sum_j pre_j S_j of one token (streams [NP, 1] its rows' pointers) to u_row in its dtype; with NORM (BLOCK_D
+    >= D) RMSNorm(u) [* w] instead, u rounded to that dtype first as the norm would read it, and with QUANT also its
+    codes (q_row) and per-128-channel multipliers (qs_row, stride_qc apart)."""
+    if NORM:
+        d = tl.arange(0, BLOCK_D)
         dmask = d < D
         x = tl.load(streams + d[None, :], mask=jmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
-        u = tl.sum(pre[:, None] * x, axis=0)
-        tl.store(u_ptr + t * stride_u + d, u.to(u_ptr.dtype.element_ty), mask=dmask)
+        u = tl.sum(pre[:, None] * x, axis=0).to(u_row.dtype.element_ty).to(tl.float32)
+        y = u * tl.math.rsqrt(tl.sum(u * u, axis=0) / D + rms_eps)
+        if HAS_WEIGHT:
+            y = tl.load(w_ptr + d, mask=dmask, other=0.0).to(tl.float32) * y
+        y = y.to(u_row.dtype.element_ty)
+        tl.store(u_row + d, y, mask=dmask)
+        if QUANT:
+            q, qscale = quantize_rows(tl.reshape(y.to(tl.float32), [BLOCK_D // 128, 128]), FP8_MAX, ROUND_IN_FP32)
+            tl.store(q_row + d, tl.reshape(q, [BLOCK_D]).to(q_row.dtype.element_ty), mask=dmask)
+            blocks = tl.arange(0, BLOCK_D // 128)
+            tl.store(qs_row + blocks * stride_qc, qscale, mask=blocks * 128 < D)
+    else:
+        for d0 in range(0, D, BLOCK_D):
+            d = d0 + tl.arange(0, BLOCK_D)
+            dmask = d < D
+            x = tl.load(streams + d[None, :], mask=jmask[:, None] & dmask[None, :], other=0.0).to(tl.float32)
+            u = tl.sum(pre[:, None] * x, axis=0)
+            tl.store(u_row + d, u.to(u_row.dtype.element_ty), mask=dmask)
 
 
 @triton.jit
@@ -244,17 +305,36 @@ def _check_streams(streams: torch.Tensor, fn: torch.Tensor, rows: int) -> None:
         f"fn must be [{rows}, {n * d}] float32 with contiguous rows, got {tuple(fn.shape)} {fn.dtype}"
 
 
+@dataclass(frozen=True)
+class FoldedNorm:
+    """The RMSNorm folded into hc_pre's second launch: weight [D] or None, eps; `quant`: the result also quantized
+    for an FP8 W8A8 linear (cuBLAS's multiplier layout with `cublas_layout`), as dsv4_rms_norm_fp8 writes it."""
+    weight: Optional[torch.Tensor]
+    eps: float
+    quant: bool = False
+    cublas_layout: bool = False
+
+
+def finish_warps(block_d: int, n: int, norm: bool) -> int:
+    """Warps of hc_pre's second launch: 8 with u in column steps; with the norm the whole row of every stream is
+    held (8 fp32 a thread up to 16 warps: n 4 x D 4,096 at Flash's widths)."""
+    return max(8, min(16, triton.next_power_of_2(n) * block_d // 2048)) if norm else 8
+
+
 def _collapse(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, mix: bool,
-              iters: int, eps: float, norm_eps: float) -> tuple:
-    """The two launches of dsv4_hc_pre / dsv4_hc_head: (u, post, comb), post and comb left empty without `mix`."""
+              iters: int, eps: float, norm_eps: float, norm: Optional[FoldedNorm] = None) -> tuple:
+    """The two launches of dsv4_hc_pre / dsv4_hc_head / dsv4_hc_pre_norm: (u or with `norm` RMSNorm(u), post, comb,
+    codes, multipliers), post and comb left empty without `mix`, the codes and multipliers None without a quant."""
     t, n, d = streams.shape
     rows = 2 * n + n * n if mix else n
     dev = streams.device
     u = torch.empty(t, d, dtype=streams.dtype, device=dev)
     post = torch.empty(t, n if mix else 0, dtype=torch.float32, device=dev)
     comb = torch.empty(t, n if mix else 0, n if mix else 0, dtype=torch.float32, device=dev)
+    quant = norm is not None and norm.quant
+    q, qs = fp8_act_buffers(t, d, d // FP8_BLOCK, norm.cublas_layout, dev) if quant else (None, None)
     if t == 0:
-        return u, post, comb
+        return u, post, comb, q, qs
     launch = mixes_launch(t, d)
     width = max(16, triton.next_power_of_2(rows + 1))  # the M mixes and the sum of squares; tl.dot needs 16
     part = torch.empty(t, launch.chunks, width, dtype=torch.float32, device=dev)
@@ -263,23 +343,57 @@ def _collapse(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base
         streams, fn, part, t, d, rows, launch.chunks, streams.stride(0), streams.stride(1), fn.stride(0),
         N=n, W=width, BLOCK_T=launch.block_t, BLOCK_D=launch.block_d, D_TILES=launch.d_tiles, PDL=pdl,
         num_warps=launch.num_warps, **pdl_launch(pdl))
-    _dsv4_hc_pre_kernel[(t,)](
-        part, streams, scale.float().contiguous(), base.float().contiguous(), u, post, comb, d, rows, launch.chunks,
-        streams.stride(0), streams.stride(1), u.stride(0), float(n * d), norm_eps, iters, eps,
-        N=n, NP=triton.next_power_of_2(n), W=width, BLOCK_C=min(32, triton.next_power_of_2(launch.chunks)),
-        BLOCK_D=min(U_BLOCK_D, triton.next_power_of_2(d)), MIX=mix, PDL=pdl, num_warps=8, **pdl_launch(pdl))
-    return u, post, comb
+    block_d = triton.next_power_of_2(d) if norm is not None else min(U_BLOCK_D, triton.next_power_of_2(d))
+    weight = norm.weight if norm is not None and norm.weight is not None else None
+    roles = 2 if mix and SPLIT_ROLES else 1
+    _dsv4_hc_pre_kernel[(t, roles)](
+        part, streams, scale.float().contiguous(), base.float().contiguous(), u, post, comb,
+        weight if weight is not None else u, q if quant else u, qs if quant else u, d, rows, launch.chunks,
+        streams.stride(0), streams.stride(1), u.stride(0), q.stride(0) // 8 if quant else 0,
+        qs.stride(0) if quant else 0, qs.stride(1) if quant else 0, float(n * d), norm_eps, iters, eps,
+        norm.eps if norm is not None else 0.0,
+        N=n, NP=triton.next_power_of_2(n), W=width, BLOCK_C=min(FINISH_BLOCK_C, triton.next_power_of_2(launch.chunks)),
+        BLOCK_D=block_d, MIX=mix, NORM=norm is not None, HAS_WEIGHT=weight is not None, QUANT=quant,
+        FP8_MAX=FP8_E4M3_MAX, ROUND_IN_FP32=dev.type != "cuda", ROLES=roles, PDL=pdl,
+        num_warps=finish_warps(block_d, n, norm is not None), **pdl_launch(pdl))
+    return u, post, comb, q, qs
 
 
 def dsv4_hc_pre(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, iters: int,
                 eps: float, norm_eps: float) -> tuple:
     """streams [T, n, D], fn [2n + n*n, n*D] fp32, scale [3], base [2n + n*n] -> (u [T, D] in the streams' dtype,
     post [T, n] fp32, comb [T, n, n] fp32): `sglang.srt.layers.mhc.hc_pre` in two launches."""
+    _check_pre(streams, fn, scale, base, iters)
+    return _collapse(streams, fn, scale, base, True, iters, eps, norm_eps)[:3]
+
+
+def _check_pre(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, iters: int) -> None:
     n = streams.shape[1] if streams.dim() == 3 else 0
     _check_streams(streams, fn, 2 * n + n * n)
     assert scale.numel() == 3 and base.numel() == 2 * n + n * n, "scale [3] and base [2n + n*n]"
     assert iters >= 1, f"sinkhorn iterations must be >= 1, got {iters}"
-    return _collapse(streams, fn, scale, base, True, iters, eps, norm_eps)
+
+
+def dsv4_hc_pre_norm(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, iters: int,
+                     eps: float, norm_eps: float, weight: Optional[torch.Tensor], rms_eps: float) -> tuple:
+    """dsv4_hc_pre followed by the sub-layer's RMSNorm of u (weight [D] or None, rms_eps) in the same two launches:
+    (RMSNorm(u) [T, D] in the streams' dtype, post, comb); u itself is not written."""
+    _check_pre(streams, fn, scale, base, iters)
+    assert weight is None or (weight.shape == (streams.shape[2],) and weight.is_contiguous()), "weight [D] contiguous"
+    return _collapse(streams, fn, scale, base, True, iters, eps, norm_eps, FoldedNorm(weight, rms_eps))[:3]
+
+
+def dsv4_hc_pre_norm_fp8(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,
+                         iters: int, eps: float, norm_eps: float, weight: Optional[torch.Tensor], rms_eps: float,
+                         cublas_layout: bool = False) -> tuple:
+    """dsv4_hc_pre_norm whose result is also quantized for the FP8 linear that reads it (D a multiple of 128):
+    (RMSNorm(u), post, comb, e4m3 codes, multipliers), the codes and multipliers dsv4_rms_norm_fp8's of that result."""
+    _check_pre(streams, fn, scale, base, iters)
+    if streams.shape[2] % FP8_BLOCK:
+        raise ValueError(f"the quantized norm needs D a multiple of {FP8_BLOCK}, got {streams.shape[2]}")
+    assert weight is None or (weight.shape == (streams.shape[2],) and weight.is_contiguous()), "weight [D] contiguous"
+    return _collapse(streams, fn, scale, base, True, iters, eps, norm_eps,
+                     FoldedNorm(weight, rms_eps, True, cublas_layout))
 
 
 def dsv4_hc_head(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, eps: float,

@@ -6,16 +6,22 @@ stream j, columns = output stream k); it returns the sub-layer input u = sum_j p
 forms S'_k = post_k * o + sum_j comb[j, k] * S_j. `hc_head` collapses the streams with sigmoid weights only.
 All mixing weights are computed in fp32. On GPUs each step runs fused Triton kernels (sgl_kernel.dsv4_mhc): hc_pre
 in two launches, hc_post in one, hc_head in two (instead of ~15 for the mixing alone, plus ~130 for a torch
-Sinkhorn). The torch functions here are the CPU path and the kernels' reference. hc_post's kernel keeps fp32 math
-with one rounding to the streams' dtype, where the torch path rounds comb / post to that dtype first: in bf16 the
-two differ by bf16 roundings, in fp32 by summation order only.
+Sinkhorn); `hc_pre_norm`, the decoder layer's entry, folds the sub-layer's RMSNorm (and its FP8 quantization) into
+hc_pre's second launch. The torch functions here are the CPU path and the kernels' reference. hc_post's kernel keeps
+fp32 math with one rounding to the streams' dtype, where the torch path rounds comb / post to that dtype first: in
+bf16 the two differ by bf16 roundings, in fp32 by summation order only.
 """
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
+from sglang.srt.layers import aiter_ops
 from sglang.srt.layers.gpu_kernels import sgl_kernel_op
+from sglang.srt.layers.norm import RMSNorm
+from sglang.srt.layers.quantization.fp8 import Fp8Activation
 
 
 def _mixes(streams: torch.Tensor, fn: torch.Tensor, norm_eps: float) -> torch.Tensor:
@@ -60,6 +66,30 @@ def hc_pre(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: t
     if fused is not None:
         return fused(streams, fn, scale, base, sinkhorn_iters, hc_eps, norm_eps)
     return hc_pre_ref(streams, fn, scale, base, sinkhorn_iters, hc_eps, norm_eps)
+
+
+def hc_pre_norm(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,
+                sinkhorn_iters: int, hc_eps: float, norm_eps: float, norm: RMSNorm, fp8_path: Optional[str]) -> tuple:
+    """hc_pre, then the sub-layer's `norm` of u -> (norm(u) [T, D], the input of the linear that reads it, post,
+    comb). With `fp8_path` (that linear's W8A8 path, quantization/fp8.w8a8_input_path) the input is norm(u) quantized
+    as RMSNorm.forward_fp8 gives it, else norm(u) itself. On GPUs the norm (and the quantization) run in hc_pre's
+    second launch, u never written: two launches where hc_pre + the norm took three; elsewhere, and where the norm
+    is AITER's, hc_pre then the norm."""
+    fused = None if aiter_ops.use_aiter(streams) else _fused("dsv4_hc_pre_norm", streams)
+    if fused is None:
+        u, post, comb = hc_pre(streams, fn, scale, base, sinkhorn_iters, hc_eps, norm_eps)
+        if fp8_path is None:
+            y = norm(u)
+            return y, y, post, comb
+        y, x_in = norm.forward_fp8(u, fp8_path)
+        return y, x_in, post, comb
+    if fp8_path is None:
+        y, post, comb = fused(streams, fn, scale, base, sinkhorn_iters, hc_eps, norm_eps, norm.weight, norm.eps)
+        return y, y, post, comb
+    y, post, comb, q, s = sgl_kernel_op("dsv4_mhc", "dsv4_hc_pre_norm_fp8")(
+        streams, fn, scale, base, sinkhorn_iters, hc_eps, norm_eps, norm.weight, norm.eps,
+        cublas_layout=fp8_path == "cublas_w8a8")
+    return y, Fp8Activation(q, s, y.shape[0], y.dtype, fp8_path), post, comb
 
 
 def hc_pre_ref(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,

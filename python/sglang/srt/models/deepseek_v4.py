@@ -25,7 +25,7 @@ from sglang.srt.layers.attention.dsv4.hadamard import hadamard_rotate
 from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
 from sglang.srt.layers.fused_linear import join_linears, record_joined
 from sglang.srt.layers.gpu_kernels import sgl_kernel_op
-from sglang.srt.layers.mhc import hc_head, hc_post, hc_pre
+from sglang.srt.layers.mhc import hc_head, hc_post, hc_pre_norm
 from sglang.srt.layers.moe.experts import RoutedExperts, SharedExpert, append_shared_expert
 from sglang.srt.layers.moe.router import Gate, for_local_experts
 from sglang.srt.layers.norm import RMSNorm
@@ -388,18 +388,19 @@ class DeepseekV4DecoderLayer(nn.Module):
         self.attn = Attention(c, layer_id)
         self.ffn = MoE(c, layer_id)
 
-    def _pre(self, streams: torch.Tensor, part: str) -> tuple:
+    def _pre_norm(self, streams: torch.Tensor, part: str, norm: RMSNorm, linear: Optional[nn.Module]) -> tuple:
+        """mHC pre and the sub-layer's norm -> (x, the input of `linear`, x's first reader, as norm_for_linear
+        gives it, post, comb)."""
         c = self.config
-        return hc_pre(streams, getattr(self, f"hc_{part}_fn"), getattr(self, f"hc_{part}_scale"),
-                      getattr(self, f"hc_{part}_base"), c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps)
+        return hc_pre_norm(streams, getattr(self, f"hc_{part}_fn"), getattr(self, f"hc_{part}_scale"),
+                           getattr(self, f"hc_{part}_base"), c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, norm,
+                           w8a8_input_path(linear, streams[:, 0]))
 
     def forward(self, streams: torch.Tensor, positions: torch.Tensor, input_ids: torch.Tensor,
                 forward_batch: ForwardBatch) -> torch.Tensor:
-        u, post, comb = self._pre(streams, "attn")
-        x, x_in = norm_for_linear(self.attn_norm, u, self.attn.wq_kv_a)
+        x, x_in, post, comb = self._pre_norm(streams, "attn", self.attn_norm, self.attn.wq_kv_a)
         streams = hc_post(self.attn(x, positions, forward_batch, x_in), streams, post, comb)
-        u, post, comb = self._pre(streams, "ffn")
-        x, x_in = norm_for_linear(self.ffn_norm, u, self.ffn.shared_input_linear())
+        x, x_in, post, comb = self._pre_norm(streams, "ffn", self.ffn_norm, self.ffn.shared_input_linear())
         return hc_post(self.ffn(x, input_ids, x_in), streams, post, comb)
 
 
