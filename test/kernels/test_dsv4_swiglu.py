@@ -7,6 +7,8 @@ eager against the torch path and against a CUDA graph's replay; the kernel compi
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -50,6 +52,16 @@ def test_swiglu_equals_torch_path(dtype, rows, inter):
     gate, up = _gate_up(rows, inter, dtype, seed=rows)
     got = dsv4_clamped_swiglu(gate, up, 1.006)
     _assert_rarely_one_ulp_off(got, clamped_swiglu(gate, up, 1.006))
+
+
+def test_limit_rounds_as_torch_rounds_a_clamp_bound():
+    """limit_in is the bound torch's clamp takes for each dtype (the scalar in the tensor's dtype), from the host's
+    floats: ties to even included, an fp16 overflow to infinity left to the caller (an infinite limit stays)."""
+    from sgl_kernel.dsv4_swiglu import limit_in
+
+    for limit in (0.7, 1.006, 10.0, 1.0 + 2.0 ** -8, 1.0 + 3 * 2.0 ** -8, 1.0 + 2.0 ** -11, 3.3e-5, math.inf):
+        for dtype in (torch.float32, torch.float16, torch.bfloat16):
+            assert limit_in(dtype, limit) == torch.tensor(limit, dtype=dtype).item(), (limit, dtype)
 
 
 def test_swiglu_fp32_and_separate_inputs():

@@ -15,6 +15,10 @@ gate and up are [M, I] with contiguous rows, any row strides: the halves of a jo
 
 from __future__ import annotations
 
+import functools
+import math
+import struct
+
 import torch
 import triton
 import triton.language as tl
@@ -62,9 +66,20 @@ def _rows(gate: torch.Tensor, up: torch.Tensor) -> None:
                          f"{up.dtype} stride {up.stride()}: two [M, I] bf16 / fp16 / fp32 tensors with contiguous rows")
 
 
-def _limit_in(dtype: torch.dtype, limit: float) -> float:
-    """The bound torch's clamp applies to a tensor of `dtype`: the limit rounded to that dtype."""
-    return float(torch.tensor(limit, dtype=dtype))
+@functools.lru_cache(maxsize=None)
+def limit_in(dtype: torch.dtype, limit: float) -> float:
+    """The bound torch's clamp applies to a tensor of `dtype`: the limit rounded to that dtype (to nearest even), on
+    the host's floats (no tensor: nothing for a graph capture or a census to see)."""
+    if math.isinf(limit) or math.isnan(limit):
+        return limit
+    if dtype == torch.float16:
+        return struct.unpack("<e", struct.pack("<e", limit))[0]
+    single = struct.unpack("<f", struct.pack("<f", limit))[0]
+    if dtype != torch.bfloat16:
+        return single
+    bits = struct.unpack("<I", struct.pack("<f", single))[0]
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return struct.unpack("<f", struct.pack("<I", bits))[0]
 
 
 def _launch(gate, up, h, q, s, limit: float, quant: bool) -> None:
@@ -74,7 +89,7 @@ def _launch(gate, up, h, q, s, limit: float, quant: bool) -> None:
     block_m = min(16, triton.next_power_of_2(m))  # decode rows: no program spends its lanes on masked rows
     _swiglu_kernel[(triton.cdiv(m, block_m), triton.cdiv(inter, BLOCK))](
         gate, up, h, q, s, m, inter, gate.stride(0), up.stride(0), h.stride(0), q.stride(0), s.stride(0),
-        s.stride(-1), _limit_in(gate.dtype, limit), BLOCK_M=block_m, QUANT=quant, LIBDEVICE=not interpreting(),
+        s.stride(-1), limit_in(gate.dtype, limit), BLOCK_M=block_m, QUANT=quant, LIBDEVICE=not interpreting(),
         FP8_MAX=FP8_E4M3_MAX, ROUND_IN_FP32=gate.device.type != "cuda",
         BF16_BITS=bf16_bits(gate.dtype, gate.device), num_warps=4)
 
