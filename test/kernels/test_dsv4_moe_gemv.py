@@ -235,8 +235,8 @@ from triton.backends.compiler import GPUTarget
 from sgl_kernel import dsv4_moe_gemv as gemv
 
 types = {"x_ptr": "*i32", "xm_ptr": "*fp32", "ids_ptr": "*i64", "w_ptr": "*i32", "s_ptr": "*u8", "h_ptr": "*i32",
-         "wts_ptr": "*fp32", "out_ptr": "*fp32", "cnt_ptr": "*i32", "sum_ptr": "*bf16", "limit": "fp32",
-         "h_scale": "fp32", "out_scale": "fp32"}
+         "wts_ptr": "*fp32", "out_ptr": "*fp32", "cnt_ptr": "*i32", "sum_ptr": "*bf16", "add_ptr": "*bf16",
+         "limit": "fp32", "h_scale": "fp32", "out_scale": "fp32"}
 tiles = {gemv.GemvLaunch(8, 256), gemv.GemvLaunch(16, 512, 2), gemv.GemvLaunch(4, 512, 2),
          gemv.GemvLaunch(4, 1024, 2), gemv.GemvLaunch(16, 256),  # tiles benchmark/kernels/sweep_moe_gemv.py sweeps
          gemv.GemvLaunch(4, 128)}  # too small (gemv_fits refuses it): the check must see that
@@ -250,7 +250,7 @@ for launch in launches:
         n, k, warps = launch.gate_up_tile if kernel is gemv._gate_up_kernel else launch.down_tile
         consts = {"BLOCK_N": n, "BLOCK_K": k, "PTX": True, "SCALE_CHUNKED": True, "PDL": True, "EARLY": early}
         consts.update({"ZERO_PER_PROGRAM": 2 if fused else 0, "ONE_LOOP": one} if kernel is gemv._gate_up_kernel
-                      else {"SUM": fused})
+                      else {"SUM": fused, "ADD": fused, "BF16_BITS": False})  # the shared expert's rows added
         sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in kernel.arg_names}
         floats = ("TOPK", "limit", "h_scale", "out_scale")
         attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)

@@ -111,21 +111,22 @@ def scale_bytes_fit_planes(smallest: int, largest: int) -> bool:
 def dsv4_moe_mxfp4(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13: torch.Tensor,
                    w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, limit: float,
                    config: Optional[MoeConfig] = None, scales_fit_planes: bool = False,
-                   gemv: bool = False) -> torch.Tensor:
+                   gemv: bool = False, add: Optional[torch.Tensor] = None) -> torch.Tensor:
     """x [T, D] (bf16/fp16/fp32), topk_ids / topk_weights [T, k] (ids -1: another rank's expert, adds nothing), w13
     uint8 [E, 2I, D/2] + w13_scale uint8 [E, 2I, D/32], w2 uint8 [E, D, I/2] + w2_scale uint8 [E, D, I/32] -> [T, D]
     in x's dtype. The scale bytes may also come chunked ([E, rows, groups / 8, 8] views: dsv4_mxfp4_scales, the
     experts module's storage on the GPU). scales_fit_planes: every scale byte is within the parity planes' exact range
     (checked by the caller at load: scale_bytes_fit_planes), so decode launches may take the PTX planes where the
     device has them. gemv: up to 8 tokens take the CUDA-core GEMVs where the device, dtype, widths and a finite limit
-    allow (no `config` given)."""
+    allow (no `config` given). add: [T, D] rows in x's dtype (the shared expert's output) added to the result by the
+    MoE's last kernel, as torch's `result + add` adds them (dsv4_moe_sums.add_rounded)."""
     inter, (w13b, s13, w2b, s2) = mxfp4_experts_of(x, w13, w13_scale, w2, w2_scale)
     tokens = x.shape[0]
     if (gemv and config is None and 0 < tokens <= GEMV_MAX_TOKENS and gemv_supported(x.device, x.dtype)
             and 0 < limit < math.inf and gemv_fits(gemv_launch(tokens), x.shape[1], inter)):
-        return gemv_moe(x, topk_ids, topk_weights, w13b, s13, w2b, s2, limit, inter)
+        return gemv_moe(x, topk_ids, topk_weights, w13b, s13, w2b, s2, limit, inter, add=add)
     return _fused_moe(x, topk_ids, topk_weights, w13b, s13, w2b, s2, limit, inter, fp8=False, config=config,
-                      planes=scales_fit_planes and planes_supported(x.device, x.dtype))
+                      planes=scales_fit_planes and planes_supported(x.device, x.dtype), add=add)
 
 
 def describe_mxfp4(device: torch.device, dtype: torch.dtype, hidden: int, inter: int, limit: float,
@@ -167,10 +168,11 @@ def mxfp4_experts_of(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor
 
 def dsv4_moe_fp8(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13: torch.Tensor,
                  w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, limit: float,
-                 config: Optional[MoeConfig] = None) -> torch.Tensor:
+                 config: Optional[MoeConfig] = None, add: Optional[torch.Tensor] = None) -> torch.Tensor:
     """FP8-converted experts (e4m3 with fp32 multipliers per 128x128 block of each projection), W8A16, on the general
     kernels: w13 e4m3 [E, 2I, D] (w1 rows, then w3 rows), w13_scale fp32 [E, 2, ceil(I/128), ceil(D/128)] (w1's
-    grid, w3's grid), w2 e4m3 [E, D, I], w2_scale fp32 [E, 1, ceil(D/128), ceil(I/128)] -> [T, D] in x's dtype."""
+    grid, w3's grid), w2 e4m3 [E, D, I], w2_scale fp32 [E, 1, ceil(D/128), ceil(I/128)] -> [T, D] in x's dtype
+    (plus `add` as dsv4_moe_mxfp4's)."""
     num_tokens, hidden = x.shape
     num_experts, inter = w13.shape[0], w13.shape[1] // 2
     nb = lambda n: -(-n // 128)  # noqa: E731
@@ -180,16 +182,17 @@ def dsv4_moe_fp8(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Te
         raise ValueError(f"FP8 experts w13 {tuple(w13.shape)} / {tuple(w13_scale.shape)}, w2 {tuple(w2.shape)} / "
                          f"{tuple(w2_scale.shape)} do not fit x {tuple(x.shape)}")
     return _fused_moe(x, topk_ids, topk_weights, w13, w13_scale.float(), w2, w2_scale.float(), limit, inter, fp8=True,
-                      config=config)
+                      config=config, add=add)
 
 
 def dsv4_moe_dense(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w1: torch.Tensor,
                    w3: torch.Tensor, w2: torch.Tensor, limit: float,
-                   config: Optional[MoeConfig] = None) -> torch.Tensor:
+                   config: Optional[MoeConfig] = None, add: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Unquantized experts in x's dtype (bf16 / fp16 / fp32), fp32 accumulation: x [T, D], topk_ids / topk_weights
     [T, k] (ids -1: another rank's expert, adds nothing), w1 / w3 [E, I, D] (gate, up), w2 [E, D, I] -> [T, D] in x's
     dtype, any strides (a merged w13 [E, 2I, D] passes as w13[:, :I], w13[:, I:]). `config` overrides dense_config's
-    launches (tests, sweeps); a launch's scaled_dot / tma / planes settings do not apply to these weights."""
+    launches (tests, sweeps); a launch's scaled_dot / tma / planes settings do not apply to these weights. `add`: as
+    dsv4_moe_mxfp4's."""
     num_tokens, hidden = x.shape
     num_experts, inter = w1.shape[0], w1.shape[1]
     if (w1.dim() != 3 or w3.shape != w1.shape or w1.shape[2] != hidden or w2.shape != (num_experts, hidden, inter)
@@ -208,11 +211,12 @@ def dsv4_moe_dense(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.
     rows, block_expert = dsv4_moe_align(topk_ids, num_experts, cfg.block_m)
     h = dense_gate_up(x, rows, block_expert, w1, w3, top_k, limit, cfg.block_m, cfg.gate_up)
     pairs = dense_down(h, rows, block_expert, w2, topk_weights.flatten().float().contiguous(), cfg.block_m, cfg.down)
-    return combine_pairs(pairs, top_k, x.dtype)
+    return combine_pairs(pairs, top_k, x.dtype, add=add)
 
 
 def _fused_moe(x, topk_ids, topk_weights, w13, s13, w2, s2, limit: float, inter: int, fp8: bool,
-               config: Optional[MoeConfig] = None, planes: bool = False) -> torch.Tensor:
+               config: Optional[MoeConfig] = None, planes: bool = False,
+               add: Optional[torch.Tensor] = None) -> torch.Tensor:
     num_tokens, hidden = x.shape
     num_experts, top_k = w13.shape[0], topk_ids.shape[1]
     if num_tokens == 0:
@@ -228,7 +232,7 @@ def _fused_moe(x, topk_ids, topk_weights, w13, s13, w2, s2, limit: float, inter:
     rows, block_expert = dsv4_moe_align(topk_ids, num_experts, cfg.block_m, pdl=pdl)
     h = moe_gate_up(x, rows, block_expert, w13, s13, inter, top_k, limit, cfg.block_m, cfg.gate_up, fp8, pdl)
     pairs = moe_down(h, rows, block_expert, w2, s2, topk_weights, hidden, cfg.block_m, cfg.down, fp8, pdl)
-    return combine_pairs(pairs, top_k, x.dtype, pdl)
+    return combine_pairs(pairs, top_k, x.dtype, pdl, add)
 
 
 def moe_gate_up(x, rows, block_expert, w13, s13, inter: int, top_k: int, limit: float, block_m: int,

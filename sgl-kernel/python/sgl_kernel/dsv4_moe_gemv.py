@@ -13,7 +13,8 @@ So that the fp16 sums stay normal and in range, the activations are scaled by a 
 (|silu(min(g, L)) * clamp(u, -L, L)| <= max(L, 1) * L). Both are stored fp16 in the order the PTX pairs inputs: per 8
 inputs (0, 4), (2, 6), (1, 5), (3, 7). The chain: prepare (scale and order), gate-up (with the clamped SwiGLU), down
 (times the router weight), the pairs' sum (dsv4_moe_sums.combine_pairs, or at 1-4 tokens the down's last program per
-tile: GemvLaunch.sum_in_down), as programmatic dependent launches where the GPU has them (dsv4_pdl).
+tile: GemvLaunch.sum_in_down; either adds the shared expert's output when given one, saving the MoE's `routed +
+shared` launch), as programmatic dependent launches where the GPU has them (dsv4_pdl).
 
 Elsewhere (the CPU interpreter) the same sums are computed in fp32 with Triton's own ops: the tests check the function
 there and the PTX's arithmetic from its text (test/kernels/test_dsv4_moe_gemv.py). Timings: RESULTS.md, "MoE decode:
@@ -32,7 +33,7 @@ import triton
 import triton.language as tl
 
 from sgl_kernel.dsv4_moe_common import e2m1_value
-from sgl_kernel.dsv4_moe_sums import clamped_swiglu, combine_pairs
+from sgl_kernel.dsv4_moe_sums import add_rounded, bf16_bits, check_add, clamped_swiglu, combine_pairs
 from sgl_kernel.dsv4_mxfp4_scales import scale_layout, scale_offsets
 from sgl_kernel.dsv4_pdl import interpreting, pdl_enter, pdl_launch, pdl_supported
 
@@ -298,15 +299,17 @@ def _gate_up_kernel(x_ptr, xm_ptr, ids_ptr, w_ptr, s_ptr, h_ptr, cnt_ptr, D, I, 
 
 
 @triton.jit
-def _down_kernel(h_ptr, ids_ptr, wts_ptr, w_ptr, s_ptr, out_ptr, cnt_ptr, sum_ptr, D, I, E, TOPK, stride_h,
-                 stride_we, stride_wn, stride_se, stride_sn, stride_o, stride_sum, out_scale, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, PTX: tl.constexpr, SCALE_CHUNKED: tl.constexpr, PDL: tl.constexpr,
-                 EARLY: tl.constexpr, SUM: tl.constexpr):
+def _down_kernel(h_ptr, ids_ptr, wts_ptr, w_ptr, s_ptr, out_ptr, cnt_ptr, sum_ptr, add_ptr, D, I, E, TOPK, stride_h,
+                 stride_we, stride_wn, stride_se, stride_sn, stride_o, stride_sum, stride_add, out_scale,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PTX: tl.constexpr, SCALE_CHUNKED: tl.constexpr,
+                 PDL: tl.constexpr, EARLY: tl.constexpr, SUM: tl.constexpr, ADD: tl.constexpr,
+                 BF16_BITS: tl.constexpr):
     """program_id(1) = pair, program_id(0) = a tile of BLOCK_N output rows: the pair's down rows times its router
     weight and out_scale, fp32 (zeros for a pair without a local expert). EARLY: the first K step's weights are
     loaded before the PDL wait (ids were written before the gate-up was let start). SUM: the token's last program of
     this tile to finish (counted in cnt_ptr, zeroed by the gate-up) sums its TOPK pairs' rows in slot order, as
-    combine_pairs does, into sum_ptr in sum_ptr's dtype."""
+    combine_pairs does, into sum_ptr in sum_ptr's dtype; ADD: plus the token's row of add_ptr, as combine_pairs adds
+    it (dsv4_moe_sums.add_rounded)."""
     if EARLY:
         p, e, local = _pair_expert(ids_ptr, E)
         e0 = tl.where(local, e, 0)
@@ -337,22 +340,25 @@ def _down_kernel(h_ptr, ids_ptr, wts_ptr, w_ptr, s_ptr, out_ptr, cnt_ptr, sum_pt
             total = tl.load(rows, cache_modifier=".cg")
             for i in range(1, TOPK):
                 total += tl.load(rows + i * stride_o, cache_modifier=".cg")
-            tl.store(sum_ptr + t.to(tl.int64) * stride_sum + n, total.to(sum_ptr.dtype.element_ty))
+            total = add_rounded(total, add_ptr + t.to(tl.int64) * stride_add + n, n < D, sum_ptr.dtype.element_ty,
+                                ADD, BF16_BITS)
+            tl.store(sum_ptr + t.to(tl.int64) * stride_sum + n, total)
 
 
 def gemv_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13: torch.Tensor,
              s13: torch.Tensor, w2: torch.Tensor, s2: torch.Tensor, limit: float, inter: int,
-             launch: GemvLaunch | None = None) -> torch.Tensor:
+             launch: GemvLaunch | None = None, add: torch.Tensor | None = None) -> torch.Tensor:
     """The MoE of x [T, D] (bf16 / fp16) through GEMVs: w13 uint8 [E, 2I, D/2], w2 uint8 [E, D, I/2] and their scale
     bytes (row-major or chunked: dsv4_mxfp4_scales) as dsv4_moe.dsv4_moe_mxfp4 takes them; limit finite and
-    positive. -> [T, D] in x's dtype. A pair whose expert id is outside [0, E) adds nothing (experts held by other
-    ranks)."""
+    positive. -> [T, D] in x's dtype, plus `add` [T, D] (x's dtype: the shared expert's output) if given, added as
+    combine_pairs adds it. A pair whose expert id is outside [0, E) adds nothing (experts held by other ranks)."""
     tokens, hidden = x.shape
     num_experts, top_k = w13.shape[0], topk_ids.shape[1]
     launch = launch or gemv_launch(tokens)
     if not gemv_fits(launch, hidden, inter) or not (0 < limit < math.inf):
         raise ValueError(f"the GEMV MoE takes tiles dividing hidden {hidden} / intermediate {inter} and a finite "
                          f"positive limit, got {launch} and limit {limit}")
+    check_add(add, tokens, hidden, x.dtype)
     ptx = not interpreting()
     pdl = pdl_supported(x.device)
     pairs = tokens * top_k
@@ -382,8 +388,11 @@ def gemv_moe(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     hw = h.view(torch.int32)
     out = torch.empty(pairs, hidden, dtype=torch.float32, device=x.device)
     summed = torch.empty(tokens, hidden, dtype=x.dtype, device=x.device) if fused else out
+    added = fused and add is not None
     _down_kernel[(down_tiles, pairs)](
-        hw, ids, wts, w2i, s2, out, counters, summed, hidden, inter, num_experts, top_k, hw.stride(0), w2i.stride(0),
-        w2i.stride(1), s2e, s2n, out.stride(0), summed.stride(0), 2.0 ** 14 / h_scale, BLOCK_N=dn, BLOCK_K=dk,
-        PTX=ptx, SCALE_CHUNKED=ch2, PDL=pdl, EARLY=early, SUM=fused, num_warps=dwarps, **pdl_launch(pdl))
-    return summed if fused else combine_pairs(out, top_k, x.dtype, pdl)
+        hw, ids, wts, w2i, s2, out, counters, summed, add if added else summed, hidden, inter, num_experts, top_k,
+        hw.stride(0), w2i.stride(0), w2i.stride(1), s2e, s2n, out.stride(0), summed.stride(0),
+        add.stride(0) if added else 0, 2.0 ** 14 / h_scale, BLOCK_N=dn, BLOCK_K=dk, PTX=ptx, SCALE_CHUNKED=ch2,
+        PDL=pdl, EARLY=early, SUM=fused, ADD=added, BF16_BITS=bf16_bits(x.dtype, x.device), num_warps=dwarps,
+        **pdl_launch(pdl))
+    return summed if fused else combine_pairs(out, top_k, x.dtype, pdl, add)

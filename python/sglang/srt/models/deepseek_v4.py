@@ -311,8 +311,9 @@ class MoE(nn.Module):
             weights, ids = self.gate(x, input_ids)
             recorder.record(self.layer_id, ids)
             weights, ids = for_local_experts(weights, ids, local, self.shared_expert_id)
-        if self.shared_experts is not None:
-            return self.experts(x, ids, weights) + self.shared_experts(x if x_in is None else x_in)
+        if self.shared_experts is not None:  # computed first: the routed experts' last kernel adds it
+            shared = self.shared_experts(x if x_in is None else x_in)
+            return self.experts(x, ids, weights, add=shared)
         return self.experts(x, ids, weights)
 
 

@@ -4,6 +4,12 @@ Expert(x) = w2 . (silu(min(w1 x, L)) * clamp(w3 x, -L, L)), L = swiglu_limit; th
 to routed and shared experts alike (arch section 6). Routed weights are stored stacked [E, ...] under the
 names `experts.w1|w2|w3`; the loader maps the checkpoint's per-expert tensors into slices.
 
+The clamped SwiGLU on GPUs (`swiglu`: the shared expert's, the grouped GEMM path's): sgl_kernel's one launch
+(dsv4_swiglu) in place of torch's four. Where the shared expert's w2 is an FP8 linear that would quantize its input
+itself (a W8A8 path) the same launch writes that input quantized (an Fp8Activation), so w2 skips its activation
+quantization. Its output is computed before the routed
+experts', whose last kernel adds it (their `add`), in place of the `routed + shared` launch.
+
 Shared-experts fusion (`append_shared_expert`, after loading): the shared expert becomes routed expert E, which
 every token selects with weight 1, so one grouped pass computes both. Because DeepSeek-V4 clamps shared and
 routed experts with the same swiglu_limit, the fused result equals the unfused one (upstream keeps fusion off by
@@ -13,18 +19,34 @@ default on CUDA because some fused implementations clamp the shared expert diffe
 from __future__ import annotations
 
 import logging
+from typing import Optional, Union
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sglang.srt.layers.gpu_kernels import sgl_kernel_op
 from sglang.srt.layers.moe.dispatch import FUSED, GROUPED, moe_device, packed_line, routed_line, routed_path
+from sglang.srt.layers.quantization.fp8 import Fp8Activation, w8a8_input_path
 
 logger = logging.getLogger(__name__)
 
 
 def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
     return F.silu(gate.clamp(max=limit)) * up.clamp(min=-limit, max=limit)
+
+
+def _fused(gate: torch.Tensor):
+    """sgl_kernel's one-launch clamped SwiGLU where `gate` is on a GPU (and Triton / sgl_kernel is installed), else
+    None: the torch path."""
+    ok = gate.is_cuda and gate.dim() == 2 and gate.stride(-1) == 1
+    return sgl_kernel_op("dsv4_swiglu", "dsv4_clamped_swiglu") if ok else None
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
+    """clamped_swiglu, by sgl_kernel's one launch on GPUs (torch's takes four)."""
+    fused = _fused(gate)
+    return clamped_swiglu(gate, up, limit) if fused is None else fused(gate, up, limit)
 
 
 class SharedExpert(nn.Module):
@@ -36,11 +58,25 @@ class SharedExpert(nn.Module):
         self.limit = limit
         self.w13 = None  # kept FP8: w1 and w3 as one linear after loading (models/deepseek_v4.join_projections)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: Union[torch.Tensor, Fp8Activation]) -> torch.Tensor:
         if self.w13 is not None:
             gate, up = self.w13(x).chunk(2, dim=-1)
-            return self.w2(clamped_swiglu(gate, up, self.limit))
-        return self.w2(clamped_swiglu(self.w1(x), self.w3(x), self.limit))
+        else:
+            gate, up = self.w1(x), self.w3(x)
+        return self.w2(self.activation(gate, up))
+
+    def activation(self, gate: torch.Tensor, up: torch.Tensor) -> Union[torch.Tensor, Fp8Activation]:
+        """The clamped SwiGLU as w2 reads it: where w2 would quantize these rows itself (an FP8 linear's W8A8 paths),
+        quantized by the SwiGLU's own launch (sgl_kernel's dsv4_clamped_swiglu_fp8: the codes and multipliers w2's
+        quantization would give); else by sgl_kernel's one launch on GPUs; else torch's (the CPU path, the
+        reference)."""
+        path = w8a8_input_path(self.w2, gate) if gate.dim() == 2 and gate.stride(-1) == 1 else None
+        if path is not None:
+            from sgl_kernel.dsv4_swiglu import dsv4_clamped_swiglu_fp8
+
+            q, s = dsv4_clamped_swiglu_fp8(gate, up, self.limit, cublas_layout=path == "cublas_w8a8")
+            return Fp8Activation(q, s, gate.shape[0], gate.dtype, path)
+        return swiglu(gate, up, self.limit)
 
 
 class RoutedExperts(nn.Module):
@@ -62,20 +98,24 @@ class RoutedExperts(nn.Module):
         self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
         self.limit = limit
 
-    def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
-        """x [T, D], topk_ids/topk_weights [T, k] -> [T, D]. An id of -1 is another rank's expert (expert
-        parallelism): that pair adds nothing and is not computed."""
+    def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                add: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x [T, D], topk_ids/topk_weights [T, k] -> [T, D], plus `add` [T, D] (x's dtype: the shared expert's output)
+        if given, as `out + add` adds it (the fused path's last kernel does). An id of -1 is another rank's expert
+        (expert parallelism): that pair adds nothing and is not computed."""
         path = routed_path(moe_device(x), x.dtype, x.shape[1], self.w1.shape[1])
-        if path.kernel == GROUPED:
-            return self._forward_grouped(x, topk_ids, topk_weights)
         if path.kernel == FUSED:
-            return self._forward_fused(x, topk_ids, topk_weights)
-        return self._forward_loop(x, topk_ids, topk_weights)
+            return self._forward_fused(x, topk_ids, topk_weights, add)
+        if path.kernel == GROUPED:
+            out = self._forward_grouped(x, topk_ids, topk_weights)
+        else:
+            out = self._forward_loop(x, topk_ids, topk_weights)
+        return out if add is None else out + add
 
-    def _forward_fused(self, x, topk_ids, topk_weights) -> torch.Tensor:
+    def _forward_fused(self, x, topk_ids, topk_weights, add=None) -> torch.Tensor:
         from sgl_kernel.dsv4_moe import dsv4_moe_dense
 
-        return dsv4_moe_dense(x, topk_ids, topk_weights, self.w1, self.w3, self.w2, self.limit)
+        return dsv4_moe_dense(x, topk_ids, topk_weights, self.w1, self.w3, self.w2, self.limit, add=add)
 
     def _sorted_pairs(self, x, topk_ids, topk_weights) -> tuple:
         """The (token, slot) pairs sorted by expert, other ranks' last: (token row per pair, num_tokens for other
@@ -99,8 +139,8 @@ class RoutedExperts(nn.Module):
         xs = x[rows.clamp(max=num_tokens - 1)]
         # rows past offs[-1] (other ranks' pairs) are no group's: the GEMMs skip them, their outputs are garbage that
         # index_add_ sends to the dropped row
-        h = clamped_swiglu(torch._grouped_mm(xs, self.w1.transpose(1, 2), offs=offs),
-                           torch._grouped_mm(xs, self.w3.transpose(1, 2), offs=offs), self.limit)
+        h = swiglu(torch._grouped_mm(xs, self.w1.transpose(1, 2), offs=offs),
+                   torch._grouped_mm(xs, self.w3.transpose(1, 2), offs=offs), self.limit)
         y = torch._grouped_mm(h, self.w2.transpose(1, 2), offs=offs) * weights
         out = torch.zeros(num_tokens + 1, x.shape[1], dtype=x.dtype, device=x.device).index_add_(0, rows, y)
         return out[:num_tokens]

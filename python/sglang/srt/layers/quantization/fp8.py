@@ -277,10 +277,13 @@ class Fp8RoutedExperts(nn.Module):
             target.copy_(tensor)
         return name
 
-    def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                add: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The routed experts' sum, plus `add` (the shared expert's output) added by the fused MoE's last kernel."""
         from sgl_kernel.dsv4_moe import dsv4_moe_fp8
 
-        return dsv4_moe_fp8(x, topk_ids, topk_weights, self.w13, self.w13_scale, self.w2, self.w2_scale, self.limit)
+        return dsv4_moe_fp8(x, topk_ids, topk_weights, self.w13, self.w13_scale, self.w2, self.w2_scale, self.limit,
+                            add=add)
 
 
 def w8a8_input_path(linear: Optional[nn.Module], x: torch.Tensor) -> Optional[str]:

@@ -17,6 +17,8 @@ fused into them (a SharedExpert beside them, its linears kept FP8 too).
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import nn
 
@@ -83,12 +85,14 @@ class Mxfp4RoutedExperts(nn.Module):
 
         return scale_bytes_fit_planes(*self.scale_range)
 
-    def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                add: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The routed experts' sum, plus `add` (the shared expert's output) added by the fused MoE's last kernel."""
         from sgl_kernel.dsv4_moe import dsv4_moe_mxfp4
 
         return dsv4_moe_mxfp4(x, topk_ids, topk_weights, self.w13, self._rows(self.w13_scale), self.w2,
                               self._rows(self.w2_scale), self.limit, scales_fit_planes=self.scales_fit_planes,
-                              gemv=envs.SGLANG_DSV4_MOE_DECODE.get() == "auto")
+                              gemv=envs.SGLANG_DSV4_MOE_DECODE.get() == "auto", add=add)
 
     @staticmethod
     def _rows(param: torch.Tensor) -> torch.Tensor:
