@@ -151,7 +151,9 @@ def test_gpu_flash_decode_staged_equals_two_pass_and_replays(batch):
     dsv4_compress_staged(rings[1], fresh, plan.source_rows, boundary=bounds[1], out_cache=caches[1], **stage, **args)
     real = plan.entry_slots[plan.entry_slots != 0]
     assert torch.equal(caches[0][real], caches[1][real])
-    assert torch.equal(rings[0], rings[1]) and torch.equal(bounds[0], bounds[1])
+    # request 0's boundary rows (the first 2 * ratio) take every row not at a page's end: a dump several rows write in
+    # launch order, never read; the requests' own rows must agree
+    assert torch.equal(rings[0], rings[1]) and torch.equal(bounds[0][8:], bounds[1][8:])
 
     live = torch.empty_like(fresh)
 
