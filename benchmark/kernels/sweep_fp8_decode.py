@@ -5,18 +5,20 @@ the same run's copy bandwidth, and the winners as the Python table the kernel ta
     python benchmark/kernels/sweep_fp8_decode.py [--rows 1 8 32 128] [--shapes wo_a wo_b] [--jobs 12] [--out r.json]
     TRITON_INTERPRET=1 python benchmark/kernels/sweep_fp8_decode.py --dry-run   (CPU: tiny shapes, wall-clock "times")
 
+Above 64 rows only the shapes the engine runs through this kernel in CUDA graphs (wo_a; --all-paths: all).
 The GEMM alone, of rows already quantized (the engine's RMSNorm and inverse RoPE hand them over quantized), W8A8.
 Timed as CUDA-graph replays of 16+ launches cycling over copies of the weight that together pass twice the L2, so
 each launch reads its weight from HBM as in a decode step (one weight replayed alone stays in L2: 6-42 MB of 50).
-The grid, pruned in three stages per (shape, rows):
-  1. BLOCK_M (by rows) x BLOCK_N 32/64/128 x K splits for 0 (none)/1/2/4/8 programs per SM, at the rule's warps
-     and stages;
-  2. num_warps 2/4/8 x num_stages 3/4/6 at stage 1's best;
-  3. TMA weight copies at stage 2's best (sm90+).
-BLOCK_K stays the scale block, 128. Then the rule's configuration and the winner, alternated 3 rounds, give the gain;
-a winner listed in the table gains at least --min-gain. Compiles run first in a pool of processes (Triton's disk
-cache serves the timing process). Stages 2-3 record whether each configuration's bits equal stage 1's best (same
-splits: only the MMA's instruction and layout differ).
+The grid, pruned in two stages per (shape, rows):
+  1. BLOCK_M (by rows) x BLOCK_N 32/64/128 x K splits for 0 (none)/1/2/4/8 programs per SM x TMA weight copies
+     off/on (sm90+), at the rule's warps and stages;
+  2. num_warps 2/4/8 x num_stages 3/4/6 at stage 1's best.
+BLOCK_K stays the scale block, 128. (Compiled for sm90, the pointer-load tiles keep one weight tile in shared memory
+whatever num_stages says, their 64-bit address tensors taking 170-255 registers; the TMA tiles are pipelined over
+num_stages: hence TMA in stage 1, beside the tiles it changes.) Then the rule's configuration and the winner,
+alternated 3 rounds, give the gain; a winner listed in the table gains at least --min-gain. Compiles run first in a
+pool of processes (Triton's disk cache serves the timing process). Stage 2 records whether each configuration's bits
+equal stage 1's best (same tile and splits: only warps and stages differ).
 """
 
 from __future__ import annotations
@@ -32,9 +34,10 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 
 import torch
+import triton
 
 from sgl_kernel.dsv4_fp8_gemm import (
-    Fp8GemmConfig, Fp8GemmTuned, _default_config, _launch, _tma_supported, dsv4_fp8_act_quant)
+    Fp8GemmConfig, Fp8GemmTuned, _default_config, _launch, _splits, _tma_supported, dsv4_fp8_act_quant)
 
 # The six FP8 linears of a flash-12l256e decode layer: name, N per group, K, groups
 SHAPES = [("wq_kv_a", 1536, 4096, 1), ("wq_b_indexer", 40960, 1024, 1), ("wo_a", 1024, 4096, 8),
@@ -47,15 +50,17 @@ STAGES = (3, 4, 6)
 PROGRAMS_PER_SM = (0, 1, 2, 4, 8)
 
 
-BLOCK_M = {1: (16,), 8: (16,), 32: (16, 32, 64), 128: (64, 128)}  # row tiles per rows: MMA minimum 16, the rule's
+# row tiles per rows (the MMA's minimum 16 up to the rows; the rule's configuration is always timed too)
+BLOCK_M = {1: (16,), 8: (16,), 32: (16, 32), 64: (32, 64), 128: (64, 128)}
 
 
-def stage1(rows: int) -> list:
-    """BLOCK_M x BLOCK_N x programs per SM, at the rule's warps and stages for the row tile."""
+def stage1(rows: int, tma: bool) -> list:
+    """BLOCK_M x BLOCK_N x programs per SM x TMA (where `tma`), at the rule's warps and stages for the row tile."""
     out = []
     for bm in BLOCK_M.get(rows, (16, _default_config(rows, 1).block_m)):
         warps, stages = (8, 3) if bm == 128 else (4, 4)
-        out += [Fp8GemmConfig(bm, bn, warps, stages, p) for bn in BLOCK_N for p in PROGRAMS_PER_SM]
+        out += [Fp8GemmConfig(bm, bn, warps, stages, p, t) for bn in BLOCK_N for p in PROGRAMS_PER_SM
+                for t in ((False, True) if tma else (False,))]
     return out
 
 
@@ -110,16 +115,9 @@ def compile_job(job: tuple) -> str:
         return f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
 
 
-def precompile(jobs: list, workers: int) -> dict:
-    """Compile every (shape, rows, config) in `workers` processes; returns {job: error} for those that failed."""
-    if not jobs:
-        return {}
-    if workers <= 1:
-        return {job: err for job in jobs if (err := compile_job(job))}
-    import multiprocessing
-
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return {job: err for job, err in zip(jobs, pool.map(compile_job, jobs, chunksize=4)) if err}
+def precompile(jobs: list, pool) -> dict:
+    """Compile every (shape, rows, config) in the pool's processes; returns {job: error} for those that failed."""
+    return {job: err for job, err in zip(jobs, pool.map(compile_job, jobs, chunksize=4)) if err} if pool else {}
 
 
 def replay_us(calls: list, rounds: int, graphs: bool) -> float:
@@ -173,6 +171,19 @@ class Shape:
         calls = [lambda i=i: self.run(config, i) for i in range(self.calls)]
         return replay_us(calls, self.rounds, self.graphs)
 
+    def distinct(self, configs: list) -> list:
+        """The configurations that launch differently: programs per SM that give the same K splits launch alike."""
+        seen, out = set(), []
+        for c in configs:
+            tiles = triton.cdiv(self.n, c.block_n) * triton.cdiv(self.rows, c.block_m) * self.groups
+            kb = triton.cdiv(self.k, 128)
+            splits = triton.cdiv(kb, triton.cdiv(kb, _splits(tiles, kb, self.a.device, c.programs_per_sm)))
+            key = dataclasses.replace(c, programs_per_sm=splits)  # as _launch computes them
+            if key not in seen:
+                seen.add(key)
+                out.append(c)
+        return out
+
     def time_all(self, configs: list, failed: dict, ref=None) -> Fp8GemmConfig:
         """Times the configurations not yet timed (those that compiled); the fastest of `configs`. With `ref`, whether
         each one's output equals it bit for bit."""
@@ -216,7 +227,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, nargs="+", default=ROWS)
     ap.add_argument("--shapes", nargs="+", default=None, help="names of SHAPES to sweep (default all)")
-    ap.add_argument("--jobs", type=int, default=min(12, os.cpu_count() or 1), help="compile processes")
+    ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1), help="compile processes")
+    ap.add_argument("--all-paths", action="store_true",
+                    help="above 64 rows also the shapes the engine runs through cuBLAS or dequantize + GEMM")
     ap.add_argument("--rounds", type=int, default=10, help="graph replays per timing (median)")
     ap.add_argument("--min-gain", type=float, default=1.03, help="table entries only for winners this much faster")
     ap.add_argument("--dry-run", action="store_true", help="CPU under TRITON_INTERPRET=1: tiny shapes, 1 and 8 rows")
@@ -238,37 +251,38 @@ def main() -> None:
         log(f"{torch.cuda.get_device_name()}: copy bandwidth {copy_gbps:.0f} GB/s (read + write)")
     tma = _tma_supported(torch.device(device))
     workers = 0 if args.dry_run else args.jobs  # the interpreter compiles nothing
+    pool = None
+    if workers:
+        import multiprocessing
+
+        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
     key = lambda s: (s.n, s.k, s.groups)  # noqa: E731
 
-    found = [Shape(name, n, k, g, r, device, args.rounds) for name, n, k, g in shapes for r in rows_list]
-    jobs = [(key(s), s.rows, c) for s in found for c in [s.rule] + stage1(s.rows)] if workers else []
-    failed = precompile(jobs, workers)
+    found = [Shape(name, n, k, g, r, device, args.rounds) for name, n, k, g in shapes for r in rows_list
+             if r <= 64 or args.all_paths or engine_path(n, k, g, r, device) == "w8a8"]
+    first = {s: s.distinct([s.rule] + stage1(s.rows, tma and s.k % 16 == 0)) for s in found}
+    jobs = [(key(s), s.rows, c) for s in found for c in first[s]] if workers else []
+    failed = precompile(jobs, pool)
     log(f"stage 1: {len(jobs)} launches compiled ({len(failed)} failed) in {workers} processes")
     for s in found:
-        s.best[1] = s.time_all([s.rule] + stage1(s.rows), failed)
+        s.best[1] = s.time_all(first[s], failed)
         log(f"{s.name} [{s.n} x {s.k}] x {s.groups} at {s.rows} rows: stage 1 best {label(s.best[1])} "
             f"{s.tried[s.best[1]]['us']:.1f} us, rule {label(s.rule)} {s.tried[s.rule]['us']:.1f} us")
     jobs = [(key(s), s.rows, c) for s in found for c in stage2(s.best[1])] if workers else []
-    failed.update(precompile(jobs, workers))
+    failed.update(precompile(jobs, pool))
+    if pool:
+        pool.shutdown()
     log(f"stage 2: {len(jobs)} launches compiled")
-    for s in found:
-        s.best[2] = s.time_all(stage2(s.best[1]), failed, ref=s.run(s.best[1]))
-    with_tma = [s for s in found if tma and s.k % 16 == 0]
-    jobs = [(key(s), s.rows, dataclasses.replace(s.best[2], tma=True)) for s in with_tma] if workers else []
-    failed.update(precompile(jobs, workers))
-    log(f"stage 3 (TMA): {len(jobs)} launches compiled")
     results, winners = [], []
     for s in found:
-        best = s.best[2]
-        if s in with_tma:
-            best = s.time_all([best, dataclasses.replace(best, tma=True)], failed, ref=s.run(s.best[1]))
+        best = s.time_all(stage2(s.best[1]), failed, ref=s.run(s.best[1]))
         row = compare(s, best, copy_gbps, device)
         results.append(row)
         differ = row["bits_differ_from_stage1_best"]
         log(f"{s.name:13s} {s.rows:3d} rows [{row['engine_path']}]: rule {label(s.rule)} {row['rule_us']:7.1f} us "
             f"({row['rule_frac_copy']:.2f} of copy) -> {label(best)} {row['best_us']:7.1f} us "
             f"({row['best_frac_copy']:.2f}), {row['gain']:.2f}x"
-            + (f"; bits differ at {len(differ)} same-split configs" if differ else ""))
+            + (f"; bits differ at {len(differ)} warps/stages" if differ else ""))
         if row["gain"] >= args.min_gain and best != s.rule:
             winners.append((Fp8GemmTuned(s.n, s.k, s.groups, s.rows, best),
                             f"{s.name}: {row['gain']:.2f}x, {row['best_frac_copy']:.2f}"))
