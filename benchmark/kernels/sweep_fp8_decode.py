@@ -263,7 +263,8 @@ def main() -> None:
     first = {s: s.distinct([s.rule] + stage1(s.rows, tma and s.k % 16 == 0)) for s in found}
     jobs = [(key(s), s.rows, c) for s in found for c in first[s]] if workers else []
     failed = precompile(jobs, pool)
-    log(f"stage 1: {len(jobs)} launches compiled ({len(failed)} failed) in {workers} processes")
+    log(f"stage 1: {len(jobs)} launches compiled ({len(failed)} failed"
+        + (f", e.g. {next(iter(failed.values()))}" if failed else "") + f") in {workers} processes")
     for s in found:
         s.best[1] = s.time_all(first[s], failed)
         log(f"{s.name} [{s.n} x {s.k}] x {s.groups} at {s.rows} rows: stage 1 best {label(s.best[1])} "
