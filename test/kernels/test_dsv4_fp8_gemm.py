@@ -234,7 +234,8 @@ import sgl_kernel.dsv4_fp8_gemm as k
 kernel = k._fp8_block_gemm_kernel
 out = {}
 for m in map(int, sys.argv[1:]):
-    block_m, block_n, warps, stages = k._config(m, 2)
+    cfg = k._config(m, 2)
+    block_m, block_n, warps, stages = cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages
     for quant in (True, False):
         types = {"a_ptr": "*fp8e4nv" if quant else "*bf16", "as_ptr": "*fp32", "w_ptr": "*fp8e4nv",
                  "ws_ptr": "*fp32", "out_ptr": "*bf16", "part_ptr": "*fp32", "cnt_ptr": "*i32"}

@@ -7,10 +7,12 @@ MMA is missing (pre-Hopper NVIDIA, or a caller's choice), `quantize_act=False` r
 converted to the activation dtype in registers and only its scale applied.
 
 Split-K: at decode rows the output tiles are too few to fill the GPU, so K is split (`_splits`: tiles x splits about
-twice the SMs). Each split stores its fp32 partial tile to a workspace and counts itself on the tile's int32 counter
-(release); the tile's last split (acquire) adds the partials in split order and stores the sum in the output dtype,
-then puts the counter back to zero. One launch, deterministic, and bit for bit what a GEMM writing the partials
-followed by a summing kernel gives. The counters (`_tile_counters`) are allocated once per device; launches sharing a
+a configuration's programs per SM, two by default). Launch configurations (`_config`): a rule by rows, or for W8A8
+the measured winner per (shape, row tier) listed in FP8_GEMM_TUNED (benchmark/kernels/sweep_fp8_decode.py). Each
+split stores its fp32 partial tile to a workspace and counts itself on the tile's int32 counter (release); the tile's
+last split (acquire) adds the partials in split order and stores the sum in the output dtype, then puts the counter
+back to zero. One launch, deterministic, and bit for bit what a GEMM writing the partials followed by a summing
+kernel gives. The counters (`_tile_counters`) are allocated once per device; launches sharing a
 device must run one after another (one stream), as the engine's do.
 
 Groups: x [M, G * K] and W [G * N, K]; output columns [g * N, (g + 1) * N) are x[:, g] @ W[g * N:(g + 1) * N].T, each
@@ -24,6 +26,7 @@ took ~10x the copy time at Flash shapes on an H200).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -218,23 +221,85 @@ def dsv4_fp8_act_quant(x: torch.Tensor, groups: int = 1, cublas_layout: bool = F
     return q, s
 
 
-def _config(m: int, a_bytes: int) -> tuple:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) by row count: skinny decode tiles spread the weight over many
-    programs; prefill tiles reuse it. fp32 activation tiles (W8A16 in fp32) take fewer pipeline stages, so the
-    staged tiles fit in shared memory (4 stages of 64 x 128 fp32 rows need 311 KB on an H200, which has 227 KB)."""
+@dataclass(frozen=True)
+class Fp8GemmConfig:
+    """One launch configuration of _fp8_block_gemm_kernel (BLOCK_K is always the weight's 128-wide scale block)."""
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    # K splits so that output tiles x splits reach about this many programs per SM (at least 2 K blocks a split);
+    # 0: one split (enough row tiles)
+    programs_per_sm: int = 2
+    # weight tiles through a TMA descriptor where the weight and device allow it (a contiguous weight, K a multiple of
+    # 16, sm90+), else pointer loads
+    tma: bool = False
+
+
+@dataclass(frozen=True)
+class Fp8GemmTuned:
+    """A measured configuration (benchmark/kernels/sweep_fp8_decode.py prints its winners in this form) for the W8A8
+    launches of an [n, k] weight per group, `groups` groups, at rows up to `rows` (a ROW_TIERS tier) and above the
+    tier below it. Results depend on the configuration (its K splits set the fp32 summation order, its tile the MMA
+    instruction), so a shape's rows always get the same one: keyed by (shape, tier) alone."""
+    n: int
+    k: int
+    groups: int
+    rows: int
+    config: Fp8GemmConfig
+
+
+# row tiers of the tuned table (decode batch 1, small batches, verify; 64: the most rows every FP8 linear runs
+# here in the engine, wo_a's graphs up to 128)
+ROW_TIERS = (1, 8, 32, 64, 128)
+
+# Measured winners (sweep_fp8_decode.py --table); a (shape, tier) not listed keeps _default_config. Empty: the rule.
+FP8_GEMM_TUNED: tuple = ()
+
+_TUNED_INDEX: list = [None, {}]  # [the FP8_GEMM_TUNED indexed, {(n, k, groups, rows): config}]
+
+
+def _row_tier(m: int) -> Optional[int]:
+    return next((tier for tier in ROW_TIERS if m <= tier), None)
+
+
+def _tuned_config(n: int, k: int, groups: int, m: int) -> Optional[Fp8GemmConfig]:
+    """FP8_GEMM_TUNED's configuration for this shape at m rows' tier, if listed (indexed again when replaced)."""
+    if _TUNED_INDEX[0] is not FP8_GEMM_TUNED:
+        index = {}
+        for entry in FP8_GEMM_TUNED:
+            if entry.rows not in ROW_TIERS:
+                raise ValueError(f"{entry}: rows must be a tier of {ROW_TIERS}")
+            index[(entry.n, entry.k, entry.groups, entry.rows)] = entry.config
+        _TUNED_INDEX[:] = [FP8_GEMM_TUNED, index]
+    tier = _row_tier(m)
+    return None if tier is None else _TUNED_INDEX[1].get((n, k, groups, tier))
+
+
+def _default_config(m: int, a_bytes: int) -> Fp8GemmConfig:
+    """By row count: skinny decode tiles spread the weight over many programs (and K splits); prefill tiles reuse it.
+    fp32 activation tiles (W8A16 in fp32) take fewer pipeline stages, so the staged tiles fit in shared memory (4
+    stages of 64 x 128 fp32 rows need 311 KB on an H200, which has 227 KB)."""
     if m <= 16:
-        return 16, 64, 4, 4
+        return Fp8GemmConfig(16, 64, 4, 4)
     if m <= 64:
-        return 64, 64, 4, 4 if a_bytes < 4 else 2
-    return 128, 128, 8, 3 if a_bytes < 4 else 1
+        return Fp8GemmConfig(64, 64, 4, 4 if a_bytes < 4 else 2)
+    return Fp8GemmConfig(128, 128, 8, 3 if a_bytes < 4 else 1, programs_per_sm=0)
+
+
+def _config(m: int, a_bytes: int, n: int = 0, k: int = 0, groups: int = 1) -> Fp8GemmConfig:
+    """The launch configuration of m rows through `groups` x [n, k]: the tuned table's for W8A8 (FP8 activations,
+    what it measured), else _default_config."""
+    tuned = _tuned_config(n, k, groups, m) if a_bytes == 1 else None
+    return tuned or _default_config(m, a_bytes)
 
 
 def dsv4_fp8_block_gemm(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, groups: int = 1,
                         out_dtype: torch.dtype = torch.bfloat16, quantize_act: bool = True,
-                        tma: bool = False) -> torch.Tensor:
+                        tma: Optional[bool] = None) -> torch.Tensor:
     """x [M, G * K] (bf16/fp16/fp32), w e4m3 [G * N, K], w_scale fp32 [ceil(G * N / 128), ceil(K / 128)] ->
     [M, G * N] in out_dtype. quantize_act: W8A8 (FP8 MMA); else W8A16 (x's dtype MMA). tma: the weight tiles
-    through a TMA descriptor (K a multiple of 16)."""
+    through a TMA descriptor (K a multiple of 16) or not; None: as the launch configuration (_config) says."""
     x = _rows(x, groups)
     k = x.shape[1] // groups
     n = w.shape[0] // groups
@@ -249,7 +314,8 @@ def dsv4_fp8_block_gemm(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
 
 
 def dsv4_fp8_scaled_gemm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
-                         groups: int = 1, out_dtype: torch.dtype = torch.bfloat16, tma: bool = False) -> torch.Tensor:
+                         groups: int = 1, out_dtype: torch.dtype = torch.bfloat16,
+                         tma: Optional[bool] = None) -> torch.Tensor:
     """The GEMM of already quantized activations: a e4m3 [M, G * K] with a_scale fp32 [M, G * ceil(K / 128)]."""
     if a_scale.shape != (a.shape[0], groups * triton.cdiv(a.shape[1] // groups, BLOCK)) or a_scale.stride(1) != 1:
         raise ValueError(f"activation scale {tuple(a_scale.shape)} does not fit {tuple(a.shape)} in {groups} groups")
@@ -267,14 +333,37 @@ def _num_sms(device: torch.device) -> int:
 _SMS: dict = {}
 
 
-def _splits(tiles: int, kb: int, device: torch.device) -> int:
-    """K splits so that tiles x splits reach about twice the SMs (at least 2 K blocks per split)."""
-    want = -(-2 * _num_sms(device) // tiles)
+def _splits(tiles: int, kb: int, device: torch.device, programs_per_sm: int = 2) -> int:
+    """K splits so that tiles x splits reach about programs_per_sm x the SMs (at least 2 K blocks per split)."""
+    want = -(-programs_per_sm * _num_sms(device) // tiles)
     return max(1, min(want, kb // 2))
 
 
+def _tma_supported(device: torch.device) -> bool:
+    """Whether a configuration's TMA weight copies can run here: Triton's tensor descriptors on an NVIDIA sm90+ GPU,
+    or under the CPU interpreter (which emulates them)."""
+    key = (device.type, device.index)
+    if key not in _TMA:
+        try:
+            from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: F401
+            ok = device.type == "cpu" or (device.type == "cuda" and torch.version.hip is None
+                                          and torch.cuda.get_device_capability(device) >= (9, 0))
+        except ImportError:
+            ok = False
+        _TMA[key] = ok
+    return _TMA[key]
+
+
+_TMA: dict = {}
+
+
+def _tma_fits(w: torch.Tensor, k: int) -> bool:
+    return k % 16 == 0 and w.stride(1) == 1 and w.stride(0) == k and w.data_ptr() % 16 == 0
+
+
 _COUNTERS: dict = {}
-_COUNTERS_MIN = 1024  # more than the output tiles of any launch _splits splits (fewer than twice the SMs)
+# more than the output tiles of any launch _splits splits (fewer than programs_per_sm, at most 8, x the SMs)
+_COUNTERS_MIN = 4096
 
 
 def _tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
@@ -295,9 +384,11 @@ def _tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
 
 
 def _launch(a: torch.Tensor, a_scale, w: torch.Tensor, w_scale: torch.Tensor, groups: int,
-            out_dtype: torch.dtype, split_k: Optional[int] = None, tma: bool = False,
-            last_reduces: bool = True) -> torch.Tensor:
-    """The GEMM launch. split_k: K splits (None: by `_splits` up to 64 rows, else 1). With more than one split and
+            out_dtype: torch.dtype, split_k: Optional[int] = None, tma: Optional[bool] = None,
+            last_reduces: bool = True, config: Optional[Fp8GemmConfig] = None) -> torch.Tensor:
+    """The GEMM launch. config: tile, warps, stages, K-split target and TMA (None: `_config` by rows and shape).
+    split_k: K splits (None: by `_splits` at the configuration's programs per SM). tma: forced on (the weight must
+    allow it) or off; None: the configuration's where the weight and device allow it. With more than one split and
     last_reduces False, the splits' fp32 partial sums [splits, M, G * N] are returned unsummed (tests and benchmarks
     of the in-kernel reduction: what the two-launch GEMM + sum summed)."""
     a = _rows(a, groups)
@@ -309,9 +400,10 @@ def _launch(a: torch.Tensor, a_scale, w: torch.Tensor, w_scale: torch.Tensor, gr
     quantize_act = a_scale is not None
     if not quantize_act:
         a_scale = w_scale  # not read
-    block_m, block_n, warps, stages = _config(m, a.element_size())
+    cfg = config or _config(m, a.element_size(), n, k, groups)
+    block_m, block_n = cfg.block_m, cfg.block_n
     tiles = triton.cdiv(n, block_n) * triton.cdiv(m, block_m) * groups
-    splits = split_k or (_splits(tiles, kb, a.device) if m <= 64 else 1)
+    splits = split_k or _splits(tiles, kb, a.device, cfg.programs_per_sm)
     per_split = triton.cdiv(kb, splits)
     splits = triton.cdiv(kb, per_split)  # no empty split
     out = torch.empty(m, groups * n, dtype=out_dtype, device=a.device)
@@ -320,11 +412,13 @@ def _launch(a: torch.Tensor, a_scale, w: torch.Tensor, w_scale: torch.Tensor, gr
         part = torch.empty(splits, m, groups * n, dtype=torch.float32, device=a.device)
         counters = _tile_counters(a.device, tiles) if last_reduces else part
     grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m), groups * splits)
+    if tma is None:
+        tma = cfg.tma and _tma_fits(w, k) and _tma_supported(a.device)
     w_desc = None
     if tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
-        if k % 16 or w.stride(1) != 1 or w.stride(0) != k or w.data_ptr() % 16:
+        if not _tma_fits(w, k):
             raise ValueError(f"tma needs a contiguous weight with K a multiple of 16, got {tuple(w.shape)} stride "
                              f"{w.stride()}")
         w_desc = TensorDescriptor.from_tensor(w, [block_n, BLOCK])
@@ -333,5 +427,5 @@ def _launch(a: torch.Tensor, a_scale, w: torch.Tensor, w_scale: torch.Tensor, gr
                                  part.stride(-2), part.stride(0) if splits > 1 else 0, QUANT_A=quantize_act,
                                  BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=BLOCK,
                                  PREC="ieee" if a.dtype == torch.float32 else "tf32", TMA=tma, SPLIT_K=splits > 1,
-                                 LAST_REDUCES=last_reduces, num_warps=warps, num_stages=stages)
+                                 LAST_REDUCES=last_reduces, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out if splits == 1 or last_reduces else part
