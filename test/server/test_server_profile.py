@@ -23,10 +23,7 @@ def server(tmp_path_factory):
     old = os.environ.get("SGLANG_TORCH_PROFILER_DIR")
     os.environ["SGLANG_TORCH_PROFILER_DIR"] = str(env_dir)  # the server process inherits it
     try:
-        # without Python stacks: exporting them took the CPU server 40 to 90 s per trace (26 MB for 3 tokens); what
-        # these tests check (where traces land, which requests are refused) does not depend on them
-        handle = launch(["--model-path", "tiny-deepseek-v4"], str(tmp_path_factory.mktemp("server")),
-                        env={"SGLANG_PROFILE_WITH_STACK": "0"})
+        handle = launch(["--model-path", "tiny-deepseek-v4"], str(tmp_path_factory.mktemp("server")))
     finally:
         if old is None:
             os.environ.pop("SGLANG_TORCH_PROFILER_DIR")
