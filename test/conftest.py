@@ -10,6 +10,9 @@ torch.set_num_threads(1)
 # so it must be set before any sgl_kernel module is imported).
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# Profiles (this process's engines and the servers and ranks it starts) leave out Python stacks unless a test asks:
+# on CPU exporting them took 40 to 90 s a trace, and no test reads them (test_scheduler_profiler checks the default).
+os.environ.setdefault("SGLANG_PROFILE_WITH_STACK", "0")
 
 
 def pytest_configure(config):

@@ -16,8 +16,10 @@ from oracle import engine, random_ids
 
 # head_dim 128: heads of whole 128-blocks, so wo_a's 2 groups of 256 inputs too (the tiny config's heads of 96 are not
 # covered by the quantizing inverse RoPE, so its wo_a keeps quantizing its own input, as does any linear whose groups
-# hold a partial block)
-WHOLE_BLOCKS = {**oracle.TINY, "head_dim": 128}
+# hold a partial block). Two layers, a CSA one (the joined wq_b + indexer wq_b) and an HCA one (wq_b alone, as on a
+# window-only layer), one hash-routed and one routed by score: every producer's path, at half the interpreted work
+WHOLE_BLOCKS = {**oracle.TINY, "head_dim": 128, "num_hidden_layers": 2, "compress_ratios": [4, 8, 0],
+                "num_hash_layers": 1}
 
 
 @pytest.fixture

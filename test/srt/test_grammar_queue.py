@@ -216,12 +216,16 @@ def test_same_grammar_shares_one_compile(hold):
 _WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tp_grammar_worker.py")
 
 
-@pytest.mark.parametrize("parallel", [{"tp_size": 2}, {"tp_size": 4, "dp_size": 2, "enable_dp_attention": True}],
-                         ids=["tp2", "tp4-dp2"])
+@pytest.mark.parametrize("parallel", [{"tp_size": 4, "dp_size": 2, "enable_dp_attention": True}], ids=["tp4-dp2"])
 def test_ranks_decide_grammars_alike(parallel):
     """Rank 1 compiles a grammar a second after its group's first rank, and the first rank's compile of another
     outlives its deadline while rank 1's ends at once: every rank of a group still starts, refuses and decodes each
-    request at the same step (the first rank decides, and broadcasts)."""
+    request at the same step (the first rank decides, and broadcasts).
+
+    One run covers plain tensor parallelism too: the decision is broadcast over the attention TP group
+    (Scheduler._poll_grammars), which under --tp 2 is the whole TP group and here is each DP group's two ranks, so
+    each group here is a --tp 2 engine's pair (a leader, a follower whose compile ends later), twice, beside the DP
+    rounds that keep the groups stepping together."""
     world = parallel["tp_size"]
     if DEVICE != "cpu" and torch.cuda.device_count() < world:  # NCCL refuses two ranks on one device
         pytest.skip(f"{world} ranks need {world} GPUs, {torch.cuda.device_count()} here")

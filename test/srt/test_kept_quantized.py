@@ -13,7 +13,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+import oracle
 from oracle import checkpoint, engine, random_ids
+
+# The interpreted runs on two layers: a CSA one (wq_b joined with the indexer's) and an HCA one, one hash-routed and
+# one routed by score; the window-only layers of the tiny config hold the same FP8 linears and experts as the HCA one
+TWO_LAYERS = {**oracle.TINY, "num_hidden_layers": 2, "compress_ratios": [4, 8, 0], "num_hash_layers": 1}
 
 
 @pytest.fixture
@@ -24,6 +29,8 @@ def kept_on_cpu(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setattr(model_builder, "fp8_linears_supported", lambda device: True)
     monkeypatch.setattr(model_builder, "mxfp4_experts_supported", lambda device: True)
+    monkeypatch.setitem(oracle.ORACLE_CONFIGS, "two_layers", TWO_LAYERS)
+    monkeypatch.setitem(oracle.PAGE_SIZES, "two_layers", oracle.PAGE_SIZES["tiny"])
 
 
 def _prompt_logprobs(eng, ids):
@@ -41,10 +48,10 @@ def test_quantized_weights_stay_quantized_and_agree(kept_on_cpu):
     from sglang.srt.layers.quantization.mxfp4 import Mxfp4RoutedExperts
     from sglang.srt.model_loader.loader import fp8_linear_names, load_config, plan_checkpoint
 
-    path = checkpoint("tiny", quantize=True)
+    path = checkpoint("two_layers", quantize=True)
     config = load_config(path)
-    ref = engine("tiny", quantize=True, quantization="none", disable_cuda_graph=True)
-    eng = engine("tiny", quantize=True, disable_cuda_graph=True)
+    ref = engine("two_layers", quantize=True, quantization="none", disable_cuda_graph=True)
+    eng = engine("two_layers", quantize=True, disable_cuda_graph=True)
     assert eng.server_args.quantization == "fp8"
     model = eng.model_runner.model
     fp8 = {n: m for n, m in model.named_modules() if isinstance(m, Fp8BlockLinear)}
@@ -153,7 +160,7 @@ def test_fp8_converted_experts_stay_fp8_and_agree(kept_on_cpu, tmp_path):
     from sglang.srt.layers.quantization.fp8 import Fp8RoutedExperts
     from sglang.srt.model_loader.quant_formats import dequantize_mxfp4, quantize_fp8_block
 
-    src, dst = checkpoint("tiny", quantize=True), str(tmp_path / "fp8-experts")
+    src, dst = checkpoint("two_layers", quantize=True), str(tmp_path / "fp8-experts")
     shutil.copytree(src, dst)
     for name in os.listdir(dst):
         if name.endswith(".safetensors"):
@@ -168,8 +175,8 @@ def test_fp8_converted_experts_stay_fp8_and_agree(kept_on_cpu, tmp_path):
     raw["expert_dtype"] = "fp8"
     with open(os.path.join(dst, "config.json"), "w") as f:
         json.dump(raw, f)
-    eng = engine("tiny", model_path=dst, disable_cuda_graph=True)
-    ref = engine("tiny", model_path=dst, quantization="none", disable_cuda_graph=True)
+    eng = engine("two_layers", model_path=dst, disable_cuda_graph=True)
+    ref = engine("two_layers", model_path=dst, quantization="none", disable_cuda_graph=True)
     moes = [m for m in eng.model_runner.model.modules() if hasattr(m, "shared_experts")]
     assert moes and all(isinstance(m.experts, Fp8RoutedExperts) for m in moes)
     assert moes[0].experts.w13.dtype == torch.float8_e4m3fn

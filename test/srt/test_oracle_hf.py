@@ -22,9 +22,9 @@ PROMPT_LENS = {"tiny": 77, "hca128": 321, "pro_like": 101}
 CONFIGS = list(ORACLE_CONFIGS)
 
 
-def reference(name: str, n: int, seed: int) -> tuple:
+def reference(name: str, n: int, seed: int, new_tokens: int = NEW_TOKENS) -> tuple:
     """(ids, HF prompt logprobs, HF greedy tokens, their logprobs) for a random prompt."""
-    return hf_reference(name, tuple(random_ids(n, seed)), NEW_TOKENS)
+    return hf_reference(name, tuple(random_ids(n, seed)), new_tokens)
 
 
 @functools.lru_cache(maxsize=None)
@@ -81,13 +81,16 @@ def test_engine_chunked_prefill_size(name):
 @pytest.mark.parametrize("name", CONFIGS)
 def test_staggered_batch(name):
     """4 requests of different lengths admitted at different steps, prefill chunks interleaved with decodes of
-    others, each equal to running alone (= HF)."""
+    others, each equal to running alone (= HF). The first is the other scenarios' prompt (its HF reference computed
+    once) decoding 64 tokens; the later three decode 16, still while the others' chunks and decodes run."""
     base = PROMPT_LENS[name]
-    refs = [reference(name, n, seed=10 + i) for i, n in enumerate((base, base // 2 + 3, base - 17, 29))]
+    refs = [reference(name, base, seed=1)]
+    refs += [reference(name, n, seed=11 + i, new_tokens=16) for i, n in enumerate((base // 2 + 3, base - 17, 29))]
     eng = engine(name, chunked_prefill_size=24)
     sched = eng.scheduler
-    reqs = [Req(rid=f"r{i}", origin_input_ids=list(r[0]), sampling_params=SamplingParams.from_dict(greedy_params()),
-                return_logprob=True, logprob_start_len=0) for i, r in enumerate(refs)]
+    reqs = [Req(rid=f"r{i}", origin_input_ids=list(r[0]), return_logprob=True, logprob_start_len=0,
+                sampling_params=SamplingParams.from_dict({**greedy_params(), "max_new_tokens": len(r[2])}))
+            for i, r in enumerate(refs)]
     admit_at = {0: reqs[0], 3: reqs[1], 7: reqs[2], 12: reqs[3]}
     step = 0
     while step <= max(admit_at) or sched.has_work():

@@ -184,12 +184,15 @@ def _rss_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-@pytest.mark.parametrize("num_requests", [300])  # 1,000 run by hand: SGLANG_SOAK_REQUESTS=1000
+@pytest.mark.parametrize("num_requests", [150])  # 1,000 run by hand: SGLANG_SOAK_REQUESTS=1000
 def test_soak_no_leak(num_requests):
     """Many short multi-turn requests over a few sessions with small pools: the pools stay consistent, and the
-    process's memory is flat after the first third (pools are allocated once; the tree only reuses their slots)."""
+    process's memory is flat after the first third (pools are allocated once; the tree only reuses their slots).
+    The five sessions at their longest (5 x 100 tokens, in pages of 16) overfill the pool (512 tokens), so the tree
+    evicts, and every 20 rounds each session is cut back to its first 20 tokens (a turn that reuses a cached prefix),
+    as at 1,000 requests on a pool twice the size."""
     num_requests = int(os.environ.get("SGLANG_SOAK_REQUESTS", num_requests))
-    eng = engine("tiny", max_total_tokens=1024, max_running_requests=4)
+    eng = engine("tiny", max_total_tokens=512, max_running_requests=4)
     try:
         history = [random_ids(20, seed=i) for i in range(5)]
         sp = {"temperature": 0, "max_new_tokens": 3, "ignore_eos": True}
@@ -198,7 +201,7 @@ def test_soak_no_leak(num_requests):
             outs = eng.generate(input_ids=history, sampling_params=sp)
             for h, o in zip(history, outs):
                 h += o["output_ids"] + [n % 500 + 2]
-                if len(h) > 200:
+                if len(h) > 100:
                     del h[20:]
             eng.model_runner.token_allocator.check_all_free()
             rss.append(_rss_mb())

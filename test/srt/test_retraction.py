@@ -155,11 +155,12 @@ def test_requests_without_max_tokens_run_together():
 
 
 def test_abort_of_a_retracted_request_frees_everything():
-    """A retracted request waits in the queue holding nothing; aborting it there leaves every pool free."""
+    """A retracted request waits in the queue holding nothing; aborting it there leaves every pool free. (6 requests
+    of 30 + 64 tokens on a 256-token pool: it runs out mid-decode.)"""
     eng = engine("tiny", chunked_prefill_size=32, max_total_tokens=256)
     sched = eng.scheduler
     reqs = [Req(rid=f"a{i}", origin_input_ids=random_ids(30, seed=800 + i),
-                sampling_params=SamplingParams.from_dict({"temperature": 0, "max_new_tokens": 120,
+                sampling_params=SamplingParams.from_dict({"temperature": 0, "max_new_tokens": 64,
                                                           "ignore_eos": True})) for i in range(6)]
     for req in reqs:
         sched.add_request(req)
@@ -172,7 +173,7 @@ def test_abort_of_a_retracted_request_frees_everything():
     while sched.has_work():
         sched.step()
     eng.model_runner.token_allocator.check_all_free()
-    assert all(len(r.output_ids) == 120 for r in reqs if r is not victim)
+    assert all(len(r.output_ids) == 64 for r in reqs if r is not victim)
 
 
 # ---- the policy on its own ----------------------------------------------------------------------------------------

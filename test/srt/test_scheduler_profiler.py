@@ -78,10 +78,12 @@ def test_bad_profile_requests_are_refused(engine, tmp_path):
     assert _generate(engine, 2)["meta_info"]["completion_tokens"] == 2  # still serving
 
 
-def test_config_defaults_come_from_the_environment(tmp_path):
+def test_config_defaults_come_from_the_environment(tmp_path, monkeypatch):
     from sglang.srt.environ import envs
 
     with envs.SGLANG_TORCH_PROFILER_DIR.override(str(tmp_path)), envs.SGLANG_PROFILE_WITH_STACK.override("0"):
         config = ProfileConfig.make()
     assert config.output_dir == str(tmp_path) and not config.with_stack and config.record_shapes
+    monkeypatch.delenv(envs.SGLANG_PROFILE_WITH_STACK.name, raising=False)  # the test session sets it (conftest.py)
+    assert ProfileConfig.make().with_stack  # unset: stacks are recorded
     assert config.activities == ("CPU", "GPU") and config.num_steps is None
