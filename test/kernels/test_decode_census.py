@@ -3,27 +3,18 @@ simulated GPU, whose census adds up (per layer to the total) and shows every lay
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import sys
 
 import pytest
 import torch
 
+from benchmark_module import load_benchmark
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _census_module():
-    path = os.path.join(ROOT, "benchmark", "kernels", "decode_census.py")
-    spec = importlib.util.spec_from_file_location("decode_census", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("decode_census", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-dc = _census_module()
+dc = load_benchmark("decode_census")
 
 
 def _count(fn) -> dict:

@@ -218,20 +218,8 @@ def test_engine_takes_the_kernel_on_a_gpu(monkeypatch):
         assert torch.equal(got.plan.source_rows, rm.plan.source_rows) and got.plan.num_new == rm.plan.num_new
 
 
-_SM90 = r"""
-import json, os, subprocess, tempfile
-import triton
-from triton.backends.compiler import GPUTarget
+_SM90 = r"""  # after sm90_compile.SM90_PREAMBLE
 from sgl_kernel import dsv4_decode_metadata as m
-
-def usage(cubin):
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
-    line = next(ln for ln in out.splitlines() if "REG:" in ln).split()
-    return int(line[0].split(":")[1]), int(line[1].split(":")[1])
 
 def compile_(kernel, consts, types, num_warps):
     sig = {n: "constexpr" if n in consts else types(n) for n in kernel.arg_names}
@@ -260,9 +248,9 @@ print(json.dumps(out))
 def test_kernels_compile_for_sm90():
     """The Flash launches (window 128, ratios 4 with boundary rows and 128, page 128; 1 and 4 rows per request) and
     the slot writes compile for sm90 on the CPU without spilling: registers / stack bytes / shared memory printed."""
-    from sm90_compile import compiled_facts
+    from sm90_compile import SM90_PREAMBLE, compiled_facts
 
-    found = compiled_facts(_SM90, timeout=900)
+    found = compiled_facts(SM90_PREAMBLE + _SM90, timeout=900)
     for case, (regs, stack, shared) in found.items():
         print(f"{case}: {regs} registers, stack {stack} B, shared {shared} B")
     assert all(stack == 0 for _, stack, _ in found.values()), found

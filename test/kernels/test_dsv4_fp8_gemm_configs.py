@@ -7,9 +7,7 @@ product, and a tuned launch under CUDA-graph replay."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import os
-import sys
 
 import pytest
 import torch
@@ -19,20 +17,13 @@ import sgl_kernel.dsv4_fp8_gemm as kernels
 from sgl_kernel.dsv4_fp8_gemm import Fp8GemmConfig, Fp8GemmTuned, _config, _launch, dsv4_fp8_act_quant
 from sgl_kernel.dsv4_fp8_gemm_ref import fp8_block_linear_ref
 
+from benchmark_module import load_benchmark
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
-def _sweep_module():
-    path = os.path.join(ROOT, "benchmark", "kernels", "sweep_fp8_decode.py")
-    spec = importlib.util.spec_from_file_location("sweep_fp8_decode", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("sweep_fp8_decode", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-sweep = _sweep_module()
+sweep = load_benchmark("sweep_fp8_decode")
 
 
 def _operands(m: int, groups: int, n: int, k: int, seed: int, device="cpu") -> tuple:

@@ -385,10 +385,8 @@ def test_gpu_flash_widths_dispatch_and_graph(t):
                                                                   device="cuda")[::4], seeds=(100, 101))
 
 
-_RESOURCES = r"""
-import json, os, subprocess, sys, tempfile
-import triton
-from triton.backends.compiler import GPUTarget
+_RESOURCES = r"""  # after sm90_compile.SM90_PREAMBLE
+import sys
 import sgl_kernel.dsv4_mhc as k
 
 def stack(kernel, types, consts, warps):
@@ -397,13 +395,7 @@ def stack(kernel, types, consts, warps):
     src = triton.compiler.ASTSource(fn=kernel, signature=sig, attrs=attrs,
                                     constexprs={(kernel.arg_names.index(n),): v for n, v in consts.items()})
     cubin = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}).asm["cubin"]
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
-    line = next(ln for ln in usage.splitlines() if "REG:" in ln).split()
-    return [int(line[0].split(":")[1]), int(line[1].split(":")[1])]
+    return list(usage(cubin))
 
 out = {}
 for t in map(int, sys.argv[1:]):
@@ -429,9 +421,9 @@ print(json.dumps(out))
 def test_sm90_launches_do_not_spill():
     """Compiled for sm90 on the CPU at Flash's widths (bf16 streams) as the engine launches them: no kernel keeps a
     local-memory stack (spills). The mixes' fp32 dot runs on FMAs; at 64-token blocks it spills on 4 warps."""
-    from sm90_compile import compiled_facts
+    from sm90_compile import SM90_PREAMBLE, compiled_facts
 
-    found = compiled_facts(_RESOURCES, "1", "32", "128", timeout=600)
+    found = compiled_facts(SM90_PREAMBLE + _RESOURCES, "1", "32", "128", timeout=600)
     print(found)  # [registers, stack bytes] per kernel
     assert all(regs <= 255 and stack == 0 for regs, stack in found.values()), found
 

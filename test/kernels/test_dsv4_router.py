@@ -211,20 +211,8 @@ def test_gpu_gate_takes_the_kernel():
     assert router._fused_kernel() is dsv4_router
 
 
-_SM90 = r"""
-import json, os, subprocess, tempfile
-import triton
-from triton.backends.compiler import GPUTarget
+_SM90 = r"""  # after sm90_compile.SM90_PREAMBLE
 from sgl_kernel import dsv4_router as r
-
-def usage(cubin):
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
-    line = next(ln for ln in out.splitlines() if "REG:" in ln).split()
-    return int(line[0].split(":")[1]), int(line[1].split(":")[1])
 
 kernel = r._router_kernel
 out = {}
@@ -255,9 +243,9 @@ def test_router_compiles_for_sm90():
     """The engine's launches at Flash widths (1 to 4,096 tokens; a score layer with the engine's fp32 weight, a hash
     layer with a bf16 one) compile for sm90 on the CPU (Triton's bundled ptxas) without spilling: registers / stack
     bytes / shared memory printed."""
-    from sm90_compile import compiled_facts
+    from sm90_compile import SM90_PREAMBLE, compiled_facts
 
-    found = compiled_facts(_SM90, timeout=900)
+    found = compiled_facts(SM90_PREAMBLE + _SM90, timeout=900)
     for case, (regs, stack, shared) in found.items():
         print(f"{case}: {regs} registers, stack {stack} B, shared {shared} B")
     assert all(stack == 0 for _, stack, _ in found.values()), found

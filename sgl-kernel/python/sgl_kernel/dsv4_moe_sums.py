@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from sgl_kernel.dsv4_pdl import pdl_enter, pdl_launch
+from sgl_kernel.dsv4_rmsnorm import round_to
 
 BLOCK = 1024  # columns per program of either reduction
 
@@ -26,16 +27,6 @@ def clamped_swiglu(g, u, limit):
     g = tl.minimum(g, limit)
     u = tl.minimum(tl.maximum(u, -limit), limit)
     return g / (1.0 + tl.exp(-g)) * u
-
-
-@triton.jit
-def round_to(y, ty, BF16_BITS: tl.constexpr):
-    """fp32 -> ty, rounded to nearest even. BF16_BITS (the CPU interpreter, whose bf16 cast truncates): the rounding
-    done on y's bits first, so that the cast only drops zeros."""
-    if BF16_BITS:
-        bits = y.to(tl.int32, bitcast=True)
-        y = ((bits + 0x7FFF + ((bits >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)
-    return y.to(ty)
 
 
 @triton.jit

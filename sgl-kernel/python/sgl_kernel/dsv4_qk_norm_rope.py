@@ -19,17 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl_kernel.dsv4_rmsnorm import norm_warps
-
-
-@triton.jit
-def _to(y, ty, BF16_BITS: tl.constexpr):
-    """fp32 -> ty, rounded to nearest even. BF16_BITS (the CPU interpreter, whose bf16 cast truncates): the rounding
-    done on y's bits first, so that the cast only drops zeros."""
-    if BF16_BITS:
-        bits = y.to(tl.int32, bitcast=True)
-        y = ((bits + 0x7FFF + ((bits >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)
-    return y.to(ty)
+from sgl_kernel.dsv4_rmsnorm import norm_warps, round_to
 
 
 @triton.jit
@@ -51,7 +41,7 @@ def _dsv4_qk_norm_rope_kernel(x_ptr, w_ptr, pos_ptr, inv_ptr, out_ptr, H, stride
     y = x * inv
     if HAS_WEIGHT:
         y = tl.load(w_ptr + cols, mask=cols < d, other=0.0).to(tl.float32) * y
-    tl.store(dst + cols, _to(y, ty, BF16_BITS), mask=cols < NOPE)
+    tl.store(dst + cols, round_to(y, ty, BF16_BITS), mask=cols < NOPE)
     i = tl.arange(0, BLOCK_R)
     mask = i < HALF_R
     even = tl.load(src + NOPE + 2 * i, mask=mask, other=0.0).to(tl.float32) * inv
@@ -59,13 +49,13 @@ def _dsv4_qk_norm_rope_kernel(x_ptr, w_ptr, pos_ptr, inv_ptr, out_ptr, H, stride
     if HAS_WEIGHT:
         even = tl.load(w_ptr + NOPE + 2 * i, mask=mask, other=0.0).to(tl.float32) * even
         odd = tl.load(w_ptr + NOPE + 2 * i + 1, mask=mask, other=0.0).to(tl.float32) * odd
-    even = _to(even, ty, BF16_BITS).to(tl.float32)  # the normed row as stored in x's dtype, as the torch path
-    odd = _to(odd, ty, BF16_BITS).to(tl.float32)  # rotates it
+    even = round_to(even, ty, BF16_BITS).to(tl.float32)  # the normed row as stored in x's dtype, as the torch path
+    odd = round_to(odd, ty, BF16_BITS).to(tl.float32)  # rotates it
     angle = tl.load(pos_ptr + t).to(tl.float32) * tl.load(inv_ptr + i, mask=mask, other=0.0)
     cos = tl.cos(angle)
     sin = tl.sin(angle)
-    tl.store(dst + NOPE + 2 * i, _to(even * cos - odd * sin, ty, BF16_BITS), mask=mask)
-    tl.store(dst + NOPE + 2 * i + 1, _to(even * sin + odd * cos, ty, BF16_BITS), mask=mask)
+    tl.store(dst + NOPE + 2 * i, round_to(even * cos - odd * sin, ty, BF16_BITS), mask=mask)
+    tl.store(dst + NOPE + 2 * i + 1, round_to(even * sin + odd * cos, ty, BF16_BITS), mask=mask)
 
 
 def dsv4_qk_norm_rope(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float, positions: torch.Tensor,

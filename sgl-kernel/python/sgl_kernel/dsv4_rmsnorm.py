@@ -23,6 +23,16 @@ from sgl_kernel.dsv4_fp8_gemm import fp8_act_buffers, quantize_rows
 from sgl_kernel.dsv4_fp8_gemm_ref import BLOCK, FP8_E4M3_MAX
 
 
+@triton.jit
+def round_to(y, ty, BF16_BITS: tl.constexpr):
+    """fp32 -> ty, rounded to nearest even. BF16_BITS (the CPU interpreter, whose bf16 cast truncates): the rounding
+    done on y's bits first, so that the cast only drops zeros."""
+    if BF16_BITS:
+        bits = y.to(tl.int32, bitcast=True)
+        y = ((bits + 0x7FFF + ((bits >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)
+    return y.to(ty)
+
+
 @triton.jit(do_not_specialize=["stride_q8"])
 def _dsv4_rms_norm_kernel(x_ptr, w_ptr, out_ptr, q_ptr, s_ptr, D, stride_x, stride_o, stride_q8, stride_s,
                           stride_sc, eps, HAS_WEIGHT: tl.constexpr, BLOCK_D: tl.constexpr, QUANT: tl.constexpr,

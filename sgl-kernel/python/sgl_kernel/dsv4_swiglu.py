@@ -26,7 +26,8 @@ from triton.language.extra import libdevice
 
 from sgl_kernel.dsv4_fp8_gemm import fp8_act_buffers, quantize_rows
 from sgl_kernel.dsv4_fp8_gemm_ref import BLOCK, FP8_E4M3_MAX
-from sgl_kernel.dsv4_moe_sums import bf16_bits, round_to
+from sgl_kernel.dsv4_moe_sums import bf16_bits
+from sgl_kernel.dsv4_rmsnorm import round_to
 from sgl_kernel.dsv4_pdl import interpreting
 
 
