@@ -5,8 +5,6 @@ request runs and empties the cache when idle; --disable-radix-cache reports no c
 from __future__ import annotations
 
 import re
-import threading
-import time
 
 import httpx
 
@@ -33,12 +31,13 @@ def test_cached_tokens_metrics_and_flush(tmp_path):
         rate = float(re.search(r'sglang:cache_hit_rate\{[^}]*\} ([0-9.e+-]+)', metrics).group(1))
         assert rate > 0
 
-        long_req = threading.Thread(target=lambda: httpx.post(f"{url}/generate", timeout=120, json={
-            "text": "hello", "sampling_params": {"max_new_tokens": 400, "ignore_eos": True}}))
-        long_req.start()
-        time.sleep(1.0)
-        busy = httpx.post(f"{url}/flush_cache", timeout=10)
-        long_req.join()
+        # a streamed request is running once its first token arrives; leaving the stream then aborts it (the server
+        # frees its pages) instead of waiting for its 400 tokens
+        with httpx.stream("POST", f"{url}/generate", timeout=120, json={
+                "text": "hello", "stream": True, "sampling_params": {"max_new_tokens": 400, "ignore_eos": True}}) as r:
+            lines = r.iter_lines()  # kept: a line iterator collected early closes the response (a disconnect)
+            assert next(line for line in lines if line.startswith("data: "))
+            busy = httpx.post(f"{url}/flush_cache", timeout=10)
         assert busy.status_code == 400 and "running" in busy.text
         server.wait_pools_free()
         ok = httpx.post(f"{url}/flush_cache", timeout=10)

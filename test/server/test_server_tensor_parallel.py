@@ -11,6 +11,7 @@ import subprocess
 import time
 
 import httpx
+import pytest
 
 from server_process import launch
 
@@ -32,16 +33,22 @@ def _rank_pids(server_pid: int) -> list:
     return sorted(pids)
 
 
-def _single_rank(input_ids, sampling: dict):
-    """The in-process single-rank engine's outputs (with prompt logprobs) for `input_ids` (one list or several)."""
+@pytest.fixture(scope="module")
+def single_rank():
+    """single_rank(input_ids, sampling): the in-process single-rank engine's outputs (with prompt logprobs) for
+    `input_ids` (one list or several); one engine serves the module's tests, its prefix cache emptied before each
+    call so every reference is a cold prefill."""
     import sglang
 
     eng = sglang.Engine(model_path="tiny-deepseek-v4", device="cpu", dtype="float32", log_level="warning",
                         max_total_tokens=4096, max_running_requests=4)
-    try:
+
+    def run(input_ids, sampling: dict):
+        assert eng.flush_cache()
         return eng.generate(input_ids=input_ids, sampling_params=sampling, return_logprob=True, logprob_start_len=0)
-    finally:
-        eng.shutdown()
+
+    yield run
+    eng.shutdown()
 
 
 def _generate_matches(base_url: str, ids: list, sampling: dict, ref: dict) -> None:
@@ -54,10 +61,10 @@ def _generate_matches(base_url: str, ids: list, sampling: dict, ref: dict) -> No
     assert max(abs(x - y) for x, y in zip(a, b)) <= 1e-5
 
 
-def test_tp2_server_serves_and_stops_when_a_rank_dies(tmp_path):
+def test_tp2_server_serves_and_stops_when_a_rank_dies(tmp_path, single_rank):
     ids = [100, 2000, 3000, 4000, 5000, 6000, 7000, 8000, 9000, 10000, 11000]
     sampling = {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}
-    ref = _single_rank(ids, sampling)
+    ref = single_rank(ids, sampling)
 
     server = launch([*ARGS, "--tp", "2"], str(tmp_path), timeout=240)
     try:
@@ -90,14 +97,14 @@ def _zombie(pid: int) -> bool:
         return True
 
 
-def test_dp_attention_server_matches_single_rank(tmp_path):
+def test_dp_attention_server_matches_single_rank(tmp_path, single_rank):
     """`--tp 2 --dp 2 --enable-dp-attention`: requests sent together land on both DP groups (round robin), each
     returns the single-rank engine's greedy tokens and prompt logprobs, and the server's stats merge both groups'."""
     import concurrent.futures
 
     prompts = [[100 + 37 * i + j for j in range(9 + 5 * i)] for i in range(4)]
     sampling = {"temperature": 0, "max_new_tokens": 5, "ignore_eos": True}
-    refs = _single_rank(prompts, sampling)
+    refs = single_rank(prompts, sampling)
 
     server = launch([*ARGS, "--tp", "2", "--dp", "2", "--enable-dp-attention"], str(tmp_path), timeout=240,
                     env={"SGLANG_TORCH_PROFILER_DIR": str(tmp_path)})  # output_dir must lie under it
@@ -125,7 +132,7 @@ def test_dp_attention_server_matches_single_rank(tmp_path):
         server.stop()
 
 
-def test_two_nodes_on_loopback(tmp_path):
+def test_two_nodes_on_loopback(tmp_path, single_rank):
     """`--tp 2 --nnodes 2 --dp 2 --enable-dp-attention`: node 1 runs rank 1 headless, node 0 serves; each node is one
     DP group, node 1's answering its requests over TCP (node 0's --dist-init-addr port + 1, whose messages are
     signed with a key node 0's rank 0 gave the ranks); a pickle anyone else sends that port is dropped unread, and
@@ -140,7 +147,7 @@ def test_two_nodes_on_loopback(tmp_path):
 
     prompts = [[7, 300, 4000, 50, 600, 7000, 80, 900], [11, 222, 3333, 44, 555, 6666]]
     sampling = {"temperature": 0, "max_new_tokens": 5, "ignore_eos": True}
-    refs = _single_rank(prompts, sampling)
+    refs = single_rank(prompts, sampling)
     init_port, marker = free_port(), str(tmp_path / "ran")
     common = [*ARGS, "--tp", "2", "--nnodes", "2", "--dist-init-addr", f"127.0.0.1:{init_port}",
               "--dist-timeout", "20", "--dp", "2", "--enable-dp-attention"]

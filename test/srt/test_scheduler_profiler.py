@@ -84,6 +84,6 @@ def test_config_defaults_come_from_the_environment(tmp_path, monkeypatch):
     with envs.SGLANG_TORCH_PROFILER_DIR.override(str(tmp_path)), envs.SGLANG_PROFILE_WITH_STACK.override("0"):
         config = ProfileConfig.make()
     assert config.output_dir == str(tmp_path) and not config.with_stack and config.record_shapes
-    monkeypatch.delenv(envs.SGLANG_PROFILE_WITH_STACK.name, raising=False)  # the test session sets it (conftest.py)
+    monkeypatch.delenv(envs.SGLANG_PROFILE_WITH_STACK.name, raising=False)  # conftest.py sets it for every test
     assert ProfileConfig.make().with_stack  # unset: stacks are recorded
     assert config.activities == ("CPU", "GPU") and config.num_steps is None
