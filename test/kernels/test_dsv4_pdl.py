@@ -47,8 +47,8 @@ from sgl_kernel import dsv4_moe_sums as sums
 kernel = sums._combine_kernel
 out = {}
 for pdl in (False, True):
-    consts = {"TOPK": 6, "SPLITS": 1, "BLOCK": 1024, "PDL": pdl}
-    sig = {n: "constexpr" if n in consts else {"p_ptr": "*fp32", "out_ptr": "*bf16"}.get(n, "i32")
+    consts = {"TOPK": 6, "SPLITS": 1, "BLOCK": 1024, "PDL": pdl, "ADD": False, "BF16_BITS": False}
+    sig = {n: "constexpr" if n in consts else {"p_ptr": "*fp32", "add_ptr": "*bf16", "out_ptr": "*bf16"}.get(n, "i32")
            for n in kernel.arg_names}
     src = triton.compiler.ASTSource(fn=kernel, signature=sig,
                                     constexprs={(kernel.arg_names.index(n),): v for n, v in consts.items()})
