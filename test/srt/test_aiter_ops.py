@@ -150,10 +150,10 @@ def test_mhc_pre_post_head_through_aiter(fake):
     assert u.dtype == torch.bfloat16 and close_bf16(u, want_u)
     assert new.shape == streams.shape and close_bf16(new, want_new)
     assert head.shape == (3, 2048) and close_bf16(head, want_head)
-    # outside what AITER's kernels take (fp32 streams, a narrow width, hc_mult 2): ours, AITER not called
+    # outside what AITER's kernels take (fp32 streams, a narrow width, hc_mult 2, no rows): ours, AITER not called
     with plat.simulate_platform("hip", gfx="gfx950", aiter=True):
         for s, f in ((streams.float(), fn), (streams[..., :1024].contiguous(), fn[:, :4096]),
-                     (streams[:, :2].contiguous(), fn)):
+                     (streams[:, :2].contiguous(), fn), (streams[:0], fn)):
             assert not aiter_ops.use_aiter_mhc(s, f)
         assert not aiter_ops.use_aiter_mhc(streams, fn.bfloat16())
     assert fake.calls == ["mhc_pre", "mhc_post", "mhc_pre(head)"]

@@ -8,10 +8,18 @@ kernels and logs one warning per process.
 The swap is wired only where AITER computes the same function on our tensors as they are; `AITER_OPS` records,
 per op, the AITER API looked at and why it is or is not used (docs/platforms.md shows the same table).
 
-AITER API followed: ROCm/aiter main as of 2026 (files named in AITER_OPS). The one call made,
-`aiter.rmsnorm2d_fwd(input, weight, epsilon, use_model_sensitive_rmsnorm=0) -> Tensor` (aiter/ops/rmsnorm.py,
-re-exported by aiter/__init__.py), needs weight.dtype == input.dtype and fp16/bf16/fp32; confirmed from the
-source, not run (no AMD GPU here).
+AITER API followed: ROCm/aiter main of August 2026 (files named in AITER_OPS), read from the source, not run (no
+AMD GPU here). The calls made, all re-exported by aiter/__init__.py:
+* `rmsnorm2d_fwd(input, weight, epsilon, use_model_sensitive_rmsnorm=0) -> Tensor` (aiter/ops/rmsnorm.py): weight
+  in input's dtype, fp16/bf16/fp32.
+* `mhc_pre(residual [T, 4, D] bf16, fn [24, 4D] fp32, hc_scale [3] fp32, hc_base [24] fp32, rms_eps, hc_pre_eps,
+  hc_sinkhorn_eps, hc_post_mult_value, sinkhorn_repeat, norm_weight=None (bf16 [D]), norm_eps) -> (post_mix
+  [T, 4, 1] fp32, comb_mix [T, 4, 4] fp32, layer_input [T, D] bf16)`; with fn [4, 4D] and sinkhorn_repeat 0 it is
+  the head (pre weights only). `mhc_post(out, x [T, D], residual [T, 4, D], post_layer_mix [T, 4] fp32,
+  comb_res_mix [T, 4, 4] fp32)` writes out. Both in aiter/ops/mhc.py, kernels in csrc/kernels/mhc_kernels.cu.
+* `topk_gating(topk_weights [T, k] fp32, topk_indices [T, k] int32, gating_output [T, E], correction_bias [E]
+  fp32, need_renorm, routed_scaling_factor, score_func="sqrtsoftplus")` (aiter/ops/topk.py; `topk_softplus` is
+  its deprecated alias) fills both outputs.
 """
 
 from __future__ import annotations
@@ -202,8 +210,8 @@ POST_MULT = 2.0  # post = 2 * sigmoid(...): AITER's hc_post_mult_value
 
 def use_aiter_mhc(streams: torch.Tensor, fn: Optional[torch.Tensor] = None, api: str = "mhc_pre") -> bool:
     """Whether mHC on `streams` [T, n, D] (with mixing matrix `fn`) runs AITER's `api` (mhc_pre or mhc_post)."""
-    if streams.dim() != 3 or streams.dtype != torch.bfloat16 or streams.shape[1] != 4:
-        return False
+    if streams.dim() != 3 or streams.dtype != torch.bfloat16 or streams.shape[1] != 4 or streams.shape[0] == 0:
+        return False  # (no rows: its launchers would size an empty grid)
     width = streams.shape[2]
     if width % 256 or width < 2048 or (fn is not None and fn.dtype != torch.float32):
         return False
