@@ -12,7 +12,8 @@ for the platform the model runs on ("cpu" when --device cpu, else "rocm" or "cud
   differently from the routed ones), on for ROCm (the MI355X recipe enforces it). Ours is exact either way.
 * indexer logits budget: SGLANG_DSV4_FP4_LOGITS_BUDGET_MB with the FP4 indexer, else
   SGLANG_DSV4_INDEXER_LOGITS_BUDGET_MB (the same choice as layers/attention/dsv4/logits_workspace.py).
-* AITER: on for ROCm when installed, unless SGLANG_USE_AITER=0 (layers/aiter_ops.py; warns once if missing).
+* AITER: on for ROCm when installed, unless SGLANG_USE_AITER=0 (layers/aiter_ops.py; warns once if missing); the
+  start-up line names the ops that run AITER's kernels and those that run ours (`aiter_ops=...`).
 
 Upstream's sparse-prefill switch (SGLANG_OPT_FLASHMLA_SPARSE_PREFILL) has nothing to choose here: prefill and decode
 run one sparse attention kernel. arg_groups/upstream_recipes.py logs it, when set, as changing nothing.
@@ -42,13 +43,14 @@ class PlatformDecisions:
     shared_experts_fusion: bool
     index_logits_budget_mb: int
     index_logits_budget_var: str  # the environment variable the budget came from
+    aiter_ops: Optional[str] = None  # on ROCm: which ops run AITER's kernels, which ours (aiter_ops.startup_line)
 
     def summary(self) -> list:
         """'name=value' lines for the start-up log (with the DeepSeek-V4 defaults)."""
         where = self.platform + (f" {self.gfx}" if self.gfx else "")
         if self.platform == "rocm":
             where += f", aiter {self.aiter}"
-        return [f"platform={where}",
+        return [f"platform={where}", *([self.aiter_ops] if self.aiter_ops else []),
                 f"shared_experts_fusion={'on' if self.shared_experts_fusion else 'off'}",
                 f"index_logits_budget_mb={self.index_logits_budget_mb} ({self.index_logits_budget_var})"]
 
@@ -107,6 +109,13 @@ def aiter_status(where: str) -> str:
     return "on" if aiter_ops.aiter_wanted() else "missing"
 
 
+def aiter_ops_line(where: str) -> Optional[str]:
+    """On ROCm, the start-up line naming the ops on AITER and the ops on our kernels."""
+    from sglang.srt.layers import aiter_ops
+
+    return aiter_ops.startup_line() if where == "rocm" else None
+
+
 def apply_platform_defaults(args: "ServerArgs") -> list:
     """Decide every platform-dependent default; sets args.attention_backend (when unset or `dsv4`) and
     args.platform_decisions. Returns the 'name=value' lines to print at start."""
@@ -127,6 +136,6 @@ def apply_platform_defaults(args: "ServerArgs") -> list:
         platform=where, gfx=plat.gfx_arch() if where == "rocm" else None, aiter=aiter_status(where),
         attention_backend=args.attention_backend,
         shared_experts_fusion=choose_shared_experts_fusion(args, where), index_logits_budget_mb=budget_mb,
-        index_logits_budget_var=budget_var.name)
+        index_logits_budget_var=budget_var.name, aiter_ops=aiter_ops_line(where))
     args.platform_decisions = decisions  # not a field: derived, like applied_defaults
     return applied + decisions.summary()

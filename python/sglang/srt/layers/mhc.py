@@ -7,9 +7,10 @@ forms S'_k = post_k * o + sum_j comb[j, k] * S_j. `hc_head` collapses the stream
 All mixing weights are computed in fp32. On GPUs each step runs fused Triton kernels (sgl_kernel.dsv4_mhc): hc_pre
 in two launches, hc_post in one, hc_head in two (instead of ~15 for the mixing alone, plus ~130 for a torch
 Sinkhorn); `hc_pre_norm`, the decoder layer's entry, folds the sub-layer's RMSNorm (and its FP8 quantization) into
-hc_pre's second launch. The torch functions here are the CPU path and the kernels' reference. hc_post's kernel keeps
-fp32 math with one rounding to the streams' dtype, where the torch path rounds comb / post to that dtype first: in
-bf16 the two differ by bf16 roundings, in fp32 by summation order only.
+hc_pre's second launch. The torch functions here are the CPU path and the kernels' reference. On ROCm with AITER
+(layers/aiter_ops.py), bf16 streams of DeepSeek-V4's widths run AITER's HIP mhc_pre / mhc_post instead: the same
+functions. hc_post's kernel keeps fp32 math with one rounding to the streams' dtype, where the torch path rounds
+comb / post to that dtype first: in bf16 the two differ by bf16 roundings, in fp32 by summation order only.
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ def _fused(name: str, streams: torch.Tensor):
 def hc_pre(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,
            sinkhorn_iters: int, hc_eps: float, norm_eps: float) -> tuple:
     """streams [T, n, D] -> (u [T, D], post [T, n] fp32, comb [T, n, n] fp32)."""
+    if aiter_ops.use_aiter_mhc(streams, fn):
+        return aiter_ops.mhc_pre(streams, fn, scale, base, sinkhorn_iters, hc_eps, norm_eps)
     fused = _fused("dsv4_hc_pre", streams)
     if fused is not None:
         return fused(streams, fn, scale, base, sinkhorn_iters, hc_eps, norm_eps)
@@ -74,7 +77,14 @@ def hc_pre_norm(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, ba
     comb). With `fp8_path` (that linear's W8A8 path, quantization/fp8.w8a8_input_path) the input is norm(u) quantized
     as RMSNorm.forward_fp8 gives it, else norm(u) itself. On GPUs the norm (and the quantization) run in hc_pre's
     second launch, u never written: two launches where hc_pre + the norm took three; elsewhere, and where the norm
-    is AITER's, hc_pre then the norm."""
+    is AITER's, hc_pre then the norm, except that AITER's mhc_pre folds the norm in where it can (no W8A8 input:
+    AITER's kernel does not quantize)."""
+    if fp8_path is None and aiter_ops.use_aiter_mhc(streams, fn):
+        weight = aiter_ops.mhc_norm_weight(streams, norm)
+        if weight is not None:
+            y, post, comb = aiter_ops.mhc_pre(streams, fn, scale, base, sinkhorn_iters, hc_eps, norm_eps, weight,
+                                              norm.eps)
+            return y, y, post, comb
     fused = None if aiter_ops.use_aiter(streams) else _fused("dsv4_hc_pre_norm", streams)
     if fused is None:
         u, post, comb = hc_pre(streams, fn, scale, base, sinkhorn_iters, hc_eps, norm_eps)
@@ -104,6 +114,8 @@ def hc_pre_ref(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, bas
 
 def hc_post(out: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
     """out [T, D], streams [T, n, D] -> new streams [T, n, D]: post (x) out + comb^T . streams."""
+    if aiter_ops.use_aiter_mhc(streams, api="mhc_post"):
+        return aiter_ops.mhc_post(out, streams, post, comb)
     fused = _fused("dsv4_hc_post", streams)
     if fused is not None:
         return fused(out, streams, post, comb)
@@ -120,6 +132,8 @@ def hc_post_ref(out: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, co
 def hc_head(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,
             hc_eps: float, norm_eps: float) -> torch.Tensor:
     """Collapse streams [T, n, D] -> [T, D] with w_j = sigmoid(a_j * scale + base_j) + eps (no Sinkhorn)."""
+    if aiter_ops.use_aiter_mhc(streams, fn):
+        return aiter_ops.mhc_head(streams, fn, scale, base, hc_eps, norm_eps)
     fused = _fused("dsv4_hc_head", streams)
     if fused is not None:
         return fused(streams, fn, scale, base, hc_eps, norm_eps)

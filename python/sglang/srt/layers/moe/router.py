@@ -8,7 +8,9 @@ Selection ties go to the lower expert id and the picked ids come out in descendi
 stable sort, where torch.topk would leave ties to its implementation, so that the GPU kernel and this torch path
 pick the same experts. On GPUs `Gate.route` is one launch (sgl_kernel.dsv4_router): the logits, the selection, the
 weights, and the MoE's expert-parallel remapping and fused shared-expert column; the torch code here is the CPU
-path and the kernel's reference (sgl_kernel.dsv4_router.dsv4_router_ref follows it op for op).
+path and the kernel's reference (sgl_kernel.dsv4_router.dsv4_router_ref follows it op for op). On ROCm with AITER,
+score layers above FUSED_MAX_ROWS rows select through AITER's topk_gating (sqrtsoftplus) after the logits GEMM
+(layers/aiter_ops.py): the same function, its ties left to its kernel.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sglang.srt import platform as plat
+from sglang.srt.layers import aiter_ops
 from sglang.srt.layers.gpu_kernels import sgl_kernel_op
 
 
@@ -77,6 +80,9 @@ class Gate(nn.Module):
                          input_ids if self.use_hash else None, self.top_k, self.routed_scaling_factor,
                          local_experts=local_experts, shared_expert_id=shared_expert_id)
         logits = F.linear(x.float(), self.weight.float())
+        if not self.use_hash and aiter_ops.use_aiter_router(x, self.weight.shape[0], self.top_k):
+            weights, ids = aiter_ops.router_topk(logits, self.bias, self.top_k, self.routed_scaling_factor)
+            return for_local_experts(weights, ids, local_experts, shared_expert_id)
         scores = F.softplus(logits).sqrt()
         if self.use_hash:
             ids = self.tid2eid[input_ids]
