@@ -4,7 +4,9 @@ No Docker engine runs on the development or CI machines, so the images are never
 hadolint (with its ShellCheck pass over every RUN) reports nothing; every COPY/ADD source exists in the repo; the
 packages pip installs from the build context are exactly the repo's two packages; the server port, EXPOSE and
 HEALTHCHECK agree; every SGLANG_* variable an image sets is one the engine declares, with a value it accepts; the
-server runs as an unprivileged user the image creates, whose home holds what it writes.
+server runs as an unprivileged user the image creates, whose home holds what it writes; the entry point is the
+repo's docker/entrypoint.sh. The entry point's command lines, the environment, the build-time AOT compile and the
+pinned versions are checked in test/test_docker_runtime.py.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCKERFILES = ["docker/Dockerfile", "docker/rocm.Dockerfile"]
 HADOLINT_CONFIG = ".hadolint.yaml"
 PORT = "30000"
+ENTRYPOINT_SCRIPT = "docker/entrypoint.sh"
 
 # pip install options that take a value (the value is never a package to install, except for -e).
 _PIP_VALUE_OPTS = {"-c", "--constraint", "-r", "--requirement", "-i", "--index-url", "--extra-index-url",
@@ -258,10 +261,15 @@ def test_port_expose_healthcheck_and_entrypoint(rel):
     assert len(by_keyword.get("ENTRYPOINT", [])) == 1 and len(by_keyword.get("CMD", [])) == 1, rel
     entrypoint, cmd = _exec_form(by_keyword["ENTRYPOINT"][0]), _exec_form(by_keyword["CMD"][0])
     assert entrypoint is not None and cmd is not None, f"{rel}: ENTRYPOINT and CMD must use the JSON form"
-    assert entrypoint[1:3] == ["-m", "sglang.launch_server"], entrypoint
-    assert entrypoint[entrypoint.index("--port") + 1] == PORT and "--port" not in cmd, (entrypoint, cmd)
-    assert entrypoint[entrypoint.index("--host") + 1] == "0.0.0.0", entrypoint
-    assert cmd == ["--model-path", "tiny-deepseek-v4"], cmd
+    # The entry point is the repo's script, as copied into the image; with no arguments it serves the tiny model
+    # (test/test_docker_runtime.py runs it), so CMD adds none.
+    script = [dest for _, sources, dest in copies(rel) if sources == [ENTRYPOINT_SCRIPT]]
+    assert entrypoint == script, f"{rel}: ENTRYPOINT {entrypoint} is not the copied {ENTRYPOINT_SCRIPT} {script}"
+    assert cmd == [], cmd
+    with open(os.path.join(ROOT, ENTRYPOINT_SCRIPT), encoding="utf-8") as f:
+        text = f.read()
+    assert f"python3 -m sglang.launch_server --host 0.0.0.0 --port {PORT}" in text, (
+        f"{ENTRYPOINT_SCRIPT} must serve on 0.0.0.0:{PORT}, the port EXPOSE and HEALTHCHECK name")
 
 
 def env_settings(rel: str) -> list:
