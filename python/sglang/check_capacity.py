@@ -26,7 +26,7 @@ verdict alone, on one line. The pool plan is the engine's own (`plan_pools_for_a
 (assumed none: `--gpu-free-fraction`), the CUDA-graph memory the engine measures at start (`--cuda-graph-reserve-gb`,
 default 0), and the runtime's own (CUDA context, NCCL buffers): on 2 H200s at TP2 the engine's pools came out 2.8%
 smaller than planned with the measured graph memory given. Formats as the engine keeps them on that GPU: FP8 linears
-and packed experts kept quantized on NVIDIA GPUs, dequantized to bf16 on AMD ones.
+and packed experts kept quantized, on NVIDIA GPUs and on MI355X (gfx950) alike.
 
 Exit status: 0 fits, 1 does not fit, 2 the arguments are refused (a layout that does not divide, or any value the
 server refuses; the message names it).

@@ -33,35 +33,46 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl_kernel.dsv4_fp8_gemm_ref import BLOCK, FP8_E4M3_MAX
+from sgl_kernel.dsv4_fp8_gemm_ref import BLOCK, FP8_DTYPES, fp8_max
 
 
 @triton.jit
-def fp8_block_scale(amax):
+def fp8_block_scale(amax, FP8_MAX: tl.constexpr):
     """Per row of a 128-channel block, from its amax (fp32 >= 0): (the power-of-two multiplier 2^e, its inverse), e
-    the smallest with amax / 2^e <= 448 (from amax's bits, exact; at least -126)."""
+    the smallest with amax / 2^e <= FP8_MAX (from amax's bits, exact; at least -126). FP8_MAX: 448 (e4m3fn) or 240
+    (e4m3fnuz), the output dtype's (dsv4_fp8_gemm_ref.fp8_max)."""
     bits = amax.to(tl.int32, bitcast=True)
     exponent = ((bits >> 23) & 0xFF) - 127
-    e = exponent - 8 + ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)  # amax / 448 <= 2^e
+    if FP8_MAX == 448.0:
+        e = exponent - 8 + ((bits & 0x7FFFFF) > 0x600000).to(tl.int32)  # amax / (1.75 * 2^8) <= 2^e
+    else:
+        tl.static_assert(FP8_MAX == 240.0, "FP8_MAX is e4m3fn's 448 or e4m3fnuz's 240")
+        e = exponent - 7 + ((bits & 0x7FFFFF) > 0x700000).to(tl.int32)  # amax / (1.875 * 2^7) <= 2^e
     e = tl.maximum(e, -126)
     return ((e + 127) << 23).to(tl.float32, bitcast=True), ((127 - e) << 23).to(tl.float32, bitcast=True)
 
 
 @triton.jit
 def fp8_codes(x, inv, FP8_MAX: tl.constexpr, ROUND_IN_FP32: tl.constexpr):
-    """fp32 x times its row's inverse multiplier `inv` (broadcast by the caller), clamped to +-448: the e4m3 values,
-    still fp32, for the caller to cast."""
+    """fp32 x times its row's inverse multiplier `inv` (broadcast by the caller), clamped to +-FP8_MAX: the e4m3
+    values, still fp32, for the caller to cast."""
     q = tl.minimum(tl.maximum(x * inv, -FP8_MAX), FP8_MAX)  # exact: inv is a power of two
     if ROUND_IN_FP32:
         # The CPU interpreter's fp8 conversion does not round to nearest: round to the nearest e4m3 value (ties to
-        # even) in fp32 first, so the cast only re-encodes an exact value. The spacing at q is 2^(max(E, -6) - 3);
-        # y = q / spacing has |y| < 16, and (y + 1.5 * 2^23) - 1.5 * 2^23 rounds it to an integer the IEEE way.
-        # (GPUs convert with round-to-nearest-even, saturating: the plain cast.)
+        # even) in fp32 first, so the cast only re-encodes an exact value. The spacing at q is 2^(max(E, emin) - 3)
+        # (emin, the smallest normal exponent: -6 for e4m3fn, -7 for e4m3fnuz); y = q / spacing has |y| < 16, and
+        # (y + 1.5 * 2^23) - 1.5 * 2^23 rounds it to an integer the IEEE way. (GPUs convert with
+        # round-to-nearest-even, saturating: the plain cast.)
         qe = ((q.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
-        ue = tl.maximum(qe, -6) - 3
+        if FP8_MAX == 448.0:
+            ue = tl.maximum(qe, -6) - 3
+        else:
+            ue = tl.maximum(qe, -7) - 3
         y = q * ((127 - ue) << 23).to(tl.float32, bitcast=True)
         y = (y + 12582912.0) - 12582912.0
         q = y * ((ue + 127) << 23).to(tl.float32, bitcast=True)
+    if FP8_MAX != 448.0:
+        q = tl.where(q == 0.0, 0.0, q)  # e4m3fnuz has no -0: its code 0x80 is NaN; a rounded-away negative is +0
     return q
 
 
@@ -70,7 +81,7 @@ def quantize_rows(x, FP8_MAX: tl.constexpr, ROUND_IN_FP32: tl.constexpr):
     """fp32 rows [R, 128] of one 128-channel block -> (their e4m3 values, still fp32, for the caller to cast; the
     multipliers [R]). Shared by the act-quant kernel and the producers that quantize their own output (RMSNorm, the
     inverse RoPE), so all compute one function."""
-    scale, inv = fp8_block_scale(tl.max(tl.abs(x), axis=1))
+    scale, inv = fp8_block_scale(tl.max(tl.abs(x), axis=1), FP8_MAX)
     return fp8_codes(x, inv[:, None], FP8_MAX, ROUND_IN_FP32), scale
 
 
@@ -189,12 +200,16 @@ def _rows(x: torch.Tensor, groups: int) -> torch.Tensor:
     return x
 
 
-def fp8_act_buffers(m: int, width: int, blocks: int, cublas_layout: bool, device: torch.device) -> tuple:
-    """Empty (e4m3 [M, width], fp32 multipliers [M, blocks]) for M activation rows quantized per 128 channels.
+def fp8_act_buffers(m: int, width: int, blocks: int, cublas_layout: bool, device: torch.device,
+                    dtype: torch.dtype = torch.float8_e4m3fn) -> tuple:
+    """Empty (e4m3 [M, width] in `dtype`, the FP8 weight's: float8_e4m3fn, or float8_e4m3fnuz on gfx942; fp32
+    multipliers [M, blocks]) for M activation rows quantized per 128 channels.
     cublas_layout: what cuBLAS's blockwise-scaled GEMM takes (torch._scaled_mm): rows padded to a multiple of 4
     (the padding already zero, its multipliers 1), the multipliers outer-dim major (stride (1, padded M))."""
     rows = m + (-m % 4 if cublas_layout else 0)
-    q = torch.empty(rows, width, dtype=torch.float8_e4m3fn, device=device)
+    if dtype not in FP8_DTYPES:
+        raise ValueError(f"FP8 activations are float8_e4m3fn or float8_e4m3fnuz, not {dtype}")
+    q = torch.empty(rows, width, dtype=dtype, device=device)
     if cublas_layout:
         s = torch.empty(blocks, rows, dtype=torch.float32, device=device).t()
         if rows > m:
@@ -205,19 +220,20 @@ def fp8_act_buffers(m: int, width: int, blocks: int, cublas_layout: bool, device
     return q, s
 
 
-def dsv4_fp8_act_quant(x: torch.Tensor, groups: int = 1, cublas_layout: bool = False) -> tuple:
-    """x [M, G * K] -> (e4m3 [M, G * K], fp32 power-of-two multipliers [M, G * ceil(K / 128)]), in the cuBLAS
-    layout if asked (fp8_act_buffers)."""
+def dsv4_fp8_act_quant(x: torch.Tensor, groups: int = 1, cublas_layout: bool = False,
+                       dtype: torch.dtype = torch.float8_e4m3fn) -> tuple:
+    """x [M, G * K] -> (e4m3 [M, G * K] in `dtype`, fp32 power-of-two multipliers [M, G * ceil(K / 128)]), in the
+    cuBLAS layout if asked (fp8_act_buffers)."""
     x = _rows(x, groups)
     m, k = x.shape[0], x.shape[1] // groups
     kb = triton.cdiv(k, BLOCK)
-    q, s = fp8_act_buffers(m, x.shape[1], groups * kb, cublas_layout, x.device)
+    q, s = fp8_act_buffers(m, x.shape[1], groups * kb, cublas_layout, x.device, dtype)
     if m and k:
         # 16 rows per program: one row of 128 channels per program made this launch-bound (2.5x the cuBLAS GEMM it
         # feeds at Flash's prefill shapes on an H200)
         _act_quant_kernel[(triton.cdiv(m, 16), groups * kb)](
             x, q, s, m, k, kb, x.stride(0), q.stride(0), s.stride(0), s.stride(1), BLOCK_M=16, BLOCK_K=BLOCK,
-            FP8_MAX=FP8_E4M3_MAX, ROUND_IN_FP32=x.device.type != "cuda")
+            FP8_MAX=fp8_max(dtype), ROUND_IN_FP32=x.device.type != "cuda")
     return q, s
 
 
@@ -306,7 +322,7 @@ def _config(m: int, a_bytes: int, n: int = 0, k: int = 0, groups: int = 1) -> Fp
 def dsv4_fp8_block_gemm(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, groups: int = 1,
                         out_dtype: torch.dtype = torch.bfloat16, quantize_act: bool = True,
                         tma: Optional[bool] = None) -> torch.Tensor:
-    """x [M, G * K] (bf16/fp16/fp32), w e4m3 [G * N, K], w_scale fp32 [ceil(G * N / 128), ceil(K / 128)] ->
+    """x [M, G * K] (bf16/fp16/fp32), w e4m3 (fn or fnuz) [G * N, K], w_scale fp32 [ceil(G * N / 128), ceil(K / 128)] ->
     [M, G * N] in out_dtype. quantize_act: W8A8 (FP8 MMA); else W8A16 (x's dtype MMA). tma: the weight tiles
     through a TMA descriptor (K a multiple of 16) or not; None: as the launch configuration (_config) says."""
     x = _rows(x, groups)
@@ -316,8 +332,8 @@ def dsv4_fp8_block_gemm(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
     if w.shape[1] != k or w.shape[0] != groups * n or tuple(w_scale.shape) != (triton.cdiv(w.shape[0], BLOCK), kb):
         raise ValueError(f"weight {tuple(w.shape)} / scale {tuple(w_scale.shape)} do not fit x {tuple(x.shape)} "
                          f"in {groups} groups")
-    if quantize_act:
-        a, a_scale = dsv4_fp8_act_quant(x, groups)
+    if quantize_act:  # to the weight's e4m3 encoding: the FP8 MMA takes two of one kind
+        a, a_scale = dsv4_fp8_act_quant(x, groups, dtype=w.dtype)
         return dsv4_fp8_scaled_gemm(a, a_scale, w, w_scale, groups, out_dtype, tma=tma)
     return _launch(x, None, w, w_scale, groups, out_dtype, tma=tma)
 

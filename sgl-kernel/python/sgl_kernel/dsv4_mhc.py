@@ -42,7 +42,7 @@ import triton.language as tl
 
 from sgl_kernel.dsv4_fp8_gemm import fp8_act_buffers, quantize_rows
 from sgl_kernel.dsv4_fp8_gemm_ref import BLOCK as FP8_BLOCK
-from sgl_kernel.dsv4_fp8_gemm_ref import FP8_E4M3_MAX
+from sgl_kernel.dsv4_fp8_gemm_ref import fp8_max
 from sgl_kernel.dsv4_pdl import pdl_enter, pdl_launch, pdl_supported
 
 BLOCK_T = 64
@@ -313,6 +313,7 @@ class FoldedNorm:
     eps: float
     quant: bool = False
     cublas_layout: bool = False
+    fp8_dtype: torch.dtype = torch.float8_e4m3fn  # the codes' e4m3 encoding: the FP8 linear's weight's
 
 
 def finish_warps(block_d: int, n: int, norm: bool) -> int:
@@ -332,7 +333,7 @@ def _collapse(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base
     post = torch.empty(t, n if mix else 0, dtype=torch.float32, device=dev)
     comb = torch.empty(t, n if mix else 0, n if mix else 0, dtype=torch.float32, device=dev)
     quant = norm is not None and norm.quant
-    q, qs = fp8_act_buffers(t, d, d // FP8_BLOCK, norm.cublas_layout, dev) if quant else (None, None)
+    q, qs = fp8_act_buffers(t, d, d // FP8_BLOCK, norm.cublas_layout, dev, norm.fp8_dtype) if quant else (None, None)
     if t == 0:
         return u, post, comb, q, qs
     launch = mixes_launch(t, d)
@@ -354,7 +355,7 @@ def _collapse(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base
         norm.eps if norm is not None else 0.0,
         N=n, NP=triton.next_power_of_2(n), W=width, BLOCK_C=min(FINISH_BLOCK_C, triton.next_power_of_2(launch.chunks)),
         BLOCK_D=block_d, MIX=mix, NORM=norm is not None, HAS_WEIGHT=weight is not None, QUANT=quant,
-        FP8_MAX=FP8_E4M3_MAX, ROUND_IN_FP32=dev.type != "cuda", ROLES=roles, PDL=pdl,
+        FP8_MAX=fp8_max(q.dtype) if quant else 448.0, ROUND_IN_FP32=dev.type != "cuda", ROLES=roles, PDL=pdl,
         num_warps=finish_warps(block_d, n, norm is not None), **pdl_launch(pdl))
     return u, post, comb, q, qs
 
@@ -385,15 +386,16 @@ def dsv4_hc_pre_norm(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tenso
 
 def dsv4_hc_pre_norm_fp8(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,
                          iters: int, eps: float, norm_eps: float, weight: Optional[torch.Tensor], rms_eps: float,
-                         cublas_layout: bool = False) -> tuple:
+                         cublas_layout: bool = False, fp8_dtype: torch.dtype = torch.float8_e4m3fn) -> tuple:
     """dsv4_hc_pre_norm whose result is also quantized for the FP8 linear that reads it (D a multiple of 128):
-    (RMSNorm(u), post, comb, e4m3 codes, multipliers), the codes and multipliers dsv4_rms_norm_fp8's of that result."""
+    (RMSNorm(u), post, comb, e4m3 codes in fp8_dtype, multipliers), the codes and multipliers dsv4_rms_norm_fp8's of
+    that result."""
     _check_pre(streams, fn, scale, base, iters)
     if streams.shape[2] % FP8_BLOCK:
         raise ValueError(f"the quantized norm needs D a multiple of {FP8_BLOCK}, got {streams.shape[2]}")
     assert weight is None or (weight.shape == (streams.shape[2],) and weight.is_contiguous()), "weight [D] contiguous"
     return _collapse(streams, fn, scale, base, True, iters, eps, norm_eps,
-                     FoldedNorm(weight, rms_eps, True, cublas_layout))
+                     FoldedNorm(weight, rms_eps, True, cublas_layout, fp8_dtype))
 
 
 def dsv4_hc_head(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, eps: float,

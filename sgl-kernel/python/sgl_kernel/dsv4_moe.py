@@ -11,8 +11,9 @@ the kernels per call, from static facts only (a CUDA graph captures one choice p
 - decode blocks (up to 16 pairs per expert) with bf16 activations on an NVIDIA GPU and scale bytes the caller checked
   at load (`scales_fit_planes`, see `scale_bytes_fit_planes`): the parity planes (dsv4_moe_planes), where their
   tiles divide the widths;
-- otherwise the general kernels (dsv4_moe_general): tl.dot_scaled for bf16 / fp16 activations with MXFP4 weights,
-  the in-register dequantization for fp32 activations (GPU oracle runs) and for FP8 experts;
+- otherwise the general kernels (dsv4_moe_general): tl.dot_scaled for bf16 / fp16 activations with MXFP4 weights
+  where the caller allows it (`scaled_dot`: not on gfx942, which has no MXFP4 MFMA), the in-register dequantization
+  for fp32 activations (GPU oracle runs), for FP8 experts and where the scaled dot is not taken;
 - unquantized weights: the dense-weight kernels (dsv4_moe_dense), the general kernels' blocks with the weight tiles
   loaded as they are.
 `moe_config` holds each path's launches by pairs per expert; `config=` overrides them (tests, sweeps). The types the
@@ -111,7 +112,8 @@ def scale_bytes_fit_planes(smallest: int, largest: int) -> bool:
 def dsv4_moe_mxfp4(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, w13: torch.Tensor,
                    w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, limit: float,
                    config: Optional[MoeConfig] = None, scales_fit_planes: bool = False,
-                   gemv: bool = False, add: Optional[torch.Tensor] = None) -> torch.Tensor:
+                   gemv: bool = False, add: Optional[torch.Tensor] = None,
+                   scaled_dot: bool = True) -> torch.Tensor:
     """x [T, D] (bf16/fp16/fp32), topk_ids / topk_weights [T, k] (ids -1: another rank's expert, adds nothing), w13
     uint8 [E, 2I, D/2] + w13_scale uint8 [E, 2I, D/32], w2 uint8 [E, D, I/2] + w2_scale uint8 [E, D, I/32] -> [T, D]
     in x's dtype. The scale bytes may also come chunked ([E, rows, groups / 8, 8] views: dsv4_mxfp4_scales, the
@@ -119,18 +121,20 @@ def dsv4_moe_mxfp4(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.
     (checked by the caller at load: scale_bytes_fit_planes), so decode launches may take the PTX planes where the
     device has them. gemv: up to 8 tokens take the CUDA-core GEMVs where the device, dtype, widths and a finite limit
     allow (no `config` given). add: [T, D] rows in x's dtype (the shared expert's output) added to the result by the
-    MoE's last kernel, as torch's `result + add` adds them (dsv4_moe_sums.add_rounded)."""
+    MoE's last kernel, as torch's `result + add` adds them (dsv4_moe_sums.add_rounded). scaled_dot False: the general
+    kernels dequantize the codes in registers even for 16-bit activations (gfx942)."""
     inter, (w13b, s13, w2b, s2) = mxfp4_experts_of(x, w13, w13_scale, w2, w2_scale)
     tokens = x.shape[0]
     if (gemv and config is None and 0 < tokens <= GEMV_MAX_TOKENS and gemv_supported(x.device, x.dtype)
             and 0 < limit < math.inf and gemv_fits(gemv_launch(tokens), x.shape[1], inter)):
         return gemv_moe(x, topk_ids, topk_weights, w13b, s13, w2b, s2, limit, inter, add=add)
     return _fused_moe(x, topk_ids, topk_weights, w13b, s13, w2b, s2, limit, inter, fp8=False, config=config,
-                      planes=scales_fit_planes and planes_supported(x.device, x.dtype), add=add)
+                      planes=scales_fit_planes and planes_supported(x.device, x.dtype), add=add,
+                      scaled_dot=scaled_dot)
 
 
 def describe_mxfp4(device: torch.device, dtype: torch.dtype, hidden: int, inter: int, limit: float,
-                   scales_fit_planes: bool = False, gemv: bool = False) -> str:
+                   scales_fit_planes: bool = False, gemv: bool = False, scaled_dot: bool = True) -> str:
     """In words, the kernels dsv4_moe_mxfp4 (same arguments, no `config`) picks for these experts by batch size, from
     the predicates it asks per call (a start-up log line)."""
     parts = []
@@ -143,7 +147,8 @@ def describe_mxfp4(device: torch.device, dtype: torch.dtype, hidden: int, inter:
     if (scales_fit_planes and planes_supported(device, dtype) and planes_fit(PLANES_GATE_UP, hidden, inter)
             and planes_fit(PLANES_DOWN, inter, hidden)):
         parts.append(f"PTX parity planes for {'other ' if parts else ''}decode batches")
-    general = "tl.dot_scaled" if dtype in (torch.bfloat16, torch.float16) else "in-register dequantization"
+    scaled = scaled_dot and dtype in (torch.bfloat16, torch.float16)
+    general = "tl.dot_scaled" if scaled else "in-register dequantization"
     return ", ".join(parts + [f"general kernels ({general}) {'above' if parts else 'at every batch size'}"])
 
 
@@ -216,12 +221,12 @@ def dsv4_moe_dense(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.
 
 def _fused_moe(x, topk_ids, topk_weights, w13, s13, w2, s2, limit: float, inter: int, fp8: bool,
                config: Optional[MoeConfig] = None, planes: bool = False,
-               add: Optional[torch.Tensor] = None) -> torch.Tensor:
+               add: Optional[torch.Tensor] = None, scaled_dot: bool = True) -> torch.Tensor:
     num_tokens, hidden = x.shape
     num_experts, top_k = w13.shape[0], topk_ids.shape[1]
     if num_tokens == 0:
         return torch.zeros_like(x)
-    scaled = not fp8 and x.dtype in (torch.bfloat16, torch.float16)
+    scaled = scaled_dot and not fp8 and x.dtype in (torch.bfloat16, torch.float16)
     pick = lambda planes: moe_config(num_tokens * top_k, num_experts, scaled_dot=scaled, fp8=fp8,  # noqa: E731
                                      tma=tma_supported(x.device), planes=planes)
     cfg = config or pick(planes)

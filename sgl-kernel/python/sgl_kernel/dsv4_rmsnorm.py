@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from sgl_kernel.dsv4_fp8_gemm import fp8_act_buffers, quantize_rows
-from sgl_kernel.dsv4_fp8_gemm_ref import BLOCK, FP8_E4M3_MAX
+from sgl_kernel.dsv4_fp8_gemm_ref import BLOCK, fp8_max
 
 
 @triton.jit
@@ -85,7 +85,7 @@ def _launch(rows, weight, out, q, s, eps: float) -> None:
             rows, weight if weight is not None else rows, out, q if quant else out, s if quant else out, d,
             rows.stride(0), out.stride(0), q.stride(0) // 8 if quant else 0, s.stride(0) if quant else 0,
             s.stride(1) if quant else 0, eps, HAS_WEIGHT=weight is not None, BLOCK_D=block, QUANT=quant,
-            FP8_MAX=FP8_E4M3_MAX, ROUND_IN_FP32=rows.device.type != "cuda",
+            FP8_MAX=fp8_max(q.dtype) if quant else 448.0, ROUND_IN_FP32=rows.device.type != "cuda",
             num_warps=norm_warps(block))
 
 
@@ -98,13 +98,14 @@ def dsv4_rms_norm(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float) -
 
 
 def dsv4_rms_norm_fp8(x: torch.Tensor, weight: Optional[torch.Tensor], eps: float,
-                      cublas_layout: bool = False) -> tuple:
-    """x [M, D] (D a multiple of 128) -> (RMSNorm(x) [M, D] in x.dtype, its e4m3 codes, its multipliers [M, D / 128]):
-    the codes and multipliers are dsv4_fp8_act_quant(RMSNorm(x), cublas_layout=cublas_layout)'s."""
+                      cublas_layout: bool = False, fp8_dtype: torch.dtype = torch.float8_e4m3fn) -> tuple:
+    """x [M, D] (D a multiple of 128) -> (RMSNorm(x) [M, D] in x.dtype, its e4m3 codes in fp8_dtype (the FP8
+    weight's), its multipliers [M, D / 128]): the codes and multipliers are dsv4_fp8_act_quant(RMSNorm(x),
+    cublas_layout=cublas_layout, dtype=fp8_dtype)'s."""
     if x.dim() != 2 or x.shape[1] % BLOCK:
         raise ValueError(f"x must be [M, D] with D a multiple of {BLOCK}, got {tuple(x.shape)}")
     rows = _check(x, weight)
     out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
-    q, s = fp8_act_buffers(rows.shape[0], rows.shape[1], rows.shape[1] // BLOCK, cublas_layout, x.device)
+    q, s = fp8_act_buffers(rows.shape[0], rows.shape[1], rows.shape[1] // BLOCK, cublas_layout, x.device, fp8_dtype)
     _launch(rows, weight, out, q, s, eps)
     return out, q, s

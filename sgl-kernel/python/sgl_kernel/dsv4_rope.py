@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from sgl_kernel.dsv4_fp8_gemm import fp8_act_buffers, fp8_block_scale, fp8_codes
-from sgl_kernel.dsv4_fp8_gemm_ref import BLOCK, FP8_E4M3_MAX
+from sgl_kernel.dsv4_fp8_gemm_ref import BLOCK, fp8_max
 
 
 @triton.jit
@@ -93,7 +93,7 @@ def _dsv4_rope_fp8_kernel(x_ptr, pos_ptr, inv_ptr, q_ptr, s_ptr, HF, stride_xt, 
     rope_amax = tl.maximum(tl.max(tl.abs(re), axis=0), tl.max(tl.abs(ro), axis=0))
     amax = tl.max(tl.abs(xn), axis=1)
     amax = tl.where(blk == NB - 1, tl.maximum(amax, rope_amax), amax)  # the pairs sit in the last block
-    scale, inv = fp8_block_scale(amax)
+    scale, inv = fp8_block_scale(amax, FP8_MAX)
     inv_last = tl.sum(tl.where(blk == NB - 1, inv, 0.0), axis=0)
     dst = q_ptr + t * stride_q + h * d
     qt = q_ptr.dtype.element_ty
@@ -111,9 +111,9 @@ def rope_fp8_supported(x: torch.Tensor, rope_dim: int) -> bool:
 
 
 def dsv4_rope_fp8(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, inverse: bool = False,
-                  cublas_layout: bool = False) -> tuple:
-    """x [T, H, D] (rope_fp8_supported) -> (e4m3 [T, H * D], fp32 multipliers [T, H * D / 128]) of
-    dsv4_rope(x, ...).flatten(1), quantized as dsv4_fp8_act_quant(..., cublas_layout) does."""
+                  cublas_layout: bool = False, fp8_dtype: torch.dtype = torch.float8_e4m3fn) -> tuple:
+    """x [T, H, D] (rope_fp8_supported) -> (e4m3 [T, H * D] in fp8_dtype, fp32 multipliers [T, H * D / 128]) of
+    dsv4_rope(x, ...).flatten(1), quantized as dsv4_fp8_act_quant(..., cublas_layout, dtype=fp8_dtype) does."""
     half = inv_freq.numel()
     if not rope_fp8_supported(x, 2 * half):
         raise ValueError(f"x must be [T, H, D] with D a multiple of {BLOCK}, {2 * half} rope dims inside the last "
@@ -121,11 +121,11 @@ def dsv4_rope_fp8(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tens
     if positions.shape != (x.shape[0],):
         raise ValueError(f"positions must be [{x.shape[0]}], got {tuple(positions.shape)}")
     t, heads, d = x.shape
-    q, s = fp8_act_buffers(t, heads * d, heads * d // BLOCK, cublas_layout, x.device)
+    q, s = fp8_act_buffers(t, heads * d, heads * d // BLOCK, cublas_layout, x.device, fp8_dtype)
     if t * heads:
         _dsv4_rope_fp8_kernel[(t * heads,)](
             x, positions, inv_freq.float().contiguous(), q, s, heads, x.stride(0), x.stride(1), q.stride(0),
             s.stride(0), s.stride(1), -1.0 if inverse else 1.0, NB=d // BLOCK,
             BLOCK_NB=triton.next_power_of_2(d // BLOCK), HALF_R=half, BLOCK_R=triton.next_power_of_2(half),
-            FP8_MAX=FP8_E4M3_MAX, ROUND_IN_FP32=x.device.type != "cuda", num_warps=1 if d <= 512 else 4)
+            FP8_MAX=fp8_max(q.dtype), ROUND_IN_FP32=x.device.type != "cuda", num_warps=1 if d <= 512 else 4)
     return q, s

@@ -25,7 +25,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from sgl_kernel.dsv4_fp8_gemm import fp8_act_buffers, quantize_rows
-from sgl_kernel.dsv4_fp8_gemm_ref import BLOCK, FP8_E4M3_MAX
+from sgl_kernel.dsv4_fp8_gemm_ref import BLOCK, fp8_max
 from sgl_kernel.dsv4_moe_sums import bf16_bits
 from sgl_kernel.dsv4_rmsnorm import round_to
 from sgl_kernel.dsv4_pdl import interpreting
@@ -91,7 +91,7 @@ def _launch(gate, up, h, q, s, limit: float, quant: bool) -> None:
     _swiglu_kernel[(triton.cdiv(m, block_m), triton.cdiv(inter, BLOCK))](
         gate, up, h, q, s, m, inter, gate.stride(0), up.stride(0), h.stride(0), q.stride(0), s.stride(0),
         s.stride(-1), limit_in(gate.dtype, limit), BLOCK_M=block_m, QUANT=quant, LIBDEVICE=not interpreting(),
-        FP8_MAX=FP8_E4M3_MAX, ROUND_IN_FP32=gate.device.type != "cuda",
+        FP8_MAX=fp8_max(q.dtype) if quant else 448.0, ROUND_IN_FP32=gate.device.type != "cuda",
         BF16_BITS=bf16_bits(gate.dtype, gate.device), num_warps=4)
 
 
@@ -103,13 +103,15 @@ def dsv4_clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> t
     return h
 
 
-def dsv4_clamped_swiglu_fp8(gate: torch.Tensor, up: torch.Tensor, limit: float, cublas_layout: bool = False) -> tuple:
-    """gate, up [M, I] -> (e4m3 [M, I], fp32 multipliers [M, ceil(I / 128)]): the clamped SwiGLU quantized per row and
-    128 channels, dsv4_fp8_act_quant(dsv4_clamped_swiglu(gate, up, limit), cublas_layout=cublas_layout)'s codes and
-    multipliers (cuBLAS's layout if asked: sgl_kernel.dsv4_fp8_gemm.fp8_act_buffers), one launch."""
+def dsv4_clamped_swiglu_fp8(gate: torch.Tensor, up: torch.Tensor, limit: float, cublas_layout: bool = False,
+                            fp8_dtype: torch.dtype = torch.float8_e4m3fn) -> tuple:
+    """gate, up [M, I] -> (e4m3 [M, I] in fp8_dtype, fp32 multipliers [M, ceil(I / 128)]): the clamped SwiGLU
+    quantized per row and 128 channels, dsv4_fp8_act_quant(dsv4_clamped_swiglu(gate, up, limit),
+    cublas_layout=cublas_layout, dtype=fp8_dtype)'s codes and multipliers (cuBLAS's layout if asked:
+    sgl_kernel.dsv4_fp8_gemm.fp8_act_buffers), one launch."""
     _rows(gate, up)
     m, inter = gate.shape
-    q, s = fp8_act_buffers(m, inter, triton.cdiv(inter, BLOCK), cublas_layout, gate.device)
+    q, s = fp8_act_buffers(m, inter, triton.cdiv(inter, BLOCK), cublas_layout, gate.device, fp8_dtype)
     h = torch.empty(1, dtype=gate.dtype, device=gate.device)  # the result's dtype only: not written
     _launch(gate, up, h, q, s, limit, quant=True)
     return q, s

@@ -23,6 +23,7 @@ from sglang.srt.layers import aiter_ops
 from sglang.srt.layers.gpu_kernels import sgl_kernel_op
 from sglang.srt.layers.norm import RMSNorm
 from sglang.srt.layers.quantization.fp8 import Fp8Activation
+from sglang.srt.layers.quantization.fp8_format import fp8_format
 
 
 def _mixes(streams: torch.Tensor, fn: torch.Tensor, norm_eps: float) -> torch.Tensor:
@@ -98,7 +99,7 @@ def hc_pre_norm(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, ba
         return y, y, post, comb
     y, post, comb, q, s = sgl_kernel_op("dsv4_mhc", "dsv4_hc_pre_norm_fp8")(
         streams, fn, scale, base, sinkhorn_iters, hc_eps, norm_eps, norm.weight, norm.eps,
-        cublas_layout=fp8_path == "cublas_w8a8")
+        cublas_layout=fp8_path == "cublas_w8a8", fp8_dtype=fp8_format().dtype)
     return y, Fp8Activation(q, s, y.shape[0], y.dtype, fp8_path), post, comb
 
 

@@ -12,6 +12,7 @@ from torch import nn
 from sglang.srt.layers import aiter_ops
 from sglang.srt.layers.gpu_kernels import sgl_kernel_op
 from sglang.srt.layers.quantization.fp8 import Fp8Activation
+from sglang.srt.layers.quantization.fp8_format import fp8_format
 
 
 def _fused_kernel():
@@ -58,5 +59,6 @@ class RMSNorm(nn.Module):
         `path`), by one sgl_kernel launch (quantization/fp8.w8a8_input_path says when: a GPU's W8A8 paths)."""
         from sgl_kernel.dsv4_rmsnorm import dsv4_rms_norm_fp8
 
-        y, q, s = dsv4_rms_norm_fp8(x, self.weight, self.eps, cublas_layout=path == "cublas_w8a8")
+        y, q, s = dsv4_rms_norm_fp8(x, self.weight, self.eps, cublas_layout=path == "cublas_w8a8",
+                                    fp8_dtype=fp8_format().dtype)
         return y, Fp8Activation(q, s, x.shape[0], x.dtype, path)

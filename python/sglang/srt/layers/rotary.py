@@ -20,6 +20,7 @@ from sglang.srt.layers import aiter_ops
 from sglang.srt.layers.gpu_kernels import sgl_kernel_op
 from sglang.srt.layers.norm import RMSNorm, rms_normalize
 from sglang.srt.layers.quantization.fp8 import Fp8Activation
+from sglang.srt.layers.quantization.fp8_format import fp8_format
 
 
 def rope_inv_freq(rope_dim: int, theta: float, yarn: Optional[YarnScaling]) -> torch.Tensor:
@@ -79,7 +80,8 @@ class RotaryEmbedding(nn.Module):
 
         if not rope_fp8_supported(x, self.rope_dim):
             return None
-        q, s = dsv4_rope_fp8(x, positions, self.inv_freq, inverse, cublas_layout=path == "cublas_w8a8")
+        q, s = dsv4_rope_fp8(x, positions, self.inv_freq, inverse, cublas_layout=path == "cublas_w8a8",
+                             fp8_dtype=fp8_format().dtype)
         return Fp8Activation(q, s, x.shape[0], x.dtype, path)
 
 

@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from sglang.srt.configs.deepseek_v4 import DeepseekV4Config
 from sglang.srt.distributed.sharding import ParallelConfig, splits_whole_blocks
+from sglang.srt.layers.quantization.fp8_format import Fp8Format, fp8_format, to_fp8_format
 from sglang.srt.model_loader.checkpoint_spec import PARTS, TensorKind, TensorSpec, expected_tensors, part_of
 from sglang.srt.model_loader.name_mapping import FusedExperts, to_native
 from sglang.srt.model_loader.quant_formats import (
@@ -232,7 +233,8 @@ def _materialize(plan: TensorPlan, reader: TensorReader, config: DeepseekV4Confi
 def iter_checkpoint(model_dir: str, config: Optional[DeepseekV4Config] = None, dtype: torch.dtype = torch.float32,
                     part: str = "main", device="cpu", keep_fp8: frozenset = frozenset(),
                     keep_fp4: bool = False, keep_fp8_experts: bool = False,
-                    plans: Optional[list] = None, select: Optional[Callable[[str], bool]] = None) -> Iterator[tuple]:
+                    plans: Optional[list] = None, select: Optional[Callable[[str], bool]] = None,
+                    fp8: Optional[Fp8Format] = None) -> Iterator[tuple]:
     """Yield (native name, tensor) once for every tensor of `expected_tensors(config, part)`.
 
     Tensors are dequantized to `dtype` in their logical shape; fp32-kept tensors stay float32 and
@@ -241,6 +243,8 @@ def iter_checkpoint(model_dir: str, config: Optional[DeepseekV4Config] = None, d
     (`<module>.weight_scale_inv`, their fp32 128x128 block multipliers). With `keep_fp4`, routed experts stored
     MXFP4 are yielded packed (uint8 [out, in/2]), followed by (`<name>_scale`, uint8 exponent bytes [out, in/32]);
     with `keep_fp8_experts`, FP8-converted experts as stored, followed by (`<name>_scale`, fp32 block multipliers).
+    Kept FP8 weights come in the encoding `fp8` (default: the platform's, fp8_format): on gfx942 e4m3fnuz, the same
+    bytes with their block multipliers doubled (fp8_format.to_fp8_format).
     `plans`: this part's `plan_checkpoint`, when the caller already has it. `select(name)` False: the tensor is
     skipped unread (another rank's experts).
     """
@@ -248,6 +252,7 @@ def iter_checkpoint(model_dir: str, config: Optional[DeepseekV4Config] = None, d
     plans = plans if plans is not None else plan_checkpoint(model_dir, config, part)
     qc = config.quantization_config
     block = tuple(qc.weight_block_size) if qc is not None else FP8_BLOCK
+    fp8 = fp8 if fp8 is not None else fp8_format()
     bar = progress_bar(total=len(plans), desc=f"Loading weights ({part})", unit="tensor")  # hub loads take minutes
     with TensorReader() as reader, bar:
         for plan in plans:
@@ -258,8 +263,9 @@ def iter_checkpoint(model_dir: str, config: Optional[DeepseekV4Config] = None, d
             if plan.name in keep_fp8 or expert_fp8:
                 if plan.fmt != "fp8" or block != FP8_BLOCK:
                     raise CheckpointError(f"tensor '{plan.name}' is not stored as FP8 with 128x128 blocks")
-                scale = scale_to_float(reader.read(plan.scale.record, plan.scale.index))
-                yield plan.name, reader.read(plan.weight.record, plan.weight.index).to(device)
+                w, scale = to_fp8_format(reader.read(plan.weight.record, plan.weight.index),
+                                         scale_to_float(reader.read(plan.scale.record, plan.scale.index)), fp8)
+                yield plan.name, w.to(device)
                 yield (plan.name + "_scale" if expert_fp8 else plan.name[:-len("weight")] + "weight_scale_inv"), \
                     scale.to(device)
             elif keep_fp4 and plan.fmt == "fp4":

@@ -118,7 +118,10 @@ def packed_line(fmt: str, device: torch.device, dtype: torch.dtype, hidden: int,
     """The start-up log's words for experts kept packed (`fmt` "fp4": MXFP4, "fp8"), whose activations are `dtype`."""
     from sgl_kernel.dsv4_moe import describe_fp8, describe_mxfp4
 
+    from sglang.srt.layers.quantization.mxfp4 import scaled_dot_supported
+
     if fmt == "fp4":
-        kernels = describe_mxfp4(device, dtype, hidden, intermediate, limit, scales_fit_planes, gemv)
+        kernels = describe_mxfp4(device, dtype, hidden, intermediate, limit, scales_fit_planes, gemv,
+                                 scaled_dot_supported())
         return f"MoE: routed experts MXFP4 kept, fused Triton MoE ({kernels})"
     return f"MoE: routed experts FP8 kept, fused Triton MoE ({describe_fp8()})"

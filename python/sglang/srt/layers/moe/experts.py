@@ -28,6 +28,7 @@ from torch import nn
 from sglang.srt.layers.gpu_kernels import sgl_kernel_op
 from sglang.srt.layers.moe.dispatch import FUSED, GROUPED, moe_device, packed_line, routed_line, routed_path
 from sglang.srt.layers.quantization.fp8 import Fp8Activation, w8a8_input_path
+from sglang.srt.layers.quantization.fp8_format import fp8_format
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +75,8 @@ class SharedExpert(nn.Module):
         if path is not None:
             from sgl_kernel.dsv4_swiglu import dsv4_clamped_swiglu_fp8
 
-            q, s = dsv4_clamped_swiglu_fp8(gate, up, self.limit, cublas_layout=path == "cublas_w8a8")
+            q, s = dsv4_clamped_swiglu_fp8(gate, up, self.limit, cublas_layout=path == "cublas_w8a8",
+                                           fp8_dtype=fp8_format().dtype)
             return Fp8Activation(q, s, gate.shape[0], gate.dtype, path)
         return swiglu(gate, up, self.limit)
 

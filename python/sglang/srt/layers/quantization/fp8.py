@@ -26,8 +26,11 @@ Where the W8A8 paths run, the kernel producing a linear's input may quantize it 
 the engine's RMSNorm before wq_kv_a and wq_b, the inverse RoPE before wo_a), which saves the linear's own activation
 quantization, a launch that reads the whole input again; `Fp8BlockLinear.w8a8_input_layout` says when and how.
 
-Where FP8 stays: CUDA only. CPU and ROCm dequantize at load (the HF oracle stays exact on CPU; ROCm's e4m3fnuz
-rescaling is not built yet), so `fp8_linears_supported` is False there and no module is replaced.
+Where FP8 stays: NVIDIA GPUs and ROCm's gfx942 / gfx950 (`fp8_linears_supported`), in the platform's e4m3 encoding
+(fp8_format: e4m3fnuz on gfx942, its checkpoint bytes kept and block multipliers doubled at load). On ROCm the W8A8
+and W8A16 paths run the same Triton kernels (FP8 MFMA), wider rows the one-pass dequantization: cuBLAS's blockwise
+recipe is NVIDIA's (`cublas_blockwise_ok` is False on ROCm). CPU and other AMD GPUs dequantize at load (the HF
+oracle stays exact on CPU), so no module is replaced there.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from torch import nn
 
 from sglang.srt import platform as plat
 from sglang.srt.environ import envs
+from sglang.srt.layers.quantization.fp8_format import ROCM_FP8_ARCHS, fp8_format, rocm_fp8_supported
 from sglang.srt.utils.graph_capture import in_graph_capture
 
 BLOCK = 128
@@ -49,7 +53,9 @@ logger = logging.getLogger(__name__)
 
 
 def fp8_linears_supported(device: torch.device) -> bool:
-    return device.type == "cuda" and not plat.is_hip()
+    """Whether FP8 linears stay FP8 on `device`: NVIDIA GPUs, ROCm gfx942 / gfx950 (--quantization none dequantizes
+    them anywhere)."""
+    return device.type == "cuda" and (not plat.is_hip() or rocm_fp8_supported())
 
 
 SKINNY_ROWS = 64  # decode / verify rows: sgl_kernel's FP8 GEMM (W8A8, or W8A16 for fp32 / no FP8 MMA)
@@ -60,9 +66,12 @@ CUBLAS_EAGER_MIN_ROWS = 4096  # eager: rows from which cuBLAS's W8A8 beat dequan
 
 
 def fp8_mma_supported(device: torch.device) -> bool:
-    """FP8 tensor-core MMA: NVIDIA sm89 and later."""
+    """FP8 tensor-core MMA: NVIDIA sm89 and later, AMD gfx942 / gfx950 (ROCm's torch reports gfx90a, without FP8
+    MFMA, as capability 9.0: the architecture is asked instead)."""
     if device.type != "cuda":
         return False
+    if plat.is_hip():
+        return plat.gfx_arch() in ROCM_FP8_ARCHS
     index = torch.cuda.current_device() if device.index is None else device.index
     if index not in _FP8_MMA:
         _FP8_MMA[index] = torch.cuda.get_device_capability(index) >= (8, 9)
@@ -106,6 +115,8 @@ def cublas_blockwise_ok(device: torch.device, n: int, k: int) -> bool:
     on sm90) for an [n, k] weight: whole 128-blocks, and ceil(k / 128) a multiple of 4 (the weight multipliers'
     leading dimension cuBLAS wants). Probed once per device with a small GEMM."""
     if n % BLOCK or k % BLOCK or (k // BLOCK) % 4 or envs.SGLANG_DSV4_FP8_PREFILL.get() != "auto":
+        return False
+    if plat.is_hip():  # DeepSeek's blockwise recipe is cuBLAS's; ROCm runs the Triton W8A8 / dequantization
         return False
     key = str(device)
     if key not in _CUBLAS_OK:
@@ -183,7 +194,7 @@ class Fp8BlockLinear(nn.Module):
         if out_features % groups:
             raise ValueError(f"{out_features} outputs do not split into {groups} groups")
         self.in_features, self.out_features, self.groups = in_features, out_features, groups
-        self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=torch.float8_e4m3fn),
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=fp8_format().dtype),
                                    requires_grad=False)
         self.weight_scale_inv = nn.Parameter(
             torch.empty(math.ceil(out_features / BLOCK), math.ceil(in_features / BLOCK), dtype=torch.float32),
@@ -211,6 +222,8 @@ class Fp8BlockLinear(nn.Module):
         if x.q.shape[1] != self.groups * self.in_features:
             raise ValueError(f"quantized rows of {x.q.shape[1]} channels for a linear of {self.groups} x "
                              f"{self.in_features} inputs")
+        if x.q.dtype != self.weight.dtype:  # the FP8 MMA takes one encoding (fp8_format)
+            raise ValueError(f"quantized rows in {x.q.dtype} for a weight in {self.weight.dtype}")
         if x.path == "cublas_w8a8":
             return cublas_scaled_mm(x.q, x.scale, x.rows, self.weight, self.weight_scale_inv, self.groups, x.dtype)
         from sgl_kernel.dsv4_fp8_gemm import dsv4_fp8_scaled_gemm
@@ -218,7 +231,8 @@ class Fp8BlockLinear(nn.Module):
         return dsv4_fp8_scaled_gemm(x.q, x.scale, self.weight, self.weight_scale_inv, self.groups, x.dtype)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, groups={self.groups}, fp8 e4m3"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, groups={self.groups}, "
+                f"{str(self.weight.dtype).replace('torch.float8_', '')}")
 
 
 def replace_fp8_linears(model: nn.Module, weight_names: frozenset, groups_of=lambda name: 1) -> int:
@@ -256,9 +270,10 @@ class Fp8RoutedExperts(nn.Module):
             return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
 
         nb = lambda n: math.ceil(n / BLOCK)  # noqa: E731
-        self.w13 = param(e, 2 * i, d, dtype=torch.float8_e4m3fn)
+        fp8 = fp8_format().dtype  # the checkpoint's e4m3fn, or e4m3fnuz on gfx942 (converted at load)
+        self.w13 = param(e, 2 * i, d, dtype=fp8)
         self.w13_scale = param(e, 2, nb(i), nb(d), dtype=torch.float32)
-        self.w2 = param(e, d, i, dtype=torch.float8_e4m3fn)
+        self.w2 = param(e, d, i, dtype=fp8)
         self.w2_scale = param(e, 1, nb(d), nb(i), dtype=torch.float32)
 
     def load_expert(self, which: str, expert: int, tensor: torch.Tensor, is_scale: bool) -> str:

@@ -6,8 +6,11 @@ measured batch on an H200 (RESULTS.md, "MoE decode: W4A8 timed, it loses to W4A1
 2026-12-04).
 
 `Mxfp4RoutedExperts` replaces `RoutedExperts` when the checkpoint's experts are stored FP4 and the device keeps them
-(`mxfp4_experts_supported`: CUDA; CPU and ROCm dequantize at load). At 1-8 tokens the kernel takes CUDA-core GEMVs
-unless SGLANG_DSV4_MOE_DECODE=planes. Its parameters hold all experts of a layer: w13 [E, 2I, D/2] (w1 rows, then w3
+(`mxfp4_experts_supported`: NVIDIA GPUs and ROCm gfx942 / gfx950; CPU and other AMD GPUs dequantize at load; the
+format is the same on every target). On NVIDIA GPUs at 1-8 tokens the kernel takes CUDA-core GEMVs unless
+SGLANG_DSV4_MOE_DECODE=planes; on ROCm the general kernels run at every batch size: tl.dot_scaled on gfx950 (MXFP4
+MFMA), the in-register dequantization on gfx942, which has none (`scaled_dot_supported`).
+Its parameters hold all experts of a layer: w13 [E, 2I, D/2] (w1 rows, then w3
 rows), w2 [E, D, I/2], all uint8, as the checkpoint packs them; the scale bytes (the checkpoint's [2I, D/32] and
 [D, I/32] per expert) in sgl_kernel's chunked storage where a row's groups are a multiple of 8 (w13_scale
 [E, D/256, 2I, 8], w2_scale [E, I/256, D, 8]: one decode K step's bytes of consecutive rows contiguous), else
@@ -24,12 +27,20 @@ from torch import nn
 
 from sglang.srt import platform as plat
 from sglang.srt.environ import envs
+from sglang.srt.layers.quantization.fp8_format import rocm_fp8_supported
 
 FP4_BLOCK = 32
 
 
 def mxfp4_experts_supported(device: torch.device) -> bool:
-    return device.type == "cuda" and not plat.is_hip()
+    """Whether routed experts stored MXFP4 stay packed on `device`: NVIDIA GPUs, ROCm gfx942 / gfx950."""
+    return device.type == "cuda" and (not plat.is_hip() or rocm_fp8_supported())
+
+
+def scaled_dot_supported() -> bool:
+    """Whether the MoE's general kernels take tl.dot_scaled for 16-bit activations: NVIDIA GPUs and gfx950 (MXFP4
+    MFMA); not gfx942, which has none (its in-register dequantization instead)."""
+    return not plat.is_hip() or plat.gfx_arch() == "gfx950"
 
 
 class Mxfp4RoutedExperts(nn.Module):
@@ -92,7 +103,8 @@ class Mxfp4RoutedExperts(nn.Module):
 
         return dsv4_moe_mxfp4(x, topk_ids, topk_weights, self.w13, self._rows(self.w13_scale), self.w2,
                               self._rows(self.w2_scale), self.limit, scales_fit_planes=self.scales_fit_planes,
-                              gemv=envs.SGLANG_DSV4_MOE_DECODE.get() == "auto", add=add)
+                              gemv=envs.SGLANG_DSV4_MOE_DECODE.get() == "auto", add=add,
+                              scaled_dot=scaled_dot_supported())
 
     @staticmethod
     def _rows(param: torch.Tensor) -> torch.Tensor:
