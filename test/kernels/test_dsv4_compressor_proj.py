@@ -22,11 +22,11 @@ def _dyadic(shape, g, scale=2.0 ** -3):
     return torch.randint(-8, 9, shape, generator=g).float() * scale
 
 
-def _inputs(T, D, widths, ni, ratio, dtype, exact, device="cpu", seed=0):
+def _inputs(T, D, widths, ni, ratio, dtype, exact, device="cpu", seed=0, weight_dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
     make = _dyadic if exact else (lambda shape, g: torch.randn(shape, generator=g))
     x = make((T, D), g).to(dtype)
-    weights = [make((2 * w, D), g) for w in widths]
+    weights = [make((2 * w, D), g).to(weight_dtype) for w in widths]
     apes = [make((ratio, w), g) for w in widths]
     index_weight = make((ni, D), g).to(dtype) if ni else None
     offset = torch.randint(0, ratio, (T,), generator=g)
@@ -68,6 +68,32 @@ def test_random_inputs_match_the_reference(case):
         torch.testing.assert_close(got_i, ref_i, rtol=2 ** -7, atol=1e-5)
 
 
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"T{c[0]}-D{c[1]}-w{'x'.join(map(str, c[2]))}-nI{c[3]}")
+def test_bf16_weights_equal_the_reference(case):
+    """Compressor weights kept bf16 (the engine's bf16 engine keeps them so): read as stored and widened in
+    registers, the same products as the reference's fp32 copy of them; random values, so bit equality shows the
+    widening itself is exact (the sums agree to fp32 rounding), and the dyadic values are equal outright."""
+    T, D, widths, ni, ratio = case
+    for exact in (True, False):
+        x, offset, weights, apes, wi = _inputs(T, D, widths, ni, ratio, torch.bfloat16, exact=exact, seed=T,
+                                               weight_dtype=torch.bfloat16)
+        got, got_i = dsv4_compressor_proj(x, offset, weights, apes, wi, 0.375)
+        ref, ref_i = dsv4_compressor_proj_ref(x, offset, weights, apes, wi, 0.375)
+        wide, _ = dsv4_compressor_proj(x, offset, [w.float() for w in weights], apes, wi, 0.375)
+        for g, r, f in zip(got, ref, wide):
+            assert g.dtype == torch.float32 and torch.equal(g, f)  # bf16 or fp32 storage of the same values
+            if exact:
+                assert torch.equal(g, r)
+            else:
+                torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-5)
+
+
+def test_weights_of_another_dtype_are_refused():
+    x, offset, weights, apes, _ = _inputs(2, 16, (4,), 0, 4, torch.bfloat16, exact=True)
+    with pytest.raises(AssertionError, match="compressor weight"):
+        dsv4_compressor_proj(x, offset, [weights[0].half()], apes)
+
+
 def test_the_gate_half_alone_gets_the_slot_bias():
     """Zero weights: the content half is exactly zero, the gate half exactly ape[offset]."""
     x, offset, weights, apes, _ = _inputs(3, 16, (4, 6), 0, 4, torch.bfloat16, exact=True)
@@ -93,13 +119,14 @@ def test_empty_batch():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("T", [1, 2, 4, 32, 128])
 @pytest.mark.parametrize("widths,ni", [((1024, 256), 64), ((512,), 0)], ids=["csa", "hca"])
-def test_gpu_flash_widths_and_graph_replay(T, widths, ni):
+def test_gpu_flash_widths_and_graph_replay(T, widths, ni, weight_dtype):
     from graph_replays import assert_replays_equal
 
     x, offset, weights, apes, wi = _inputs(T, 4096, widths, ni, 4 if ni else 128, torch.bfloat16, exact=True,
-                                           device="cuda", seed=T)
+                                           device="cuda", seed=T, weight_dtype=weight_dtype)
     got, got_i = dsv4_compressor_proj(x, offset, weights, apes, wi, 2.0 ** -6)
     ref, ref_i = dsv4_compressor_proj_ref(x, offset, weights, apes, wi, 2.0 ** -6)
     for g, r in zip(got, ref):
