@@ -229,7 +229,7 @@ def rank_weights(model: str, config, args, pc, device: torch.device) -> RankWeig
     dtype = {"float32": torch.float32, "float16": torch.float16}.get(args.dtype, torch.bfloat16)
     with layout_of_rank(pc):  # rank 0's model as rank 0 builds it (local expert and head sizes, their layouts)
         need = sum(parameter_bytes(build_meta_model(MODEL_CLASSES[p], config, dtype, fp8[p], experts,
-                                                    bf16_projection_names(plans[p], dtype))) for p in parts)
+                                                    bf16_projection_names(plans[p], dtype, device))) for p in parts)
     kept = (f"{sum(map(len, fp8.values()))} linears kept FP8, routed experts "
             + ({"fp4": "kept MXFP4", "fp8": "kept FP8"}.get(experts) or f"in {args.dtype}"))
     return RankWeights(need, sum(checkpoint_bytes(p) for p in plans.values()), kept)

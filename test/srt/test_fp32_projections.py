@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from sglang.srt import platform as plat
 from sglang.srt.configs.deepseek_v4 import DeepseekV4Config
 from sglang.srt.layers import fp32_linear
 from sglang.srt.layers.fp32_linear import linear_fp32_out, uses_tensor_cores
@@ -21,6 +22,7 @@ from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 from sglang.srt.models.weight_loading import BF16_PROJECTION, load_native_weights
 
 CFG = DeepseekV4Config.from_dict(TINY_CONFIG)
+CPU = torch.device("cpu")
 
 
 @pytest.fixture(scope="module")
@@ -50,14 +52,26 @@ def test_bf16_kept_where_every_loaded_value_is_one(ckpts, stored):
     plans = plan_checkpoint(ckpts[stored], CFG, "main")
     projections = {p.name for p in plans if BF16_PROJECTION.search(p.name)}
     assert any("compressor.wkv" in n for n in projections) and any("ffn.gate" in n for n in projections)
-    assert bf16_projection_names(plans, torch.bfloat16) == projections
-    assert bf16_projection_names(plans, torch.float32) == (projections if stored == "bfloat16" else frozenset())
-    assert bf16_projection_names(plans, torch.float16) == frozenset()
+    assert bf16_projection_names(plans, torch.bfloat16, CPU) == projections
+    assert bf16_projection_names(plans, torch.float32, CPU) == (projections if stored == "bfloat16" else frozenset())
+    assert bf16_projection_names(plans, torch.float16, CPU) == frozenset()
+
+
+def test_nvidia_and_cpu_keep_them_bf16_rocm_fp32(ckpts):
+    """The choice is the device's, not the machine's: the capacity planner counts on any host what the server
+    builds on its GPUs."""
+    plans = plan_checkpoint(ckpts["bfloat16"], CFG, "main")
+    cuda = torch.device("cuda")
+    with plat.simulate_platform("cuda"):
+        assert bf16_projection_names(plans, torch.bfloat16, cuda) == bf16_projection_names(plans, torch.bfloat16, CPU)
+    with plat.simulate_platform("hip", gfx="gfx950"):
+        assert bf16_projection_names(plans, torch.bfloat16, cuda) == frozenset()
+    assert bf16_projection_names(plans, torch.bfloat16, torch.device("meta")) == frozenset()
 
 
 def test_the_meta_model_and_its_bytes(ckpts):
     plans = plan_checkpoint(ckpts["bfloat16"], CFG, "main")
-    names = bf16_projection_names(plans, torch.bfloat16)
+    names = bf16_projection_names(plans, torch.bfloat16, CPU)
     kept = build_meta_model(DeepseekV4ForCausalLM, CFG, torch.bfloat16, bf16_weights=names)
     wide = build_meta_model(DeepseekV4ForCausalLM, CFG, torch.bfloat16)
     got = _projection_params(kept)
@@ -73,7 +87,7 @@ def test_the_meta_model_and_its_bytes(ckpts):
 def _loaded(path, dtype):
     plans = plan_checkpoint(path, CFG, "main")
     model = materialize(build_meta_model(DeepseekV4ForCausalLM, CFG, dtype,
-                                         bf16_weights=bf16_projection_names(plans, dtype)), "cpu")
+                                         bf16_weights=bf16_projection_names(plans, dtype, CPU)), "cpu")
     model.load_weights(iter_checkpoint(path, CFG, dtype=dtype, plans=plans))
     return model
 

@@ -19,6 +19,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from sglang.srt import platform as plat
+
 
 @functools.lru_cache(maxsize=None)
 def mm_out_dtype_available() -> bool:
@@ -31,6 +33,14 @@ def mm_out_dtype_available() -> bool:
         return torch._C._dispatch_has_kernel_for_dispatch_key("aten::mm.dtype", "CUDA")
     except (AttributeError, RuntimeError):  # an older torch: no such operator
         return False
+
+
+def bf16_weights_supported(device: torch.device) -> bool:
+    """Whether the engine keeps these weights bf16 on `device`: NVIDIA GPUs (the bf16 GEMM with fp32 output; the
+    fused decode kernels read them as stored) and the CPU (which widens them per call: its speed does not matter).
+    ROCm keeps them fp32: without the fp32-output GEMM its prefill would widen a weight copy at every call. A
+    function of the device only, so the capacity planner counts what the server builds, on any machine."""
+    return device.type == "cpu" or (device.type == "cuda" and not plat.is_hip())
 
 
 def _on_cuda(t: torch.Tensor) -> bool:
@@ -53,4 +63,4 @@ def linear_fp32_out(x: torch.Tensor, weight: torch.Tensor, xf: Optional[torch.Te
     return F.linear(x.float() if xf is None else xf, weight.float())
 
 
-__all__ = ["linear_fp32_out", "mm_out_dtype_available", "uses_tensor_cores"]
+__all__ = ["bf16_weights_supported", "linear_fp32_out", "mm_out_dtype_available", "uses_tensor_cores"]

@@ -20,6 +20,7 @@ from sglang.srt.configs.deepseek_v4 import DeepseekV4Config
 from sglang.srt.distributed.parallel_state import get_parallel_state
 from sglang.srt.distributed.sharding import (
     EXPERT_BLOCKS, ParallelConfig, experts_split_whole_blocks, local_name, rank_tensor)
+from sglang.srt.layers.fp32_linear import bf16_weights_supported
 from sglang.srt.layers.moe.experts import log_moe_paths, replace_routed_experts
 from sglang.srt.layers.quantization.fp8 import Fp8RoutedExperts, fp8_linears_supported, replace_fp8_linears
 from sglang.srt.layers.quantization.mxfp4 import Mxfp4RoutedExperts, mxfp4_experts_supported
@@ -41,12 +42,15 @@ _FP32_PARAM = re.compile(r"(hc_\w+|attn_sink|\.ape|gate\.bias|norm\.weight|weigh
 _FLOAT_DTYPES = frozenset((torch.float32, torch.bfloat16, torch.float16))  # FP8 / packed weights keep theirs
 
 
-def bf16_projection_names(plans: list, dtype: torch.dtype) -> frozenset:
+def bf16_projection_names(plans: list, dtype: torch.dtype, device: torch.device) -> frozenset:
     """Native names of the planned fp32-computed projection weights (BF16_PROJECTION) whose loaded values are all
     bf16 values, decided per weight from the checkpoint's headers: the loader yields them in the engine's `dtype`
     (checkpoint_spec: FLOAT), so every one in a bf16 engine; in an fp32 engine those stored BF16 (widened exactly);
-    none in an fp16 engine (fp16 values are not all bf16 values). The rest stay fp32. load_native_weights checks
-    the values again as it copies them."""
+    none in an fp16 engine (fp16 values are not all bf16 values). The rest stay fp32, and all of them on devices
+    without the bf16 GEMM with fp32 output (fp32_linear.bf16_weights_supported). load_native_weights checks the
+    values again as it copies them."""
+    if not bf16_weights_supported(device):
+        return frozenset()
     if dtype == torch.bfloat16:
         return frozenset(p.name for p in plans if BF16_PROJECTION.search(p.name))
     if dtype == torch.float32:
@@ -169,7 +173,7 @@ def load_models(args, model_path: str, config: DeepseekV4Config, dtype: torch.dt
     plans = {part: plan_checkpoint(model_path, config, part) for part in parts}  # headers read once per part
     fp8, experts = kept_formats(args, plans, config, device, args.parallel_config())
     metas = {part: build_meta_model(MODEL_CLASSES[part], config, dtype, fp8[part], experts,
-                                    bf16_projection_names(plans[part], dtype)) for part in parts}
+                                    bf16_projection_names(plans[part], dtype, device)) for part in parts}
     need = sum(parameter_bytes(m) for m in metas.values())
     stored = sum(checkpoint_bytes(p) for p in plans.values())
     kept = f"{sum(map(len, fp8.values()))} linears kept FP8, routed experts " + (
