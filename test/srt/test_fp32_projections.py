@@ -178,3 +178,57 @@ def test_router_with_a_bf16_kept_weight_routes_the_same():
     gate.weight.data = gate.weight.data.bfloat16()
     narrow = gate(x, None)
     assert torch.equal(wide[0], narrow[0]) and torch.equal(wide[1], narrow[1])
+
+
+# ----------------------------------------------------------------------------- GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("rows", [1, 2, 8, 32, 128, 8192])
+@pytest.mark.parametrize("n", [256, 512, 2048])
+def test_gpu_bf16_gemm_with_fp32_output(rows, n):
+    """Flash widths: the bf16 GEMM with fp32 output is the fp32 GEMM of the same values to fp32 summation order, and
+    a CUDA-graph replay equals the eager call bit for bit (the same path, the same cuBLAS algorithm)."""
+    g = torch.Generator("cuda").manual_seed(rows + n)
+    x = torch.randn(rows, 4096, generator=g, device="cuda").bfloat16()
+    w = (torch.randn(n, 4096, generator=g, device="cuda") * 4096 ** -0.5).bfloat16()
+    assert fp32_linear.mm_out_dtype_available() == (torch.version.hip is None) and uses_tensor_cores(x, w)
+    got = linear_fp32_out(x, w)
+    assert got.dtype == torch.float32 and got.shape == (rows, n)
+    torch.testing.assert_close(got, F.linear(x.float(), w.float()), rtol=1e-5, atol=1e-5)
+    live = x.clone()
+    linear_fp32_out(live, w)  # cuBLAS's workspace before capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = linear_fp32_out(live, w)
+    for seed in range(3):
+        live.copy_(torch.randn(rows, 4096, generator=g, device="cuda").bfloat16())
+        graph.replay()
+        assert torch.equal(out, linear_fp32_out(live, w)), seed
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("rows", [1, 8, 33, 256])
+def test_gpu_router_with_a_bf16_weight(rows):
+    """Gate.route on a GPU with the weight kept bf16 (the fused kernel up to FUSED_MAX_ROWS, the bf16 GEMM above):
+    the same experts as the fp32 torch path of the same values, weights to fp32 rounding."""
+    g = torch.Generator().manual_seed(rows)
+    gate = Gate(4096, 256, 6, 1000, 1.5, False)
+    with torch.no_grad():
+        gate.weight.copy_(torch.randn(256, 4096, generator=g) * 4096 ** -0.5 * 2)
+        gate.bias.copy_(torch.randn(256, generator=g) * 0.1)
+    gate = gate.cuda()
+    gate.weight.data = gate.weight.data.bfloat16()
+    x = torch.randn(rows, 4096, generator=g).bfloat16().cuda()
+    weights, ids = gate(x, None)
+    logits = F.linear(x.float(), gate.weight.float())
+    biased = F.softplus(logits).sqrt() + gate.bias
+    top = biased.topk(7, dim=-1).values
+    clear = (top[:, 5] - top[:, 6]) > 1e-4  # rows whose 6th and 7th choices are not within fp32 rounding
+    want = biased.sort(dim=-1, descending=True, stable=True).indices[:, :6]
+    assert torch.equal(ids[clear], want[clear])
+    ref = F.softplus(logits).sqrt().gather(1, ids)
+    torch.testing.assert_close(weights, ref / ref.sum(-1, keepdim=True) * 1.5, rtol=1e-4, atol=1e-5)
