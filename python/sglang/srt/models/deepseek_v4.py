@@ -100,7 +100,7 @@ class Compressor(nn.Module):
 class CompressorInputs:
     """A compressed layer's projections of x for its compressors and indexer (Attention.compressor_inputs): all of
     them from one fused launch, or only x.float() for the torch path (the rest None: computed by the modules)."""
-    xf: Optional[torch.Tensor] = None  # x.float()
+    xf: Optional[torch.Tensor] = None  # x.float(), where the torch path's GEMMs read it
     kv_gate: Optional[torch.Tensor] = None  # [T, 2, width] fp32 of the attention's compressor
     index_kv_gate: Optional[torch.Tensor] = None  # the same of the indexer's compressor
     index_weights: Optional[torch.Tensor] = None  # [T, nI] fp32: weights_proj(x) * weight_scale
@@ -197,8 +197,9 @@ class Attention(nn.Module):
                           forward_batch: ForwardBatch) -> CompressorInputs:
         """What the compressors and the indexer read of x. On GPUs sgl_kernel's dsv4_compressor_proj computes every
         projection (each compressor's wkv_gate with its ape, the indexer's weights_proj times its scale) in one launch,
-        reading x in its dtype; elsewhere (or with unjoined / non-fp32 compressor weights) x.float() once, for the
-        compressors' torch path (Compressor.project), which is the kernel's reference."""
+        reading x in its dtype (at most FUSED_PROJ_MAX_ROWS rows); elsewhere (or with unjoined compressor weights of
+        another dtype) x.float() once, for the compressors' torch path (Compressor.project), which is the kernel's
+        reference, or nothing where their GEMMs read bf16 x as it is (bf16-kept weights on NVIDIA GPUs)."""
         compressors = [self.compressor] + ([self.indexer.compressor] if self.indexer is not None else [])
         op = _compressor_proj_op(x)
         if op is None or not all(type(c.wkv_gate) is nn.Linear and c.wkv_gate.weight.dtype in _PROJ_WEIGHT_DTYPES
