@@ -1,11 +1,12 @@
 """Benchmark of dsv4_router (the MoE router in one launch) against the engine's torch path on Flash widths.
 
 Cases: 1, 8, 32, 128, 512, 4096 tokens of bf16 activations, E 256 experts of D 4096, top-6, a score layer and a hash
-layer, the router weight in fp32 (as the engine keeps it) and bf16 (as the checkpoint stores it), with the fused
-shared expert's column. Per case: the GPU time of one call (time_cuda_us: kernel time only), the time per call of a
-CUDA graph replaying it (launch gaps and tails included, as the engine's decode pays them), the kernels per call (the
-profiler's count), for the kernel and for the torch path (dsv4_router_ref: the engine's CPU path, op for op), and the
-kernel's bytes (weight + activations + outputs) as a fraction of the same run's copy bandwidth.
+layer, the router weight in fp32 (as the engine keeps it on ROCm) and bf16 (as the checkpoint stores it and the engine
+keeps it on NVIDIA GPUs), with the fused shared expert's column. Per case: the GPU time of one call (time_cuda_us:
+kernel time only), the time per call of a CUDA graph replaying it (launch gaps and tails included, as the engine's
+decode pays them), the kernels per call (the profiler's count), for the kernel and for the torch path (dsv4_router_ref:
+the engine's CPU path, op for op), and the kernel's bytes (weight + activations + outputs) as a fraction of the same
+run's copy bandwidth.
 
     python benchmark/kernels/bench_dsv4_router.py [--sweep]
 

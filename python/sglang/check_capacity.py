@@ -220,14 +220,16 @@ def rank_weights(model: str, config, args, pc, device: torch.device) -> RankWeig
     """Rank 0's weights as the engine builds them for `device` (model_builder.load_models' formats and sizes)."""
     from sglang.srt.distributed.parallel_state import layout_of_rank
     from sglang.srt.model_loader.loader import checkpoint_bytes
-    from sglang.srt.model_loader.model_builder import MODEL_CLASSES, build_meta_model, kept_formats, parameter_bytes
+    from sglang.srt.model_loader.model_builder import (
+        MODEL_CLASSES, bf16_projection_names, build_meta_model, kept_formats, parameter_bytes)
 
     parts = ("main", "mtp") if args.speculative_algorithm is not None else ("main",)
     plans = checkpoint_plans(model, config, parts)
     fp8, experts = kept_formats(args, plans, config, device, pc)
     dtype = {"float32": torch.float32, "float16": torch.float16}.get(args.dtype, torch.bfloat16)
     with layout_of_rank(pc):  # rank 0's model as rank 0 builds it (local expert and head sizes, their layouts)
-        need = sum(parameter_bytes(build_meta_model(MODEL_CLASSES[p], config, dtype, fp8[p], experts)) for p in parts)
+        need = sum(parameter_bytes(build_meta_model(MODEL_CLASSES[p], config, dtype, fp8[p], experts,
+                                                    bf16_projection_names(plans[p], dtype, device))) for p in parts)
     kept = (f"{sum(map(len, fp8.values()))} linears kept FP8, routed experts "
             + ({"fp4": "kept MXFP4", "fp8": "kept FP8"}.get(experts) or f"in {args.dtype}"))
     return RankWeights(need, sum(checkpoint_bytes(p) for p in plans.values()), kept)

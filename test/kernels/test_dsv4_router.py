@@ -218,7 +218,7 @@ kernel = r._router_kernel
 out = {}
 for tokens in (1, 8, 32, 4096):
     cfg = r.router_launch(tokens, 256, 4096)
-    for use_hash, w_type in ((False, "fp32"), (True, "bf16")):  # the engine's fp32 weight; the 16-bit dot
+    for use_hash, w_type in ((False, "fp32"), (False, "bf16"), (True, "bf16")):  # weights kept fp32 or bf16
         if True:
             dot = cfg.block_t >= 16
             consts = dict(BLOCK_T=cfg.block_t, BLOCK_E=cfg.block_e, BLOCK_D=cfg.block_d, E_PAD=256,
@@ -240,7 +240,7 @@ print(json.dumps(out))
 
 
 def test_router_compiles_for_sm90():
-    """The engine's launches at Flash widths (1 to 4,096 tokens; a score layer with the engine's fp32 weight, a hash
+    """The engine's launches at Flash widths (1 to 4,096 tokens; a score layer with an fp32 or a bf16 weight, a hash
     layer with a bf16 one) compile for sm90 on the CPU (Triton's bundled ptxas) without spilling: registers / stack
     bytes / shared memory printed."""
     from sm90_compile import SM90_PREAMBLE, compiled_facts

@@ -133,9 +133,9 @@ def test_cli_real_configs(capsys):
     out = capsys.readouterr().out
     assert out.startswith("flash on 4 x H200 GPUs, TP4") and "GB = 10^9 bytes" in out, out
     assert "H200: 143,771 MiB = 150.8 GB" in out and "max running requests 256" in out
-    assert out.splitlines()[-1].startswith("fits: 40.7 GB weights/GPU, KV pool 7,286,528 tokens"), out
-    assert main(["flash"]) == 1  # 157 GB of weights on one H200
-    assert "does not fit: weights 156.7 GB/GPU leave no room for the KV pools" in capsys.readouterr().out
+    assert out.splitlines()[-1].startswith("fits: 40.0 GB weights/GPU, KV pool 7,348,480 tokens"), out
+    assert main(["flash"]) == 1  # 156 GB of weights on one H200
+    assert "does not fit: weights 156.0 GB/GPU leave no room for the KV pools" in capsys.readouterr().out
     assert main(["flash", "--tp", "8", "--ep", "8", "--dp", "8", "--enable-dp-attention", "--gpu", "b200"]) == 0
     out = capsys.readouterr().out
     assert "DP-attention 8" in out and "KV pool 8 x " in out.splitlines()[-1]

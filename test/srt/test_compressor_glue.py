@@ -82,9 +82,10 @@ def test_compressor_glue_launches():
 # ---------------------------------------------------------------------------------------- the GPU path's one launch
 
 
-def _csa_attention(dtype: torch.dtype):
+def _csa_attention(dtype: torch.dtype, weight_dtype: torch.dtype = torch.float32):
     """What Attention.compressor_inputs reads of a CSA attention: its compressor, its indexer (joined wkv_gate,
-    fp32 compressor weights, weights_proj in the model dtype), dyadic values so any summation order is exact."""
+    compressor weights in `weight_dtype`: fp32, or bf16 as a bf16 engine keeps them; weights_proj in the model
+    dtype), dyadic values so any summation order is exact."""
     from sglang.srt.models.deepseek_v4 import Indexer
 
     config = DeepseekV4Config.from_dict(dict(TINY_CONFIG))
@@ -98,12 +99,15 @@ def _csa_attention(dtype: torch.dtype):
                 p.copy_(torch.randint(-8, 9, p.shape, generator=g).float() / 8)
     attn.indexer.weights_proj.to(dtype)
     for c in (attn.compressor, attn.indexer.compressor):
+        c.wkv.to(weight_dtype)
+        c.wgate.to(weight_dtype)
         assert c.join_projections()
     return attn
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
-def test_gpu_path_projects_everything_in_one_launch(monkeypatch, dtype):
+@pytest.mark.parametrize("dtype,weight_dtype", [(torch.bfloat16, torch.float32), (torch.float32, torch.float32),
+                                                (torch.bfloat16, torch.bfloat16)], ids=str)
+def test_gpu_path_projects_everything_in_one_launch(monkeypatch, dtype, weight_dtype):
     """Where x is a GPU tensor (here: the op run on CPU tensors in the Triton interpreter), the compressors' and the
     indexer's projections of x come from ONE dsv4_compressor_proj launch, equal to the torch path: no cast of x, no
     fp32 GEMMs, no bias gather / add, no weights_proj linear / cast / scale."""
@@ -115,7 +119,7 @@ def test_gpu_path_projects_everything_in_one_launch(monkeypatch, dtype):
     from sglang.srt.models import deepseek_v4
     from sglang.srt.models.deepseek_v4 import Attention
 
-    attn = _csa_attention(dtype)
+    attn = _csa_attention(dtype, weight_dtype)
     positions = torch.tensor([0, 5, 6, 7, 13, 31, 2])
     x = (torch.randint(-8, 9, (positions.shape[0], TINY_CONFIG["hidden_size"])).float() / 4).to(dtype)
     fb = SimpleNamespace(attn_metadata=SimpleNamespace(
@@ -155,3 +159,33 @@ def test_prefill_sized_batches_keep_the_torch_gemms(monkeypatch):
     with simulate_platform("cuda"):
         assert deepseek_v4._compressor_proj_op(x) is None
         assert deepseek_v4._compressor_proj_op(x[:-1]) is not None
+
+
+def test_bf16_kept_weights_take_the_bf16_gemm_above_the_fused_rows(monkeypatch):
+    """Above FUSED_PROJ_MAX_ROWS on a CUDA GPU (stood for here) with bf16 x and bf16-kept weights: no x.float() for
+    the compressors, each projection one bf16 GEMM with fp32 output (aten::mm.dtype), the same values."""
+    from sglang.srt.layers import fp32_linear
+    from sglang.srt.models.deepseek_v4 import Attention
+
+    attn = _csa_attention(torch.bfloat16, torch.bfloat16)
+    positions = torch.tensor([0, 5, 6, 7, 13, 31, 2])
+    x = (torch.randint(-8, 9, (positions.shape[0], TINY_CONFIG["hidden_size"])).float() / 4).bfloat16()
+    fb = SimpleNamespace(attn_metadata=SimpleNamespace(
+        ratios={4: RatioMetadata(4, None, None, None, window_offset=positions % 4)}))
+    with torch.no_grad():
+        want = [c.project(x, positions, fb) for c in (attn.compressor, attn.indexer.compressor)]
+    calls = []
+
+    def mm(a, b, out_dtype=None):
+        calls.append((a.dtype, b.dtype, out_dtype))
+        return torch.nn.functional.linear(a.float(), b.t().float())
+
+    monkeypatch.setattr(fp32_linear, "_on_cuda", lambda t: True)
+    monkeypatch.setattr(fp32_linear, "mm_out_dtype_available", lambda: True)
+    monkeypatch.setattr(torch, "mm", mm)
+    with torch.no_grad():
+        inputs = Attention.compressor_inputs(attn, x, positions, fb)
+        assert inputs.xf is None and inputs.kv_gate is None  # no fp32 copy of x: the GEMMs read it as it is
+        got = [c.project(x, positions, fb, inputs.xf) for c in (attn.compressor, attn.indexer.compressor)]
+    assert calls == [(torch.bfloat16, torch.bfloat16, torch.float32)] * 2
+    assert all(torch.equal(g, w) for g, w in zip(got, want))

@@ -5,11 +5,12 @@ launch (docs/dsv4-architecture.md 5.4, 5.5).
     kv_gate_i[t, 1, c] = sum_k x[t, k] * W_i[width_i + c, k] + ape_i[offset[t], c]  gate logit + the slot's bias
     index_w[t, h]      = round_w(sum_k x[t, k] * Wi[h, k]) * scale                   the indexer's head weights
 
-W_i are the compressors' joined wkv | wgate weights [2*width_i, D] in fp32 (one compressor on HCA layers, the
-attention's and the indexer's on CSA layers), offset[t] = positions[t] % ratio, ape_i [ratio, width_i] fp32. x is
-read in its own dtype (bf16 / fp16 / fp32) and widened in registers: x.float() is exact, so no fp32 copy of x is
-made. Wi is the indexer's weights_proj [nI, D] in x's dtype: its product is rounded to that dtype (round_w), as the
-torch linear's output is, before the fp32 scale (nI^-1/2 dI^-1/2).
+W_i are the compressors' joined wkv | wgate weights [2*width_i, D] in fp32, or bf16 where the engine keeps them so
+(one compressor on HCA layers, the attention's and the indexer's on CSA layers), offset[t] = positions[t] % ratio,
+ape_i [ratio, width_i] fp32. x and W_i are read as stored (x in bf16 / fp16 / fp32) and widened in registers: the
+widening is exact, so no fp32 copy of either is made, and bf16 weights halve the bytes read. Wi is the indexer's
+weights_proj [nI, D] in x's dtype: its product is rounded to that dtype (round_w), as the torch linear's output is,
+before the fp32 scale (nI^-1/2 dI^-1/2).
 
 Every product and sum is fp32 (the reference computes the compressors in fp32). The sums run in another order than
 cuBLAS (K in BLOCK_K chunks), so the values agree with the torch path to fp32 rounding; each output is one
@@ -88,6 +89,11 @@ def _dsv4_compressor_proj_kernel(x_ptr, stride_x, off_ptr, T, K,
         tl.store(outi_ptr + t.to(tl.int64)[:, None] * NI + n[None, :], acc, mask=(t < T)[:, None] & (n < NI)[None, :])
 
 
+# The compressors' weights: fp32, or bf16 where the engine keeps them bf16 (every value a bf16 value: half the bytes
+# read, the same fp32 products once widened in registers).
+_WEIGHT_DTYPES = (torch.float32, torch.bfloat16)
+
+
 def launch_config(num_rows: int) -> dict:
     """Static settings, a function of the row count only (a captured batch size replays what eager runs).
     Decode rows: BLOCK_N output rows per program, BLOCK_T * BLOCK_K = 512 products per output row per step."""
@@ -100,8 +106,8 @@ def check_compressor_proj_args(x, offset, kv_gate_weights, apes, index_weight) -
     assert offset.shape == (x.shape[0],) and not offset.dtype.is_floating_point, "offset: [T] integer"
     assert 1 <= len(kv_gate_weights) <= 2 and len(apes) == len(kv_gate_weights), "one or two compressors"
     for w, ape in zip(kv_gate_weights, apes):
-        assert w.dtype == torch.float32 and w.is_contiguous() and w.shape[1] == x.shape[1] and w.shape[0] % 2 == 0, \
-            f"compressor weight: fp32 [2*width, {x.shape[1]}] contiguous, got {w.dtype} {tuple(w.shape)}"
+        assert w.dtype in _WEIGHT_DTYPES and w.is_contiguous() and w.shape[1] == x.shape[1] and w.shape[0] % 2 == 0, \
+            f"compressor weight: fp32 / bf16 [2*width, {x.shape[1]}] contiguous, got {w.dtype} {tuple(w.shape)}"
         assert ape.dtype == torch.float32 and ape.is_contiguous() and ape.shape[1] == w.shape[0] // 2, \
             f"ape: fp32 [ratio, {w.shape[0] // 2}], got {ape.dtype} {tuple(ape.shape)}"
     if index_weight is not None:
@@ -118,7 +124,7 @@ def dsv4_compressor_proj_ref(x: torch.Tensor, offset: torch.Tensor, kv_gate_weig
     xf = x.float()
     outs = []
     for w, ape in zip(kv_gate_weights, apes):
-        kv_gate = torch.nn.functional.linear(xf, w).view(x.shape[0], 2, -1)
+        kv_gate = torch.nn.functional.linear(xf, w.float()).view(x.shape[0], 2, -1)
         kv_gate[:, 1].add_(ape[offset])
         outs.append(kv_gate)
     index_w = None

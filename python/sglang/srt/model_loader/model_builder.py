@@ -20,6 +20,7 @@ from sglang.srt.configs.deepseek_v4 import DeepseekV4Config
 from sglang.srt.distributed.parallel_state import get_parallel_state
 from sglang.srt.distributed.sharding import (
     EXPERT_BLOCKS, ParallelConfig, experts_split_whole_blocks, local_name, rank_tensor)
+from sglang.srt.layers.fp32_linear import bf16_weights_supported
 from sglang.srt.layers.moe.experts import log_moe_paths, replace_routed_experts
 from sglang.srt.layers.quantization.fp8 import Fp8RoutedExperts, fp8_linears_supported, replace_fp8_linears
 from sglang.srt.layers.quantization.mxfp4 import Mxfp4RoutedExperts, mxfp4_experts_supported
@@ -28,23 +29,42 @@ from sglang.srt.model_loader.loader import (
     checkpoint_bytes, fp8_linear_names, iter_checkpoint, plan_checkpoint, quantization_of)
 from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 from sglang.srt.models.deepseek_v4_nextn import DeepseekV4ForCausalLMNextN
+from sglang.srt.models.weight_loading import BF16_PROJECTION
 from sglang.srt.platform import memory_budget_bytes
 
 logger = logging.getLogger(__name__)
 
 # Parameters kept in fp32 whatever the compute dtype (mHC mixes, sinks, compressor position biases, router
-# bias, norm weights): small, and precision-sensitive. The compressors' and router's projections run in fp32 (as the
-# reference does): their weights are stored in fp32 too, not converted at every forward.
-_FP32_PARAM = re.compile(r"(hc_\w+|attn_sink|\.ape|gate\.bias|norm\.weight"
-                         r"|compressor\.w(kv|gate)\.weight|ffn\.gate\.weight|weight_scale_inv)$")
+# bias, norm weights): small, and precision-sensitive. The compressors' and router's projections (BF16_PROJECTION)
+# compute in fp32 too (as the reference does): their weights are kept bf16 where every loaded value is one
+# (bf16_projection_names; a bf16 GEMM with fp32 output is then the same function, layers/fp32_linear.py), else fp32.
+_FP32_PARAM = re.compile(r"(hc_\w+|attn_sink|\.ape|gate\.bias|norm\.weight|weight_scale_inv)$")
 _FLOAT_DTYPES = frozenset((torch.float32, torch.bfloat16, torch.float16))  # FP8 / packed weights keep theirs
 
 
+def bf16_projection_names(plans: list, dtype: torch.dtype, device: torch.device) -> frozenset:
+    """Native names of the planned fp32-computed projection weights (BF16_PROJECTION) whose loaded values are all
+    bf16 values, decided per weight from the checkpoint's headers: the loader yields them in the engine's `dtype`
+    (checkpoint_spec: FLOAT), so every one in a bf16 engine; in an fp32 engine those stored BF16 (widened exactly);
+    none in an fp16 engine (fp16 values are not all bf16 values). The rest stay fp32, and all of them on devices
+    without the bf16 GEMM with fp32 output (fp32_linear.bf16_weights_supported). load_native_weights checks the
+    values again as it copies them."""
+    if not bf16_weights_supported(device):
+        return frozenset()
+    if dtype == torch.bfloat16:
+        return frozenset(p.name for p in plans if BF16_PROJECTION.search(p.name))
+    if dtype == torch.float32:
+        return frozenset(p.name for p in plans if BF16_PROJECTION.search(p.name)
+                         and p.fmt == "plain" and p.weight.record.dtype_name == "BF16")
+    return frozenset()
+
+
 def build_meta_model(cls, config: DeepseekV4Config, dtype: torch.dtype, fp8_weights: frozenset = frozenset(),
-                     experts: Optional[str] = None) -> nn.Module:
+                     experts: Optional[str] = None, bf16_weights: frozenset = frozenset()) -> nn.Module:
     """The model on the meta device in its final form: the linears of `fp8_weights` (native weight names) are
     Fp8BlockLinear, the routed experts Mxfp4RoutedExperts (`experts` "fp4") or Fp8RoutedExperts ("fp8") when kept
-    quantized; float parameters in `dtype` except the fp32-kept ones."""
+    quantized; float parameters in `dtype` except the fp32-kept ones; the fp32-computed projections
+    (BF16_PROJECTION) bf16 where named in `bf16_weights` (bf16_projection_names), else fp32."""
     with torch.device("meta"):
         model = cls(config)
         local_groups = config.o_groups // get_parallel_state().attn_tp.world_size
@@ -52,7 +72,11 @@ def build_meta_model(cls, config: DeepseekV4Config, dtype: torch.dtype, fp8_weig
         if experts is not None:
             replace_routed_experts(model, {"fp4": Mxfp4RoutedExperts, "fp8": Fp8RoutedExperts}[experts])
     for name, param in model.named_parameters():
-        if param.dtype in _FLOAT_DTYPES and not _FP32_PARAM.search(name):
+        if param.dtype not in _FLOAT_DTYPES:
+            continue
+        if BF16_PROJECTION.search(name):
+            param.data = param.data.to(torch.bfloat16 if name in bf16_weights else torch.float32)
+        elif not _FP32_PARAM.search(name):
             param.data = param.data.to(dtype)
     return model
 
@@ -148,7 +172,8 @@ def load_models(args, model_path: str, config: DeepseekV4Config, dtype: torch.dt
     parts = ("main", "mtp") if args.speculative_algorithm is not None else ("main",)
     plans = {part: plan_checkpoint(model_path, config, part) for part in parts}  # headers read once per part
     fp8, experts = kept_formats(args, plans, config, device, args.parallel_config())
-    metas = {part: build_meta_model(MODEL_CLASSES[part], config, dtype, fp8[part], experts) for part in parts}
+    metas = {part: build_meta_model(MODEL_CLASSES[part], config, dtype, fp8[part], experts,
+                                    bf16_projection_names(plans[part], dtype, device)) for part in parts}
     need = sum(parameter_bytes(m) for m in metas.values())
     stored = sum(checkpoint_bytes(p) for p in plans.values())
     kept = f"{sum(map(len, fp8.values()))} linears kept FP8, routed experts " + (

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Optional, Union
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from sglang.srt.configs.deepseek_v4 import CSA_RATIO, DeepseekV4Config
@@ -23,6 +22,7 @@ from sglang.srt.distributed.sharding import local_expert_range
 from sglang.srt.eplb.expert_distribution import get_expert_distribution_recorder
 from sglang.srt.layers.attention.dsv4.hadamard import hadamard_rotate
 from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
+from sglang.srt.layers.fp32_linear import linear_fp32_out, uses_tensor_cores
 from sglang.srt.layers.fused_linear import join_linears, record_joined
 from sglang.srt.layers.gpu_kernels import sgl_kernel_op
 from sglang.srt.layers.mhc import hc_head, hc_post, hc_pre_norm
@@ -68,6 +68,10 @@ class Compressor(nn.Module):
         [T, 2, width] (content, gate) layout."""
         return join_linears(self, ["wkv", "wgate"], "wkv_gate")
 
+    def projection_weights(self) -> list:
+        """The weights project() reads x with: the joined wkv_gate, or wkv and wgate."""
+        return [self.wkv_gate.weight] if self.wkv_gate is not None else [self.wkv.weight, self.wgate.weight]
+
     def forward(self, x: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch,
                 xf: Optional[torch.Tensor] = None, kv_gate: Optional[torch.Tensor] = None) -> None:
         """xf: x.float() where the caller has it (a CSA layer's two compressors share one cast); kv_gate: the
@@ -79,13 +83,13 @@ class Compressor(nn.Module):
     def project(self, x: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch,
                 xf: Optional[torch.Tensor] = None) -> torch.Tensor:
         """-> [T, 2, width] fp32 (content, gate logit + ape): the torch path and reference of dsv4_compressor_proj."""
-        # The reference computes both projections in fp32 (the weights are kept in fp32: model_builder._FP32_PARAM);
-        # ape is the bias of the token's slot in its window.
-        xf = x.float() if xf is None else xf
+        # The reference computes both projections in fp32: of bf16 x and bf16-kept weights (model_builder) that is a
+        # bf16 GEMM with fp32 output (layers/fp32_linear.py); ape is the bias of the token's slot in its window.
         if self.wkv_gate is not None:
-            kv_gate = F.linear(xf, self.wkv_gate.weight.float()).view(-1, 2, self.width)
+            kv_gate = linear_fp32_out(x, self.wkv_gate.weight, xf).view(-1, 2, self.width)
         else:
-            kv_gate = torch.stack((F.linear(xf, self.wkv.weight.float()), F.linear(xf, self.wgate.weight.float())), 1)
+            kv_gate = torch.stack((linear_fp32_out(x, self.wkv.weight, xf), linear_fp32_out(x, self.wgate.weight, xf)),
+                                  1)
         offset = forward_batch.attn_metadata.ratios[self.ratio].window_offset  # positions % ratio, once per step
         # in place on the gate half's view: `kv_gate[:, 1] += ...` would also copy the sum back onto itself
         kv_gate[:, 1].add_(self.ape[positions % self.ratio if offset is None else offset])
@@ -96,7 +100,7 @@ class Compressor(nn.Module):
 class CompressorInputs:
     """A compressed layer's projections of x for its compressors and indexer (Attention.compressor_inputs): all of
     them from one fused launch, or only x.float() for the torch path (the rest None: computed by the modules)."""
-    xf: Optional[torch.Tensor] = None  # x.float()
+    xf: Optional[torch.Tensor] = None  # x.float(), where the torch path's GEMMs read it
     kv_gate: Optional[torch.Tensor] = None  # [T, 2, width] fp32 of the attention's compressor
     index_kv_gate: Optional[torch.Tensor] = None  # the same of the indexer's compressor
     index_weights: Optional[torch.Tensor] = None  # [T, nI] fp32: weights_proj(x) * weight_scale
@@ -105,6 +109,7 @@ class CompressorInputs:
 # Rows up to which the compressors' projections run as one fused launch (sgl_kernel/dsv4_compressor_proj.py has the
 # H100 figures): at 1-2 rows it halves the torch path's time; from 4 rows cuBLAS's fp32 GEMMs win.
 FUSED_PROJ_MAX_ROWS = 2
+_PROJ_WEIGHT_DTYPES = (torch.float32, torch.bfloat16)  # the compressors' weights: bf16-kept or fp32 (model_builder)
 
 
 def _compressor_proj_op(x: torch.Tensor):
@@ -192,13 +197,16 @@ class Attention(nn.Module):
                           forward_batch: ForwardBatch) -> CompressorInputs:
         """What the compressors and the indexer read of x. On GPUs sgl_kernel's dsv4_compressor_proj computes every
         projection (each compressor's wkv_gate with its ape, the indexer's weights_proj times its scale) in one launch,
-        reading x in its dtype; elsewhere (or with unjoined / non-fp32 compressor weights) x.float() once, for the
-        compressors' torch path (Compressor.project), which is the kernel's reference."""
+        reading x in its dtype (at most FUSED_PROJ_MAX_ROWS rows); elsewhere (or with unjoined compressor weights of
+        another dtype) x.float() once, for the compressors' torch path (Compressor.project), which is the kernel's
+        reference, or nothing where their GEMMs read bf16 x as it is (bf16-kept weights on NVIDIA GPUs)."""
         compressors = [self.compressor] + ([self.indexer.compressor] if self.indexer is not None else [])
         op = _compressor_proj_op(x)
-        if op is None or not all(type(c.wkv_gate) is nn.Linear and c.wkv_gate.weight.dtype == torch.float32
+        if op is None or not all(type(c.wkv_gate) is nn.Linear and c.wkv_gate.weight.dtype in _PROJ_WEIGHT_DTYPES
                                  and c.ape.is_contiguous() for c in compressors):
-            return CompressorInputs(xf=x.float())
+            # x.float() once for both compressors, unless their GEMMs read bf16 x (fp32_linear.uses_tensor_cores)
+            tensor_cores = all(uses_tensor_cores(x, w) for c in compressors for w in c.projection_weights())
+            return CompressorInputs(xf=None if tensor_cores else x.float())
         offset = forward_batch.attn_metadata.ratios[self.ratio].window_offset
         wp = self.indexer.weights_proj if self.indexer is not None else None
         fold = type(wp) is nn.Linear and wp.weight.dtype == x.dtype and wp.weight.is_contiguous()

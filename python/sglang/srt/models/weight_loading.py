@@ -11,6 +11,9 @@ import re
 import torch
 from torch import nn
 
+# The projections computed in fp32 from weights that may be kept bf16 (model_builder.bf16_projection_names): the
+# compressors' wkv / wgate and the router's gate.
+BF16_PROJECTION = re.compile(r"(compressor\.w(kv|gate)|(^|\.)ffn\.gate)\.weight$")
 _EXPERT = re.compile(r"^(?P<prefix>.*\.ffn\.experts)\.(?P<e>\d+)\.(?P<w>w[123])\.weight(?P<scale>_scale)?$")
 
 
@@ -50,6 +53,7 @@ def load_native_weights(model: nn.Module, weights) -> None:
             if tuple(tensor.shape) != tuple(target.shape):
                 raise ValueError(f"checkpoint tensor '{name}' has shape {tuple(tensor.shape)}, expected "
                                  f"{tuple(target.shape)} (its part of '{target_name}')")
+            check_bf16_values(name, tensor, target)
             with torch.no_grad():
                 target.copy_(tensor)
             if isinstance(index, int):  # a fused shared expert: one more expert of the stack
@@ -62,6 +66,7 @@ def load_native_weights(model: nn.Module, weights) -> None:
         if tuple(tensor.shape) != tuple(target.shape):
             raise ValueError(f"checkpoint tensor '{name}' has shape {tuple(tensor.shape)}, "
                              f"expected {tuple(target.shape)}")
+        check_bf16_values(name, tensor, target)
         with torch.no_grad():
             target.copy_(tensor)
         filled.add(name)
@@ -75,6 +80,17 @@ def load_native_weights(model: nn.Module, weights) -> None:
     if missing:
         shown = ", ".join(missing[:8]) + (" ..." if len(missing) > 8 else "")
         raise KeyError(f"{len(missing)} model parameters were not in the checkpoint: {shown}")
+
+
+def check_bf16_values(name: str, tensor: torch.Tensor, target) -> None:
+    """A projection kept bf16 (BF16_PROJECTION) takes only bf16 values: one it would round (a weight update from a
+    checkpoint storing true fp32 values where the served one stored bf16) raises instead. `target`: the parameter,
+    or its rows of the joined one."""
+    if not BF16_PROJECTION.search(name) or target.dtype != torch.bfloat16 or tensor.dtype == torch.bfloat16:
+        return
+    if not torch.allclose(tensor.to(torch.bfloat16).to(tensor.dtype), tensor, rtol=0, atol=0, equal_nan=True):
+        raise ValueError(f"checkpoint tensor '{name}' holds values that are not bf16 values, but the model keeps it "
+                         "bf16 (loaded from a checkpoint storing it bf16): restart the server to load it in fp32")
 
 
 def _joined_target(modules: dict, name: str):

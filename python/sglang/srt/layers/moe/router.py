@@ -23,6 +23,7 @@ from torch import nn
 
 from sglang.srt import platform as plat
 from sglang.srt.layers import aiter_ops
+from sglang.srt.layers.fp32_linear import linear_fp32_out
 from sglang.srt.layers.gpu_kernels import sgl_kernel_op
 
 
@@ -79,7 +80,7 @@ class Gate(nn.Module):
             return fused(x, self.weight, None if self.use_hash else self.bias, self.tid2eid if self.use_hash else None,
                          input_ids if self.use_hash else None, self.top_k, self.routed_scaling_factor,
                          local_experts=local_experts, shared_expert_id=shared_expert_id)
-        logits = F.linear(x.float(), self.weight.float())
+        logits = linear_fp32_out(x, self.weight)  # fp32 logits; a bf16 GEMM of bf16 x and a bf16-kept weight
         if not self.use_hash and aiter_ops.use_aiter_router(x, self.weight.shape[0], self.top_k):
             weights, ids = aiter_ops.router_topk(logits, self.bias, self.top_k, self.routed_scaling_factor)
             return for_local_experts(weights, ids, local_experts, shared_expert_id)
