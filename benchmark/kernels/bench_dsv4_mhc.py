@@ -14,6 +14,8 @@ u: hc_pre's second launch before the role split; pre_1role is today's hc_pre alo
 Per row: GPU kernel time (CUDA profiler), the call captured as a CUDA graph and replayed (wall time: what a decode
 step pays, each kernel's launch and tail included; the pre_norm rows 20 calls a graph, per call), kernels per call,
 for the fused op and the other path; bytes_moved = the streams (and o) read once, fn once, every output written once.
+`--carry`: hc_post writing the next sub-layer's mixes (dsv4_hc_post_mixes) followed by the next hc_pre_norm fed them
+(two launches) against dsv4_hc_post and hc_pre_norm computing its own mixes (three), per sub-layer.
 The same run's copy bandwidth prints first.
 """
 
@@ -25,8 +27,8 @@ import sys
 import torch
 
 import sgl_kernel.dsv4_mhc as mhc_kernels
-from sgl_kernel.dsv4_mhc import (dsv4_hc_head, dsv4_hc_mix, dsv4_hc_post, dsv4_hc_pre, dsv4_hc_pre_norm,
-                                 dsv4_hc_pre_norm_fp8)
+from sgl_kernel.dsv4_mhc import (dsv4_hc_head, dsv4_hc_mix, dsv4_hc_post, dsv4_hc_post_mixes, dsv4_hc_pre,
+                                 dsv4_hc_pre_norm, dsv4_hc_pre_norm_fp8)
 from sgl_kernel.dsv4_rmsnorm import dsv4_rms_norm, dsv4_rms_norm_fp8
 from sglang.srt.layers.mhc import _mixes, hc_head_ref, hc_post_ref
 
@@ -137,6 +139,36 @@ def bench_pre_norm(finish: bool = False) -> list:
     return rows
 
 
+def bench_carry() -> list:
+    """hc_post + the next hc_pre_norm, the mixes carried (2 launches) against computed by hc_pre_norm (3)."""
+    rows = []
+    g = torch.Generator(device="cuda").manual_seed(2)
+    for t in TOKENS:
+        m = 2 * N + N * N
+        streams = torch.randn(t, N, D, device="cuda", generator=g).bfloat16()
+        out = torch.randn(t, D, device="cuda", generator=g).bfloat16()
+        fn = torch.randn(m, N * D, device="cuda", generator=g) * (N * D) ** -0.5
+        scale, base = torch.ones(3, device="cuda"), torch.zeros(m, device="cuda")
+        w = torch.randn(D, device="cuda", generator=g).bfloat16()
+        _, post, comb = dsv4_hc_pre(streams, fn, scale, base, ITERS, EPS, EPS)
+        # the streams and o read, the new streams written and read again, fn twice, norm(u) written
+        moved = 3 * streams.numel() * 2 + out.numel() * 2 + 2 * fn.numel() * 4 + t * D * 2
+
+        def carried():
+            new, partials = dsv4_hc_post_mixes(out, streams, post, comb, fn)
+            return dsv4_hc_pre_norm(new, fn, scale, base, ITERS, EPS, EPS, w, EPS, partials=partials)
+
+        def own():
+            new = dsv4_hc_post(out, streams, post, comb)
+            return dsv4_hc_pre_norm(new, fn, scale, base, ITERS, EPS, EPS, w, EPS)
+
+        rows.append(_row_vs("post_carry", t, carried, own, moved))
+        rows.append(_row_vs("post_mixes", t, lambda: dsv4_hc_post_mixes(out, streams, post, comb, fn),
+                            lambda: dsv4_hc_post(out, streams, post, comb), 2 * streams.numel() * 2 + out.numel() * 2
+                            + fn.numel() * 4))
+    return rows
+
+
 def bench() -> list:
     rows = []
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -162,6 +194,8 @@ def bench() -> list:
 if __name__ == "__main__":
     copy = copy_bandwidth_gbps()
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {copy:.0f} GB/s (read + write)")
-    for r in (bench_pre_norm(finish=True) if "--finish" in sys.argv else bench()):
+    rows = bench_pre_norm(finish=True) if "--finish" in sys.argv else bench_carry() if "--carry" in sys.argv \
+        else bench()
+    for r in rows:
         print(f"{r.kernel:12s} {r.case:22s} {r.time_us:7.1f} us {r.gbps():6.0f} GB/s ({r.gbps() / copy:5.1%} of copy)"
               f"  torch {r.baseline_us:7.1f} us  {r.note}")

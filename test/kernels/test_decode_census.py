@@ -75,19 +75,36 @@ def test_decode_census_adds_up(census, tmp_path):
     assert any(line.startswith("CSA") for line in dc.report(census))
 
 
+def _launches(scope, kernel: str) -> int:
+    return sum(n for k, n in scope.by_site.items() if k.split(" @ ")[0] == kernel)
+
+
+def test_decode_census_carries_the_mixes(census):
+    """Each hc_post writes the next sub-layer's mixes (the next layer's, the HC head's after the last layer): only
+    the first layer's first hc_pre computes its own, so a layer's mHC is 2 + 2 launches (3 + 3 without the carry)
+    and the HC head one."""
+    for name, s in census.scopes.items():
+        if name == dc.OUTSIDE:
+            assert _launches(s, "_dsv4_hc_mixes_kernel") == 0 and _launches(s, "_dsv4_hc_pre_kernel") == 1
+            continue
+        assert _launches(s, "_dsv4_hc_post_mixes_kernel") == 2 and _launches(s, "_dsv4_hc_post_kernel") == 0, name
+        assert _launches(s, "_dsv4_hc_pre_kernel") == 2, name
+        assert _launches(s, "_dsv4_hc_mixes_kernel") == (1 if name == "layer 0" else 0), name
+
+
 def test_decode_census_takes_the_gpu_paths(census):
     """Every layer runs sgl_kernel's attention and mHC kernels (mHC dispatches on `x.is_cuda`), the CSA layers the
     indexer's, and the metadata is built outside the layers, in one launch."""
     for name, s in census.scopes.items():
         kernels = {k.split(" @ ")[0] for k in s.by_site}
         if name == dc.OUTSIDE:
-            assert "_dsv4_hc_mixes_kernel" in kernels  # the HC head
+            assert "_dsv4_hc_pre_kernel" in kernels  # the HC head
             # the attention metadata and the step's slot writes: one launch each, no torch op of theirs
             assert {"_dsv4_decode_metadata_kernel", "_dsv4_write_slots_kernel"} <= kernels
             assert not [k for k in s.by_site if "attention/dsv4/" in k or "deepseek_v4_allocator.py" in k], s.by_site
             assert sum(n for k, n in s.by_site.items() if k.startswith("_dsv4_decode_metadata_kernel")) == 1
             continue
         assert {"_dsv4_sparse_attention_kernel", "_dsv4_store_kv_kernel", "_dsv4_hc_pre_kernel",
-                "_dsv4_hc_post_kernel"} <= kernels, (name, kernels)
+                "_dsv4_hc_post_mixes_kernel"} <= kernels, (name, kernels)
         if s.kind.startswith("CSA"):
             assert {"_dsv4_index_logits_kernel", "_topk_level_kernel", "_dsv4_compress_kernel"} <= kernels

@@ -26,14 +26,16 @@ engine's own CPU paths in `sglang.srt.layers.mhc` (hc_mix_weights, hc_pre, hc_po
 * `dsv4_hc_post`: new streams S'_k = post_k * o + sum_j comb[j, k] * S_j in one launch, fp32 math, one rounding to
   the streams' dtype.
 
-hc_post could also write the next sub-layer's partial mixes (its new streams are in registers), saving the next
-hc_pre's first launch; it does not yet: its grid would need token blocks (fn read once per block, not per token) and
-the caller the next sub-layer's fn (across decoder layers too), so it stays a separate launch for now.
+* `dsv4_hc_post_mixes`: dsv4_hc_post that also writes the NEXT sub-layer's partial mixes from the new streams it
+  holds in registers (rounded to their dtype, as the next hc_pre would read them), in the layout hc_pre's second
+  launch reads: a `MixPartials` that dsv4_hc_pre / dsv4_hc_pre_norm(_fp8) / dsv4_hc_head take (`partials=`) and then
+  skip their first launch. Programs (token block, D chunk) as the mixes' (fn read once per token block, spread over
+  ~all SMs at decode); a sub-layer's mHC is then 2 launches instead of 3.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import torch
@@ -273,6 +275,53 @@ def _dsv4_hc_post_kernel(o_ptr, s_ptr, post_ptr, comb_ptr, out_ptr, D, stride_o,
              mask=kmask[:, None] & dmask[None, :])
 
 
+@triton.jit
+def _dsv4_hc_post_mixes_kernel(o_ptr, s_ptr, post_ptr, comb_ptr, out_ptr, fn_ptr, part_ptr, T, D, M, C, stride_o,
+                               stride_st, stride_sn, stride_ot, stride_on, stride_fn, N: tl.constexpr,
+                               W: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, D_TILES: tl.constexpr,
+                               PDL: tl.constexpr):
+    """Program (token block, D chunk): _dsv4_hc_post_kernel's new streams over its D_TILES * BLOCK_D columns (the
+    same fp32 products and sums in the same order, one rounding), then _dsv4_hc_mixes_kernel's partials of those
+    rounded streams with the next fn's M rows: part [T, C, W], column M the sum of squares. One output stream at a
+    time, each its own BLOCK_D-deep dot (the fp32 dot runs on FMAs, whose operands a thread holds whole: one dot over
+    all n streams would not fit in registers); the input streams' tiles are re-read per output stream from L1."""
+    pdl_enter(PDL)
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    tmask = t < T
+    t64 = t.to(tl.int64)
+    m = tl.arange(0, W)
+    mmask = m < M
+    fn_rows = fn_ptr + m[None, :].to(tl.int64) * stride_fn  # [1, W]
+    dot = tl.zeros([BLOCK_T, W], dtype=tl.float32)
+    sq = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
+    for i in range(D_TILES):
+        d = (tl.program_id(1) * D_TILES + i) * BLOCK_D + tl.arange(0, BLOCK_D)
+        dmask = d < D
+        td = tmask[:, None] & dmask[None, :]
+        o = tl.load(o_ptr + t64[:, None] * stride_o + d[None, :], mask=td, other=0.0).to(tl.float32)
+        for k in tl.static_range(N):
+            acc = tl.load(post_ptr + t64 * N + k, mask=tmask, other=0.0)[:, None] * o
+            for j in tl.static_range(N):
+                x = tl.load(s_ptr + t64[:, None] * stride_st + j * stride_sn + d[None, :], mask=td, other=0.0)
+                acc += tl.load(comb_ptr + t64 * (N * N) + j * N + k, mask=tmask, other=0.0)[:, None] * x.to(tl.float32)
+            new = acc.to(out_ptr.dtype.element_ty)
+            tl.store(out_ptr + t64[:, None] * stride_ot + k * stride_on + d[None, :], new, mask=td)
+            x = new.to(tl.float32)  # padding (tokens, columns): 0
+            w = tl.load(fn_rows + k * D + d[:, None], mask=dmask[:, None] & mmask[None, :], other=0.0)  # [BLOCK_D, W]
+            dot = tl.dot(x, w, dot, input_precision="ieee")
+            sq += x * x
+    out = tl.where(m[None, :] == M, tl.sum(sq, axis=1)[:, None], dot)
+    tl.store(part_ptr + (t64[:, None] * C + tl.program_id(1)) * W + m[None, :], out, mask=tmask[:, None])
+
+
+@dataclass(frozen=True)
+class MixPartials:
+    """A sub-layer's partial mixes, written by dsv4_hc_post_mixes for the fn that reads its streams next: part [T, C,
+    W] fp32 (per token and D chunk the dot products with fn's `rows` rows, column `rows` the sum of squares)."""
+    part: torch.Tensor
+    rows: int
+
+
 @dataclass(frozen=True)
 class MixesLaunch:
     """The mixes' grid: token blocks x `chunks` D chunks of `d_tiles` tiles of `block_d` columns (of every stream)."""
@@ -283,10 +332,10 @@ class MixesLaunch:
     num_warps: int
 
 
-def mixes_launch(t: int, d: int) -> MixesLaunch:
+def mixes_launch(t: int, d: int, max_block_t: int = 64) -> MixesLaunch:
     """~TARGET_PROGRAMS programs: at decode (one token block) one 32-column tile each, so fn is read by every SM
     once; with more token blocks longer chunks, which also keeps the partials small beside the streams."""
-    block_t = 16 if t <= 16 else 32 if t <= 64 else 64
+    block_t = 16 if t <= 16 else 32 if t <= 64 or max_block_t <= 32 else 64
     block_d = max(16, min(32, triton.next_power_of_2(d)))  # tl.dot needs 16 at least
     tiles = triton.cdiv(d, block_d)
     chunks = max(1, min(tiles, TARGET_PROGRAMS // triton.cdiv(t, block_t)))
@@ -295,6 +344,18 @@ def mixes_launch(t: int, d: int) -> MixesLaunch:
     d_tiles = triton.cdiv(tiles, chunks)
     # the fp32 dot runs on FMAs: 8 warps keep 32 / 64-token blocks' operands in registers (sm90: 112 / 182, no spill)
     return MixesLaunch(block_t, block_d, d_tiles, triton.cdiv(tiles, d_tiles), 4 if block_t <= 16 else 8)
+
+
+def post_mixes_launch(t: int, d: int) -> MixesLaunch:
+    """dsv4_hc_post_mixes's grid: the mixes' with token blocks of at most 32 and 8 warps, so the new streams' tiles
+    fit in registers beside the dot's operands (sm90: 133 / 180 a thread at 16 / 32 tokens, no spill; 64-token
+    blocks spill even on 16 warps). Past 64 tokens fn is then read by twice as many token blocks (mostly from L2)."""
+    return replace(mixes_launch(t, d, max_block_t=32), num_warps=8)
+
+
+def mixes_width(rows: int) -> int:
+    """Columns of a partial row: the `rows` mixes and the sum of squares, a power of two (tl.dot needs 16)."""
+    return max(16, triton.next_power_of_2(rows + 1))
 
 
 def _check_streams(streams: torch.Tensor, fn: torch.Tensor, rows: int) -> None:
@@ -323,9 +384,11 @@ def finish_warps(block_d: int, n: int, norm: bool) -> int:
 
 
 def _collapse(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, mix: bool,
-              iters: int, eps: float, norm_eps: float, norm: Optional[FoldedNorm] = None) -> tuple:
+              iters: int, eps: float, norm_eps: float, norm: Optional[FoldedNorm] = None,
+              partials: Optional[MixPartials] = None) -> tuple:
     """The two launches of dsv4_hc_pre / dsv4_hc_head / dsv4_hc_pre_norm: (u or with `norm` RMSNorm(u), post, comb,
-    codes, multipliers), post and comb left empty without `mix`, the codes and multipliers None without a quant."""
+    codes, multipliers), post and comb left empty without `mix`, the codes and multipliers None without a quant.
+    With `partials` (dsv4_hc_post_mixes's of these streams and fn) the second launch only: the mixes are carried."""
     t, n, d = streams.shape
     rows = 2 * n + n * n if mix else n
     dev = streams.device
@@ -336,24 +399,30 @@ def _collapse(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base
     q, qs = fp8_act_buffers(t, d, d // FP8_BLOCK, norm.cublas_layout, dev, norm.fp8_dtype) if quant else (None, None)
     if t == 0:
         return u, post, comb, q, qs
-    launch = mixes_launch(t, d)
-    width = max(16, triton.next_power_of_2(rows + 1))  # the M mixes and the sum of squares; tl.dot needs 16
-    part = torch.empty(t, launch.chunks, width, dtype=torch.float32, device=dev)
+    width = mixes_width(rows)
     pdl = pdl_supported(dev)
-    _dsv4_hc_mixes_kernel[(triton.cdiv(t, launch.block_t), launch.chunks)](
-        streams, fn, part, t, d, rows, launch.chunks, streams.stride(0), streams.stride(1), fn.stride(0),
-        N=n, W=width, BLOCK_T=launch.block_t, BLOCK_D=launch.block_d, D_TILES=launch.d_tiles, PDL=pdl,
-        num_warps=launch.num_warps, **pdl_launch(pdl))
+    if partials is None:
+        launch = mixes_launch(t, d)
+        chunks = launch.chunks
+        part = torch.empty(t, chunks, width, dtype=torch.float32, device=dev)
+        _dsv4_hc_mixes_kernel[(triton.cdiv(t, launch.block_t), chunks)](
+            streams, fn, part, t, d, rows, chunks, streams.stride(0), streams.stride(1), fn.stride(0),
+            N=n, W=width, BLOCK_T=launch.block_t, BLOCK_D=launch.block_d, D_TILES=launch.d_tiles, PDL=pdl,
+            num_warps=launch.num_warps, **pdl_launch(pdl))
+    else:
+        part, chunks = partials.part, partials.part.shape[1]
+        assert partials.rows == rows and part.shape == (t, chunks, width) and part.is_contiguous(), \
+            f"partials must be [{t}, C, {width}] of {rows} rows, got {tuple(part.shape)} of {partials.rows}"
     block_d = triton.next_power_of_2(d) if norm is not None else min(U_BLOCK_D, triton.next_power_of_2(d))
     weight = norm.weight if norm is not None and norm.weight is not None else None
     roles = 2 if mix and SPLIT_ROLES else 1
     _dsv4_hc_pre_kernel[(t, roles)](
         part, streams, scale.float().contiguous(), base.float().contiguous(), u, post, comb,
-        weight if weight is not None else u, q if quant else u, qs if quant else u, d, rows, launch.chunks,
+        weight if weight is not None else u, q if quant else u, qs if quant else u, d, rows, chunks,
         streams.stride(0), streams.stride(1), u.stride(0), q.stride(0) // 8 if quant else 0,
         qs.stride(0) if quant else 0, qs.stride(1) if quant else 0, float(n * d), norm_eps, iters, eps,
         norm.eps if norm is not None else 0.0,
-        N=n, NP=triton.next_power_of_2(n), W=width, BLOCK_C=min(FINISH_BLOCK_C, triton.next_power_of_2(launch.chunks)),
+        N=n, NP=triton.next_power_of_2(n), W=width, BLOCK_C=min(FINISH_BLOCK_C, triton.next_power_of_2(chunks)),
         BLOCK_D=block_d, MIX=mix, NORM=norm is not None, HAS_WEIGHT=weight is not None, QUANT=quant,
         FP8_MAX=fp8_max(q.dtype) if quant else 448.0, ROUND_IN_FP32=dev.type != "cuda", ROLES=roles, PDL=pdl,
         num_warps=finish_warps(block_d, n, norm is not None), **pdl_launch(pdl))
@@ -361,11 +430,12 @@ def _collapse(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base
 
 
 def dsv4_hc_pre(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, iters: int,
-                eps: float, norm_eps: float) -> tuple:
+                eps: float, norm_eps: float, partials: Optional[MixPartials] = None) -> tuple:
     """streams [T, n, D], fn [2n + n*n, n*D] fp32, scale [3], base [2n + n*n] -> (u [T, D] in the streams' dtype,
-    post [T, n] fp32, comb [T, n, n] fp32): `sglang.srt.layers.mhc.hc_pre` in two launches."""
+    post [T, n] fp32, comb [T, n, n] fp32): `sglang.srt.layers.mhc.hc_pre` in two launches, one with `partials`
+    (dsv4_hc_post_mixes's of these streams for this fn)."""
     _check_pre(streams, fn, scale, base, iters)
-    return _collapse(streams, fn, scale, base, True, iters, eps, norm_eps)[:3]
+    return _collapse(streams, fn, scale, base, True, iters, eps, norm_eps, partials=partials)[:3]
 
 
 def _check_pre(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, iters: int) -> None:
@@ -376,17 +446,20 @@ def _check_pre(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, bas
 
 
 def dsv4_hc_pre_norm(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, iters: int,
-                     eps: float, norm_eps: float, weight: Optional[torch.Tensor], rms_eps: float) -> tuple:
-    """dsv4_hc_pre followed by the sub-layer's RMSNorm of u (weight [D] or None, rms_eps) in the same two launches:
-    (RMSNorm(u) [T, D] in the streams' dtype, post, comb); u itself is not written."""
+                     eps: float, norm_eps: float, weight: Optional[torch.Tensor], rms_eps: float,
+                     partials: Optional[MixPartials] = None) -> tuple:
+    """dsv4_hc_pre followed by the sub-layer's RMSNorm of u (weight [D] or None, rms_eps) in the same two launches
+    (one with `partials`): (RMSNorm(u) [T, D] in the streams' dtype, post, comb); u itself is not written."""
     _check_pre(streams, fn, scale, base, iters)
     assert weight is None or (weight.shape == (streams.shape[2],) and weight.is_contiguous()), "weight [D] contiguous"
-    return _collapse(streams, fn, scale, base, True, iters, eps, norm_eps, FoldedNorm(weight, rms_eps))[:3]
+    return _collapse(streams, fn, scale, base, True, iters, eps, norm_eps, FoldedNorm(weight, rms_eps),
+                     partials)[:3]
 
 
 def dsv4_hc_pre_norm_fp8(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,
                          iters: int, eps: float, norm_eps: float, weight: Optional[torch.Tensor], rms_eps: float,
-                         cublas_layout: bool = False, fp8_dtype: torch.dtype = torch.float8_e4m3fn) -> tuple:
+                         cublas_layout: bool = False, fp8_dtype: torch.dtype = torch.float8_e4m3fn,
+                         partials: Optional[MixPartials] = None) -> tuple:
     """dsv4_hc_pre_norm whose result is also quantized for the FP8 linear that reads it (D a multiple of 128):
     (RMSNorm(u), post, comb, e4m3 codes in fp8_dtype, multipliers), the codes and multipliers dsv4_rms_norm_fp8's of
     that result."""
@@ -395,28 +468,24 @@ def dsv4_hc_pre_norm_fp8(streams: torch.Tensor, fn: torch.Tensor, scale: torch.T
         raise ValueError(f"the quantized norm needs D a multiple of {FP8_BLOCK}, got {streams.shape[2]}")
     assert weight is None or (weight.shape == (streams.shape[2],) and weight.is_contiguous()), "weight [D] contiguous"
     return _collapse(streams, fn, scale, base, True, iters, eps, norm_eps,
-                     FoldedNorm(weight, rms_eps, True, cublas_layout, fp8_dtype))
+                     FoldedNorm(weight, rms_eps, True, cublas_layout, fp8_dtype), partials)
 
 
 def dsv4_hc_head(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, eps: float,
-                 norm_eps: float) -> torch.Tensor:
+                 norm_eps: float, partials: Optional[MixPartials] = None) -> torch.Tensor:
     """streams [T, n, D], fn [n, n*D] fp32, scale [1], base [n] -> [T, D] with w_j = sigmoid(a_j * scale + base_j)
     + eps: `sglang.srt.layers.mhc.hc_head` in two launches."""
     n = streams.shape[1] if streams.dim() == 3 else 0
     _check_streams(streams, fn, n)
     assert scale.numel() == 1 and base.numel() == n, "scale [1] and base [n]"
-    return _collapse(streams, fn, scale, base, False, 1, eps, norm_eps)[0]
+    return _collapse(streams, fn, scale, base, False, 1, eps, norm_eps, partials=partials)[0]
 
 
 def dsv4_hc_post(out: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
     """out [T, D], streams [T, n, D], post [T, n] fp32, comb [T, n, n] fp32 -> new streams [T, n, D] in the streams'
     dtype: post (x) out + comb^T . streams with fp32 products and sums, rounded once."""
-    assert streams.dim() == 3 and streams.stride(2) == 1, \
-        f"streams must be [T, n, D] with contiguous rows, got {tuple(streams.shape)} strides {streams.stride()}"
+    _check_post(out, streams, post, comb)
     t, n, d = streams.shape
-    assert out.shape == (t, d) and out.stride(1) == 1, f"out must be [{t}, {d}] with contiguous rows"
-    assert post.shape == (t, n) and post.dtype == torch.float32 and post.is_contiguous(), "post [T, n] float32"
-    assert comb.shape == (t, n, n) and comb.dtype == torch.float32 and comb.is_contiguous(), "comb [T, n, n] float32"
     new = torch.empty_like(streams, memory_format=torch.contiguous_format)
     if t == 0:
         return new
@@ -426,3 +495,35 @@ def dsv4_hc_post(out: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, c
         new.stride(1), N=n, NP=triton.next_power_of_2(n), BLOCK_D=POST_BLOCK_D, PDL=pdl, num_warps=4,
         **pdl_launch(pdl))
     return new
+
+
+def _check_post(out: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> None:
+    assert streams.dim() == 3 and streams.stride(2) == 1, \
+        f"streams must be [T, n, D] with contiguous rows, got {tuple(streams.shape)} strides {streams.stride()}"
+    t, n, d = streams.shape
+    assert out.shape == (t, d) and out.stride(1) == 1, f"out must be [{t}, {d}] with contiguous rows"
+    assert post.shape == (t, n) and post.dtype == torch.float32 and post.is_contiguous(), "post [T, n] float32"
+    assert comb.shape == (t, n, n) and comb.dtype == torch.float32 and comb.is_contiguous(), "comb [T, n, n] float32"
+
+
+def dsv4_hc_post_mixes(out: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
+                       fn: torch.Tensor) -> tuple:
+    """dsv4_hc_post (the same new streams, bit for bit) in one launch that also writes the partial mixes of the new
+    streams with the next sub-layer's fn [M, n*D] fp32 (a sub-layer's, M = 2n + n*n, or the head's, M = n): (new
+    streams [T, n, D], MixPartials for dsv4_hc_pre / dsv4_hc_pre_norm(_fp8) / dsv4_hc_head's `partials`)."""
+    _check_post(out, streams, post, comb)
+    t, n, d = streams.shape
+    assert fn.dim() == 2 and fn.shape[1] == n * d and fn.dtype == torch.float32 and fn.stride(1) == 1, \
+        f"fn must be [M, {n * d}] float32 with contiguous rows, got {tuple(fn.shape)} {fn.dtype}"
+    rows, width = fn.shape[0], mixes_width(fn.shape[0])
+    launch = post_mixes_launch(max(t, 1), d)  # no tokens: an empty partials tensor of that grid's chunks
+    new = torch.empty_like(streams, memory_format=torch.contiguous_format)
+    part = torch.empty(t, launch.chunks, width, dtype=torch.float32, device=streams.device)
+    if t == 0:
+        return new, MixPartials(part, rows)
+    pdl = pdl_supported(streams.device)
+    _dsv4_hc_post_mixes_kernel[(triton.cdiv(t, launch.block_t), launch.chunks)](
+        out, streams, post, comb, new, fn, part, t, d, rows, launch.chunks, out.stride(0), streams.stride(0),
+        streams.stride(1), new.stride(0), new.stride(1), fn.stride(0), N=n, W=width, BLOCK_T=launch.block_t,
+        BLOCK_D=launch.block_d, D_TILES=launch.d_tiles, PDL=pdl, num_warps=launch.num_warps, **pdl_launch(pdl))
+    return new, MixPartials(part, rows)

@@ -7,7 +7,10 @@ forms S'_k = post_k * o + sum_j comb[j, k] * S_j. `hc_head` collapses the stream
 All mixing weights are computed in fp32. On GPUs each step runs fused Triton kernels (sgl_kernel.dsv4_mhc): hc_pre
 in two launches, hc_post in one, hc_head in two (instead of ~15 for the mixing alone, plus ~130 for a torch
 Sinkhorn); `hc_pre_norm`, the decoder layer's entry, folds the sub-layer's RMSNorm (and its FP8 quantization) into
-hc_pre's second launch. The torch functions here are the CPU path and the kernels' reference. On ROCm with AITER
+hc_pre's second launch. `hc_post_mixes`, hc_post given the fn of what reads its streams next (the same layer's ffn
+fn, the next layer's attn fn, the head's), also writes their partial mixes (a MixPartials) where its kernel runs, so
+that the next hc_pre / hc_pre_norm / hc_head (`partials=`) skips its first launch: one launch a sub-layer less.
+The torch functions here are the CPU path and the kernels' reference. On ROCm with AITER
 (layers/aiter_ops.py), bf16 streams of DeepSeek-V4's widths run AITER's HIP mhc_pre / mhc_post instead: the same
 functions. hc_post's kernel keeps fp32 math with one rounding to the streams' dtype, where the torch path rounds
 comb / post to that dtype first: in bf16 the two differ by bf16 roundings, in fp32 by summation order only.
@@ -62,24 +65,26 @@ def _fused(name: str, streams: torch.Tensor):
 
 
 def hc_pre(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,
-           sinkhorn_iters: int, hc_eps: float, norm_eps: float) -> tuple:
-    """streams [T, n, D] -> (u [T, D], post [T, n] fp32, comb [T, n, n] fp32)."""
+           sinkhorn_iters: int, hc_eps: float, norm_eps: float, partials=None) -> tuple:
+    """streams [T, n, D] -> (u [T, D], post [T, n] fp32, comb [T, n, n] fp32); `partials`: hc_post_mixes's of these
+    streams for this fn, or None."""
     if aiter_ops.use_aiter_mhc(streams, fn):
         return aiter_ops.mhc_pre(streams, fn, scale, base, sinkhorn_iters, hc_eps, norm_eps)
     fused = _fused("dsv4_hc_pre", streams)
     if fused is not None:
-        return fused(streams, fn, scale, base, sinkhorn_iters, hc_eps, norm_eps)
+        return fused(streams, fn, scale, base, sinkhorn_iters, hc_eps, norm_eps, partials=partials)
     return hc_pre_ref(streams, fn, scale, base, sinkhorn_iters, hc_eps, norm_eps)
 
 
 def hc_pre_norm(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,
-                sinkhorn_iters: int, hc_eps: float, norm_eps: float, norm: RMSNorm, fp8_path: Optional[str]) -> tuple:
+                sinkhorn_iters: int, hc_eps: float, norm_eps: float, norm: RMSNorm, fp8_path: Optional[str],
+                partials=None) -> tuple:
     """hc_pre, then the sub-layer's `norm` of u -> (norm(u) [T, D], the input of the linear that reads it, post,
     comb). With `fp8_path` (that linear's W8A8 path, quantization/fp8.w8a8_input_path) the input is norm(u) quantized
     as RMSNorm.forward_fp8 gives it, else norm(u) itself. On GPUs the norm (and the quantization) run in hc_pre's
     second launch, u never written: two launches where hc_pre + the norm took three; elsewhere, and where the norm
     is AITER's, hc_pre then the norm, except that AITER's mhc_pre folds the norm in where it can (no W8A8 input:
-    AITER's kernel does not quantize)."""
+    AITER's kernel does not quantize). `partials`: as hc_pre's."""
     if fp8_path is None and aiter_ops.use_aiter_mhc(streams, fn):
         weight = aiter_ops.mhc_norm_weight(streams, norm)
         if weight is not None:
@@ -88,18 +93,19 @@ def hc_pre_norm(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, ba
             return y, y, post, comb
     fused = None if aiter_ops.use_aiter(streams) else _fused("dsv4_hc_pre_norm", streams)
     if fused is None:
-        u, post, comb = hc_pre(streams, fn, scale, base, sinkhorn_iters, hc_eps, norm_eps)
+        u, post, comb = hc_pre(streams, fn, scale, base, sinkhorn_iters, hc_eps, norm_eps, partials)
         if fp8_path is None:
             y = norm(u)
             return y, y, post, comb
         y, x_in = norm.forward_fp8(u, fp8_path)
         return y, x_in, post, comb
     if fp8_path is None:
-        y, post, comb = fused(streams, fn, scale, base, sinkhorn_iters, hc_eps, norm_eps, norm.weight, norm.eps)
+        y, post, comb = fused(streams, fn, scale, base, sinkhorn_iters, hc_eps, norm_eps, norm.weight, norm.eps,
+                              partials=partials)
         return y, y, post, comb
     y, post, comb, q, s = sgl_kernel_op("dsv4_mhc", "dsv4_hc_pre_norm_fp8")(
         streams, fn, scale, base, sinkhorn_iters, hc_eps, norm_eps, norm.weight, norm.eps,
-        cublas_layout=fp8_path == "cublas_w8a8", fp8_dtype=fp8_format().dtype)
+        cublas_layout=fp8_path == "cublas_w8a8", fp8_dtype=fp8_format().dtype, partials=partials)
     return y, Fp8Activation(q, s, y.shape[0], y.dtype, fp8_path), post, comb
 
 
@@ -123,6 +129,17 @@ def hc_post(out: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: 
     return hc_post_ref(out, streams, post, comb)
 
 
+def hc_post_mixes(out: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
+                  next_fn: Optional[torch.Tensor]) -> tuple:
+    """hc_post -> (new streams, their partial mixes with `next_fn` [M, n*D] for the next hc_pre / hc_pre_norm /
+    hc_head, or None). The partials come where our kernels run (GPU tensors, no AITER: AITER's mhc_pre computes its
+    own mixes); elsewhere, or without next_fn, they are None and the callee computes its mixes as without them."""
+    fused = None if next_fn is None or aiter_ops.use_aiter(streams) else _fused("dsv4_hc_post_mixes", streams)
+    if fused is None:
+        return hc_post(out, streams, post, comb), None
+    return fused(out, streams, post, comb, next_fn)
+
+
 def hc_post_ref(out: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
     """hc_post in torch (the CPU path): comb and post rounded to the streams' dtype, a matmul in that dtype."""
     dtype = streams.dtype
@@ -131,13 +148,14 @@ def hc_post_ref(out: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, co
 
 
 def hc_head(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base: torch.Tensor,
-            hc_eps: float, norm_eps: float) -> torch.Tensor:
-    """Collapse streams [T, n, D] -> [T, D] with w_j = sigmoid(a_j * scale + base_j) + eps (no Sinkhorn)."""
+            hc_eps: float, norm_eps: float, partials=None) -> torch.Tensor:
+    """Collapse streams [T, n, D] -> [T, D] with w_j = sigmoid(a_j * scale + base_j) + eps (no Sinkhorn);
+    `partials`: as hc_pre's."""
     if aiter_ops.use_aiter_mhc(streams, fn):
         return aiter_ops.mhc_head(streams, fn, scale, base, hc_eps, norm_eps)
     fused = _fused("dsv4_hc_head", streams)
     if fused is not None:
-        return fused(streams, fn, scale, base, hc_eps, norm_eps)
+        return fused(streams, fn, scale, base, hc_eps, norm_eps, partials=partials)
     return hc_head_ref(streams, fn, scale, base, hc_eps, norm_eps)
 
 
@@ -147,3 +165,26 @@ def hc_head_ref(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, ba
     a = _mixes(streams, fn, norm_eps)
     w = torch.sigmoid(a * scale.float() + base.float()) + hc_eps
     return (w.unsqueeze(-1) * streams).sum(dim=1).to(streams.dtype)
+
+
+def mix_partials_ref(streams: torch.Tensor, fn: torch.Tensor, chunk: int, width: int) -> torch.Tensor:
+    """The partial mixes of streams [T, n, D] with fn [M, n*D] in torch fp32, over D chunks of `chunk` columns of
+    every stream: [T, C, width], per chunk the M dot products and (column M) the sum of squares, zero past it."""
+    t, n, d = streams.shape
+    rows = fn.shape[0]
+    x = streams.float()
+    w = fn.float().view(rows, n, d)
+    part = x.new_zeros(t, -(-d // chunk), width)
+    for c, d0 in enumerate(range(0, d, chunk)):
+        xs, ws = x[:, :, d0:d0 + chunk], w[:, :, d0:d0 + chunk]
+        part[:, c, :rows] = xs.flatten(1) @ ws.flatten(1).t()
+        part[:, c, rows] = xs.square().sum((1, 2))
+    return part
+
+
+def hc_post_mixes_ref(out: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
+                      fn: torch.Tensor, chunk: int, width: int) -> tuple:
+    """hc_post_mixes in torch fp32: (the new streams (fp32 products and sums, one rounding to the streams' dtype),
+    mix_partials_ref of those rounded streams)."""
+    new = hc_post_ref(out.float(), streams.float(), post, comb).to(streams.dtype)
+    return new, mix_partials_ref(new, fn, chunk, width)

@@ -25,7 +25,7 @@ from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorO
 from sglang.srt.layers.fp32_linear import linear_fp32_out, uses_tensor_cores
 from sglang.srt.layers.fused_linear import join_linears, record_joined
 from sglang.srt.layers.gpu_kernels import sgl_kernel_op
-from sglang.srt.layers.mhc import hc_head, hc_post, hc_pre_norm
+from sglang.srt.layers.mhc import hc_head, hc_post_mixes, hc_pre_norm
 from sglang.srt.layers.moe.experts import RoutedExperts, SharedExpert, append_shared_expert
 from sglang.srt.layers.moe.router import Gate, for_local_experts
 from sglang.srt.layers.norm import RMSNorm
@@ -397,20 +397,26 @@ class DeepseekV4DecoderLayer(nn.Module):
         self.attn = Attention(c, layer_id)
         self.ffn = MoE(c, layer_id)
 
-    def _pre_norm(self, streams: torch.Tensor, part: str, norm: RMSNorm, linear: Optional[nn.Module]) -> tuple:
+    def _pre_norm(self, streams: torch.Tensor, part: str, norm: RMSNorm, linear: Optional[nn.Module],
+                  partials) -> tuple:
         """mHC pre and the sub-layer's norm -> (x, the input of `linear`, x's first reader, as norm_for_linear
-        gives it, post, comb)."""
+        gives it, post, comb); `partials`: the streams' mixes with this sub-layer's fn, carried from hc_post_mixes
+        (or None)."""
         c = self.config
         return hc_pre_norm(streams, getattr(self, f"hc_{part}_fn"), getattr(self, f"hc_{part}_scale"),
                            getattr(self, f"hc_{part}_base"), c.hc_sinkhorn_iters, c.hc_eps, c.rms_norm_eps, norm,
-                           w8a8_input_path(linear, streams[:, 0]))
+                           w8a8_input_path(linear, streams[:, 0]), partials)
 
     def forward(self, streams: torch.Tensor, positions: torch.Tensor, input_ids: torch.Tensor,
-                forward_batch: ForwardBatch) -> torch.Tensor:
-        x, x_in, post, comb = self._pre_norm(streams, "attn", self.attn_norm, self.attn.wq_kv_a)
-        streams = hc_post(self.attn(x, positions, forward_batch, x_in), streams, post, comb)
-        x, x_in, post, comb = self._pre_norm(streams, "ffn", self.ffn_norm, self.ffn.shared_input_linear())
-        return hc_post(self.ffn(x, input_ids, x_in), streams, post, comb)
+                forward_batch: ForwardBatch, partials=None, next_fn: Optional[torch.Tensor] = None) -> tuple:
+        """streams -> (new streams, their partial mixes with `next_fn`, the fn of what reads them next: the next
+        layer's hc_attn_fn or the head's, or None). `partials`: the input streams' with hc_attn_fn, or None. Each
+        hc_post writes the next hc_pre's mixes where the GPU kernels run (layers/mhc.py hc_post_mixes)."""
+        x, x_in, post, comb = self._pre_norm(streams, "attn", self.attn_norm, self.attn.wq_kv_a, partials)
+        streams, partials = hc_post_mixes(self.attn(x, positions, forward_batch, x_in), streams, post, comb,
+                                          self.hc_ffn_fn)
+        x, x_in, post, comb = self._pre_norm(streams, "ffn", self.ffn_norm, self.ffn.shared_input_linear(), partials)
+        return hc_post_mixes(self.ffn(x, input_ids, x_in), streams, post, comb, next_fn)
 
 
 class DeepseekV4ForCausalLM(nn.Module):
@@ -436,10 +442,12 @@ class DeepseekV4ForCausalLM(nn.Module):
         if get_dp_attention().active:  # a round of every DP group (distributed/dp_attention.py)
             get_dp_attention().begin_forward("main", input_ids)
         streams = self.embed(input_ids).unsqueeze(1).repeat(1, c.hc_mult, 1)  # [T, n, D]
-        for layer in self.layers:
-            streams = layer(streams, positions, input_ids, forward_batch)
+        partials = None  # the first hc_pre computes its own mixes
+        for i, layer in enumerate(self.layers):
+            next_fn = self.layers[i + 1].hc_attn_fn if i + 1 < len(self.layers) else self.hc_head_fn
+            streams, partials = layer(streams, positions, input_ids, forward_batch, partials, next_fn)
         hidden = self.norm(hc_head(streams, self.hc_head_fn, self.hc_head_scale, self.hc_head_base,
-                                   c.hc_eps, c.rms_norm_eps))
+                                   c.hc_eps, c.rms_norm_eps, partials))
         return self.logits_processor(hidden, self.head, forward_batch,
                                      pre_hc_streams=streams if forward_batch.capture_hidden else None)
 

@@ -45,9 +45,9 @@ class MTPBlock(DeepseekV4DecoderLayer):
         _, h_in = norm_for_linear(self.hnorm, prev_streams.flatten(0, 1), self.h_proj)
         _, e_in = norm_for_linear(self.enorm, embedded, self.e_proj)
         streams = self.h_proj(h_in).view(prev_streams.shape) + self.e_proj(e_in).unsqueeze(1)
-        streams = super().forward(streams, positions, input_ids, forward_batch)
+        streams, partials = super().forward(streams, positions, input_ids, forward_batch, next_fn=self.hc_head_fn)
         hidden = self.norm(hc_head(streams, self.hc_head_fn, self.hc_head_scale, self.hc_head_base,
-                                   c.hc_eps, c.rms_norm_eps))
+                                   c.hc_eps, c.rms_norm_eps, partials))
         return streams, hidden
 
 
