@@ -129,12 +129,19 @@ def hc_post(out: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: 
     return hc_post_ref(out, streams, post, comb)
 
 
+# Rows up to which hc_post carries the next mixes (H100, `bench_dsv4_mhc.py --carry`: hc_post + hc_pre_norm in 2
+# launches 13.0 / 13.9 us against 13.8 / 17.1 in 3 at T = 1 / 8, but 53.7 against 34.0 us GPU time at T = 128, where
+# the carrying hc_post re-reads fn per token block of 32).
+CARRY_MAX_ROWS = 16
+
+
 def hc_post_mixes(out: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
                   next_fn: Optional[torch.Tensor]) -> tuple:
     """hc_post -> (new streams, their partial mixes with `next_fn` [M, n*D] for the next hc_pre / hc_pre_norm /
     hc_head, or None). The partials come where our kernels run (GPU tensors, no AITER: AITER's mhc_pre computes its
-    own mixes); elsewhere, or without next_fn, they are None and the callee computes its mixes as without them."""
-    fused = None if next_fn is None or aiter_ops.use_aiter(streams) else _fused("dsv4_hc_post_mixes", streams)
+    own mixes) and up to CARRY_MAX_ROWS rows; elsewhere, or without next_fn, they are None and the callee computes its mixes as without them."""
+    carry = next_fn is not None and streams.shape[0] <= CARRY_MAX_ROWS and not aiter_ops.use_aiter(streams)
+    fused = _fused("dsv4_hc_post_mixes", streams) if carry else None
     if fused is None:
         return hc_post(out, streams, post, comb), None
     return fused(out, streams, post, comb, next_fn)
