@@ -139,7 +139,8 @@ def hc_post_mixes(out: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, 
                   next_fn: Optional[torch.Tensor]) -> tuple:
     """hc_post -> (new streams, their partial mixes with `next_fn` [M, n*D] for the next hc_pre / hc_pre_norm /
     hc_head, or None). The partials come where our kernels run (GPU tensors, no AITER: AITER's mhc_pre computes its
-    own mixes) and up to CARRY_MAX_ROWS rows; elsewhere, or without next_fn, they are None and the callee computes its mixes as without them."""
+    own mixes) and up to CARRY_MAX_ROWS rows; elsewhere, or without next_fn, they are None and the callee computes
+    its mixes as without them."""
     carry = next_fn is not None and streams.shape[0] <= CARRY_MAX_ROWS and not aiter_ops.use_aiter(streams)
     fused = _fused("dsv4_hc_post_mixes", streams) if carry else None
     if fused is None:
