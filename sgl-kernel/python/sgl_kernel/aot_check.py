@@ -51,9 +51,35 @@ class Launch:
         return repr((self.module, self.name, sorted(self.signature.items()), sorted(self.constexprs.items()),
                      sorted((k, repr(v)) for k, v in self.attrs.items()), sorted(self.options.items())))
 
+    def shape_key(self) -> str:
+        """The launch without its specialization attributes and ints passed as 1: one compile per code shape."""
+        names = list(self.signature)
+        cx = sorted((names[k[0]], repr(v)) for k, v in self.constexprs.items()
+                    if not (v == 1 and names[k[0]][:1].islower()))
+        return repr((self.module, self.name, cx, sorted(self.options.items())))
+
+    def path_key(self) -> str:
+        """The kernel and its constexprs other than ints (flags, formats, dtypes): one compile per code path."""
+        paths = sorted((k, repr(v)) for k, v in self.constexpr_names().items() if not _is_size(v))
+        return repr((self.module, self.name, paths))
+
+    def size(self) -> int:
+        """The product of the integer constexprs and the warps: the largest tiles of a path rank first."""
+        total = self.options.get("num_warps", 4)
+        for v in self.constexpr_names().values():
+            total *= v if _is_size(v) and v > 0 else 1
+        return total
+
     def constexpr_names(self) -> dict:
         names = list(self.signature)
         return {names[k[0]]: v for k, v in self.constexprs.items()}
+
+
+def _is_size(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+DEDUPE = ("launch", "shape", "path")
 
 
 class Recorder:
@@ -132,14 +158,22 @@ def recording(target: AotTarget):
             setattr(mod, attr, value)
 
 
-def capture(target: AotTarget, kernel_filter: str = "") -> list:
-    """The unique launches of the plan on `target` (those whose kernel name contains `kernel_filter`)."""
+def capture(target: AotTarget, kernel_filter: str = "", models: tuple = (), dedupe: str = "launch") -> list:
+    """The unique launches of the plan on `target` (those whose kernel name contains `kernel_filter`, of `models`,
+    all if empty). dedupe: "launch", every distinct compile; "shape", one per Launch.shape_key (the first seen);
+    "path", one per Launch.path_key, its largest tiles (Launch.size)."""
     from sgl_kernel.aot_plan import plan_cases
     with recording(target) as rec:
-        for label, case in plan_cases(target):
+        for label, case in plan_cases(target, models):
             rec.label = label
             case()
-    return [launch for launch in rec.launches.values() if kernel_filter in launch.name]
+    launches = [launch for launch in rec.launches.values() if kernel_filter in launch.name]
+    if dedupe == "launch":
+        return launches
+    if dedupe == "path":
+        launches = sorted(launches, key=lambda launch: -launch.size())
+    key = Launch.shape_key if dedupe == "shape" else Launch.path_key
+    return list({key(launch): launch for launch in reversed(launches)}.values())[::-1]
 
 
 @dataclass
@@ -154,6 +188,7 @@ class Row:
     shared: int = 0
     shared_limit: int = 0
     notes: str = ""
+    signature: str = ""  # the runtime parameters' Triton types
 
     @property
     def over_shared(self) -> bool:
@@ -178,6 +213,15 @@ def _amd_field(amdgcn: str, name: str) -> int:
     return int(m.group(1)) if m else 0
 
 
+def _first_error(e: Exception) -> str:
+    """The compiler's message in one line: Triton's front end puts the source position first and the message
+    last (the source lines between); the backends' errors name an error line."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()] or [type(e).__name__]
+    if lines[0].startswith("at ") and len(lines) > 1:
+        return f"{lines[0]} {lines[-1]}"
+    return next((ln for ln in lines if "error" in ln.lower()), lines[0])
+
+
 def compile_launch(launch: Launch, target_name: str) -> Row:
     """Compiles one launch for one target (in a worker process: Triton's compile holds the GIL)."""
     import triton
@@ -186,7 +230,8 @@ def compile_launch(launch: Launch, target_name: str) -> Row:
     fn = getattr(importlib.import_module(launch.module), launch.name)
     row = Row(target_name, launch.name, launch.labels[0] + (f" (+{len(launch.labels) - 1})"
                                                             if len(launch.labels) > 1 else ""),
-              shared_limit=target.shared_limit)
+              shared_limit=target.shared_limit,
+              signature=",".join(t for t in launch.signature.values() if t != "constexpr"))
     known = make_backend(target.gpu_target()).parse_options({}).__dict__
     options = {k: v for k, v in launch.options.items() if k in known}
     dropped = sorted(set(launch.options) - set(options))
@@ -196,8 +241,7 @@ def compile_launch(launch: Launch, target_name: str) -> Row:
         kernel = triton.compile(ASTSource(fn, launch.signature, launch.constexprs, launch.attrs),
                                 target=target.gpu_target(), options=options)
     except Exception as e:  # the compiler's error is the finding
-        text = str(e).strip() or type(e).__name__
-        row.error = next((ln.strip() for ln in text.splitlines() if "error" in ln.lower()), text.splitlines()[0])
+        row.error = _first_error(e)
         return row
     row.ok = True
     row.shared = kernel.metadata.shared
@@ -212,9 +256,9 @@ def compile_launch(launch: Launch, target_name: str) -> Row:
     return row
 
 
-def check(targets: list, jobs: int, kernel_filter: str = "") -> list:
+def check(targets: list, jobs: int, kernel_filter: str = "", models: tuple = (), dedupe: str = "launch") -> list:
     """Every row of every target, compiled over `jobs` processes spawned without TRITON_INTERPRET."""
-    work = [(launch, name) for name in targets for launch in capture(TARGETS[name], kernel_filter)]
+    work = [(launch, name) for name in targets for launch in capture(TARGETS[name], kernel_filter, models, dedupe)]
     saved = os.environ.pop("TRITON_INTERPRET", None)
     try:
         ctx = multiprocessing.get_context("spawn")
@@ -252,13 +296,18 @@ def main(argv: Optional[list] = None) -> int:
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--kernel", default="", help="only kernels whose name contains this")
     parser.add_argument("--json", default=None, help="also write the rows here")
+    parser.add_argument("--model", nargs="+", default=[], help="only these models' shapes (flash, pro)")
+    parser.add_argument("--dedupe", choices=DEDUPE, default="launch",
+                        help="launch: every distinct compile (default); shape: one per kernel, constexprs and options "
+                             "(not per specialization of ints and pointer alignments); path: one per kernel and "
+                             "non-integer constexprs, its largest tiles (the CI's quick pass)")
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":  # the plan must see GPU kernels, not the interpreter's
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
         return subprocess.run([sys.executable, "-m", "sgl_kernel.aot_check", *(argv or sys.argv[1:])],
                               env=env).returncode
     start = time.time()
-    rows = check(args.target, args.jobs, args.kernel)
+    rows = check(args.target, args.jobs, args.kernel, tuple(args.model), args.dedupe)
     print(format_table(rows))
     print(f"summary: {summary(rows)}; {time.time() - start:.0f} s")
     if args.json:

@@ -193,7 +193,8 @@ def _compressor_cases(m: ModelShapes, t: int, reqs: int, dtype, fp8_cache: bool)
         ring, fresh = _e(ring_rows, 2, c, dtype=f32), _e(t, 2, c, dtype=f32)
         n = max(1, t // ratio) if t not in DECODE_ROWS else t
         rope = m.rope_dim if fmt == "fp8_kv" else 0
-        out = _e(CONTEXT * reqs // ratio, row_width(fmt, d, rope, dtype), dtype=torch.uint8 if fmt != "dense" else dtype)
+        out = _e(CONTEXT * reqs // ratio, row_width(fmt, d, rope, dtype),
+                 dtype=torch.uint8 if fmt != "dense" else dtype)
         args = dict(ratio=ratio, overlap=overlap, head_dim=d, norm_weight=_e(d, dtype=dtype), eps=1e-6,
                     positions=torch.zeros(n, dtype=i64, device="meta"), inv_freq=_e(m.rope_dim // 2, dtype=f32),
                     rope_dim=m.rope_dim, out_cache=out, out_slots=torch.zeros(n, dtype=i64, device="meta"),
@@ -246,9 +247,10 @@ def _metadata_cases(m: ModelShapes, t: int, reqs: int):
 GROUPS = (norm_cases, linear_cases, mhc_cases, moe_cases, attention_cases)
 
 
-def plan_cases(target: AotTarget):
-    """(label, thunk) for every launch case on `target`: each thunk calls one wrapper as the engine does."""
-    for m in MODELS:
+def plan_cases(target: AotTarget, models: tuple = ()):
+    """(label, thunk) for every launch case on `target` (of `models` by name, all if empty): each thunk calls one
+    wrapper as the engine does."""
+    for m in [m for m in MODELS if not models or m.name in models]:
         for t in ROWS:
             for dtype in DTYPES:
                 for group in GROUPS:
