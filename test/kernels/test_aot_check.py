@@ -69,21 +69,6 @@ def test_plan_launches_every_kernel_with_a_launcher(checked):
     assert not missing, f"kernels with a launcher that the plan never launches: {missing}"
 
 
-def test_plan_covers_the_kernels_of_a_tiny_engine_decode_step(checked):
-    """The drift guard: one decode step of the tiny model on the simulated GPU (the interpreter runs the kernels)
-    launches no kernel the plan leaves out."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from benchmark_module import load_benchmark
-
-    dc = load_benchmark("decode_census")
-    census = dc.take_census(input_len=9)
-    engine = {k.split(" @ ")[0] for s in census.scopes.values() for k in s.by_site}
-    engine &= set(_launched_kernels())  # Triton launches, not torch ops
-    assert {"_dsv4_sparse_attention_kernel", "_dsv4_hc_pre_kernel"} <= engine
-    planned = {r["kernel"] for r in checked[1]}
-    assert engine <= planned, f"the engine launched kernels the plan does not: {sorted(engine - planned)}"
-
-
 def test_targets_see_their_own_paths_and_fp8(checked):
     """The device probes answer per target: NVIDIA-only paths (PTX planes, GEMV MoE, PDL) in sm90's plan only;
     gfx942's FP8 operands are e4m3fnuz (fp8e4b8), gfx950's and sm90's OCP e4m3 (fp8e4nv)."""

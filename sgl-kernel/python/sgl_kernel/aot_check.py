@@ -301,11 +301,18 @@ def main(argv: Optional[list] = None) -> int:
                         help="launch: every distinct compile (default); shape: one per kernel, constexprs and options "
                              "(not per specialization of ints and pointer alignments); path: one per kernel and "
                              "non-integer constexprs, its largest tiles (the CI's quick pass)")
+    parser.add_argument("--list", action="store_true", help="print the plan's launches (target, kernel, config, "
+                                                               "constexprs) without compiling")
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":  # the plan must see GPU kernels, not the interpreter's
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
         return subprocess.run([sys.executable, "-m", "sgl_kernel.aot_check", *(argv or sys.argv[1:])],
                               env=env).returncode
+    if args.list:
+        for name in args.target:
+            for launch in capture(TARGETS[name], args.kernel, tuple(args.model), args.dedupe):
+                print(f"{name}\t{launch.name}\t{launch.labels[0]}\t{launch.constexpr_names()}")
+        return 0
     start = time.time()
     rows = check(args.target, args.jobs, args.kernel, tuple(args.model), args.dedupe)
     print(format_table(rows))
