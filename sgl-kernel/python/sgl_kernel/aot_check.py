@@ -214,11 +214,16 @@ def _amd_field(amdgcn: str, name: str) -> int:
 
 
 def _first_error(e: Exception) -> str:
-    """The compiler's message in one line: Triton's front end puts the source position first and the message
-    last (the source lines between); the backends' errors name an error line."""
+    """The compiler's message in one line. Triton's front end puts the source position first and the message last,
+    and an error inside a called @triton.jit function comes as the cause of the caller's (whose own text ends at
+    the marker): the outer position with the innermost message. The backends' errors name an error line."""
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()] or [type(e).__name__]
-    if lines[0].startswith("at ") and len(lines) > 1:
-        return f"{lines[0]} {lines[-1]}"
+    inner = e
+    while inner.__cause__ is not None:
+        inner = inner.__cause__
+    tail = [ln.strip() for ln in str(inner).splitlines() if ln.strip() and ln.strip() != "^"]
+    if lines[0].startswith("at ") and tail:
+        return f"{lines[0]} {tail[-1]}"
     return next((ln for ln in lines if "error" in ln.lower()), lines[0])
 
 
