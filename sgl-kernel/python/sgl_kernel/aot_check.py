@@ -59,9 +59,11 @@ class Launch:
         return repr((self.module, self.name, cx, sorted(self.options.items())))
 
     def path_key(self) -> str:
-        """The kernel and its constexprs other than ints (flags, formats, dtypes): one compile per code path."""
+        """The kernel, its operands' dtypes and its constexprs other than ints (flags, formats): one compile per code
+        path."""
         paths = sorted((k, repr(v)) for k, v in self.constexpr_names().items() if not _is_size(v))
-        return repr((self.module, self.name, paths))
+        operands = [t for t in self.signature.values() if not t[0].isalpha() or t.startswith("tensordesc")]
+        return repr((self.module, self.name, paths, operands))
 
     def size(self) -> int:
         """The product of the integer constexprs and the warps: the largest tiles of a path rank first."""
