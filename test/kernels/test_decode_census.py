@@ -108,3 +108,24 @@ def test_decode_census_takes_the_gpu_paths(census):
                 "_dsv4_hc_post_mixes_kernel"} <= kernels, (name, kernels)
         if s.kind.startswith("CSA"):
             assert {"_dsv4_index_logits_kernel", "_topk_level_kernel", "_dsv4_compress_kernel"} <= kernels
+
+
+def test_aot_check_plans_every_kernel_the_decode_step_launches(census):
+    """Drift guard of sgl_kernel.aot_check's launch plan: every Triton kernel the tiny engine's decode step launches
+    is among the plan's launches (by kernel name) on the NVIDIA and AMD targets."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-m", "sgl_kernel.aot_check", "--list", "--dedupe", "path", "--target",
+                          "sm90", "gfx950"], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    planned = {}
+    for line in run.stdout.splitlines():
+        target, kernel = line.split("\t")[:2]
+        planned.setdefault(target, set()).add(kernel)
+    launched = {k.split(" @ ")[0] for s in census.scopes.values() for k, n in s.by_site.items()}
+    triton_kernels = {k for k in launched if k.startswith("_") and k.endswith("_kernel")}
+    assert {"_dsv4_sparse_attention_kernel", "_router_kernel", "_dsv4_compressor_proj_kernel"} <= triton_kernels
+    for target, kernels in planned.items():
+        assert triton_kernels <= kernels, (target, sorted(triton_kernels - kernels))

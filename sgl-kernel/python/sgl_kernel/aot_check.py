@@ -1,0 +1,334 @@
+"""Compiles every Triton kernel the engine launches, at the launch configurations it uses, for GPUs this machine
+does not have: `python -m sgl_kernel.aot_check --target gfx942 gfx950 sm90 sm100`.
+
+The launches come from the engine's own wrappers (aot_plan calls them with DeepSeek-V4-Flash / -Pro shapes), run
+with `JITFunction.run` replaced by a recorder: each launch gives the kernel, its Triton signature and
+specialization attributes as the target's backend derives them from the arguments (pointer dtypes, ints equal to
+1 or divisible by 16), its constexprs and its launch options, and launches nothing. The wrappers' questions about
+the device (PDL, TMA, SM count, the GEMV and planes paths) are answered for the target (`_probes`). Identical
+launches compile once; each compiles in a worker process without TRITON_INTERPRET. One row per (kernel, launch,
+target): compiled or the compiler's first error line, registers, spill / scratch bytes, shared memory (LDS) against
+the target's limit. Exit status 1 on any failure or shared memory over the limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import contextlib
+import importlib
+import json
+import multiprocessing
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+import torch
+
+from sgl_kernel.aot_targets import DEFAULT_TARGETS, TARGETS, AotTarget
+
+# Constexprs the wrappers derive from `device.type != "cuda"` (the CPU interpreter's rounding): False on a GPU.
+CPU_ONLY_CONSTEXPRS = {"ROUND_IN_FP32": False, "BF16_BITS": False}
+
+
+@dataclass
+class Launch:
+    """One recorded kernel launch, as the target's backend specializes it."""
+    module: str
+    name: str
+    signature: dict  # parameter -> Triton type ("*bf16", "i32", "constexpr", ...)
+    constexprs: dict  # (index,) -> value
+    attrs: dict  # (index,) -> [[attribute, value], ...] (divisibility, pointer range)
+    options: dict  # num_warps, num_stages, launch_pdl, ...
+    labels: list = field(default_factory=list)  # the plan's cases that launched it
+
+    def key(self) -> str:
+        return repr((self.module, self.name, sorted(self.signature.items()), sorted(self.constexprs.items()),
+                     sorted((k, repr(v)) for k, v in self.attrs.items()), sorted(self.options.items())))
+
+    def shape_key(self) -> str:
+        """The launch without its specialization attributes and ints passed as 1: one compile per code shape."""
+        names = list(self.signature)
+        cx = sorted((names[k[0]], repr(v)) for k, v in self.constexprs.items()
+                    if not (v == 1 and names[k[0]][:1].islower()))
+        return repr((self.module, self.name, cx, sorted(self.options.items())))
+
+    def path_key(self) -> str:
+        """The kernel, its operands' dtypes and its constexprs other than ints (flags, formats): one compile per code
+        path."""
+        paths = sorted((k, repr(v)) for k, v in self.constexpr_names().items() if not _is_size(v))
+        operands = [t for t in self.signature.values() if not t[0].isalpha() or t.startswith("tensordesc")]
+        return repr((self.module, self.name, paths, operands))
+
+    def size(self) -> int:
+        """The product of the integer constexprs and the warps: the largest tiles of a path rank first."""
+        total = self.options.get("num_warps", 4)
+        for v in self.constexpr_names().values():
+            total *= v if _is_size(v) and v > 0 else 1
+        return total
+
+    def constexpr_names(self) -> dict:
+        names = list(self.signature)
+        return {names[k[0]]: v for k, v in self.constexprs.items()}
+
+
+def _is_size(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+DEDUPE = ("launch", "shape", "path")
+
+
+class Recorder:
+    """Stands in for JITFunction.run while a target's plan runs: records, launches nothing."""
+
+    def __init__(self, target: AotTarget):
+        from triton.compiler import make_backend
+        self.backend = make_backend(target.gpu_target())
+        self.launches: dict = {}
+        self.label = ""
+
+    def run(self, fn, args, kwargs) -> None:
+        from triton.runtime.jit import JITFunction, create_function_from_signature
+        binder = create_function_from_signature(fn.signature, fn.params, self.backend)
+        bound, specialization, _ = binder(*args, **kwargs)
+        _, signature, constexprs, attrs = JITFunction._pack_args(fn, self.backend, kwargs, bound, specialization, {})
+        names = list(signature)
+        constexprs = {k: CPU_ONLY_CONSTEXPRS.get(names[k[0]], v) if len(k) == 1 else v for k, v in constexprs.items()}
+        options = {k: v for k, v in kwargs.items() if k not in signature}
+        launch = Launch(fn.fn.__module__, fn.fn.__name__, dict(signature), constexprs, attrs, options)
+        launch = self.launches.setdefault(launch.key(), launch)
+        if self.label not in launch.labels:
+            launch.labels.append(self.label)
+
+
+def _probes(target: AotTarget) -> dict:
+    """The wrappers' device questions (module attribute -> answer for `target`), looked up in their modules'
+    globals at call time, so replacing them in every sgl_kernel module that holds one answers every caller."""
+    import triton
+    return {
+        "pdl_supported": lambda device: target.pdl,
+        "_tma_supported": lambda device: target.tma,
+        "tma_supported": lambda device: target.tma,
+        "planes_supported": lambda device, dtype: target.nvidia and dtype == torch.bfloat16,
+        "gemv_supported": lambda device, dtype: target.nvidia and dtype in (torch.bfloat16, torch.float16),
+        "_num_sms": lambda device: target.num_sms,
+        "_sm_count": lambda device: target.num_sms,
+        "bf16_bits": lambda dtype, device: False,
+        # On a GPU the MoE aligns small batches in one program (dsv4_moe_align's default asks topk_ids.is_cuda).
+        "dsv4_moe_align": _gpu_align(sys.modules["sgl_kernel.dsv4_moe_align"], triton),
+    }
+
+
+def _gpu_align(module, triton):
+    align = module.dsv4_moe_align
+
+    def gpu_align(topk_ids, num_experts, block_m, one_program=None, pdl=False):
+        if one_program is None:
+            one_program = topk_ids.numel() <= module.ALIGN_ONE_PROGRAM_PAIRS
+        return align(topk_ids, num_experts, block_m, one_program, pdl)
+    return gpu_align
+
+
+@contextlib.contextmanager
+def recording(target: AotTarget):
+    """JITFunction.run records into the yielded Recorder, and the sgl_kernel modules' device probes answer for
+    `target`, inside the block."""
+    from triton.runtime.jit import JITFunction
+
+    import sgl_kernel.aot_plan  # noqa: F401  (every kernel module loaded, so every probe is replaced)
+    recorder = Recorder(target)
+    probes = _probes(target)
+    saved = []
+    for mod in [m for n, m in list(sys.modules.items()) if n.startswith("sgl_kernel.dsv4_")]:
+        for attr, probe in probes.items():
+            if callable(getattr(mod, attr, None)):
+                saved.append((mod, attr, getattr(mod, attr)))
+                setattr(mod, attr, probe)
+    run = JITFunction.run
+    JITFunction.run = lambda fn, *args, grid, warmup, **kwargs: recorder.run(fn, args, kwargs)
+    try:
+        yield recorder
+    finally:
+        JITFunction.run = run
+        for mod, attr, value in saved:
+            setattr(mod, attr, value)
+
+
+def capture(target: AotTarget, kernel_filter: str = "", models: tuple = (), dedupe: str = "launch") -> list:
+    """The unique launches of the plan on `target` (those whose kernel name contains `kernel_filter`, of `models`,
+    all if empty). dedupe: "launch", every distinct compile; "shape", one per Launch.shape_key (the first seen);
+    "path", one per Launch.path_key, its largest tiles (Launch.size)."""
+    from sgl_kernel.aot_plan import plan_cases
+    with recording(target) as rec:
+        for label, case in plan_cases(target, models):
+            rec.label = label
+            case()
+    launches = [launch for launch in rec.launches.values() if kernel_filter in launch.name]
+    if dedupe == "launch":
+        return launches
+    if dedupe == "path":
+        launches = sorted(launches, key=lambda launch: -launch.size())
+    key = Launch.shape_key if dedupe == "shape" else Launch.path_key
+    return list({key(launch): launch for launch in reversed(launches)}.values())[::-1]
+
+
+@dataclass
+class Row:
+    target: str
+    kernel: str
+    config: str  # the first plan case that launched it (+ how many more)
+    ok: bool = False
+    error: str = ""
+    regs: str = ""  # NVIDIA: registers; AMD: VGPR/SGPR/AGPR
+    spill: int = 0  # NVIDIA: stack bytes; AMD: scratch (private segment) bytes
+    shared: int = 0
+    shared_limit: int = 0
+    notes: str = ""
+    signature: str = ""  # the runtime parameters' Triton types
+
+    @property
+    def over_shared(self) -> bool:
+        return self.ok and self.shared > self.shared_limit
+
+
+def _nvidia_usage(cubin: bytes) -> tuple:
+    """(registers, stack bytes) from cuobjdump -res-usage (the binary Triton ships)."""
+    import triton
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+    line = next(ln for ln in out.splitlines() if "REG:" in ln)
+    fields = dict(tok.split(":", 1) for tok in line.split() if ":" in tok)
+    return int(fields["REG"]), int(fields["STACK"])
+
+
+def _amd_field(amdgcn: str, name: str) -> int:
+    m = re.search(rf"^\s*-?\s*\.{name}:\s*(\d+)", amdgcn, re.MULTILINE)
+    return int(m.group(1)) if m else 0
+
+
+def _first_error(e: Exception) -> str:
+    """The compiler's message in one line. Triton's front end puts the source position first and the message last,
+    and an error inside a called @triton.jit function comes as the cause of the caller's (whose own text ends at
+    the marker): the outer position with the innermost message. The backends' errors name an error line."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()] or [type(e).__name__]
+    inner = e
+    while inner.__cause__ is not None:
+        inner = inner.__cause__
+    tail = [ln.strip() for ln in str(inner).splitlines() if ln.strip() and ln.strip() != "^"]
+    if lines[0].startswith("at ") and tail:
+        return f"{lines[0]} {tail[-1]}"
+    return next((ln for ln in lines if "error" in ln.lower()), lines[0])
+
+
+def compile_launch(launch: Launch, target_name: str) -> Row:
+    """Compiles one launch for one target (in a worker process: Triton's compile holds the GIL)."""
+    import triton
+    from triton.compiler import ASTSource, make_backend
+    target = TARGETS[target_name]
+    fn = getattr(importlib.import_module(launch.module), launch.name)
+    row = Row(target_name, launch.name, launch.labels[0] + (f" (+{len(launch.labels) - 1})"
+                                                            if len(launch.labels) > 1 else ""),
+              shared_limit=target.shared_limit,
+              signature=",".join(t for t in launch.signature.values() if t != "constexpr"))
+    known = make_backend(target.gpu_target()).parse_options({}).__dict__
+    options = {k: v for k, v in launch.options.items() if k in known}
+    dropped = sorted(set(launch.options) - set(options))
+    if dropped:
+        row.notes = f"dropped {', '.join(dropped)} (no such option on {target.backend})"
+    try:
+        kernel = triton.compile(ASTSource(fn, launch.signature, launch.constexprs, launch.attrs),
+                                target=target.gpu_target(), options=options)
+    except Exception as e:  # the compiler's error is the finding
+        row.error = _first_error(e)
+        return row
+    row.ok = True
+    row.shared = kernel.metadata.shared
+    if target.nvidia:
+        regs, row.spill = _nvidia_usage(kernel.asm["cubin"])
+        row.regs = str(regs)
+    else:
+        gcn = kernel.asm["amdgcn"]
+        row.regs = "/".join(str(_amd_field(gcn, f)) for f in ("vgpr_count", "sgpr_count", "agpr_count"))
+        row.spill = _amd_field(gcn, "private_segment_fixed_size")
+        row.shared = max(row.shared, _amd_field(gcn, "group_segment_fixed_size"))
+    return row
+
+
+def check(targets: list, jobs: int, kernel_filter: str = "", models: tuple = (), dedupe: str = "launch") -> list:
+    """Every row of every target, compiled over `jobs` processes spawned without TRITON_INTERPRET."""
+    work = [(launch, name) for name in targets for launch in capture(TARGETS[name], kernel_filter, models, dedupe)]
+    saved = os.environ.pop("TRITON_INTERPRET", None)
+    try:
+        ctx = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=ctx) as pool:
+            rows = list(pool.map(compile_launch, *zip(*work))) if work else []
+    finally:
+        if saved is not None:
+            os.environ["TRITON_INTERPRET"] = saved
+    return rows
+
+
+def format_table(rows: list) -> str:
+    head = ("target", "kernel", "config", "status", "regs", "spill", "shared/limit")
+    body = [(r.target, r.kernel, r.config, "ok" if r.ok else "FAIL: " + r.error[:120], r.regs, str(r.spill),
+             f"{r.shared}/{r.shared_limit}" + (" OVER" if r.over_shared else "") + (f"  {r.notes}" if r.notes else ""))
+            for r in rows]
+    widths = [max(len(x[i]) for x in [head] + body) for i in range(len(head) - 1)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(x[:-1], widths)) + "  " + x[-1] for x in [head] + body]
+    return "\n".join(lines)
+
+
+def summary(rows: list) -> str:
+    parts = []
+    for name in dict.fromkeys(r.target for r in rows):
+        mine = [r for r in rows if r.target == name]
+        parts.append(f"{name}: {len(mine)} configs, {sum(r.ok for r in mine)} compiled, "
+                     f"{sum(not r.ok for r in mine)} failed, {sum(r.ok and r.spill > 0 for r in mine)} with spills, "
+                     f"{sum(r.over_shared for r in mine)} over shared memory")
+    return "; ".join(parts) or "no configs"
+
+
+def main(argv: Optional[list] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sgl_kernel.aot_check", description=__doc__.splitlines()[0])
+    parser.add_argument("--target", nargs="+", default=list(DEFAULT_TARGETS), choices=sorted(TARGETS))
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--kernel", default="", help="only kernels whose name contains this")
+    parser.add_argument("--json", default=None, help="also write the rows here")
+    parser.add_argument("--model", nargs="+", default=[], help="only these models' shapes (flash, pro)")
+    parser.add_argument("--dedupe", choices=DEDUPE, default="launch",
+                        help="launch: every distinct compile (default); shape: one per kernel, constexprs and options "
+                             "(not per specialization of ints and pointer alignments); path: one per kernel and "
+                             "non-integer constexprs, its largest tiles (the CI's quick pass)")
+    parser.add_argument("--list", action="store_true", help="print the plan's launches (target, kernel, config, "
+                                                               "constexprs) without compiling")
+    args = parser.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET") == "1":  # the plan must see GPU kernels, not the interpreter's
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        return subprocess.run([sys.executable, "-m", "sgl_kernel.aot_check", *(argv or sys.argv[1:])],
+                              env=env).returncode
+    if args.list:
+        for name in args.target:
+            for launch in capture(TARGETS[name], args.kernel, tuple(args.model), args.dedupe):
+                print(f"{name}\t{launch.name}\t{launch.labels[0]}\t{launch.constexpr_names()}")
+        return 0
+    start = time.time()
+    rows = check(args.target, args.jobs, args.kernel, tuple(args.model), args.dedupe)
+    print(format_table(rows))
+    print(f"summary: {summary(rows)}; {time.time() - start:.0f} s")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump([asdict(r) for r in rows], f, indent=1)
+    return 0 if rows and all(r.ok and not r.over_shared for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
