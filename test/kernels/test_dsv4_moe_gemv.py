@@ -58,7 +58,8 @@ def test_h_scale_keeps_the_clamped_swiglu_below_fp16_range():
         assert bound * h_scale_of(limit) < 2.0 ** 15 <= 2 * bound * h_scale_of(limit), limit
 
 
-# 2 tokens: more than one token's pairs with the chunked scales (the interpreter's time grows with the tokens)
+# 2 tokens: more than one token's pairs with the chunked scales (the interpreter's time grows with the tokens, and
+# with the programs: 32-row tiles, the reads and sums of a row are the same in any tile)
 @pytest.mark.parametrize("tokens,chunk", [(1, False), (2, True)])
 def test_gemv_equals_reference(tokens, chunk):
     """The interpreter's path (Triton's ops: the same function as the PTX, fp32 sums) against the torch reference,
@@ -68,7 +69,7 @@ def test_gemv_equals_reference(tokens, chunk):
     x = (torch.randn(tokens, 256) * 0.1).bfloat16()
     ids[0, 1] = -1
     got = gemv_moe(x, ids, weights, w13, chunked(s13) if chunk else s13, w2, chunked(s2) if chunk else s2, 7.0, 256,
-                   launch=GemvLaunch(8, 128)).float()
+                   launch=GemvLaunch(32, 128)).float()
     keep = ids >= 0
     ref = fused_moe_mxfp4_ref(x, ids.clamp_min(0), weights * keep, w13, s13, w2, s2, 7.0)
     err = ((got - ref).norm() / ref.norm()).item()
@@ -82,10 +83,11 @@ def test_variants_give_the_same_bits(early, fused, one_loop):
     loaded before the wait), sum in the down (the last program of each token's tile sums its pairs in slot order,
     counted by an atomic, counters zeroed by the gate-up), the gate-up's rows in one loop (each row's sums in the
     same order): bit-equal to the default chain in the interpreter, -1 ids included, 2 tokens (two tokens'
-    counters), down tiles more than the gate-up's programs zero one each (2 per program here)."""
+    counters), down tiles more than the gate-up's programs zero one each (2 per program here: 8 down tiles of 32
+    rows, 4 gate-up programs)."""
     (x, ids, weights, w13, s13, w2, s2), base, ref = _default_chain()
     got = gemv_moe(x, ids, weights, w13, s13, w2, s2, 7.0, 128,
-                   launch=GemvLaunch(8, 128, early_weights=early, sum_in_down=fused, gate_up_one_loop=one_loop))
+                   launch=GemvLaunch(32, 128, early_weights=early, sum_in_down=fused, gate_up_one_loop=one_loop))
     assert torch.equal(got, base)
     assert ((got.float() - ref).norm() / ref.norm()).item() < 4e-3
 
@@ -98,19 +100,19 @@ def _default_chain() -> tuple:
     ids, weights = _routing(2, 2, 8, seed=9, skew=False)
     ids[1, 0] = -1
     x = (torch.randn(2, 256) * 0.1).bfloat16()
-    base = gemv_moe(x, ids, weights, w13, s13, w2, s2, 7.0, 128, launch=GemvLaunch(8, 128))
+    base = gemv_moe(x, ids, weights, w13, s13, w2, s2, 7.0, 128, launch=GemvLaunch(32, 128))
     ref = fused_moe_mxfp4_ref(x, ids.clamp_min(0), weights * (ids >= 0), w13, s13, w2, s2, 7.0)
     return (x, ids, weights, w13, s13, w2, s2), base, ref
 
 
-@pytest.mark.parametrize("down, fused", [((16, 64, 1), False), ((16, 64, 1), True), ((8, 128, 1), True)])
+@pytest.mark.parametrize("down, fused", [((32, 64, 1), False), ((32, 64, 1), True), ((16, 128, 1), True)])
 def test_down_takes_its_own_tile(down, fused):
     """GemvLaunch.down: the down's tile where it differs from the gate-up's, here beside a 256-input gate-up tile
     that the down's 128 inputs could not take (gemv_fits refuses it for both kernels); with the sum in the down, its
-    counters are per down tile (16 or 32, zeroed 1 or 2 per gate-up program)."""
+    counters are per down tile (8 or 16, zeroed 1 or 2 per gate-up program of 16 rows)."""
     w13, s13, w2, s2 = _experts(8, 256, 128, seed=10)
-    split = GemvLaunch(8, 256, down=down, sum_in_down=fused)
-    assert not gemv_fits(GemvLaunch(8, 256), 256, 128) and gemv_fits(split, 256, 128)
+    split = GemvLaunch(16, 256, down=down, sum_in_down=fused)
+    assert not gemv_fits(GemvLaunch(16, 256), 256, 128) and gemv_fits(split, 256, 128)
     ids, weights = _routing(2, 2, 8, seed=11, skew=False)
     x = (torch.randn(2, 256) * 0.1).bfloat16()
     got = gemv_moe(x, ids, weights, w13, s13, w2, s2, 7.0, 128, launch=split).float()
@@ -125,8 +127,8 @@ def test_dispatch_takes_gemv_only_where_it_fits(monkeypatch):
     real = moe.gemv_moe
     monkeypatch.setattr(moe, "gemv_moe", lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
     monkeypatch.setattr(moe, "GEMV_MAX_TOKENS", 2)
-    monkeypatch.setattr(gemv, "GEMV_ONE", GemvLaunch(8, 128))
-    monkeypatch.setattr(gemv, "GEMV_FEW", GemvLaunch(8, 128))
+    monkeypatch.setattr(gemv, "GEMV_ONE", GemvLaunch(32, 128))
+    monkeypatch.setattr(gemv, "GEMV_FEW", GemvLaunch(32, 128))
     w13, s13, w2, s2 = _experts(4, 128, 128, seed=5)
     for tokens, limit, want in ((2, 7.0, True), (3, 7.0, False), (1, math.inf, False)):
         ids, weights = _routing(tokens, 2, 4, seed=6, skew=False)

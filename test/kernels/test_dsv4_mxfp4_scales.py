@@ -59,9 +59,10 @@ def test_chunked_layout_holds_the_same_bytes():
 @pytest.mark.parametrize("path", ["in-register", "scaled-dot", "planes", "planes-swap", "planes-split"])
 def test_kernels_read_chunked_scales(path):
     """Each kernel path gives the same output from chunked scale bytes as from row-major ones (the same arithmetic,
-    other addresses: equal bits), and that output is the reference's; 2 chunks per gate-up row, 1 per down row."""
-    w13, s13, w2, s2 = _experts(4, 512, 256, seed=11)
-    ids, weights = _routing(3, 2, 4, seed=2)
+    other addresses: equal bits), and that output is the reference's; 2 chunks per gate-up row, 1 per down row; two
+    experts (a second expert's scale bytes past the first's: the chunked major stride), each one block of 3 rows."""
+    w13, s13, w2, s2 = _experts(2, 512, 256, seed=11)
+    ids, weights = _routing(3, 2, 2, seed=2)
     x = torch.randn(3, 512, generator=torch.Generator().manual_seed(3)) * 0.05
     if path == "scaled-dot":
         x = x.half()

@@ -111,13 +111,14 @@ def test_combine_adds_as_torch_adds(dtype, splits):
                          ids=["combine-fp16", "sum-in-down-bf16"])
 def test_gemv_adds_the_shared_output(dtype, sum_in_down):
     """The GEMV MoE's last kernel (the down's summing program, or combine_pairs) adds `add` as `routed + shared`
-    adds it, bit for bit, another rank's pair (-1) included."""
-    w13, s13, w2, s2 = _experts(8, 256, 128, seed=12)
+    adds it, bit for bit, another rank's pair (-1) included. Tiles of 32 rows: the add is the last kernel's, whatever
+    the tile (the interpreter's time is per program; test_dsv4_moe_gemv runs the 8-row tiles)."""
+    w13, s13, w2, s2 = _experts(8, 128, 128, seed=12)
     ids, weights = _routing(2, 2, 8, seed=13, skew=False)
     ids[1, 0] = -1
-    x = (torch.randn(2, 256, generator=torch.Generator().manual_seed(14)) * 0.1).to(dtype)
-    shared = (torch.randn(2, 256, generator=torch.Generator().manual_seed(15)) * 0.1).to(dtype)
-    launch = GemvLaunch(8, 128, sum_in_down=sum_in_down)
+    x = (torch.randn(2, 128, generator=torch.Generator().manual_seed(14)) * 0.1).to(dtype)
+    shared = (torch.randn(2, 128, generator=torch.Generator().manual_seed(15)) * 0.1).to(dtype)
+    launch = GemvLaunch(32, 128, sum_in_down=sum_in_down)
     routed = gemv_moe(x, ids, weights, w13, s13, w2, s2, 7.0, 128, launch=launch)
     got = gemv_moe(x, ids, weights, w13, s13, w2, s2, 7.0, 128, launch=launch, add=shared)
     assert torch.equal(got, routed + shared)

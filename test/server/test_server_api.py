@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import os
 import re
@@ -182,9 +183,15 @@ def test_forced_tool_choice(client):
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": params}},
              {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}]
     msgs = [{"role": "user", "content": "Weather?"}]
-    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
-        out = client.chat.completions.create(model=MODEL, messages=msgs, tools=tools, tool_choice=choice,
-                                             max_tokens=400, temperature=1.0, seed=5)
+    choices = ("required", {"type": "function", "function": {"name": "get_weather"}})
+
+    def ask(choice):
+        return client.chat.completions.create(model=MODEL, messages=msgs, tools=tools, tool_choice=choice,
+                                              max_tokens=400, temperature=1.0, seed=5)
+
+    with concurrent.futures.ThreadPoolExecutor(len(choices)) as pool:  # one batch: the two calls share decode steps
+        outs = list(pool.map(ask, choices))
+    for choice, out in zip(choices, outs):
         c = out.choices[0]
         assert c.finish_reason == "tool_calls" and len(c.message.tool_calls) == 1, c
         call = c.message.tool_calls[0].function

@@ -281,8 +281,7 @@ def test_forced_tool_calls_parse_with_valid_arguments(name):
     from sglang.srt.constrained.tool_call_grammar import tool_call_ebnf
     from sglang.srt.function_call import get_tool_call_parser
 
-    ebnf = tool_call_ebnf(TOOLS, name, thinking=False)
-    texts = _sampled("ebnf", ebnf, n=4 if name else 8, max_new=200)
+    texts = _forced_call_texts()[(None, name)]
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
     seen = set()
     for text in texts:
@@ -321,13 +320,35 @@ def test_forced_calls_validate_for_object_level_keywords(name):
     """Patterns, consts, anyOf / minProperties, $ref, quoted keys and required keys outside properties: the forced
     call still parses and validates (string keywords become JSON values under their schema; object-level ones make
     the invoke body one JSON object under the whole schema)."""
-    from sglang.srt.constrained.tool_call_grammar import tool_call_ebnf
     from sglang.srt.function_call import get_tool_call_parser
 
-    texts = _sampled("ebnf", tool_call_ebnf(HARD_TOOLS, name, thinking=False), n=4, max_new=200)
+    texts = _forced_call_texts()[("hard", name)]
     schema = next(t["function"]["parameters"] for t in HARD_TOOLS if t["function"]["name"] == name)
     for text in texts:
         det = get_tool_call_parser("deepseekv4")()
         normal, calls = det.detect_and_parse(text, HARD_TOOLS)
         assert not normal.strip() and len(calls) == 1 and calls[0].name == name, (text, det.errors)
         jsonschema.validate(json.loads(calls[0].arguments), schema)
+
+
+@functools.lru_cache(maxsize=1)
+def _forced_call_texts() -> dict:
+    """Every forced-call test's samples, (tools, name) -> texts, decoded together: each request runs its own grammar
+    (seeds and prompts as _sampled gives them per grammar), so the 7 grammars' 36 requests share their decode steps
+    instead of taking 7 runs of up to 200 steps each (the tests above check each grammar's texts as before)."""
+    from sglang.srt.constrained.tool_call_grammar import tool_call_ebnf
+
+    groups = [((None, name), tool_call_ebnf(TOOLS, name, thinking=False), 4 if name else 8)
+              for name in (None, "get_weather")]
+    groups += [(("hard", t["function"]["name"]), tool_call_ebnf(HARD_TOOLS, t["function"]["name"], thinking=False), 4)
+               for t in HARD_TOOLS]
+    ids, params, keys = [], [], []
+    for key, ebnf, n in groups:
+        ids += [[5, 17, 300 + i] for i in range(n)]
+        params += [{"temperature": 1.0, "max_new_tokens": 200, "seed": 7 + i, "ebnf": ebnf} for i in range(n)]
+        keys += [key] * n
+    texts = {key: [] for key, _, _ in groups}
+    for key, out in zip(keys, tiny().generate(input_ids=ids, sampling_params=params)):
+        assert out["meta_info"]["finish_reason"]["type"] == "stop", out  # the grammar completed, then EOS
+        texts[key].append(out["text"])
+    return texts
