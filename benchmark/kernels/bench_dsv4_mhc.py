@@ -139,16 +139,21 @@ def bench_pre_norm(finish: bool = False) -> list:
     return rows
 
 
+def _inputs(t: int, g: torch.Generator) -> tuple:
+    """A sub-layer's streams [t, N, D], its output o [t, D] (bf16), fn [2N + N^2, N * D], scale and base."""
+    m = 2 * N + N * N
+    streams = torch.randn(t, N, D, device="cuda", generator=g).bfloat16()
+    out = torch.randn(t, D, device="cuda", generator=g).bfloat16()
+    fn = torch.randn(m, N * D, device="cuda", generator=g) * (N * D) ** -0.5
+    return streams, out, fn, torch.ones(3, device="cuda"), torch.zeros(m, device="cuda")
+
+
 def bench_carry() -> list:
     """hc_post + the next hc_pre_norm, the mixes carried (2 launches) against computed by hc_pre_norm (3)."""
     rows = []
     g = torch.Generator(device="cuda").manual_seed(2)
     for t in TOKENS:
-        m = 2 * N + N * N
-        streams = torch.randn(t, N, D, device="cuda", generator=g).bfloat16()
-        out = torch.randn(t, D, device="cuda", generator=g).bfloat16()
-        fn = torch.randn(m, N * D, device="cuda", generator=g) * (N * D) ** -0.5
-        scale, base = torch.ones(3, device="cuda"), torch.zeros(m, device="cuda")
+        streams, out, fn, scale, base = _inputs(t, g)
         w = torch.randn(D, device="cuda", generator=g).bfloat16()
         _, post, comb = dsv4_hc_pre(streams, fn, scale, base, ITERS, EPS, EPS)
         # the streams and o read, the new streams written and read again, fn twice, norm(u) written
@@ -173,11 +178,7 @@ def bench() -> list:
     rows = []
     g = torch.Generator(device="cuda").manual_seed(0)
     for t in TOKENS:
-        m = 2 * N + N * N
-        streams = torch.randn(t, N, D, device="cuda", generator=g).bfloat16()
-        out = torch.randn(t, D, device="cuda", generator=g).bfloat16()
-        fn = torch.randn(m, N * D, device="cuda", generator=g) * (N * D) ** -0.5
-        scale, base = torch.ones(3, device="cuda"), torch.zeros(m, device="cuda")
+        streams, out, fn, scale, base = _inputs(t, g)
         head_fn, head_scale, head_base = fn[:N].contiguous(), scale[:1], base[:N]
         _, post, comb = dsv4_hc_pre(streams, fn, scale, base, ITERS, EPS, EPS)
         s_bytes, o_bytes, w_bytes = streams.numel() * 2, out.numel() * 2, post.numel() * 4 + comb.numel() * 4
