@@ -120,6 +120,7 @@ def _probes(target: AotTarget) -> dict:
         "_num_sms": lambda device: target.num_sms,
         "_sm_count": lambda device: target.num_sms,
         "bf16_bits": lambda dtype, device: False,
+        "hip_arch": lambda device: None if target.nvidia else target.arch,
         # On a GPU the MoE aligns small batches in one program (dsv4_moe_align's default asks topk_ids.is_cuda).
         "dsv4_moe_align": _gpu_align(sys.modules["sgl_kernel.dsv4_moe_align"], triton),
     }
