@@ -139,3 +139,13 @@ def test_check_reports_compile_errors_dropped_options_and_shared_memory_over_the
     assert not bad["ok"] and ("power of 2" in bad["error"].lower() or "arange" in bad["error"].lower()), bad
     assert pdl["ok"] and "launch_pdl" in pdl["notes"] and pdl["regs"].count("/") == 2, pdl
     assert (out["ok"], out["over"], out["rounding"]) == (0, 1, False)
+
+
+def test_summary_counts_rows_and_compile_seconds_per_target():
+    from sgl_kernel.aot_check import Row, summary
+
+    rows = [Row("gfx950", "k", "c", ok=True, spill=8, seconds=1.25), Row("gfx950", "k", "c", error="x", seconds=2.0),
+            Row("sm90", "k", "c", ok=True, shared=300000, shared_limit=232448, seconds=0.5)]
+    assert summary(rows) == ("gfx950: 2 configs, 1 compiled, 1 failed, 1 with spills, 0 over shared memory, 3 s "
+                             "compiling; sm90: 1 configs, 1 compiled, 0 failed, 0 with spills, 1 over shared memory, "
+                             "0 s compiling")

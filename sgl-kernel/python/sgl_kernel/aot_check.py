@@ -313,7 +313,8 @@ def summary(rows: list) -> str:
         mine = [r for r in rows if r.target == name]
         parts.append(f"{name}: {len(mine)} configs, {sum(r.ok for r in mine)} compiled, "
                      f"{sum(not r.ok for r in mine)} failed, {sum(r.ok and r.spill > 0 for r in mine)} with spills, "
-                     f"{sum(r.over_shared for r in mine)} over shared memory")
+                     f"{sum(r.over_shared for r in mine)} over shared memory, "
+                     f"{sum(r.seconds for r in mine):.0f} s compiling")
     return "; ".join(parts) or "no configs"
 
 
