@@ -120,6 +120,7 @@ def _probes(target: AotTarget) -> dict:
         "_num_sms": lambda device: target.num_sms,
         "_sm_count": lambda device: target.num_sms,
         "bf16_bits": lambda dtype, device: False,
+        "hip_arch": lambda device: None if target.nvidia else target.arch,
         # On a GPU the MoE aligns small batches in one program (dsv4_moe_align's default asks topk_ids.is_cuda).
         "dsv4_moe_align": _gpu_align(sys.modules["sgl_kernel.dsv4_moe_align"], triton),
     }
@@ -191,23 +192,39 @@ class Row:
     shared_limit: int = 0
     notes: str = ""
     signature: str = ""  # the runtime parameters' Triton types
+    seconds: float = 0.0  # the compile's wall time (where the check's time goes)
 
     @property
     def over_shared(self) -> bool:
         return self.ok and self.shared > self.shared_limit
 
 
-def _nvidia_usage(cubin: bytes) -> tuple:
-    """(registers, stack bytes) from cuobjdump -res-usage (the binary Triton ships)."""
+def _nvidia_usage(cubin: bytes, kernel: str) -> tuple:
+    """(registers, stack bytes) of `kernel` from cuobjdump -res-usage (the binary Triton ships)."""
     import triton
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
         out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
-    line = next(ln for ln in out.splitlines() if "REG:" in ln)
-    fields = dict(tok.split(":", 1) for tok in line.split() if ":" in tok)
-    return int(fields["REG"]), int(fields["STACK"])
+    return parse_res_usage(out, kernel)
+
+
+def parse_res_usage(out: str, kernel: str) -> tuple:
+    """(registers, stack bytes) of the function named `kernel` in cuobjdump -res-usage output. A cubin also lists the
+    device functions the kernel calls (libdevice's slow paths: 32 registers and KBs of stack of their own), in any
+    order: the first REG line is not always the kernel's."""
+    usage, name = {}, None
+    for line in out.splitlines():
+        m = re.match(r"\s*Function\s+(\S+?):?\s*$", line)
+        if m:
+            name = m.group(1)
+        elif "REG:" in line and name is not None:
+            fields = dict(tok.split(":", 1) for tok in line.split() if ":" in tok)
+            usage.setdefault(name, (int(fields["REG"]), int(fields["STACK"])))
+    if kernel not in usage:
+        raise ValueError(f"no resource usage of {kernel} in cuobjdump's output: {sorted(usage)}")
+    return usage[kernel]
 
 
 def _amd_field(amdgcn: str, name: str) -> int:
@@ -244,16 +261,19 @@ def compile_launch(launch: Launch, target_name: str) -> Row:
     dropped = sorted(set(launch.options) - set(options))
     if dropped:
         row.notes = f"dropped {', '.join(dropped)} (no such option on {target.backend})"
+    start = time.time()
     try:
         kernel = triton.compile(ASTSource(fn, launch.signature, launch.constexprs, launch.attrs),
                                 target=target.gpu_target(), options=options)
     except Exception as e:  # the compiler's error is the finding
         row.error = _first_error(e)
         return row
+    finally:
+        row.seconds = round(time.time() - start, 2)
     row.ok = True
     row.shared = kernel.metadata.shared
     if target.nvidia:
-        regs, row.spill = _nvidia_usage(kernel.asm["cubin"])
+        regs, row.spill = _nvidia_usage(kernel.asm["cubin"], kernel.metadata.name)
         row.regs = str(regs)
     else:
         gcn = kernel.asm["amdgcn"]
@@ -293,7 +313,8 @@ def summary(rows: list) -> str:
         mine = [r for r in rows if r.target == name]
         parts.append(f"{name}: {len(mine)} configs, {sum(r.ok for r in mine)} compiled, "
                      f"{sum(not r.ok for r in mine)} failed, {sum(r.ok and r.spill > 0 for r in mine)} with spills, "
-                     f"{sum(r.over_shared for r in mine)} over shared memory")
+                     f"{sum(r.over_shared for r in mine)} over shared memory, "
+                     f"{sum(r.seconds for r in mine):.0f} s compiling")
     return "; ".join(parts) or "no configs"
 
 

@@ -19,7 +19,8 @@ from sgl_kernel.dsv4_decode_metadata import DecodeRatioSpec, dsv4_decode_metadat
 from sgl_kernel.dsv4_formats_ref import fp8_kv_row_bytes, row_width
 from sgl_kernel.dsv4_fp8_gemm import dsv4_fp8_act_quant, dsv4_fp8_block_gemm, dsv4_fp8_dequant, dsv4_fp8_scaled_gemm
 from sgl_kernel.dsv4_index_logits import dsv4_index_logits
-from sgl_kernel.dsv4_mhc import dsv4_hc_head, dsv4_hc_post, dsv4_hc_pre, dsv4_hc_pre_norm, dsv4_hc_pre_norm_fp8
+from sgl_kernel.dsv4_mhc import (dsv4_hc_head, dsv4_hc_post, dsv4_hc_post_mixes, dsv4_hc_pre, dsv4_hc_pre_norm,
+                                 dsv4_hc_pre_norm_fp8)
 from sgl_kernel.dsv4_moe import as_rows, chunked_empty, dsv4_moe_dense, dsv4_moe_fp8, dsv4_moe_mxfp4
 from sgl_kernel.dsv4_qk_norm_rope import dsv4_qk_norm_rope
 from sgl_kernel.dsv4_rmsnorm import dsv4_rms_norm, dsv4_rms_norm_fp8
@@ -60,6 +61,7 @@ PREFILL_ROWS = (8192, 1000)  # a full prefill chunk and a partial one
 ROWS = DECODE_ROWS + VERIFY_ROWS + PREFILL_ROWS
 DTYPES = (torch.bfloat16, torch.float32)  # serving, and the fp32 oracle path
 CONTEXT = 8192  # tokens of context behind each row: entry counts of the compressed caches
+POST_MIXES_ROWS = 16  # rows up to which hc_post carries the next mixes (models/deepseek_v4)
 SKINNY_ROWS = 64  # rows up to which FP8 linears run the fused GEMM (layers/quantization/fp8.py), else dequant + GEMM
 
 # @triton.jit kernels with a launcher that no case launches, and why.
@@ -127,6 +129,10 @@ def mhc_cases(m: ModelShapes, t: int, dtype, target: AotTarget):
     yield "hc_pre_norm_fp8", lambda: dsv4_hc_pre_norm_fp8(streams, fn, scale, base, 20, 1e-6, 1e-6, w, 1e-6)
     post, comb = _e(t, n, dtype=torch.float32), _e(t, n, n, dtype=torch.float32)
     yield "hc_post", lambda: dsv4_hc_post(_e(t, d, dtype=dtype), streams, post, comb)
+    if t <= POST_MIXES_ROWS:  # the next sub-layer's mixes (or the head's) carried by hc_post
+        for rows in (mix, n):
+            yield f"hc_post_mixes {rows}", lambda rows=rows: dsv4_hc_post_mixes(
+                _e(t, d, dtype=dtype), streams, post, comb, _e(rows, n * d, dtype=torch.float32))
     yield "hc_head", lambda: dsv4_hc_head(streams, _e(n, n * d, dtype=torch.float32), _e(1, dtype=torch.float32),
                                           _e(n, dtype=torch.float32), 1e-6, 1e-6)
 

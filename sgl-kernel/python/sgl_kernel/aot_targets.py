@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
+from sgl_kernel.dsv4_target import LDS_BYTES, fp8_dtype_for
+
 
 @dataclass(frozen=True)
 class AotTarget:
@@ -36,12 +38,12 @@ class AotTarget:
         return GPUTarget(self.backend, self.arch, self.warp_size)
 
 
-# gfx942 (MI300X) has no OCP e4m3: its FP8 is e4m3fnuz (Triton's fp8e4b8). sm90 / sm100: 227 KiB of the SM's 228 KiB
-# shared memory per block; gfx942 64 KiB of LDS per workgroup, gfx950 (MI355X) 160 KiB.
+# FP8 dtypes and LDS sizes from dsv4_target (what the wrappers read on a GPU). sm90 / sm100: 227 KiB of the SM's
+# 228 KiB shared memory per block.
 TARGETS = {
-    "gfx942": AotTarget("gfx942", "hip", "gfx942", 64, 64 * 1024, 304, torch.float8_e4m3fnuz),
-    "gfx950": AotTarget("gfx950", "hip", "gfx950", 64, 160 * 1024, 256, torch.float8_e4m3fn),
-    "sm90": AotTarget("sm90", "cuda", 90, 32, 227 * 1024, 132, torch.float8_e4m3fn),
-    "sm100": AotTarget("sm100", "cuda", 100, 32, 227 * 1024, 148, torch.float8_e4m3fn),
+    "gfx942": AotTarget("gfx942", "hip", "gfx942", 64, LDS_BYTES["gfx942"], 304, fp8_dtype_for("gfx942")),
+    "gfx950": AotTarget("gfx950", "hip", "gfx950", 64, LDS_BYTES["gfx950"], 256, fp8_dtype_for("gfx950")),
+    "sm90": AotTarget("sm90", "cuda", 90, 32, 227 * 1024, 132, fp8_dtype_for("sm90")),
+    "sm100": AotTarget("sm100", "cuda", 100, 32, 227 * 1024, 148, fp8_dtype_for("sm100")),
 }
 DEFAULT_TARGETS = ("gfx942", "gfx950", "sm90")

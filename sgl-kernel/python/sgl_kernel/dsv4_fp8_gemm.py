@@ -26,7 +26,7 @@ took ~10x the copy time at Flash shapes on an H200).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import torch
@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 
 from sgl_kernel.dsv4_fp8_gemm_ref import BLOCK, FP8_DTYPES, fp8_max
+from sgl_kernel.dsv4_target import dot_precision, lds_limit
 
 
 @triton.jit
@@ -319,6 +320,23 @@ def _config(m: int, a_bytes: int, n: int = 0, k: int = 0, groups: int = 1) -> Fp
     return tuned or _default_config(m, a_bytes)
 
 
+def hip_config(cfg: Fp8GemmConfig, a_bytes: int, lds: int) -> Fp8GemmConfig:
+    """A configuration for a ROCm device with `lds` bytes of LDS a workgroup: no TMA; at most 2 stages where the
+    staged tiles (activations and weights, BLOCK_K wide) would not fit 2 - 1 LDS buffers (Triton's AMD pipeliner holds
+    stages - 1 of them: 64 x 64 bf16 W8A16 tiles at 4 stages took 72 KiB on gfx942), then N tiles halved until they
+    fit. The NVIDIA tuning (FP8_GEMM_TUNED) is kept where it fits: no AMD measurement replaces it yet."""
+    stages, block_n = cfg.num_stages, cfg.block_n
+
+    def staged(stages: int, block_n: int) -> int:
+        return max(stages - 1, 1) * BLOCK * (cfg.block_m * a_bytes + block_n)
+
+    while stages > 2 and staged(stages, block_n) > lds:
+        stages -= 1
+    while block_n > 16 and staged(stages, block_n) > lds:
+        block_n //= 2
+    return replace(cfg, num_stages=stages, block_n=block_n, tma=False)
+
+
 def dsv4_fp8_block_gemm(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, groups: int = 1,
                         out_dtype: torch.dtype = torch.bfloat16, quantize_act: bool = True,
                         tma: Optional[bool] = None) -> torch.Tensor:
@@ -426,6 +444,9 @@ def _launch(a: torch.Tensor, a_scale, w: torch.Tensor, w_scale: torch.Tensor, gr
     if not quantize_act:
         a_scale = w_scale  # not read
     cfg = config or _config(m, a.element_size(), n, k, groups)
+    lds = lds_limit(a.device) if config is None else None
+    if lds is not None:
+        cfg = hip_config(cfg, a.element_size(), lds)
     block_m, block_n = cfg.block_m, cfg.block_n
     tiles = triton.cdiv(n, block_n) * triton.cdiv(m, block_m) * groups
     splits = split_k or _splits(tiles, kb, a.device, cfg.programs_per_sm)
@@ -451,6 +472,6 @@ def _launch(a: torch.Tensor, a_scale, w: torch.Tensor, w_scale: torch.Tensor, gr
                                  a.stride(0), a_scale.stride(0), w.stride(0), w_scale.stride(0), out.stride(0),
                                  part.stride(-2), part.stride(0) if splits > 1 else 0, QUANT_A=quantize_act,
                                  BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=BLOCK,
-                                 PREC="ieee" if a.dtype == torch.float32 else "tf32", TMA=tma, SPLIT_K=splits > 1,
+                                 PREC=dot_precision(a.dtype, a.device), TMA=tma, SPLIT_K=splits > 1,
                                  LAST_REDUCES=last_reduces, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out if splits == 1 or last_reduces else part

@@ -36,6 +36,7 @@ import triton.language as tl
 
 from sgl_kernel.dsv4_attention_ref import KEY_FORMATS, check_index_logits_args, dsv4_index_logits_ref
 from sgl_kernel.dsv4_formats_ref import FP8_INDEX_BLOCK
+from sgl_kernel.dsv4_target import dot_precision, lds_limit
 
 _FORMAT_ID = {name: i for i, name in enumerate(KEY_FORMATS)}  # dense 0, fp8_index 1, fp4_index 2
 _DOT_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
@@ -152,16 +153,18 @@ def _check_kernel_limits(q: torch.Tensor, key_format: str) -> None:
         f"fp8_index keys: one scale per row supported (dI <= {FP8_INDEX_BLOCK}), got dI={D}"
 
 
-def _launch_config(shared_lists: bool, heads_pad: int, fp32: bool = False) -> dict:
+def _launch_config(shared_lists: bool, heads_pad: int, fp32: bool = False, lds: Optional[int] = None) -> dict:
     """Static launch settings (never keyed on token or candidate counts). BLOCK_T: rows per tile (> 1 only when
     rows share candidate lists: prefill); BLOCK_E x E_BLOCKS candidates per program; FP4_GATHER: decode FP4 keys
     with one gather per value instead of join/reshape. From the H200 sweep (benchmark/kernels/sweep_dsv4.py):
     FP4 gather decode 1.9x faster at batch 64; 8-row prefill tiles 2.2x (FP8) / 1.4x (FP4) faster than 2-row.
     fp32 queries (engine runs in fp32, the oracle checks) take 2-row tiles and one stage: 8 rows x 64 heads x 128
-    fp32 staged twice need 311 KB of shared memory, an H200 has 227 KB."""
+    fp32 staged twice need 311 KB of shared memory, an H200 has 227 KB. `lds`: a ROCm device's LDS bytes
+    (dsv4_target.lds_limit): 8-row tiles take 128 KiB of LDS there (over gfx942's 64 KiB) and spill 400-900 bytes of
+    registers on gfx950 (4-row tiles still 40 for FP8 keys), so shared lists take 2-row tiles on ROCm."""
     if shared_lists:
-        return dict(BLOCK_T=2 if fp32 else PREFILL_ROWS_PER_TILE, BLOCK_E=64, E_BLOCKS=4, FP4_GATHER=True,
-                    num_warps=8, num_stages=1 if fp32 else 2)
+        return dict(BLOCK_T=2 if fp32 or lds is not None else PREFILL_ROWS_PER_TILE, BLOCK_E=64, E_BLOCKS=4,
+                    FP4_GATHER=True, num_warps=8, num_stages=1 if fp32 else 2)
     return dict(BLOCK_T=1, BLOCK_E=BLOCK_E, E_BLOCKS=E_BLOCKS, FP4_GATHER=True,
                 num_warps=4 if heads_pad <= 64 else 8, num_stages=1 if fp32 else 3)
 
@@ -178,7 +181,8 @@ def dsv4_index_logits(q: torch.Tensor, weights: torch.Tensor, key_cache: torch.T
     if T == 0 or E == 0:
         return out
     heads_pad = max(16, triton.next_power_of_2(H))
-    cfg = launch_config or _launch_config(row_map is not None and R < T, heads_pad, q.dtype == torch.float32)
+    cfg = launch_config or _launch_config(row_map is not None and R < T, heads_pad, q.dtype == torch.float32,
+                                          lds_limit(q.device))
     block_t, block_e, e_blocks = cfg["BLOCK_T"], cfg["BLOCK_E"], cfg["E_BLOCKS"]
     dot_dtype = _DOT_DTYPES[q.dtype]
     grid = (triton.cdiv(T, block_t), triton.cdiv(E, e_blocks * block_e))
@@ -187,7 +191,7 @@ def dsv4_index_logits(q: torch.Tensor, weights: torch.Tensor, key_cache: torch.T
         q.stride(0), q.stride(1), weights.stride(0), key_cache.stride(0), cand_slots.stride(0), out.stride(0),
         NUM_HEADS=H, HEADS_PAD=heads_pad, HEAD_DIM=D, FORMAT=_FORMAT_ID[key_format], BLOCK_T=block_t,
         BLOCK_E=block_e, E_BLOCKS=e_blocks, HAS_ROW_MAP=row_map is not None, DOT_DTYPE=dot_dtype,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", FP4_GATHER=cfg["FP4_GATHER"],
+        DOT_PRECISION=dot_precision(q.dtype, q.device), FP4_GATHER=cfg["FP4_GATHER"],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return out
 

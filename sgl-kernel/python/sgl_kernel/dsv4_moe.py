@@ -38,6 +38,7 @@ from sgl_kernel.dsv4_moe_planes import SCALE_MAX, SCALE_MIN, planes_down, planes
 from sgl_kernel.dsv4_moe_sums import combine_pairs
 from sgl_kernel.dsv4_mxfp4_scales import CHUNK, as_rows, chunked_empty, scale_groups
 from sgl_kernel.dsv4_pdl import pdl_supported
+from sgl_kernel.dsv4_target import lds_limit
 
 __all__ = [
     "CHUNK", "SCALE_MAX", "SCALE_MIN", "MoeConfig", "MoeLaunch", "as_rows", "chunked_empty", "dense_config",
@@ -63,7 +64,7 @@ PLANES_DOWN = MoeLaunch(128, 256, 4, 3, scaled_dot=False, planes=True)
 
 
 def moe_config(num_pairs: int, num_experts: int, scaled_dot: bool = True, fp8: bool = False,
-               tma: bool = False, planes: bool = False) -> MoeConfig:
+               tma: bool = False, planes: bool = False, lds: Optional[int] = None) -> MoeConfig:
     """Launch settings by pairs per expert (static for a batch size: graph capture sees one) and path (tl.dot_scaled
     for 16-bit activations with MXFP4 weights, else in-register dequantization); `tma`: the device has TMA tensor
     descriptors (`tma_supported`). From the H200 sweeps (benchmark/kernels/sweep_moe_mxfp4.py, Flash widths;
@@ -78,9 +79,12 @@ def moe_config(num_pairs: int, num_experts: int, scaled_dot: bool = True, fp8: b
     than pointer loads at 8 and 32 tokens: RESULTS.md, "TMA copies in the MoE's decode launches; an FP8 GEMM that
     quantizes its own activations loses", 2026-12-03). `planes` (the caller's bf16 activations and checked scales on
     an NVIDIA GPU: planes_supported): decode takes the parity planes' launches (PLANES_GATE_UP[_ONE / _FEW],
-    PLANES_DOWN[_ONE])."""
+    PLANES_DOWN[_ONE]). `lds`: a ROCm device's LDS bytes (dsv4_target.lds_limit): the in-register dequantization
+    takes `hip_dequant_config`'s tiles there."""
     per_expert = num_pairs / num_experts
     block_m = 16 if per_expert <= 16 else 64 if per_expert <= 64 else 128
+    if lds is not None and not scaled_dot:
+        return hip_dequant_config(block_m, lds)
     if planes and block_m == 16:
         if num_pairs * 32 <= num_experts:  # one token's experts (Flash: 6 of 256): wide tiles, K splits
             return MoeConfig(16, PLANES_GATE_UP_ONE, PLANES_DOWN_ONE)
@@ -100,6 +104,23 @@ def moe_config(num_pairs: int, num_experts: int, scaled_dot: bool = True, fp8: b
     # FP8 weight tiles need narrower gate-up tiles: 128 x 128 with 128-row blocks wants 256 KB of shared memory
     gate_up = MoeLaunch(64, 128, 4, 2, scaled_dot=False) if fp8 else MoeLaunch(128, 128, 8, 2, scaled_dot=False)
     return MoeConfig(block_m, gate_up, MoeLaunch(128, 64, 4, 3, scaled_dot=False))
+
+
+# The in-register dequantization's tiles on ROCm. NVIDIA's (above) were sized for 227 KiB of shared memory; Triton's
+# AMD pipeliner keeps the dequantized weight tiles (two for gate-up) and the activation tile in LDS, which at those
+# tiles took 98-270 KiB (python -m sgl_kernel.aot_check), over gfx942's 64 KiB and gfx950's 160 KiB. Two stages (the
+# AMD backend's usual) and 64-wide K tiles fit both (gfx942 with half-width N tiles) at fp32 activations too.
+HIP_LARGE_LDS = 128 * 1024
+
+
+def hip_dequant_config(block_m: int, lds: int) -> MoeConfig:
+    """MoeConfig of the in-register dequantization (FP8 experts, MXFP4 with fp32 activations) on a ROCm device with
+    `lds` bytes of LDS a workgroup."""
+    wide = lds >= HIP_LARGE_LDS
+    if block_m == 16:
+        return MoeConfig(16, MoeLaunch(32, 128, 4, 2, scaled_dot=False), MoeLaunch(64, 128, 4, 2, scaled_dot=False))
+    return MoeConfig(block_m, MoeLaunch(64 if wide else 32, 64, 4, 2, scaled_dot=False),
+                     MoeLaunch(128 if wide else 64, 64, 4, 2, scaled_dot=False))
 
 
 def scale_bytes_fit_planes(smallest: int, largest: int) -> bool:
@@ -228,7 +249,7 @@ def _fused_moe(x, topk_ids, topk_weights, w13, s13, w2, s2, limit: float, inter:
         return torch.zeros_like(x)
     scaled = scaled_dot and not fp8 and x.dtype in (torch.bfloat16, torch.float16)
     pick = lambda planes: moe_config(num_tokens * top_k, num_experts, scaled_dot=scaled, fp8=fp8,  # noqa: E731
-                                     tma=tma_supported(x.device), planes=planes)
+                                     tma=tma_supported(x.device), planes=planes, lds=lds_limit(x.device))
     cfg = config or pick(planes)
     if config is None and cfg.gate_up.planes and not (planes_fit(cfg.gate_up, hidden, inter)
                                                       and planes_fit(cfg.down, inter, hidden)):

@@ -24,6 +24,7 @@ import triton.language as tl
 from sgl_kernel.dsv4_moe_common import MoeConfig, MoeLaunch
 from sgl_kernel.dsv4_moe_sums import clamped_swiglu
 from sgl_kernel.dsv4_pdl import interpreting
+from sgl_kernel.dsv4_target import dot_precision
 
 
 def dense_config(num_pairs: int, num_experts: int, dtype: torch.dtype) -> MoeConfig:
@@ -123,10 +124,6 @@ def _dense_down_kernel(h_ptr, rows_ptr, bexp_ptr, w_ptr, wts_ptr, out_ptr, D, I,
         tl.store(out_rows, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), mask=valid[:, None] & n_ok[None, :])
 
 
-def _precision(dtype: torch.dtype) -> str:
-    return "ieee" if dtype == torch.float32 else "tf32"  # the FP8 path's choice: fp32 runs stay fp32 on a GPU
-
-
 def _upcast(dtype: torch.dtype) -> bool:
     return dtype == torch.bfloat16 and interpreting()
 
@@ -140,7 +137,8 @@ def dense_gate_up(x, rows, block_expert, w1, w3, top_k: int, limit: float, block
     _dense_gate_up_kernel[(num_blocks, triton.cdiv(inter, launch.block_n))](
         x, rows, block_expert, w1, w3, out, hidden, inter, top_k, num_experts, x.stride(0), *w1.stride(), *w3.stride(),
         out.stride(0), float(limit), BLOCK_M=block_m, BLOCK_N=launch.block_n, BLOCK_K=launch.block_k,
-        PREC=_precision(x.dtype), UPCAST=_upcast(x.dtype), num_warps=launch.num_warps, num_stages=launch.num_stages)
+        PREC=dot_precision(x.dtype, x.device), UPCAST=_upcast(x.dtype), num_warps=launch.num_warps,
+        num_stages=launch.num_stages)
     return out
 
 
@@ -152,6 +150,7 @@ def dense_down(h, rows, block_expert, w2, weights, block_m: int, launch: MoeLaun
     pairs = torch.empty(weights.numel(), hidden, dtype=torch.float32, device=h.device)
     _dense_down_kernel[(num_blocks, triton.cdiv(hidden, launch.block_n))](
         h, rows, block_expert, w2, weights, pairs, hidden, inter, num_experts, h.stride(0), *w2.stride(),
-        pairs.stride(0), BLOCK_M=block_m, BLOCK_N=launch.block_n, BLOCK_K=launch.block_k, PREC=_precision(h.dtype),
-        UPCAST=_upcast(h.dtype), num_warps=launch.num_warps, num_stages=launch.num_stages)
+        pairs.stride(0), BLOCK_M=block_m, BLOCK_N=launch.block_n, BLOCK_K=launch.block_k,
+        PREC=dot_precision(h.dtype, h.device), UPCAST=_upcast(h.dtype), num_warps=launch.num_warps,
+        num_stages=launch.num_stages)
     return pairs

@@ -28,6 +28,7 @@ import triton.language as tl
 from sgl_kernel.dsv4_moe_common import MoeLaunch, e2m1_value
 from sgl_kernel.dsv4_moe_sums import clamped_swiglu
 from sgl_kernel.dsv4_mxfp4_scales import scale_layout, scale_offsets
+from sgl_kernel.dsv4_target import dot_precision
 
 
 @triton.jit
@@ -216,10 +217,6 @@ def tma_supported(device: torch.device) -> bool:
 _TMA: dict = {}
 
 
-def _precision(dtype: torch.dtype) -> str:
-    return "ieee" if dtype == torch.float32 else "tf32"  # fp32 engine runs (oracle checks) stay fp32 on a GPU
-
-
 def _scaled_dot_format(launch: MoeLaunch, dtype: torch.dtype, fp8: bool) -> str:
     """tl.dot_scaled's activation format, or "" for the in-register dequantization (fp32 activations, FP8 weights)."""
     if not launch.scaled_dot or fp8:
@@ -253,8 +250,8 @@ def general_gate_up(x, rows, block_expert, w13, s13, inter: int, top_k: int, lim
     _moe_gate_up_kernel[(num_blocks, triton.cdiv(inter, launch.block_n))](
         x, rows, block_expert, w13, w_desc, s13, out, hidden, inter, top_k, w13.shape[0], x.stride(0), w13.stride(0),
         w13.stride(1), s13_e, s13_row, out.stride(0), s13_half, float(limit), BLOCK_M=block_m, BLOCK_N=launch.block_n,
-        BLOCK_K=launch.block_k, WEIGHT_FP8=fp8, PREC=_precision(x.dtype), A_FMT=a_fmt, TMA=w_desc is not None,
-        SCALE_CHUNKED=chunked, num_warps=launch.num_warps, num_stages=launch.num_stages)
+        BLOCK_K=launch.block_k, WEIGHT_FP8=fp8, PREC=dot_precision(x.dtype, x.device), A_FMT=a_fmt,
+        TMA=w_desc is not None, SCALE_CHUNKED=chunked, num_warps=launch.num_warps, num_stages=launch.num_stages)
     return out
 
 
@@ -270,6 +267,6 @@ def general_down(h, rows, block_expert, w2, s2, weights, hidden: int, block_m: i
     _moe_down_kernel[(num_blocks, triton.cdiv(hidden, launch.block_n))](
         h, rows, block_expert, w2, w_desc, s2, weights, pairs, hidden, inter, w2.shape[0], h.stride(0), w2.stride(0),
         w2.stride(1), s2_e, s2_row, pairs.stride(0), BLOCK_M=block_m, BLOCK_N=launch.block_n, BLOCK_K=launch.block_k,
-        WEIGHT_FP8=fp8, PREC=_precision(h.dtype), A_FMT=a_fmt, TMA=w_desc is not None, SCALE_CHUNKED=chunked,
-        num_warps=launch.num_warps, num_stages=launch.num_stages)
+        WEIGHT_FP8=fp8, PREC=dot_precision(h.dtype, h.device), A_FMT=a_fmt, TMA=w_desc is not None,
+        SCALE_CHUNKED=chunked, num_warps=launch.num_warps, num_stages=launch.num_stages)
     return pairs

@@ -41,6 +41,7 @@ from sgl_kernel.dsv4_moe_common import MoeLaunch, e2m1_value
 from sgl_kernel.dsv4_moe_sums import clamped_swiglu, swiglu_splits
 from sgl_kernel.dsv4_mxfp4_scales import scale_layout, scale_offsets
 from sgl_kernel.dsv4_pdl import interpreting, pdl_enter, pdl_launch
+from sgl_kernel.dsv4_target import dot_precision
 
 BIAS = tl.constexpr(16)  # 2^-BIAS folded into the planes, 2^BIAS applied to the fp32 sums
 SCALE_MIN, SCALE_MAX = 11, 144  # scale bytes the bf16 planes hold exactly with this BIAS
@@ -289,10 +290,6 @@ def _check(launch: MoeLaunch, k: int, n: int, dtype: torch.dtype, what: str) -> 
                          f"planes' 2^-16 bias), got {dtype}")
 
 
-def _prec(dtype: torch.dtype) -> str:
-    return "ieee" if dtype == torch.float32 else "tf32"  # fp32 runs (GPU oracle checks) stay fp32
-
-
 def planes_gate_up(x, rows, block_expert, w13, s13, inter: int, top_k: int, limit: float, block_m: int,
                    launch: MoeLaunch, pdl: bool = False) -> torch.Tensor:
     """dsv4_moe.moe_gate_up for launch.planes: the activated intermediate rows [num_blocks * block_m, I]. With
@@ -310,9 +307,9 @@ def planes_gate_up(x, rows, block_expert, w13, s13, inter: int, top_k: int, limi
         x, rows, block_expert, w13, s13, part, hidden, inter, top_k, w13.shape[0], x.stride(0), w13.stride(0),
         w13.stride(1), s_e, s_major, part.stride(-2), float(limit), hidden // splits,
         part.stride(0) if splits > 1 else 0, BLOCK_M=block_m, BLOCK_N=launch.block_n, BLOCK_K=launch.block_k,
-        SWAP=launch.swap, PTX=planes_supported(x.device, x.dtype), PREC=_prec(x.dtype), SCALE_CHUNKED=chunked,
-        SPLITS=splits, PDL=pdl, num_warps=launch.num_warps, num_stages=launch.num_stages, **pdl_launch(pdl),
-        **launch.launch_options())
+        SWAP=launch.swap, PTX=planes_supported(x.device, x.dtype), PREC=dot_precision(x.dtype, x.device),
+        SCALE_CHUNKED=chunked, SPLITS=splits, PDL=pdl, num_warps=launch.num_warps, num_stages=launch.num_stages,
+        **pdl_launch(pdl), **launch.launch_options())
     return swiglu_splits(part, rows, out, limit, pdl) if splits > 1 else out
 
 
@@ -330,6 +327,6 @@ def planes_down(h, rows, block_expert, w2, s2, weights, hidden: int, block_m: in
         h, rows, block_expert, w2, s2, weights, out, hidden, inter, w2.shape[0], h.stride(0), w2.stride(0),
         w2.stride(1), s_e, s_major, out.stride(1), inter // splits, out.stride(0), BLOCK_M=block_m,
         BLOCK_N=launch.block_n, BLOCK_K=launch.block_k, SWAP=launch.swap, PTX=planes_supported(h.device, h.dtype),
-        PREC=_prec(h.dtype), SCALE_CHUNKED=chunked, SPLITS=splits, PDL=pdl, num_warps=launch.num_warps,
-        num_stages=launch.num_stages, **pdl_launch(pdl), **launch.launch_options())
+        PREC=dot_precision(h.dtype, h.device), SCALE_CHUNKED=chunked, SPLITS=splits, PDL=pdl,
+        num_warps=launch.num_warps, num_stages=launch.num_stages, **pdl_launch(pdl), **launch.launch_options())
     return out[0] if splits == 1 else out

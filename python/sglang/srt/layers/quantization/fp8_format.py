@@ -19,13 +19,15 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+from sgl_kernel.dsv4_target import fp8_dtype_for
 
 from sglang.srt import platform as plat
 
 logger = logging.getLogger(__name__)
 
-# AMD architectures whose FP8 MFMA the kept FP8 weights run on, and their e4m3 encoding
-ROCM_FP8_ARCHS = {"gfx950": torch.float8_e4m3fn, "gfx942": torch.float8_e4m3fnuz}
+# AMD architectures whose FP8 MFMA the kept FP8 weights run on, and their e4m3 encoding (sgl_kernel's per-target
+# table: the kernels, the ahead-of-time check and the layers read one answer)
+ROCM_FP8_ARCHS = {arch: fp8_dtype_for(arch) for arch in ("gfx950", "gfx942")}
 
 
 @dataclass(frozen=True)
@@ -48,8 +50,7 @@ E4M3FNUZ = Fp8Format(torch.float8_e4m3fnuz, 240.0, True)
 def fp8_format_for(target: Optional[str]) -> Fp8Format:
     """The encoding of a target named as the compilers name it: "gfx942" (fnuz), "gfx950", "sm90", "sm100", "cuda",
     "cpu" or None (OCP e4m3fn). A gfx name may carry target features ("gfx942:sramecc+:xnack-")."""
-    arch = (target or "").split(":")[0]
-    return E4M3FNUZ if ROCM_FP8_ARCHS.get(arch) == torch.float8_e4m3fnuz else E4M3FN
+    return E4M3FNUZ if fp8_dtype_for(target) == torch.float8_e4m3fnuz else E4M3FN
 
 
 def fp8_format() -> Fp8Format:
