@@ -175,7 +175,7 @@ def test_response_format_and_grammars(client):
 
 
 def test_forced_tool_choice(client):
-    """tool_choice "required" and a named function force one DSML call with schema-valid arguments (random weights,
+    """tool_choice "required" and a named function (either tool) force one DSML call with schema-valid arguments (random weights,
     temperature 1), returned as tool_calls with finish_reason tool_calls."""
     params = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10},
                                                "days": {"type": "integer", "minimum": 1, "maximum": 3}},
@@ -183,7 +183,9 @@ def test_forced_tool_choice(client):
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": params}},
              {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}]
     msgs = [{"role": "user", "content": "Weather?"}]
-    choices = ("required", {"type": "function", "function": {"name": "get_weather"}})
+    # both names forced: at seed 5 an unforced choice is get_weather, so forcing get_time shows the name is obeyed
+    choices = ("required", {"type": "function", "function": {"name": "get_weather"}},
+               {"type": "function", "function": {"name": "get_time"}})
 
     def ask(choice):
         return client.chat.completions.create(model=MODEL, messages=msgs, tools=tools, tool_choice=choice,
@@ -196,7 +198,7 @@ def test_forced_tool_choice(client):
         assert c.finish_reason == "tool_calls" and len(c.message.tool_calls) == 1, c
         call = c.message.tool_calls[0].function
         if isinstance(choice, dict):
-            assert call.name == "get_weather"
+            assert call.name == choice["function"]["name"]
         args = json.loads(call.arguments)
         if call.name == "get_weather":
             assert set(args) == {"city", "days"} and 1 <= args["days"] <= 3 and len(args["city"]) <= 10
