@@ -175,8 +175,8 @@ def test_response_format_and_grammars(client):
 
 
 def test_forced_tool_choice(client):
-    """tool_choice "required" and a named function (either tool) force one DSML call with schema-valid arguments (random weights,
-    temperature 1), returned as tool_calls with finish_reason tool_calls."""
+    """tool_choice "required" and a named function (either tool) force one DSML call with schema-valid arguments
+    (random weights, temperature 1), returned as tool_calls with finish_reason tool_calls."""
     params = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10},
                                                "days": {"type": "integer", "minimum": 1, "maximum": 3}},
               "required": ["city", "days"], "additionalProperties": False}
