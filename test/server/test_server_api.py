@@ -175,17 +175,15 @@ def test_response_format_and_grammars(client):
 
 
 def test_forced_tool_choice(client):
-    """tool_choice "required" and a named function (either tool) force one DSML call with schema-valid arguments
-    (random weights, temperature 1), returned as tool_calls with finish_reason tool_calls."""
+    """tool_choice "required" and a named function (either tool: "required" picks get_weather at seed 5) force one
+    DSML call with schema-valid arguments (random weights, temperature 1), as tool_calls, finish_reason tool_calls."""
     params = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10},
                                                "days": {"type": "integer", "minimum": 1, "maximum": 3}},
               "required": ["city", "days"], "additionalProperties": False}
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": params}},
              {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}]
     msgs = [{"role": "user", "content": "Weather?"}]
-    # both names forced: at seed 5 an unforced choice is get_weather, so forcing get_time shows the name is obeyed
-    choices = ("required", {"type": "function", "function": {"name": "get_weather"}},
-               {"type": "function", "function": {"name": "get_time"}})
+    choices = ("required", *({"type": "function", "function": {"name": n}} for n in ("get_weather", "get_time")))
 
     def ask(choice):
         return client.chat.completions.create(model=MODEL, messages=msgs, tools=tools, tool_choice=choice,
