@@ -24,6 +24,7 @@ from sglang.srt.layers.mhc import CARRY_MAX_ROWS, hc_post_mixes_ref, hc_post_ref
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 BF16_ULP = 2.0 ** -7
+FP32_EPS = torch.finfo(torch.float32).eps
 ITERS, EPS = 20, 1e-6
 
 
@@ -254,8 +255,10 @@ def test_gpu_flash_widths_and_graph(t):
     plain = dsv4_hc_post(x["out"], x["streams"], x["post"], x["comb"])
     if t <= CARRY_MAX_ROWS:  # the rows the engine carries at: its new streams are hc_post's (H100: bit for bit)
         assert torch.equal(new, plain)
-    else:  # 32-token blocks: the compiler contracts the fp32 sums differently; one rounding of the same fp32 value
-        torch.testing.assert_close(new.float(), plain.float(), rtol=BF16_ULP, atol=0)
+    else:  # 32-token blocks: the compiler contracts the fp32 sums differently, so the fp32 values differ by a rounding
+        # at the operands' scale (seen on an H200: 2 ** -23 where the sum cancels to ~4e-6), then one bf16 rounding
+        atol = FP32_EPS * x["streams"].abs().max().item()
+        torch.testing.assert_close(new.float(), plain.float(), rtol=BF16_ULP, atol=atol)
     _check_partials(new, partials, x["next_fn"], gpu=True)
     args = (new, x["next_fn"], x["next_scale"], x["next_base"], ITERS, EPS, EPS)
     for a, b in zip(dsv4_hc_pre_norm(*args, None, 1e-5, partials=partials), dsv4_hc_pre_norm(*args, None, 1e-5)):
