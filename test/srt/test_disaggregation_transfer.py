@@ -2,7 +2,8 @@
 length) regions written from one engine's registered torch CPU tensors into another's, in one process
 (LocalCopyTransfer) and across two processes over the Mooncake transfer engine's TCP transport; many buffers
 registered in one engine call; a write to a dead or hung peer raising TransferError within its timeout; a missing
-engine package named with the flag that needs it. About 6 s (the peer process imports torch)."""
+engine package named with the flag that needs it; bytes, latency and failures counted into /metrics. About 6 s
+(the peer process imports torch)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,10 @@ import pytest
 import torch
 
 from sglang.srt.disaggregation.transfer import (LocalCopyTransfer, MooncakeTransfer, NixlTransfer, RegisteredBuffer,
-                                                TransferError, coalesce, create_transfer_backend)
+                                                TransferError, TransferStats, coalesce, create_transfer_backend,
+                                                timed_write)
+from sglang.srt.managers.io_struct import SchedulerStats
+from sglang.srt.metrics.collector import MetricsCollector
 
 
 def buffers(tensors: list) -> list:
@@ -114,3 +118,24 @@ def test_missing_engine_packages_name_the_flag_and_the_package(monkeypatch):
         create_transfer_backend("mooncake", "127.0.0.1")
     with pytest.raises(TransferError, match="takes mooncake or nixl"):
         create_transfer_backend("rdma")
+
+
+def test_transfers_are_counted_and_reach_the_metrics():
+    a, b = LocalCopyTransfer(), LocalCopyTransfer()
+    src, dst = torch.ones(64, dtype=torch.uint8), torch.zeros(64, dtype=torch.uint8)
+    a.register(buffers([src]))
+    b.register(buffers([dst]))
+    stats, metrics = TransferStats(), MetricsCollector("m")
+    assert timed_write(a, stats, b.session_id, [src.data_ptr()], [dst.data_ptr()], [48]) == 48
+    timed_write(a, stats, b.session_id, [src.data_ptr()], [dst.data_ptr()], [16])
+    with pytest.raises(TransferError):
+        timed_write(a, stats, "local:none", [src.data_ptr()], [dst.data_ptr()], [16])
+    metrics.observe_stats(SchedulerStats(0, 0, 0.0, 0, transfer=stats.take()))
+    assert stats.latencies == []  # taken with the stats: each write's latency is observed once
+    timed_write(a, stats, b.session_id, [src.data_ptr()], [dst.data_ptr()], [8])
+    metrics.observe_stats(SchedulerStats(0, 0, 0.0, 0, transfer=stats.take()))
+    text = metrics.render().decode()
+    assert 'sglang:kv_transfer_bytes_total{model_name="m"} 72.0' in text
+    assert 'sglang:kv_transfers_total{model_name="m"} 3.0' in text
+    assert 'sglang:kv_transfer_failures_total{model_name="m"} 1.0' in text
+    assert 'sglang:kv_transfer_latency_seconds_count{model_name="m"} 3.0' in text

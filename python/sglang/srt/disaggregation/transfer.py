@@ -23,7 +23,7 @@ import logging
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional, Protocol, Sequence
 
 logger = logging.getLogger(__name__)
@@ -55,6 +55,40 @@ class TransferBackend(Protocol):
               lengths: Sequence[int], timeout_s: float = DEFAULT_WRITE_TIMEOUT_S) -> None: ...
 
     def close(self) -> None: ...
+
+
+@dataclass
+class TransferStats:
+    """One server's transfers since start (the /metrics counters follow it); `latencies`: the seconds of each write
+    since the stats were last taken (`take`), for the latency histogram."""
+
+    num_transfers: int = 0
+    num_failures: int = 0
+    bytes: int = 0
+    latencies: list = field(default_factory=list)
+
+    def take(self) -> "TransferStats":
+        """A copy to send with the scheduler's stats; the latencies go with it."""
+        snapshot = TransferStats(self.num_transfers, self.num_failures, self.bytes, self.latencies)
+        self.latencies = []
+        return snapshot
+
+
+def timed_write(backend: "TransferBackend", stats: TransferStats, peer_session: str, src_addrs: Sequence[int],
+                dst_addrs: Sequence[int], lengths: Sequence[int], timeout_s: float = DEFAULT_WRITE_TIMEOUT_S) -> int:
+    """backend.write, counted in `stats` (bytes and latency of a write that landed, or a failure); returns the
+    bytes written."""
+    start = time.perf_counter()
+    try:
+        backend.write(peer_session, src_addrs, dst_addrs, lengths, timeout_s)
+    except TransferError:
+        stats.num_failures += 1
+        raise
+    nbytes = sum(lengths)
+    stats.num_transfers += 1
+    stats.bytes += nbytes
+    stats.latencies.append(time.perf_counter() - start)
+    return nbytes
 
 
 def check_batch(src_addrs: Sequence[int], dst_addrs: Sequence[int], lengths: Sequence[int]) -> None:
