@@ -39,6 +39,7 @@ class ScriptedTokenizerManager:
         self.prompts = []
         self.token_delay = 0.0  # seconds before each token (a generation a test can observe midway)
         self.closed = 0  # generations that ended or were stopped (a stopped one is aborted in the scheduler)
+        self.pairings = []  # the bootstrap pairing each generation was given (prefill/decode disaggregation)
 
     def start(self) -> None:
         pass
@@ -53,7 +54,9 @@ class ScriptedTokenizerManager:
     def decode(self, ids, skip_special_tokens=True) -> str:
         return TOKENIZER.decode(ids, skip_special_tokens=skip_special_tokens)
 
-    async def generate(self, ids, params, return_logprob=False, logprob_start_len=-1, top_logprobs_num=0, rid=None):
+    async def generate(self, ids, params, return_logprob=False, logprob_start_len=-1, top_logprobs_num=0, rid=None,
+                       bootstrap=None):
+        self.pairings.append(bootstrap)
         if len(ids) + params.max_new_tokens > self.ready.context_length:
             raise RequestError("exceeds the context length")
         tokens = TOKENIZER.encode(self.script).ids[:params.max_new_tokens] + [1]  # EOS ends the turn

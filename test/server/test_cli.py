@@ -20,7 +20,8 @@ from sglang.srt.server_args import ServerArgs
 
 MODEL = "tiny-deepseek-v4"
 GROUPS = ["options", "model and loading", "HTTP / API", "scheduling and memory", "parallelism", "speculative decoding",
-          "kernels and backends", "observability", "accepted for upstream SGLang recipes"]
+          "prefill/decode disaggregation", "kernels and backends", "observability",
+          "accepted for upstream SGLang recipes"]
 
 
 def launch_cli(*argv: str) -> subprocess.CompletedProcess:

@@ -16,9 +16,9 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from sglang.srt.arg_groups.cli import (ATTENTION_BACKENDS, DTYPES, EXPERT_RECORDER_MODES, GRAMMAR_BACKENDS,
-                                       KV_CACHE_DTYPES, LOG_LEVELS, MOE_PRECISIONS, QUANTIZATIONS, REASONING_PARSERS,
-                                       TOOL_CALL_PARSERS, add_cli_args)
+from sglang.srt.arg_groups.cli import (ATTENTION_BACKENDS, DISAGGREGATION_MODES, DTYPES, EXPERT_RECORDER_MODES,
+                                       GRAMMAR_BACKENDS, KV_CACHE_DTYPES, LOG_LEVELS, MOE_PRECISIONS, QUANTIZATIONS,
+                                       REASONING_PARSERS, TOOL_CALL_PARSERS, TRANSFER_BACKENDS, add_cli_args)
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +85,12 @@ class ServerArgs:
     max_request_body_mb: float = 64.0  # larger bodies get 413; refused from Content-Length or while streaming in
     enable_metrics: bool = False
     expert_distribution_recorder_mode: Optional[str] = None  # stat: count each layer's routed experts (eplb/)
+    # Prefill/decode disaggregation (disaggregation/): this server's role, how the KV state travels, where the
+    # prefill side's bootstrap server listens, the RDMA NICs (passed to the transfer engine)
+    disaggregation_mode: str = "null"
+    disaggregation_transfer_backend: str = "mooncake"
+    disaggregation_bootstrap_port: int = 8998
+    disaggregation_ib_device: Optional[str] = None
     # Misc
     random_seed: int = 42
     log_level: str = "info"
@@ -189,6 +195,17 @@ class ServerArgs:
         if self.expert_distribution_recorder_mode not in (None, *EXPERT_RECORDER_MODES):
             raise ValueError(f"--expert-distribution-recorder-mode must be stat (counts per layer and expert), got "
                              f"{self.expert_distribution_recorder_mode!r}")
+        if self.disaggregation_mode not in DISAGGREGATION_MODES:
+            raise ValueError(f"--disaggregation-mode must be one of {DISAGGREGATION_MODES}, got "
+                             f"{self.disaggregation_mode!r}")
+        if self.disaggregation_transfer_backend not in TRANSFER_BACKENDS:
+            raise ValueError(f"--disaggregation-transfer-backend must be one of {TRANSFER_BACKENDS}, got "
+                             f"{self.disaggregation_transfer_backend!r}")
+        if not 1 <= self.disaggregation_bootstrap_port <= 65535:
+            raise ValueError(f"--disaggregation-bootstrap-port must be a port in [1, 65535], got "
+                             f"{self.disaggregation_bootstrap_port}")
+        if self.disaggregation_mode == "prefill" and self.disaggregation_bootstrap_port == self.port:
+            raise ValueError(f"--disaggregation-bootstrap-port {self.port} is the HTTP --port; give it another")
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"--log-level must be one of {LOG_LEVELS}, got {self.log_level!r}")
         return self

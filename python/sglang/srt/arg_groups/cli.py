@@ -23,6 +23,8 @@ LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 EXPERT_RECORDER_MODES = ("stat",)  # upstream also has per_pass, per_token, stat_approx: not built
 REASONING_PARSERS = ("deepseek-v4", "none")
 TOOL_CALL_PARSERS = ("deepseekv4", "none")
+DISAGGREGATION_MODES = ("null", "prefill", "decode")
+TRANSFER_BACKENDS = ("mooncake", "nixl")
 
 
 def one_line(message: str) -> str:
@@ -73,6 +75,10 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     _parallel_args(parser.add_argument_group("parallelism"))
     _speculative_args(parser.add_argument_group(
         "speculative decoding", "EAGLE-style drafting with the checkpoint's own MTP (NextN) layer, top-k 1"))
+    _disaggregation_args(parser.add_argument_group(
+        "prefill/decode disaggregation", "a prefill server and a decode server behind sglang-router in its PD mode "
+                                         "(python -m sglang_router.launch_router --pd-disaggregation --prefill URL "
+                                         "BOOTSTRAP_PORT --decode URL)"))
     _kernel_args(parser.add_argument_group("kernels and backends"))
     _observability_args(parser.add_argument_group(
         "observability", "logging, metrics and expert distribution; profiling is driven by the /start_profile and "
@@ -199,6 +205,23 @@ def _speculative_args(g) -> None:
                    help="draft branches; only 1 is supported (default: 1)")
     g.add_argument("--speculative-num-draft-tokens", metavar="N", type=int,
                    help="must equal --speculative-num-steps + 1 (default: that)")
+
+
+def _disaggregation_args(g) -> None:
+    g.add_argument("--disaggregation-mode", default="null", choices=DISAGGREGATION_MODES,
+                   help="null: this server prefills and decodes; prefill: it prefills, samples the first token and "
+                        "writes the request's KV state into a decode server's memory; decode: it receives that "
+                        "state and decodes on (requests must carry the router's bootstrap_host and bootstrap_room)")
+    g.add_argument("--disaggregation-transfer-backend", default="mooncake", choices=TRANSFER_BACKENDS,
+                   help="engine that moves the KV state: mooncake (pip install mooncake-transfer-engine, or "
+                        "mooncake-transfer-engine-non-cuda without CUDA; TCP, or RDMA with "
+                        "--disaggregation-ib-device) or nixl (pip install nixl; CUDA machines)")
+    g.add_argument("--disaggregation-bootstrap-port", metavar="PORT", type=int, default=8998,
+                   help="port of the prefill server's bootstrap server, where decode servers register rooms; give "
+                        "the same port to the router after the prefill URL")
+    g.add_argument("--disaggregation-ib-device", metavar="DEVICES",
+                   help="RDMA NICs the transfer engine uses, comma-separated (e.g. mlx5_0,mlx5_1), passed through "
+                        "to it (default: none: TCP)")
 
 
 def _kernel_args(g) -> None:

@@ -23,6 +23,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from sglang.srt.entrypoints.access import AccessPolicy
+from sglang.srt.entrypoints.bootstrap_fields import bootstrap_infos, refuse_in_pd_mode
 from sglang.srt.entrypoints.openai.protocol import (
     AbortRequest, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, GenerateRequest,
     GetWeightsByNameRequest, ProfileRequest, ResponsesRequest, TokenizeRequest, UpdateWeightsFromDiskRequest)
@@ -189,6 +190,7 @@ def openai_routes(tm: TokenizerManager, args: ServerArgs, stored: ResponseStore,
 
         req = await parse_request(raw, ResponsesRequest)
         check_model(req.model)
+        refuse_in_pd_mode(raw, "/v1/responses")
         return await create_response(req, raw, tm, served_name, args, stored, owner=access.owner(raw.scope))
 
     @router.get("/v1/responses/{response_id}")
@@ -367,9 +369,11 @@ async def native_generate(req: GenerateRequest, raw: Request, tm: TokenizerManag
         params = [p if p.seed is None else dataclasses.replace(p, seed=choice_seed(p.seed, c))
                   for p in params for c in range(samples)]
         single = False
+    pairings = bootstrap_infos(req, raw, len(ids_list), "prompt" if samples == 1 else "prompt and sample")
     streams = [tm.generate(ids, p, return_logprob=req.return_logprob, logprob_start_len=req.logprob_start_len,
-                           top_logprobs_num=req.top_logprobs_num, rid=rid, group=group, client_gone=raw.is_disconnected)
-               for ids, p, rid, group in zip(ids_list, params, rids, groups)]
+                           top_logprobs_num=req.top_logprobs_num, rid=rid, group=group, client_gone=raw.is_disconnected,
+                           bootstrap=pairing)
+               for ids, p, rid, group, pairing in zip(ids_list, params, rids, groups, pairings)]
 
     def shape(i, chunk) -> dict:
         return chunk.to_dict() if single else {**chunk.to_dict(), "index": i}

@@ -107,6 +107,7 @@ def create_app(tm: TokenizerManager, args: ServerArgs, metrics=None, scheduler_p
     app.state.fatal_error = None
     app.state.responses = responses
     app.state.max_request_body_bytes = int(args.max_request_body_mb * 2**20)
+    app.state.disaggregation_mode = args.disaggregation_mode  # which requests need the router's bootstrap fields
 
     access = AccessPolicy.from_args(args)
     app.add_middleware(ApiKeyGuard, access=access)

@@ -34,6 +34,10 @@ class TokenizedGenerateReqInput:
     return_logprob: bool = False
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
+    # prefill/decode disaggregation (--disaggregation-mode prefill|decode): the router's pairing of this request
+    bootstrap_host: Optional[str] = None
+    bootstrap_port: Optional[int] = None  # None: the default bootstrap port (8998)
+    bootstrap_room: Optional[int] = None
 
 
 @dataclass
@@ -148,6 +152,7 @@ class SchedulerStats:
     new_token_ratio: float = 0.0  # share of remaining max_new_tokens admission reserves for running requests
     cache_hit_rate: float = 0.0  # prompt tokens served from the prefix cache / prompt tokens looked up, since start
     dp_rank: int = 0  # the DP group these stats are of (DP attention: each group's first rank sends its own)
+    transfer: Optional[object] = None  # disaggregation.transfer.TransferStats (prefill / decode servers), taken
 
     @property
     def healthy(self) -> bool:

@@ -206,12 +206,15 @@ class TokenizerManager:
     async def generate(self, input_ids: list, params: SamplingParams, return_logprob: bool = False,
                        logprob_start_len: int = -1, top_logprobs_num: int = 0, rid: Optional[str] = None,
                        group: Optional[str] = None,
-                       client_gone: Optional[Callable[[], Awaitable[bool]]] = None) -> AsyncIterator[GenerationChunk]:
+                       client_gone: Optional[Callable[[], Awaitable[bool]]] = None,
+                       bootstrap=None) -> AsyncIterator[GenerationChunk]:
         """Yield a chunk whenever the request makes progress; the last one has finished=True.
         Raises RequestError when the scheduler refuses the request (Scheduler.add_request validates the prompt
         and the sampling params: empty, context length, vocabulary, ...). Cancelling the iteration aborts it.
         `rid`: the client's request id (a 400 while a running request whose client is still there has it); `group`:
-        see `abort_matching`; `client_gone`: whether this request's client has disconnected."""
+        see `abort_matching`; `client_gone`: whether this request's client has disconnected; `bootstrap`: the
+        router's pairing of a disaggregated request (disaggregation.messages.BootstrapInfo), carried to the
+        scheduler."""
         while self.updating is not None:  # a weight update: requests that arrive meanwhile start after it
             await self.updating.wait()
         if self.unavailable():
@@ -233,7 +236,9 @@ class TokenizerManager:
             try:
                 await self._send(TokenizedGenerateReqInput(
                     rid=sid, input_ids=state.input_ids, sampling_params=params, return_logprob=return_logprob,
-                    logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num))
+                    logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
+                    **({} if bootstrap is None else {"bootstrap_host": bootstrap.host, "bootstrap_port": bootstrap.port,
+                                                     "bootstrap_room": bootstrap.room})))
             except RequestError:  # never sent: nothing to abort (an abort would wait as long again)
                 state.finished_reason = {"type": "abort"}
                 raise

@@ -41,7 +41,16 @@ class MetricsCollector:
                                     buckets=_LATENCY_BUCKETS, registry=r)
         self.cache_hit_rate = Gauge("sglang:cache_hit_rate", "prompt tokens served from the prefix cache / prompt "
                                     "tokens looked up, since start", labels, registry=r)
+        # prefill/decode disaggregation: the KV state each server sends (prefill) or receives (decode)
+        self.transfer_bytes = Counter("sglang:kv_transfer_bytes", "bytes of KV state written to decode servers",
+                                      labels, registry=r)
+        self.transfers = Counter("sglang:kv_transfers", "KV state writes that landed", labels, registry=r)
+        self.transfer_failures = Counter("sglang:kv_transfer_failures", "KV state writes that failed", labels,
+                                         registry=r)
+        self.transfer_latency = Histogram("sglang:kv_transfer_latency_seconds", "time of one request's KV state "
+                                          "write", labels, buckets=_LATENCY_BUCKETS, registry=r)
         self.model_name = model_name
+        self._transfer_seen = (0, 0, 0)  # the scheduler's totals at the last stats: transfers, failures, bytes
         self._retractions_seen = 0
         self._last = None  # (time, generated tokens) of the previous stats message
 
@@ -57,12 +66,28 @@ class MetricsCollector:
         if stats.num_retractions > self._retractions_seen:  # the scheduler counts since start; this counter follows
             self.num_retractions.labels(m).inc(stats.num_retractions - self._retractions_seen)
             self._retractions_seen = stats.num_retractions
+        if stats.transfer is not None:
+            self.observe_transfers(stats.transfer)
         now = time.perf_counter()
         if self._last is not None and now - self._last[0] >= 0.5:
             self.gen_throughput.labels(m).set((stats.num_generated_tokens - self._last[1]) / (now - self._last[0]))
             self._last = (now, stats.num_generated_tokens)
         elif self._last is None:
             self._last = (now, stats.num_generated_tokens)
+
+    def observe_transfers(self, t) -> None:
+        """A disaggregation.transfer.TransferStats taken by the scheduler: its totals since start, and the latencies
+        of the writes since the last one."""
+        m = self.model_name
+        seen = self._transfer_seen
+        for counter, now, before in ((self.transfers, t.num_transfers, seen[0]),
+                                     (self.transfer_failures, t.num_failures, seen[1]),
+                                     (self.transfer_bytes, t.bytes, seen[2])):
+            if now > before:
+                counter.labels(m).inc(now - before)
+        self._transfer_seen = (t.num_transfers, t.num_failures, t.bytes)
+        for seconds in t.latencies:
+            self.transfer_latency.labels(m).observe(seconds)
 
     def observe_ttft(self, seconds: float) -> None:
         self.ttft.labels(self.model_name).observe(seconds)

@@ -17,7 +17,17 @@ class StreamOptions(BaseModel):
     continuous_usage_stats: bool = False
 
 
-class SamplingFields(BaseModel):
+class BootstrapFields(BaseModel):
+    """Prefill/decode disaggregation: what sglang-router adds in its PD mode (checked by
+    entrypoints/bootstrap_fields.py, which names the field of a malformed value)."""
+
+    # Any: kept as sent, so "5" or true is refused there rather than coerced to 5 here
+    bootstrap_host: Any = None
+    bootstrap_port: Any = None
+    bootstrap_room: Any = None
+
+
+class SamplingFields(BootstrapFields):
     """Sampling options shared by completions and chat (OpenAI names plus SGLang's extensions)."""
 
     model_config = ConfigDict(extra="ignore")
@@ -161,7 +171,7 @@ class ChatCompletionRequest(SamplingFields):
         return self
 
 
-class GenerateRequest(BaseModel):
+class GenerateRequest(BootstrapFields):
     """Native /generate: one prompt or a batch, as text or token ids."""
 
     model_config = ConfigDict(extra="ignore")

@@ -15,6 +15,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from sglang.srt.constrained.tool_call_grammar import tool_call_ebnf
+from sglang.srt.entrypoints.bootstrap_fields import bootstrap_infos
 from sglang.srt.entrypoints.openai.encoding_dsv4 import encode_messages, resolve_thinking
 from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
 from sglang.srt.entrypoints.openai.serving_base import (
@@ -145,8 +146,9 @@ async def create_chat_completion(req: ChatCompletionRequest, raw: Request, tm: T
     plan = await plan_chat(req, tm, args)
     ids, thinking, max_new, grammar = plan.ids, plan.thinking, plan.max_new, plan.grammar
     top_n = (req.top_logprobs or 0) if req.logprobs else 0
+    pairings = bootstrap_infos(req, raw, req.n, "choice")
     streams = [tm.generate(ids, sampling_params(req, max_new, c, grammar), return_logprob=req.logprobs,
-                           top_logprobs_num=top_n) for c in range(req.n)]
+                           top_logprobs_num=top_n, bootstrap=pairings[c]) for c in range(req.n)]
     parsers = [chat_parsers(req, args, thinking) for _ in range(req.n)]
     rid, created = new_id("chatcmpl"), now()
     if req.stream:

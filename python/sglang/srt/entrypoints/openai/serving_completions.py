@@ -8,6 +8,7 @@ import asyncio
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
+from sglang.srt.entrypoints.bootstrap_fields import bootstrap_infos
 from sglang.srt.entrypoints.openai.protocol import COMPLETION_MAX_TOKENS, CompletionRequest
 from sglang.srt.entrypoints.openai.serving_base import (
     collect, completion_logprobs, finish_reason, matched_stop, merge, new_id, now, response_format_grammar,
@@ -34,12 +35,13 @@ async def create_completion(req: CompletionRequest, raw: Request, tm: TokenizerM
     grammar = await asyncio.to_thread(response_format_grammar, req.response_format, False)
     top_n = req.logprobs or 0
     choices = []  # (prompt index, choice index) -> stream
+    pairings = iter(bootstrap_infos(req, raw, len(prompts) * req.n, "prompt" if req.n == 1 else "prompt and choice"))
     for p_index, (_, ids) in enumerate(prompts):
         for c in range(req.n):
             params = sampling_params(req, COMPLETION_MAX_TOKENS if req.max_tokens is None else req.max_tokens, c,
                                      grammar)
             choices.append(tm.generate(ids, params, return_logprob=req.logprobs is not None,
-                                       top_logprobs_num=top_n))
+                                       top_logprobs_num=top_n, bootstrap=next(pairings)))
     rid, created = new_id("cmpl"), now()
     echo = [(text if text is not None else tm.decode(ids)) if req.echo else "" for text, ids in prompts]
     if req.stream:
