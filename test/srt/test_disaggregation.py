@@ -195,6 +195,9 @@ def test_failures_and_aborts_free_every_slot(plain):
     req = Req("dead", list(ids), SamplingParams.from_dict(GREEDY))
     plain.decode.prealloc(req, 2000)
     assert not dec_alloc.is_all_free()
+    created = plain.decode.rooms[2000].created_time
+    assert plain.decode.expired_rooms(30.0, now=created + 10) == [] and plain.decode.expired_rooms(
+        30.0, now=created + 31) == [2000]  # no bytes within the timeout: the caller fails the room
     plain.decode.fail(2000, "the prefill server stopped responding", status_code=502)
     assert req.finished_reason.status_code == 502 and req in plain.dec.scheduler.step()
     assert dec_alloc.is_all_free()
