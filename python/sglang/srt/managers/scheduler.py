@@ -107,10 +107,20 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerGrammarMixin):
         self.grammar_backend = None  # XGrammarBackend, once the first constrained request is ready
         self.grammar_queue = self._start_grammar_queue()  # constrained requests whose grammar compiles
         self.profiler = SchedulerProfiler(rank=get_parallel_state().rank, on_cuda=self.runner.device.type == "cuda")
+        self.disagg = None  # PrefillSide / DecodeSide (disaggregation/) when this server has one role of the two
 
     # ---- requests ---------------------------------------------------------------------------------
     def add_request(self, req: Req) -> None:
         """Queue a request; raises ValueError (nothing queued) when it can never be served."""
+        self.check_request(req)
+        params = req.sampling_params
+        if params.grammar is not None:  # admitted once its grammar compiled (_poll_grammars)
+            self._grammar_queue().submit(req, *params.grammar, time.perf_counter())
+        else:
+            self.waiting.append(req)
+
+    def check_request(self, req: Req) -> None:
+        """Raise ValueError when a request can never be served; clip its max_new_tokens to the pool."""
         req.sampling_params.verify()  # whoever built them: a bad value must not reach (and fail) a batch
         n = len(req.origin_input_ids)
         if n == 0:
@@ -139,18 +149,18 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerGrammarMixin):
         if req.sampling_params.seed is not None:
             req.generator = torch.Generator(device=self.runner.device).manual_seed(req.sampling_params.seed)
         params = req.sampling_params
-        grammars = self._grammar_queue() if params.grammar is not None else None
+        if params.grammar is not None:
+            self._grammar_queue()  # refused now when constrained decoding is unavailable
         if params.min_new_tokens:  # what may not end the output before it (ids outside the vocab never do)
             stops = set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_ids)
             req.min_tokens_stop_ids = sorted(t for t in stops if 0 <= t < self.config.vocab_size)
-        if grammars is not None:  # admitted once its grammar compiled (_poll_grammars)
-            grammars.submit(req, *params.grammar, time.perf_counter())
-        else:
-            self.waiting.append(req)
 
     def abort_request(self, rid: str) -> Optional[Req]:
         """Finish a waiting or running request (or one whose grammar compiles) as aborted and free its slots; None if
         unknown."""
+        req = self.disagg.abort(rid) if self.disagg is not None else None  # one waiting for (or in) a KV transfer
+        if req is not None:
+            return req
         req = self.grammar_queue.remove(rid) if self.grammar_queue is not None else None
         if req is not None:  # it holds no slot yet; its compile is dropped unless it started or others share it
             req.finished_reason = FinishReason("abort", message="request aborted")
@@ -168,7 +178,8 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerGrammarMixin):
         return None
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.in_flight or (self.grammar_queue and self.grammar_queue.jobs))
+        return bool(self.waiting or self.running or self.in_flight or (self.grammar_queue and self.grammar_queue.jobs)
+                    or (self.disagg is not None and self.disagg.has_work()))
 
     @property
     def mean_accept_length(self) -> Optional[float]:
@@ -184,6 +195,8 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerGrammarMixin):
         profile (/start_profile) counts it. Requests refused because their grammar failed are returned too."""
         refused = self._poll_grammars()
         updated = self._step()
+        if self.disagg is not None:  # prefilled requests leave for their KV transfer; transfers that ended
+            updated = self.disagg.after_step(updated)
         self.profiler.step_done()
         return refused + updated
 

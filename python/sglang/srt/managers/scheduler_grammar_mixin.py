@@ -56,10 +56,13 @@ class SchedulerGrammarMixin:
         ready, refused = grammars.apply(decisions)
         if ready:
             self.grammar_backend = self.worker.grammar = grammars.backend
-            self.waiting.extend(ready)
+            # a transferred request decodes once its bytes arrived too (disaggregation/decode_side.py)
+            self.waiting.extend(ready if self.disagg is None else self.disagg.grammar_ready(ready))
         for req, decision in refused:
             req.finished_reason = FinishReason("abort", message=decision.message, status_code=decision.status_code,
                                                param=decision.param)
+            if self.disagg is not None:
+                self.disagg.grammar_refused(req)
         return [req for req, _ in refused]
 
     def drop_grammar_queue(self) -> list:

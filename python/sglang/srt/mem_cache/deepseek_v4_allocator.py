@@ -274,6 +274,32 @@ class DeepSeekV4TokenAllocator:
         if not alloc.window_slots:
             alloc.window_start = num_tokens
 
+    def place_prefilled(self, alloc: ReqAllocation, num_tokens: int, window_from: int) -> None:
+        """Give a fresh request positions [0, num_tokens) as if it had computed them, for state computed elsewhere
+        (disaggregated prefill): pages for all of them, window slots for [window_from, num_tokens) only. All or
+        nothing: PoolExhaustedError and nothing changed when the pools cannot hold it."""
+        assert not alloc.pages and alloc.num_tokens == 0 and 0 <= window_from <= num_tokens
+        if num_tokens > self.req_to_token_pool.max_context_len:
+            raise ValueError(f"sequence length {num_tokens} exceeds the context length "
+                             f"{self.req_to_token_pool.max_context_len}")
+        n_pages, n_swa = self.pages_needed(alloc, num_tokens), num_tokens - window_from
+        if n_pages > self.available_pages():
+            raise PoolExhaustedError(self.pages.name, n_pages, self.available_pages())
+        if n_swa > self.available_window_slots():
+            raise PoolExhaustedError(self.swa_slots.name, n_swa, self.available_window_slots())
+        self._reclaim(n_pages, n_swa)
+        alloc.pages = self.pages.alloc(n_pages)
+        alloc.window_slots = self.swa_slots.alloc(n_swa)
+        alloc.num_tokens, alloc.window_start = num_tokens, window_from
+        ps = self.page_size
+        full = (torch.tensor(alloc.pages, dtype=torch.int64)[:, None] * ps + torch.arange(ps)[None, :]).flatten()
+        self.req_to_token_pool.req_to_token[alloc.req_pool_idx, :num_tokens] = \
+            self._to_device(full[:num_tokens]).to(torch.int32)
+        if n_swa:
+            mapped = self._to_device(torch.stack((full[window_from:num_tokens],
+                                                  torch.tensor(alloc.window_slots, dtype=torch.int64))))
+            self.full_to_swa[mapped[0]] = mapped[1]
+
     def free_req(self, alloc: ReqAllocation) -> None:
         """Return every page (but the prefix cache's), window slot and the request slot."""
         self._drop_window(alloc, alloc.num_tokens)
