@@ -42,6 +42,14 @@ class MetricsCollector:
         self.cache_hit_rate = Gauge("sglang:cache_hit_rate", "prompt tokens served from the prefix cache / prompt "
                                     "tokens looked up, since start", labels, registry=r)
         self.model_name = model_name
+        # Every family gets its labelled sample now, not at its first observation: sglang-router's /engine_metrics
+        # merges the replicas' families and fails on one that is empty on a replica (an idle one, or one without
+        # speculative decoding) and has samples on another.
+        for family in (self.num_running, self.num_queue, self.token_usage, self.gen_throughput, self.prompt_tokens,
+                       self.generation_tokens, self.num_requests, self.ttft, self.tpot, self.e2e,
+                       self.spec_accept_length, self.num_retractions, self.new_token_ratio, self.queue_time,
+                       self.cache_hit_rate):
+            family.labels(model_name)
         self._retractions_seen = 0
         self._last = None  # (time, generated tokens) of the previous stats message
 
