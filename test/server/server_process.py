@@ -68,3 +68,41 @@ def launch(args: list, tmp_dir: str, timeout: float = 120.0, env: dict = None) -
         time.sleep(0.2)
     proc.kill()
     raise RuntimeError(f"server not healthy after {timeout} s:\n{open(log_path).read()[-4000:]}")
+
+
+@dataclass
+class RouterHandle:
+    base_url: str
+    proc: subprocess.Popen
+    log_path: str
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def launch_router(worker_urls: list, args: list, tmp_dir: str, timeout: float = 60.0) -> RouterHandle:
+    """sglang-router (`python -m sglang_router.launch_router`, regular mode) over `worker_urls`, every worker
+    registered and healthy; its own Prometheus port is a free one (the default 29000 may be taken)."""
+    port = free_port()
+    log_path = os.path.join(tmp_dir, f"router-{port}.log")
+    cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
+           "--prometheus-port", str(free_port()), "--log-level", "warn", "--worker-urls", *worker_urls, *args]
+    log = open(log_path, "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    base, start = f"http://127.0.0.1:{port}", time.perf_counter()
+    while time.perf_counter() - start < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"router exited with {proc.returncode}:\n{open(log_path).read()[-4000:]}")
+        try:
+            ready = httpx.get(f"{base}/readiness", timeout=1)
+            if ready.status_code == 200 and ready.json().get("healthy_workers") == len(worker_urls):
+                return RouterHandle(base, proc, log_path)
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError(f"router not ready after {timeout} s:\n{open(log_path).read()[-4000:]}")

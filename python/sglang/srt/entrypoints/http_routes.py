@@ -1,7 +1,7 @@
 """The HTTP server's endpoints in three groups, each an APIRouter over the TokenizerManager; `create_app`
 (http_server.py) includes them:
 
-* health_routes: /health, /health_generate, /model_info, /server_info, /flush_cache, /metrics
+* health_routes: /health, /health_generate, /model_info, /server_info, /get_load, /flush_cache, /metrics
 * openai_routes: /v1/models, /v1/completions, /v1/chat/completions, /v1/responses (stored ones: their creator's key's)
 * native_routes: SGLang's /generate, /abort_request, /tokenize, /detokenize, and the admin endpoints: weight update
   and inspection, profiling, expert distribution records
@@ -123,6 +123,15 @@ def health_routes(tm: TokenizerManager, args: ServerArgs, metrics=None, schedule
         return {**redact_secrets(tm.ready.effective_args), "version": __version__,
                 "max_total_num_tokens": tm.ready.max_total_tokens, "pool_report": tm.ready.pool_report,
                 "scheduler_stats": stats, "internal_states": [state]}
+
+    @router.get("/get_load")
+    async def get_load():
+        """Upstream SGLang's load report, one entry per data-parallel scheduler: sglang-router polls it (its
+        power_of_two policy and /get_loads); num_tokens is the KV cache in use, in tokens."""
+        groups = sorted(tm.group_stats.values(), key=lambda g: g.dp_rank) or [tm.last_stats]
+        return [{"dp_rank": g.dp_rank, "num_reqs": g.num_running_reqs + g.num_waiting_reqs,
+                 "num_waiting_reqs": g.num_waiting_reqs,
+                 "num_tokens": round(g.token_usage * tm.ready.max_total_tokens)} for g in groups if g is not None]
 
     @router.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache():

@@ -51,6 +51,15 @@ class MetricsCollector:
                                           "write", labels, buckets=_LATENCY_BUCKETS, registry=r)
         self.model_name = model_name
         self._transfer_seen = (0, 0, 0)  # the scheduler's totals at the last stats: transfers, failures, bytes
+        # Every family gets its labelled sample now, not at its first observation: sglang-router's /engine_metrics
+        # merges the replicas' families and fails on one that is empty on a replica (an idle one, or one without
+        # speculative decoding) and has samples on another.
+        for family in (self.num_running, self.num_queue, self.token_usage, self.gen_throughput, self.prompt_tokens,
+                       self.generation_tokens, self.num_requests, self.ttft, self.tpot, self.e2e,
+                       self.spec_accept_length, self.num_retractions, self.new_token_ratio, self.queue_time,
+                       self.cache_hit_rate, self.transfer_bytes, self.transfers,
+                       self.transfer_failures, self.transfer_latency):
+            family.labels(model_name)
         self._retractions_seen = 0
         self._last = None  # (time, generated tokens) of the previous stats message
 
