@@ -7,6 +7,7 @@ empties both. Engines here take 10-20 s each on 2 cores (about 2 minutes for the
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import pytest
@@ -17,6 +18,7 @@ from sglang.srt.managers.io_struct import SchedulerStats
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.metrics.collector import MetricsCollector
 from sglang.srt.mem_cache.host_tier import HostTierStats
+from sglang.srt.mem_cache.pool_sizing import plan_host_tier, plan_pools
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
 from test_prefix_cache import GREEDY, SPEC, _assert_same, _run_sessions
@@ -60,12 +62,13 @@ def _reference(spec: bool) -> tuple:
     return plain, sum(o["meta_info"]["cached_tokens"] for o in device_only)
 
 
-@pytest.mark.parametrize("policy,spec,ratio", [("write_back", False, 4.0), ("write_through", False, 4.0),
-                                               ("write_back", True, 4.0), ("write_through", False, 0.4)],
-                         ids=["write_back", "write_through", "write_back-speculative", "write_through-small-host"])
-def test_multi_turn_sessions_identical_and_hit_from_host(policy, spec, ratio):
+@pytest.mark.parametrize("policy,spec,ratio,io", [
+    ("write_back", False, 4.0, "kernel"), ("write_through", False, 4.0, "direct"), ("write_back", True, 4.0, "kernel"),
+    ("write_through", False, 0.4, "kernel")],
+    ids=["write_back", "write_through-direct", "write_back-speculative", "write_through-small-host"])
+def test_multi_turn_sessions_identical_and_hit_from_host(policy, spec, ratio, io):
     plain, device_hits = _reference(spec)
-    eng = _tiered(policy, ratio, **(SPEC if spec else {}))
+    eng = _tiered(policy, ratio, hicache_io_backend=io, **(SPEC if spec else {}))
     try:
         out = _run_sessions(eng, SESSIONS, turns=3)
         _assert_same(out, plain)
@@ -161,6 +164,30 @@ def test_metrics_report_tiers_and_bytes():
     assert 'sglang:cache_tier_hit_rate{model_name="m",tier="device"} 0.2' in text
     assert 'sglang:hicache_bytes_total{direction="to_host",model_name="m"} 4096.0' in text
     assert 'sglang:hicache_load_latency_seconds_count{model_name="m"} 2.0' in text
+
+
+def test_host_tier_size_from_ratio_or_gb():
+    """--hicache-ratio scales the device pool's pages and prefix ends; --hicache-size (GB) wins, in the same
+    proportion; a size that holds nothing is refused, naming the flag."""
+    plan, config = _flash_plan()
+    by_ratio = plan_host_tier(config, plan, 2.0)
+    assert (by_ratio.num_pages, by_ratio.num_ends) == (2 * (plan.shape.num_pages - 1), 2 * plan.shape.num_state_slots)
+    by_size = plan_host_tier(config, plan, 2.0, hicache_size_gb=by_ratio.nbytes / 2 / 2**30)
+    assert abs(by_size.num_pages - by_ratio.num_pages // 2) <= 1 and by_size.nbytes <= by_ratio.nbytes / 2
+    with pytest.raises(ValueError, match="--hicache-size"):
+        plan_host_tier(config, plan, 2.0, hicache_size_gb=1e-9)
+    assert "host tier" in dataclasses.replace(plan, host=by_ratio).format()
+
+
+def _flash_plan() -> tuple:
+    from sglang.srt.configs.deepseek_v4 import DeepseekV4Config
+    from sglang.srt.configs.hub_configs import FLASH
+
+    config = DeepseekV4Config.from_dict(FLASH)
+    plan = plan_pools(config, page_size=256, max_running_requests=64, context_length=65536, chunked_prefill_size=8192,
+                      swa_full_tokens_ratio=0.1, budget_bytes=20 * 2**30, kv_entry_bytes=584, index_entry_bytes=68,
+                      num_window_layers=config.num_hidden_layers, prefix_cache=True)
+    return plan, config
 
 
 @pytest.mark.parametrize("kwargs,message", [
