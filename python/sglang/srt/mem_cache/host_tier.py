@@ -249,7 +249,7 @@ class HostTier:
             if n_pages > allocator.available_pages() or n_swa > allocator.available_window_slots():
                 return False
             allocator.reclaim(n_pages, n_swa)
-            if match.load_end and not allocator.state_slot_ready():
+            if match.load_end and (node.host_end is None or not allocator.state_slot_ready()):
                 return False
             moved = 0
             pages = list(match.pages)

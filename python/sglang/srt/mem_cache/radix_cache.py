@@ -341,10 +341,10 @@ class RadixCache:
     def evict_host(self, num_pages: int, num_ends: int) -> None:
         """Give the host tier back at least num_pages page slots and num_ends end slots (or all that can be), least
         recently used first: a device node's host copy is dropped; a host-only node goes once it has no children,
-        with its end; ends go alone, their pages staying."""
+        with its end; ends go alone, their pages staying (not those of locked nodes: a load may be reading them)."""
         tier = self.tier
         if num_ends:
-            for n in sorted((n for n in self.nodes() if n.host_end is not None and (n.pages or n.lock_ref == 0)),
+            for n in sorted((n for n in self.nodes() if n.host_end is not None and n.lock_ref == 0),
                             key=lambda n: n.last_access)[:num_ends]:
                 tier.free_host_end(n)
         if not num_pages:
