@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from typing import Optional
 
 from sglang.srt.arg_groups.cli import (ATTENTION_BACKENDS, DISAGGREGATION_MODES, DTYPES, EXPERT_RECORDER_MODES,
-                                       GRAMMAR_BACKENDS, KV_CACHE_DTYPES, LOG_LEVELS, MOE_PRECISIONS, QUANTIZATIONS,
-                                       REASONING_PARSERS, TOOL_CALL_PARSERS, TRANSFER_BACKENDS, add_cli_args)
+                                       GRAMMAR_BACKENDS, HICACHE_IO_BACKENDS, HICACHE_WRITE_POLICIES, KV_CACHE_DTYPES,
+                                       LOG_LEVELS, MOE_PRECISIONS, QUANTIZATIONS, REASONING_PARSERS, TOOL_CALL_PARSERS,
+                                       TRANSFER_BACKENDS, add_cli_args)
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +75,12 @@ class ServerArgs:
     dist_timeout: float = 300.0  # seconds a collective may wait for a dead or hung rank before the server exits
     # Prefix cache (radix tree over the pools)
     disable_radix_cache: bool = False
+    # Its host-memory tier (mem_cache/host_tier.py): size as a multiple of the device pool or in GB (wins when > 0)
+    enable_hierarchical_cache: bool = False
+    hicache_ratio: float = 2.0
+    hicache_size: float = 0
+    hicache_write_policy: str = "write_through"
+    hicache_io_backend: str = "kernel"
     # Serving
     # None: the DeepSeek-V4 default (deepseek-v4 / deepseekv4, set by the hook); "none": off (None once resolved)
     reasoning_parser: Optional[str] = None
@@ -206,9 +213,26 @@ class ServerArgs:
                              f"{self.disaggregation_bootstrap_port}")
         if self.disaggregation_mode == "prefill" and self.disaggregation_bootstrap_port == self.port:
             raise ValueError(f"--disaggregation-bootstrap-port {self.port} is the HTTP --port; give it another")
+        self._validate_hicache()
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"--log-level must be one of {LOG_LEVELS}, got {self.log_level!r}")
         return self
+
+    def _validate_hicache(self) -> None:
+        if self.hicache_write_policy not in HICACHE_WRITE_POLICIES:
+            raise ValueError(f"--hicache-write-policy must be one of {HICACHE_WRITE_POLICIES}, got "
+                             f"{self.hicache_write_policy!r}")
+        if self.hicache_io_backend not in HICACHE_IO_BACKENDS:
+            raise ValueError(f"--hicache-io-backend must be one of {HICACHE_IO_BACKENDS}, got "
+                             f"{self.hicache_io_backend!r}")
+        if not 0 < self.hicache_ratio < float("inf"):
+            raise ValueError(f"--hicache-ratio must be a positive number, got {self.hicache_ratio}")
+        if not 0 <= self.hicache_size < float("inf"):
+            raise ValueError(f"--hicache-size must be 0 (use --hicache-ratio) or a positive number of GB, got "
+                             f"{self.hicache_size}")
+        if self.enable_hierarchical_cache and self.disable_radix_cache:
+            raise ValueError("--enable-hierarchical-cache puts a host tier under the prefix cache: it cannot be "
+                             "combined with --disable-radix-cache")
 
     def parallel_config(self):
         from sglang.srt.distributed.sharding import ParallelConfig

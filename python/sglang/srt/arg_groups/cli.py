@@ -25,6 +25,8 @@ REASONING_PARSERS = ("deepseek-v4", "none")
 TOOL_CALL_PARSERS = ("deepseekv4", "none")
 DISAGGREGATION_MODES = ("null", "prefill", "decode")
 TRANSFER_BACKENDS = ("mooncake", "nixl")
+HICACHE_WRITE_POLICIES = ("write_back", "write_through", "write_through_selective")
+HICACHE_IO_BACKENDS = ("direct", "kernel")
 
 
 def one_line(message: str) -> str:
@@ -72,6 +74,9 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     _model_args(parser.add_argument_group("model and loading"))
     _api_args(parser.add_argument_group("HTTP / API"))
     _scheduling_args(parser.add_argument_group("scheduling and memory"))
+    _hicache_args(parser.add_argument_group(
+        "hierarchical cache", "a host-memory tier under the prefix cache: prefixes the device pool evicts move to "
+                              "host memory and come back on a hit (docs/prefix-cache.md)"))
     _parallel_args(parser.add_argument_group("parallelism"))
     _speculative_args(parser.add_argument_group(
         "speculative decoding", "EAGLE-style drafting with the checkpoint's own MTP (NextN) layer, top-k 1"))
@@ -205,6 +210,22 @@ def _speculative_args(g) -> None:
                    help="draft branches; only 1 is supported (default: 1)")
     g.add_argument("--speculative-num-draft-tokens", metavar="N", type=int,
                    help="must equal --speculative-num-steps + 1 (default: that)")
+
+
+def _hicache_args(g) -> None:
+    g.add_argument("--enable-hierarchical-cache", action="store_true",
+                   help="keep cached prefixes the device pool evicts in host memory (pinned on CUDA) and load them "
+                        "back on a hit")
+    g.add_argument("--hicache-ratio", metavar="F", type=float, default=2.0,
+                   help="host tier size as a multiple of the device pool's pages and prefix ends")
+    g.add_argument("--hicache-size", metavar="GB", type=float, default=0,
+                   help="host tier size in GB (2^30 bytes); wins over --hicache-ratio when > 0")
+    g.add_argument("--hicache-write-policy", default="write_through", choices=HICACHE_WRITE_POLICIES,
+                   help="when a cached prefix is copied to the host: write_back when the device evicts it, "
+                        "write_through when it is cached, write_through_selective once it has been hit twice")
+    g.add_argument("--hicache-io-backend", default="kernel", choices=HICACHE_IO_BACKENDS,
+                   help="how rows move between the tiers: kernel = one indexed gather, transfer and scatter per "
+                        "buffer; direct = one copy per page")
 
 
 def _disaggregation_args(g) -> None:

@@ -153,6 +153,8 @@ class SchedulerStats:
     cache_hit_rate: float = 0.0  # prompt tokens served from the prefix cache / prompt tokens looked up, since start
     dp_rank: int = 0  # the DP group these stats are of (DP attention: each group's first rank sends its own)
     transfer: Optional[object] = None  # disaggregation.transfer.TransferStats (prefill / decode servers), taken
+    hicache: Optional[object] = None  # mem_cache.host_tier.HostTierStats (--enable-hierarchical-cache), taken
+    cache_queried_tokens: int = 0  # prompt tokens looked up in the prefix cache since start
 
     @property
     def healthy(self) -> bool:

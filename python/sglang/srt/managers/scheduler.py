@@ -403,7 +403,7 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerGrammarMixin):
             return
         tokens = req.fill_ids
         limit = len(tokens) - 1 if not req.return_logprob else min(len(tokens) - 1, req.logprob_start - 1)
-        match = cache.match_prefix(tokens, limit)
+        match = self.allocator.match_prefix(tokens, limit)  # loads what it needs from the host tier
         # The tree holds deeper pages of this prompt but no end there (the requests that computed them went on past
         # it): end a chunk there and give the cache that end, for the requests after this one (_cache_running).
         deep = match.path_tokens > match.num_tokens and match.path_tokens >= max(self.allocator.page_size,

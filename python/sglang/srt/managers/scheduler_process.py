@@ -286,6 +286,8 @@ class SchedulerProcess:
                               spec_accept_length=s.mean_accept_length, num_retractions=s.num_retractions,
                               new_token_ratio=s.new_token_ratio.value,
                               cache_hit_rate=s.allocator.cache.hit_rate() if s.allocator.cache else 0.0,
+                              cache_queried_tokens=s.allocator.cache.queried_tokens if s.allocator.cache else 0,
+                              hicache=s.allocator.host_tier.stats.take() if s.allocator.host_tier else None,
                               dp_rank=self.dp_rank)
 
 

@@ -68,6 +68,7 @@ class DeepSeekV4TokenAllocator:
         self.live: dict = {}  # request slot -> ReqAllocation of every live request (their kept tails can be dropped)
         self.state_slots = PageAllocator(num_state_slots + 1, "prefix state") if num_state_slots else None
         self.cache = None
+        self.host_tier = None  # under the cache, when --enable-hierarchical-cache
         if self.state_slots is not None:
             self.cache = RadixCache(page_size, window, CacheCallbacks(
                 free_pages=self.pages.free, free_tail=self._free_tail, free_state=lambda s: self.state_slots.free([s])))
@@ -94,7 +95,7 @@ class DeepSeekV4TokenAllocator:
     def _kept_tail_slots(self) -> int:
         return sum(max(0, min(self._kept_keep_from(a), a.num_tokens) - a.window_start) for a in self.live.values())
 
-    def _reclaim(self, num_pages: int, num_window_slots: int) -> None:
+    def reclaim(self, num_pages: int, num_window_slots: int) -> None:
         """Evict cached prefixes until the free lists hold the request (least recently used first)."""
         if self.cache is None:
             return
@@ -166,7 +167,7 @@ class DeepSeekV4TokenAllocator:
             raise PoolExhaustedError(self.pages.name, n_pages, self.available_pages())
         if n_new > self.available_window_slots():
             raise PoolExhaustedError(self.swa_slots.name, n_new, self.available_window_slots())
-        self._reclaim(n_pages, n_new)  # nothing changes before it is sure to succeed
+        self.reclaim(n_pages, n_new)  # nothing changes before it is sure to succeed
         # Host lists per request (a few entries each), then the positions and slots of all of them in a constant
         # number of vectorised host ops: a long prefill chunk costs no Python loop over its tokens.
         grown, pool_idx, starts, lens, first_pages, page_offsets, pages, swa = [], [], [], [], [], [], [], []
@@ -287,7 +288,7 @@ class DeepSeekV4TokenAllocator:
             raise PoolExhaustedError(self.pages.name, n_pages, self.available_pages())
         if n_swa > self.available_window_slots():
             raise PoolExhaustedError(self.swa_slots.name, n_swa, self.available_window_slots())
-        self._reclaim(n_pages, n_swa)
+        self.reclaim(n_pages, n_swa)
         alloc.pages = self.pages.alloc(n_pages)
         alloc.window_slots = self.swa_slots.alloc(n_swa)
         alloc.num_tokens, alloc.window_start = num_tokens, window_from
@@ -373,7 +374,7 @@ class DeepSeekV4TokenAllocator:
         window tail at P, which the request keeps reading. Returns the node ending at P (the caller locks it), else
         the node of the cache's pages it switched to (adopt_cached_pages), or None."""
         end = self._cache_end(alloc, tokens, draft_len)
-        if not self._can_pin_tail(alloc, end) or not self._state_slot_ready():
+        if not self._can_pin_tail(alloc, end) or not self.state_slot_ready():
             return None
         # The tail's pages become the tree's copies where it holds them: the insert below then takes the tail, and
         # with it the window map adopt_cached_pages moved onto the tree's full slots.
@@ -446,7 +447,7 @@ class DeepSeekV4TokenAllocator:
         known = self.cache.cached_pages(tokens[:end])
         if any(p != q for p, q in zip(known[(end - w) // ps:], alloc.pages[(end - w) // ps:end // ps])):
             return None
-        if not self._state_slot_ready():
+        if not self.state_slot_ready():
             return None
         slot = self.state_slots.alloc(1)[0]
         save_state(slot, end)
@@ -461,11 +462,30 @@ class DeepSeekV4TokenAllocator:
             self.state_slots.free([dup_slot])
         return node, end, not dup_tail[1]
 
-    def _state_slot_ready(self) -> bool:
+    def state_slot_ready(self) -> bool:
         """A prefix-state slot is free (evicting the least recently used end's if none is)."""
         if self.state_slots.available() == 0:
             self.cache.evict_tails(1)
         return self.state_slots.available() > 0
+
+    def attach_host_tier(self, tier) -> None:
+        """Put the host tier (mem_cache/host_tier.py) under the prefix cache."""
+        tier.attach(self.cache)
+        self.host_tier = tier
+
+    def match_prefix(self, tokens: list, limit: Optional[int] = None):
+        """The prefix cache's match (RadixCache.match_prefix), what it needs from the host tier loaded back to the
+        device first; when the device cannot take it, the deepest match on the device alone."""
+        match = self.cache.match_prefix(tokens, limit)
+        if match.fallback is not None and not self.host_tier.load(self, match):
+            self.cache.hit_tokens -= match.num_tokens - match.fallback.num_tokens
+            match = match.fallback
+        return match
+
+    def map_window(self, full: list, swa: list) -> None:
+        """full_to_swa[full] = swa (one host -> device copy)."""
+        mapped = self._to_device(torch.tensor([full, swa], dtype=torch.int64))
+        self.full_to_swa[mapped[0]] = mapped[1]
 
     def _free_tail(self, full: list, swa: list) -> None:
         self._unmap(full)
@@ -503,5 +523,10 @@ class DeepSeekV4TokenAllocator:
         mapped = int((self.full_to_swa != -1).sum())
         if mapped != cached_slots:
             problems.append(f"full_to_swa maps {mapped} slots, the prefix cache's tails {cached_slots}")
+        if self.host_tier is not None:
+            try:
+                self.host_tier.check()
+            except AssertionError as e:
+                problems.append(str(e))
         if problems:
             raise AssertionError("memory pool leak: " + "; ".join(problems))

@@ -11,10 +11,13 @@ sizing. Staging rings are fixed per request slot.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from dataclasses import dataclass
+from typing import Optional
 
 from sglang.srt.configs.deepseek_v4 import DeepseekV4Config
 from sglang.srt.mem_cache.deepseek_v4_pool import PoolShape, ring_size
+from sglang.srt.mem_cache.host_tier import HostTierShape
 
 
 @dataclass(frozen=True)
@@ -94,9 +97,13 @@ class PoolPlan:
     per_token: BytesPerToken
     state_bytes: int
     total_bytes: int
+    host: Optional[HostTierShape] = None  # the prefix cache's host tier (--enable-hierarchical-cache)
 
     def format(self) -> str:
         s = self.shape
+        host = [] if self.host is None else [
+            f"host tier {self.host.nbytes / 2**30:.2f} GiB: {self.host.num_pages} pages "
+            f"({self.host.num_pages * s.page_size} tokens), {self.host.num_ends} prefix ends"]
         return "\n".join([
             "DeepSeek-V4 memory pool",
             self.per_token.format(),
@@ -106,6 +113,7 @@ class PoolPlan:
             f"pools total {self.total_bytes / 2**20:.1f} MiB",
             f"max context {min(self.context_length, self.max_total_tokens)} tokens; at {s.max_num_reqs} "
             f"concurrent requests {self.max_total_tokens // max(1, s.max_num_reqs)} tokens each",
+            *host,
         ])
 
 
@@ -150,6 +158,29 @@ def plan_pools(config: DeepseekV4Config, *, page_size: int, max_running_requests
                     state_bytes=state, total_bytes=int(total))
 
 
+def end_bytes(config: DeepseekV4Config, per_token: BytesPerToken) -> int:
+    """Bytes of one cached prefix end: the window tail (window KV of `window` positions, every layer) and the saved
+    CSA staging rows (fp32 content and gate of m rows, every CSA compressor)."""
+    state = sum(config.compress_ratio(i) * 2 * (2 * config.head_dim + 2 * config.index_head_dim) * 4
+                for i in config.csa_layers)
+    return int(config.sliding_window * per_token.window.per_token) + state
+
+
+def plan_host_tier(config: DeepseekV4Config, plan: PoolPlan, hicache_ratio: float,
+                   hicache_size_gb: float = 0) -> HostTierShape:
+    """The host tier's slots: `hicache_ratio` x the device pool's pages and prefix ends, or (hicache_size_gb > 0,
+    which wins) as many of both, in that proportion, as the size holds."""
+    page = int(plan.shape.page_size * plan.per_token.growth)
+    end = end_bytes(config, plan.per_token)
+    pages, ends = plan.shape.num_pages - 1, plan.shape.num_state_slots
+    scale = hicache_size_gb * 2**30 / (pages * page + ends * end) if hicache_size_gb > 0 else hicache_ratio
+    num_pages, num_ends = int(pages * scale), int(ends * scale)
+    if num_pages < 1 or num_ends < 1:
+        given = f"--hicache-size {hicache_size_gb:g}" if hicache_size_gb > 0 else f"--hicache-ratio {hicache_ratio:g}"
+        raise ValueError(f"the host tier ({given}) holds no page ({page} B) and prefix end ({end} B); give it more")
+    return HostTierShape(num_pages, num_ends, num_pages * page + num_ends * end)
+
+
 def pool_budget_bytes(device_type: str, free: int, total: int, mem_fraction_static: float, reserved: int = 0) -> int:
     """Bytes the pools may take, from the device's free and total memory after the weights are loaded: on a GPU the
     free memory less the (1 - mem_fraction_static) reserve of the total; on CPU that fraction of the free memory.
@@ -176,6 +207,8 @@ def plan_pools_for_args(config: DeepseekV4Config, args, budget_bytes: int, dtype
         num_window_layers=num_layers, max_total_tokens=2 * args.page_size if probe else args.max_total_tokens,
         num_draft_tokens=args.speculative_num_draft_tokens or 0,
         prefix_cache=not args.disable_radix_cache and not probe)
+    if getattr(args, "enable_hierarchical_cache", False) and plan.shape.num_state_slots:
+        plan = dataclasses.replace(plan, host=plan_host_tier(config, plan, args.hicache_ratio, args.hicache_size))
     return plan, kv_format, index_format, index_kind
 
 

@@ -18,6 +18,14 @@ was computed with the token after the end (`next_token`): an end is usable only 
 the same, so the draft's window is exactly what it would have computed itself.
 Nodes are locked (with their ancestors) by the requests using them and evicted least recently used first, leaves
 first. All of it is host-side bookkeeping; freeing goes through the callbacks (the allocator owns the pools).
+
+With the host tier (mem_cache/host_tier.py, --enable-hierarchical-cache) a node's pages may be on the device
+(`pages`), on the host (`host_pages`) or both, and its end's tail and state rows likewise (`host_end`). A device node's
+ancestors are all on the device (a node leaves the device only once none of its children is there), so a path is
+device nodes, then host-only ones. Evicting a device leaf moves it to the host when the tier holds (or takes) a copy,
+else it goes with its host-only subtree; the host evicts least recently used copies, dropping host-only leaves
+whole. A match may end at an end the host holds: the allocator loads the host-only nodes of its path and the end's
+rows back to the device (`PrefixMatch.load`) or, when the device cannot take them, uses `fallback`.
 """
 
 from __future__ import annotations
@@ -41,6 +49,11 @@ class TreeNode:
     lock_ref: int = 0  # requests using this node's pages (or a descendant's)
     tail_readers: int = 0  # requests whose window still reaches into this node's tail
     last_access: int = 0
+    host_pages: Optional[list] = None  # the host tier's copy of the pages (None: not on the host)
+    host_end: Optional[int] = None  # host slot of the end's tail and state rows
+    host_next_token: Optional[int] = None  # `next_token` of that host end
+    hits: int = 0  # matches that reached through this node (write_through_selective)
+
 
     @property
     def usable(self) -> bool:
@@ -52,7 +65,10 @@ class PrefixMatch:
     num_tokens: int  # tokens reusable (a multiple of page_size; 0: no reuse)
     pages: list  # the pages of those tokens
     node: Optional[TreeNode]  # the usable end (lock it while in use); None when nothing matched
-    path_tokens: int = 0  # tokens the tree holds pages for along the path (usable end or not; >= num_tokens)
+    path_tokens: int = 0  # tokens the tree holds device pages for along the path (usable end or not)
+    load: list = field(default_factory=list)  # host-only nodes of the path to load to the device first
+    load_end: bool = False  # the end's tail and state are loaded from the host first
+    fallback: Optional["PrefixMatch"] = None  # the deepest match on the device alone (set when a load is needed)
 
 
 @dataclass
@@ -76,6 +92,7 @@ class RadixCache:
         self.num_evictable_pages = 0
         self.num_evictable_tail_slots = 0
         self.hit_tokens = self.queried_tokens = 0
+        self.tier = None  # the host tier (HostTier), when on
 
     # ---- lookup --------------------------------------------------------------------------------
     def match_prefix(self, tokens: list, limit: Optional[int] = None) -> PrefixMatch:
@@ -83,23 +100,39 @@ class RadixCache:
         node end. Counts toward the hit rate."""
         limit = len(tokens) if limit is None else min(limit, len(tokens))
         limit -= limit % self.page_size
-        node, pos, pages = self.root, 0, []
-        best = PrefixMatch(0, [], None)
+        node, pos, pages, load = self.root, 0, [], []
+        best = device_best = PrefixMatch(0, [], None)
         now = next(self._clock)
+        device_pos = 0
+        fits = lambda nxt: nxt is None or (pos < len(tokens) and tokens[pos] == nxt)  # noqa: E731
         while pos < limit:
             child = node.children.get(tuple(tokens[pos:pos + self.page_size]))
             if child is None:
                 break
             n = self._common_pages(child.key, tokens, pos, limit)
-            pages += child.pages[:n]
+            whole = n * self.page_size == len(child.key)
+            if not child.pages and not whole:  # a host-only node loads whole or not at all
+                break
             pos += n * self.page_size
             child.last_access = now
-            if n < len(child.pages):
+            if child.pages:
+                pages += child.pages[:n]
+                device_pos = pos
+                child.hits += 1
+                if self.tier is not None:
+                    self.tier.on_hit(child)
+            else:
+                load.append(child)
+            if not whole:
                 break
             node = child
-            if node.usable and (node.next_token is None or (pos < len(tokens) and tokens[pos] == node.next_token)):
-                best = PrefixMatch(pos, list(pages), node)
-        best.path_tokens = pos
+            if node.usable and fits(node.next_token):
+                best = device_best = PrefixMatch(pos, list(pages), node)
+            elif self.tier is not None and node.host_end is not None and fits(node.host_next_token):
+                best = PrefixMatch(pos, list(pages), node, load=list(load), load_end=not node.usable)
+        if best is not device_best:
+            best.fallback = device_best
+        best.path_tokens = device_best.path_tokens = device_pos
         self.queried_tokens += len(tokens)
         self.hit_tokens += best.num_tokens
         return best
@@ -116,7 +149,7 @@ class RadixCache:
             if child is None:
                 break
             n = self._common_pages(child.key, tokens, pos, len(tokens))
-            if n == 0:
+            if n == 0 or not child.pages:  # the device's pages end there
                 break
             pages += child.pages[:n]
             pos += n * self.page_size
@@ -161,11 +194,15 @@ class RadixCache:
                 node, pos = child, len(tokens)
                 break
             n = self._common_pages(child.key, tokens, pos, len(tokens))
-            if n < len(child.pages):
+            if n * ps < len(child.key):
                 child = self._split(child, n)
+            if not child.pages:  # on the host only: the device copy is the caller's
+                self._give_pages(child, list(pages[pos // ps:pos // ps + n]))
             dup_pages += [p for p, q in zip(pages[pos // ps:pos // ps + n], child.pages) if p != q]
             child.last_access = now
             node, pos = child, pos + n * ps
+        if self.tier is not None and node is not self.root:
+            self.tier.on_insert(node, with_end=False)
         if node.usable or node is self.root:
             return node, dup_pages, (tail_full, tail_swa), state_slot
         if node.tail_swa is not None:  # keep the tree's tail; the state slot is new
@@ -179,15 +216,37 @@ class RadixCache:
         if node.state_slot is None and state_slot is not None:
             node.state_slot, state_slot = state_slot, None
             self.num_state_slots += 1
+        if self.tier is not None and node.usable:
+            self.tier.on_insert(node, with_end=True)
         return node, dup_pages, dup_tail, state_slot
+
+    def _give_pages(self, node: TreeNode, pages: list) -> None:
+        """Device pages for a node the host holds (loaded, or computed again by a request)."""
+        assert not node.pages and len(pages) * self.page_size == len(node.key)
+        node.pages = pages
+        self.num_pages += len(pages)
+        if node.lock_ref == 0:  # a locked node's pages join the evictable count when it is unlocked
+            self.num_evictable_pages += len(pages)
+
+    def set_end(self, node: TreeNode, tail_full: list, tail_swa: list, state_slot: int,
+                next_token: Optional[int]) -> None:
+        """Give a device node (no device end) the tail and state loaded back from the host."""
+        assert node.pages and node.tail_swa is None and node.state_slot is None
+        node.tail_full, node.tail_swa, node.state_slot, node.next_token = tail_full, tail_swa, state_slot, next_token
+        self.num_tail_slots += len(tail_swa)
+        self.num_state_slots += 1
+        if node.tail_readers == 0:
+            self.num_evictable_tail_slots += len(tail_swa)
 
     def _split(self, child: TreeNode, n: int) -> TreeNode:
         """Cut `child` after its first n pages; returns the upper part (no tail or state: not a usable end)."""
         ps = self.page_size
         upper = TreeNode(child.parent, child.key[:n * ps], child.pages[:n], lock_ref=child.lock_ref,
-                         last_access=child.last_access)
+                         last_access=child.last_access, hits=child.hits)
         child.parent.children[tuple(child.key[:ps])] = upper
         child.key, child.pages, child.parent = child.key[n * ps:], child.pages[n:], upper
+        if child.host_pages is not None:
+            upper.host_pages, child.host_pages = child.host_pages[:n], child.host_pages[n:]
         upper.children[tuple(child.key[:ps])] = child
         return upper
 
@@ -241,24 +300,69 @@ class RadixCache:
         return (sum(len(n.pages) for n in nodes if n.lock_ref == 0),
                 sum(len(n.tail_swa) for n in nodes if n.tail_readers == 0 and n.tail_swa is not None))
 
-    def evict_pages(self, num_pages: int) -> int:
-        """Free at least num_pages pages (unlocked leaves, least recently used first; a parent left childless joins
-        them) or all that can be; returns how many were freed."""
-        heap = [(n.last_access, id(n), n) for n in self.nodes() if not n.children and n.lock_ref == 0]
+    @staticmethod
+    def _device_leaf(node: TreeNode) -> bool:
+        return bool(node.pages) and node.lock_ref == 0 and not any(c.pages for c in node.children.values())
+
+    def evict_pages(self, num_pages: int, offload: bool = True) -> int:
+        """Free at least num_pages device pages (unlocked nodes none of whose children is on the device, least recently
+        used first; a parent left so joins them) or all that can be; returns how many were freed. With the host tier
+        (and `offload`) a node whose pages it holds stays in the tree, on the host only."""
+        heap = [(n.last_access, id(n), n) for n in self.nodes() if self._device_leaf(n)]
         heapq.heapify(heap)
         freed = 0
         while freed < num_pages and heap:
             _, _, leaf = heapq.heappop(heap)
             freed += len(leaf.pages)
-            self._drop_end(leaf)
+            kept = offload and self.tier is not None and self.tier.offload(leaf)
+            self._drop_end(leaf, save=kept)
             self.cb.free_pages(leaf.pages)
             self.num_pages -= len(leaf.pages)
             self.num_evictable_pages -= len(leaf.pages)
+            leaf.pages = []
             parent = leaf.parent
-            del parent.children[tuple(leaf.key[:self.page_size])]
-            if parent is not self.root and not parent.children and parent.lock_ref == 0:
+            if not kept:
+                self._remove(leaf)
+            if parent is not self.root and self._device_leaf(parent):
                 heapq.heappush(heap, (parent.last_access, id(parent), parent))
         return freed
+
+    def _remove(self, node: TreeNode) -> None:
+        """Take a node off the device (no pages there) out of the tree, with its subtree (all on the host only)."""
+        stack = [node]
+        while stack:
+            n = stack.pop()
+            assert not n.pages and n.lock_ref == 0
+            if self.tier is not None:
+                self.tier.free_host(n)
+            stack.extend(n.children.values())
+        del node.parent.children[tuple(node.key[:self.page_size])]
+
+    def evict_host(self, num_pages: int, num_ends: int) -> None:
+        """Give the host tier back at least num_pages page slots and num_ends end slots (or all that can be), least
+        recently used first: a device node's host copy is dropped; a host-only node goes once it has no children,
+        with its end; ends go alone, their pages staying (not those of locked nodes: a load may be reading them)."""
+        tier = self.tier
+        if num_ends:
+            for n in sorted((n for n in self.nodes() if n.host_end is not None and n.lock_ref == 0),
+                            key=lambda n: n.last_access)[:num_ends]:
+                tier.free_host_end(n)
+        if not num_pages:
+            return
+        heap = [(n.last_access, id(n), n) for n in self.nodes() if n.host_pages is not None
+                and (n.pages or (not n.children and n.lock_ref == 0))]
+        heapq.heapify(heap)
+        freed = 0
+        while freed < num_pages and heap:
+            _, _, node = heapq.heappop(heap)
+            freed += len(node.host_pages)
+            if node.pages:
+                tier.free_host_pages(node)
+                continue
+            parent = node.parent
+            self._remove(node)
+            if parent is not self.root and not parent.pages and not parent.children and parent.lock_ref == 0:
+                heapq.heappush(heap, (parent.last_access, id(parent), parent))
 
     def evict_tails(self, num_slots: int) -> int:
         """Free at least num_slots window slots from node ends no request reads, least recently used first (their
@@ -270,10 +374,13 @@ class RadixCache:
             if freed >= num_slots:
                 break
             freed += len(node.tail_swa)
-            self._drop_end(node)
+            self._drop_end(node, save=True)
         return freed
 
-    def _drop_end(self, node: TreeNode) -> None:
+    def _drop_end(self, node: TreeNode, save: bool = False) -> None:
+        """Free a node's device end; `save`: the host tier first keeps a copy (write_back)."""
+        if save and self.tier is not None and node.usable:
+            self.tier.save_end(node)
         if node.tail_swa is not None:
             self.cb.free_tail(node.tail_full, node.tail_swa)
             self.num_tail_slots -= len(node.tail_swa)
@@ -289,7 +396,11 @@ class RadixCache:
         """Free everything (no request may hold a lock)."""
         if any(n.lock_ref or n.tail_readers for n in self.nodes()):
             raise RuntimeError("radix cache: cannot flush while requests use cached prefixes")
-        self.evict_pages(self.num_pages + 1)
+        if self.tier is not None:  # every tier: the host's copies first, then the device's pages
+            for n in self.nodes():
+                self.tier.free_host(n)
+        self.evict_pages(self.num_pages + 1, offload=False)
+        self.root.children.clear()  # nodes left held nothing on either tier
         assert self.num_pages == 0 and self.num_tail_slots == 0 and self.num_state_slots == 0 and not self.root.children
 
     def hit_rate(self) -> float:

@@ -41,6 +41,15 @@ class MetricsCollector:
                                     buckets=_LATENCY_BUCKETS, registry=r)
         self.cache_hit_rate = Gauge("sglang:cache_hit_rate", "prompt tokens served from the prefix cache / prompt "
                                     "tokens looked up, since start", labels, registry=r)
+        self.tier_hit_rate = Gauge("sglang:cache_tier_hit_rate", "prompt tokens served from the prefix cache's pages "
+                                   "on each tier (device, host: loaded back) / prompt tokens looked up, since start",
+                                   ["model_name", "tier"], registry=r)
+        self.hicache_bytes = Counter("sglang:hicache_bytes", "bytes the prefix cache's host tier moved, per "
+                                     "direction (to_host, to_device)", ["model_name", "direction"], registry=r)
+        self.hicache_load_latency = Histogram("sglang:hicache_load_latency_seconds", "time of one load of cached "
+                                              "prefix state from the host tier", labels, buckets=_LATENCY_BUCKETS,
+                                              registry=r)
+        self._hicache_seen = (0, 0)  # bytes to host, to device at the last stats
         # prefill/decode disaggregation: the KV state each server sends (prefill) or receives (decode)
         self.transfer_bytes = Counter("sglang:kv_transfer_bytes", "bytes of KV state written to decode servers",
                                       labels, registry=r)
@@ -77,6 +86,8 @@ class MetricsCollector:
             self._retractions_seen = stats.num_retractions
         if stats.transfer is not None:
             self.observe_transfers(stats.transfer)
+        if stats.hicache is not None:
+            self.observe_hicache(stats.hicache, stats.cache_hit_rate, stats.cache_queried_tokens)
         now = time.perf_counter()
         if self._last is not None and now - self._last[0] >= 0.5:
             self.gen_throughput.labels(m).set((stats.num_generated_tokens - self._last[1]) / (now - self._last[0]))
@@ -97,6 +108,19 @@ class MetricsCollector:
         self._transfer_seen = (t.num_transfers, t.num_failures, t.bytes)
         for seconds in t.latencies:
             self.transfer_latency.labels(m).observe(seconds)
+
+    def observe_hicache(self, h, hit_rate: float, queried_tokens: int) -> None:
+        """A mem_cache.host_tier.HostTierStats taken by the scheduler: totals since start, latencies since the last."""
+        m = self.model_name
+        host = h.host_hit_tokens / queried_tokens if queried_tokens else 0.0
+        self.tier_hit_rate.labels(m, "host").set(host)
+        self.tier_hit_rate.labels(m, "device").set(max(0.0, hit_rate - host))
+        for i, (direction, now) in enumerate((("to_host", h.bytes_to_host), ("to_device", h.bytes_to_device))):
+            if now > self._hicache_seen[i]:
+                self.hicache_bytes.labels(m, direction).inc(now - self._hicache_seen[i])
+        self._hicache_seen = (h.bytes_to_host, h.bytes_to_device)
+        for seconds in h.load_seconds:
+            self.hicache_load_latency.labels(m).observe(seconds)
 
     def observe_ttft(self, seconds: float) -> None:
         self.ttft.labels(self.model_name).observe(seconds)

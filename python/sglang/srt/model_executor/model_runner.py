@@ -19,6 +19,7 @@ from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.layers.quantization.mxfp4 import Mxfp4RoutedExperts
 from sglang.srt.mem_cache.deepseek_v4_allocator import DeepSeekV4TokenAllocator
 from sglang.srt.mem_cache.deepseek_v4_pool import DeepSeekV4TokenToKVPool
+from sglang.srt.mem_cache.host_tier import HostTier
 from sglang.srt.mem_cache.pool_sizing import plan_pools_for_args, pool_budget_bytes
 from sglang.srt.mem_cache.req_to_token_pool import ReqToTokenPool
 from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, StaticGraphRunner
@@ -254,6 +255,11 @@ class ModelRunner:
                             "%d window slots, a cached session tail %d: the window pool (%d slots, "
                             "--swa-full-tokens-ratio) keeps the tails of up to %d idle sessions, %d state slots",
                             w + ps, w, shape.num_swa_slots - 1, (shape.num_swa_slots - 1) // w, shape.num_state_slots)
+        if self.pool_plan.host is not None and not probe:
+            tier = HostTier(self.token_to_kv_pool, self.pool_plan.host, args.hicache_write_policy,
+                            args.hicache_io_backend)
+            self.token_allocator.attach_host_tier(tier)
+            logger.info("prefix cache %s", tier.describe())
 
     # ---- forward ----------------------------------------------------------------------------------
     def attach(self, forward_batch: ForwardBatch, attn_backend=None) -> None:

@@ -1,0 +1,296 @@
+"""The host tier of the prefix cache (--enable-hierarchical-cache): cached prefixes the device pool evicts move to
+host memory (pinned on CUDA) and come back on a hit, instead of being computed again.
+
+What a cached V4 prefix is, on either tier (mem_cache/radix_cache.py): per node its pages - every compressed layer's
+entries of the page's tokens (page_size / m per ratio-m layer) and every CSA layer's indexer keys - and per usable end
+its window tail (the window KV of the `window` positions before it, every layer, MTP layers included) and its CSA
+staging state (every CSA compressor's saved rows). The host pool keeps rows in the device pools' own formats (FP8 /
+FP4 as stored), page for page and end for end, so a move is a byte copy: nothing is re-encoded.
+
+When a copy is made (--hicache-write-policy, upstream's names):
+- write_back: when the device evicts a node (its pages, or its end under window pressure);
+- write_through: when a node is cached (inserted), so eviction from the device costs nothing;
+- write_through_selective: when a node has been matched twice (a prefix reused, not a one-off turn).
+The host evicts least recently used copies; an end dropped without a copy is gone (its pages stay usable for deeper
+ends). A match that ends at an end the host holds loads the host-only nodes of its path and the end back into free
+device pages, window slots and a state slot before the request's prefill (HostTier.load), all or nothing: when the
+device cannot take them the match falls back to its deepest device end.
+
+How rows move (--hicache-io-backend, upstream's names): `kernel` gathers every buffer's rows with one indexed copy,
+moves them in one transfer and scatters them with one indexed copy; `direct` copies each page's contiguous rows with
+its own copy (the window tail and state rows, scattered, as `kernel`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+import torch
+
+from sglang.srt.arg_groups.cli import HICACHE_IO_BACKENDS as IO_BACKENDS
+from sglang.srt.arg_groups.cli import HICACHE_WRITE_POLICIES as WRITE_POLICIES
+from sglang.srt.mem_cache.allocator import PageAllocator
+from sglang.srt.mem_cache.radix_cache import TreeNode
+
+logger = logging.getLogger(__name__)
+
+_SELECTIVE_HITS = 2  # write_through_selective: matches before a node is copied to the host
+
+
+@dataclass(frozen=True)
+class HostTierShape:
+    """Sizes chosen by pool sizing (plan_host_tier): host page slots and end slots (each excluding reserved slot 0)."""
+
+    num_pages: int
+    num_ends: int
+    nbytes: int  # host memory of both
+
+
+@dataclass
+class HostTierStats:
+    """Totals since start (and load latencies since the last `take`): what /metrics reports."""
+
+    host_hit_tokens: int = 0  # prompt tokens of matches that loaded something from the host
+    bytes_to_host: int = 0
+    bytes_to_device: int = 0
+    num_loads: int = 0
+    load_seconds: list = field(default_factory=list)  # since the last take
+
+    def take(self) -> "HostTierStats":
+        """A copy for the metrics, the latencies moved into it."""
+        out = HostTierStats(self.host_hit_tokens, self.bytes_to_host, self.bytes_to_device, self.num_loads,
+                            self.load_seconds)
+        self.load_seconds = []
+        return out
+
+
+def _page_rows(pages: list, rows_per_page: int) -> torch.Tensor:
+    """Rows of pages in a buffer with rows_per_page rows per page, page by page."""
+    return (torch.tensor(pages, dtype=torch.int64)[:, None] * rows_per_page
+            + torch.arange(rows_per_page)[None, :]).flatten()
+
+
+class HostKVPool:
+    """Host buffers in the device pool's row formats: per compressed layer (and CSA layer's indexer keys) page
+    slots of page_size / m rows; per end slot `window` window-KV rows of every layer and the m saved rows of every
+    CSA compressor. Slot 0 is reserved in both, as in every pool."""
+
+    def __init__(self, device_pool, shape: HostTierShape, io_backend: str) -> None:
+        self.device_pool, self.io_backend = device_pool, io_backend
+        self.device = torch.device(device_pool.device)
+        pin = self.device.type == "cuda"
+        config, ps = device_pool.config, device_pool.shape.page_size
+        self.window = config.sliding_window
+
+        def host_like(buf: torch.Tensor, rows: int) -> torch.Tensor:
+            return torch.zeros((rows, *buf.shape[1:]), dtype=buf.dtype, pin_memory=pin)
+
+        # (device buffer, host buffer, rows per page or end)
+        self.page_buffers = []
+        for layer, buf in [*device_pool.compressed_kv.items(), *device_pool.index_k.items()]:
+            epp = ps // config.compress_ratio(layer)
+            self.page_buffers.append((buf, host_like(buf, (shape.num_pages + 1) * epp), epp))
+        self.end_buffers = [(buf, host_like(buf, (shape.num_ends + 1) * self.window), self.window)
+                            for buf in device_pool.window_kv]
+        self.state_buffers = [(s.saved, host_like(s.saved, (shape.num_ends + 1) * s.ratio), s.ratio)
+                              for s in device_pool.csa_states()]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(h.numel() * h.element_size() for _, h, _ in self.page_buffers + self.end_buffers
+                   + self.state_buffers)
+
+    # ---- pages ------------------------------------------------------------------------------------
+    def write_pages(self, device_pages: list, host_pages: list) -> int:
+        return sum(self._move(dev, host, _page_rows(device_pages, n), _page_rows(host_pages, n), n, to_host=True)
+                   for dev, host, n in self.page_buffers)
+
+    def read_pages(self, host_pages: list, device_pages: list) -> int:
+        return sum(self._move(dev, host, _page_rows(device_pages, n), _page_rows(host_pages, n), n, to_host=False)
+                   for dev, host, n in self.page_buffers)
+
+    # ---- ends ---------------------------------------------------------------------------------------
+    def write_end(self, tail_swa: list, state_slot: int, host_end: int) -> int:
+        swa = torch.tensor(tail_swa, dtype=torch.int64)
+        moved = sum(self._gather_scatter(host, _page_rows([host_end], n), dev, swa)
+                    for dev, host, n in self.end_buffers)
+        return moved + sum(self._gather_scatter(host, _page_rows([host_end], m), saved, _page_rows([state_slot], m))
+                           for saved, host, m in self.state_buffers)
+
+    def read_end(self, host_end: int, tail_swa: list, state_slot: int) -> int:
+        swa = torch.tensor(tail_swa, dtype=torch.int64)
+        moved = sum(self._gather_scatter(dev, swa, host, _page_rows([host_end], n))
+                    for dev, host, n in self.end_buffers)
+        return moved + sum(self._gather_scatter(saved, _page_rows([state_slot], m), host, _page_rows([host_end], m))
+                           for saved, host, m in self.state_buffers)
+
+    # ---- copies -------------------------------------------------------------------------------------
+    def _move(self, dev: torch.Tensor, host: torch.Tensor, dev_rows: torch.Tensor, host_rows: torch.Tensor,
+              rows_per_page: int, to_host: bool) -> int:
+        if self.io_backend == "kernel":
+            if to_host:
+                return self._gather_scatter(host, host_rows, dev, dev_rows)
+            return self._gather_scatter(dev, dev_rows, host, host_rows)
+        for i in range(0, len(dev_rows), rows_per_page):  # direct: one copy of each page's contiguous rows
+            d, h = int(dev_rows[i]), int(host_rows[i])
+            if to_host:
+                host[h:h + rows_per_page].copy_(dev[d:d + rows_per_page])
+            else:
+                dev[d:d + rows_per_page].copy_(host[h:h + rows_per_page], non_blocking=True)
+        return len(dev_rows) * dev[0].numel() * dev.element_size()
+
+    @staticmethod
+    def _gather_scatter(dst: torch.Tensor, dst_rows: torch.Tensor, src: torch.Tensor, src_rows: torch.Tensor) -> int:
+        """dst[dst_rows] = src[src_rows]: one gather where src lives, one transfer, one scatter where dst lives."""
+        rows = src.index_select(0, src_rows.to(src.device))
+        dst.index_copy_(0, dst_rows.to(dst.device), rows.to(dst.device, non_blocking=dst.device.type == "cuda"))
+        return rows.numel() * rows.element_size()
+
+
+class HostTier:
+    """The host tier's slots and policy; the radix tree calls it as nodes are inserted, hit and evicted, and the
+    allocator (match_prefix) to load a match back."""
+
+    def __init__(self, device_pool, shape: HostTierShape, write_policy: str, io_backend: str) -> None:
+        if write_policy not in WRITE_POLICIES:
+            raise ValueError(f"--hicache-write-policy must be one of {WRITE_POLICIES}, got {write_policy!r}")
+        if io_backend not in IO_BACKENDS:
+            raise ValueError(f"--hicache-io-backend must be one of {IO_BACKENDS}, got {io_backend!r}")
+        self.shape, self.write_policy = shape, write_policy
+        self.pool = HostKVPool(device_pool, shape, io_backend)
+        self.pages = PageAllocator(shape.num_pages + 1, "host KV page")
+        self.ends = PageAllocator(shape.num_ends + 1, "host prefix end")
+        self.stats = HostTierStats()
+        self.cache = None  # the RadixCache (set by attach)
+
+    def attach(self, cache) -> None:
+        self.cache = cache
+        cache.tier = self
+
+    # ---- writes -------------------------------------------------------------------------------------
+    def on_insert(self, node: TreeNode, with_end: bool) -> None:
+        if self.write_policy == "write_through":
+            self._copy_path(node, with_end)
+
+    def on_hit(self, node: TreeNode) -> None:
+        if self.write_policy == "write_through_selective" and node.hits >= _SELECTIVE_HITS:
+            self._copy_path(node, with_end=True)
+
+    def offload(self, node: TreeNode) -> bool:
+        """The device evicts a node's pages: whether the host holds them (write_back copies them now)."""
+        if node.host_pages is None and self.write_policy == "write_back":
+            self._write_pages(node)
+        return node.host_pages is not None
+
+    def save_end(self, node: TreeNode) -> None:
+        """The device drops a node's end (tail and state): write_back copies it now."""
+        if node.host_end is None and self.write_policy == "write_back":
+            self._write_end(node)
+
+    def _copy_path(self, node: TreeNode, with_end: bool) -> None:
+        """Copy a device node and its ancestors the host lacks (a host copy is useful only with its whole path), and
+        its end."""
+        path, n = [], node
+        while n is not self.cache.root and n.host_pages is None:
+            path.append(n)
+            n = n.parent
+        for n in reversed(path):
+            if not self._write_pages(n):
+                return
+        if with_end and node.usable and node.host_end is None:
+            self._write_end(node)
+
+    def _write_pages(self, node: TreeNode) -> bool:
+        n = len(node.pages)
+        if self.pages.available() < n:
+            self.cache.evict_host(n - self.pages.available(), 0)
+        if self.pages.available() < n:
+            return False
+        node.host_pages = self.pages.alloc(n)
+        self.stats.bytes_to_host += self.pool.write_pages(node.pages, node.host_pages)
+        return True
+
+    def _write_end(self, node: TreeNode) -> None:
+        if self.ends.available() == 0:
+            self.cache.evict_host(0, 1)
+        if self.ends.available() == 0:
+            return
+        node.host_end = self.ends.alloc(1)[0]
+        node.host_next_token = node.next_token
+        self.stats.bytes_to_host += self.pool.write_end(node.tail_swa, node.state_slot, node.host_end)
+
+    # ---- freeing ------------------------------------------------------------------------------------
+    def free_host_pages(self, node: TreeNode) -> None:
+        if node.host_pages is not None:
+            self.pages.free(node.host_pages)
+            node.host_pages = None
+
+    def free_host_end(self, node: TreeNode) -> None:
+        if node.host_end is not None:
+            self.ends.free([node.host_end])
+            node.host_end = node.host_next_token = None
+
+    def free_host(self, node: TreeNode) -> None:
+        self.free_host_pages(node)
+        self.free_host_end(node)
+
+    # ---- loads --------------------------------------------------------------------------------------
+    def load(self, allocator, match) -> bool:
+        """Bring a match's host-only nodes and (load_end) its end's tail and state into free device pages, window
+        slots and a state slot; all or nothing (False: nothing loaded, the device could not take it)."""
+        start = time.perf_counter()
+        cache, node = self.cache, match.node
+        n_pages = sum(len(n.host_pages) for n in match.load)
+        w = min(self.pool.window, match.num_tokens)
+        n_swa = w if match.load_end else 0
+        cache.lock(node)  # the path (its host-only nodes too) stays while the device makes room
+        try:
+            if n_pages > allocator.available_pages() or n_swa > allocator.available_window_slots():
+                return False
+            allocator.reclaim(n_pages, n_swa)
+            if match.load_end and (node.host_end is None or not allocator.state_slot_ready()):
+                return False
+            moved = 0
+            pages = list(match.pages)
+            for n in match.load:
+                device_pages = allocator.pages.alloc(len(n.host_pages))
+                moved += self.pool.read_pages(n.host_pages, device_pages)
+                cache._give_pages(n, device_pages)
+                pages += device_pages
+            if match.load_end:
+                swa, slot = allocator.swa_slots.alloc(w), allocator.state_slots.alloc(1)[0]
+                moved += self.pool.read_end(node.host_end, swa, slot)
+                ps, end = allocator.page_size, match.num_tokens
+                tail_full = [pages[p // ps] * ps + p % ps for p in range(end - w, end)]
+                allocator.map_window(tail_full, swa)
+                cache.set_end(node, tail_full, swa, slot, node.host_next_token)
+            match.pages = pages
+        finally:
+            cache.unlock(node)
+        self.stats.bytes_to_device += moved
+        self.stats.num_loads += 1
+        self.stats.host_hit_tokens += match.num_tokens
+        self.stats.load_seconds.append(time.perf_counter() - start)
+        return True
+
+    # ---- integrity ----------------------------------------------------------------------------------
+    def check(self) -> None:
+        """Raise unless the host slots held are exactly the tree's copies (within the host pool's bound)."""
+        nodes = self.cache.nodes()
+        held_pages = self.pages.size - 1 - self.pages.available()
+        held_ends = self.ends.size - 1 - self.ends.available()
+        tree_pages = sum(len(n.host_pages) for n in nodes if n.host_pages is not None)
+        tree_ends = sum(n.host_end is not None for n in nodes)
+        if (held_pages, held_ends) != (tree_pages, tree_ends):
+            raise AssertionError(f"host tier leak: {held_pages} page slots and {held_ends} end slots held, the tree's "
+                                 f"copies {tree_pages} and {tree_ends}")
+        orphans = [n for n in nodes if not n.pages and n.host_pages is None]
+        if orphans:
+            raise AssertionError(f"{len(orphans)} cached nodes hold their pages on neither tier")
+
+    def describe(self) -> str:
+        return (f"host tier: {self.shape.nbytes / 2**30:.2f} GiB, {self.shape.num_pages} pages and "
+                f"{self.shape.num_ends} prefix ends, --hicache-write-policy {self.write_policy}, --hicache-io-backend "
+                f"{self.pool.io_backend}")
+
