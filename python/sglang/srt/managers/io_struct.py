@@ -153,6 +153,7 @@ class SchedulerStats:
     cache_hit_rate: float = 0.0  # prompt tokens served from the prefix cache / prompt tokens looked up, since start
     dp_rank: int = 0  # the DP group these stats are of (DP attention: each group's first rank sends its own)
     transfer: Optional[object] = None  # disaggregation.transfer.TransferStats (prefill / decode servers), taken
+    transfer_queues: Optional[object] = None  # disaggregation.transfer.TransferQueues (prefill / decode servers)
 
     @property
     def healthy(self) -> bool:

@@ -49,6 +49,16 @@ class MetricsCollector:
                                          registry=r)
         self.transfer_latency = Histogram("sglang:kv_transfer_latency_seconds", "time of one request's KV state "
                                           "write", labels, buckets=_LATENCY_BUCKETS, registry=r)
+        # requests at each stage of their transfer, as upstream names them (TransferQueues)
+        self.transfer_queues = {
+            ("prefill", "waiting"): Gauge("sglang:num_prefill_prealloc_queue_reqs", "prefilled requests waiting for "
+                                          "the decode server's registration of their room", labels, registry=r),
+            ("prefill", "transferring"): Gauge("sglang:num_prefill_inflight_queue_reqs", "KV state writes in "
+                                               "flight to decode servers", labels, registry=r),
+            ("decode", "waiting"): Gauge("sglang:num_decode_prealloc_queue_reqs", "requests queued for KV pool "
+                                         "pages", labels, registry=r),
+            ("decode", "transferring"): Gauge("sglang:num_decode_transfer_queue_reqs", "requests holding their "
+                                              "pages, waiting for their KV state", labels, registry=r)}
         self.model_name = model_name
         self._transfer_seen = (0, 0, 0)  # the scheduler's totals at the last stats: transfers, failures, bytes
         self._retractions_seen = 0
@@ -68,6 +78,10 @@ class MetricsCollector:
             self._retractions_seen = stats.num_retractions
         if stats.transfer is not None:
             self.observe_transfers(stats.transfer)
+        queues = stats.transfer_queues
+        if queues is not None:
+            self.transfer_queues[queues.role, "waiting"].labels(m).set(queues.waiting)
+            self.transfer_queues[queues.role, "transferring"].labels(m).set(queues.transferring)
         now = time.perf_counter()
         if self._last is not None and now - self._last[0] >= 0.5:
             self.gen_throughput.labels(m).set((stats.num_generated_tokens - self._last[1]) / (now - self._last[0]))
