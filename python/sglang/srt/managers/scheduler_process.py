@@ -88,6 +88,7 @@ class SchedulerProcess:
         self._hang_file = envs.SGLANG_TEST_HANG_SCHEDULER_FILE.get()
         # prefill/decode disaggregation: this server's side of the KV transfer (None when it serves both)
         self.kv = create_kv_manager(server_args, self.scheduler)
+        self._sent_queues = None  # the transfer queue depths last reported
         if not self.sends:
             return
         ctx = zmq.Context()
@@ -132,7 +133,10 @@ class SchedulerProcess:
                     self.scheduler.consecutive_failed_steps += 1
             self.runner.finish_dp_round()
             outputs = answers + [self._progress(req) for req in updated]
-            if (outputs or stepped) and self.sends:  # every step is reported: the HTTP side's watchdog hears it
+            queues = self.kv.queues() if self.kv is not None else None
+            moved = queues != self._sent_queues  # a room came or went without a step: the gauges and /server_info
+            self._sent_queues = queues
+            if (outputs or stepped or moved) and self.sends:  # every step is reported: the HTTP side's watchdog hears it
                 self.send.send_multipart(self.codec.encode(BatchOutput(outputs, self._stats())))
             if self.sends:
                 self._log_progress()
