@@ -136,7 +136,7 @@ class SchedulerProcess:
             queues = self.kv.queues() if self.kv is not None else None
             moved = queues != self._sent_queues  # a room came or went without a step: the gauges and /server_info
             self._sent_queues = queues
-            if (outputs or stepped or moved) and self.sends:  # every step is reported: the HTTP side's watchdog hears it
+            if (outputs or stepped or moved) and self.sends:  # every step is reported (the watchdog hears it)
                 self.send.send_multipart(self.codec.encode(BatchOutput(outputs, self._stats())))
             if self.sends:
                 self._log_progress()
