@@ -93,6 +93,11 @@ def test_generate_matches_colocated_with_speculative_decoding(cluster):
         pd, ref = both(cluster, "/generate", {"input_ids": ids, "sampling_params": GREEDY, "return_logprob": True})
         assert pd["output_ids"] == ref["output_ids"] and len(pd["output_ids"]) == 8
         assert pd["meta_info"]["spec_accept_length"] >= 1
+        # the prefill server's prompt logprobs, merged by the router (which rounds them to f32), are the co-located
+        # ones: the decode server adds none
+        merged, want = pd["meta_info"]["input_token_logprobs"], ref["meta_info"]["input_token_logprobs"]
+        assert [t for _, t, _ in merged] == [t for _, t, _ in want]
+        assert all(abs(a - b) < 1e-4 for (a, _, _), (b, _, _) in zip(merged, want) if b is not None)
         got = [lp for lp, _, _ in pd["meta_info"]["output_token_logprobs"]]
         want = [lp for lp, _, _ in ref["meta_info"]["output_token_logprobs"]]
         assert max(abs(a - b) for a, b in zip(got, want)) < 1e-4
