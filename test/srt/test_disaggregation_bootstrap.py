@@ -109,10 +109,10 @@ def test_a_missing_other_half_times_out_on_both_sides(pair):
     assert "received no request for room 4" in result.error
     assert server.rooms == {} and client.num_pending == 0
 
-    client.register(BootstrapInfo("127.0.0.1", 1, 5), "d", [0x10], [8])  # nothing listens there
-    clock.now = 72
-    result = client.poll()[0]
-    assert result.status_code == 504 and "did not complete room 5 within 40 s" in result.error
+    # nothing listens there: the refused connection fails the room at once (503), not at its timeout
+    client.register(BootstrapInfo("127.0.0.1", 1, 5), "d", [0x10], [8])
+    result = until(client.poll, "refused connection")[0]
+    assert result.status_code == 503 and "no prefill server's bootstrap server listens at 127.0.0.1:1" in result.error
 
 
 def test_failures_and_cancels_end_the_room_on_both_sides(pair):
@@ -193,3 +193,38 @@ def test_bootstrap_fields_are_validated_naming_the_field():
         with pytest.raises(MessageError) as e:
             BootstrapInfo.parse(host, port, room)
         assert e.value.param == param
+
+
+def test_layout_top_logprobs_and_generator_state_travel(pair):
+    """The registration carries the decode side's pool layout (kv_state.encode_layout); the notice the first
+    token's top logprobs, a seeded generator's state and whether the first token ended the request."""
+    from sglang.srt.disaggregation.kv_state import check_same_layout, decode_layout, encode_layout
+
+    server, client, _ = pair
+    layout = (16, (("kv.0", 1152), ("index.2", 132)), (("attn.2", 8),))
+    client.register(info(server, 30), "d", [0x10], [8], encode_layout(layout))
+    server.expect(30, "p")
+    reg = until(lambda: server.poll().ready, "ready room")[0]
+    check_same_layout(layout, decode_layout(reg.layout))  # the same, after JSON
+    with pytest.raises(ValueError, match="pool buffer kv.0 rows are 576 B here, 1152 B on the peer"):
+        check_same_layout((16, (("kv.0", 576), ("index.2", 132)), (("attn.2", 8),)), decode_layout(reg.layout))
+    with pytest.raises(ValueError, match="sent no pool layout"):
+        decode_layout("")
+    server.take(30)
+    server.complete(30, 42, -0.5, 8, top_logprobs=[[-0.5, 42], [-1.5, 7]], generator_state="00ff", finished=True)
+    result = until(client.poll, "result")[0]
+    assert (result.first_token_top_logprobs, result.generator_state, result.finished) == (
+        [[-0.5, 42], [-1.5, 7]], "00ff", True)
+    for field, bad in (("generator_state", "xyz"), ("first_token_top_logprobs", [[1.0]]), ("layout", 5)):
+        msg = RoomRegistration(1, "r", "h:1", [1], [1]) if field == "layout" else CompletionNotice(1, True)
+        setattr(msg, field, bad)
+        with pytest.raises(MessageError) as e:
+            decode_message(encode_message(msg))
+        assert e.value.param == field
+
+
+def test_disaggregation_serves_from_one_rank():
+    from sglang.srt.server_args import ServerArgs
+
+    with pytest.raises(ValueError, match="--disaggregation-mode prefill serves from one rank"):
+        ServerArgs(model_path="m", disaggregation_mode="prefill", tp_size=2).validate()

@@ -176,6 +176,13 @@ class Envs:
         "upstream's switch for FlashMLA's sparse-prefill kernel: accepted from upstream's recipes (a boolean or auto) "
         "and logged at start as changing nothing; prefill and decode run one sparse attention kernel here")
 
+    # Prefill/decode disaggregation (disaggregation/)
+    SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT = EnvVar(
+        "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", 300.0, float,
+        "seconds a disaggregated request's two halves have to meet and finish its KV transfer (as upstream): a "
+        "prefill request no decode server registered, a decode request whose prefill never completed, or one "
+        "queued for decode pool pages fails after it")
+
     # Test hooks
     SGLANG_TEST_HANG_SCHEDULER_FILE = EnvVar(
         "SGLANG_TEST_HANG_SCHEDULER_FILE", "", str,

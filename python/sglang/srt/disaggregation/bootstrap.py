@@ -202,10 +202,12 @@ class BootstrapServer:
         return entry.registration
 
     def complete(self, room: int, first_token_id: int, first_token_logprob: Optional[float] = None,
-                 nbytes: int = 0, cached_tokens: int = 0) -> None:
+                 nbytes: int = 0, cached_tokens: int = 0, top_logprobs: Optional[list] = None,
+                 generator_state: Optional[str] = None, finished: bool = False) -> None:
         self._finish(room, CompletionNotice(room, ok=True, first_token_id=first_token_id,
                                             first_token_logprob=first_token_logprob, nbytes=nbytes,
-                                            cached_tokens=cached_tokens))
+                                            cached_tokens=cached_tokens, first_token_top_logprobs=top_logprobs,
+                                            generator_state=generator_state, finished=finished))
 
     def fail(self, room: int, error: str, status_code: int = 500) -> None:
         """The prefill side gives up on `room` (its request aborted or failed, the write failed): the decode side is
@@ -247,6 +249,9 @@ class RoomResult:
     status_code: int = 200
     nbytes: int = 0
     cached_tokens: int = 0
+    first_token_top_logprobs: Optional[list] = None
+    generator_state: Optional[str] = None
+    finished: bool = False  # the first token ended the request on the prefill side: nothing was written
 
 
 @dataclass
@@ -265,7 +270,9 @@ class _Peer:
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
-        self.monitor = self.sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        self.monitor = self.sock.get_monitor_socket(
+            zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED)
+        self.connected = False
         self.sock.connect(f"tcp://{'[' + host + ']' if ':' in host else host}:{port}")
 
     def close(self) -> None:
@@ -289,7 +296,7 @@ class BootstrapClient:
         self.rooms: dict = {}  # room -> _DecodeRoom
         self._results: list = []
 
-    def register(self, info: BootstrapInfo, rid: str, dst_addrs: list, lengths: list) -> None:
+    def register(self, info: BootstrapInfo, rid: str, dst_addrs: list, lengths: list, layout: str = "") -> None:
         """Ask the prefill server of `info` to write request `rid`'s state to these addresses of this server's
         registered memory. RoomError when this server already waits on the room."""
         if info.room in self.rooms:
@@ -299,7 +306,7 @@ class BootstrapClient:
         peer = self.peers.get(address)
         if peer is None:
             peer = self.peers[address] = _Peer(self.ctx, address)
-        reg = RoomRegistration(info.room, rid, self.session_id, list(dst_addrs), list(lengths))
+        reg = RoomRegistration(info.room, rid, self.session_id, list(dst_addrs), list(lengths), layout)
         self.rooms[info.room] = _DecodeRoom(rid, address, self.clock() + self.room_timeout_s)
         self._send(peer, reg)
 
@@ -317,6 +324,10 @@ class BootstrapClient:
     @property
     def num_pending(self) -> int:
         return len(self.rooms)
+
+    def sockets(self) -> list:
+        """The sockets a message or connection event arrives on (to wait on them with the scheduler's input)."""
+        return [s for peer in self.peers.values() for s in (peer.sock, peer.monitor)]
 
     def poll(self) -> list:
         """The rooms that ended since the last poll, as RoomResults; never blocks."""
@@ -344,12 +355,24 @@ class BootstrapClient:
                 event = zmq.utils.monitor.recv_monitor_message(peer.monitor, zmq.NOBLOCK)
             except zmq.Again:
                 return
-            if event["event"] == zmq.EVENT_DISCONNECTED:
-                for room, entry in list(self.rooms.items()):
-                    if entry.address == address:
-                        self._end(room, ok=False, status_code=503, error=(
-                            f"the prefill server's bootstrap connection {address[0]}:{address[1]} dropped (the "
-                            f"server stopped or restarted) before room {room} was transferred"))
+            if event["event"] == zmq.EVENT_CONNECTED:
+                peer.connected = True
+            elif event["event"] == zmq.EVENT_DISCONNECTED:
+                peer.connected = False
+                self._fail_peer(address, f"the prefill server's bootstrap connection {address[0]}:{address[1]} "
+                                         f"dropped (the server stopped or restarted) before room {{room}} was "
+                                         f"transferred")
+            elif event["event"] == zmq.EVENT_CONNECT_RETRIED and not peer.connected:
+                # refused: nothing listens there (a prefill server that died, or a wrong bootstrap port); its
+                # rooms fail now instead of at their timeout
+                self._fail_peer(address, f"no prefill server's bootstrap server listens at {address[0]}:{address[1]} "
+                                         f"(--disaggregation-bootstrap-port) for room {{room}}")
+
+    def _fail_peer(self, address: tuple, error: str) -> None:
+        for room, entry in list(self.rooms.items()):
+            if entry.address == address:  # a cancelled one stays cancelled (its client left)
+                self._end(room, ok=False, status_code=499 if entry.cancelled else 503,
+                          error="cancelled" if entry.cancelled else error.format(room=room))
 
     def _on_notice(self, notice: CompletionNotice) -> None:
         if notice.room not in self.rooms:
@@ -362,7 +385,8 @@ class BootstrapClient:
         self._end(notice.room, ok=notice.ok, status_code=notice.status_code if not notice.ok else 200,
                   error=notice.error, first_token_id=notice.first_token_id,
                   first_token_logprob=notice.first_token_logprob, nbytes=notice.nbytes,
-                  cached_tokens=notice.cached_tokens)
+                  cached_tokens=notice.cached_tokens, first_token_top_logprobs=notice.first_token_top_logprobs,
+                  generator_state=notice.generator_state, finished=notice.finished)
 
     def _expire(self) -> None:
         now = self.clock()

@@ -24,21 +24,14 @@ logical bytes in the same order, and `pair_regions` cuts them at the boundaries 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
+from sglang.srt.disaggregation.transfer import RegisteredBuffer
 from sglang.srt.mem_cache.deepseek_v4_pool import CompressorState, DeepSeekV4TokenToKVPool
-
-
-@dataclass(frozen=True)
-class RegisteredBuffer:
-    """A pool buffer that may travel: registered once with the transfer engine."""
-
-    name: str
-    data_ptr: int
-    nbytes: int
 
 
 @dataclass(frozen=True)
@@ -136,7 +129,7 @@ def _buffer_table(pool: DeepSeekV4TokenToKVPool, draft: Optional[DraftStateBuffe
 
 def transfer_buffers(pool: DeepSeekV4TokenToKVPool, draft: Optional[DraftStateBuffers] = None) -> list:
     """Every buffer that may travel (list of RegisteredBuffer): register them once with the transfer engine."""
-    return [RegisteredBuffer(name, buf.data_ptr(), buf.numel() * buf.element_size())
+    return [RegisteredBuffer(name, buf.data_ptr(), buf.numel() * buf.element_size(), buf.device.type)
             for name, buf in _buffer_table(pool, draft)]
 
 
@@ -148,6 +141,24 @@ def layout_signature(pool: DeepSeekV4TokenToKVPool, draft: Optional[DraftStateBu
                          for i, s in states.items()))
     rows = tuple((name, _row_bytes(buf)) for name, buf in _buffer_table(pool, draft))
     return (pool.shape.page_size, rows, rings)
+
+
+def encode_layout(signature: tuple) -> str:
+    """A layout_signature as JSON text, as it travels in a RoomRegistration."""
+    return json.dumps(signature, separators=(",", ":"))
+
+
+def decode_layout(text: str) -> tuple:
+    """encode_layout's inverse (lists back to tuples, so it compares equal); ValueError when it is not one."""
+    def tuples(v):
+        return tuple(tuples(x) for x in v) if isinstance(v, list) else v
+    try:
+        sig = tuples(json.loads(text))
+    except ValueError:
+        sig = None
+    if not (isinstance(sig, tuple) and len(sig) == 3):
+        raise ValueError(f"the peer sent no pool layout ({text[:80]!r}); both servers must run this version")
+    return sig
 
 
 def check_same_layout(local: tuple, remote: tuple) -> None:

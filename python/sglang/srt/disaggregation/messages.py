@@ -93,6 +93,7 @@ class RoomRegistration:
     session_id: str
     dst_addrs: list = field(default_factory=list)
     lengths: list = field(default_factory=list)
+    layout: str = ""  # the decode server's pool layout (kv_state.encode_layout): the prefill side checks it matches
 
 
 @dataclass
@@ -115,6 +116,9 @@ class CompletionNotice:
     nbytes: int = 0  # bytes written
     cached_tokens: int = 0  # prompt tokens the prefill side served from its prefix cache
     status_code: int = 200  # for the client when not ok: 4xx a room the prefill side refused, 5xx it failed
+    first_token_top_logprobs: Optional[list] = None  # [[logprob, id]] when the request asked for top logprobs
+    generator_state: Optional[str] = None  # hex: a seeded request's generator after drawing the first token
+    finished: bool = False  # the first token ended the request: nothing was written
 
 
 MESSAGES = {cls.__name__: cls for cls in (RoomRegistration, RoomCancel, CompletionNotice)}
@@ -144,6 +148,21 @@ _CHECKS = {
     "cached_tokens": lambda v: _is_int(v) and v >= 0,
     "status_code": lambda v: _is_int(v) and 100 <= v <= 599,
 }
+
+
+def _top_logprobs(v) -> bool:
+    return v is None or (isinstance(v, list) and len(v) <= 64 and all(
+        isinstance(p, list) and len(p) == 2 and isinstance(p[0], (int, float)) and not isinstance(p[0], bool)
+        and _is_int(p[1]) and p[1] >= 0 for p in v))
+
+
+_CHECKS.update({
+    "layout": lambda v: isinstance(v, str) and len(v) <= 2**20,
+    "first_token_top_logprobs": _top_logprobs,
+    "generator_state": lambda v: v is None or (isinstance(v, str) and len(v) <= 2**16
+                                               and re.fullmatch(r"[0-9a-f]*", v) is not None),
+    "finished": lambda v: isinstance(v, bool),
+})
 
 
 def encode_message(msg) -> bytes:

@@ -147,7 +147,8 @@ class PrefillSide:
         return req
 
     def has_work(self) -> bool:
-        return bool(self.held or self.finished)
+        """Requests to return from a step; a held request needs no step (its transfer runs beside the loop)."""
+        return bool(self.finished)
 
     def grammar_ready(self, ready: list) -> list:
         return ready

@@ -74,6 +74,17 @@ class TransferStats:
         return snapshot
 
 
+@dataclass
+class TransferQueues:
+    """This server's requests at each stage of their transfer (the queue-depth gauges). Prefill: `waiting`, exported
+    and waiting for the decode server's registration of their room; `transferring`, writes in flight. Decode:
+    `waiting`, queued for pool pages; `transferring`, pages held, waiting for their bytes."""
+
+    role: str  # "prefill" or "decode"
+    waiting: int = 0
+    transferring: int = 0
+
+
 def timed_write(backend: "TransferBackend", stats: TransferStats, peer_session: str, src_addrs: Sequence[int],
                 dst_addrs: Sequence[int], lengths: Sequence[int], timeout_s: float = DEFAULT_WRITE_TIMEOUT_S) -> int:
     """backend.write, counted in `stats` (bytes and latency of a write that landed, or a failure); returns the

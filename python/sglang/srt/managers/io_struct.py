@@ -155,6 +155,7 @@ class SchedulerStats:
     transfer: Optional[object] = None  # disaggregation.transfer.TransferStats (prefill / decode servers), taken
     hicache: Optional[object] = None  # mem_cache.host_tier.HostTierStats (--enable-hierarchical-cache), taken
     cache_queried_tokens: int = 0  # prompt tokens looked up in the prefix cache since start
+    transfer_queues: Optional[object] = None  # disaggregation.transfer.TransferQueues (prefill / decode servers)
 
     @property
     def healthy(self) -> bool:

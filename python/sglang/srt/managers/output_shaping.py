@@ -78,6 +78,9 @@ class OutputState:
     spec_accept_length: Optional[float] = None  # tokens per verification (speculative decoding)
     cached_tokens: int = 0  # prompt tokens reused from the prefix cache
     input_token_logprobs: Optional[list] = None  # shaped entries, see set_input_logprobs
+    # a decode server's half of a disaggregated request: the prompt's logprobs are the prefill server's, which the
+    # router puts in front of these (none here, so the merged list is the co-located one)
+    prompt_logprobs_elsewhere: bool = False
 
     @classmethod
     def of_req(cls, req: "Req") -> "OutputState":
@@ -98,7 +101,8 @@ class OutputState:
     def set_input_logprobs(self, by_position: Optional[list]) -> None:
         """Shape the scheduler's (position, logprob) pairs into `input_token_logprobs`. Done when they arrive
         (with the first token and at the end), not for every chunk: the list is as long as the prompt."""
-        self.input_token_logprobs = input_logprobs_entries(self.input_ids, by_position, self.logprob_start_len)
+        self.input_token_logprobs = [] if self.prompt_logprobs_elsewhere else input_logprobs_entries(
+            self.input_ids, by_position, self.logprob_start_len)
 
     def meta_info(self, e2e_latency: float) -> dict:
         meta = {"id": self.rid, "prompt_tokens": self.prompt_tokens, "completion_tokens": len(self.output_ids),

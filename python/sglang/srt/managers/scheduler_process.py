@@ -34,6 +34,7 @@ from typing import Optional
 
 import zmq
 
+from sglang.srt.disaggregation.messages import BootstrapInfo
 from sglang.srt.environ import envs
 from sglang.srt.eplb.expert_distribution import expert_distribution_action
 from sglang.srt.managers.io_struct import (
@@ -85,6 +86,9 @@ class SchedulerProcess:
         self.sends = state.attn_tp.rank_in_group == 0  # sends its DP group's outputs
         self._next_group = 0  # rank 0: the DP group of the next new request (round robin)
         self._hang_file = envs.SGLANG_TEST_HANG_SCHEDULER_FILE.get()
+        # prefill/decode disaggregation: this server's side of the KV transfer (None when it serves both)
+        self.kv = create_kv_manager(server_args, self.scheduler)
+        self._sent_queues = None  # the transfer queue depths last reported
         if not self.sends:
             return
         ctx = zmq.Context()
@@ -116,6 +120,8 @@ class SchedulerProcess:
             if self.dp.active:  # wait for messages only when no DP group has work
                 busy = self.dp.any_rank(busy)
             answers = self._handle_messages(block=not busy)
+            if self.kv is not None:  # transfers that started or ended; rooms that failed
+                answers += [self._progress(req) for req in self.kv.poll()]
             updated, stepped = [], self.scheduler.has_work()
             if stepped:
                 self._test_hang()
@@ -127,7 +133,10 @@ class SchedulerProcess:
                     self.scheduler.consecutive_failed_steps += 1
             self.runner.finish_dp_round()
             outputs = answers + [self._progress(req) for req in updated]
-            if (outputs or stepped) and self.sends:  # every step is reported: the HTTP side's watchdog hears it
+            queues = self.kv.queues() if self.kv is not None else None
+            moved = queues != self._sent_queues  # a room came or went without a step: the gauges and /server_info
+            self._sent_queues = queues
+            if (outputs or stepped or moved) and self.sends:  # every step is reported (the watchdog hears it)
                 self.send.send_multipart(self.codec.encode(BatchOutput(outputs, self._stats())))
             if self.sends:
                 self._log_progress()
@@ -144,6 +153,12 @@ class SchedulerProcess:
         msgs = []
         if self.is_leader:
             timeout = 1000 if block else 0
+            if timeout and self.kv is not None:  # idle: also wake on a bootstrap message, or soon while rooms wait
+                poller = zmq.Poller()
+                for sock in [self.recv, *self.kv.sockets()]:
+                    poller.register(sock, zmq.POLLIN)
+                poller.poll(self.kv.idle_wait_ms())
+                timeout = 0
             while self.recv.poll(timeout):
                 timeout = 0
                 msg = self.recv.recv_pyobj()
@@ -163,7 +178,8 @@ class SchedulerProcess:
                 if answer is not None:
                     answers.append(answer)
             elif isinstance(msg, AbortReq):
-                req = self.scheduler.abort_request(msg.rid)
+                owned = self.kv is not None and self.kv.owns(msg.rid)  # waiting for pool pages or its KV transfer
+                req = self.kv.abort(msg.rid) if owned else self.scheduler.abort_request(msg.rid)
                 if req is not None:
                     answers.append(self._progress(req))
             elif isinstance(msg, FlushCacheReq):
@@ -224,7 +240,10 @@ class SchedulerProcess:
                   return_logprob=msg.return_logprob, logprob_start_len=msg.logprob_start_len,
                   top_logprobs_num=msg.top_logprobs_num)
         try:
-            self.scheduler.add_request(req)
+            if msg.bootstrap_room is not None and self.kv is not None:
+                self.kv.add(req, BootstrapInfo(msg.bootstrap_host, msg.bootstrap_port, msg.bootstrap_room))
+            else:
+                self.scheduler.add_request(req)
         except Exception as e:  # refused; a ValueError names what the client got wrong, anything else is our bug
             status, message = 400, str(e)
             if not isinstance(e, ValueError):
@@ -288,7 +307,42 @@ class SchedulerProcess:
                               cache_hit_rate=s.allocator.cache.hit_rate() if s.allocator.cache else 0.0,
                               cache_queried_tokens=s.allocator.cache.queried_tokens if s.allocator.cache else 0,
                               hicache=s.allocator.host_tier.stats.take() if s.allocator.host_tier else None,
-                              dp_rank=self.dp_rank)
+                              dp_rank=self.dp_rank, transfer=self.kv.stats.take() if self.kv is not None else None,
+                              transfer_queues=self.kv.queues() if self.kv is not None else None)
+
+
+def create_kv_manager(server_args: ServerArgs, scheduler):
+    """This server's side of prefill/decode disaggregation (disaggregation/): the transfer backend with its pools
+    registered, and the bootstrap server (prefill, on --host:--disaggregation-bootstrap-port) or client (decode);
+    None with --disaggregation-mode null."""
+    mode = server_args.disaggregation_mode
+    if mode == "null":
+        return None
+    from sglang.srt.disaggregation.bootstrap import BootstrapClient, BootstrapServer
+    from sglang.srt.disaggregation.transfer import DEFAULT_WRITE_TIMEOUT_S, create_transfer_backend
+
+    # peers reach the transfer engine at the address the HTTP server serves on; a wildcard bind names this host
+    host = None if server_args.host in ("0.0.0.0", "::", "") else server_args.host
+    backend = create_transfer_backend(server_args.disaggregation_transfer_backend, host,
+                                      server_args.disaggregation_ib_device)
+    room_timeout_s = envs.SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT.get()
+    try:
+        if mode == "prefill":
+            from sglang.srt.disaggregation.prefill_manager import PrefillKVManager
+
+            server = BootstrapServer(server_args.host, server_args.disaggregation_bootstrap_port, room_timeout_s)
+            logger.info("prefill server: bootstrap server on %s:%d, transfer session %s", server_args.host,
+                        server.port, backend.session_id)
+            return PrefillKVManager(scheduler, backend, server)
+        from sglang.srt.disaggregation.decode_manager import DecodeKVManager
+
+        # a cancelled room's pages stay held until the prefill side answers or any write it started has timed out
+        client = BootstrapClient(backend.session_id, room_timeout_s, cancel_grace_s=DEFAULT_WRITE_TIMEOUT_S + 5)
+        logger.info("decode server: transfer session %s", backend.session_id)
+        return DecodeKVManager(scheduler, backend, client, room_timeout_s)
+    except BaseException:
+        backend.close()
+        raise
 
 
 def _exit_with_parent() -> None:

@@ -102,6 +102,7 @@ class TokenizerManager:
         unread."""
         self.tokenizer = tokenizer
         self.ready = ready
+        self.disaggregation_mode = ready.effective_args.get("disaggregation_mode", "null")
         self.metrics = metrics
         self.ctx = ctx = zmq.asyncio.Context()
         self.send = ctx.socket(zmq.PUSH)
@@ -230,7 +231,8 @@ class TokenizerManager:
             params.min_new_tokens)
         state = ReqState(rid=rid, input_ids=list(input_ids), return_logprob=return_logprob,
                          logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num, detok=detok,
-                         group=group, sid=sid, client_gone=client_gone)
+                         group=group, sid=sid, client_gone=client_gone,
+                         prompt_logprobs_elsewhere=bootstrap is not None and self.disaggregation_mode == "decode")
         self.states[sid] = state
         try:
             try:

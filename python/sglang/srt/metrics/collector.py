@@ -58,6 +58,16 @@ class MetricsCollector:
                                          registry=r)
         self.transfer_latency = Histogram("sglang:kv_transfer_latency_seconds", "time of one request's KV state "
                                           "write", labels, buckets=_LATENCY_BUCKETS, registry=r)
+        # requests at each stage of their transfer, as upstream names them (TransferQueues)
+        self.transfer_queues = {
+            ("prefill", "waiting"): Gauge("sglang:num_prefill_prealloc_queue_reqs", "prefilled requests waiting for "
+                                          "the decode server's registration of their room", labels, registry=r),
+            ("prefill", "transferring"): Gauge("sglang:num_prefill_inflight_queue_reqs", "KV state writes in "
+                                               "flight to decode servers", labels, registry=r),
+            ("decode", "waiting"): Gauge("sglang:num_decode_prealloc_queue_reqs", "requests queued for KV pool "
+                                         "pages", labels, registry=r),
+            ("decode", "transferring"): Gauge("sglang:num_decode_transfer_queue_reqs", "requests holding their "
+                                              "pages, waiting for their KV state", labels, registry=r)}
         self.model_name = model_name
         self._transfer_seen = (0, 0, 0)  # the scheduler's totals at the last stats: transfers, failures, bytes
         # Every family gets its labelled sample now, not at its first observation: sglang-router's /engine_metrics
@@ -67,7 +77,7 @@ class MetricsCollector:
                        self.generation_tokens, self.num_requests, self.ttft, self.tpot, self.e2e,
                        self.spec_accept_length, self.num_retractions, self.new_token_ratio, self.queue_time,
                        self.cache_hit_rate, self.transfer_bytes, self.transfers,
-                       self.transfer_failures, self.transfer_latency):
+                       self.transfer_failures, self.transfer_latency, *self.transfer_queues.values()):
             family.labels(model_name)
         self._retractions_seen = 0
         self._last = None  # (time, generated tokens) of the previous stats message
@@ -88,6 +98,10 @@ class MetricsCollector:
             self.observe_transfers(stats.transfer)
         if stats.hicache is not None:
             self.observe_hicache(stats.hicache, stats.cache_hit_rate, stats.cache_queried_tokens)
+        queues = stats.transfer_queues
+        if queues is not None:
+            self.transfer_queues[queues.role, "waiting"].labels(m).set(queues.waiting)
+            self.transfer_queues[queues.role, "transferring"].labels(m).set(queues.transferring)
         now = time.perf_counter()
         if self._last is not None and now - self._last[0] >= 0.5:
             self.gen_throughput.labels(m).set((stats.num_generated_tokens - self._last[1]) / (now - self._last[0]))
