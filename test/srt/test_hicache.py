@@ -120,7 +120,7 @@ def test_abort_right_after_a_load_frees_both_tiers():
     try:
         first = SESSIONS[0] + [3, 4]
         eng.generate(input_ids=first, sampling_params=GREEDY)
-        for i in range(1, 4):  # evict the first session from the device
+        for i in range(1, 4):  # evict the first conversation from the device
             eng.generate(input_ids=random_ids(150, seed=60 + i), sampling_params=GREEDY)
         tier = eng.model_runner.token_allocator.host_tier
         loads = tier.stats.num_loads

@@ -79,6 +79,11 @@ class MetricsCollector:
                        self.cache_hit_rate, self.transfer_bytes, self.transfers,
                        self.transfer_failures, self.transfer_latency, *self.transfer_queues.values()):
             family.labels(model_name)
+        for tier in ("device", "host"):
+            self.tier_hit_rate.labels(model_name, tier)
+        for direction in ("to_host", "to_device"):
+            self.hicache_bytes.labels(model_name, direction)
+        self.hicache_load_latency.labels(model_name)
         self._retractions_seen = 0
         self._last = None  # (time, generated tokens) of the previous stats message
 
