@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -12,10 +14,32 @@ from dataclasses import dataclass
 import httpx
 
 
-def free_port() -> int:
+# Ports a test hands to a server it starts come from a block of this test process's own, below the kernel's
+# ephemeral range (32768 and up): between the pick and the server's bind, the kernel never gives the port to an
+# outgoing connection or a bind(0), and the other pytest-xdist worker (PYTEST_XDIST_WORKER=gwN) picks from another
+# block. The start within the block is random, so test runs side by side on one machine rarely try the same port.
+PORT_BLOCK_BASE, PORT_BLOCK_SIZE, PORT_BLOCKS = 20000, 1000, 12
+_port_offsets = itertools.count(random.randrange(PORT_BLOCK_SIZE))
+
+
+def _port_free(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(span: int = 1) -> int:
+    """A loopback port p, with p + 1 .. p + span - 1 also free (a --dist-init-addr's port + 1 answers DP groups)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    block = PORT_BLOCK_BASE + PORT_BLOCK_SIZE * (int(worker.removeprefix("gw") or 0) % PORT_BLOCKS)
+    for _ in range(PORT_BLOCK_SIZE):
+        port = block + next(_port_offsets) % (PORT_BLOCK_SIZE - span + 1)
+        if all(_port_free(port + i) for i in range(span)):
+            return port
+    raise RuntimeError(f"no free port in {block}..{block + PORT_BLOCK_SIZE - 1}")
 
 
 @dataclass
