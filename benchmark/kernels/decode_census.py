@@ -234,7 +234,9 @@ def take_census(model_path: str = "tiny-deepseek-v4", input_len: int = 37, engin
             graphs = runner.graph_runner
             if graphs is None:
                 raise RuntimeError("the census counts the static decode path: start the engine with CUDA graphs on")
-            prefill(engine, 1, input_len, 3, seed=0)
+            # two tokens: the prefill's and the counted step's (a longer request would take more decode forwards,
+            # launched ahead under overlap scheduling, before the loop below has drained it)
+            prefill(engine, 1, input_len, 2, seed=0)
             real_run = graphs._run_rows
 
             def counted_run(bs):

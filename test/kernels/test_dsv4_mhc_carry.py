@@ -188,16 +188,24 @@ def test_layer_carries_only_where_the_kernels_run(monkeypatch):
     assert calls == [1]
 
 
-def test_engine_logits_with_and_without_the_carry(monkeypatch):
-    """The tiny model in fp32 on the simulated GPU (every layer on its kernels, interpreted, but the routed experts:
-    their torch loop, a third of the interpreted time, and the same rows into hc_post either way): a prompt's logprobs
-    and two greedy tokens with every hc_post writing the next mixes equal those with each hc_pre computing its own
-    (within 1e-6; the same chunks and summation order give the same bits at a few tokens)."""
+def test_engine_logits_with_and_without_the_carry(monkeypatch, tmp_path):
+    """A two-layer tiny model (a CSA and an HCA layer: a layer's mixes carried to the next layer's and the last
+    layer's to the HC head, every carry there is) in fp32 on the simulated GPU (every layer on its kernels,
+    interpreted, but the routed experts: their torch loop, a third of the interpreted time, and the same rows into
+    hc_post either way): a prompt's logprobs and two greedy tokens with every hc_post writing the next mixes equal
+    those with each hc_pre computing its own (within 1e-6; the same chunks and summation order give the same bits at
+    a few tokens)."""
     import sglang
     from benchmark_module import load_benchmark
     from sglang.srt.layers.moe.experts import RoutedExperts
+    from sglang.srt.model_loader.tiny_checkpoint import TINY_CONFIG, make_tiny_checkpoint
     from sglang.srt.models import deepseek_v4
     from sglang.srt.platform import simulate_platform
+
+    layers = 2
+    config = {k: v for k, v in TINY_CONFIG.items() if k not in ("quantization_config", "expert_dtype")}
+    config.update(num_hidden_layers=layers, compress_ratios=[4, 8, 0], num_hash_layers=1)
+    model_path = make_tiny_checkpoint(str(tmp_path / "two-layers"), config, dtype="float32")
 
     def loop(self, x, topk_ids, topk_weights, add=None):
         out = self._forward_loop(x, topk_ids, topk_weights)
@@ -221,7 +229,7 @@ def test_engine_logits_with_and_without_the_carry(monkeypatch):
         return out["output_ids"], torch.tensor(lps, dtype=torch.float64)
 
     with simulate_platform("cuda", capability=(9, 0)), dc.device_tensor_checks():
-        eng = sglang.Engine(model_path="tiny-deepseek-v4", device="cpu", dtype="float32", log_level="warning",
+        eng = sglang.Engine(model_path=model_path, device="cpu", dtype="float32", log_level="warning",
                             max_running_requests=2, max_total_tokens=1024, attention_backend="triton",
                             disable_cuda_graph=True)
         try:
@@ -231,7 +239,7 @@ def test_engine_logits_with_and_without_the_carry(monkeypatch):
             without = run(eng)
         finally:
             eng.shutdown()
-    assert carried == [True] * (2 * 2 * 4)  # tiny-deepseek-v4's 4 layers, two hc_post each; prefill, one decode step
+    assert carried == [True] * (2 * 2 * layers)  # two hc_post a layer; the prefill and one decode step
     assert with_carry[0] == without[0]
     torch.testing.assert_close(with_carry[1], without[1], rtol=0, atol=1e-6)
 

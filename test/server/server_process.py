@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -12,10 +13,37 @@ from dataclasses import dataclass
 import httpx
 
 
-def free_port() -> int:
+# Ports a test hands to a server it starts come from a block of this test process's own, below the kernel's
+# ephemeral range (32768 and up): between the pick and the server's bind, the kernel never gives the port to an
+# outgoing connection or a bind(0), and the other pytest-xdist worker (PYTEST_XDIST_WORKER=gwN) picks from another
+# block. The start within the block is random, so test runs side by side on one machine rarely try the same port.
+PORT_BLOCK_BASE, PORT_BLOCK_SIZE, PORT_BLOCKS = 20000, 1000, 12
+_next_offset = random.randrange(PORT_BLOCK_SIZE)
+
+
+def _port_free(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(span: int = 1) -> int:
+    """A loopback port p, with p + 1 .. p + span - 1 also free (a --dist-init-addr's port + 1 answers DP groups);
+    the next pick starts past the span, so a server started later never takes a port a span holds."""
+    global _next_offset
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    block = PORT_BLOCK_BASE + PORT_BLOCK_SIZE * (int(worker.removeprefix("gw") or 0) % PORT_BLOCKS)
+    for _ in range(PORT_BLOCK_SIZE):
+        offset = _next_offset % PORT_BLOCK_SIZE
+        if offset + span > PORT_BLOCK_SIZE:  # the span would leave the block: start again at its beginning
+            offset = 0
+        _next_offset = offset + span
+        if all(_port_free(block + offset + i) for i in range(span)):
+            return block + offset
+    raise RuntimeError(f"no free port in {block}..{block + PORT_BLOCK_SIZE - 1}")
 
 
 @dataclass

@@ -9,7 +9,6 @@ import importlib.util
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 
@@ -17,6 +16,7 @@ import pytest
 
 from sglang import bench_serving
 from sglang.utils_openai_client import CONTEXT_MARGIN, count_tokens, load_tokenizer, server_root
+from server_process import free_port
 from stub_server import EOS_AFTER, StubServer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -33,12 +33,6 @@ def server():
 def stub(server):
     server.stub.reset()
     return server.stub
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _load_script(rel: str):
@@ -224,18 +218,18 @@ def test_eval_scripts_one_failure_is_enough(server, stub, tmp_path):
 def test_eval_scripts_missing_data(tmp_path):
     missing = tmp_path / "nope.jsonl"
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmark/gsm8k/bench_sglang.py"),
-                           "--data-path", str(missing), "--port", str(_free_port())],
+                           "--data-path", str(missing), "--port", str(free_port())],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert f"no GSM8K data at {missing}" in proc.stderr and f"curl -L -o {missing} {gsm8k.GSM8K_URL}" in proc.stderr
     assert not missing.exists()  # nothing downloaded
     with pytest.raises(SystemExit, match=r"(?s)no MMLU data at .*nope/test.*curl -L https://people\.eecs\.berkeley"):
-        mmlu.main(["--data-dir", str(tmp_path / "nope"), "--port", str(_free_port())])
+        mmlu.main(["--data-dir", str(tmp_path / "nope"), "--port", str(free_port())])
 
 
 def test_eval_scripts_server_unreachable(tmp_path):
     _write_gsm8k(tmp_path / "test.jsonl")
-    port = _free_port()
+    port = free_port()
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmark/gsm8k/bench_sglang.py"), "--data-path",
                            str(tmp_path / "test.jsonl"), "--port", str(port)], capture_output=True, text=True,
                           timeout=60)
@@ -438,7 +432,7 @@ def test_bench_serving_counts_failures(server, stub, tmp_path, capsys):
 
 
 def test_bench_serving_server_down(tmp_path):
-    argv = ["--port", str(_free_port()), "--dataset-name", "random-ids", "--num-prompts", "3", "--disable-tqdm", *SMALL]
+    argv = ["--port", str(free_port()), "--dataset-name", "random-ids", "--num-prompts", "3", "--disable-tqdm", *SMALL]
     r = bench_serving.run_benchmark(bench_serving.parse_args([*argv, "--warmup-requests", "0"]))
     assert (r.completed, r.failed, r.total_output_tokens) == (0, 3, 0) and r.first_error
     assert all(math.isfinite(v) for k, v in r.record().items() if isinstance(v, float) and k != "request_rate")

@@ -17,12 +17,12 @@ MODEL = "tiny-deepseek-v4"
 
 
 def test_chat_without_max_tokens_under_pressure(tmp_path):
-    # 4 pages of 128 tokens; a chat without max_tokens may grow to the context (256): 2 pages, so 4 chats admitted
+    # 4 pages of 128 tokens; a chat without max_tokens may grow to the context (160): 2 pages, so 4 chats admitted
     # together (one page each) run out when they cross into their second page. The clip of the estimate is scaled to
     # this pool (inherited by the server process).
     with envs.SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION.override(8):
         handle = launch(["--model-path", MODEL, "--enable-metrics", "--max-total-tokens", "512", "--page-size", "128",
-                         "--max-running-requests", "8", "--chunked-prefill-size", "64", "--context-length", "256"],
+                         "--max-running-requests", "8", "--chunked-prefill-size", "64", "--context-length", "160"],
                         str(tmp_path))
     try:
         async def one(client, i):
@@ -40,7 +40,7 @@ def test_chat_without_max_tokens_under_pressure(tmp_path):
         for i, answer in enumerate(answers):
             usage, choice = answer["usage"], answer["choices"][0]
             assert choice["finish_reason"] == "length"
-            assert usage["prompt_tokens"] + usage["completion_tokens"] == 256  # max_tokens: up to the context
+            assert usage["prompt_tokens"] + usage["completion_tokens"] == 160  # max_tokens: up to the context
             twin = answers[(i + 2) % 4]  # the same prompt
             assert choice["message"]["content"] == twin["choices"][0]["message"]["content"]
         metrics = httpx.get(f"{handle.base_url}/metrics").text

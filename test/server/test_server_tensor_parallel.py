@@ -148,7 +148,7 @@ def test_two_nodes_on_loopback(tmp_path, single_rank):
     prompts = [[7, 300, 4000, 50, 600, 7000, 80, 900], [11, 222, 3333, 44, 555, 6666]]
     sampling = {"temperature": 0, "max_new_tokens": 5, "ignore_eos": True}
     refs = single_rank(prompts, sampling)
-    init_port, marker = free_port(), str(tmp_path / "ran")
+    init_port, marker = free_port(span=2), str(tmp_path / "ran")  # port + 1: the DP groups' answers
     common = [*ARGS, "--tp", "2", "--nnodes", "2", "--dist-init-addr", f"127.0.0.1:{init_port}",
               "--dist-timeout", "20", "--dp", "2", "--enable-dp-attention"]
     node1_log = open(tmp_path / "node1.log", "w")

@@ -7,8 +7,13 @@ equal bit for bit with the producers off."""
 
 from __future__ import annotations
 
+import oracle
 from oracle import engine, random_ids
-from test_fp8_producers import _counting, w8a8_on_cpu  # noqa: F401 (a fixture)
+from test_fp8_producers import WHOLE_BLOCKS, _counting, w8a8_on_cpu  # noqa: F401 (a fixture)
+
+# One decoder layer (HCA) before the MTP layer: the draft layer's norms and projections are what is checked, the
+# decoder layers only feed it hidden rows, and each takes as much interpreted time as the draft layer
+ONE_LAYER = {**WHOLE_BLOCKS, "num_hidden_layers": 1, "compress_ratios": [8, 0]}
 
 
 def test_mtp_norms_quantize_for_its_projections(w8a8_on_cpu, monkeypatch):  # noqa: F811
@@ -21,7 +26,9 @@ def test_mtp_norms_quantize_for_its_projections(w8a8_on_cpu, monkeypatch):  # no
     real_norm = rmsnorm.dsv4_rms_norm_fp8
     monkeypatch.setattr(rmsnorm, "dsv4_rms_norm_fp8",
                         lambda x, weight, *a, **k: norm_weights.append(weight) or real_norm(x, weight, *a, **k))
-    eng = engine("whole_blocks", quantize=True, disable_cuda_graph=True, dtype="float16",
+    monkeypatch.setitem(oracle.ORACLE_CONFIGS, "whole_blocks_1", ONE_LAYER)
+    monkeypatch.setitem(oracle.PAGE_SIZES, "whole_blocks_1", oracle.PAGE_SIZES["tiny"])
+    eng = engine("whole_blocks_1", quantize=True, disable_cuda_graph=True, dtype="float16",
                  speculative_algorithm="EAGLE", speculative_num_steps=1)
     mtp = eng.model_runner.draft_model.mtp[0]
     hidden = eng.model_runner.model.config.hidden_size
