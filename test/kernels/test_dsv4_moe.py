@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 import torch
 
-from sgl_kernel.dsv4_moe import MoeConfig, MoeLaunch, dsv4_moe_fp8, dsv4_moe_mxfp4, moe_config
+from sgl_kernel.dsv4_moe import MoeConfig, MoeLaunch, dsv4_moe_fp8, dsv4_moe_mxfp4, fit_shared_memory, moe_config
 from sgl_kernel.dsv4_moe_align import dsv4_moe_align
 from sgl_kernel.dsv4_moe_ref import align_ref, dequant_mxfp4_ref, fused_moe_fp8_ref, fused_moe_mxfp4_ref
 
@@ -136,7 +136,9 @@ def test_tma_launches_only_where_descriptors_exist(monkeypatch):
 @pytest.mark.parametrize("config", [
     MoeConfig(32, MoeLaunch(block_n=32, block_k=128), MoeLaunch(block_n=128, block_k=32)),  # K tile past hidden
     MoeConfig(16, MoeLaunch(block_n=128, block_k=32, num_stages=1), MoeLaunch(block_n=32, block_k=64)),
-], ids=["wide-k", "wide-n"])
+    # the decode in-register tiles at the stages that fit an H100's shared memory with fp32 activations
+    fit_shared_memory(moe_config(6, 256, scaled_dot=False, fp8=True), 4, True, False, 227 * 1024),
+], ids=["wide-k", "wide-n", "h100-fp32-decode"])
 def test_fused_launch_variants_equal_reference(config):
     """Every tile shape the sweep may pick computes the same function (K tiles wider than the hidden size, 32-wide
     ones: one scale per tile row)."""
