@@ -330,12 +330,14 @@ def test_zero_tokens_and_bad_shapes():
 
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize("tokens", [1, 32, 4096])
-def test_gpu_fp8_experts_flash_widths(tokens):
-    """FP8-converted experts at Flash widths in bf16: relative error below 1% vs the fp32 reference."""
+@pytest.mark.parametrize("tokens,dtype", [(1, torch.bfloat16), (32, torch.bfloat16), (4096, torch.bfloat16),
+                                          (1, torch.float32)])
+def test_gpu_fp8_experts_flash_widths(tokens, dtype):
+    """FP8-converted experts at Flash widths in bf16: relative error below 1% vs the fp32 reference; fp32 activations
+    (the oracle path) at one token launch within the GPU's shared memory (fit_shared_memory's stages)."""
     w13, s13, w2, s2 = _fp8_experts(256, 4096, 2048, seed=0, device="cuda")
     ids, weights = _routing(tokens, 6, 256, seed=1, skew=False, device="cuda")
-    x = (torch.randn(tokens, 4096, device="cuda") * 0.05).bfloat16()
+    x = (torch.randn(tokens, 4096, device="cuda") * 0.05).to(dtype)
     got = dsv4_moe_fp8(x, ids, weights, w13, s13, w2, s2, 10.0).float()
     ref = fused_moe_fp8_ref(x, ids, weights, w13, s13, w2, s2, 10.0)
     assert ((got - ref).norm() / ref.norm()).item() < 1e-2
