@@ -311,12 +311,20 @@ def check(targets: list, jobs: int, kernel_filter: str = "", models: tuple = (),
                         for launch in capture(TARGETS[name], kernel_filter, models, dedupe)], jobs)
 
 
-def compile_all(work: list, jobs: int) -> list:
-    """The rows of (launch, target name) pairs, compiled over `jobs` worker processes."""
+def _use_cache_dir(path: str) -> None:
+    import triton
+    triton.knobs.cache.dir = path
+
+
+def compile_all(work: list, jobs: int, cache_dir: Optional[str] = None) -> list:
+    """The rows of (launch, target name) pairs, compiled over `jobs` worker processes (with `cache_dir` as Triton's
+    kernel cache: an empty one makes every compile a real one, not a read of an earlier run's binary)."""
     saved = os.environ.pop("TRITON_INTERPRET", None)
     try:
         ctx = multiprocessing.get_context("spawn")
-        with concurrent.futures.ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=ctx) as pool:
+        with concurrent.futures.ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=ctx,
+                                                    initializer=_use_cache_dir if cache_dir else None,
+                                                    initargs=(cache_dir,) if cache_dir else ()) as pool:
             rows = list(pool.map(compile_launch, *zip(*work))) if work else []
     finally:
         if saved is not None:
@@ -371,8 +379,9 @@ def manifest_check(path: str, targets: list, jobs: int, sample: int, day: int, k
     held = Manifest.load(path, triton.__version__).rows
     plan = planned(targets, kernel_filter, models)
     sampled = set(rotating_sample([key for _, _, key in plan if key in held], sample, day))
-    fresh = iter(compile_all([(launch, name) for launch, name, key in plan if key not in held or key in sampled],
-                             jobs))
+    with tempfile.TemporaryDirectory() as cache:  # Triton's cache would answer a sample from the refresh's compile
+        fresh = iter(compile_all([(launch, name) for launch, name, key in plan if key not in held or key in sampled],
+                                 jobs, cache))
     rows, mismatches = [], []
     for launch, name, key in plan:
         if key in held and key not in sampled:
@@ -443,8 +452,8 @@ def main(argv: Optional[list] = None) -> int:
     parser.add_argument("--manifest", nargs="?", const=MANIFEST_PATH, default=None, metavar="PATH",
                         help="take the rows of launches the manifest holds from it; compile the others and --sample "
                              "of the held ones (CI)")
-    parser.add_argument("--sample", type=int, default=36, help="with --manifest: held launches compiled again, a "
-                                                                "slice that moves each day (default 36)")
+    parser.add_argument("--sample", type=int, default=24, help="with --manifest: held launches compiled again, a "
+                                                                "slice that moves each day (default 24)")
     args = parser.parse_args(argv)
     if args.update_manifest and (args.kernel or args.model or args.dedupe != "launch"):
         parser.error("--update-manifest records the whole plan: no --kernel, --model or --dedupe")

@@ -10,7 +10,7 @@ this one (its compiler decides registers, spills and shared memory), so the chec
 recompiling everything (README's install line pins Triton to the manifest's version).
 
     python -m sgl_kernel.aot_check --update-manifest      # compiles the launches the manifest lacks, drops stale rows
-    python -m sgl_kernel.aot_check --manifest --sample 36  # CI: manifest rows + a rotating sample compiled again
+    python -m sgl_kernel.aot_check --manifest --sample 24  # CI: manifest rows + a rotating sample compiled again
 """
 
 from __future__ import annotations
