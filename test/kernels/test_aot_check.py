@@ -25,7 +25,7 @@ def _run(*args: str, timeout: int = 1500) -> subprocess.CompletedProcess:
 def checked(tmp_path_factory):
     """The check's rows for every launch of the plan on gfx942, gfx950 and sm90 (~1,450): from the committed manifest
     (sgl_kernel/aot_manifest.json), launches it lacks compiled now, and a rotating sample of 24 it holds compiled
-    again with an empty Triton cache, which must reproduce their rows (~60-100 s on two cores when no kernel changed)."""
+    again with an empty Triton cache, which must reproduce their rows (~60-100 s on two cores, no kernel changed)."""
     pytest.importorskip("triton.backends.amd")
     pytest.importorskip("triton.backends.nvidia")
     out = tmp_path_factory.mktemp("aot") / "rows.json"
