@@ -1,5 +1,6 @@
 """sgl_kernel.aot_check: every kernel launch of the engine's plan compiles for gfx942, gfx950 and sm90 (on this CPU,
-without the interpreter), the plan names every launched kernel, and the check reports what goes wrong."""
+without the interpreter; held by the committed manifest, checked against a sample compiled each run), the plan names
+every launched kernel, and the check reports what goes wrong."""
 
 from __future__ import annotations
 
@@ -22,31 +23,37 @@ def _run(*args: str, timeout: int = 1500) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def checked(tmp_path_factory):
-    """The check's rows for gfx942, gfx950 and sm90: every code path of the plan's kernels, at its largest tiles
-    (--dedupe path: a full check is ~600 compiles a target, too many for the CI's two cores)."""
+    """The check's rows for every launch of the plan on gfx942, gfx950 and sm90 (~1,450): from the committed manifest
+    (sgl_kernel/aot_manifest.json), launches it lacks compiled now, and a rotating sample of 24 it holds compiled
+    again with an empty Triton cache, which must reproduce their rows (~60-100 s on two cores, no kernel changed)."""
     pytest.importorskip("triton.backends.amd")
     pytest.importorskip("triton.backends.nvidia")
     out = tmp_path_factory.mktemp("aot") / "rows.json"
-    run = _run("-m", "sgl_kernel.aot_check", "--target", "gfx942", "gfx950", "sm90", "--dedupe", "path",
+    run = _run("-m", "sgl_kernel.aot_check", "--target", "gfx942", "gfx950", "sm90", "--manifest", "--jobs", "2",
                "--json", str(out))
-    print(run.stdout.splitlines()[-1] if run.stdout else run.stderr[-2000:])
+    print(next((ln for ln in run.stdout.splitlines() if ln.startswith("manifest:")), run.stderr[-2000:]))
     return run, json.loads(out.read_text()) if out.exists() else []
 
 
 def test_every_planned_launch_compiles_for_gfx942_gfx950_sm90(checked):
-    """Every code path compiles for each target within its shared memory (LDS), and gfx950 (MI355X) runs without
-    register spills (scratch); the exit status says so."""
+    """Every launch compiles for each target within its shared memory (LDS), gfx950 (MI355X) runs without register
+    spills (scratch), the sample compiled now reproduces the manifest, and the exit status says so."""
     run, rows = checked
+    assert run.returncode != 2, run.stderr[-3000:]  # the manifest is missing or of another Triton
     assert {r["target"] for r in rows} == {"gfx942", "gfx950", "sm90"}
     failed = [f"{r['target']} {r['kernel']} [{r['config']}] {r['error']}" for r in rows if not r["ok"]]
     over = [f"{r['target']} {r['kernel']} [{r['config']}] {r['shared']} > {r['shared_limit']}" for r in rows
             if r["ok"] and r["shared"] > r["shared_limit"]]
     spills = [f"{r['kernel']} [{r['config']}] {r['spill']} B" for r in rows if r["target"] == "gfx950" and r["spill"]]
-    print(f"{len(rows)} configs, {sum(r['ok'] for r in rows)} compiled, {len(failed)} failed, {len(over)} over "
-          f"shared memory, {len(spills)} gfx950 rows with scratch")
+    differ = [ln for ln in run.stdout.splitlines() if ln.startswith("differs from the manifest")]
+    sources = {s: sum(r["source"] == s for r in rows) for s in ("manifest", "compiled", "sample")}
+    print(f"{len(rows)} launches {sources}, {len(failed)} failed, {len(over)} over shared memory, {len(spills)} "
+          f"gfx950 rows with scratch ({sum(r['decode'] for r in rows if r['target'] == 'gfx950')} decode-path rows)")
+    assert len(rows) > 1000 and sources["sample"] > 0  # the whole plan, and a real compile every run
     assert not failed, "\n".join(failed)
     assert not over, "\n".join(over)
     assert not spills, "\n".join(spills)
+    assert not differ, "\n".join(differ)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
 
 
@@ -149,3 +156,75 @@ def test_summary_counts_rows_and_compile_seconds_per_target():
     assert summary(rows) == ("gfx950: 2 configs, 1 compiled, 1 failed, 1 with spills, 0 over shared memory, 3 s "
                              "compiling; sm90: 1 configs, 1 compiled, 0 failed, 0 with spills, 1 over shared memory, "
                              "0 s compiling")
+
+
+def _fake_plan(monkeypatch) -> list:
+    """Three gfx950 launches (a decode, a prefill and a verify case) as planned(), compiles that record their
+    kernels and find 8 VGPRs and, for the verify launch, 64 bytes of scratch."""
+    from sgl_kernel import aot_check
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    plan = [(aot_check.Launch("m", f"k{i}", {"x": "*bf16"}, {}, {}, {"num_warps": 4}, [f"flash T={t} bf16 case"]),
+             "gfx950", f"key{i}") for i, t in enumerate((1, 8192, 4))]
+    compiled = []
+
+    def compile_all(work, jobs, cache_dir=None):
+        compiled.extend(launch.name for launch, _ in work)
+        return [aot_check._plan_row(launch, name, ok=True, regs="8/8/0", spill=64 if launch.name == "k2" else 0)
+                for launch, name in work]
+
+    monkeypatch.setattr(aot_check, "planned", lambda *args, **kwargs: plan)
+    monkeypatch.setattr(aot_check, "compile_all", compile_all)
+    return compiled
+
+
+def test_manifest_holds_rows_and_a_sample_must_reproduce_them(monkeypatch, tmp_path):
+    """--update-manifest compiles what the manifest lacks and keeps what it holds; --manifest takes held rows,
+    compiles missing launches and the sample, names a sampled row the compiler no longer gives, counts gfx950
+    decode-path scratch, and exits 1 on either."""
+    import triton
+
+    from sgl_kernel import aot_check
+    from sgl_kernel.aot_manifest import Manifest
+
+    compiled, path = _fake_plan(monkeypatch), str(tmp_path / "manifest.json")
+    aot_check.update_manifest(path, ["gfx950"], 1)
+    assert [r.source for r in aot_check.update_manifest(path, ["gfx950"], 1)] == ["manifest"] * 3
+    assert compiled == ["k0", "k1", "k2"]  # the second refresh compiled nothing
+    manifest = Manifest.load(path, triton.__version__)
+    manifest.rows["key0"]["regs"] = "9/8/0"
+    del manifest.rows["key1"]
+    manifest.save(path)
+    compiled.clear()
+    rows, mismatches = aot_check.manifest_check(path, ["gfx950"], 1, sample=0, day=0)
+    assert compiled == ["k1"] and [r.source for r in rows] == ["manifest", "compiled", "manifest"] and not mismatches
+    assert [r.kernel for r in aot_check.decode_spills(rows)] == ["k2"] and rows[0].regs == "9/8/0"
+    rows, mismatches = aot_check.manifest_check(path, ["gfx950"], 1, sample=2, day=0)
+    assert [r.source for r in rows] == ["sample", "compiled", "sample"]
+    assert mismatches == ["gfx950 k0 [flash T=1 bf16 case]: regs '9/8/0' -> '8/8/0'"]
+    assert aot_check.main(["--target", "gfx950", "--manifest", path, "--sample", "0"]) == 1  # the decode scratch
+
+
+def test_manifest_of_another_triton_is_refused(monkeypatch, tmp_path):
+    import triton
+
+    from sgl_kernel import aot_check
+    from sgl_kernel.aot_manifest import Manifest, ManifestError
+
+    _fake_plan(monkeypatch)
+    path = str(tmp_path / "manifest.json")
+    Manifest("0.0.1").save(path)
+    with pytest.raises(ManifestError, match=f"Triton 0.0.1, this is Triton {triton.__version__}"):
+        aot_check.manifest_check(path, ["gfx950"], 1, sample=0, day=0)
+    assert aot_check.main(["--target", "gfx950", "--manifest", path]) == 2
+    with pytest.raises(ManifestError, match="no AOT manifest"):
+        Manifest.load(str(tmp_path / "none.json"), triton.__version__)
+
+
+def test_rotating_sample_covers_every_key():
+    from sgl_kernel.aot_manifest import rotating_sample
+
+    keys = [f"{i:03d}" for i in range(100)]
+    days = [rotating_sample(keys, 36, day) for day in range(3)]
+    assert all(len(d) in (33, 34) for d in days) and sorted(sum(days, [])) == keys
+    assert rotating_sample(keys, 0, 1) == [] and rotating_sample(keys, 500, 7) == keys

@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 import torch
 
-from sgl_kernel.dsv4_moe import MoeConfig, MoeLaunch, dsv4_moe_fp8, dsv4_moe_mxfp4, moe_config
+from sgl_kernel.dsv4_moe import MoeConfig, MoeLaunch, dsv4_moe_fp8, dsv4_moe_mxfp4, fit_shared_memory, moe_config
 from sgl_kernel.dsv4_moe_align import dsv4_moe_align
 from sgl_kernel.dsv4_moe_ref import align_ref, dequant_mxfp4_ref, fused_moe_fp8_ref, fused_moe_mxfp4_ref
 
@@ -136,7 +136,9 @@ def test_tma_launches_only_where_descriptors_exist(monkeypatch):
 @pytest.mark.parametrize("config", [
     MoeConfig(32, MoeLaunch(block_n=32, block_k=128), MoeLaunch(block_n=128, block_k=32)),  # K tile past hidden
     MoeConfig(16, MoeLaunch(block_n=128, block_k=32, num_stages=1), MoeLaunch(block_n=32, block_k=64)),
-], ids=["wide-k", "wide-n"])
+    # the decode in-register tiles at the stages that fit an H100's shared memory with fp32 activations
+    fit_shared_memory(moe_config(6, 256, scaled_dot=False, fp8=True), 4, True, False, 227 * 1024),
+], ids=["wide-k", "wide-n", "h100-fp32-decode"])
 def test_fused_launch_variants_equal_reference(config):
     """Every tile shape the sweep may pick computes the same function (K tiles wider than the hidden size, 32-wide
     ones: one scale per tile row)."""
@@ -328,12 +330,14 @@ def test_zero_tokens_and_bad_shapes():
 
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize("tokens", [1, 32, 4096])
-def test_gpu_fp8_experts_flash_widths(tokens):
-    """FP8-converted experts at Flash widths in bf16: relative error below 1% vs the fp32 reference."""
+@pytest.mark.parametrize("tokens,dtype", [(1, torch.bfloat16), (32, torch.bfloat16), (4096, torch.bfloat16),
+                                          (1, torch.float32)])
+def test_gpu_fp8_experts_flash_widths(tokens, dtype):
+    """FP8-converted experts at Flash widths in bf16: relative error below 1% vs the fp32 reference; fp32 activations
+    (the oracle path) at one token launch within the GPU's shared memory (fit_shared_memory's stages)."""
     w13, s13, w2, s2 = _fp8_experts(256, 4096, 2048, seed=0, device="cuda")
     ids, weights = _routing(tokens, 6, 256, seed=1, skew=False, device="cuda")
-    x = (torch.randn(tokens, 4096, device="cuda") * 0.05).bfloat16()
+    x = (torch.randn(tokens, 4096, device="cuda") * 0.05).to(dtype)
     got = dsv4_moe_fp8(x, ids, weights, w13, s13, w2, s2, 10.0).float()
     ref = fused_moe_fp8_ref(x, ids, weights, w13, s13, w2, s2, 10.0)
     assert ((got - ref).norm() / ref.norm()).item() < 1e-2

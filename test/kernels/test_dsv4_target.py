@@ -15,7 +15,7 @@ import torch
 from sgl_kernel import dsv4_target
 from sgl_kernel.aot_targets import TARGETS
 from sgl_kernel.dsv4_fp8_gemm import Fp8GemmConfig, hip_config
-from sgl_kernel.dsv4_moe import hip_dequant_config, moe_config
+from sgl_kernel.dsv4_moe import MoeLaunch, fit_shared_memory, hip_dequant_config, moe_config
 from sglang.srt.layers.quantization.fp8_format import ROCM_FP8_ARCHS, fp8_format_for
 
 
@@ -58,6 +58,21 @@ def test_moe_dequant_tiles_on_rocm():
     assert moe_config(48, 256, lds=64 * 1024) == moe_config(48, 256)  # the scaled dot keeps its tiles
 
 
+def test_moe_dequant_stages_fit_nvidia_shared_memory():
+    """FP8 experts' decode gate-up with fp32 activations (256 KiB at its 3 stages) runs at 2 within an H100's 227 KiB;
+    bf16 activations, the down, prefill tiles and the scaled dot keep theirs; no limit (CPU, ROCm) changes nothing."""
+    h100 = 227 * 1024
+    decode = moe_config(6, 256, scaled_dot=False, fp8=True)
+    fp32 = fit_shared_memory(decode, 4, True, False, h100)
+    assert fp32.gate_up == MoeLaunch(32, 256, 4, 2, scaled_dot=False) and fp32.down == decode.down
+    assert fit_shared_memory(decode, 2, True, False, h100) == decode == fit_shared_memory(decode, 4, True, False, None)
+    prefill = moe_config(8192 * 6, 256, scaled_dot=False, fp8=True)
+    assert fit_shared_memory(prefill, 4, True, False, h100) == prefill
+    assert fit_shared_memory(decode, 4, True, False, 64 * 1024).gate_up.num_stages == 1  # never below one stage
+    scaled = moe_config(48, 256, tma=True)
+    assert fit_shared_memory(scaled, 2, False, True, 1024) == scaled
+
+
 RECORD = r"""
 import json, torch
 from sgl_kernel import aot_check
@@ -82,6 +97,12 @@ for name in ("gfx942", "gfx950", "sm90"):
                  "BLOCK_N", "BLOCK_K", "BLOCK_T")}, "stages": l.options.get("num_stages")}
                  for l in rec.launches.values() if l.name in ("_fp8_block_gemm_kernel", "_moe_gate_up_kernel",
                                                                "_moe_down_kernel", "_dsv4_index_logits_kernel")}
+    with aot_check.recording(TARGETS[name]) as rec:  # one token, fp32 activations (the oracle path)
+        dsv4_moe_fp8(e(1, 4096, dtype=torch.float32), ids(1, 6, 256), e(1, 6, dtype=torch.float32),
+                     e(256, 4096, 4096, dtype=fp8), e(256, 2, 16, 32, dtype=torch.float32),
+                     e(256, 4096, 2048, dtype=fp8), e(256, 1, 32, 16, dtype=torch.float32), 10.0)
+    out[name]["fp32 decode gate_up stages"] = [l.options["num_stages"] for l in rec.launches.values()
+                                               if l.name == "_moe_gate_up_kernel"]
 print(json.dumps(out))
 """
 
@@ -89,12 +110,14 @@ print(json.dumps(out))
 def test_wrappers_launch_the_targets_choices():
     """Recorded launches of the FP8 GEMM (W8A16, 32 rows), the FP8 experts (1000 tokens) and the verify rows' index
     logits: gfx950 takes ieee dots (its Triton has no tf32), gfx942 and sm90 tf32; ROCm takes the LDS-sized tiles,
-    sm90 the measured ones (~10 s: one process without the interpreter)."""
+    sm90 the measured ones, except where shared memory is short: one token's FP8 experts with fp32 activations run
+    the gate-up at 2 stages on sm90 too (~10 s: one process without the interpreter)."""
     pytest.importorskip("triton.backends.amd")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-c", RECORD], env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert [got[t].pop("fp32 decode gate_up stages") for t in ("gfx942", "gfx950", "sm90")] == [[2], [2], [2]]
     prec = {t: {k: v.get("PREC", v.get("DOT_PRECISION")) for k, v in got[t].items()} for t in got}
     assert set(prec["gfx950"].values()) == {"ieee"} and set(prec["gfx942"].values()) == {"tf32"} == \
         set(prec["sm90"].values()), prec

@@ -5,10 +5,14 @@ The launches come from the engine's own wrappers (aot_plan calls them with DeepS
 with `JITFunction.run` replaced by a recorder: each launch gives the kernel, its Triton signature and
 specialization attributes as the target's backend derives them from the arguments (pointer dtypes, ints equal to
 1 or divisible by 16), its constexprs and its launch options, and launches nothing. The wrappers' questions about
-the device (PDL, TMA, SM count, the GEMV and planes paths) are answered for the target (`_probes`). Identical
-launches compile once; each compiles in a worker process without TRITON_INTERPRET. One row per (kernel, launch,
-target): compiled or the compiler's first error line, registers, spill / scratch bytes, shared memory (LDS) against
-the target's limit. Exit status 1 on any failure or shared memory over the limit.
+the device (PDL, TMA, SM count, shared memory, the GEMV and planes paths) are answered for the target (`_probes`).
+Identical launches compile once; each compiles in a worker process without TRITON_INTERPRET. One row per (kernel,
+launch, target): compiled or the compiler's first error line, registers, spill / scratch bytes, shared memory (LDS)
+against the target's limit. Exit status 1 on any failure or shared memory over the limit.
+
+`--update-manifest` records every launch's row in aot_manifest.json (see aot_manifest); `--manifest` takes the rows
+of launches the manifest holds from it, compiles the others and a rotating sample of the held ones (which must
+reproduce their rows): CI's check of every launch within its budget.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from typing import Optional
 
 import torch
 
+from sgl_kernel.aot_manifest import (COMPARED_FIELDS, MANIFEST_PATH, RESULT_FIELDS, Manifest, ManifestError,
+                                     launch_hash, rotating_sample)
 from sgl_kernel.aot_targets import DEFAULT_TARGETS, TARGETS, AotTarget
 
 # Constexprs the wrappers derive from `device.type != "cuda"` (the CPU interpreter's rounding): False on a GPU.
@@ -121,6 +127,7 @@ def _probes(target: AotTarget) -> dict:
         "_sm_count": lambda device: target.num_sms,
         "bf16_bits": lambda dtype, device: False,
         "hip_arch": lambda device: None if target.nvidia else target.arch,
+        "shared_memory_limit": lambda device: target.shared_limit if target.nvidia else None,
         # On a GPU the MoE aligns small batches in one program (dsv4_moe_align's default asks topk_ids.is_cuda).
         "dsv4_moe_align": _gpu_align(sys.modules["sgl_kernel.dsv4_moe_align"], triton),
     }
@@ -193,6 +200,8 @@ class Row:
     notes: str = ""
     signature: str = ""  # the runtime parameters' Triton types
     seconds: float = 0.0  # the compile's wall time (where the check's time goes)
+    decode: bool = False  # launched by a decode or speculative-verify case (aot_plan.DECODE_ROWS / VERIFY_ROWS)
+    source: str = "compiled"  # "compiled": now; "manifest": the manifest's row; "sample": held there, compiled again
 
     @property
     def over_shared(self) -> bool:
@@ -252,10 +261,7 @@ def compile_launch(launch: Launch, target_name: str) -> Row:
     from triton.compiler import ASTSource, make_backend
     target = TARGETS[target_name]
     fn = getattr(importlib.import_module(launch.module), launch.name)
-    row = Row(target_name, launch.name, launch.labels[0] + (f" (+{len(launch.labels) - 1})"
-                                                            if len(launch.labels) > 1 else ""),
-              shared_limit=target.shared_limit,
-              signature=",".join(t for t in launch.signature.values() if t != "constexpr"))
+    row = _plan_row(launch, target_name)
     known = make_backend(target.gpu_target()).parse_options({}).__dict__
     options = {k: v for k, v in launch.options.items() if k in known}
     dropped = sorted(set(launch.options) - set(options))
@@ -283,18 +289,127 @@ def compile_launch(launch: Launch, target_name: str) -> Row:
     return row
 
 
+def _plan_row(launch: Launch, target_name: str, **results) -> Row:
+    """A row of `launch` on the target before its compile's findings (`results`, from a manifest)."""
+    results.setdefault("shared_limit", TARGETS[target_name].shared_limit)
+    return Row(target_name, launch.name, launch.labels[0] + (f" (+{len(launch.labels) - 1})"
+                                                             if len(launch.labels) > 1 else ""),
+               signature=",".join(t for t in launch.signature.values() if t != "constexpr"),
+               decode=is_decode(launch), **results)
+
+
+def is_decode(launch: Launch) -> bool:
+    """Whether a decode-graph batch or a speculative verify launched it (a label's T=rows)."""
+    from sgl_kernel.aot_plan import DECODE_ROWS, VERIFY_ROWS
+    rows = {int(m.group(1)) for label in launch.labels for m in [re.search(r"\bT=(\d+)\b", label)] if m}
+    return bool(rows & set(DECODE_ROWS + VERIFY_ROWS))
+
+
 def check(targets: list, jobs: int, kernel_filter: str = "", models: tuple = (), dedupe: str = "launch") -> list:
     """Every row of every target, compiled over `jobs` processes spawned without TRITON_INTERPRET."""
-    work = [(launch, name) for name in targets for launch in capture(TARGETS[name], kernel_filter, models, dedupe)]
+    return compile_all([(launch, name) for name in targets
+                        for launch in capture(TARGETS[name], kernel_filter, models, dedupe)], jobs)
+
+
+def _use_cache_dir(path: str) -> None:
+    import triton
+    triton.knobs.cache.dir = path
+
+
+def compile_all(work: list, jobs: int, cache_dir: Optional[str] = None) -> list:
+    """The rows of (launch, target name) pairs, compiled over `jobs` worker processes (with `cache_dir` as Triton's
+    kernel cache: an empty one makes every compile a real one, not a read of an earlier run's binary)."""
     saved = os.environ.pop("TRITON_INTERPRET", None)
     try:
         ctx = multiprocessing.get_context("spawn")
-        with concurrent.futures.ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=ctx) as pool:
+        with concurrent.futures.ProcessPoolExecutor(max_workers=max(1, jobs), mp_context=ctx,
+                                                    initializer=_use_cache_dir if cache_dir else None,
+                                                    initargs=(cache_dir,) if cache_dir else ()) as pool:
             rows = list(pool.map(compile_launch, *zip(*work))) if work else []
     finally:
         if saved is not None:
             os.environ["TRITON_INTERPRET"] = saved
     return rows
+
+
+def planned(targets: list, kernel_filter: str = "", models: tuple = ()) -> list:
+    """(launch, target name, manifest key) for every distinct launch of the plan on `targets`."""
+    import triton
+    out = []
+    for name in targets:
+        for launch in capture(TARGETS[name], kernel_filter, models):
+            fn = getattr(importlib.import_module(launch.module), launch.name)
+            out.append((launch, name, launch_hash(fn.cache_key, launch.key(), name, triton.__version__)))
+    return out
+
+
+def _held_row(stored: dict, launch: Launch, target_name: str) -> Row:
+    return _plan_row(launch, target_name, source="manifest", **{f: stored[f] for f in RESULT_FIELDS})
+
+
+def update_manifest(path: str, targets: list, jobs: int, kernel_filter: str = "", models: tuple = ()) -> list:
+    """Writes the manifest at `path` for the plan on `targets`: rows it holds for launches still planned are kept,
+    the other launches compiled; rows of other targets kept, of launches no longer planned dropped (a filtered plan,
+    `kernel_filter` / `models`, gives a manifest of that part: tests). Returns every planned launch's row."""
+    import triton
+    try:
+        old = Manifest.load(path, triton.__version__).rows
+    except ManifestError:  # none yet, or another Triton's: everything compiles
+        old = {}
+    plan = planned(targets, kernel_filter, models)
+    fresh = iter(compile_all([(launch, name) for launch, name, key in plan if key not in old], jobs))
+    manifest = Manifest(triton.__version__, {k: v for k, v in old.items() if v["target"] not in targets})
+    rows = []
+    for launch, name, key in plan:
+        row = _held_row(old[key], launch, name) if key in old else next(fresh)
+        manifest.rows[key] = {"target": name, "kernel": launch.name, "config": row.config,
+                              **{f: getattr(row, f) for f in RESULT_FIELDS}}
+        rows.append(row)
+    manifest.save(path)
+    return rows
+
+
+def manifest_check(path: str, targets: list, jobs: int, sample: int, day: int, kernel_filter: str = "",
+                   models: tuple = ()) -> tuple:
+    """(rows, mismatches) of the plan on `targets` against the manifest at `path`: a launch it holds takes its row,
+    except a rotating `sample` of them (`day` picks it: aot_manifest.rotating_sample) compiled again, whose findings
+    must equal the held row's (mismatches: each difference); a launch it lacks is compiled. ManifestError if the
+    manifest is missing or of another Triton."""
+    import triton
+    held = Manifest.load(path, triton.__version__).rows
+    plan = planned(targets, kernel_filter, models)
+    sampled = set(rotating_sample([key for _, _, key in plan if key in held], sample, day))
+    with tempfile.TemporaryDirectory() as cache:  # Triton's cache would answer a sample from the refresh's compile
+        fresh = iter(compile_all([(launch, name) for launch, name, key in plan if key not in held or key in sampled],
+                                 jobs, cache))
+    rows, mismatches = [], []
+    for launch, name, key in plan:
+        if key in held and key not in sampled:
+            rows.append(_held_row(held[key], launch, name))
+            continue
+        row = next(fresh)
+        if key in sampled:
+            row.source = "sample"
+            diff = [f"{f} {held[key][f]!r} -> {getattr(row, f)!r}" for f in COMPARED_FIELDS
+                    if held[key][f] != getattr(row, f)]
+            if diff:
+                mismatches.append(f"{name} {launch.name} [{row.config}]: {', '.join(diff)}")
+        rows.append(row)
+    return rows, mismatches
+
+
+def decode_spills(rows: list, target: str = "gfx950") -> list:
+    """Rows of decode-path launches on `target` that spill (scratch / stack bytes)."""
+    return [r for r in rows if r.target == target and r.decode and r.ok and r.spill > 0]
+
+
+def manifest_summary(rows: list, mismatches: list) -> str:
+    compiled = [r for r in rows if r.source != "manifest"]
+    return (f"{len(rows)} launches: {len(rows) - len(compiled)} verified from the manifest, {len(compiled)} compiled "
+            f"now ({sum(r.source == 'compiled' for r in rows)} not in the manifest, "
+            f"{sum(r.source == 'sample' for r in rows)} sampled from it); {sum(not r.ok for r in rows)} failed, "
+            f"{sum(r.over_shared for r in rows)} over shared memory, {len(decode_spills(rows))} gfx950 decode-path "
+            f"launches with scratch, {len(mismatches)} sampled rows that differ from the manifest")
 
 
 def format_table(rows: list) -> str:
@@ -331,7 +446,17 @@ def main(argv: Optional[list] = None) -> int:
                              "non-integer constexprs, its largest tiles (the CI's quick pass)")
     parser.add_argument("--list", action="store_true", help="print the plan's launches (target, kernel, config, "
                                                                "constexprs) without compiling")
+    parser.add_argument("--update-manifest", nargs="?", const=MANIFEST_PATH, default=None, metavar="PATH",
+                        help="compile the plan's launches the manifest (default: sgl_kernel/aot_manifest.json) "
+                             "lacks and write it, with the rows it holds of launches still planned")
+    parser.add_argument("--manifest", nargs="?", const=MANIFEST_PATH, default=None, metavar="PATH",
+                        help="take the rows of launches the manifest holds from it; compile the others and --sample "
+                             "of the held ones (CI)")
+    parser.add_argument("--sample", type=int, default=24, help="with --manifest: held launches compiled again, a "
+                                                                "slice that moves each day (default 24)")
     args = parser.parse_args(argv)
+    if args.update_manifest and (args.kernel or args.model or args.dedupe != "launch"):
+        parser.error("--update-manifest records the whole plan: no --kernel, --model or --dedupe")
     if os.environ.get("TRITON_INTERPRET") == "1":  # the plan must see GPU kernels, not the interpreter's
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
         return subprocess.run([sys.executable, "-m", "sgl_kernel.aot_check", *(argv or sys.argv[1:])],
@@ -341,14 +466,31 @@ def main(argv: Optional[list] = None) -> int:
             for launch in capture(TARGETS[name], args.kernel, tuple(args.model), args.dedupe):
                 print(f"{name}\t{launch.name}\t{launch.labels[0]}\t{launch.constexpr_names()}")
         return 0
-    start = time.time()
-    rows = check(args.target, args.jobs, args.kernel, tuple(args.model), args.dedupe)
-    print(format_table(rows))
+    start, mismatches = time.time(), []
+    if args.manifest:
+        try:
+            rows, mismatches = manifest_check(args.manifest, args.target, args.jobs, args.sample,
+                                              int(time.time() // 86400), args.kernel, tuple(args.model))
+        except ManifestError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(format_table([r for r in rows if r.source != "manifest" or not r.ok or r.over_shared]))
+        print("\n".join(f"differs from the manifest: {m}" for m in mismatches))
+        print(f"manifest: {manifest_summary(rows, mismatches)}")
+    elif args.update_manifest:
+        rows = update_manifest(args.update_manifest, args.target, args.jobs)
+        print(format_table([r for r in rows if r.source != "manifest"]))
+        print(f"manifest {args.update_manifest}: {sum(r.source == 'manifest' for r in rows)} rows kept, "
+              f"{sum(r.source != 'manifest' for r in rows)} compiled")
+    else:
+        rows = check(args.target, args.jobs, args.kernel, tuple(args.model), args.dedupe)
+        print(format_table(rows))
     print(f"summary: {summary(rows)}; {time.time() - start:.0f} s")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump([asdict(r) for r in rows], f, indent=1)
-    return 0 if rows and all(r.ok and not r.over_shared for r in rows) else 1
+    bad = not rows or mismatches or not all(r.ok and not r.over_shared for r in rows)
+    return 1 if bad or (args.manifest and decode_spills(rows)) else 0
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ re-exported here). The torch references are dsv4_moe_ref.py.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Optional
 
@@ -33,16 +34,17 @@ from sgl_kernel.dsv4_moe_align import dsv4_moe_align
 from sgl_kernel.dsv4_moe_common import FP4_BLOCK, MoeConfig, MoeLaunch
 from sgl_kernel.dsv4_moe_dense import dense_config, dense_down, dense_gate_up
 from sgl_kernel.dsv4_moe_gemv import GEMV_MAX_TOKENS, gemv_fits, gemv_launch, gemv_moe, gemv_supported
-from sgl_kernel.dsv4_moe_general import general_down, general_gate_up, tma_supported
+from sgl_kernel.dsv4_moe_general import dequant_shared_bytes, general_down, general_gate_up, tma_supported
 from sgl_kernel.dsv4_moe_planes import SCALE_MAX, SCALE_MIN, planes_down, planes_fit, planes_gate_up, planes_supported
 from sgl_kernel.dsv4_moe_sums import combine_pairs
 from sgl_kernel.dsv4_mxfp4_scales import CHUNK, as_rows, chunked_empty, scale_groups
 from sgl_kernel.dsv4_pdl import pdl_supported
-from sgl_kernel.dsv4_target import lds_limit
+from sgl_kernel.dsv4_target import lds_limit, shared_memory_limit
 
 __all__ = [
     "CHUNK", "SCALE_MAX", "SCALE_MIN", "MoeConfig", "MoeLaunch", "as_rows", "chunked_empty", "dense_config",
-    "describe_fp8", "describe_mxfp4", "dsv4_moe_dense", "dsv4_moe_fp8", "dsv4_moe_mxfp4", "moe_config", "moe_down",
+    "describe_fp8", "describe_mxfp4", "dsv4_moe_dense", "dsv4_moe_fp8", "dsv4_moe_mxfp4", "fit_shared_memory",
+    "moe_config", "moe_down",
     "moe_gate_up", "mxfp4_experts_of", "planes_supported", "scale_bytes_fit_planes", "tma_supported",
 ]
 
@@ -121,6 +123,25 @@ def hip_dequant_config(block_m: int, lds: int) -> MoeConfig:
         return MoeConfig(16, MoeLaunch(32, 128, 4, 2, scaled_dot=False), MoeLaunch(64, 128, 4, 2, scaled_dot=False))
     return MoeConfig(block_m, MoeLaunch(64 if wide else 32, 64, 4, 2, scaled_dot=False),
                      MoeLaunch(128 if wide else 64, 64, 4, 2, scaled_dot=False))
+
+
+def fit_shared_memory(cfg: MoeConfig, act_bytes: int, fp8: bool, scaled: bool, limit: Optional[int]) -> MoeConfig:
+    """`cfg` with each in-register dequantization launch (FP8 experts, fp32 activations: not `scaled`, or a launch
+    without scaled_dot) at the most stages, up to its own, whose shared memory (dequant_shared_bytes at `act_bytes`
+    activations) fits `limit` bytes, an NVIDIA GPU's (dsv4_target.shared_memory_limit; None: unchanged). The NVIDIA
+    tiles were measured with bf16 activations: FP8 experts' decode gate-up with fp32 activations (the oracle path)
+    takes 256 KiB at its 3 stages, past the H100's 227 KiB, and runs at 2 (160 KiB)."""
+    if limit is None:
+        return cfg
+
+    def fit(launch: MoeLaunch, weight_tiles: int) -> MoeLaunch:
+        if launch.planes or (scaled and launch.scaled_dot):
+            return launch
+        while launch.num_stages > 1 and dequant_shared_bytes(cfg.block_m, launch, act_bytes, fp8, weight_tiles) > limit:
+            launch = dataclasses.replace(launch, num_stages=launch.num_stages - 1)
+        return launch
+
+    return dataclasses.replace(cfg, gate_up=fit(cfg.gate_up, 2), down=fit(cfg.down, 1))
 
 
 def scale_bytes_fit_planes(smallest: int, largest: int) -> bool:
@@ -254,6 +275,8 @@ def _fused_moe(x, topk_ids, topk_weights, w13, s13, w2, s2, limit: float, inter:
     if config is None and cfg.gate_up.planes and not (planes_fit(cfg.gate_up, hidden, inter)
                                                       and planes_fit(cfg.down, inter, hidden)):
         cfg = pick(False)  # widths the planes' tiles do not divide (small test models): the scaled dot
+    if config is None:
+        cfg = fit_shared_memory(cfg, x.element_size(), fp8, scaled, shared_memory_limit(x.device))
     pdl = cfg.pdl and cfg.gate_up.planes and cfg.down.planes and pdl_supported(x.device)
     rows, block_expert = dsv4_moe_align(topk_ids, num_experts, cfg.block_m, pdl=pdl)
     h = moe_gate_up(x, rows, block_expert, w13, s13, inter, top_k, limit, cfg.block_m, cfg.gate_up, fp8, pdl)

@@ -217,6 +217,21 @@ def tma_supported(device: torch.device) -> bool:
 _TMA: dict = {}
 
 
+def dequant_shared_bytes(block_m: int, launch: MoeLaunch, act_bytes: int, fp8: bool, weight_tiles: int) -> int:
+    """Shared memory the in-register dequantization's kernel takes on an NVIDIA GPU (`weight_tiles`: 2 for the
+    gate-up, 1 for the down): the pipeliner holds num_stages - 1 copies of each K step's loads (the activation tile;
+    the weight codes; FP8's 128x128 multipliers, loaded as a full fp32 tile per weight tile, the largest part; MXFP4's
+    scale bytes) and the dot's weight operands sit in shared memory once, at the activations' width. Calibrated on
+    sm90 compiles of the engine's tiles at 2 and 3 stages (python -m sgl_kernel.aot_check): within 1 KiB of the
+    compiler's number for fp32 activations (FP8 decode gate-up 16 x 32 x 256: 256 / 160 KiB at 3 / 2 stages), 16 KiB
+    low to 32 KiB high for bf16 ones (FP8 weights)."""
+    n, k = launch.block_n * weight_tiles, launch.block_k
+    codes = n * k if fp8 else n * k // 2 + n * k // 32
+    scales = n * k * 4 if fp8 else 0
+    loads = block_m * k * act_bytes + codes + scales
+    return (launch.num_stages - 1) * loads + n * k * act_bytes
+
+
 def _scaled_dot_format(launch: MoeLaunch, dtype: torch.dtype, fp8: bool) -> str:
     """tl.dot_scaled's activation format, or "" for the in-register dequantization (fp32 activations, FP8 weights)."""
     if not launch.scaled_dot or fp8:

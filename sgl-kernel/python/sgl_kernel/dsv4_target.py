@@ -54,6 +54,20 @@ def dot_precision(dtype: torch.dtype, device: torch.device) -> str:
     return "tf32" if arch is None or arch in TF32_HIP_ARCHS else "ieee"
 
 
+def shared_memory_limit(device: torch.device) -> Optional[int]:
+    """The shared memory bytes one program may use on an NVIDIA GPU (Triton's `max_shared_mem`, the opt-in per-block
+    size its launcher checks a kernel against: 227 KiB on H100 / H200); None on ROCm (`lds_limit`) and the CPU."""
+    if device.type != "cuda" or torch.version.hip is not None:
+        return None
+    return _max_shared_mem(torch.cuda.current_device() if device.index is None else device.index)
+
+
+@functools.lru_cache(maxsize=None)
+def _max_shared_mem(index: int) -> int:
+    import triton
+    return int(triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"])
+
+
 def lds_limit(device: torch.device) -> Optional[int]:
     """The LDS bytes a workgroup may use on a ROCm device (its tiles and stages must fit them); None elsewhere (the
     NVIDIA settings were sized for 227 KiB and measured)."""
