@@ -46,6 +46,15 @@ def free_port(span: int = 1) -> int:
     raise RuntimeError(f"no free port in {block}..{block + PORT_BLOCK_SIZE - 1}")
 
 
+def stop_process(proc: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL after 20 s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 @dataclass
 class ServerHandle:
     base_url: str
@@ -54,11 +63,7 @@ class ServerHandle:
     log_path: str
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        stop_process(self.proc)
 
     def server_info(self, headers=None) -> dict:
         return httpx.get(f"{self.base_url}/server_info", headers=headers, timeout=10).json()
@@ -105,11 +110,7 @@ class RouterHandle:
     log_path: str
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        stop_process(self.proc)
 
 
 def launch_router(worker_urls: list, args: list, tmp_dir: str, timeout: float = 60.0) -> RouterHandle:
