@@ -1,14 +1,18 @@
 """The host tier under the prefix cache (mem_cache/host_tier.py, --enable-hierarchical-cache) is exact (CPU, fp32):
 with a device pool too small for the sessions, greedy outputs and prompt logprobs equal the engine without a cache,
 while later turns hit prefixes the device evicted, loaded back from the host (more cached tokens than the device
-alone), for each write policy, with speculative decoding and under retraction; the host stays within its bound and
-holds exactly the tree's copies; a request aborted right after its load frees everything on both tiers; a flush
-empties both. Engines here take 10-20 s each on 2 cores (about 2 minutes for the module)."""
+alone), for each write policy and io backend, with speculative decoding and under retraction; the host stays within
+its bound and holds exactly the tree's copies; a request aborted right after its load frees everything on both tiers;
+a flush empties both.
+
+One engine per configuration for the module: the reference without a cache, and the tiered engine (built by the
+flags, write_back), whose host tier each test replaces (another policy, io backend or size, as the flags would
+build it) after a flush; its device-only runs are the same engine with the tier detached. About 40 s on 2 cores."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import functools
 
 import pytest
 
@@ -17,20 +21,96 @@ from oracle import engine, random_ids
 from sglang.srt.managers.io_struct import SchedulerStats
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.metrics.collector import MetricsCollector
-from sglang.srt.mem_cache.host_tier import HostTierStats
+from sglang.srt.mem_cache.host_tier import HostTier, HostTierStats
 from sglang.srt.mem_cache.pool_sizing import plan_host_tier, plan_pools
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
-from test_prefix_cache import GREEDY, SPEC, _assert_same, _run_sessions
+from test_prefix_cache import SPEC, _assert_same
 
-# 512 tokens of device pool (32 pages of 16): four sessions of 60-100 tokens evict each other every turn
+# 512 tokens of device pool (32 pages of 16): four sessions of 100-120 tokens evict each other every turn
 SMALL = dict(max_total_tokens=512, chunked_prefill_size=64, max_running_requests=2)
-SESSIONS = [random_ids(60, seed=30 + i) for i in range(4)]
+SESSIONS = [random_ids(100, seed=30 + i) for i in range(4)]
+SP = {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}
 
 
-def _tiered(policy: str = "write_back", ratio: float = 4.0, **kwargs):
-    return engine("tiny", **SMALL, enable_hierarchical_cache=True, hicache_ratio=ratio, hicache_write_policy=policy,
-                  **kwargs)
+def _sessions(eng, turns: int = 2) -> list:
+    """Multi-turn chats, interleaved turn by turn: each turn resends the conversation plus new tokens."""
+    history = [list(s) for s in SESSIONS]
+    outs = []
+    for t in range(turns):
+        for i, h in enumerate(history):
+            out = eng.generate(input_ids=h, sampling_params=SP, return_logprob=True, logprob_start_len=len(h) - 4)
+            outs.append(out)
+            h += out["output_ids"] + random_ids(7, seed=100 * i + t)
+    return outs
+
+
+def _shared_prefix(eng) -> list:
+    """A system prompt, then two batches of it with different questions, unrelated prompts filling the device pool
+    after each batch."""
+    system = random_ids(50, seed=7)
+    outs = [eng.generate(input_ids=system + [5, 6], sampling_params=SP)]
+    for round_ in range(2):
+        outs += eng.generate(input_ids=[system + random_ids(6 + i, seed=20 + i + 10 * round_) for i in range(3)],
+                             sampling_params=SP, return_logprob=True, logprob_start_len=52)
+        for i in range(3):
+            eng.generate(input_ids=random_ids(150, seed=90 + i + 10 * round_), sampling_params=SP)
+    return outs
+
+
+def _cached(outs: list) -> int:
+    return sum(o["meta_info"]["cached_tokens"] for o in outs)
+
+
+@dataclasses.dataclass
+class Reference:
+    sessions: list  # outputs of _sessions without a cache
+    shared: list  # ... of _shared_prefix
+
+
+@pytest.fixture(scope="module")
+def plain():
+    eng = engine("tiny", disable_radix_cache=True, **SMALL)
+    try:
+        yield Reference(_sessions(eng), _shared_prefix(eng))
+    finally:
+        eng.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tiered():
+    eng = engine("tiny", **SMALL, enable_hierarchical_cache=True, hicache_ratio=4.0, hicache_write_policy="write_back")
+    try:
+        yield eng
+    finally:
+        eng.shutdown()
+
+
+def _use_tier(eng, policy: str, ratio: float = 4.0, io: str = "kernel") -> HostTier:
+    """A flushed engine with a fresh host tier of that policy, size and io backend (as the flags build it); the one
+    the flags built when it is the same."""
+    assert eng.flush_cache()
+    runner = eng.model_runner
+    tier = runner.token_allocator.host_tier
+    shape = plan_host_tier(runner.model_config, runner.pool_plan, ratio)
+    if (tier.write_policy, tier.pool.io_backend, tier.shape) != (policy, io, shape):
+        tier = HostTier(runner.token_to_kv_pool, shape, policy, io)
+        runner.token_allocator.attach_host_tier(tier)
+    return tier
+
+
+@contextlib.contextmanager
+def _device_only(eng):
+    """The engine with its host tier detached (the prefix cache on the device alone), flushed after."""
+    alloc = eng.model_runner.token_allocator
+    tier = alloc.host_tier
+    assert eng.flush_cache()
+    alloc.cache.tier = alloc.host_tier = None
+    try:
+        yield
+        assert eng.flush_cache()
+    finally:
+        alloc.attach_host_tier(tier)
 
 
 def _check_and_flush(eng) -> None:
@@ -44,97 +124,79 @@ def _check_and_flush(eng) -> None:
     assert not alloc.cache.root.children and not bool((alloc.full_to_swa != -1).any())
 
 
-@functools.lru_cache(maxsize=None)
-def _reference(spec: bool) -> tuple:
-    """(outputs without a cache, cached tokens of the device-only cache) of the sessions on the small pool."""
-    kwargs = SPEC if spec else {}
-    eng = engine("tiny", disable_radix_cache=True, **SMALL, **kwargs)
-    try:
-        plain = _run_sessions(eng, SESSIONS, turns=3)
-    finally:
-        eng.shutdown()
-    eng = engine("tiny", **SMALL, **kwargs)
-    try:
-        device_only = _run_sessions(eng, SESSIONS, turns=3)
-    finally:
-        eng.shutdown()
-    _assert_same(device_only, plain)
-    return plain, sum(o["meta_info"]["cached_tokens"] for o in device_only)
+@pytest.fixture(scope="module")
+def device_hits(tiered) -> int:
+    """Cached tokens of the sessions with the prefix cache on the device alone."""
+    with _device_only(tiered):
+        return _cached(_sessions(tiered))
 
 
-@pytest.mark.parametrize("policy,spec,ratio,io", [
-    ("write_back", False, 4.0, "kernel"), ("write_through", False, 4.0, "direct"), ("write_back", True, 4.0, "kernel"),
-    ("write_through", False, 0.4, "kernel")],
-    ids=["write_back", "write_through-direct", "write_back-speculative", "write_through-small-host"])
-def test_multi_turn_sessions_identical_and_hit_from_host(policy, spec, ratio, io):
-    plain, device_hits = _reference(spec)
-    eng = _tiered(policy, ratio, hicache_io_backend=io, **(SPEC if spec else {}))
+@pytest.mark.parametrize("policy,ratio,io", [
+    ("write_back", 4.0, "kernel"), ("write_through", 4.0, "direct"), ("write_through", 0.4, "kernel")],
+    ids=["write_back", "write_through-direct", "write_through-small-host"])
+def test_multi_turn_sessions_identical_and_hit_from_host(tiered, plain, device_hits, policy, ratio, io):
+    tier = _use_tier(tiered, policy, ratio, io)
+    out = _sessions(tiered)
+    _assert_same(out, plain.sessions)
+    assert tier.stats.bytes_to_host > 0
+    if ratio > 1:  # the host holds every session: later turns load them back
+        assert tier.stats.num_loads > 0 and tier.stats.bytes_to_device > 0 and tier.stats.host_hit_tokens > 0
+        assert _cached(out) > device_hits
+    _check_and_flush(tiered)
+
+
+def test_speculative_sessions_identical_and_hit_from_host():
+    """The same with MTP speculative decoding (the host keeps the ends' MTP window rows): the same drafts accepted."""
+    eng = engine("tiny", disable_radix_cache=True, **SMALL, **SPEC)
     try:
-        out = _run_sessions(eng, SESSIONS, turns=3)
-        _assert_same(out, plain)
+        ref = _sessions(eng)
+    finally:
+        eng.shutdown()
+    eng = engine("tiny", **SMALL, **SPEC, enable_hierarchical_cache=True, hicache_ratio=4.0,
+                 hicache_write_policy="write_back")
+    try:
+        with _device_only(eng):
+            device_only = _cached(_sessions(eng))
+        out = _sessions(eng)
+        _assert_same(out, ref)
         stats = eng.model_runner.token_allocator.host_tier.stats
-        assert stats.bytes_to_host > 0
-        if ratio > 1:  # the host holds every session: later turns load them back
-            assert stats.num_loads > 0 and stats.bytes_to_device > 0 and stats.host_hit_tokens > 0
-            assert sum(o["meta_info"]["cached_tokens"] for o in out) > device_hits
+        assert stats.num_loads > 0 and stats.bytes_to_device > 0 and stats.host_hit_tokens > 0
+        assert _cached(out) > device_only
         _check_and_flush(eng)
     finally:
         eng.shutdown()
 
 
-def test_shared_prefix_batch_selective_copy_and_load():
+def test_shared_prefix_batch_selective_copy_and_load(tiered, plain):
     """write_through_selective: the shared system prompt, matched by the batch, is copied to the host; other traffic
     then evicts it from the device, and the next batch loads it back (48 cached tokens each), outputs identical."""
-    system = random_ids(50, seed=7)
-
-    def run(eng):
-        outs = [eng.generate(input_ids=system + [5, 6], sampling_params=GREEDY)]
-        for round_ in range(2):
-            outs += eng.generate(input_ids=[system + random_ids(6 + i, seed=20 + i + 10 * round_) for i in range(3)],
-                                 sampling_params=GREEDY, return_logprob=True, logprob_start_len=52)
-            for i in range(3):  # unrelated prompts fill the device pool
-                eng.generate(input_ids=random_ids(150, seed=90 + i + 10 * round_), sampling_params=GREEDY)
-        return outs
-
-    eng = engine("tiny", disable_radix_cache=True, **SMALL)
-    try:
-        plain = run(eng)
-    finally:
-        eng.shutdown()
-    eng = _tiered("write_through_selective")
-    try:
-        got = run(eng)
-        _assert_same(got[1:], plain[1:])
-        assert got[0]["output_ids"] == plain[0]["output_ids"]
-        assert [o["meta_info"]["cached_tokens"] for o in got[4:]] == [48, 48, 48]  # the second batch: from the host
-        assert eng.model_runner.token_allocator.host_tier.stats.num_loads > 0
-        _check_and_flush(eng)
-    finally:
-        eng.shutdown()
+    tier = _use_tier(tiered, "write_through_selective")
+    got = _shared_prefix(tiered)
+    _assert_same(got[1:], plain.shared[1:])
+    assert got[0]["output_ids"] == plain.shared[0]["output_ids"]
+    assert [o["meta_info"]["cached_tokens"] for o in got[4:]] == [48, 48, 48]  # the second batch: from the host
+    assert tier.stats.num_loads > 0
+    _check_and_flush(tiered)
 
 
-def test_abort_right_after_a_load_frees_both_tiers():
+def test_abort_right_after_a_load_frees_both_tiers(tiered):
     """A request admitted on a prefix loaded from the host and aborted before its prefill: every device slot it held
     is free again, the loaded prefix stays cached on both tiers, and the next turn reuses it."""
-    eng = _tiered()
-    try:
-        first = SESSIONS[0] + [3, 4]
-        eng.generate(input_ids=first, sampling_params=GREEDY)
-        for i in range(1, 4):  # evict the first session from the device
-            eng.generate(input_ids=random_ids(150, seed=60 + i), sampling_params=GREEDY)
-        tier = eng.model_runner.token_allocator.host_tier
-        loads = tier.stats.num_loads
-        req = Req(rid="a", origin_input_ids=first + [7, 8], sampling_params=SamplingParams(max_new_tokens=4))
-        eng.scheduler.add_request(req)
-        eng.scheduler._admit()  # admission runs the match and the load, not the prefill
-        assert tier.stats.num_loads == loads + 1 and req.cached_tokens == 48
-        assert eng.scheduler.abort_request("a") is req
-        eng.model_runner.token_allocator.check_all_free()
-        out = eng.generate(input_ids=first + [7, 8], sampling_params=GREEDY)
-        assert out["meta_info"]["cached_tokens"] == 48
-        _check_and_flush(eng)
-    finally:
-        eng.shutdown()
+    tier = _use_tier(tiered, "write_back")
+    first = SESSIONS[0][:60] + [3, 4]
+    tiered.generate(input_ids=first, sampling_params=SP)
+    for i in range(1, 4):  # evict the first session from the device
+        tiered.generate(input_ids=random_ids(150, seed=60 + i), sampling_params=SP)
+    loads = tier.stats.num_loads
+    req = Req(rid="a", origin_input_ids=first + [7, 8], sampling_params=SamplingParams(max_new_tokens=4))
+    tiered.scheduler.add_request(req)
+    tiered.scheduler._admit()  # admission runs the match and the load, not the prefill
+    assert tier.stats.num_loads == loads + 1 and req.cached_tokens == 48
+    assert tiered.scheduler.abort_request("a") is req
+    tiered.model_runner.token_allocator.check_all_free()
+    out = tiered.generate(input_ids=first + [7, 8], sampling_params=SP)
+    assert out["meta_info"]["cached_tokens"] == 48
+    _check_and_flush(tiered)
 
 
 def test_retraction_under_pressure_identical():
