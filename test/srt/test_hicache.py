@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
+import os
+import shutil
 
 import pytest
 
@@ -21,11 +24,13 @@ from oracle import engine, random_ids
 from sglang.srt.managers.io_struct import SchedulerStats
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.metrics.collector import MetricsCollector
+from sglang.srt.mem_cache.file_tier import _HEADER as FILE_HEADER
+from sglang.srt.mem_cache.file_tier import FileStore, FileTier, FileTierConfig
 from sglang.srt.mem_cache.host_tier import HostTier, HostTierStats
 from sglang.srt.mem_cache.pool_sizing import plan_host_tier, plan_pools
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
-from test_prefix_cache import SPEC, _assert_same
+from test_prefix_cache import SPEC, _assert_same, _rss_mb
 
 # 512 tokens of device pool (32 pages of 16): four sessions of 100-120 tokens evict each other every turn
 SMALL = dict(max_total_tokens=512, chunked_prefill_size=64, max_running_requests=2)
@@ -185,7 +190,7 @@ def test_abort_right_after_a_load_frees_both_tiers(tiered):
     tier = _use_tier(tiered, "write_back")
     first = SESSIONS[0][:60] + [3, 4]
     tiered.generate(input_ids=first, sampling_params=SP)
-    for i in range(1, 4):  # evict the first session from the device
+    for i in range(1, 4):  # evict the first chat from the device
         tiered.generate(input_ids=random_ids(150, seed=60 + i), sampling_params=SP)
     loads = tier.stats.num_loads
     req = Req(rid="a", origin_input_ids=first + [7, 8], sampling_params=SamplingParams(max_new_tokens=4))
@@ -196,6 +201,150 @@ def test_abort_right_after_a_load_frees_both_tiers(tiered):
     tiered.model_runner.token_allocator.check_all_free()
     out = tiered.generate(input_ids=first + [7, 8], sampling_params=SP)
     assert out["meta_info"]["cached_tokens"] == 48
+    _check_and_flush(tiered)
+
+
+def _file_engine(storage_dir, **kwargs):
+    extra = json.dumps({"storage_dir": str(storage_dir)})
+    return engine("tiny", **SMALL, enable_hierarchical_cache=True, hicache_ratio=4.0,
+                  hicache_write_policy="write_through", hicache_storage_backend="file",
+                  hicache_storage_backend_extra_config=extra, hicache_storage_prefetch_policy="wait_complete", **kwargs)
+
+
+def _second_turns(plain) -> list:
+    """The sessions' second-turn prompts (what the reference answered to their first turn, then the user's)."""
+    return [s + o["output_ids"] + random_ids(7, seed=100 * i) for i, (s, o) in enumerate(zip(SESSIONS, plain.sessions))]
+
+
+def test_file_tier_outlives_the_server(tiered, plain, tmp_path, caplog):
+    """--hicache-storage-backend file: a server writes what its host tier holds to files; the next server on the
+    directory (the first shut down) starts with an empty tree and loads the sessions' second turns from the files,
+    outputs identical to no cache. A truncated file is a miss (logged; written again once recomputed), a server of
+    another model sees none of the files, /flush_cache keeps them and a weight update deletes them."""
+    eng = _file_engine(tmp_path)
+    try:
+        _assert_same(_sessions(eng), plain.sessions)
+        first = eng.model_runner.token_allocator.host_tier
+        assert first.stats.bytes_to_file > 0 and first.files.store.index
+        identity = eng.model_runner.model_path
+    finally:
+        eng.shutdown()
+    tier = _use_tier(tiered, "write_through")
+    tier.files = FileTier(tier.pool, FileTierConfig(str(tmp_path)), "wait_complete", identity)
+    store = tier.files.store
+    names = list(store.index)
+    with open(store._path(names[0]), "r+b") as f:  # truncated
+        f.truncate(40)
+    prompts = _second_turns(plain)
+    out = [tiered.generate(input_ids=p, sampling_params=SP, return_logprob=True, logprob_start_len=len(p) - 4)
+           for p in prompts]
+    _assert_same(out, plain.sessions[4:])
+    assert tier.stats.file_hit_tokens > 0 and tier.stats.bytes_from_file > 0
+    assert sum(o["meta_info"]["cached_tokens"] > 0 for o in out) >= 3  # a damaged file costs at most one session
+    assert "truncated header" in caplog.text and store.get(bytes.fromhex(names[0])) is not None  # recomputed
+    tiered.model_runner.token_allocator.check_all_free()
+    assert tiered.flush_cache() and store.index and all(os.path.exists(store._path(n)) for n in store.index)
+
+    hits = tier.stats.file_hit_tokens
+    tier.files = FileTier(tier.pool, FileTierConfig(str(tmp_path)), "wait_complete", identity + "-other")
+    assert tier.files.store.dir != store.dir and not tier.files.store.index
+    assert tiered.generate(input_ids=prompts[2], sampling_params=SP)["meta_info"]["cached_tokens"] == 0
+    assert tier.stats.file_hit_tokens == hits
+    tier.files = FileTier(tier.pool, FileTierConfig(str(tmp_path)), "wait_complete", identity)
+    tiered.model_runner.token_allocator.flush_cache(storage=True)  # what a weight update does
+    assert tier.files is None and not os.listdir(store.dir)
+    _check_and_flush(tiered)
+
+
+def test_prefetch_policies(tiered, plain, tmp_path):
+    """Room for a match's files in a host tier full of copies: best_effort drops only copies the device also holds
+    (no host-only prefix is lost), wait_complete the least recently used of any; timeout stops reading at its deadline
+    (a match past it starts where the tree's own copies end), outputs identical."""
+    tier = _use_tier(tiered, "write_through", ratio=1.0)
+    _sessions(tiered)  # every cached node copied to a host tier too small for the sessions: it fills up
+    host_only = lambda: sum(1 for n in tier.cache.nodes() if not n.pages)  # noqa: E731
+    before, free = host_only(), tier.pages.available()
+    need = tier.shape.num_pages  # more than the device-backed copies
+    for policy, loses in (("best_effort", False), ("wait_complete", True)):
+        files = FileTier(tier.pool, FileTierConfig(str(tmp_path)), policy, "m")
+        assert not files._room(tier, need, 0) if policy == "best_effort" else files._room(tier, need, 0)
+        assert (host_only() < before) == loses and tier.pages.available() > free
+    assert tiered.flush_cache()
+    tier.files = FileTier(tier.pool, FileTierConfig(str(tmp_path)), "wait_complete", "m")
+    prompts = _second_turns(plain)
+    tiered.generate(input_ids=prompts[0], sampling_params=SP)  # its files written (write_back: at eviction)
+    for i in range(1, 4):
+        tiered.generate(input_ids=random_ids(150, seed=60 + i), sampling_params=SP)
+    assert tiered.flush_cache() and tier.files.store.index
+    tier.files = FileTier(tier.pool, FileTierConfig(str(tmp_path), prefetch_timeout_base=1e-9), "timeout", "m")
+    out = tiered.generate(input_ids=prompts[0], sampling_params=SP, return_logprob=True,
+                          logprob_start_len=len(prompts[0]) - 4)
+    _assert_same([out], plain.sessions[4:5])
+    assert out["meta_info"]["cached_tokens"] == 0 and tier.stats.file_hit_tokens == 0
+    _check_and_flush(tiered)
+
+
+def test_file_store_bounds_and_rejects(tmp_path):
+    """The directory stays within max_size_gb, least recently used files deleted first (a read counts as a use);
+    a file of another layout, with a wrong key, a changed byte or cut short is a miss, and deleted."""
+    layout = b"L" * 32
+    store = FileStore(str(tmp_path), layout, max_bytes=3 * (FILE_HEADER.size + 100))
+    keys = [bytes([i]) * 32 for i in range(4)]
+    for k in keys[:3]:
+        store.put(k, bytes(100))
+    assert store.get(keys[0]) == bytes(100)  # now the most recent
+    store.put(keys[3], bytes(100))
+    assert keys[1] not in store and all(k in store for k in (keys[0], keys[2], keys[3]))
+    assert store.nbytes == 3 * (FILE_HEADER.size + 100) and len(os.listdir(store.dir)) == 3
+    assert FileStore(str(tmp_path), layout, 1 << 30).index.keys() == store.index.keys()  # read back at start
+    other = FileStore(str(tmp_path), b"M" * 32, 1 << 30)
+    assert not other.index and other.dir != store.dir
+    shutil.copy(store._path(keys[0].hex()), other._path(keys[0].hex()))
+    shutil.copy(store._path(keys[2].hex()), other._path(keys[3].hex()))
+    other = FileStore(str(tmp_path), b"M" * 32, 1 << 30)
+    assert other.get(keys[0]) is None and other.get(keys[3]) is None and not other.index
+    with open(store._path(keys[2].hex()), "r+b") as f:  # one payload byte changed
+        f.seek(-1, 2)
+        f.write(b"\x01")
+    with open(store._path(keys[3].hex()), "r+b") as f:
+        f.truncate(FILE_HEADER.size + 50)
+    assert store.get(keys[2]) is None and store.get(keys[3]) is None and store.get(keys[0]) is not None
+    assert list(store.index) == [keys[0].hex()] and len(os.listdir(store.dir)) == 1  # the bad ones deleted
+
+
+@pytest.mark.parametrize("extra,message", [
+    ("{not json", "not JSON"), ('{"storage_dir": "/x", "size": 1}', "unknown key 'size'"),
+    ('{"max_size_gb": 0}', "max_size_gb"), ("[1]", "JSON object")])
+def test_file_tier_config_errors_are_named(extra, message):
+    with pytest.raises(ValueError, match="--hicache-storage-backend-extra-config.*" + message):
+        FileTierConfig.parse(extra, "/tmp/x")
+
+
+@pytest.mark.parametrize("num_requests", [100])  # 1,000 run by hand: SGLANG_SOAK_REQUESTS=1000
+def test_soak_host_tier_bounded_and_rss_flat(tiered, num_requests):
+    """Many short multi-turn requests over five chats on the 512-token device pool with a host tier of the same size
+    (write_back): both tiers evict and load all along; after every batch they hold exactly the tree's copies, the
+    host's buffers never grow, and the process's memory is flat after the first third (as test_prefix_cache's soak,
+    whose chats are cut back to their first 20 tokens every 20 rounds)."""
+    num_requests = int(os.environ.get("SGLANG_SOAK_REQUESTS", num_requests))
+    tier = _use_tier(tiered, "write_back", ratio=1.0)
+    host_bytes = tier.pool.nbytes
+    history = [random_ids(20, seed=i) for i in range(5)]
+    sp = {"temperature": 0, "max_new_tokens": 3, "ignore_eos": True}
+    rss = []
+    for n in range(0, num_requests, 5):
+        outs = tiered.generate(input_ids=history, sampling_params=sp)
+        for h, o in zip(history, outs):
+            h += o["output_ids"] + [n % 500 + 2]
+            if len(h) > 100:
+                del h[20:]
+        tiered.model_runner.token_allocator.check_all_free()  # both tiers: exactly the tree's copies
+        rss.append(_rss_mb())
+    third = len(rss) // 3
+    print(f"host-tier soak of {num_requests} requests: RSS {rss[third]:.0f} MB after a third, {rss[-1]:.0f} MB at "
+          f"the end; {tier.stats.num_loads} loads")
+    assert rss[-1] - rss[third] < 64, (rss[third], rss[-1])
+    assert tier.pool.nbytes == host_bytes and tier.stats.num_loads > 0 and tier.stats.bytes_to_host > 0
     _check_and_flush(tiered)
 
 
@@ -258,6 +407,12 @@ def _flash_plan() -> tuple:
     (dict(hicache_ratio=0), "--hicache-ratio"),
     (dict(hicache_size=-1), "--hicache-size"),
     (dict(enable_hierarchical_cache=True, disable_radix_cache=True), "--disable-radix-cache"),
+    (dict(hicache_storage_backend="file"), "--enable-hierarchical-cache"),
+    (dict(enable_hierarchical_cache=True, hicache_storage_backend="mooncake"), "--hicache-storage-backend"),
+    (dict(enable_hierarchical_cache=True, hicache_storage_backend="file", hicache_storage_prefetch_policy="eager"),
+     "--hicache-storage-prefetch-policy"),
+    (dict(enable_hierarchical_cache=True, hicache_storage_backend="file",
+          hicache_storage_backend_extra_config='{"dir": 1}'), "--hicache-storage-backend-extra-config"),
 ])
 def test_bad_flags_are_named(kwargs, message, tmp_path):
     with pytest.raises(ValueError, match=message):
