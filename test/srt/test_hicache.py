@@ -16,6 +16,7 @@ import dataclasses
 import json
 import os
 import shutil
+import threading
 
 import pytest
 
@@ -276,7 +277,9 @@ def test_prefetch_policies(tiered, plain, tmp_path):
     for i in range(1, 4):
         tiered.generate(input_ids=random_ids(150, seed=60 + i), sampling_params=SP)
     assert tiered.flush_cache() and tier.files.store.index
+    tier.files.store.drain()
     tier.files = FileTier(tier.pool, FileTierConfig(str(tmp_path), prefetch_timeout_base=1e-9), "timeout", "m")
+    assert tier.files.store.index
     out = tiered.generate(input_ids=prompts[0], sampling_params=SP, return_logprob=True,
                           logprob_start_len=len(prompts[0]) - 4)
     _assert_same([out], plain.sessions[4:5])
@@ -292,8 +295,9 @@ def test_file_store_bounds_and_rejects(tmp_path):
     keys = [bytes([i]) * 32 for i in range(4)]
     for k in keys[:3]:
         store.put(k, bytes(100))
-    assert store.get(keys[0]) == bytes(100)  # now the most recent
+    assert store.get(keys[0]) == bytes(100)  # now the most recent (read from memory or disk: the write is queued)
     store.put(keys[3], bytes(100))
+    store.drain()
     assert keys[1] not in store and all(k in store for k in (keys[0], keys[2], keys[3]))
     assert store.nbytes == 3 * (FILE_HEADER.size + 100) and len(os.listdir(store.dir)) == 3
     assert FileStore(str(tmp_path), layout, 1 << 30).index.keys() == store.index.keys()  # read back at start
@@ -310,6 +314,22 @@ def test_file_store_bounds_and_rejects(tmp_path):
         f.truncate(FILE_HEADER.size + 50)
     assert store.get(keys[2]) is None and store.get(keys[3]) is None and store.get(keys[0]) is not None
     assert list(store.index) == [keys[0].hex()] and len(os.listdir(store.dir)) == 1  # the bad ones deleted
+
+
+def test_file_store_writes_behind(tmp_path):
+    """Writes queue on the writer thread: a file is readable (from memory) before it reaches the disk, and one dropped
+    before its write (evicted past the bound) never lands."""
+    store = FileStore(str(tmp_path), b"L" * 32, max_bytes=FILE_HEADER.size + 100)
+    gate = threading.Event()
+    store._writer.submit(gate.wait)  # the writer is busy
+    first, second = b"\x01" * 32, b"\x02" * 32
+    store.put(first, bytes(100))
+    assert first in store and store.get(first) == bytes(100) and not os.listdir(store.dir)
+    store.put(second, b"\x07" * 100)  # past the bound: the first is dropped while queued
+    gate.set()
+    store.drain()
+    assert os.listdir(store.dir) == [second.hex() + ".kv"] and list(store.index) == [second.hex()]
+    assert store.get(second) == b"\x07" * 100
 
 
 @pytest.mark.parametrize("extra,message", [

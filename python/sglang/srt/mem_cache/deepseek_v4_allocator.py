@@ -494,6 +494,11 @@ class DeepSeekV4TokenAllocator:
         self._unmap(full)
         self.swa_slots.free(swa)
 
+    def close(self) -> None:
+        """Finish what outlives the server: the file tier's queued writes."""
+        if self.host_tier is not None and self.host_tier.files is not None:
+            self.host_tier.files.store.drain()
+
     def flush_cache(self, storage: bool = False) -> None:
         """Empty the prefix cache on the device and the host; `storage` (a weight update): the file tier's files too,
         and the file tier is off from then on, since files are named for the checkpoint the server started with

@@ -12,8 +12,9 @@ model's path): a server with another model, entry format or page size never sees
 (magic, layout and key digests, payload length, CRC32); one that does not check out is a miss, logged and deleted.
 
 When files are written: whenever the host tier takes a copy (its write policy decides when; a file already present
-is not written again). Writes go to a temporary name and are renamed into place, so a reader never sees a partial
-file. The directory is bounded (`max_size_gb`): the least recently used files are deleted past it.
+is not written again), on a writer thread, so the step that made the copy does not wait for the disk. Writes go to
+a temporary name and are renamed into place, so a reader never sees a partial file. The directory is bounded
+(`max_size_gb`): the least recently used files are deleted past it.
 When files are read: a match whose path runs past what the tree holds (after a restart: all of it) looks the rest up
 page by page, and ends at the deepest end file it reaches (or at an end file of a node the tree holds without an end
 on either tier); the pages and the end are read into host slots and go on to the device as any host hit.
@@ -28,14 +29,17 @@ layout's files, whose KV the old weights computed.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import logging
 import os
 import struct
+import threading
 import time
 import zlib
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Optional
 
@@ -106,7 +110,12 @@ def end_key(page_hash: bytes, next_token: Optional[int]) -> bytes:
 
 class FileStore:
     """Files keyed by digest in one directory, bounded by bytes, least recently used deleted first; the index of what
-    is there is read at start and kept as files are written, read and deleted."""
+    is there is read at start and kept as files are written, read and deleted.
+
+    Writes happen behind the caller, on one writer thread (the scheduler's step never waits for the disk): `put`
+    records the payload as pending, counted in the index at once (a `get` meanwhile answers from memory), and the
+    thread writes it to a temporary name and renames it into place, unless the file was dropped meanwhile. `drain`
+    waits for the writes so far (engine shutdown, and at exit)."""
 
     def __init__(self, root: str, layout: bytes, max_bytes: int) -> None:
         self.layout, self.max_bytes = layout, max_bytes
@@ -121,6 +130,10 @@ class FileStore:
                 os.unlink(entry.path)
         self.index = OrderedDict((name, size) for _, name, size in sorted(found))  # least recently used first
         self.nbytes = sum(self.index.values())
+        self._pending = {}  # name -> file bytes not yet on disk
+        self._lock = threading.RLock()
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="hicache-file-writer")
+        atexit.register(self.drain)
         self._evict()
 
     def __contains__(self, key: bytes) -> bool:
@@ -130,39 +143,61 @@ class FileStore:
         return os.path.join(self.dir, name + ".kv")
 
     def put(self, key: bytes, payload: bytes) -> int:
-        """Write a file (atomically) unless present; returns the bytes written."""
+        """Queue a file's write unless it is present; returns the payload bytes queued."""
         name = key.hex()
-        if name in self.index:
-            self.index.move_to_end(name)
-            return 0
-        data = _HEADER.pack(_MAGIC, self.layout, key, len(payload), zlib.crc32(payload)) + payload
+        with self._lock:
+            if name in self.index:
+                self.index.move_to_end(name)
+                return 0
+            data = _HEADER.pack(_MAGIC, self.layout, key, len(payload), zlib.crc32(payload)) + payload
+            self._pending[name] = data
+            self.index[name] = len(data)
+            self.nbytes += len(data)
+            self._evict()
+        self._writer.submit(self._write, name, data)
+        return len(payload)
+
+    def _write(self, name: str, data: bytes) -> None:
         tmp = self._path(name) + f".{os.getpid()}.tmp"
         try:
             with open(tmp, "wb") as f:
                 f.write(data)
-            os.replace(tmp, self._path(name))
+            with self._lock:
+                if self._pending.get(name) is data:  # not dropped meanwhile
+                    os.replace(tmp, self._path(name))
+                    del self._pending[name]
+                    return
         except OSError as e:
             logger.warning("file tier: cannot write %s: %s", self._path(name), e)
-            with _suppress():
-                os.unlink(tmp)
-            return 0
-        self.index[name] = len(data)
-        self.nbytes += len(data)
-        self._evict()
-        return len(payload)
+            with self._lock:
+                if self._pending.get(name) is data:
+                    self._drop(name)
+        with _suppress():
+            os.unlink(tmp)
+
+    def drain(self) -> None:
+        """Wait for every write queued so far."""
+        try:
+            self._writer.submit(lambda: None).result()
+        except RuntimeError:  # the interpreter is exiting: the executor has already waited for its writes
+            pass
 
     def get(self, key: bytes) -> Optional[bytes]:
         """The payload, or None: absent, unreadable, truncated or corrupt (logged and deleted)."""
         name = key.hex()
-        if name not in self.index:
-            return None
-        try:
-            with open(self._path(name), "rb") as f:
-                data = f.read()
-        except OSError as e:
-            logger.warning("file tier: cannot read %s: %s", self._path(name), e)
-            self._drop(name)
-            return None
+        with self._lock:
+            if name not in self.index:
+                return None
+            data = self._pending.get(name)
+        if data is None:
+            try:
+                with open(self._path(name), "rb") as f:
+                    data = f.read()
+            except OSError as e:
+                logger.warning("file tier: cannot read %s: %s", self._path(name), e)
+                with self._lock:
+                    self._drop(name)
+                return None
         problem = None
         if len(data) < _HEADER.size:
             problem = "truncated header"
@@ -175,23 +210,28 @@ class FileStore:
                 problem = f"truncated ({len(payload)} of {size} bytes)"
             elif zlib.crc32(payload) != crc:
                 problem = "checksum mismatch"
-        if problem is not None:
-            logger.warning("file tier: %s is unusable (%s): a miss; deleted", self._path(name), problem)
-            self._drop(name)
-            return None
-        self.index.move_to_end(name)
+        with self._lock:
+            if problem is not None:
+                logger.warning("file tier: %s is unusable (%s): a miss; deleted", self._path(name), problem)
+                self._drop(name)
+                return None
+            if name in self.index:
+                self.index.move_to_end(name)
         with _suppress():
             os.utime(self._path(name))  # the order survives a restart
         return payload
 
     def clear(self) -> None:
-        for name in list(self.index):
-            self._drop(name)
+        self.drain()
+        with self._lock:
+            for name in list(self.index):
+                self._drop(name)
 
     def _drop(self, name: str) -> None:
         self.nbytes -= self.index.pop(name, 0)
-        with _suppress():
-            os.unlink(self._path(name))
+        if self._pending.pop(name, None) is None:
+            with _suppress():
+                os.unlink(self._path(name))
 
     def _evict(self) -> None:
         while self.nbytes > self.max_bytes and self.index:
