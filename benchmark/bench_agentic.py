@@ -60,8 +60,7 @@ def run(args, name: str, pool_tokens: int, **engine_kwargs) -> dict:
     if args.dtype:
         engine_kwargs["dtype"] = args.dtype
     eng = sglang.Engine(model_path=args.model_path, device=args.device, log_level="warning",
-                        max_total_tokens=pool_tokens, page_size=args.page_size, max_running_requests=4,
-                        **engine_kwargs)
+                        max_total_tokens=pool_tokens, page_size=args.page_size, **engine_kwargs)
     g = torch.Generator().manual_seed(0)
     vocab = eng.model_runner.model_config.vocab_size
 
@@ -107,7 +106,8 @@ def main() -> None:
     ap.add_argument("--system-tokens", type=int, default=384)
     ap.add_argument("--turn-tokens", type=int, default=128)
     ap.add_argument("--pool-fraction", type=float, default=0.25, help="device pool / working set (small runs)")
-    ap.add_argument("--host-ratio", type=float, default=6.0, help="--hicache-ratio of the host run")
+    ap.add_argument("--host-ratio", type=float, default=6.0,
+                    help="--hicache-ratio of the host run (x the small pool's pages and ends: every session)")
     ap.add_argument("--page-size", type=int, help="default: the engine's (256 for DeepSeek-V4)")
     ap.add_argument("--storage-dir", help="also run the file tier after a restart, in this directory")
     ap.add_argument("--out")
@@ -116,8 +116,14 @@ def main() -> None:
     longest = args.system_tokens + args.turns * (args.turn_tokens + 1)
     small = max(int(working * args.pool_fraction), longest + 512)  # the longest turn, in flight, must fit
     bandwidth = copy_bandwidth_gbps(args.device)
-    hicache = dict(enable_hierarchical_cache=True, hicache_ratio=args.host_ratio, hicache_write_policy="write_through")
-    rows = [run(args, "unbounded", 2 * working), run(args, "device", small), run(args, "host", small, **hicache)]
+    # A cached end (window tail and state slot) per session, beside the pages: the unbounded pool keeps one for every
+    # session (2 state slots per running request, window slots for every token); the small pool a quarter of them
+    unbounded = dict(max_running_requests=args.sessions, swa_full_tokens_ratio=1.0)
+    small_ends = dict(max_running_requests=max(1, args.sessions // 8))
+    hicache = dict(small_ends, enable_hierarchical_cache=True, hicache_ratio=args.host_ratio,
+                   hicache_write_policy="write_through")
+    rows = [run(args, "unbounded", 2 * working, **unbounded), run(args, "device", small, **small_ends),
+            run(args, "host", small, **hicache)]
     if args.storage_dir:
         extra = json.dumps({"storage_dir": args.storage_dir or tempfile.mkdtemp()})
         files = dict(hicache, hicache_storage_backend="file", hicache_storage_backend_extra_config=extra,

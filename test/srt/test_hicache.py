@@ -26,9 +26,10 @@ from sglang.srt.managers.io_struct import SchedulerStats
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.metrics.collector import MetricsCollector
 from sglang.srt.mem_cache.file_tier import _HEADER as FILE_HEADER
-from sglang.srt.mem_cache.file_tier import FileStore, FileTier, FileTierConfig
+from sglang.srt.mem_cache.file_tier import FileStore, FileTier, FileTierConfig, chain_hashes, node_hashes
 from sglang.srt.mem_cache.host_tier import HostTier, HostTierStats
 from sglang.srt.mem_cache.pool_sizing import plan_host_tier, plan_pools
+from sglang.srt.mem_cache.radix_cache import CacheCallbacks, RadixCache, TreeNode
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
 from test_prefix_cache import SPEC, _assert_same, _rss_mb
@@ -285,6 +286,25 @@ def test_prefetch_policies(tiered, plain, tmp_path):
     _assert_same([out], plain.sessions[4:5])
     assert out["meta_info"]["cached_tokens"] == 0 and tier.stats.file_hit_tokens == 0
     _check_and_flush(tiered)
+
+
+def test_chain_hashes_name_the_whole_prefix():
+    """A page's hash covers every token before it: the same for a node however the tree splits it, different when an
+    earlier token differs; computed down a path of any depth (no recursion)."""
+    cache = RadixCache(4, 4, CacheCallbacks(lambda p: None, lambda f, s: None, lambda s: None))
+    tokens = list(range(40))
+    flat = chain_hashes(b"", tokens, 4)
+    node = cache.root
+    for i in range(0, 40, 8):  # a path of five nodes of two pages
+        node.children[tuple(tokens[i:i + 4])] = node = TreeNode(node, tokens[i:i + 8], [0, 0])
+    assert node_hashes(node, 4) == flat[8:]
+    upper = cache._split(node.parent, 1)  # the fourth node cut after its first page
+    assert node_hashes(upper, 4) == [flat[6]] and upper.children[tuple(tokens[28:32])].page_hashes == [flat[7]]
+    assert chain_hashes(b"", [1] + tokens[1:], 4)[-1] != flat[-1]
+    deep = cache.root
+    for i in range(5000):
+        deep = TreeNode(deep, [i, i, i, i], [0])
+    assert len(node_hashes(deep, 4)) == 1
 
 
 def test_file_store_bounds_and_rejects(tmp_path):

@@ -104,6 +104,19 @@ def chain_hashes(start: bytes, tokens: list, page_size: int) -> list:
     return out
 
 
+def node_hashes(node: TreeNode, page_size: int) -> list:
+    """The chain hash after each page of a tree node (kept on the node, split with it: computed once per node)."""
+    path = []
+    while node.parent is not None and node.page_hashes is None:  # up to the root or a node already hashed
+        path.append(node)
+        node = node.parent
+    start = node.page_hashes[-1] if node.parent is not None else b""
+    for n in reversed(path):
+        n.page_hashes = chain_hashes(start, n.key, page_size)
+        start = n.page_hashes[-1]
+    return (path[0] if path else node).page_hashes
+
+
 def end_key(page_hash: bytes, next_token: Optional[int]) -> bytes:
     return hashlib.sha256(page_hash + (b"end" if next_token is None else struct.pack("<q", next_token))).digest()
 
@@ -261,12 +274,7 @@ class FileTier:
 
     # ---- hashes -----------------------------------------------------------------------------------
     def node_hashes(self, node) -> list:
-        """The chain hash after each page of a node (computed once per node: its parent's last, then its key)."""
-        if node.page_hashes is None:
-            parent = node.parent
-            start = self.node_hashes(parent)[-1] if parent is not None and parent.parent is not None else b""
-            node.page_hashes = chain_hashes(start, node.key, self.page_size)
-        return node.page_hashes
+        return node_hashes(node, self.page_size)
 
     # ---- writes -----------------------------------------------------------------------------------
     def save_pages(self, node) -> int:
