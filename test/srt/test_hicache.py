@@ -417,6 +417,16 @@ def test_metrics_report_tiers_and_bytes():
     assert 'sglang:cache_tier_hit_rate{model_name="m",tier="device"} 0.2' in text
     assert 'sglang:hicache_bytes_total{direction="to_host",model_name="m"} 4096.0' in text
     assert 'sglang:hicache_load_latency_seconds_count{model_name="m"} 2.0' in text
+    # the file tier's hits are loads through the host: their share moves from the host's rate to the file's
+    stats.file_hit_tokens, stats.bytes_to_file, stats.bytes_from_file = 10, 2048, 512
+    metrics.observe_stats(SchedulerStats(0, 0, 0.0, 0, cache_hit_rate=0.5, cache_queried_tokens=100,
+                                         hicache=stats.take()))
+    text = metrics.render().decode()
+    assert 'sglang:cache_tier_hit_rate{model_name="m",tier="file"} 0.1' in text
+    assert 'sglang:cache_tier_hit_rate{model_name="m",tier="host"} 0.2' in text
+    assert 'sglang:hicache_bytes_total{direction="to_file",model_name="m"} 2048.0' in text
+    assert 'sglang:hicache_bytes_total{direction="from_file",model_name="m"} 512.0' in text
+    assert 'sglang:hicache_bytes_total{direction="to_host",model_name="m"} 4096.0' in text  # counted once
 
 
 def test_host_tier_size_from_ratio_or_gb():

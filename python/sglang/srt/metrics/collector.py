@@ -114,10 +114,11 @@ class MetricsCollector:
     def observe_hicache(self, h, hit_rate: float, queried_tokens: int) -> None:
         """A mem_cache.host_tier.HostTierStats taken by the scheduler: totals since start, latencies since the last."""
         m = self.model_name
+        file_tokens = min(h.file_hit_tokens, h.host_hit_tokens)  # file hits load through the host
         host = h.host_hit_tokens / queried_tokens if queried_tokens else 0.0
-        file = min(host, h.file_hit_tokens / queried_tokens if queried_tokens else 0.0)  # file hits load via the host
-        self.tier_hit_rate.labels(m, "file").set(file)
-        self.tier_hit_rate.labels(m, "host").set(host - file)
+        self.tier_hit_rate.labels(m, "file").set(file_tokens / queried_tokens if queried_tokens else 0.0)
+        self.tier_hit_rate.labels(m, "host").set((h.host_hit_tokens - file_tokens) / queried_tokens
+                                                 if queried_tokens else 0.0)
         self.tier_hit_rate.labels(m, "device").set(max(0.0, hit_rate - host))
         totals = (h.bytes_to_host, h.bytes_to_device, h.bytes_to_file, h.bytes_from_file)
         for direction, now, before in zip(("to_host", "to_device", "to_file", "from_file"), totals,
