@@ -25,7 +25,9 @@ ancestors are all on the device (a node leaves the device only once none of its 
 device nodes, then host-only ones. Evicting a device leaf moves it to the host when the tier holds (or takes) a copy,
 else it goes with its host-only subtree; the host evicts least recently used copies, dropping host-only leaves
 whole. A match may end at an end the host holds: the allocator loads the host-only nodes of its path and the end's
-rows back to the device (`PrefixMatch.load`) or, when the device cannot take them, uses `fallback`.
+rows back to the device (`PrefixMatch.load`) or, when the device cannot take them, uses `fallback`. With the file
+tier under the host (mem_cache/file_tier.py), a match goes on past the tree's path through the files (MatchWalk
+says where the walk stopped): what they hold is read into new host-only nodes first, then loaded as any host hit.
 """
 
 from __future__ import annotations
