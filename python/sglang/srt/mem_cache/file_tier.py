@@ -133,14 +133,18 @@ class FileStore:
     def __init__(self, root: str, layout: bytes, max_bytes: int) -> None:
         self.layout, self.max_bytes = layout, max_bytes
         self.dir = os.path.join(root, layout.hex()[:32])
-        os.makedirs(self.dir, exist_ok=True)
         found = []
-        for entry in os.scandir(self.dir):
-            if entry.name.endswith(".kv") and entry.is_file():
-                st = entry.stat()
-                found.append((st.st_mtime, entry.name[:-3], st.st_size))
-            elif entry.name.endswith(".tmp"):  # a write cut short by a crash
-                os.unlink(entry.path)
+        try:
+            os.makedirs(self.dir, exist_ok=True)
+            for entry in os.scandir(self.dir):
+                if entry.name.endswith(".kv") and entry.is_file():
+                    st = entry.stat()
+                    found.append((st.st_mtime, entry.name[:-3], st.st_size))
+                elif entry.name.endswith(".tmp"):  # a write cut short by a crash
+                    os.unlink(entry.path)
+        except OSError as e:
+            raise ValueError(f"the file tier cannot use {root!r} ({e}): give SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR "
+                             f"or storage_dir in --hicache-storage-backend-extra-config a writable directory") from None
         self.index = OrderedDict((name, size) for _, name, size in sorted(found))  # least recently used first
         self.nbytes = sum(self.index.values())
         self._pending = {}  # name -> file bytes not yet on disk
