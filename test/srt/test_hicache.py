@@ -1,14 +1,24 @@
 """The host tier under the prefix cache (mem_cache/host_tier.py, --enable-hierarchical-cache) is exact (CPU, fp32):
 with a device pool too small for the sessions, greedy outputs and prompt logprobs equal the engine without a cache,
 while later turns hit prefixes the device evicted, loaded back from the host (more cached tokens than the device
-alone), for each write policy, with speculative decoding and under retraction; the host stays within its bound and
-holds exactly the tree's copies; a request aborted right after its load frees everything on both tiers; a flush
-empties both. Engines here take 10-20 s each on 2 cores (about 2 minutes for the module)."""
+alone), for each write policy and io backend, with speculative decoding and under retraction; the host stays within
+its bound and holds exactly the tree's copies, also over a soak with flat memory; a request aborted right after its
+load frees everything on both tiers; a flush empties both. The file tier (mem_cache/file_tier.py) serves a second
+engine on the same directory, exactly; its files are checked, bounded and written behind the scheduler.
+
+One engine per configuration for the module: the reference without a cache, and the tiered engine (built by the
+flags, write_back), whose host tier each test replaces (another policy, io backend or size, as the flags would
+build it) after a flush; its device-only runs are the same engine with the tier detached. About 65 s of CPU time
+(2 cores), 20 s of it the retraction references, shared with test_retraction.py when both run in one process."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import functools
+import json
+import os
+import shutil
+import threading
 
 import pytest
 
@@ -17,20 +27,99 @@ from oracle import engine, random_ids
 from sglang.srt.managers.io_struct import SchedulerStats
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.metrics.collector import MetricsCollector
-from sglang.srt.mem_cache.host_tier import HostTierStats
+from sglang.srt.mem_cache.file_tier import _HEADER as FILE_HEADER
+from sglang.srt.mem_cache.file_tier import FileStore, FileTier, FileTierConfig, chain_hashes, node_hashes
+from sglang.srt.mem_cache.host_tier import HostTier, HostTierStats
 from sglang.srt.mem_cache.pool_sizing import plan_host_tier, plan_pools
+from sglang.srt.mem_cache.radix_cache import CacheCallbacks, RadixCache, TreeNode
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
-from test_prefix_cache import GREEDY, SPEC, _assert_same, _run_sessions
+from test_prefix_cache import SPEC, _assert_same, _rss_mb
 
-# 512 tokens of device pool (32 pages of 16): four sessions of 60-100 tokens evict each other every turn
+# 512 tokens of device pool (32 pages of 16): four sessions of 100-120 tokens evict each other every turn
 SMALL = dict(max_total_tokens=512, chunked_prefill_size=64, max_running_requests=2)
-SESSIONS = [random_ids(60, seed=30 + i) for i in range(4)]
+SESSIONS = [random_ids(100, seed=30 + i) for i in range(4)]
+SP = {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}
 
 
-def _tiered(policy: str = "write_back", ratio: float = 4.0, **kwargs):
-    return engine("tiny", **SMALL, enable_hierarchical_cache=True, hicache_ratio=ratio, hicache_write_policy=policy,
-                  **kwargs)
+def _sessions(eng, turns: int = 2) -> list:
+    """Multi-turn chats, interleaved turn by turn: each turn resends the conversation plus new tokens."""
+    history = [list(s) for s in SESSIONS]
+    outs = []
+    for t in range(turns):
+        for i, h in enumerate(history):
+            out = eng.generate(input_ids=h, sampling_params=SP, return_logprob=True, logprob_start_len=len(h) - 4)
+            outs.append(out)
+            h += out["output_ids"] + random_ids(7, seed=100 * i + t)
+    return outs
+
+
+def _shared_prefix(eng) -> list:
+    """A system prompt, then two batches of it with different questions, unrelated prompts filling the device pool
+    after each batch."""
+    system = random_ids(50, seed=7)
+    outs = [eng.generate(input_ids=system + [5, 6], sampling_params=SP)]
+    for round_ in range(2):
+        outs += eng.generate(input_ids=[system + random_ids(6 + i, seed=20 + i + 10 * round_) for i in range(3)],
+                             sampling_params=SP, return_logprob=True, logprob_start_len=52)
+        for i in range(3):
+            eng.generate(input_ids=random_ids(150, seed=90 + i + 10 * round_), sampling_params=SP)
+    return outs
+
+
+def _cached(outs: list) -> int:
+    return sum(o["meta_info"]["cached_tokens"] for o in outs)
+
+
+@dataclasses.dataclass
+class Reference:
+    sessions: list  # outputs of _sessions without a cache
+    shared: list  # ... of _shared_prefix
+
+
+@pytest.fixture(scope="module")
+def plain():
+    eng = engine("tiny", disable_radix_cache=True, **SMALL)
+    try:
+        yield Reference(_sessions(eng), _shared_prefix(eng))
+    finally:
+        eng.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tiered():
+    eng = engine("tiny", **SMALL, enable_hierarchical_cache=True, hicache_ratio=4.0, hicache_write_policy="write_back")
+    try:
+        yield eng
+    finally:
+        eng.shutdown()
+
+
+def _use_tier(eng, policy: str, ratio: float = 4.0, io: str = "kernel") -> HostTier:
+    """A flushed engine with a fresh host tier of that policy, size and io backend (as the flags build it); the one
+    the flags built when it is the same."""
+    assert eng.flush_cache()
+    runner = eng.model_runner
+    tier = runner.token_allocator.host_tier
+    shape = plan_host_tier(runner.model_config, runner.pool_plan, ratio)
+    if (tier.write_policy, tier.pool.io_backend, tier.shape) != (policy, io, shape):
+        tier = HostTier(runner.token_to_kv_pool, shape, policy, io)
+        runner.token_allocator.attach_host_tier(tier)
+    return tier
+
+
+@contextlib.contextmanager
+def _device_only(eng):
+    """The engine with its host tier detached (the prefix cache on the device alone), flushed after."""
+    alloc = eng.model_runner.token_allocator
+    tier = alloc.host_tier
+    assert eng.flush_cache()
+    alloc.cache.tier = alloc.host_tier = None
+    try:
+        yield
+        assert eng.flush_cache()
+    finally:
+        alloc.attach_host_tier(tier)
 
 
 def _check_and_flush(eng) -> None:
@@ -44,97 +133,261 @@ def _check_and_flush(eng) -> None:
     assert not alloc.cache.root.children and not bool((alloc.full_to_swa != -1).any())
 
 
-@functools.lru_cache(maxsize=None)
-def _reference(spec: bool) -> tuple:
-    """(outputs without a cache, cached tokens of the device-only cache) of the sessions on the small pool."""
-    kwargs = SPEC if spec else {}
-    eng = engine("tiny", disable_radix_cache=True, **SMALL, **kwargs)
-    try:
-        plain = _run_sessions(eng, SESSIONS, turns=3)
-    finally:
-        eng.shutdown()
-    eng = engine("tiny", **SMALL, **kwargs)
-    try:
-        device_only = _run_sessions(eng, SESSIONS, turns=3)
-    finally:
-        eng.shutdown()
-    _assert_same(device_only, plain)
-    return plain, sum(o["meta_info"]["cached_tokens"] for o in device_only)
+@pytest.fixture(scope="module")
+def device_hits(tiered) -> int:
+    """Cached tokens of the sessions with the prefix cache on the device alone."""
+    with _device_only(tiered):
+        return _cached(_sessions(tiered))
 
 
-@pytest.mark.parametrize("policy,spec,ratio,io", [
-    ("write_back", False, 4.0, "kernel"), ("write_through", False, 4.0, "direct"), ("write_back", True, 4.0, "kernel"),
-    ("write_through", False, 0.4, "kernel")],
-    ids=["write_back", "write_through-direct", "write_back-speculative", "write_through-small-host"])
-def test_multi_turn_sessions_identical_and_hit_from_host(policy, spec, ratio, io):
-    plain, device_hits = _reference(spec)
-    eng = _tiered(policy, ratio, hicache_io_backend=io, **(SPEC if spec else {}))
+@pytest.mark.parametrize("policy,ratio,io", [
+    ("write_back", 4.0, "kernel"), ("write_through", 4.0, "direct"), ("write_through", 0.4, "kernel")],
+    ids=["write_back", "write_through-direct", "write_through-small-host"])
+def test_multi_turn_sessions_identical_and_hit_from_host(tiered, plain, device_hits, policy, ratio, io):
+    tier = _use_tier(tiered, policy, ratio, io)
+    out = _sessions(tiered)
+    _assert_same(out, plain.sessions)
+    assert tier.stats.bytes_to_host > 0
+    if ratio > 1:  # the host holds every session: later turns load them back
+        assert tier.stats.num_loads > 0 and tier.stats.bytes_to_device > 0 and tier.stats.host_hit_tokens > 0
+        assert _cached(out) > device_hits
+    _check_and_flush(tiered)
+
+
+def test_speculative_sessions_identical_and_hit_from_host():
+    """The same with MTP speculative decoding (the host keeps the ends' MTP window rows): the same drafts accepted."""
+    eng = engine("tiny", disable_radix_cache=True, **SMALL, **SPEC)
     try:
-        out = _run_sessions(eng, SESSIONS, turns=3)
-        _assert_same(out, plain)
+        ref = _sessions(eng)
+    finally:
+        eng.shutdown()
+    eng = engine("tiny", **SMALL, **SPEC, enable_hierarchical_cache=True, hicache_ratio=4.0,
+                 hicache_write_policy="write_back")
+    try:
+        with _device_only(eng):
+            device_only = _cached(_sessions(eng))
+        out = _sessions(eng)
+        _assert_same(out, ref)
         stats = eng.model_runner.token_allocator.host_tier.stats
-        assert stats.bytes_to_host > 0
-        if ratio > 1:  # the host holds every session: later turns load them back
-            assert stats.num_loads > 0 and stats.bytes_to_device > 0 and stats.host_hit_tokens > 0
-            assert sum(o["meta_info"]["cached_tokens"] for o in out) > device_hits
+        assert stats.num_loads > 0 and stats.bytes_to_device > 0 and stats.host_hit_tokens > 0
+        assert _cached(out) > device_only
         _check_and_flush(eng)
     finally:
         eng.shutdown()
 
 
-def test_shared_prefix_batch_selective_copy_and_load():
+def test_shared_prefix_batch_selective_copy_and_load(tiered, plain):
     """write_through_selective: the shared system prompt, matched by the batch, is copied to the host; other traffic
     then evicts it from the device, and the next batch loads it back (48 cached tokens each), outputs identical."""
-    system = random_ids(50, seed=7)
-
-    def run(eng):
-        outs = [eng.generate(input_ids=system + [5, 6], sampling_params=GREEDY)]
-        for round_ in range(2):
-            outs += eng.generate(input_ids=[system + random_ids(6 + i, seed=20 + i + 10 * round_) for i in range(3)],
-                                 sampling_params=GREEDY, return_logprob=True, logprob_start_len=52)
-            for i in range(3):  # unrelated prompts fill the device pool
-                eng.generate(input_ids=random_ids(150, seed=90 + i + 10 * round_), sampling_params=GREEDY)
-        return outs
-
-    eng = engine("tiny", disable_radix_cache=True, **SMALL)
-    try:
-        plain = run(eng)
-    finally:
-        eng.shutdown()
-    eng = _tiered("write_through_selective")
-    try:
-        got = run(eng)
-        _assert_same(got[1:], plain[1:])
-        assert got[0]["output_ids"] == plain[0]["output_ids"]
-        assert [o["meta_info"]["cached_tokens"] for o in got[4:]] == [48, 48, 48]  # the second batch: from the host
-        assert eng.model_runner.token_allocator.host_tier.stats.num_loads > 0
-        _check_and_flush(eng)
-    finally:
-        eng.shutdown()
+    tier = _use_tier(tiered, "write_through_selective")
+    got = _shared_prefix(tiered)
+    _assert_same(got[1:], plain.shared[1:])
+    assert got[0]["output_ids"] == plain.shared[0]["output_ids"]
+    assert [o["meta_info"]["cached_tokens"] for o in got[4:]] == [48, 48, 48]  # the second batch: from the host
+    assert tier.stats.num_loads > 0
+    _check_and_flush(tiered)
 
 
-def test_abort_right_after_a_load_frees_both_tiers():
+def test_abort_right_after_a_load_frees_both_tiers(tiered):
     """A request admitted on a prefix loaded from the host and aborted before its prefill: every device slot it held
     is free again, the loaded prefix stays cached on both tiers, and the next turn reuses it."""
-    eng = _tiered()
+    tier = _use_tier(tiered, "write_back")
+    first = SESSIONS[0][:60] + [3, 4]
+    tiered.generate(input_ids=first, sampling_params=SP)
+    for i in range(1, 4):  # evict the first chat from the device
+        tiered.generate(input_ids=random_ids(150, seed=60 + i), sampling_params=SP)
+    loads = tier.stats.num_loads
+    req = Req(rid="a", origin_input_ids=first + [7, 8], sampling_params=SamplingParams(max_new_tokens=4))
+    tiered.scheduler.add_request(req)
+    tiered.scheduler._admit()  # admission runs the match and the load, not the prefill
+    assert tier.stats.num_loads == loads + 1 and req.cached_tokens == 48
+    assert tiered.scheduler.abort_request("a") is req
+    tiered.model_runner.token_allocator.check_all_free()
+    out = tiered.generate(input_ids=first + [7, 8], sampling_params=SP)
+    assert out["meta_info"]["cached_tokens"] == 48
+    _check_and_flush(tiered)
+
+
+def _file_engine(storage_dir, **kwargs):
+    extra = json.dumps({"storage_dir": str(storage_dir)})
+    return engine("tiny", **SMALL, enable_hierarchical_cache=True, hicache_ratio=4.0,
+                  hicache_write_policy="write_through", hicache_storage_backend="file",
+                  hicache_storage_backend_extra_config=extra, hicache_storage_prefetch_policy="wait_complete", **kwargs)
+
+
+def _second_turns(plain) -> list:
+    """The sessions' second-turn prompts (what the reference answered to their first turn, then the user's)."""
+    return [s + o["output_ids"] + random_ids(7, seed=100 * i) for i, (s, o) in enumerate(zip(SESSIONS, plain.sessions))]
+
+
+def test_file_tier_outlives_the_server(tiered, plain, tmp_path, caplog):
+    """--hicache-storage-backend file: a server writes what its host tier holds to files; the next server on the
+    directory (the first shut down) starts with an empty tree and loads the sessions' second turns from the files,
+    outputs identical to no cache. A truncated file is a miss (logged; written again once recomputed), a server of
+    another model sees none of the files, /flush_cache keeps them and a weight update deletes them."""
+    eng = _file_engine(tmp_path)
     try:
-        first = SESSIONS[0] + [3, 4]
-        eng.generate(input_ids=first, sampling_params=GREEDY)
-        for i in range(1, 4):  # evict the first conversation from the device
-            eng.generate(input_ids=random_ids(150, seed=60 + i), sampling_params=GREEDY)
-        tier = eng.model_runner.token_allocator.host_tier
-        loads = tier.stats.num_loads
-        req = Req(rid="a", origin_input_ids=first + [7, 8], sampling_params=SamplingParams(max_new_tokens=4))
-        eng.scheduler.add_request(req)
-        eng.scheduler._admit()  # admission runs the match and the load, not the prefill
-        assert tier.stats.num_loads == loads + 1 and req.cached_tokens == 48
-        assert eng.scheduler.abort_request("a") is req
-        eng.model_runner.token_allocator.check_all_free()
-        out = eng.generate(input_ids=first + [7, 8], sampling_params=GREEDY)
-        assert out["meta_info"]["cached_tokens"] == 48
-        _check_and_flush(eng)
+        _assert_same(_sessions(eng), plain.sessions)
+        first = eng.model_runner.token_allocator.host_tier
+        assert first.stats.bytes_to_file > 0 and first.files.store.index
+        identity = eng.model_runner.model_path
     finally:
         eng.shutdown()
+    tier = _use_tier(tiered, "write_through")
+    tier.files = FileTier(tier.pool, FileTierConfig(str(tmp_path)), "wait_complete", identity)
+    store = tier.files.store
+    names = list(store.index)
+    with open(store._path(names[0]), "r+b") as f:  # truncated
+        f.truncate(40)
+    prompts = _second_turns(plain)
+    out = [tiered.generate(input_ids=p, sampling_params=SP, return_logprob=True, logprob_start_len=len(p) - 4)
+           for p in prompts]
+    _assert_same(out, plain.sessions[4:])
+    assert tier.stats.file_hit_tokens > 0 and tier.stats.bytes_from_file > 0
+    assert sum(o["meta_info"]["cached_tokens"] > 0 for o in out) >= 3  # a damaged file costs at most one session
+    assert "truncated header" in caplog.text and store.get(bytes.fromhex(names[0])) is not None  # recomputed
+    tiered.model_runner.token_allocator.check_all_free()
+    assert tiered.flush_cache() and store.index and all(os.path.exists(store._path(n)) for n in store.index)
+
+    hits = tier.stats.file_hit_tokens
+    tier.files = FileTier(tier.pool, FileTierConfig(str(tmp_path)), "wait_complete", identity + "-other")
+    assert tier.files.store.dir != store.dir and not tier.files.store.index
+    assert tiered.generate(input_ids=prompts[2], sampling_params=SP)["meta_info"]["cached_tokens"] == 0
+    assert tier.stats.file_hit_tokens == hits
+    tier.files = FileTier(tier.pool, FileTierConfig(str(tmp_path)), "wait_complete", identity)
+    tiered.model_runner.token_allocator.flush_cache(storage=True)  # what a weight update does
+    assert tier.files is None and not os.listdir(store.dir)
+    _check_and_flush(tiered)
+
+
+def test_prefetch_policies(tiered, plain, tmp_path):
+    """Room for a match's files in a host tier full of copies: best_effort drops only copies the device also holds
+    (no host-only prefix is lost), wait_complete the least recently used of any; timeout stops reading at its deadline
+    (a match past it starts where the tree's own copies end), outputs identical."""
+    tier = _use_tier(tiered, "write_through", ratio=1.0)
+    _sessions(tiered)  # every cached node copied to a host tier too small for the sessions: it fills up
+    host_only = lambda: sum(1 for n in tier.cache.nodes() if not n.pages)  # noqa: E731
+    before, free = host_only(), tier.pages.available()
+    need = tier.shape.num_pages  # more than the device-backed copies
+    for policy, loses in (("best_effort", False), ("wait_complete", True)):
+        files = FileTier(tier.pool, FileTierConfig(str(tmp_path)), policy, "m")
+        assert not files._room(tier, need, 0) if policy == "best_effort" else files._room(tier, need, 0)
+        assert (host_only() < before) == loses and tier.pages.available() > free
+    assert tiered.flush_cache()
+    tier.files = FileTier(tier.pool, FileTierConfig(str(tmp_path)), "wait_complete", "m")
+    prompts = _second_turns(plain)
+    tiered.generate(input_ids=prompts[0], sampling_params=SP)  # its files written (write_back: at eviction)
+    for i in range(1, 4):
+        tiered.generate(input_ids=random_ids(150, seed=60 + i), sampling_params=SP)
+    assert tiered.flush_cache() and tier.files.store.index
+    tier.files.store.drain()
+    tier.files = FileTier(tier.pool, FileTierConfig(str(tmp_path), prefetch_timeout_base=1e-9), "timeout", "m")
+    assert tier.files.store.index
+    out = tiered.generate(input_ids=prompts[0], sampling_params=SP, return_logprob=True,
+                          logprob_start_len=len(prompts[0]) - 4)
+    _assert_same([out], plain.sessions[4:5])
+    assert out["meta_info"]["cached_tokens"] == 0 and tier.stats.file_hit_tokens == 0
+    _check_and_flush(tiered)
+
+
+def test_chain_hashes_name_the_whole_prefix():
+    """A page's hash covers every token before it: the same for a node however the tree splits it, different when an
+    earlier token differs; computed down a path of any depth (no recursion)."""
+    cache = RadixCache(4, 4, CacheCallbacks(lambda p: None, lambda f, s: None, lambda s: None))
+    tokens = list(range(40))
+    flat = chain_hashes(b"", tokens, 4)
+    node = cache.root
+    for i in range(0, 40, 8):  # a path of five nodes of two pages
+        node.children[tuple(tokens[i:i + 4])] = node = TreeNode(node, tokens[i:i + 8], [0, 0])
+    assert node_hashes(node, 4) == flat[8:]
+    upper = cache._split(node.parent, 1)  # the fourth node cut after its first page
+    assert node_hashes(upper, 4) == [flat[6]] and upper.children[tuple(tokens[28:32])].page_hashes == [flat[7]]
+    assert chain_hashes(b"", [1] + tokens[1:], 4)[-1] != flat[-1]
+    deep = cache.root
+    for i in range(5000):
+        deep = TreeNode(deep, [i, i, i, i], [0])
+    assert len(node_hashes(deep, 4)) == 1
+
+
+def test_file_store_bounds_and_rejects(tmp_path):
+    """The directory stays within max_size_gb, least recently used files deleted first (a read counts as a use);
+    a file of another layout, with a wrong key, a changed byte or cut short is a miss, and deleted."""
+    layout = b"L" * 32
+    store = FileStore(str(tmp_path), layout, max_bytes=3 * (FILE_HEADER.size + 100))
+    keys = [bytes([i]) * 32 for i in range(4)]
+    for k in keys[:3]:
+        store.put(k, bytes(100))
+    assert store.get(keys[0]) == bytes(100)  # now the most recent (read from memory or disk: the write is queued)
+    store.put(keys[3], bytes(100))
+    store.drain()
+    assert keys[1] not in store and all(k in store for k in (keys[0], keys[2], keys[3]))
+    assert store.nbytes == 3 * (FILE_HEADER.size + 100) and len(os.listdir(store.dir)) == 3
+    assert FileStore(str(tmp_path), layout, 1 << 30).index.keys() == store.index.keys()  # read back at start
+    other = FileStore(str(tmp_path), b"M" * 32, 1 << 30)
+    assert not other.index and other.dir != store.dir
+    shutil.copy(store._path(keys[0].hex()), other._path(keys[0].hex()))
+    shutil.copy(store._path(keys[2].hex()), other._path(keys[3].hex()))
+    other = FileStore(str(tmp_path), b"M" * 32, 1 << 30)
+    assert other.get(keys[0]) is None and other.get(keys[3]) is None and not other.index
+    with open(store._path(keys[2].hex()), "r+b") as f:  # one payload byte changed
+        f.seek(-1, 2)
+        f.write(b"\x01")
+    with open(store._path(keys[3].hex()), "r+b") as f:
+        f.truncate(FILE_HEADER.size + 50)
+    assert store.get(keys[2]) is None and store.get(keys[3]) is None and store.get(keys[0]) is not None
+    assert list(store.index) == [keys[0].hex()] and len(os.listdir(store.dir)) == 1  # the bad ones deleted
+
+
+def test_file_store_writes_behind(tmp_path):
+    """Writes queue on the writer thread: a file is readable (from memory) before it reaches the disk, and one dropped
+    before its write (evicted past the bound) never lands."""
+    store = FileStore(str(tmp_path), b"L" * 32, max_bytes=FILE_HEADER.size + 100)
+    gate = threading.Event()
+    store._writer.submit(gate.wait)  # the writer is busy
+    first, second = b"\x01" * 32, b"\x02" * 32
+    store.put(first, bytes(100))
+    assert first in store and store.get(first) == bytes(100) and not os.listdir(store.dir)
+    store.put(second, b"\x07" * 100)  # past the bound: the first is dropped while queued
+    gate.set()
+    store.drain()
+    assert os.listdir(store.dir) == [second.hex() + ".kv"] and list(store.index) == [second.hex()]
+    assert store.get(second) == b"\x07" * 100
+
+
+@pytest.mark.parametrize("extra,message", [
+    ("{not json", "not JSON"), ('{"storage_dir": "/x", "size": 1}', "unknown key 'size'"),
+    ('{"max_size_gb": 0}', "max_size_gb"), ("[1]", "JSON object")])
+def test_file_tier_config_errors_are_named(extra, message):
+    with pytest.raises(ValueError, match="--hicache-storage-backend-extra-config.*" + message):
+        FileTierConfig.parse(extra, "/tmp/x")
+
+
+@pytest.mark.parametrize("num_requests", [60])  # 1,000 run by hand: SGLANG_SOAK_REQUESTS=1000
+def test_soak_host_tier_bounded_and_rss_flat(tiered, num_requests):
+    """Many short multi-turn requests over five chats on the 512-token device pool with a host tier of the same size
+    (write_back): both tiers evict and load all along; after every batch they hold exactly the tree's copies, the
+    host's buffers never grow, and the process's memory is flat after the first third (as test_prefix_cache's soak,
+    whose chats are cut back to their first 20 tokens every 20 rounds)."""
+    num_requests = int(os.environ.get("SGLANG_SOAK_REQUESTS", num_requests))
+    tier = _use_tier(tiered, "write_back", ratio=1.0)
+    host_bytes = tier.pool.nbytes
+    history = [random_ids(20, seed=i) for i in range(5)]
+    sp = {"temperature": 0, "max_new_tokens": 3, "ignore_eos": True}
+    rss = []
+    for n in range(0, num_requests, 5):
+        outs = tiered.generate(input_ids=history, sampling_params=sp)
+        for h, o in zip(history, outs):
+            h += o["output_ids"] + [n % 500 + 2]
+            if len(h) > 100:
+                del h[20:]
+        tiered.model_runner.token_allocator.check_all_free()  # both tiers: exactly the tree's copies
+        rss.append(_rss_mb())
+    third = len(rss) // 3
+    print(f"host-tier soak of {num_requests} requests: RSS {rss[third]:.0f} MB after a third, {rss[-1]:.0f} MB at "
+          f"the end; {tier.stats.num_loads} loads")
+    assert rss[-1] - rss[third] < 64, (rss[third], rss[-1])
+    assert tier.pool.nbytes == host_bytes and tier.stats.num_loads > 0 and tier.stats.bytes_to_host > 0
+    _check_and_flush(tiered)
 
 
 def test_retraction_under_pressure_identical():
@@ -164,6 +417,16 @@ def test_metrics_report_tiers_and_bytes():
     assert 'sglang:cache_tier_hit_rate{model_name="m",tier="device"} 0.2' in text
     assert 'sglang:hicache_bytes_total{direction="to_host",model_name="m"} 4096.0' in text
     assert 'sglang:hicache_load_latency_seconds_count{model_name="m"} 2.0' in text
+    # the file tier's hits are loads through the host: their share moves from the host's rate to the file's
+    stats.file_hit_tokens, stats.bytes_to_file, stats.bytes_from_file = 10, 2048, 512
+    metrics.observe_stats(SchedulerStats(0, 0, 0.0, 0, cache_hit_rate=0.5, cache_queried_tokens=100,
+                                         hicache=stats.take()))
+    text = metrics.render().decode()
+    assert 'sglang:cache_tier_hit_rate{model_name="m",tier="file"} 0.1' in text
+    assert 'sglang:cache_tier_hit_rate{model_name="m",tier="host"} 0.2' in text
+    assert 'sglang:hicache_bytes_total{direction="to_file",model_name="m"} 2048.0' in text
+    assert 'sglang:hicache_bytes_total{direction="from_file",model_name="m"} 512.0' in text
+    assert 'sglang:hicache_bytes_total{direction="to_host",model_name="m"} 4096.0' in text  # counted once
 
 
 def test_host_tier_size_from_ratio_or_gb():
@@ -196,6 +459,12 @@ def _flash_plan() -> tuple:
     (dict(hicache_ratio=0), "--hicache-ratio"),
     (dict(hicache_size=-1), "--hicache-size"),
     (dict(enable_hierarchical_cache=True, disable_radix_cache=True), "--disable-radix-cache"),
+    (dict(hicache_storage_backend="file"), "--enable-hierarchical-cache"),
+    (dict(enable_hierarchical_cache=True, hicache_storage_backend="mooncake"), "--hicache-storage-backend"),
+    (dict(enable_hierarchical_cache=True, hicache_storage_backend="file", hicache_storage_prefetch_policy="eager"),
+     "--hicache-storage-prefetch-policy"),
+    (dict(enable_hierarchical_cache=True, hicache_storage_backend="file",
+          hicache_storage_backend_extra_config='{"dir": 1}'), "--hicache-storage-backend-extra-config"),
 ])
 def test_bad_flags_are_named(kwargs, message, tmp_path):
     with pytest.raises(ValueError, match=message):

@@ -61,9 +61,15 @@ def _drive(eng, stops: dict, max_steps: int = 4000) -> dict:
 
 
 @functools.lru_cache(maxsize=None)
+def _reference_engine():
+    """The un-pressured engine: its pool holds every request at once."""
+    return engine("tiny", chunked_prefill_size=32)
+
+
+@functools.lru_cache(maxsize=None)
 def _stops() -> dict:
     """Stop tokens for a few long requests, taken from an un-pressured run: they end early, at different steps."""
-    out = _drive(engine("tiny", chunked_prefill_size=32), {})
+    out = _drive(_reference_engine(), {})
     stops = {}
     for i in (0, 4, 6):  # long
         ids = out[f"r{i}"][0]
@@ -76,7 +82,7 @@ def _stops() -> dict:
 def _unpressured() -> dict:
     """The workload with its stops on an un-pressured pool, the reference of both schedules (the overlapped and the
     synchronous one give the same outputs: a pressured run differing from it fails either way)."""
-    return _drive(engine("tiny", chunked_prefill_size=32), _stops())
+    return _drive(_reference_engine(), _stops())
 
 
 def _assert_retracted_mid_decode(eng) -> None:

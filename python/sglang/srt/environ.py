@@ -121,6 +121,10 @@ class Envs:
     SGLANG_FORWARD_UNKNOWN_TOOLS = EnvVar("SGLANG_FORWARD_UNKNOWN_TOOLS", False, _bool,
                                           "a DSML call to a tool the request did not offer comes back as a tool call "
                                           "(arguments unchecked) instead of as text")
+    # The prefix cache's file tier (--hicache-storage-backend file; mem_cache/file_tier.py), upstream's name
+    SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR = EnvVar("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR", "/tmp/hicache", str,
+                                                     "the file tier's directory (storage_dir in "
+                                                     "--hicache-storage-backend-extra-config wins)")
     # Constrained decoding (constrained/grammar_queue.py)
     SGLANG_GRAMMAR_TIMEOUT = EnvVar("SGLANG_GRAMMAR_TIMEOUT", 300.0, _positive(float),
                                     "seconds a request waits for its grammar to compile before it is refused with a "

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 from sglang.srt.arg_groups.cli import (ATTENTION_BACKENDS, DISAGGREGATION_MODES, DTYPES, EXPERT_RECORDER_MODES,
-                                       GRAMMAR_BACKENDS, HICACHE_IO_BACKENDS, HICACHE_WRITE_POLICIES, KV_CACHE_DTYPES,
+                                       GRAMMAR_BACKENDS, HICACHE_IO_BACKENDS, HICACHE_STORAGE_BACKENDS,
+                                       HICACHE_STORAGE_PREFETCH_POLICIES, HICACHE_WRITE_POLICIES, KV_CACHE_DTYPES,
                                        LOG_LEVELS, MOE_PRECISIONS, QUANTIZATIONS, REASONING_PARSERS, TOOL_CALL_PARSERS,
                                        TRANSFER_BACKENDS, add_cli_args)
 
@@ -81,6 +82,10 @@ class ServerArgs:
     hicache_size: float = 0
     hicache_write_policy: str = "write_through"
     hicache_io_backend: str = "kernel"
+    # ... and its file tier (mem_cache/file_tier.py): backend, its JSON settings, how a match's files are read
+    hicache_storage_backend: Optional[str] = None
+    hicache_storage_backend_extra_config: Optional[str] = None
+    hicache_storage_prefetch_policy: str = "best_effort"
     # Serving
     # None: the DeepSeek-V4 default (deepseek-v4 / deepseekv4, set by the hook); "none": off (None once resolved)
     reasoning_parser: Optional[str] = None
@@ -234,9 +239,31 @@ class ServerArgs:
         if not 0 <= self.hicache_size < float("inf"):
             raise ValueError(f"--hicache-size must be 0 (use --hicache-ratio) or a positive number of GB, got "
                              f"{self.hicache_size}")
+        if self.hicache_storage_backend is not None:
+            self._validate_hicache_storage()
         if self.enable_hierarchical_cache and self.disable_radix_cache:
             raise ValueError("--enable-hierarchical-cache puts a host tier under the prefix cache: it cannot be "
                              "combined with --disable-radix-cache")
+
+    def _validate_hicache_storage(self) -> None:
+        if self.hicache_storage_backend not in HICACHE_STORAGE_BACKENDS:
+            raise ValueError(f"--hicache-storage-backend must be one of {HICACHE_STORAGE_BACKENDS}, got "
+                             f"{self.hicache_storage_backend!r}")
+        if self.hicache_storage_prefetch_policy not in HICACHE_STORAGE_PREFETCH_POLICIES:
+            raise ValueError(f"--hicache-storage-prefetch-policy must be one of {HICACHE_STORAGE_PREFETCH_POLICIES}, "
+                             f"got {self.hicache_storage_prefetch_policy!r}")
+        if not self.enable_hierarchical_cache:
+            raise ValueError("--hicache-storage-backend is a tier below the host tier: it needs "
+                             "--enable-hierarchical-cache")
+        self.file_tier_config()  # the extra config's errors, at start
+
+    def file_tier_config(self):
+        """The file tier's settings (mem_cache.file_tier.FileTierConfig) from the extra config and the environment."""
+        from sglang.srt.environ import envs
+        from sglang.srt.mem_cache.file_tier import FileTierConfig
+
+        return FileTierConfig.parse(self.hicache_storage_backend_extra_config,
+                                    envs.SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR.get())
 
     def parallel_config(self):
         from sglang.srt.distributed.sharding import ParallelConfig

@@ -27,6 +27,8 @@ DISAGGREGATION_MODES = ("null", "prefill", "decode")
 TRANSFER_BACKENDS = ("mooncake", "nixl")
 HICACHE_WRITE_POLICIES = ("write_back", "write_through", "write_through_selective")
 HICACHE_IO_BACKENDS = ("direct", "kernel")
+HICACHE_STORAGE_BACKENDS = ("file",)
+HICACHE_STORAGE_PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
 
 
 def one_line(message: str) -> str:
@@ -226,6 +228,17 @@ def _hicache_args(g) -> None:
     g.add_argument("--hicache-io-backend", default="kernel", choices=HICACHE_IO_BACKENDS,
                    help="how rows move between the tiers: kernel = one indexed gather, transfer and scatter per "
                         "buffer; direct = one copy per page")
+    g.add_argument("--hicache-storage-backend", choices=HICACHE_STORAGE_BACKENDS,
+                   help="a tier below the host: file = a directory (SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR, or "
+                        "storage_dir in --hicache-storage-backend-extra-config) that outlives the server")
+    g.add_argument("--hicache-storage-backend-extra-config", metavar="JSON",
+                   help='file backend: {"storage_dir": DIR, "max_size_gb": 64, "prefetch_timeout_base": 1.0}')
+    g.add_argument("--hicache-storage-prefetch-policy", default="best_effort",
+                   choices=HICACHE_STORAGE_PREFETCH_POLICIES,
+                   help="reading a match's files at admission: best_effort = making room only from host copies the "
+                        "device also holds; "
+                        "wait_complete = evicting host copies to read it all; timeout = as wait_complete, stopping "
+                        "after prefetch_timeout_base seconds")
 
 
 def _disaggregation_args(g) -> None:

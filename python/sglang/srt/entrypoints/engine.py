@@ -207,6 +207,8 @@ class Engine:
             self._remote = None
         if self.model_runner is not None and self.model_runner.graph_runner is not None:
             self.model_runner.graph_runner.release()
+        if self.model_runner is not None and self.model_runner.token_allocator is not None:
+            self.model_runner.token_allocator.close()  # the file tier's queued writes land first
         self.scheduler = None
         self.model_runner = None
 

@@ -434,7 +434,7 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerGrammarMixin):
             raise ValueError("cannot update weights while requests are running; retry when the server is idle (or "
                              "send abort_all_requests: true)")
         message = self.runner.update_weights_from_disk(model_path)
-        self.allocator.flush_cache()
+        self.allocator.flush_cache(storage=True)
         return message
 
     def update_weights_from_tensor(self, named_tensors: list) -> str:
@@ -443,7 +443,7 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerGrammarMixin):
         if not self._idle():
             raise ValueError("cannot update weights while requests are running; retry when the server is idle")
         message = self.runner.update_weights_from_tensor(named_tensors)
-        self.allocator.flush_cache()
+        self.allocator.flush_cache(storage=True)
         return message
 
     def _idle(self) -> bool:

@@ -15,6 +15,7 @@ mem_cache/ ask the capacity methods (available_pages, token_usage, is_all_free, 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -26,6 +27,8 @@ from sglang.srt.layers.gpu_kernels import sgl_kernel_op
 from sglang.srt.mem_cache.allocator import PageAllocator, PoolExhaustedError
 from sglang.srt.mem_cache.radix_cache import CacheCallbacks, RadixCache, TreeNode
 from sglang.srt.mem_cache.req_to_token_pool import ReqToTokenPool
+
+logger = logging.getLogger(__name__)
 
 _FEW_POSITIONS = 256  # up to this many new positions in a step, extend_batch builds its lists in plain Python
 
@@ -491,9 +494,22 @@ class DeepSeekV4TokenAllocator:
         self._unmap(full)
         self.swa_slots.free(swa)
 
-    def flush_cache(self) -> None:
+    def close(self) -> None:
+        """Finish what outlives the server: the file tier's queued writes."""
+        if self.host_tier is not None and self.host_tier.files is not None:
+            self.host_tier.files.store.drain()
+
+    def flush_cache(self, storage: bool = False) -> None:
+        """Empty the prefix cache on the device and the host; `storage` (a weight update): the file tier's files too,
+        and the file tier is off from then on, since files are named for the checkpoint the server started with
+        (/flush_cache leaves the files for the next server)."""
         if self.cache is not None:
             self.cache.reset()
+        if storage and self.host_tier is not None and self.host_tier.files is not None:
+            self.host_tier.files.store.clear()
+            self.host_tier.files = None
+            logger.warning("prefix cache: the weights changed; the file tier's files are deleted and it is off until "
+                           "the server restarts")
 
     # ---- integrity --------------------------------------------------------------------------------
     def check_all_free(self) -> None:

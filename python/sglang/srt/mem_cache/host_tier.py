@@ -23,6 +23,7 @@ its own copy (the window tail and state rows, scattered, as `kernel`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -51,17 +52,20 @@ class HostTierShape:
 class HostTierStats:
     """Totals since start (and load latencies since the last `take`): what /metrics reports."""
 
-    host_hit_tokens: int = 0  # prompt tokens of matches that loaded something from the host
+    host_hit_tokens: int = 0  # prompt tokens of matches that loaded something from the host (or the files)
     bytes_to_host: int = 0
     bytes_to_device: int = 0
     num_loads: int = 0
     load_seconds: list = field(default_factory=list)  # since the last take
+    file_hit_tokens: int = 0  # prompt tokens of matches the file tier made deeper (mem_cache/file_tier.py)
+    bytes_to_file: int = 0
+    bytes_from_file: int = 0
+    file_read_seconds: list = field(default_factory=list)  # since the last take
 
     def take(self) -> "HostTierStats":
         """A copy for the metrics, the latencies moved into it."""
-        out = HostTierStats(self.host_hit_tokens, self.bytes_to_host, self.bytes_to_device, self.num_loads,
-                            self.load_seconds)
-        self.load_seconds = []
+        out = dataclasses.replace(self)
+        self.load_seconds, self.file_read_seconds = [], []
         return out
 
 
@@ -69,6 +73,20 @@ def _page_rows(pages: list, rows_per_page: int) -> torch.Tensor:
     """Rows of pages in a buffer with rows_per_page rows per page, page by page."""
     return (torch.tensor(pages, dtype=torch.int64)[:, None] * rows_per_page
             + torch.arange(rows_per_page)[None, :]).flatten()
+
+
+def _as_bytes(rows: torch.Tensor) -> torch.Tensor:
+    """A contiguous run of rows as flat bytes (a view)."""
+    return rows.reshape(-1).view(torch.uint8)
+
+
+def _scatter_payload(targets: list, payload: bytes) -> None:
+    """Copy a payload laid out as page_payload / end_payload makes it into (host buffer, slot, rows per slot)."""
+    data, off = torch.frombuffer(bytearray(payload), dtype=torch.uint8), 0
+    for host, slot, n in targets:
+        dst = _as_bytes(host[slot * n:(slot + 1) * n])
+        dst.copy_(data[off:off + dst.numel()])
+        off += dst.numel()
 
 
 class HostKVPool:
@@ -95,6 +113,28 @@ class HostKVPool:
                             for buf in device_pool.window_kv]
         self.state_buffers = [(s.saved, host_like(s.saved, (shape.num_ends + 1) * s.ratio), s.ratio)
                               for s in device_pool.csa_states()]
+
+    # ---- bytes of one page or end (the file tier's payloads), buffer after buffer ----------------------
+    @property
+    def page_nbytes(self) -> int:
+        return sum(h[:n].numel() * h.element_size() for _, h, n in self.page_buffers)
+
+    @property
+    def end_nbytes(self) -> int:
+        return sum(h[:n].numel() * h.element_size() for _, h, n in self.end_buffers + self.state_buffers)
+
+    def page_payload(self, slot: int) -> bytes:
+        return b"".join(_as_bytes(h[slot * n:(slot + 1) * n]).numpy().tobytes() for _, h, n in self.page_buffers)
+
+    def end_payload(self, slot: int) -> bytes:
+        return b"".join(_as_bytes(h[slot * n:(slot + 1) * n]).numpy().tobytes()
+                        for _, h, n in self.end_buffers + self.state_buffers)
+
+    def set_page_payload(self, slot: int, payload: bytes) -> None:
+        _scatter_payload([(h, slot, n) for _, h, n in self.page_buffers], payload)
+
+    def set_end_payload(self, slot: int, payload: bytes) -> None:
+        _scatter_payload([(h, slot, n) for _, h, n in self.end_buffers + self.state_buffers], payload)
 
     @property
     def nbytes(self) -> int:
@@ -163,6 +203,7 @@ class HostTier:
         self.ends = PageAllocator(shape.num_ends + 1, "host prefix end")
         self.stats = HostTierStats()
         self.cache = None  # the RadixCache (set by attach)
+        self.files = None  # the file tier below (mem_cache/file_tier.py), when --hicache-storage-backend file
 
     def attach(self, cache) -> None:
         self.cache = cache
@@ -209,6 +250,8 @@ class HostTier:
             return False
         node.host_pages = self.pages.alloc(n)
         self.stats.bytes_to_host += self.pool.write_pages(node.pages, node.host_pages)
+        if self.files is not None:
+            self.stats.bytes_to_file += self.files.save_pages(node)
         return True
 
     def _write_end(self, node: TreeNode) -> None:
@@ -219,6 +262,8 @@ class HostTier:
         node.host_end = self.ends.alloc(1)[0]
         node.host_next_token = node.next_token
         self.stats.bytes_to_host += self.pool.write_end(node.tail_swa, node.state_slot, node.host_end)
+        if self.files is not None:
+            self.stats.bytes_to_file += self.files.save_end(node)
 
     # ---- freeing ------------------------------------------------------------------------------------
     def free_host_pages(self, node: TreeNode) -> None:
@@ -271,6 +316,8 @@ class HostTier:
         self.stats.bytes_to_device += moved
         self.stats.num_loads += 1
         self.stats.host_hit_tokens += match.num_tokens
+        if match.from_file:
+            self.stats.file_hit_tokens += match.num_tokens
         self.stats.load_seconds.append(time.perf_counter() - start)
         return True
 
@@ -290,7 +337,8 @@ class HostTier:
             raise AssertionError(f"{len(orphans)} cached nodes hold their pages on neither tier")
 
     def describe(self) -> str:
+        files = "" if self.files is None else f"; {self.files.describe()}"
         return (f"host tier: {self.shape.nbytes / 2**30:.2f} GiB, {self.shape.num_pages} pages and "
                 f"{self.shape.num_ends} prefix ends, --hicache-write-policy {self.write_policy}, --hicache-io-backend "
-                f"{self.pool.io_backend}")
+                f"{self.pool.io_backend}{files}")
 

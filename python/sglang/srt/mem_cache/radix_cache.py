@@ -25,7 +25,9 @@ ancestors are all on the device (a node leaves the device only once none of its 
 device nodes, then host-only ones. Evicting a device leaf moves it to the host when the tier holds (or takes) a copy,
 else it goes with its host-only subtree; the host evicts least recently used copies, dropping host-only leaves
 whole. A match may end at an end the host holds: the allocator loads the host-only nodes of its path and the end's
-rows back to the device (`PrefixMatch.load`) or, when the device cannot take them, uses `fallback`.
+rows back to the device (`PrefixMatch.load`) or, when the device cannot take them, uses `fallback`. With the file
+tier under the host (mem_cache/file_tier.py), a match goes on past the tree's path through the files (MatchWalk
+says where the walk stopped): what they hold is read into new host-only nodes first, then loaded as any host hit.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ class TreeNode:
     host_end: Optional[int] = None  # host slot of the end's tail and state rows
     host_next_token: Optional[int] = None  # `next_token` of that host end
     hits: int = 0  # matches that reached through this node (write_through_selective)
-
+    page_hashes: Optional[list] = None  # the file tier's chain hash after each page (computed when first needed)
 
     @property
     def usable(self) -> bool:
@@ -69,6 +71,19 @@ class PrefixMatch:
     load: list = field(default_factory=list)  # host-only nodes of the path to load to the device first
     load_end: bool = False  # the end's tail and state are loaded from the host first
     fallback: Optional["PrefixMatch"] = None  # the deepest match on the device alone (set when a load is needed)
+    from_file: bool = False  # the file tier read some of it into the host tier first
+
+
+@dataclass
+class MatchWalk:
+    """Where a match's walk down the tree stopped, for the file tier to go on from (FileTier.extend)."""
+
+    node: Optional[TreeNode]  # the deepest node matched whole, its end at pos (None: the walk stopped inside one)
+    pos: int
+    pages: list  # device pages of the path
+    load: list  # host-only nodes of the path
+    file_end: Optional[tuple] = None  # (pos, pages, load, node, end file) of the deepest node with only a file end
+    now: int = 0  # the match's access time
 
 
 @dataclass
@@ -104,6 +119,8 @@ class RadixCache:
         best = device_best = PrefixMatch(0, [], None)
         now = next(self._clock)
         device_pos = 0
+        files = self.tier.files if self.tier is not None else None
+        walk = MatchWalk(self.root, 0, pages, load, now=now)
         fits = lambda nxt: nxt is None or (pos < len(tokens) and tokens[pos] == nxt)  # noqa: E731
         while pos < limit:
             child = node.children.get(tuple(tokens[pos:pos + self.page_size]))
@@ -112,6 +129,7 @@ class RadixCache:
             n = self._common_pages(child.key, tokens, pos, limit)
             whole = n * self.page_size == len(child.key)
             if not child.pages and not whole:  # a host-only node loads whole or not at all
+                walk.node = None
                 break
             pos += n * self.page_size
             child.last_access = now
@@ -124,12 +142,20 @@ class RadixCache:
             else:
                 load.append(child)
             if not whole:
+                walk.node = None
                 break
-            node = child
+            node = walk.node = child
+            walk.pos = pos
             if node.usable and fits(node.next_token):
                 best = device_best = PrefixMatch(pos, list(pages), node)
             elif self.tier is not None and node.host_end is not None and fits(node.host_next_token):
                 best = PrefixMatch(pos, list(pages), node, load=list(load), load_end=not node.usable)
+            elif files is not None and not node.usable and node.host_end is None:
+                found = files.end_file(files.node_hashes(node)[-1], tokens, pos)
+                if found is not None:
+                    walk.file_end = (pos, list(pages), list(load), node, found)
+        if files is not None:
+            best = files.extend(self, tokens, limit, best, walk)
         if best is not device_best:
             best.fallback = device_best
         best.path_tokens = device_best.path_tokens = device_pos
@@ -247,6 +273,8 @@ class RadixCache:
         child.key, child.pages, child.parent = child.key[n * ps:], child.pages[n:], upper
         if child.host_pages is not None:
             upper.host_pages, child.host_pages = child.host_pages[:n], child.host_pages[n:]
+        if child.page_hashes is not None:
+            upper.page_hashes, child.page_hashes = child.page_hashes[:n], child.page_hashes[n:]
         upper.children[tuple(child.key[:ps])] = child
         return upper
 
@@ -338,19 +366,20 @@ class RadixCache:
             stack.extend(n.children.values())
         del node.parent.children[tuple(node.key[:self.page_size])]
 
-    def evict_host(self, num_pages: int, num_ends: int) -> None:
+    def evict_host(self, num_pages: int, num_ends: int, backed_only: bool = False) -> None:
         """Give the host tier back at least num_pages page slots and num_ends end slots (or all that can be), least
         recently used first: a device node's host copy is dropped; a host-only node goes once it has no children,
-        with its end; ends go alone, their pages staying (not those of locked nodes: a load may be reading them)."""
+        with its end; ends go alone, their pages staying (not those of locked nodes: a load may be reading them).
+        `backed_only`: only copies the device also holds (nothing cached is lost)."""
         tier = self.tier
         if num_ends:
-            for n in sorted((n for n in self.nodes() if n.host_end is not None and n.lock_ref == 0),
-                            key=lambda n: n.last_access)[:num_ends]:
+            for n in sorted((n for n in self.nodes() if n.host_end is not None and n.lock_ref == 0
+                             and (n.usable or not backed_only)), key=lambda n: n.last_access)[:num_ends]:
                 tier.free_host_end(n)
         if not num_pages:
             return
         heap = [(n.last_access, id(n), n) for n in self.nodes() if n.host_pages is not None
-                and (n.pages or (not n.children and n.lock_ref == 0))]
+                and (n.pages or (not n.children and n.lock_ref == 0 and not backed_only))]
         heapq.heapify(heap)
         freed = 0
         while freed < num_pages and heap:
@@ -361,7 +390,8 @@ class RadixCache:
                 continue
             parent = node.parent
             self._remove(node)
-            if parent is not self.root and not parent.pages and not parent.children and parent.lock_ref == 0:
+            if parent is not self.root and not parent.pages and not parent.children and parent.lock_ref == 0 \
+                    and not backed_only:
                 heapq.heappush(heap, (parent.last_access, id(parent), parent))
 
     def evict_tails(self, num_slots: int) -> int:

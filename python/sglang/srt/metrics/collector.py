@@ -42,14 +42,16 @@ class MetricsCollector:
         self.cache_hit_rate = Gauge("sglang:cache_hit_rate", "prompt tokens served from the prefix cache / prompt "
                                     "tokens looked up, since start", labels, registry=r)
         self.tier_hit_rate = Gauge("sglang:cache_tier_hit_rate", "prompt tokens served from the prefix cache's pages "
-                                   "on each tier (device, host: loaded back) / prompt tokens looked up, since start",
+                                   "on each tier (device, host: loaded back, file: read from the file tier) / prompt "
+                                   "tokens looked up, since start",
                                    ["model_name", "tier"], registry=r)
         self.hicache_bytes = Counter("sglang:hicache_bytes", "bytes the prefix cache's host tier moved, per "
-                                     "direction (to_host, to_device)", ["model_name", "direction"], registry=r)
+                                     "direction (to_host, to_device, to_file, from_file)", ["model_name", "direction"],
+                                     registry=r)
         self.hicache_load_latency = Histogram("sglang:hicache_load_latency_seconds", "time of one load of cached "
                                               "prefix state from the host tier", labels, buckets=_LATENCY_BUCKETS,
                                               registry=r)
-        self._hicache_seen = (0, 0)  # bytes to host, to device at the last stats
+        self._hicache_seen = (0, 0, 0, 0)  # bytes to host, to device, to file, from file at the last stats
         # prefill/decode disaggregation: the KV state each server sends (prefill) or receives (decode)
         self.transfer_bytes = Counter("sglang:kv_transfer_bytes", "bytes of KV state written to decode servers",
                                       labels, registry=r)
@@ -131,13 +133,18 @@ class MetricsCollector:
     def observe_hicache(self, h, hit_rate: float, queried_tokens: int) -> None:
         """A mem_cache.host_tier.HostTierStats taken by the scheduler: totals since start, latencies since the last."""
         m = self.model_name
+        file_tokens = min(h.file_hit_tokens, h.host_hit_tokens)  # file hits load through the host
         host = h.host_hit_tokens / queried_tokens if queried_tokens else 0.0
-        self.tier_hit_rate.labels(m, "host").set(host)
+        self.tier_hit_rate.labels(m, "file").set(file_tokens / queried_tokens if queried_tokens else 0.0)
+        self.tier_hit_rate.labels(m, "host").set((h.host_hit_tokens - file_tokens) / queried_tokens
+                                                 if queried_tokens else 0.0)
         self.tier_hit_rate.labels(m, "device").set(max(0.0, hit_rate - host))
-        for i, (direction, now) in enumerate((("to_host", h.bytes_to_host), ("to_device", h.bytes_to_device))):
-            if now > self._hicache_seen[i]:
-                self.hicache_bytes.labels(m, direction).inc(now - self._hicache_seen[i])
-        self._hicache_seen = (h.bytes_to_host, h.bytes_to_device)
+        totals = (h.bytes_to_host, h.bytes_to_device, h.bytes_to_file, h.bytes_from_file)
+        for direction, now, before in zip(("to_host", "to_device", "to_file", "from_file"), totals,
+                                          self._hicache_seen):
+            if now > before:
+                self.hicache_bytes.labels(m, direction).inc(now - before)
+        self._hicache_seen = totals
         for seconds in h.load_seconds:
             self.hicache_load_latency.labels(m).observe(seconds)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import os
 from typing import Optional
 
 import torch
@@ -19,6 +20,7 @@ from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.layers.quantization.mxfp4 import Mxfp4RoutedExperts
 from sglang.srt.mem_cache.deepseek_v4_allocator import DeepSeekV4TokenAllocator
 from sglang.srt.mem_cache.deepseek_v4_pool import DeepSeekV4TokenToKVPool
+from sglang.srt.mem_cache.file_tier import FileTier
 from sglang.srt.mem_cache.host_tier import HostTier
 from sglang.srt.mem_cache.pool_sizing import plan_pools_for_args, pool_budget_bytes
 from sglang.srt.mem_cache.req_to_token_pool import ReqToTokenPool
@@ -258,6 +260,9 @@ class ModelRunner:
         if self.pool_plan.host is not None and not probe:
             tier = HostTier(self.token_to_kv_pool, self.pool_plan.host, args.hicache_write_policy,
                             args.hicache_io_backend)
+            if args.hicache_storage_backend == "file":
+                tier.files = FileTier(tier.pool, args.file_tier_config(), args.hicache_storage_prefetch_policy,
+                                      model_identity=os.path.realpath(self.model_path))
             self.token_allocator.attach_host_tier(tier)
             logger.info("prefix cache %s", tier.describe())
 
