@@ -19,8 +19,8 @@ from sglang.srt.arg_groups.upstream_recipes import add_recipe_args
 from sglang.srt.server_args import ServerArgs
 
 MODEL = "tiny-deepseek-v4"
-GROUPS = ["options", "model and loading", "HTTP / API", "scheduling and memory", "parallelism", "speculative decoding",
-          "prefill/decode disaggregation", "kernels and backends", "observability",
+GROUPS = ["options", "model and loading", "HTTP / API", "scheduling and memory", "hierarchical cache", "parallelism",
+          "speculative decoding", "prefill/decode disaggregation", "kernels and backends", "observability",
           "accepted for upstream SGLang recipes"]
 
 

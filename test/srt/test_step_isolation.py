@@ -140,7 +140,7 @@ def test_a_failing_request_fails_alone(monkeypatch, speculative, where):
 
 def test_consecutive_failed_steps_flip_health_and_recover(monkeypatch):
     eng = isolation_engine(False)
-    proc = SimpleNamespace(scheduler=eng.scheduler, dp_rank=0)  # SchedulerProcess._stats: what outputs carry
+    proc = SimpleNamespace(scheduler=eng.scheduler, dp_rank=0, kv=None)  # SchedulerProcess._stats: what outputs carry
     assert SchedulerProcess._stats(proc).healthy
 
     def broken(*args):

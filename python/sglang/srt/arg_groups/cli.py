@@ -230,9 +230,11 @@ def _hicache_args(g) -> None:
                         "buffer; direct = one copy per page")
     g.add_argument("--hicache-storage-backend", choices=HICACHE_STORAGE_BACKENDS,
                    help="a tier below the host: file = a directory (SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR, or "
-                        "storage_dir in --hicache-storage-backend-extra-config) that outlives the server")
+                        "storage_dir in --hicache-storage-backend-extra-config) that outlives the server "
+                        "(default: none)")
     g.add_argument("--hicache-storage-backend-extra-config", metavar="JSON",
-                   help='file backend: {"storage_dir": DIR, "max_size_gb": 64, "prefetch_timeout_base": 1.0}')
+                   help='file backend: {"storage_dir": DIR, "max_size_gb": 64, "prefetch_timeout_base": 1.0} '
+                        '(default: none: those values)')
     g.add_argument("--hicache-storage-prefetch-policy", default="best_effort",
                    choices=HICACHE_STORAGE_PREFETCH_POLICIES,
                    help="reading a match's files at admission: best_effort = making room only from host copies the "
