@@ -260,6 +260,7 @@ class _DecodeRoom:
     address: tuple
     deadline: float
     cancelled: bool = False
+    timed_out: bool = False  # cancelled by this side's room timeout (the result is then a 504, not a 499)
 
 
 class _Peer:
@@ -371,8 +372,9 @@ class BootstrapClient:
     def _fail_peer(self, address: tuple, error: str) -> None:
         for room, entry in list(self.rooms.items()):
             if entry.address == address:  # a cancelled one stays cancelled (its client left)
-                self._end(room, ok=False, status_code=499 if entry.cancelled else 503,
-                          error="cancelled" if entry.cancelled else error.format(room=room))
+                status, why = (504, self._timeout_error(room, entry)) if entry.timed_out else (
+                    (499, "cancelled") if entry.cancelled else (503, error.format(room=room)))
+                self._end(room, ok=False, status_code=status, error=why)
 
     def _on_notice(self, notice: CompletionNotice) -> None:
         if notice.room not in self.rooms:
@@ -380,7 +382,9 @@ class BootstrapClient:
             return
         entry = self.rooms[notice.room]
         if entry.cancelled:
-            self._end(notice.room, ok=False, status_code=499, error="cancelled", nbytes=notice.nbytes)
+            self._end(notice.room, ok=False, status_code=504 if entry.timed_out else 499,
+                      error=self._timeout_error(notice.room, entry) if entry.timed_out else "cancelled",
+                      nbytes=notice.nbytes)
             return
         self._end(notice.room, ok=notice.ok, status_code=notice.status_code if not notice.ok else 200,
                   error=notice.error, first_token_id=notice.first_token_id,
@@ -391,12 +395,20 @@ class BootstrapClient:
     def _expire(self) -> None:
         now = self.clock()
         for room, entry in list(self.rooms.items()):
-            if now >= entry.deadline:
-                host, port = entry.address
-                self._end(room, ok=False, status_code=499 if entry.cancelled else 504,
-                          error="cancelled" if entry.cancelled else (
-                              f"the prefill server at {host}:{port} did not complete room {room} within "
-                              f"{self.room_timeout_s:g} s"))
+            if now < entry.deadline:
+                continue
+            if not entry.cancelled:  # the prefill side may be writing the room right now: cancel it and end the
+                # room (freeing its pages) only when the prefill side answers or the cancel's grace has passed
+                entry.cancelled = entry.timed_out = True
+                entry.deadline = now + self.cancel_grace_s
+                self._send(self.peers[entry.address], RoomCancel(room, "timed out on the decode server"))
+                continue
+            self._end(room, ok=False, status_code=504 if entry.timed_out else 499,
+                      error=self._timeout_error(room, entry) if entry.timed_out else "cancelled")
+
+    def _timeout_error(self, room: int, entry: _DecodeRoom) -> str:
+        host, port = entry.address
+        return f"the prefill server at {host}:{port} did not complete room {room} within {self.room_timeout_s:g} s"
 
     def _end(self, room: int, **result) -> None:
         entry = self.rooms.pop(room)
