@@ -136,11 +136,12 @@ def test_port_in_use_fails_before_loading():
 
 def test_every_server_arg_is_read():
     """A flag must do something: each ServerArgs field is read outside server_args.py, except the ones that
-    server_args.py itself turns into the ParallelConfig (--ep, --dp, --enable-dp-attention) or logs as changing
-    nothing."""
+    server_args.py itself turns into the ParallelConfig (--ep, --dp, --enable-dp-attention) or the file tier's
+    settings (--hicache-storage-backend-extra-config), or logs as changing nothing."""
     from sglang.srt.server_args import ServerArgs
 
-    handled_in_server_args = {"trust_remote_code", "ep_size", "dp_size", "enable_dp_attention"}
+    handled_in_server_args = {"trust_remote_code", "ep_size", "dp_size", "enable_dp_attention",
+                              "hicache_storage_backend_extra_config"}
     sources = []
     for dirpath, _, files in os.walk(os.path.join(ROOT, "python", "sglang")):
         for name in files:
