@@ -2,8 +2,9 @@
 with a device pool too small for the sessions, greedy outputs and prompt logprobs equal the engine without a cache,
 while later turns hit prefixes the device evicted, loaded back from the host (more cached tokens than the device
 alone), for each write policy and io backend, with speculative decoding and under retraction; the host stays within
-its bound and holds exactly the tree's copies, also over a soak with flat memory; a request aborted right after its
-load frees everything on both tiers; a flush empties both. The file tier (mem_cache/file_tier.py) serves a second
+its bound and holds exactly the tree's copies, also over a soak with flat memory; copies run behind the scheduler
+(mem_cache/tier_copy.py): no forward reads a load before it landed, a page under a write is not reused, a request
+aborted while its load is in flight frees everything on both tiers; a flush empties both. The file tier (mem_cache/file_tier.py) serves a second
 engine on the same directory, exactly; its files are checked, bounded and written behind the scheduler.
 
 One engine per configuration for the module: the reference without a cache, and the tiered engine (built by the
@@ -21,17 +22,20 @@ import shutil
 import threading
 
 import pytest
+import torch
 
 import test_retraction as retraction
 from oracle import engine, random_ids
 from sglang.srt.managers.io_struct import SchedulerStats
 from sglang.srt.managers.schedule_batch import Req
+from sglang.srt.mem_cache.allocator import PageAllocator
 from sglang.srt.metrics.collector import MetricsCollector
 from sglang.srt.mem_cache.file_tier import _HEADER as FILE_HEADER
 from sglang.srt.mem_cache.file_tier import FileStore, FileTier, FileTierConfig, chain_hashes, node_hashes
-from sglang.srt.mem_cache.host_tier import HostTier, HostTierStats
+from sglang.srt.mem_cache.host_tier import HostTier, HostTierStats, _page_rows
 from sglang.srt.mem_cache.pool_sizing import plan_host_tier, plan_pools
 from sglang.srt.mem_cache.radix_cache import CacheCallbacks, RadixCache, TreeNode
+from sglang.srt.mem_cache.tier_copy import CpuCopyEngine
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
 from test_prefix_cache import SPEC, _assert_same, _rss_mb
@@ -133,6 +137,50 @@ def _check_and_flush(eng) -> None:
     assert not alloc.cache.root.children and not bool((alloc.full_to_swa != -1).any())
 
 
+class LateCopies(CpuCopyEngine):
+    """Copies land `late` polls after they were submitted, or when waited for (counted: a reader needed one)."""
+
+    def __init__(self, late: int) -> None:
+        super().__init__()
+        self.late, self.polls, self.forced = late, 0, 0
+
+    def submit(self, copy):
+        ticket = super().submit(copy)
+        ticket.submitted_at = self.polls
+        return ticket
+
+    def poll(self) -> None:
+        self.polls += 1
+        super().poll()
+
+    def _finished(self, ticket) -> bool:
+        return self.polls - ticket.submitted_at >= self.late and super()._finished(ticket)
+
+    def _block(self, ticket) -> None:
+        self.forced += 1
+        super()._block(ticket)
+
+
+def _late_copies(eng, monkeypatch, late: int) -> LateCopies:
+    """The engine's host tier on LateCopies; every forward checks that none of its requests reads a load still in
+    flight."""
+    runner, scheduler = eng.model_runner, eng.scheduler
+    tier = runner.token_allocator.host_tier
+    copies = LateCopies(late)
+    monkeypatch.setattr(tier, "copies", copies)
+    forward = runner.forward
+
+    def checked(forward_batch):
+        rows = set(forward_batch.req_pool_indices_cpu)
+        early = [r.rid for r in scheduler.running if r.alloc is not None and r.alloc.req_pool_idx in rows
+                 and tier.pending_load(r.cache_node) is not None]
+        assert not early, f"requests {early} read a load that has not landed"
+        return forward(forward_batch)
+
+    monkeypatch.setattr(runner, "forward", checked)
+    return copies
+
+
 @pytest.fixture(scope="module")
 def device_hits(tiered) -> int:
     """Cached tokens of the sessions with the prefix cache on the device alone."""
@@ -143,10 +191,16 @@ def device_hits(tiered) -> int:
 @pytest.mark.parametrize("policy,ratio,io", [
     ("write_back", 4.0, "kernel"), ("write_through", 4.0, "direct"), ("write_through", 0.4, "kernel")],
     ids=["write_back", "write_through-direct", "write_through-small-host"])
-def test_multi_turn_sessions_identical_and_hit_from_host(tiered, plain, device_hits, policy, ratio, io):
+def test_multi_turn_sessions_identical_and_hit_from_host(tiered, plain, device_hits, policy, ratio, io, monkeypatch):
+    """write_back runs on copies that land two steps late unless waited for: every forward reads only loads that
+    landed (a request waits for them), some had to be waited for, and the outputs are still exact."""
     tier = _use_tier(tiered, policy, ratio, io)
+    if policy == "write_back":
+        late = _late_copies(tiered, monkeypatch, late=2)
     out = _sessions(tiered)
     _assert_same(out, plain.sessions)
+    if policy == "write_back":
+        assert late.forced > 0  # a load was still in flight when its reader's forward came
     assert tier.stats.bytes_to_host > 0
     if ratio > 1:  # the host holds every session: later turns load them back
         assert tier.stats.num_loads > 0 and tier.stats.bytes_to_device > 0 and tier.stats.host_hit_tokens > 0
@@ -188,23 +242,93 @@ def test_shared_prefix_batch_selective_copy_and_load(tiered, plain):
     _check_and_flush(tiered)
 
 
-def test_abort_right_after_a_load_frees_both_tiers(tiered):
-    """A request admitted on a prefix loaded from the host and aborted before its prefill: every device slot it held
-    is free again, the loaded prefix stays cached on both tiers, and the next turn reuses it."""
+def test_abort_mid_load_frees_both_tiers(tiered, monkeypatch):
+    """A request admitted on a prefix loaded from the host and aborted while that load is in flight (copies land
+    only when waited for): the device pool's usage is what it was before it came, before and after the load lands,
+    both tiers holding exactly the tree's copies (the room the load made was written to the host); the loaded prefix
+    stays cached on both tiers, and the next turn reuses it with the outputs of a run without it."""
     tier = _use_tier(tiered, "write_back")
+    alloc = tiered.model_runner.token_allocator
     first = SESSIONS[0][:60] + [3, 4]
     tiered.generate(input_ids=first, sampling_params=SP)
     for i in range(1, 4):  # evict the first chat from the device
         tiered.generate(input_ids=random_ids(150, seed=60 + i), sampling_params=SP)
-    loads = tier.stats.num_loads
+    late = _late_copies(tiered, monkeypatch, late=10**9)
+
+    def usage():
+        return alloc.available_pages(), alloc.available_window_slots(), alloc.available_req_slots()
+
+    before, loads = usage(), tier.stats.num_loads
     req = Req(rid="a", origin_input_ids=first + [7, 8], sampling_params=SamplingParams(max_new_tokens=4))
     tiered.scheduler.add_request(req)
-    tiered.scheduler._admit()  # admission runs the match and the load, not the prefill
+    tiered.scheduler._admit()  # admission runs the match and submits the load, not the prefill
     assert tier.stats.num_loads == loads + 1 and req.cached_tokens == 48
+    assert late.busy() and not req.alloc.pending.done
     assert tiered.scheduler.abort_request("a") is req
-    tiered.model_runner.token_allocator.check_all_free()
-    out = tiered.generate(input_ids=first + [7, 8], sampling_params=SP)
+    assert usage() == before
+    alloc.check_all_free()  # with the host tier's check: its slots held are the tree's copies
+    late.drain()  # the load lands
+    assert usage() == before and not copies_held(alloc, tier)
+    alloc.check_all_free()
+    again = dict(input_ids=first + [7, 8], sampling_params=SP, return_logprob=True, logprob_start_len=55)
+    out = tiered.generate(**again)
     assert out["meta_info"]["cached_tokens"] == 48
+    _check_and_flush(tiered)
+    cold = tiered.generate(**again)
+    assert cold["meta_info"]["cached_tokens"] == 0
+    _assert_same([out], [cold])
+    _check_and_flush(tiered)
+
+
+def test_copy_engine_runs_copies_in_order_and_holds_frees():
+    """On CPU a copy runs at the next poll, or when it (or a later one) is waited for, after every copy before it; a
+    free made while copies are in flight waits for all of those, counted as held meanwhile."""
+    copies, ran, pool = CpuCopyEngine(), [], PageAllocator(8, "test")
+    first = copies.submit(lambda: ran.append(1))
+    ids = pool.alloc(3)
+    copies.release(pool, ids[:2])
+    second = copies.submit(lambda: ran.append(2) or (lambda: ran.append("2 landed")))
+    copies.release(pool, ids[2:])
+    assert ran == [] and pool.available() == 4 and copies.held(pool) == 3 and copies.busy()
+    copies.wait(first)
+    assert ran == [1] and first.done and not second.done  # the first free waited for the first copy only
+    assert pool.available() == 6 and copies.held(pool) == 1
+    copies.poll()
+    assert ran == [1, 2, "2 landed"] and pool.available() == 7 and copies.held(pool) == 0 and not copies.busy()
+    copies.release(pool, pool.alloc(1))  # nothing in flight: freed at once
+    assert pool.available() == 7
+
+
+def copies_held(alloc, tier) -> int:
+    return sum(tier.copies.held(p) for p in (alloc.pages, alloc.swa_slots, alloc.state_slots, tier.pages, tier.ends))
+
+
+def test_pages_under_write_are_not_reused(tiered, monkeypatch):
+    """write_back copies a node's pages and end to the host as the device evicts them; until the copy has landed
+    (here: when waited for) they stay out of the free lists, counted as available: whoever takes every free page
+    meanwhile and overwrites it cannot touch them, and the host copy is the device's rows."""
+    tier = _use_tier(tiered, "write_back")
+    alloc = tiered.model_runner.token_allocator
+    tiered.generate(input_ids=SESSIONS[0][:60], sampling_params=SP)
+    copies = _late_copies(tiered, monkeypatch, late=10**9)
+    nodes = [n for n in alloc.cache.nodes() if n.pages]
+    rows = [[dev[_page_rows(n.pages, k)].clone() for dev, _, k in tier.pool.page_buffers] for n in nodes]
+    available, free, cached = alloc.available_pages(), alloc.pages.available(), alloc.cache.num_pages
+    evicted = alloc.cache.evict_pages(cached)
+    assert evicted == cached > 0 and copies.busy()
+    assert alloc.pages.available() == free and copies.held(alloc.pages) == evicted
+    assert copies.held(alloc.swa_slots) > 0 and copies.held(alloc.state_slots) > 0  # the end's tail and state
+    assert alloc.available_pages() == available
+    taken = alloc.pages.alloc(alloc.pages.available())  # the next owners write their rows
+    for dev, _, k in tier.pool.page_buffers:
+        dev.view(torch.uint8)[_page_rows(taken, k)] = 0xAB
+    alloc.pages.free(taken)
+    copies.drain()
+    assert alloc.pages.available() == free + evicted and copies.held(alloc.pages) == 0
+    for n, want in zip(nodes, rows):
+        assert not n.pages and n.host_pages is not None
+        for (_, host, k), w in zip(tier.pool.page_buffers, want):
+            assert torch.equal(host[_page_rows(n.host_pages, k)].view(torch.uint8), w.view(torch.uint8))
     _check_and_flush(tiered)
 
 

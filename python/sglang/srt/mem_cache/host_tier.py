@@ -18,7 +18,9 @@ device cannot take them the match falls back to its deepest device end.
 
 How rows move (--hicache-io-backend, upstream's names): `kernel` gathers every buffer's rows with one indexed copy,
 moves them in one transfer and scatters them with one indexed copy; `direct` copies each page's contiguous rows with
-its own copy (the window tail and state rows, scattered, as `kernel`).
+its own copy (the window tail and state rows, scattered, as `kernel`). Every move runs on the copy engine
+(mem_cache/tier_copy.py), behind the scheduler: the slots change hands at once, the rows land later; what reads a
+load waits for it (HostTier.pending_load), what frees a slot under a copy gets it back once the copy completed.
 """
 
 from __future__ import annotations
