@@ -431,6 +431,10 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerGrammarMixin):
         self.allocator.flush_cache()
         return True
 
+    def clear_hicache_storage(self) -> Optional[str]:
+        """Delete the file tier's files (the device and host tiers keep theirs); why not, or None when done."""
+        return self.allocator.clear_storage()
+
     def update_weights_from_disk(self, model_path: str) -> str:
         """Load another checkpoint of the served model in place (ModelRunner.update_weights_from_disk) and empty the
         prefix cache, whose KV the old weights computed. ValueError while requests run or wait, or for a checkpoint

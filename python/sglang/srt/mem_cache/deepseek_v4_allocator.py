@@ -510,6 +510,16 @@ class DeepSeekV4TokenAllocator(TierCopies):
         if self.host_tier is not None and self.host_tier.files is not None:
             self.host_tier.files.store.drain()
 
+    def clear_storage(self) -> Optional[str]:
+        """Delete the file tier's files, the copies in flight (which may save files) landed first; the device and host
+        tiers keep theirs. Why not, or None when done."""
+        if self.host_tier is None or self.host_tier.files is None:
+            return ("the hierarchical cache has no storage backend (--hicache-storage-backend file), or it is off "
+                    "since a weight update")
+        self._drain()
+        self.host_tier.files.store.clear()
+        return None
+
     def flush_cache(self, storage: bool = False) -> None:
         """Empty the prefix cache on the device and the host; `storage` (a weight update): the file tier's files too,
         and the file tier is off from then on, since files are named for the checkpoint the server started with
