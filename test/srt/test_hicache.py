@@ -4,8 +4,9 @@ while later turns hit prefixes the device evicted, loaded back from the host (mo
 alone), for each write policy and io backend, with speculative decoding and under retraction; the host stays within
 its bound and holds exactly the tree's copies, also over a soak with flat memory; copies run behind the scheduler
 (mem_cache/tier_copy.py): no forward reads a load before it landed, a page under a write is not reused, a request
-aborted while its load is in flight frees everything on both tiers; a flush empties both. The file tier (mem_cache/file_tier.py) serves a second
-engine on the same directory, exactly; its files are checked, bounded and written behind the scheduler.
+aborted while its load is in flight frees everything on both tiers; a flush empties both. The file tier
+(mem_cache/file_tier.py) serves a second engine on the same directory, exactly; its files are checked, bounded and
+written behind the scheduler; clearing the storage tier deletes them and leaves the other tiers.
 
 One engine per configuration for the module: the reference without a cache, and the tiered engine (built by the
 flags, write_back), whose host tier each test replaces (another policy, io backend or size, as the flags would
@@ -28,7 +29,6 @@ import test_retraction as retraction
 from oracle import engine, random_ids
 from sglang.srt.managers.io_struct import SchedulerStats
 from sglang.srt.managers.schedule_batch import Req
-from sglang.srt.mem_cache.allocator import PageAllocator
 from sglang.srt.metrics.collector import MetricsCollector
 from sglang.srt.mem_cache.file_tier import _HEADER as FILE_HEADER
 from sglang.srt.mem_cache.file_tier import FileStore, FileTier, FileTierConfig, chain_hashes, node_hashes
@@ -38,7 +38,8 @@ from sglang.srt.mem_cache.radix_cache import CacheCallbacks, RadixCache, TreeNod
 from sglang.srt.mem_cache.tier_copy import CpuCopyEngine
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
-from test_prefix_cache import SPEC, _assert_same, _rss_mb
+from soak import soak
+from test_prefix_cache import SPEC, _assert_same, _run_sessions
 
 # 512 tokens of device pool (32 pages of 16): four sessions of 100-120 tokens evict each other every turn
 SMALL = dict(max_total_tokens=512, chunked_prefill_size=64, max_running_requests=2)
@@ -47,15 +48,8 @@ SP = {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}
 
 
 def _sessions(eng, turns: int = 2) -> list:
-    """Multi-turn chats, interleaved turn by turn: each turn resends the conversation plus new tokens."""
-    history = [list(s) for s in SESSIONS]
-    outs = []
-    for t in range(turns):
-        for i, h in enumerate(history):
-            out = eng.generate(input_ids=h, sampling_params=SP, return_logprob=True, logprob_start_len=len(h) - 4)
-            outs.append(out)
-            h += out["output_ids"] + random_ids(7, seed=100 * i + t)
-    return outs
+    """test_prefix_cache's multi-turn chats on SESSIONS, interleaved turn by turn."""
+    return _run_sessions(eng, SESSIONS, turns, sampling_params=SP)
 
 
 def _shared_prefix(eng) -> list:
@@ -280,25 +274,6 @@ def test_abort_mid_load_frees_both_tiers(tiered, monkeypatch):
     _check_and_flush(tiered)
 
 
-def test_copy_engine_runs_copies_in_order_and_holds_frees():
-    """On CPU a copy runs at the next poll, or when it (or a later one) is waited for, after every copy before it; a
-    free made while copies are in flight waits for all of those, counted as held meanwhile."""
-    copies, ran, pool = CpuCopyEngine(), [], PageAllocator(8, "test")
-    first = copies.submit(lambda: ran.append(1))
-    ids = pool.alloc(3)
-    copies.release(pool, ids[:2])
-    second = copies.submit(lambda: ran.append(2) or (lambda: ran.append("2 landed")))
-    copies.release(pool, ids[2:])
-    assert ran == [] and pool.available() == 4 and copies.held(pool) == 3 and copies.busy()
-    copies.wait(first)
-    assert ran == [1] and first.done and not second.done  # the first free waited for the first copy only
-    assert pool.available() == 6 and copies.held(pool) == 1
-    copies.poll()
-    assert ran == [1, 2, "2 landed"] and pool.available() == 7 and copies.held(pool) == 0 and not copies.busy()
-    copies.release(pool, pool.alloc(1))  # nothing in flight: freed at once
-    assert pool.available() == 7
-
-
 def copies_held(alloc, tier) -> int:
     return sum(tier.copies.held(p) for p in (alloc.pages, alloc.swa_slots, alloc.state_slots, tier.pages, tier.ends))
 
@@ -358,6 +333,7 @@ def test_file_tier_outlives_the_server(tiered, plain, tmp_path, caplog):
     finally:
         eng.shutdown()
     tier = _use_tier(tiered, "write_through")
+    assert "--hicache-storage-backend" in tiered.scheduler.clear_hicache_storage()  # none yet: nothing to clear
     tier.files = FileTier(tier.pool, FileTierConfig(str(tmp_path)), "wait_complete", identity)
     store = tier.files.store
     names = list(store.index)
@@ -372,6 +348,7 @@ def test_file_tier_outlives_the_server(tiered, plain, tmp_path, caplog):
     assert "truncated header" in caplog.text and store.get(bytes.fromhex(names[0])) is not None  # recomputed
     tiered.model_runner.token_allocator.check_all_free()
     assert tiered.flush_cache() and store.index and all(os.path.exists(store._path(n)) for n in store.index)
+    _clear_storage_keeps_the_other_tiers(tiered, prompts[0])
 
     hits = tier.stats.file_hit_tokens
     tier.files = FileTier(tier.pool, FileTierConfig(str(tmp_path)), "wait_complete", identity + "-other")
@@ -382,6 +359,21 @@ def test_file_tier_outlives_the_server(tiered, plain, tmp_path, caplog):
     tiered.model_runner.token_allocator.flush_cache(storage=True)  # what a weight update does
     assert tier.files is None and not os.listdir(store.dir)
     _check_and_flush(tiered)
+
+
+def _clear_storage_keeps_the_other_tiers(eng, prompt: list) -> None:
+    """/clear_hicache_storage_backend's work: every file deleted (the copies in flight, which save files, landed
+    first), while the device and host tiers keep what they hold and serve the next turn."""
+    alloc = eng.model_runner.token_allocator
+    tier, out = alloc.host_tier, eng.generate(input_ids=prompt, sampling_params=SP)
+    store, kept = tier.files.store, (alloc.cache.num_pages, tier.pages.available(), tier.ends.available())
+    assert store.index and eng.scheduler.clear_hicache_storage() is None
+    assert not store.index and not os.listdir(store.dir)
+    assert (alloc.cache.num_pages, tier.pages.available(), tier.ends.available()) == kept
+    read = tier.stats.bytes_from_file
+    again = eng.generate(input_ids=prompt, sampling_params=SP)
+    assert again["meta_info"]["cached_tokens"] > 0 and again["output_ids"] == out["output_ids"]
+    assert tier.stats.bytes_from_file == read  # served by the device and host tiers
 
 
 def test_prefetch_policies(tiered, plain, tmp_path):
@@ -488,28 +480,12 @@ def test_file_tier_config_errors_are_named(extra, message):
 
 @pytest.mark.parametrize("num_requests", [60])  # 1,000 run by hand: SGLANG_SOAK_REQUESTS=1000
 def test_soak_host_tier_bounded_and_rss_flat(tiered, num_requests):
-    """Many short multi-turn requests over five chats on the 512-token device pool with a host tier of the same size
-    (write_back): both tiers evict and load all along; after every batch they hold exactly the tree's copies, the
-    host's buffers never grow, and the process's memory is flat after the first third (as test_prefix_cache's soak,
-    whose chats are cut back to their first 20 tokens every 20 rounds)."""
-    num_requests = int(os.environ.get("SGLANG_SOAK_REQUESTS", num_requests))
+    """soak.py's chats on the 512-token device pool with a host tier of the same size (write_back): both tiers evict
+    and load all along; after every batch they hold exactly the tree's copies, the host's buffers never grow, and the
+    process's memory is flat after the first third."""
     tier = _use_tier(tiered, "write_back", ratio=1.0)
     host_bytes = tier.pool.nbytes
-    history = [random_ids(20, seed=i) for i in range(5)]
-    sp = {"temperature": 0, "max_new_tokens": 3, "ignore_eos": True}
-    rss = []
-    for n in range(0, num_requests, 5):
-        outs = tiered.generate(input_ids=history, sampling_params=sp)
-        for h, o in zip(history, outs):
-            h += o["output_ids"] + [n % 500 + 2]
-            if len(h) > 100:
-                del h[20:]
-        tiered.model_runner.token_allocator.check_all_free()  # both tiers: exactly the tree's copies
-        rss.append(_rss_mb())
-    third = len(rss) // 3
-    print(f"host-tier soak of {num_requests} requests: RSS {rss[third]:.0f} MB after a third, {rss[-1]:.0f} MB at "
-          f"the end; {tier.stats.num_loads} loads")
-    assert rss[-1] - rss[third] < 64, (rss[third], rss[-1])
+    soak(tiered, num_requests, "host-tier soak")
     assert tier.pool.nbytes == host_bytes and tier.stats.num_loads > 0 and tier.stats.bytes_to_host > 0
     _check_and_flush(tiered)
 
