@@ -132,14 +132,15 @@ def _check_and_flush(eng) -> None:
 
 
 class LateCopies(CpuCopyEngine):
-    """Copies land `late` polls after they were submitted, or when waited for (counted: a reader needed one)."""
+    """Copies land `late` polls after they were submitted, or stage by stage when waited for (`forced`: a wait that
+    ran a stage); `overlapped`: layers that ran while a later layer's rows of a load they read had not landed."""
 
     def __init__(self, late: int) -> None:
         super().__init__()
-        self.late, self.polls, self.forced = late, 0, 0
+        self.late, self.polls, self.forced, self.overlapped = late, 0, 0, 0
 
-    def submit(self, copy):
-        ticket = super().submit(copy)
+    def submit(self, *stages):
+        ticket = super().submit(*stages)
         ticket.submitted_at = self.polls
         return ticket
 
@@ -150,28 +151,31 @@ class LateCopies(CpuCopyEngine):
     def _finished(self, ticket) -> bool:
         return self.polls - ticket.submitted_at >= self.late and super()._finished(ticket)
 
-    def _block(self, ticket) -> None:
-        self.forced += 1
-        super()._block(ticket)
+    def _run(self, ticket, upto: int) -> None:
+        self.forced += upto > ticket.landed
+        super()._run(ticket, upto)
 
 
 def _late_copies(eng, monkeypatch, late: int) -> LateCopies:
-    """The engine's host tier on LateCopies; every forward checks that none of its requests reads a load still in
-    flight."""
-    runner, scheduler = eng.model_runner, eng.scheduler
-    tier = runner.token_allocator.host_tier
+    """The engine's host tier on LateCopies; before each layer of every forward, a check that the loads its requests
+    read have landed that layer's rows (stage 0, then one stage per layer)."""
+    scheduler, tier = eng.scheduler, eng.model_runner.token_allocator.host_tier
     copies = LateCopies(late)
     monkeypatch.setattr(tier, "copies", copies)
-    forward = runner.forward
 
-    def checked(forward_batch):
+    def check(forward_batch, i: int) -> None:
         rows = set(forward_batch.req_pool_indices_cpu)
-        early = [r.rid for r in scheduler.running if r.alloc is not None and r.alloc.req_pool_idx in rows
-                 and tier.pending_load(r.cache_node) is not None]
-        assert not early, f"requests {early} read a load that has not landed"
-        return forward(forward_batch)
+        for req in scheduler.running:
+            ticket = tier.pending_load(req.cache_node) if req.alloc and req.alloc.req_pool_idx in rows else None
+            if ticket is not None:
+                assert ticket.landed >= i + 2, f"request {req.rid}'s layer {i} read rows that have not landed"
+                copies.overlapped += ticket.landed < len(ticket.stages)
 
-    monkeypatch.setattr(runner, "forward", checked)
+    for i, layer in enumerate(eng.model_runner.model.layers):
+        def checked(*args, i=i, forward=layer.forward):
+            check(args[3], i)
+            return forward(*args)
+        monkeypatch.setattr(layer, "forward", checked)
     return copies
 
 
@@ -186,15 +190,16 @@ def device_hits(tiered) -> int:
     ("write_back", 4.0, "kernel"), ("write_through", 4.0, "direct"), ("write_through", 0.4, "kernel")],
     ids=["write_back", "write_through-direct", "write_through-small-host"])
 def test_multi_turn_sessions_identical_and_hit_from_host(tiered, plain, device_hits, policy, ratio, io, monkeypatch):
-    """write_back runs on copies that land two steps late unless waited for: every forward reads only loads that
-    landed (a request waits for them), some had to be waited for, and the outputs are still exact."""
+    """write_back runs on copies that land two steps late unless waited for: every layer of every forward reads only
+    rows of loads that landed (a request waits for them layer by layer: later layers' rows land while earlier layers
+    run), and the outputs are still exact."""
     tier = _use_tier(tiered, policy, ratio, io)
     if policy == "write_back":
         late = _late_copies(tiered, monkeypatch, late=2)
     out = _sessions(tiered)
     _assert_same(out, plain.sessions)
-    if policy == "write_back":
-        assert late.forced > 0  # a load was still in flight when its reader's forward came
+    if policy == "write_back":  # loads still in flight when their readers' forwards came, landing layer by layer
+        assert late.forced > 0 and late.overlapped > 0
     assert tier.stats.bytes_to_host > 0
     if ratio > 1:  # the host holds every session: later turns load them back
         assert tier.stats.num_loads > 0 and tier.stats.bytes_to_device > 0 and tier.stats.host_hit_tokens > 0

@@ -233,6 +233,7 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerGrammarMixin):
         raised (undone; the batch is then run synchronously, where a failing request is isolated)."""
         reqs, lag = batch.reqs, 1 if chained is not None else 0
         checkpoints, counters = [r.checkpoint() for r in reqs], self._counters()
+        self.allocator.await_loads([r.alloc for r in reqs], layered=False)  # the tree's pages it switched to
         try:
             slots = self.allocator.plan_extend([r.alloc for r in reqs], [r.num_computed + lag + 1 for r in reqs])
             if chained is None:
@@ -296,7 +297,8 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerGrammarMixin):
     def _run_isolating(self, batch: ScheduleBatch) -> tuple:
         """run_batch; when it raises, undo the step and bisect the batch until the requests that fail alone are
         found; those are aborted. Returns (updated requests, whether any forward succeeded)."""
-        self.allocator.await_loads([r.alloc for r in batch.reqs])  # before the staging rows are checkpointed
+        # host-tier loads: CSA states restored before their checkpoint; an extend waits for its layers one by one
+        self.allocator.await_loads([r.alloc for r in batch.reqs], layered=batch.forward_mode.is_extend())
         checkpoints = [req.checkpoint() for req in batch.reqs]
         counters = self._counters()
         staging = None
@@ -359,6 +361,7 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerGrammarMixin):
         else:
             forward_batch = batch.to_forward_batch(self.allocator.write_slots(slots), self.runner.device)
             forward_batch.capture_hidden = self.worker.capture_hidden
+            forward_batch.before_layer = self.allocator.layer_waits([r.alloc for r in batch.reqs])
             output = self.runner.forward(forward_batch)
         updated = self._process_results(batch, forward_batch, output, self._sample_emitting(batch, output))
         self.worker.after_extend(batch, output)  # speculative: the draft's window over the same rows, first drafts

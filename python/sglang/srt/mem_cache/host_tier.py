@@ -117,11 +117,13 @@ class HostKVPool:
         def host_like(buf: torch.Tensor, rows: int) -> torch.Tensor:
             return torch.zeros((rows, *buf.shape[1:]), dtype=buf.dtype, pin_memory=pin)
 
-        # (device buffer, host buffer, rows per page or end)
-        self.page_buffers = []
+        # (device buffer, host buffer, rows per page or end); the layer of each page buffer (end buffers: by index)
+        self.page_buffers, self.page_layers = [], []
         for layer, buf in [*device_pool.compressed_kv.items(), *device_pool.index_k.items()]:
             epp = ps // config.compress_ratio(layer)
             self.page_buffers.append((buf, host_like(buf, (shape.num_pages + 1) * epp), epp))
+            self.page_layers.append(layer)
+        self.num_layers = config.num_hidden_layers  # end buffers past them are the MTP layers' window rows
         self.end_buffers = [(buf, host_like(buf, (shape.num_ends + 1) * self.window), self.window)
                             for buf in device_pool.window_kv]
         self.state_buffers = [(s.saved, host_like(s.saved, (shape.num_ends + 1) * s.ratio), s.ratio)
@@ -159,9 +161,10 @@ class HostKVPool:
         return sum(self._move(dev, host, _page_rows(device_pages, n), _page_rows(host_pages, n), n, to_host=True)
                    for dev, host, n in self.page_buffers)
 
-    def read_pages(self, host_pages: list, device_pages: list) -> int:
+    def read_pages(self, host_pages: list, device_pages: list, layer: Optional[int] = None) -> int:
+        """Host pages to device pages: every buffer's rows, or (`layer`) that layer's."""
         return sum(self._move(dev, host, _page_rows(device_pages, n), _page_rows(host_pages, n), n, to_host=False)
-                   for dev, host, n in self.page_buffers)
+                   for lid, (dev, host, n) in zip(self.page_layers, self.page_buffers) if layer in (None, lid))
 
     # ---- ends ---------------------------------------------------------------------------------------
     def write_end(self, tail_swa: list, state_slot: int, host_end: int) -> int:
@@ -171,12 +174,30 @@ class HostKVPool:
         return moved + sum(self._gather_scatter(host, _page_rows([host_end], m), saved, _page_rows([state_slot], m))
                            for saved, host, m in self.state_buffers)
 
-    def read_end(self, host_end: int, tail_swa: list, state_slot: int) -> int:
+    def read_end(self, host_end: int, tail_swa: list, state_slot: int, layers=None, state: bool = True) -> int:
+        """A host end to window slots and a state slot: the window rows of every layer or of `layers`, and
+        (`state`) the CSA state rows."""
         swa = torch.tensor(tail_swa, dtype=torch.int64)
         moved = sum(self._gather_scatter(dev, swa, host, _page_rows([host_end], n))
-                    for dev, host, n in self.end_buffers)
+                    for lid, (dev, host, n) in enumerate(self.end_buffers) if layers is None or lid in layers)
+        if not state:
+            return moved
         return moved + sum(self._gather_scatter(saved, _page_rows([state_slot], m), host, _page_rows([host_end], m))
                            for saved, host, m in self.state_buffers)
+
+    def load_stages(self, moves: list, end: Optional[tuple]) -> list:
+        """A load in stages, each returning the bytes it moved: first what a prefill reads before its first layer
+        (the CSA state rows and the MTP layers' window rows), then each layer's rows, in layer order. `moves`:
+        (host pages, device pages) of the nodes loaded; `end`: (host end, window slots, state slot) or None."""
+        def first():
+            if end is None:
+                return 0
+            return self.read_end(*end, layers=range(self.num_layers, len(self.end_buffers)))
+
+        def layer(i):
+            moved = sum(self.read_pages(host, dev, layer=i) for host, dev in moves)
+            return moved + (self.read_end(*end, layers=(i,), state=False) if end is not None else 0)
+        return [first] + [lambda i=i: layer(i) for i in range(self.num_layers)]
 
     # ---- copies (run on the copy engine's stream: mem_cache/tier_copy.py) -------------------------------
     def _move(self, dev: torch.Tensor, host: torch.Tensor, dev_rows: torch.Tensor, host_rows: torch.Tensor,
@@ -275,7 +296,7 @@ class HostTier:
             return False
         node.host_pages = self.pages.alloc(n)
         dev, host = list(node.pages), node.host_pages
-        self._submit(lambda: self.pool.write_pages(dev, host), "bytes_to_host",
+        self._submit([lambda: self.pool.write_pages(dev, host)], "bytes_to_host",
                      self.files.page_saver(node) if self.files is not None else None)
         return True
 
@@ -285,7 +306,7 @@ class HostTier:
         node.host_end = self.ends.alloc(1)[0]
         node.host_next_token = node.next_token
         tail, slot, end = list(node.tail_swa), node.state_slot, node.host_end
-        self._submit(lambda: self.pool.write_end(tail, slot, end), "bytes_to_host",
+        self._submit([lambda: self.pool.write_end(tail, slot, end)], "bytes_to_host",
                      self.files.end_saver(node) if self.files is not None else None)
 
     def _room(self, slots: PageAllocator, n: int, evict) -> bool:
@@ -297,22 +318,30 @@ class HostTier:
             self.copies.drain()
         return slots.available() >= n
 
-    def _submit(self, copy, counter: str, then=None, started: Optional[float] = None):
-        """Run a copy on the copy engine; its bytes are counted (`started`: its latency since then; `then`: the file
-        tier's save of what it wrote to the host runs) once it has landed."""
-        def run():
-            moved, finish = copy(), self.pool.take_finish()
+    def _submit(self, stages: list, counter: str, then=None, started: Optional[float] = None):
+        """Run a copy's stages (each returning the bytes it moved) on the copy engine; once it has landed its bytes
+        are counted (`started`: its latency since then) and `then` (the file tier's save of what it wrote to the
+        host) runs."""
+        moved = [0]
 
-            def done():
-                if finish is not None:
-                    finish()
-                setattr(self.stats, counter, getattr(self.stats, counter) + moved)
-                if then is not None:
-                    self.stats.bytes_to_file += then()
-                if started is not None:
-                    self.stats.load_seconds.append(time.perf_counter() - started)
-            return done
-        return self.copies.submit(run)
+        def staged(stage, last: bool):
+            def run():
+                moved[0] += stage()
+                finish = self.pool.take_finish()
+                if not last:
+                    return finish
+
+                def done():
+                    if finish is not None:
+                        finish()
+                    setattr(self.stats, counter, getattr(self.stats, counter) + moved[0])
+                    if then is not None:
+                        self.stats.bytes_to_file += then()
+                    if started is not None:
+                        self.stats.load_seconds.append(time.perf_counter() - started)
+                return done
+            return run
+        return self.copies.submit(*(staged(s, i == len(stages) - 1) for i, s in enumerate(stages)))
 
     # ---- freeing (held back while copies are in flight: one may read or fill the slot) --------------
     def free_host_pages(self, node: TreeNode) -> None:
@@ -343,8 +372,8 @@ class HostTier:
     def load(self, allocator, match) -> bool:
         """Bring a match's host-only nodes and (load_end) its end's tail and state into free device pages, window
         slots and a state slot; all or nothing (False: nothing loaded, the device could not take it). The slots are
-        the nodes' at once; the rows land later, on the copy engine: the loaded nodes carry the load's ticket until
-        then (`pending_load`), which whatever reads them waits for."""
+        the nodes' at once; the rows land later, on the copy engine, layer by layer (HostKVPool.load_stages): the
+        loaded nodes carry the load's ticket until then (`pending_load`), which whatever reads them waits for."""
         start = time.perf_counter()
         cache, node = self.cache, match.node
         n_pages = sum(len(n.host_pages) for n in match.load)
@@ -357,21 +386,21 @@ class HostTier:
             allocator.reclaim(n_pages, n_swa)
             if match.load_end and (node.host_end is None or not allocator.state_slot_ready()):
                 return False
-            moves, pages = [], list(match.pages)
+            moves, pages, end_rows = [], list(match.pages), None
             for n in match.load:
                 device_pages = allocator.pages.alloc(len(n.host_pages))
-                moves.append(lambda host=n.host_pages, dev=device_pages: self.pool.read_pages(host, dev))
+                moves.append((n.host_pages, device_pages))
                 cache._give_pages(n, device_pages)
                 pages += device_pages
             if match.load_end:
                 swa, slot = allocator.swa_slots.alloc(w), allocator.state_slots.alloc(1)[0]
-                moves.append(lambda end=node.host_end: self.pool.read_end(end, swa, slot))
+                end_rows = (node.host_end, swa, slot)
                 ps, end = allocator.page_size, match.num_tokens
                 tail_full = [pages[p // ps] * ps + p % ps for p in range(end - w, end)]
                 allocator.map_window(tail_full, swa)
                 cache.set_end(node, tail_full, swa, slot, node.host_next_token)
             match.pages = pages
-            ticket = self._submit(lambda: sum(m() for m in moves), "bytes_to_device", started=start)
+            ticket = self._submit(self.pool.load_stages(moves, end_rows), "bytes_to_device", started=start)
             for n in match.load + [node]:
                 n.loading = ticket
         finally:

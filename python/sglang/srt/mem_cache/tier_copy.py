@@ -1,17 +1,19 @@
 """Copies between the prefix cache's tiers, behind the scheduler (mem_cache/host_tier.py).
 
-A copy (a write of device rows to the host tier, a load of host rows back, the restore of a loaded CSA state) is
-submitted, runs in order after every copy submitted before it, and completes later; the scheduler polls for
-completions every step. What it reads or writes is guarded, not waited for:
-- a request's forward (and the restore of its CSA state) waits for the loads it reads (`wait_device`): on CUDA its
-  stream waits for the load's event, the host does not;
+A copy (a write of device rows to the host tier, a load of host rows back) is submitted in stages, runs in order
+after every copy submitted before it, and completes later; the scheduler polls for completions every step. What it
+reads or writes is guarded, not waited for:
+- a load's stages are what must land before a request's prefill starts (its CSA state rows, restored into the
+  request's own, and the MTP layers' window rows), then each layer's rows in layer order: the forward waits for
+  stage 0, then before each layer for that layer's stage (`wait_device`), so the load of later layers overlaps the
+  compute of earlier ones; on CUDA the compute stream waits for the stage's event, the host does not;
 - a page, window slot, state slot or host slot freed while copies are in flight goes back to its pool only once they
   have completed (`release`): a copy still reading it, or a load still to land in it, cannot meet the next owner's
   rows. Until then it counts as available (`held`), and an allocation that needs it now waits (`drain`).
 
 TierCopyEngine is the bookkeeping (tickets, completions in submission order, held frees); CudaCopyEngine runs the
-copies on a side stream with events, CpuCopyEngine (no second stream to overlap on) runs each copy at the next poll,
-so the same ordering rules hold, and are tested, on CPU.
+copies on a side stream with an event after each stage, CpuCopyEngine (no second stream to overlap on) runs a stage
+when it is waited for or polled, so the same ordering rules hold, and are tested, on CPU.
 """
 
 from __future__ import annotations
@@ -26,18 +28,20 @@ import torch
 
 @dataclass(eq=False)
 class CopyTicket:
-    """One submitted copy: done once it has run to the end and its host-side finish has run."""
+    """One submitted copy: `landed` of its stages have run (CPU) or been queued (CUDA); done once every stage has
+    completed and its host-side finishes have run."""
 
     seq: int
-    copy: Optional[Callable] = None  # the copy itself (returns its host-side finish or None), until it runs
-    event: Optional[object] = None  # CUDA: recorded on the copy stream after the copy
-    finish: Optional[Callable] = None  # host work once the copy completed (a pinned staging buffer's scatter)
+    stages: list  # callables, each returning its host-side finish or None
+    landed: int = 0
+    events: list = field(default_factory=list)  # CUDA: one per stage, recorded on the copy stream after it
+    finishes: list = field(default_factory=list)  # host work once the copy completed (a staging buffer's scatter)
     releases: list = field(default_factory=list)  # (pool, ids) freed while it was the last copy in flight
     done: bool = False
 
 
 class TierCopyEngine:
-    """Tickets in submission order and the frees they hold back. Subclasses say how a copy runs and completes."""
+    """Tickets in submission order and the frees they hold back. Subclasses say how a stage runs and completes."""
 
     def __init__(self) -> None:
         self._seq = itertools.count(1)
@@ -45,9 +49,10 @@ class TierCopyEngine:
         self._held: dict = {}  # id(pool) -> ids held back
 
     # ---- copies -------------------------------------------------------------------------------
-    def submit(self, copy: Callable[[], Optional[Callable]]) -> CopyTicket:
-        """Queue `copy` after every copy before it; it returns a host-side finish (or None), run once it completed."""
-        ticket = CopyTicket(next(self._seq), copy)
+    def submit(self, *stages: Callable[[], Optional[Callable]]) -> CopyTicket:
+        """Queue the stages after every copy before them; each returns a host-side finish (or None), run once the
+        copy has completed."""
+        ticket = CopyTicket(next(self._seq), list(stages))
         self._start(ticket)
         self.in_flight.append(ticket)
         return ticket
@@ -62,9 +67,16 @@ class TierCopyEngine:
         while ticket is not None and not ticket.done:
             self._complete(self.in_flight.popleft(), block=True)
 
-    def wait_device(self, ticket: Optional[CopyTicket]) -> None:
-        """What runs on the device from now on runs after `ticket`'s copy."""
-        self.wait(ticket)
+    def wait_device(self, ticket: Optional[CopyTicket], stage: Optional[int] = None) -> None:
+        """What runs on the device from now on runs after `ticket`'s stages up to `stage` (None: all of them)."""
+        if ticket is None or ticket.done:
+            return
+        if stage is None or stage >= len(ticket.stages) - 1:
+            self.wait(ticket)
+            return
+        while self.in_flight[0] is not ticket:  # on CPU a stage runs after every copy before it
+            self._complete(self.in_flight.popleft(), block=True)
+        self._run(ticket, stage + 1)
 
     def drain(self) -> None:
         """The host waits for every copy in flight."""
@@ -93,16 +105,25 @@ class TierCopyEngine:
         """Ids of `pool` freed and held back until the copies in flight complete."""
         return self._held.get(id(pool), 0)
 
-    # ---- completion ---------------------------------------------------------------------------
+    # ---- stages and completion ----------------------------------------------------------------
+    @staticmethod
+    def _run(ticket: CopyTicket, upto: int) -> None:
+        """Run the ticket's stages before `upto` that have not run."""
+        while ticket.landed < upto:
+            finish = ticket.stages[ticket.landed]()
+            ticket.landed += 1
+            if finish is not None:
+                ticket.finishes.append(finish)
+
     def _complete(self, ticket: CopyTicket, block: bool = False) -> None:
         if block:
             self._block(ticket)
-        if ticket.finish is not None:
-            ticket.finish()
+        for finish in ticket.finishes:
+            finish()
         for pool, ids in ticket.releases:
             self._held[id(pool)] -= len(ids)
             pool.free(ids)
-        ticket.releases, ticket.finish, ticket.done = [], None, True
+        ticket.releases, ticket.finishes, ticket.stages, ticket.done = [], [], [], True
 
     def _start(self, ticket: CopyTicket) -> None:
         raise NotImplementedError
@@ -115,29 +136,24 @@ class TierCopyEngine:
 
 
 class CpuCopyEngine(TierCopyEngine):
-    """No second stream on CPU: a copy runs when it is polled or waited for, in submission order (every copy before
-    it has run by then), so until then its source may not be reused nor its destination read."""
+    """No second stream on CPU: a stage runs when it is waited for or the copy is polled, in submission order (every
+    copy before it has run by then), so until then its source may not be reused nor its destination read."""
 
     def _start(self, ticket: CopyTicket) -> None:
         pass
 
     def _finished(self, ticket: CopyTicket) -> bool:
-        self._run(ticket)
+        self._run(ticket, len(ticket.stages))
         return True
 
     def _block(self, ticket: CopyTicket) -> None:
-        self._run(ticket)
-
-    @staticmethod
-    def _run(ticket: CopyTicket) -> None:
-        if ticket.copy is not None:
-            ticket.finish, ticket.copy = ticket.copy(), None
+        self._run(ticket, len(ticket.stages))
 
 
 class CudaCopyEngine(TierCopyEngine):
     """Copies on one side stream, after what the compute stream had queued when they were submitted (the rows a
-    write reads were computed by then); an event after each says when it is done, queried by `poll`. A forward that
-    reads a load makes its stream wait for the event, so the host never waits for a load."""
+    write reads were computed by then); an event after each stage, the last one queried by `poll`. A forward that
+    reads a load makes its stream wait for the stages it needs, so the host never waits for a load."""
 
     def __init__(self, device) -> None:
         super().__init__()
@@ -146,19 +162,21 @@ class CudaCopyEngine(TierCopyEngine):
     def _start(self, ticket: CopyTicket) -> None:
         self.stream.wait_stream(torch.cuda.current_stream(self.stream.device))
         with torch.cuda.stream(self.stream):
-            ticket.finish, ticket.copy = ticket.copy(), None
-            ticket.event = torch.cuda.Event()
-            ticket.event.record(self.stream)
+            for _ in ticket.stages:
+                self._run(ticket, ticket.landed + 1)
+                ticket.events.append(torch.cuda.Event())
+                ticket.events[-1].record(self.stream)
 
     def _finished(self, ticket: CopyTicket) -> bool:
-        return ticket.event.query()
+        return ticket.events[-1].query()
 
     def _block(self, ticket: CopyTicket) -> None:
-        ticket.event.synchronize()
+        ticket.events[-1].synchronize()
 
-    def wait_device(self, ticket: Optional[CopyTicket]) -> None:
+    def wait_device(self, ticket: Optional[CopyTicket], stage: Optional[int] = None) -> None:
         if ticket is not None and not ticket.done:
-            torch.cuda.current_stream(self.stream.device).wait_event(ticket.event)
+            event = ticket.events[-1 if stage is None else min(stage, len(ticket.events) - 1)]
+            torch.cuda.current_stream(self.stream.device).wait_event(event)
 
 
 def make_copy_engine(device) -> TierCopyEngine:
@@ -206,13 +224,27 @@ class TierCopies:
         if restore is not None:
             alloc.on_ready = restore
 
-    def await_loads(self, allocs: list) -> None:
+    def await_loads(self, allocs: list, layered: bool) -> None:
         """Before a forward of these requests: what runs on the device from now on waits for the loads they read (on
-        CUDA the stream waits, not the host), then their CSA states are restored."""
+        CUDA the stream waits, not the host), then their CSA states are restored from them. `layered` (a forward that
+        calls ForwardBatch.before_layer): only for the first stage, the layers' rows are waited for layer by layer
+        (layer_waits)."""
         for alloc in allocs:
-            if alloc.pending is not None:
-                self.host_tier.copies.wait_device(alloc.pending)
+            if alloc.pending is not None and alloc.pending.done:
                 alloc.pending = None
+            if alloc.pending is not None:
+                self.host_tier.copies.wait_device(alloc.pending, 0 if layered else None)
             if alloc.on_ready is not None:
                 alloc.on_ready()
                 alloc.on_ready = None
+
+    def layer_waits(self, allocs: list) -> Optional[Callable[[int], None]]:
+        """ForwardBatch.before_layer of a forward of these requests (after await_loads): the device waits for layer
+        i's rows of the loads they read before layer i runs, so later layers' rows land while earlier layers compute
+        (None when none is in flight). The last of their loads: waiting for a stage of it waits for every earlier
+        copy."""
+        ticket = TierCopyEngine.latest([a.pending for a in allocs])
+        if ticket is None:
+            return None
+        copies = self.host_tier.copies
+        return lambda layer: copies.wait_device(ticket, layer + 1)
