@@ -107,15 +107,18 @@ class DeepSeekV4TokenAllocator(TierCopies):
         """Evict cached prefixes until the free lists hold the request (least recently used first)."""
         if self.cache is None:
             return
-        if num_window_slots > self.swa_slots.available():
-            self.cache.evict_tails(num_window_slots - self.swa_slots.available())
-        if num_window_slots > self.swa_slots.available():  # then the tails requests keep for the cache
+        # slots held back by copies in flight count: they are waited for last, if still needed
+        free_slots, free_pages = (lambda: self.swa_slots.available() + self._held(self.swa_slots),
+                                  lambda: self.pages.available() + self._held(self.pages))
+        if num_window_slots > free_slots():
+            self.cache.evict_tails(num_window_slots - free_slots())
+        if num_window_slots > free_slots():  # then the tails requests keep for the cache
             for alloc in self.live.values():
                 self._drop_window(alloc, self._kept_keep_from(alloc))
-        if num_pages > self.pages.available():
-            self.cache.evict_pages(num_pages - self.pages.available())
+        if num_pages > free_pages():
+            self.cache.evict_pages(num_pages - free_pages())
         if num_pages > self.pages.available() or num_window_slots > self.swa_slots.available():
-            self._drain()  # what is still short is held back by copies in flight: wait for them
+            self._drain()
 
     def available_req_slots(self) -> int:
         return self.req_to_token_pool.available_size()

@@ -377,6 +377,8 @@ class FileTier:
         if tier.pages.available() < pages or tier.ends.available() < ends:
             tier.cache.evict_host(max(0, pages - tier.pages.available()), max(0, ends - tier.ends.available()),
                                   backed_only=self.prefetch_policy == "best_effort")
+        if (tier.pages.available() < pages or tier.ends.available() < ends) and tier.copies.busy():
+            tier.copies.drain()  # what is still short may be slots held back by copies in flight
         return tier.pages.available() >= pages and tier.ends.available() >= ends
 
     def read_pages(self, tier, hashes: list, deadline: float) -> list:
