@@ -15,9 +15,9 @@ the same token sequences:
 
 The sessions are bench_prefix_cache.py's (run_sessions): every turn resends the whole conversation plus --turn-tokens
 new tokens and generates one token (what TTFT measures); sessions are interleaved turn by turn, as concurrent agents
-are, which is what makes a small pool evict the next session's history before it comes back. Reported per run: the
-prompt-token hit rate and its share per tier (device, host, file), the median TTFT, bytes moved between the tiers; on
-CUDA also the host <-> device copy bandwidth of pinned memory, measured in the same run.
+are, which is what makes a small pool evict each conversation's history before it comes back. Reported per run:
+the prompt-token hit rate and its share per tier (device, host, file), the median TTFT, bytes moved between the
+tiers; on CUDA also the host <-> device copy bandwidth of pinned memory, measured in the same run.
 """
 
 from __future__ import annotations
