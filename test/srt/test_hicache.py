@@ -151,9 +151,15 @@ class LateCopies(CpuCopyEngine):
     def _finished(self, ticket) -> bool:
         return self.polls - ticket.submitted_at >= self.late and super()._finished(ticket)
 
-    def _run(self, ticket, upto: int) -> None:
-        self.forced += upto > ticket.landed
-        super()._run(ticket, upto)
+    def wait_device(self, ticket, stage=None) -> None:
+        if ticket is not None and not ticket.done:
+            self.forced += ticket.landed < (len(ticket.stages) if stage is None else stage + 1)
+        super().wait_device(ticket, stage)
+
+    def _complete(self, ticket, block: bool = False) -> None:
+        if ticket.finishes and torch.cuda.is_available():  # on a GPU engine (SGLANG_TEST_DEVICE=cuda) a write's
+            torch.cuda.synchronize()  # staging buffer lands on the device's stream: let it land before reading it
+        super()._complete(ticket, block)
 
 
 def _late_copies(eng, monkeypatch, late: int) -> LateCopies:
