@@ -13,8 +13,9 @@ When a copy is made (--hicache-write-policy, upstream's names):
 - write_through_selective: when a node has been matched twice (a prefix reused, not a one-off turn).
 The host evicts least recently used copies; an end dropped without a copy is gone (its pages stay usable for deeper
 ends). A match that ends at an end the host holds loads the host-only nodes of its path and the end back into free
-device pages, window slots and a state slot before the request's prefill (HostTier.load), all or nothing: when the
-device cannot take them the match falls back to its deepest device end.
+device pages, window slots and a state slot at the request's admission (HostTier.load), all or nothing: when the
+device cannot take them the match falls back to its deepest device end. The rows land behind the scheduler, layer by
+layer, while the request's prefill waits for each layer's (below).
 
 How rows move (--hicache-io-backend, upstream's names): `kernel` gathers every buffer's rows with one indexed copy,
 moves them in one transfer and scatters them with one indexed copy; `direct` copies each page's contiguous rows with
