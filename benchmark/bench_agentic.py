@@ -13,11 +13,11 @@ the same token sequences:
     # on a GPU (Flash slice or full checkpoint; the same sizes as the prefix-cache run, scaled up):
     bash scripts/gpu_hicache.sh   # the Flash slice: 24 sessions x 5 turns, an 8192-token shared system prompt
 
-Every turn resends the whole conversation plus --turn-tokens new tokens and generates one token (what TTFT measures);
-sessions are interleaved turn by turn, as concurrent agents are, which is what makes a small pool evict the next
-session's history before it comes back. Reported per run: the prompt-token hit rate and its share per tier (device,
-host, file), the median TTFT, bytes moved between the tiers; on CUDA also the host <-> device copy bandwidth of
-pinned memory, measured in the same run.
+The sessions are bench_prefix_cache.py's (run_sessions): every turn resends the whole conversation plus --turn-tokens
+new tokens and generates one token (what TTFT measures); sessions are interleaved turn by turn, as concurrent agents
+are, which is what makes a small pool evict each conversation's history before it comes back. Reported per run:
+the prompt-token hit rate and its share per tier (device, host, file), the median TTFT, bytes moved between the
+tiers; on CUDA also the host <-> device copy bandwidth of pinned memory, measured in the same run.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import tempfile
 import time
 
 import torch
+from bench_prefix_cache import run_sessions
 
 
 def working_set_tokens(args) -> int:
@@ -61,29 +62,13 @@ def run(args, name: str, pool_tokens: int, **engine_kwargs) -> dict:
         engine_kwargs["dtype"] = args.dtype
     eng = sglang.Engine(model_path=args.model_path, device=args.device, log_level="warning",
                         max_total_tokens=pool_tokens, page_size=args.page_size, **engine_kwargs)
-    g = torch.Generator().manual_seed(0)
-    vocab = eng.model_runner.model_config.vocab_size
-
-    def tokens(n):
-        return torch.randint(1000, min(vocab, 100000), (n,), generator=g).tolist()
-
-    system = tokens(args.system_tokens)
-    history = [system + tokens(args.turn_tokens) for _ in range(args.sessions)]
-    ttft, cached, prompt = [], 0, 0
-    sp = {"temperature": 0, "max_new_tokens": 1, "ignore_eos": True}
     tier = eng.model_runner.token_allocator.host_tier
     try:
-        for _ in range(args.turns):
-            for h in history:
-                start = time.perf_counter()
-                out = eng.generate(input_ids=h, sampling_params=sp)
-                ttft.append(time.perf_counter() - start)
-                cached += out["meta_info"]["cached_tokens"]
-                prompt += len(h)
-                h += out["output_ids"] + tokens(args.turn_tokens)
+        r = run_sessions(eng, args.sessions, args.turns, args.system_tokens, args.turn_tokens)
         stats = tier.stats if tier is not None else None
     finally:
         eng.shutdown()
+    ttft, cached, prompt = r.ttft, r.cached_tokens, r.prompt_tokens
     host = stats.host_hit_tokens - stats.file_hit_tokens if stats else 0
     file = stats.file_hit_tokens if stats else 0
     return {"run": name, "pool_tokens": pool_tokens, "prompt_tokens": prompt, "cached_tokens": cached,

@@ -15,8 +15,43 @@ import argparse
 import json
 import statistics
 import time
+from dataclasses import dataclass
 
 import torch
+
+
+@dataclass
+class SessionsRun:
+    """What run_sessions measured."""
+
+    ttft: list  # seconds to the first (only) token of each turn, in order
+    cached_tokens: int
+    prompt_tokens: int
+
+
+def run_sessions(eng, sessions: int, turns: int, system_tokens: int, turn_tokens: int) -> SessionsRun:
+    """Interleaved multi-turn sessions on an engine: each starts with a shared system prompt plus its own message;
+    every turn resends the whole conversation plus turn_tokens new tokens and generates one token (what TTFT
+    measures). The same token sequences on every engine (a fixed seed)."""
+    g = torch.Generator().manual_seed(0)
+    vocab = eng.model_runner.model_config.vocab_size
+
+    def tokens(n):
+        return torch.randint(1000, min(vocab, 100000), (n,), generator=g).tolist()
+
+    system = tokens(system_tokens)
+    history = [system + tokens(turn_tokens) for _ in range(sessions)]
+    run = SessionsRun([], 0, 0)
+    sp = {"temperature": 0, "max_new_tokens": 1, "ignore_eos": True}
+    for _ in range(turns):
+        for h in history:
+            start = time.perf_counter()
+            out = eng.generate(input_ids=h, sampling_params=sp)
+            run.ttft.append(time.perf_counter() - start)
+            run.cached_tokens += out["meta_info"]["cached_tokens"]
+            run.prompt_tokens += len(h)
+            h += out["output_ids"] + tokens(turn_tokens)
+    return run
 
 
 def run(args, cache: bool) -> dict:
@@ -25,30 +60,13 @@ def run(args, cache: bool) -> dict:
     eng = sglang.Engine(model_path=args.model_path, device=args.device, log_level="warning",
                         disable_radix_cache=not cache, max_total_tokens=args.max_total_tokens,
                         page_size=args.page_size)
-    g = torch.Generator().manual_seed(0)
-    vocab = eng.model_runner.model_config.vocab_size
-
-    def tokens(n):
-        return torch.randint(1000, min(vocab, 100000), (n,), generator=g).tolist()
-
-    system = tokens(args.system_tokens)
-    history = [system + tokens(args.turn_tokens) for _ in range(args.sessions)]
-    ttft, cached, prompt = [], 0, 0
-    sp = {"temperature": 0, "max_new_tokens": 1, "ignore_eos": True}
     try:
-        for _ in range(args.turns):
-            for h in history:
-                start = time.perf_counter()
-                out = eng.generate(input_ids=h, sampling_params=sp)
-                ttft.append(time.perf_counter() - start)
-                cached += out["meta_info"]["cached_tokens"]
-                prompt += len(h)
-                h += out["output_ids"] + tokens(args.turn_tokens)
+        r = run_sessions(eng, args.sessions, args.turns, args.system_tokens, args.turn_tokens)
     finally:
         eng.shutdown()
-    return {"cache": cache, "ttft_median_s": statistics.median(ttft), "ttft_mean_s": statistics.mean(ttft),
-            "ttft_last_turn_mean_s": statistics.mean(ttft[-args.sessions:]), "prompt_tokens": prompt,
-            "cached_tokens": cached, "hit_rate": cached / prompt}
+    return {"cache": cache, "ttft_median_s": statistics.median(r.ttft), "ttft_mean_s": statistics.mean(r.ttft),
+            "ttft_last_turn_mean_s": statistics.mean(r.ttft[-args.sessions:]), "prompt_tokens": r.prompt_tokens,
+            "cached_tokens": r.cached_tokens, "hit_rate": r.cached_tokens / r.prompt_tokens}
 
 
 def main() -> None:

@@ -8,7 +8,7 @@
 # A dry run on CPU: MODEL=tiny-deepseek-v4 DEVICE=cpu TESTS=0 SESSIONS=4 TURNS=2 SYSTEM=512 TURN=128 bash scripts/gpu_hicache.sh
 source "$(dirname "$0")/gpu_env.sh"
 [ "${TESTS:-1}" = 1 ] && TAIL=3 step "GPU hierarchical-cache tests" env SGLANG_TEST_DEVICE=cuda python3 -m pytest -q \
-  -p no:cacheprovider test/srt/test_hicache.py -k "not retraction"
+  -p no:cacheprovider test/srt/test_hicache.py test/srt/test_tier_copy.py -k "not retraction"
 if [ -z "${MODEL:-}" ]; then
   TAIL=2 step "checkpoint: Flash slice" python3 scripts/make_slice_checkpoint.py \
     benchmark/configs/flash-slice-4l32e.config.json /tmp/w/base

@@ -30,6 +30,9 @@ class AdminStub:
     async def flush_cache(self):
         self.calls.append("flush")
 
+    async def clear_hicache_storage(self):
+        self.calls.append("clear storage")
+
     async def abort_matching(self, rid, abort_all):
         self.calls.append(("abort", rid, abort_all))
         return []
@@ -54,7 +57,8 @@ class AdminStub:
 
 
 STUB_ADMIN_REQUESTS = [*[(p, b) for p, b in ADMIN_REQUESTS if p != "/update_weights_from_disk"],
-                       ("/update_weights_from_disk", {"model_path": "served-id"})]
+                       ("/update_weights_from_disk", {"model_path": "served-id"}),
+                       ("/clear_hicache_storage_backend", None)]  # (a real server answers 400 without a file tier)
 
 
 def call_from(app, host: str, path: str, body=None, headers=None) -> httpx.Response:

@@ -76,3 +76,20 @@ def test_scheduler_answers_a_flush_it_refuses():
         (answers[busy],) = proc._handle_messages(block=False)
     assert answers[False] == ControlOutput("rFalse", 200, "Cache flushed")
     assert answers[True].status_code == 400 and "requests are running" in answers[True].message
+
+
+def test_scheduler_answers_a_storage_clear():
+    """/clear_hicache_storage_backend's message: 200 with upstream's text once the files are deleted, 400 with the
+    scheduler's reason when there are none to delete."""
+    from types import SimpleNamespace
+
+    from sglang.srt.managers.io_struct import ClearHiCacheReq, ControlOutput
+    from sglang.srt.managers.scheduler_process import SchedulerProcess
+
+    proc = object.__new__(SchedulerProcess)
+    proc.dp_rank, proc._receive = 0, lambda block: [(ClearHiCacheReq("c"), None)]
+    proc.scheduler = SimpleNamespace(clear_hicache_storage=lambda: None)
+    cleared = ControlOutput("c", 200, "Hierarchical cache storage backend cleared.")
+    assert proc._handle_messages(block=False) == [cleared]
+    proc.scheduler = SimpleNamespace(clear_hicache_storage=lambda: "no storage backend")
+    assert proc._handle_messages(block=False) == [ControlOutput("c", 400, "no storage backend")]

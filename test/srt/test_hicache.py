@@ -2,9 +2,11 @@
 with a device pool too small for the sessions, greedy outputs and prompt logprobs equal the engine without a cache,
 while later turns hit prefixes the device evicted, loaded back from the host (more cached tokens than the device
 alone), for each write policy and io backend, with speculative decoding and under retraction; the host stays within
-its bound and holds exactly the tree's copies, also over a soak with flat memory; a request aborted right after its
-load frees everything on both tiers; a flush empties both. The file tier (mem_cache/file_tier.py) serves a second
-engine on the same directory, exactly; its files are checked, bounded and written behind the scheduler.
+its bound and holds exactly the tree's copies, also over a soak with flat memory; copies run behind the scheduler
+(mem_cache/tier_copy.py): no forward reads a load before it landed, a page under a write is not reused, a request
+aborted while its load is in flight frees everything on both tiers; a flush empties both. The file tier
+(mem_cache/file_tier.py) serves a second engine on the same directory, exactly; its files are checked, bounded and
+written behind the scheduler; clearing the storage tier deletes them and leaves the other tiers.
 
 One engine per configuration for the module: the reference without a cache, and the tiered engine (built by the
 flags, write_back), whose host tier each test replaces (another policy, io backend or size, as the flags would
@@ -21,6 +23,7 @@ import shutil
 import threading
 
 import pytest
+import torch
 
 import test_retraction as retraction
 from oracle import engine, random_ids
@@ -29,12 +32,14 @@ from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.metrics.collector import MetricsCollector
 from sglang.srt.mem_cache.file_tier import _HEADER as FILE_HEADER
 from sglang.srt.mem_cache.file_tier import FileStore, FileTier, FileTierConfig, chain_hashes, node_hashes
-from sglang.srt.mem_cache.host_tier import HostTier, HostTierStats
+from sglang.srt.mem_cache.host_tier import HostTier, HostTierStats, _page_rows
 from sglang.srt.mem_cache.pool_sizing import plan_host_tier, plan_pools
 from sglang.srt.mem_cache.radix_cache import CacheCallbacks, RadixCache, TreeNode
+from sglang.srt.mem_cache.tier_copy import CpuCopyEngine
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
-from test_prefix_cache import SPEC, _assert_same, _rss_mb
+from soak import soak
+from test_prefix_cache import SPEC, _assert_same, _run_sessions
 
 # 512 tokens of device pool (32 pages of 16): four sessions of 100-120 tokens evict each other every turn
 SMALL = dict(max_total_tokens=512, chunked_prefill_size=64, max_running_requests=2)
@@ -43,15 +48,8 @@ SP = {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}
 
 
 def _sessions(eng, turns: int = 2) -> list:
-    """Multi-turn chats, interleaved turn by turn: each turn resends the conversation plus new tokens."""
-    history = [list(s) for s in SESSIONS]
-    outs = []
-    for t in range(turns):
-        for i, h in enumerate(history):
-            out = eng.generate(input_ids=h, sampling_params=SP, return_logprob=True, logprob_start_len=len(h) - 4)
-            outs.append(out)
-            h += out["output_ids"] + random_ids(7, seed=100 * i + t)
-    return outs
+    """test_prefix_cache's multi-turn chats on SESSIONS, interleaved turn by turn."""
+    return _run_sessions(eng, SESSIONS, turns, sampling_params=SP)
 
 
 def _shared_prefix(eng) -> list:
@@ -133,6 +131,60 @@ def _check_and_flush(eng) -> None:
     assert not alloc.cache.root.children and not bool((alloc.full_to_swa != -1).any())
 
 
+class LateCopies(CpuCopyEngine):
+    """Copies land `late` polls after they were submitted, or stage by stage when waited for (`forced`: a wait that
+    ran a stage); `overlapped`: layers that ran while a later layer's rows of a load they read had not landed."""
+
+    def __init__(self, late: int) -> None:
+        super().__init__()
+        self.late, self.polls, self.forced, self.overlapped = late, 0, 0, 0
+
+    def submit(self, *stages):
+        ticket = super().submit(*stages)
+        ticket.submitted_at = self.polls
+        return ticket
+
+    def poll(self) -> None:
+        self.polls += 1
+        super().poll()
+
+    def _finished(self, ticket) -> bool:
+        return self.polls - ticket.submitted_at >= self.late and super()._finished(ticket)
+
+    def wait_device(self, ticket, stage=None) -> None:
+        if ticket is not None and not ticket.done:
+            self.forced += ticket.landed < (len(ticket.stages) if stage is None else stage + 1)
+        super().wait_device(ticket, stage)
+
+    def _complete(self, ticket, block: bool = False) -> None:
+        if ticket.finishes and torch.cuda.is_available():  # on a GPU engine (SGLANG_TEST_DEVICE=cuda) a write's
+            torch.cuda.synchronize()  # staging buffer lands on the device's stream: let it land before reading it
+        super()._complete(ticket, block)
+
+
+def _late_copies(eng, monkeypatch, late: int) -> LateCopies:
+    """The engine's host tier on LateCopies; before each layer of every forward, a check that the loads its requests
+    read have landed that layer's rows (stage 0, then one stage per layer)."""
+    scheduler, tier = eng.scheduler, eng.model_runner.token_allocator.host_tier
+    copies = LateCopies(late)
+    monkeypatch.setattr(tier, "copies", copies)
+
+    def check(forward_batch, i: int) -> None:
+        rows = set(forward_batch.req_pool_indices_cpu)
+        for req in scheduler.running:
+            ticket = tier.pending_load(req.cache_node) if req.alloc and req.alloc.req_pool_idx in rows else None
+            if ticket is not None:
+                assert ticket.landed >= i + 2, f"request {req.rid}'s layer {i} read rows that have not landed"
+                copies.overlapped += ticket.landed < len(ticket.stages)
+
+    for i, layer in enumerate(eng.model_runner.model.layers):
+        def checked(*args, i=i, forward=layer.forward):
+            check(args[3], i)
+            return forward(*args)
+        monkeypatch.setattr(layer, "forward", checked)
+    return copies
+
+
 @pytest.fixture(scope="module")
 def device_hits(tiered) -> int:
     """Cached tokens of the sessions with the prefix cache on the device alone."""
@@ -143,10 +195,17 @@ def device_hits(tiered) -> int:
 @pytest.mark.parametrize("policy,ratio,io", [
     ("write_back", 4.0, "kernel"), ("write_through", 4.0, "direct"), ("write_through", 0.4, "kernel")],
     ids=["write_back", "write_through-direct", "write_through-small-host"])
-def test_multi_turn_sessions_identical_and_hit_from_host(tiered, plain, device_hits, policy, ratio, io):
+def test_multi_turn_sessions_identical_and_hit_from_host(tiered, plain, device_hits, policy, ratio, io, monkeypatch):
+    """write_back runs on copies that land two steps late unless waited for: every layer of every forward reads only
+    rows of loads that landed (a request waits for them layer by layer: later layers' rows land while earlier layers
+    run), and the outputs are still exact."""
     tier = _use_tier(tiered, policy, ratio, io)
+    if policy == "write_back":
+        late = _late_copies(tiered, monkeypatch, late=2)
     out = _sessions(tiered)
     _assert_same(out, plain.sessions)
+    if policy == "write_back":  # loads still in flight when their readers' forwards came, landing layer by layer
+        assert late.forced > 0 and late.overlapped > 0
     assert tier.stats.bytes_to_host > 0
     if ratio > 1:  # the host holds every session: later turns load them back
         assert tier.stats.num_loads > 0 and tier.stats.bytes_to_device > 0 and tier.stats.host_hit_tokens > 0
@@ -188,23 +247,74 @@ def test_shared_prefix_batch_selective_copy_and_load(tiered, plain):
     _check_and_flush(tiered)
 
 
-def test_abort_right_after_a_load_frees_both_tiers(tiered):
-    """A request admitted on a prefix loaded from the host and aborted before its prefill: every device slot it held
-    is free again, the loaded prefix stays cached on both tiers, and the next turn reuses it."""
+def test_abort_mid_load_frees_both_tiers(tiered, monkeypatch):
+    """A request admitted on a prefix loaded from the host and aborted while that load is in flight (copies land
+    only when waited for): the device pool's usage is what it was before it came, before and after the load lands,
+    both tiers holding exactly the tree's copies (the room the load made was written to the host); the loaded prefix
+    stays cached on both tiers, and the next turn reuses it with the outputs of a run without it."""
     tier = _use_tier(tiered, "write_back")
+    alloc = tiered.model_runner.token_allocator
     first = SESSIONS[0][:60] + [3, 4]
     tiered.generate(input_ids=first, sampling_params=SP)
     for i in range(1, 4):  # evict the first chat from the device
         tiered.generate(input_ids=random_ids(150, seed=60 + i), sampling_params=SP)
-    loads = tier.stats.num_loads
+    late = _late_copies(tiered, monkeypatch, late=10**9)
+
+    def usage():
+        return alloc.available_pages(), alloc.available_window_slots(), alloc.available_req_slots()
+
+    before, loads = usage(), tier.stats.num_loads
     req = Req(rid="a", origin_input_ids=first + [7, 8], sampling_params=SamplingParams(max_new_tokens=4))
     tiered.scheduler.add_request(req)
-    tiered.scheduler._admit()  # admission runs the match and the load, not the prefill
+    tiered.scheduler._admit()  # admission runs the match and submits the load, not the prefill
     assert tier.stats.num_loads == loads + 1 and req.cached_tokens == 48
+    assert late.busy() and not req.alloc.pending.done
     assert tiered.scheduler.abort_request("a") is req
-    tiered.model_runner.token_allocator.check_all_free()
-    out = tiered.generate(input_ids=first + [7, 8], sampling_params=SP)
+    assert usage() == before
+    alloc.check_all_free()  # with the host tier's check: its slots held are the tree's copies
+    late.drain()  # the load lands
+    assert usage() == before and not copies_held(alloc, tier)
+    alloc.check_all_free()
+    again = dict(input_ids=first + [7, 8], sampling_params=SP, return_logprob=True, logprob_start_len=55)
+    out = tiered.generate(**again)
     assert out["meta_info"]["cached_tokens"] == 48
+    _check_and_flush(tiered)
+    cold = tiered.generate(**again)
+    assert cold["meta_info"]["cached_tokens"] == 0
+    _assert_same([out], [cold])
+    _check_and_flush(tiered)
+
+
+def copies_held(alloc, tier) -> int:
+    return sum(tier.copies.held(p) for p in (alloc.pages, alloc.swa_slots, alloc.state_slots, tier.pages, tier.ends))
+
+
+def test_pages_under_write_are_not_reused(tiered, monkeypatch):
+    """write_back copies a node's pages and end to the host as the device evicts them; until the copy has landed
+    (here: when waited for) they stay out of the free lists, counted as available: whoever takes every free page
+    meanwhile and overwrites it cannot touch them, and the host copy is the device's rows."""
+    tier = _use_tier(tiered, "write_back")
+    alloc = tiered.model_runner.token_allocator
+    tiered.generate(input_ids=SESSIONS[0][:60], sampling_params=SP)
+    copies = _late_copies(tiered, monkeypatch, late=10**9)
+    nodes = [n for n in alloc.cache.nodes() if n.pages]
+    rows = [[dev[_page_rows(n.pages, k)].clone() for dev, _, k in tier.pool.page_buffers] for n in nodes]
+    available, free, cached = alloc.available_pages(), alloc.pages.available(), alloc.cache.num_pages
+    evicted = alloc.cache.evict_pages(cached)
+    assert evicted == cached > 0 and copies.busy()
+    assert alloc.pages.available() == free and copies.held(alloc.pages) == evicted
+    assert copies.held(alloc.swa_slots) > 0 and copies.held(alloc.state_slots) > 0  # the end's tail and state
+    assert alloc.available_pages() == available
+    taken = alloc.pages.alloc(alloc.pages.available())  # the next owners write their rows
+    for dev, _, k in tier.pool.page_buffers:
+        dev.view(torch.uint8)[_page_rows(taken, k)] = 0xAB
+    alloc.pages.free(taken)
+    copies.drain()
+    assert alloc.pages.available() == free + evicted and copies.held(alloc.pages) == 0
+    for n, want in zip(nodes, rows):
+        assert not n.pages and n.host_pages is not None
+        for (_, host, k), w in zip(tier.pool.page_buffers, want):
+            assert torch.equal(host[_page_rows(n.host_pages, k)].view(torch.uint8), w.view(torch.uint8))
     _check_and_flush(tiered)
 
 
@@ -234,6 +344,7 @@ def test_file_tier_outlives_the_server(tiered, plain, tmp_path, caplog):
     finally:
         eng.shutdown()
     tier = _use_tier(tiered, "write_through")
+    assert "--hicache-storage-backend" in tiered.scheduler.clear_hicache_storage()  # none yet: nothing to clear
     tier.files = FileTier(tier.pool, FileTierConfig(str(tmp_path)), "wait_complete", identity)
     store = tier.files.store
     names = list(store.index)
@@ -248,6 +359,7 @@ def test_file_tier_outlives_the_server(tiered, plain, tmp_path, caplog):
     assert "truncated header" in caplog.text and store.get(bytes.fromhex(names[0])) is not None  # recomputed
     tiered.model_runner.token_allocator.check_all_free()
     assert tiered.flush_cache() and store.index and all(os.path.exists(store._path(n)) for n in store.index)
+    _clear_storage_keeps_the_other_tiers(tiered, prompts[0])
 
     hits = tier.stats.file_hit_tokens
     tier.files = FileTier(tier.pool, FileTierConfig(str(tmp_path)), "wait_complete", identity + "-other")
@@ -258,6 +370,21 @@ def test_file_tier_outlives_the_server(tiered, plain, tmp_path, caplog):
     tiered.model_runner.token_allocator.flush_cache(storage=True)  # what a weight update does
     assert tier.files is None and not os.listdir(store.dir)
     _check_and_flush(tiered)
+
+
+def _clear_storage_keeps_the_other_tiers(eng, prompt: list) -> None:
+    """/clear_hicache_storage_backend's work: every file deleted (the copies in flight, which save files, landed
+    first), while the device and host tiers keep what they hold and serve the next turn."""
+    alloc = eng.model_runner.token_allocator
+    tier, out = alloc.host_tier, eng.generate(input_ids=prompt, sampling_params=SP)
+    store, kept = tier.files.store, (alloc.cache.num_pages, tier.pages.available(), tier.ends.available())
+    assert store.index and eng.scheduler.clear_hicache_storage() is None
+    assert not store.index and not os.listdir(store.dir)
+    assert (alloc.cache.num_pages, tier.pages.available(), tier.ends.available()) == kept
+    read = tier.stats.bytes_from_file
+    again = eng.generate(input_ids=prompt, sampling_params=SP)
+    assert again["meta_info"]["cached_tokens"] > 0 and again["output_ids"] == out["output_ids"]
+    assert tier.stats.bytes_from_file == read  # served by the device and host tiers
 
 
 def test_prefetch_policies(tiered, plain, tmp_path):
@@ -364,28 +491,12 @@ def test_file_tier_config_errors_are_named(extra, message):
 
 @pytest.mark.parametrize("num_requests", [60])  # 1,000 run by hand: SGLANG_SOAK_REQUESTS=1000
 def test_soak_host_tier_bounded_and_rss_flat(tiered, num_requests):
-    """Many short multi-turn requests over five chats on the 512-token device pool with a host tier of the same size
-    (write_back): both tiers evict and load all along; after every batch they hold exactly the tree's copies, the
-    host's buffers never grow, and the process's memory is flat after the first third (as test_prefix_cache's soak,
-    whose chats are cut back to their first 20 tokens every 20 rounds)."""
-    num_requests = int(os.environ.get("SGLANG_SOAK_REQUESTS", num_requests))
+    """soak.py's chats on the 512-token device pool with a host tier of the same size (write_back): both tiers evict
+    and load all along; after every batch they hold exactly the tree's copies, the host's buffers never grow, and the
+    process's memory is flat after the first third."""
     tier = _use_tier(tiered, "write_back", ratio=1.0)
     host_bytes = tier.pool.nbytes
-    history = [random_ids(20, seed=i) for i in range(5)]
-    sp = {"temperature": 0, "max_new_tokens": 3, "ignore_eos": True}
-    rss = []
-    for n in range(0, num_requests, 5):
-        outs = tiered.generate(input_ids=history, sampling_params=sp)
-        for h, o in zip(history, outs):
-            h += o["output_ids"] + [n % 500 + 2]
-            if len(h) > 100:
-                del h[20:]
-        tiered.model_runner.token_allocator.check_all_free()  # both tiers: exactly the tree's copies
-        rss.append(_rss_mb())
-    third = len(rss) // 3
-    print(f"host-tier soak of {num_requests} requests: RSS {rss[third]:.0f} MB after a third, {rss[-1]:.0f} MB at "
-          f"the end; {tier.stats.num_loads} loads")
-    assert rss[-1] - rss[third] < 64, (rss[third], rss[-1])
+    soak(tiered, num_requests, "host-tier soak")
     assert tier.pool.nbytes == host_bytes and tier.stats.num_loads > 0 and tier.stats.bytes_to_host > 0
     _check_and_flush(tiered)
 

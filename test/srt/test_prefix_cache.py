@@ -7,24 +7,24 @@ every pool is free. The flush is refused while requests wait or run."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from oracle import engine, random_ids
+from soak import soak
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.sampling.sampling_params import SamplingParams
 
 GREEDY = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
 
 
-def _run_sessions(eng, sessions: list, turns: int, logprob_tail: int = 4) -> list:
-    """Multi-turn chats, interleaved turn by turn: each turn resends the conversation plus new tokens."""
+def _run_sessions(eng, sessions: list, turns: int, logprob_tail: int = 4, sampling_params: dict = GREEDY) -> list:
+    """Multi-turn chats, interleaved turn by turn: each turn resends the conversation plus new tokens (test_hicache.py
+    runs them too)."""
     history = [list(s) for s in sessions]
     outs = []
     for t in range(turns):
         for i, h in enumerate(history):
-            out = eng.generate(input_ids=h, sampling_params=GREEDY, return_logprob=True,
+            out = eng.generate(input_ids=h, sampling_params=sampling_params, return_logprob=True,
                                logprob_start_len=len(h) - logprob_tail)
             outs.append(out)
             h += out["output_ids"] + random_ids(7, seed=100 * i + t)
@@ -179,36 +179,15 @@ def test_flush_refused_while_requests_wait():
         eng.shutdown()
 
 
-def _rss_mb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
 @pytest.mark.parametrize("num_requests", [150])  # 1,000 run by hand: SGLANG_SOAK_REQUESTS=1000
 def test_soak_no_leak(num_requests):
-    """Many short multi-turn requests over a few sessions with small pools: the pools stay consistent, and the
-    process's memory is flat after the first third (pools are allocated once; the tree only reuses their slots).
-    The five sessions at their longest (5 x 100 tokens, in pages of 16) overfill the pool (512 tokens), so the tree
-    evicts, and every 20 rounds each session is cut back to its first 20 tokens (a turn that reuses a cached prefix),
-    as at 1,000 requests on a pool twice the size."""
-    num_requests = int(os.environ.get("SGLANG_SOAK_REQUESTS", num_requests))
+    """soak.py's chats with small pools: the pools stay consistent and memory flat. The five chats at their longest
+    (5 x 100 tokens, in pages of 16) overfill the pool (512 tokens), so the tree evicts, and every 20 rounds each is
+    cut back to its first 20 tokens, as at 1,000 requests on a pool twice the size."""
     eng = engine("tiny", max_total_tokens=512, max_running_requests=4)
     try:
-        history = [random_ids(20, seed=i) for i in range(5)]
-        sp = {"temperature": 0, "max_new_tokens": 3, "ignore_eos": True}
-        rss = []
-        for n in range(0, num_requests, 5):
-            outs = eng.generate(input_ids=history, sampling_params=sp)
-            for h, o in zip(history, outs):
-                h += o["output_ids"] + [n % 500 + 2]
-                if len(h) > 100:
-                    del h[20:]
-            eng.model_runner.token_allocator.check_all_free()
-            rss.append(_rss_mb())
+        soak(eng, num_requests, "soak")
         alloc = eng.model_runner.token_allocator
-        third = len(rss) // 3
-        print(f"soak of {num_requests} requests: RSS {rss[third]:.0f} MB after a third, {rss[-1]:.0f} MB at the end")
-        assert rss[-1] - rss[third] < 64, (rss[third], rss[-1])
         assert alloc.cache.hit_rate() > 0.3
         assert eng.flush_cache() and alloc.pages.is_full() and alloc.swa_slots.is_full()
     finally:

@@ -32,7 +32,8 @@ from urllib.parse import urlsplit
 from sglang.srt.managers.tokenizer_manager import RequestError
 
 ADMIN_PATHS = frozenset({
-    "/update_weights_from_disk", "/get_weights_by_name", "/flush_cache", "/start_profile", "/stop_profile",
+    "/update_weights_from_disk", "/get_weights_by_name", "/flush_cache", "/clear_hicache_storage_backend",
+    "/start_profile", "/stop_profile",
     "/start_expert_distribution_record", "/stop_expert_distribution_record", "/dump_expert_distribution_record"})
 
 

@@ -1,7 +1,8 @@
 """The HTTP server's endpoints in three groups, each an APIRouter over the TokenizerManager; `create_app`
 (http_server.py) includes them:
 
-* health_routes: /health, /health_generate, /model_info, /server_info, /get_load, /flush_cache, /metrics
+* health_routes: /health, /health_generate, /model_info, /server_info, /get_load, /flush_cache,
+  /clear_hicache_storage_backend, /metrics
 * openai_routes: /v1/models, /v1/completions, /v1/chat/completions, /v1/responses (stored ones: their creator's key's)
 * native_routes: SGLang's /generate, /abort_request, /tokenize, /detokenize, and the admin endpoints: weight update
   and inspection, profiling, expert distribution records
@@ -142,6 +143,13 @@ def health_routes(tm: TokenizerManager, args: ServerArgs, metrics=None, schedule
         if args.disable_radix_cache:
             return PlainTextResponse("Cache flushed (the prefix cache is disabled: nothing was cached)\n")
         return PlainTextResponse("Cache flushed\n")
+
+    @router.api_route("/clear_hicache_storage_backend", methods=["GET", "POST"])
+    async def clear_hicache_storage_backend():
+        """Upstream's route: delete the storage tier's files (the device and host tiers keep what they hold, as
+        /flush_cache leaves the files)."""
+        await tm.clear_hicache_storage()  # a 400 when there is none (or it is off since a weight update)
+        return PlainTextResponse("Hierarchical cache storage backend cleared.\n")
 
     @router.get("/metrics")
     async def get_metrics():

@@ -53,6 +53,14 @@ class FlushCacheReq:
 
 
 @dataclass
+class ClearHiCacheReq:
+    """Delete the hierarchical cache's storage tier (the file tier's files); answered by a ControlOutput with the
+    same rid (400 without one). The device and host tiers keep what they hold."""
+
+    rid: str
+
+
+@dataclass
 class ProfileReq:
     """Start (with `config`, a scheduler_profiler.ProfileConfig) or stop the torch profiler on every rank; answered
     by a ControlOutput with the same rid."""

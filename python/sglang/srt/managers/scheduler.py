@@ -37,6 +37,7 @@ still running. The worker never calls the Scheduler; the Scheduler asks the allo
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from collections import deque
@@ -179,7 +180,7 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerGrammarMixin):
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.in_flight or (self.grammar_queue and self.grammar_queue.jobs)
-                    or (self.disagg is not None and self.disagg.has_work()))
+                    or (self.disagg is not None and self.disagg.has_work()) or self.allocator.copies_in_flight())
 
     @property
     def mean_accept_length(self) -> Optional[float]:
@@ -201,6 +202,7 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerGrammarMixin):
         return refused + updated
 
     def _step(self) -> list:
+        self.allocator.poll_copies()  # the host tier's copies that landed give their held slots back
         self._admit()
         prev, self.in_flight = self.in_flight, None
         if prev is not None:  # plan N+1 one position further, without retracting (N's requests are in flight)
@@ -231,6 +233,7 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerGrammarMixin):
         raised (undone; the batch is then run synchronously, where a failing request is isolated)."""
         reqs, lag = batch.reqs, 1 if chained is not None else 0
         checkpoints, counters = [r.checkpoint() for r in reqs], self._counters()
+        self.allocator.await_loads([r.alloc for r in reqs], layered=False)  # the tree's pages it switched to
         try:
             slots = self.allocator.plan_extend([r.alloc for r in reqs], [r.num_computed + lag + 1 for r in reqs])
             if chained is None:
@@ -294,6 +297,8 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerGrammarMixin):
     def _run_isolating(self, batch: ScheduleBatch) -> tuple:
         """run_batch; when it raises, undo the step and bisect the batch until the requests that fail alone are
         found; those are aborted. Returns (updated requests, whether any forward succeeded)."""
+        # host-tier loads: CSA states restored before their checkpoint; an extend waits for its layers one by one
+        self.allocator.await_loads([r.alloc for r in batch.reqs], layered=batch.forward_mode.is_extend())
         checkpoints = [req.checkpoint() for req in batch.reqs]
         counters = self._counters()
         staging = None
@@ -356,6 +361,7 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerGrammarMixin):
         else:
             forward_batch = batch.to_forward_batch(self.allocator.write_slots(slots), self.runner.device)
             forward_batch.capture_hidden = self.worker.capture_hidden
+            forward_batch.before_layer = self.allocator.layer_waits([r.alloc for r in batch.reqs])
             output = self.runner.forward(forward_batch)
         updated = self._process_results(batch, forward_batch, output, self._sample_emitting(batch, output))
         self.worker.after_extend(batch, output)  # speculative: the draft's window over the same rows, first drafts
@@ -414,7 +420,9 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerGrammarMixin):
         cache.lock(match.node)
         req.cache_node = match.node
         self.allocator.attach_prefix(req.alloc, match.pages, match.num_tokens, match.node)
-        self.runner.token_to_kv_pool.restore_state(match.node.state_slot, req.alloc.req_pool_idx, match.num_tokens)
+        restore = functools.partial(self.runner.token_to_kv_pool.restore_state, match.node.state_slot,
+                                    req.alloc.req_pool_idx, match.num_tokens)
+        self.allocator.read_after_loads(req.alloc, match.node, restore)  # now, or once the loads it reads landed
         req.num_computed = req.draft_len = match.num_tokens  # the match's draft rows are the request's own
         if not req.admitted_time:  # the first admission's reuse is what the client is told
             req.cached_tokens = min(match.num_tokens, len(req.origin_input_ids))
@@ -425,6 +433,10 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerGrammarMixin):
             return False
         self.allocator.flush_cache()
         return True
+
+    def clear_hicache_storage(self) -> Optional[str]:
+        """Delete the file tier's files (the device and host tiers keep theirs); why not, or None when done."""
+        return self.allocator.clear_storage()
 
     def update_weights_from_disk(self, model_path: str) -> str:
         """Load another checkpoint of the served model in place (ModelRunner.update_weights_from_disk) and empty the
@@ -470,6 +482,7 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerGrammarMixin):
         if req.cache_node is not None:
             self.allocator.cache.unlock(req.cache_node)
         req.cache_node = node
+        self.allocator.read_after_loads(req.alloc, node)  # its pages may be the tree's, loaded from the host
 
     def _state_saver(self, alloc):
         """save_state(slot, end) for the allocator: the request's CSA staging rows at `end` into state slot `slot`."""

@@ -38,7 +38,8 @@ from sglang.srt.disaggregation.messages import BootstrapInfo
 from sglang.srt.environ import envs
 from sglang.srt.eplb.expert_distribution import expert_distribution_action
 from sglang.srt.managers.io_struct import (
-    MAX_WEIGHT_VALUES, AbortReq, BatchOutput, ControlOutput, ExpertDistributionReq, FlushCacheReq, GetWeightsReq,
+    MAX_WEIGHT_VALUES, AbortReq, BatchOutput, ClearHiCacheReq, ControlOutput, ExpertDistributionReq, FlushCacheReq,
+    GetWeightsReq,
     MessageCodec, ProfileReq, ReqOutput, SchedulerReady, SchedulerStats, TokenizedGenerateReqInput, UpdateTensorsReq,
     UpdateWeightsReq, new_channel_key)
 from sglang.srt.managers.schedule_batch import FinishReason, Req
@@ -186,6 +187,10 @@ class SchedulerProcess:
                 flushed = self.scheduler.flush_cache()
                 answers.append(ControlOutput(msg.rid, 200, "Cache flushed") if flushed else ControlOutput(
                     msg.rid, 400, "cannot flush the cache while requests are running; retry when the server is idle"))
+            elif isinstance(msg, ClearHiCacheReq):
+                refusal = self.scheduler.clear_hicache_storage()
+                answers.append(ControlOutput(msg.rid, 400 if refusal else 200,
+                                             refusal or "Hierarchical cache storage backend cleared."))
             elif isinstance(msg, ProfileReq):
                 answers.append(self._profile(msg))
             elif isinstance(msg, (UpdateWeightsReq, UpdateTensorsReq)):

@@ -35,8 +35,8 @@ import zmq.asyncio
 
 from sglang.srt.managers.detokenizer import IncrementalDetokenizer
 from sglang.srt.managers.io_struct import (
-    AbortReq, BatchOutput, ControlOutput, ExpertDistributionReq, FlushCacheReq, GetWeightsReq, MessageCodec,
-    ProfileReq, ReqOutput, SchedulerReady, SchedulerStats, TokenizedGenerateReqInput, UpdateTensorsReq,
+    AbortReq, BatchOutput, ClearHiCacheReq, ControlOutput, ExpertDistributionReq, FlushCacheReq, GetWeightsReq,
+    MessageCodec, ProfileReq, ReqOutput, SchedulerReady, SchedulerStats, TokenizedGenerateReqInput, UpdateTensorsReq,
     UpdateWeightsReq)
 from sglang.srt.managers.output_shaping import OutputState
 from sglang.srt.sampling.sampling_params import SamplingParams
@@ -302,6 +302,10 @@ class TokenizerManager:
         """Empty the scheduler's prefix cache; its answer once done. RequestError (400) when it refused: requests
         are running there (the HTTP side may not know of all of them yet, or any more)."""
         return (await self._control(FlushCacheReq, timeout=60.0)).message
+
+    async def clear_hicache_storage(self) -> str:
+        """Delete the scheduler's file tier files; RequestError (400) when it has none."""
+        return (await self._control(ClearHiCacheReq, timeout=60.0)).message
 
     async def profile(self, start: bool, config=None, timeout: float = 600.0) -> str:
         """Start (with a scheduler_profiler.ProfileConfig) or stop the scheduler's profiler; returns its message,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from sgl_kernel.dsv4_decode_metadata_ref import write_slots_ref
@@ -27,6 +27,7 @@ from sglang.srt.layers.gpu_kernels import sgl_kernel_op
 from sglang.srt.mem_cache.allocator import PageAllocator, PoolExhaustedError
 from sglang.srt.mem_cache.radix_cache import CacheCallbacks, RadixCache, TreeNode
 from sglang.srt.mem_cache.req_to_token_pool import ReqToTokenPool
+from sglang.srt.mem_cache.tier_copy import TierCopies
 
 logger = logging.getLogger(__name__)
 
@@ -53,9 +54,11 @@ class ReqAllocation:
     cached_pages: set = field(default_factory=set)  # pages the prefix cache owns (read-only here, never freed here)
     tail_node: Optional[TreeNode] = None  # the cache node whose window tail this request still reads ...
     tail_end: int = 0  # ... which ends at this position
+    pending: Optional[object] = None  # the last host-tier load its prefix reads (mem_cache/tier_copy.py), in flight
+    on_ready: Optional[Callable] = None  # the restore of its CSA state, once that load has landed
 
 
-class DeepSeekV4TokenAllocator:
+class DeepSeekV4TokenAllocator(TierCopies):
     def __init__(self, req_to_token_pool: ReqToTokenPool, num_pages: int, page_size: int, num_swa_slots: int,
                  device, window: int = 0, num_state_slots: int = 0) -> None:
         self.req_to_token_pool = req_to_token_pool
@@ -74,7 +77,8 @@ class DeepSeekV4TokenAllocator:
         self.host_tier = None  # under the cache, when --enable-hierarchical-cache
         if self.state_slots is not None:
             self.cache = RadixCache(page_size, window, CacheCallbacks(
-                free_pages=self.pages.free, free_tail=self._free_tail, free_state=lambda s: self.state_slots.free([s])))
+                free_pages=lambda ids: self._free(self.pages, ids), free_tail=self._free_tail,
+                free_state=lambda s: self._free(self.state_slots, [s])))
 
     # ---- capacity -------------------------------------------------------------------------------
     def total_pages(self) -> int:
@@ -83,13 +87,14 @@ class DeepSeekV4TokenAllocator:
 
     def available_pages(self) -> int:
         """Free pages, plus those the prefix cache would give back."""
-        return self.pages.available() + (self.cache.evictable_pages() if self.cache else 0)
+        return self.pages.available() + self._held(self.pages) + (self.cache.evictable_pages() if self.cache else 0)
 
     def available_window_slots(self) -> int:
         """Free window slots, plus the cache's unlocked tails and the boundary tails requests keep for it."""
         if self.cache is None:
             return self.swa_slots.available()
-        return self.swa_slots.available() + self.cache.evictable_tail_slots() + self._kept_tail_slots()
+        return (self.swa_slots.available() + self._held(self.swa_slots) + self.cache.evictable_tail_slots()
+                + self._kept_tail_slots())
 
     def _kept_keep_from(self, alloc: ReqAllocation) -> int:
         # window + 2 positions: a query of an overlapped step in flight (one position further) still sees them
@@ -102,13 +107,18 @@ class DeepSeekV4TokenAllocator:
         """Evict cached prefixes until the free lists hold the request (least recently used first)."""
         if self.cache is None:
             return
-        if num_window_slots > self.swa_slots.available():
-            self.cache.evict_tails(num_window_slots - self.swa_slots.available())
-        if num_window_slots > self.swa_slots.available():  # then the tails requests keep for the cache
+        # slots held back by copies in flight count: they are waited for last, if still needed
+        free_slots, free_pages = (lambda: self.swa_slots.available() + self._held(self.swa_slots),
+                                  lambda: self.pages.available() + self._held(self.pages))
+        if num_window_slots > free_slots():
+            self.cache.evict_tails(num_window_slots - free_slots())
+        if num_window_slots > free_slots():  # then the tails requests keep for the cache
             for alloc in self.live.values():
                 self._drop_window(alloc, self._kept_keep_from(alloc))
-        if num_pages > self.pages.available():
-            self.cache.evict_pages(num_pages - self.pages.available())
+        if num_pages > free_pages():
+            self.cache.evict_pages(num_pages - free_pages())
+        if num_pages > self.pages.available() or num_window_slots > self.swa_slots.available():
+            self._drain()
 
     def available_req_slots(self) -> int:
         return self.req_to_token_pool.available_size()
@@ -124,9 +134,9 @@ class DeepSeekV4TokenAllocator:
         cached_slots = self.cache.num_tail_slots if self.cache else 0
         cached_states = self.cache.num_state_slots if self.cache else 0
         states = self.state_slots
-        return (self.pages.available() + cached_pages == self.pages.size - 1
-                and self.swa_slots.available() + cached_slots == self.swa_slots.size - 1
-                and (states is None or states.available() + cached_states == states.size - 1)
+        return (self.pages.available() + self._held(self.pages) + cached_pages == self.pages.size - 1
+                and self.swa_slots.available() + self._held(self.swa_slots) + cached_slots == self.swa_slots.size - 1
+                and (states is None or states.available() + self._held(states) + cached_states == states.size - 1)
                 and self.req_to_token_pool.is_full())
 
     def pages_needed(self, alloc: ReqAllocation | None, new_num_tokens: int) -> int:
@@ -313,6 +323,7 @@ class DeepSeekV4TokenAllocator:
         self._unread_tail(alloc)
         self.live.pop(alloc.req_pool_idx, None)
         self.req_to_token_pool.free(alloc.req_pool_idx)
+        alloc.pending = alloc.on_ready = None  # a load it waited for lands in the cache's pages, not its own
 
     def _drop_window(self, alloc: ReqAllocation, keep_from: int) -> None:
         """release_window without the prefix cache's tail rule."""
@@ -469,6 +480,8 @@ class DeepSeekV4TokenAllocator:
         """A prefix-state slot is free (evicting the least recently used end's if none is)."""
         if self.state_slots.available() == 0:
             self.cache.evict_tails(1)
+        if self.state_slots.available() == 0 and self._held(self.state_slots):
+            self._drain()
         return self.state_slots.available() > 0
 
     def attach_host_tier(self, tier) -> None:
@@ -492,17 +505,29 @@ class DeepSeekV4TokenAllocator:
 
     def _free_tail(self, full: list, swa: list) -> None:
         self._unmap(full)
-        self.swa_slots.free(swa)
+        self._free(self.swa_slots, swa)
 
     def close(self) -> None:
         """Finish what outlives the server: the file tier's queued writes."""
+        self._drain()
         if self.host_tier is not None and self.host_tier.files is not None:
             self.host_tier.files.store.drain()
+
+    def clear_storage(self) -> Optional[str]:
+        """Delete the file tier's files, the copies in flight (which may save files) landed first; the device and host
+        tiers keep theirs. Why not, or None when done."""
+        if self.host_tier is None or self.host_tier.files is None:
+            return ("the hierarchical cache has no storage backend (--hicache-storage-backend file), or it is off "
+                    "since a weight update")
+        self._drain()
+        self.host_tier.files.store.clear()
+        return None
 
     def flush_cache(self, storage: bool = False) -> None:
         """Empty the prefix cache on the device and the host; `storage` (a weight update): the file tier's files too,
         and the file tier is off from then on, since files are named for the checkpoint the server started with
         (/flush_cache leaves the files for the next server)."""
+        self._drain()
         if self.cache is not None:
             self.cache.reset()
         if storage and self.host_tier is not None and self.host_tier.files is not None:
@@ -518,13 +543,13 @@ class DeepSeekV4TokenAllocator:
         problems = []
         cached_pages = self.cache.num_pages if self.cache else 0
         cached_slots = self.cache.num_tail_slots if self.cache else 0
-        cached_states = self.state_slots.size - 1 - self.state_slots.available() if self.state_slots else 0
-        if self.pages.size - 1 - self.pages.available() != cached_pages:
-            problems.append(f"{self.pages.size - 1 - self.pages.available()} KV pages held, {cached_pages} of them "
-                            f"by the prefix cache")
-        if self.swa_slots.size - 1 - self.swa_slots.available() != cached_slots:
-            problems.append(f"{self.swa_slots.size - 1 - self.swa_slots.available()} window slots held, "
-                            f"{cached_slots} of them by the prefix cache")
+        states = self.state_slots
+        cached_states = states.size - 1 - states.available() - self._held(states) if states else 0
+        held = {p: p.size - 1 - p.available() - self._held(p) for p in (self.pages, self.swa_slots)}
+        if held[self.pages] != cached_pages:
+            problems.append(f"{held[self.pages]} KV pages held, {cached_pages} of them by the prefix cache")
+        if held[self.swa_slots] != cached_slots:
+            problems.append(f"{held[self.swa_slots]} window slots held, {cached_slots} of them by the prefix cache")
         if self.cache is not None and cached_states != sum(n.state_slot is not None for n in self.cache.nodes()):
             problems.append(f"{cached_states} prefix-state slots held")
         if self.cache is not None and self.cache.num_state_slots != cached_states:

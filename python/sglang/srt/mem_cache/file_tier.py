@@ -281,14 +281,17 @@ class FileTier:
         return node_hashes(node, self.page_size)
 
     # ---- writes -----------------------------------------------------------------------------------
-    def save_pages(self, node) -> int:
-        hashes = self.node_hashes(node)
-        return sum(self.store.put(h, self.pool.page_payload(p)) for h, p in zip(hashes, node.host_pages)
-                   if h not in self.store)
+    def page_saver(self, node):
+        """Saving the node's host pages to files, to run once their copy to the host has landed (returns the bytes
+        queued): what it saves is taken now, as the node's pages and host slots may change meanwhile."""
+        hashes, slots = self.node_hashes(node), list(node.host_pages)
+        return lambda: sum(self.store.put(h, self.pool.page_payload(p)) for h, p in zip(hashes, slots)
+                           if h not in self.store)
 
-    def save_end(self, node) -> int:
-        key = end_key(self.node_hashes(node)[-1], node.host_next_token)
-        return 0 if key in self.store else self.store.put(key, self.pool.end_payload(node.host_end))
+    def end_saver(self, node):
+        """The same for the node's host end."""
+        key, slot = end_key(self.node_hashes(node)[-1], node.host_next_token), node.host_end
+        return lambda: 0 if key in self.store else self.store.put(key, self.pool.end_payload(slot))
 
     def end_file(self, page_hash: bytes, tokens: list, pos: int) -> Optional[tuple]:
         """(key, next token) of an end file at pos usable by tokens (its next token, if any, is tokens[pos])."""
@@ -374,6 +377,8 @@ class FileTier:
         if tier.pages.available() < pages or tier.ends.available() < ends:
             tier.cache.evict_host(max(0, pages - tier.pages.available()), max(0, ends - tier.ends.available()),
                                   backed_only=self.prefetch_policy == "best_effort")
+        if (tier.pages.available() < pages or tier.ends.available() < ends) and tier.copies.busy():
+            tier.copies.drain()  # what is still short may be slots held back by copies in flight
         return tier.pages.available() >= pages and tier.ends.available() >= ends
 
     def read_pages(self, tier, hashes: list, deadline: float) -> list:

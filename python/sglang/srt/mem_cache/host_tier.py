@@ -13,12 +13,15 @@ When a copy is made (--hicache-write-policy, upstream's names):
 - write_through_selective: when a node has been matched twice (a prefix reused, not a one-off turn).
 The host evicts least recently used copies; an end dropped without a copy is gone (its pages stay usable for deeper
 ends). A match that ends at an end the host holds loads the host-only nodes of its path and the end back into free
-device pages, window slots and a state slot before the request's prefill (HostTier.load), all or nothing: when the
-device cannot take them the match falls back to its deepest device end.
+device pages, window slots and a state slot at the request's admission (HostTier.load), all or nothing: when the
+device cannot take them the match falls back to its deepest device end. The rows land behind the scheduler, layer by
+layer, while the request's prefill waits for each layer's (below).
 
 How rows move (--hicache-io-backend, upstream's names): `kernel` gathers every buffer's rows with one indexed copy,
 moves them in one transfer and scatters them with one indexed copy; `direct` copies each page's contiguous rows with
-its own copy (the window tail and state rows, scattered, as `kernel`).
+its own copy (the window tail and state rows, scattered, as `kernel`). Every move runs on the copy engine
+(mem_cache/tier_copy.py), behind the scheduler: the slots change hands at once, the rows land later; what reads a
+load waits for it (HostTier.pending_load), what frees a slot under a copy gets it back once the copy completed.
 """
 
 from __future__ import annotations
@@ -27,12 +30,15 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Optional
+
 import torch
 
 from sglang.srt.arg_groups.cli import HICACHE_IO_BACKENDS as IO_BACKENDS
 from sglang.srt.arg_groups.cli import HICACHE_WRITE_POLICIES as WRITE_POLICIES
 from sglang.srt.mem_cache.allocator import PageAllocator
 from sglang.srt.mem_cache.radix_cache import TreeNode
+from sglang.srt.mem_cache.tier_copy import CopyTicket, make_copy_engine
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +81,13 @@ def _page_rows(pages: list, rows_per_page: int) -> torch.Tensor:
             + torch.arange(rows_per_page)[None, :]).flatten()
 
 
+def _to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """t on device; host -> CUDA from pinned memory, so the copy does not wait for the device."""
+    if device.type != "cuda" or t.device.type == "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 def _as_bytes(rows: torch.Tensor) -> torch.Tensor:
     """A contiguous run of rows as flat bytes (a view)."""
     return rows.reshape(-1).view(torch.uint8)
@@ -100,15 +113,18 @@ class HostKVPool:
         pin = self.device.type == "cuda"
         config, ps = device_pool.config, device_pool.shape.page_size
         self.window = config.sliding_window
+        self._finish = []  # host-side scatters of device -> host copies in flight (take_finish)
 
         def host_like(buf: torch.Tensor, rows: int) -> torch.Tensor:
             return torch.zeros((rows, *buf.shape[1:]), dtype=buf.dtype, pin_memory=pin)
 
-        # (device buffer, host buffer, rows per page or end)
-        self.page_buffers = []
+        # (device buffer, host buffer, rows per page or end); the layer of each page buffer (end buffers: by index)
+        self.page_buffers, self.page_layers = [], []
         for layer, buf in [*device_pool.compressed_kv.items(), *device_pool.index_k.items()]:
             epp = ps // config.compress_ratio(layer)
             self.page_buffers.append((buf, host_like(buf, (shape.num_pages + 1) * epp), epp))
+            self.page_layers.append(layer)
+        self.num_layers = config.num_hidden_layers  # end buffers past them are the MTP layers' window rows
         self.end_buffers = [(buf, host_like(buf, (shape.num_ends + 1) * self.window), self.window)
                             for buf in device_pool.window_kv]
         self.state_buffers = [(s.saved, host_like(s.saved, (shape.num_ends + 1) * s.ratio), s.ratio)
@@ -146,9 +162,10 @@ class HostKVPool:
         return sum(self._move(dev, host, _page_rows(device_pages, n), _page_rows(host_pages, n), n, to_host=True)
                    for dev, host, n in self.page_buffers)
 
-    def read_pages(self, host_pages: list, device_pages: list) -> int:
+    def read_pages(self, host_pages: list, device_pages: list, layer: Optional[int] = None) -> int:
+        """Host pages to device pages: every buffer's rows, or (`layer`) that layer's."""
         return sum(self._move(dev, host, _page_rows(device_pages, n), _page_rows(host_pages, n), n, to_host=False)
-                   for dev, host, n in self.page_buffers)
+                   for lid, (dev, host, n) in zip(self.page_layers, self.page_buffers) if layer in (None, lid))
 
     # ---- ends ---------------------------------------------------------------------------------------
     def write_end(self, tail_swa: list, state_slot: int, host_end: int) -> int:
@@ -158,34 +175,65 @@ class HostKVPool:
         return moved + sum(self._gather_scatter(host, _page_rows([host_end], m), saved, _page_rows([state_slot], m))
                            for saved, host, m in self.state_buffers)
 
-    def read_end(self, host_end: int, tail_swa: list, state_slot: int) -> int:
+    def read_end(self, host_end: int, tail_swa: list, state_slot: int, layers=None, state: bool = True) -> int:
+        """A host end to window slots and a state slot: the window rows of every layer or of `layers`, and
+        (`state`) the CSA state rows."""
         swa = torch.tensor(tail_swa, dtype=torch.int64)
         moved = sum(self._gather_scatter(dev, swa, host, _page_rows([host_end], n))
-                    for dev, host, n in self.end_buffers)
+                    for lid, (dev, host, n) in enumerate(self.end_buffers) if layers is None or lid in layers)
+        if not state:
+            return moved
         return moved + sum(self._gather_scatter(saved, _page_rows([state_slot], m), host, _page_rows([host_end], m))
                            for saved, host, m in self.state_buffers)
 
-    # ---- copies -------------------------------------------------------------------------------------
+    def load_stages(self, moves: list, end: Optional[tuple]) -> list:
+        """A load in stages, each returning the bytes it moved: first what a prefill reads before its first layer
+        (the CSA state rows and the MTP layers' window rows), then each layer's rows, in layer order. `moves`:
+        (host pages, device pages) of the nodes loaded; `end`: (host end, window slots, state slot) or None."""
+        def first():
+            if end is None:
+                return 0
+            return self.read_end(*end, layers=range(self.num_layers, len(self.end_buffers)))
+
+        def layer(i):
+            moved = sum(self.read_pages(host, dev, layer=i) for host, dev in moves)
+            return moved + (self.read_end(*end, layers=(i,), state=False) if end is not None else 0)
+        return [first] + [lambda i=i: layer(i) for i in range(self.num_layers)]
+
+    # ---- copies (run on the copy engine's stream: mem_cache/tier_copy.py) -------------------------------
     def _move(self, dev: torch.Tensor, host: torch.Tensor, dev_rows: torch.Tensor, host_rows: torch.Tensor,
               rows_per_page: int, to_host: bool) -> int:
         if self.io_backend == "kernel":
             if to_host:
                 return self._gather_scatter(host, host_rows, dev, dev_rows)
             return self._gather_scatter(dev, dev_rows, host, host_rows)
+        cuda = self.device.type == "cuda"  # the host buffers are pinned: each page's copy is asynchronous
         for i in range(0, len(dev_rows), rows_per_page):  # direct: one copy of each page's contiguous rows
             d, h = int(dev_rows[i]), int(host_rows[i])
             if to_host:
-                host[h:h + rows_per_page].copy_(dev[d:d + rows_per_page])
+                host[h:h + rows_per_page].copy_(dev[d:d + rows_per_page], non_blocking=cuda)
             else:
-                dev[d:d + rows_per_page].copy_(host[h:h + rows_per_page], non_blocking=True)
+                dev[d:d + rows_per_page].copy_(host[h:h + rows_per_page], non_blocking=cuda)
         return len(dev_rows) * dev[0].numel() * dev.element_size()
 
-    @staticmethod
-    def _gather_scatter(dst: torch.Tensor, dst_rows: torch.Tensor, src: torch.Tensor, src_rows: torch.Tensor) -> int:
-        """dst[dst_rows] = src[src_rows]: one gather where src lives, one transfer, one scatter where dst lives."""
-        rows = src.index_select(0, src_rows.to(src.device))
-        dst.index_copy_(0, dst_rows.to(dst.device), rows.to(dst.device, non_blocking=dst.device.type == "cuda"))
+    def _gather_scatter(self, dst: torch.Tensor, dst_rows: torch.Tensor, src: torch.Tensor,
+                        src_rows: torch.Tensor) -> int:
+        """dst[dst_rows] = src[src_rows]: one gather where src lives, one transfer, one scatter where dst lives. On
+        CUDA nothing here waits for the device: host -> device from pinned memory; device -> host into a pinned
+        staging buffer, scattered into the host rows once the copy has completed (`take_finish`)."""
+        rows = src.index_select(0, _to(src_rows, src.device))
+        if dst.device.type == "cpu" and src.device.type == "cuda":
+            staging = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=True)
+            staging.copy_(rows, non_blocking=True)
+            self._finish.append(lambda: dst.index_copy_(0, dst_rows, staging))
+        else:
+            dst.index_copy_(0, _to(dst_rows, dst.device), _to(rows, dst.device))
         return rows.numel() * rows.element_size()
+
+    def take_finish(self):
+        """The host-side half of the copies issued since the last call (None when there is none)."""
+        finish, self._finish = self._finish, []
+        return (lambda: [f() for f in finish]) if finish else None
 
 
 class HostTier:
@@ -204,6 +252,7 @@ class HostTier:
         self.stats = HostTierStats()
         self.cache = None  # the RadixCache (set by attach)
         self.files = None  # the file tier below (mem_cache/file_tier.py), when --hicache-storage-backend file
+        self.copies = make_copy_engine(self.pool.device)  # every move between the tiers, behind the scheduler
 
     def attach(self, cache) -> None:
         self.cache = cache
@@ -244,46 +293,88 @@ class HostTier:
 
     def _write_pages(self, node: TreeNode) -> bool:
         n = len(node.pages)
-        if self.pages.available() < n:
-            self.cache.evict_host(n - self.pages.available(), 0)
-        if self.pages.available() < n:
+        if not self._room(self.pages, n, lambda: self.cache.evict_host(n - self.pages.available(), 0)):
             return False
         node.host_pages = self.pages.alloc(n)
-        self.stats.bytes_to_host += self.pool.write_pages(node.pages, node.host_pages)
-        if self.files is not None:
-            self.stats.bytes_to_file += self.files.save_pages(node)
+        dev, host = list(node.pages), node.host_pages
+        self._submit([lambda: self.pool.write_pages(dev, host)], "bytes_to_host",
+                     self.files.page_saver(node) if self.files is not None else None)
         return True
 
     def _write_end(self, node: TreeNode) -> None:
-        if self.ends.available() == 0:
-            self.cache.evict_host(0, 1)
-        if self.ends.available() == 0:
+        if not self._room(self.ends, 1, lambda: self.cache.evict_host(0, 1)):
             return
         node.host_end = self.ends.alloc(1)[0]
         node.host_next_token = node.next_token
-        self.stats.bytes_to_host += self.pool.write_end(node.tail_swa, node.state_slot, node.host_end)
-        if self.files is not None:
-            self.stats.bytes_to_file += self.files.save_end(node)
+        tail, slot, end = list(node.tail_swa), node.state_slot, node.host_end
+        self._submit([lambda: self.pool.write_end(tail, slot, end)], "bytes_to_host",
+                     self.files.end_saver(node) if self.files is not None else None)
 
-    # ---- freeing ------------------------------------------------------------------------------------
+    def _room(self, slots: PageAllocator, n: int, evict) -> bool:
+        """Whether n host slots are free, after evicting host copies and, for slots held back by copies in flight,
+        waiting for them."""
+        if slots.available() < n:
+            evict()
+        if slots.available() < n and slots.available() + self.copies.held(slots) >= n:
+            self.copies.drain()
+        return slots.available() >= n
+
+    def _submit(self, stages: list, counter: str, then=None, started: Optional[float] = None):
+        """Run a copy's stages (each returning the bytes it moved) on the copy engine; once it has landed its bytes
+        are counted (`started`: its latency since then) and `then` (the file tier's save of what it wrote to the
+        host) runs."""
+        moved = [0]
+
+        def staged(stage, last: bool):
+            def run():
+                moved[0] += stage()
+                finish = self.pool.take_finish()
+                if not last:
+                    return finish
+
+                def done():
+                    if finish is not None:
+                        finish()
+                    setattr(self.stats, counter, getattr(self.stats, counter) + moved[0])
+                    if then is not None:
+                        self.stats.bytes_to_file += then()
+                    if started is not None:
+                        self.stats.load_seconds.append(time.perf_counter() - started)
+                return done
+            return run
+        return self.copies.submit(*(staged(s, i == len(stages) - 1) for i, s in enumerate(stages)))
+
+    # ---- freeing (held back while copies are in flight: one may read or fill the slot) --------------
     def free_host_pages(self, node: TreeNode) -> None:
         if node.host_pages is not None:
-            self.pages.free(node.host_pages)
+            self.copies.release(self.pages, node.host_pages)
             node.host_pages = None
 
     def free_host_end(self, node: TreeNode) -> None:
         if node.host_end is not None:
-            self.ends.free([node.host_end])
+            self.copies.release(self.ends, [node.host_end])
             node.host_end = node.host_next_token = None
 
     def free_host(self, node: TreeNode) -> None:
         self.free_host_pages(node)
         self.free_host_end(node)
 
+    def pending_load(self, node: Optional[TreeNode]) -> Optional[CopyTicket]:
+        """The last load in flight into a node of node's path (what reading the path waits for), or None."""
+        tickets = []
+        while node is not None and node is not self.cache.root:
+            if node.loading is not None and node.loading.done:
+                node.loading = None
+            tickets.append(node.loading)
+            node = node.parent
+        return self.copies.latest(tickets)
+
     # ---- loads --------------------------------------------------------------------------------------
     def load(self, allocator, match) -> bool:
         """Bring a match's host-only nodes and (load_end) its end's tail and state into free device pages, window
-        slots and a state slot; all or nothing (False: nothing loaded, the device could not take it)."""
+        slots and a state slot; all or nothing (False: nothing loaded, the device could not take it). The slots are
+        the nodes' at once; the rows land later, on the copy engine, layer by layer (HostKVPool.load_stages): the
+        loaded nodes carry the load's ticket until then (`pending_load`), which whatever reads them waits for."""
         start = time.perf_counter()
         cache, node = self.cache, match.node
         n_pages = sum(len(n.host_pages) for n in match.load)
@@ -296,37 +387,37 @@ class HostTier:
             allocator.reclaim(n_pages, n_swa)
             if match.load_end and (node.host_end is None or not allocator.state_slot_ready()):
                 return False
-            moved = 0
-            pages = list(match.pages)
+            moves, pages, end_rows = [], list(match.pages), None
             for n in match.load:
                 device_pages = allocator.pages.alloc(len(n.host_pages))
-                moved += self.pool.read_pages(n.host_pages, device_pages)
+                moves.append((n.host_pages, device_pages))
                 cache._give_pages(n, device_pages)
                 pages += device_pages
             if match.load_end:
                 swa, slot = allocator.swa_slots.alloc(w), allocator.state_slots.alloc(1)[0]
-                moved += self.pool.read_end(node.host_end, swa, slot)
+                end_rows = (node.host_end, swa, slot)
                 ps, end = allocator.page_size, match.num_tokens
                 tail_full = [pages[p // ps] * ps + p % ps for p in range(end - w, end)]
                 allocator.map_window(tail_full, swa)
                 cache.set_end(node, tail_full, swa, slot, node.host_next_token)
             match.pages = pages
+            ticket = self._submit(self.pool.load_stages(moves, end_rows), "bytes_to_device", started=start)
+            for n in match.load + [node]:
+                n.loading = ticket
         finally:
             cache.unlock(node)
-        self.stats.bytes_to_device += moved
         self.stats.num_loads += 1
         self.stats.host_hit_tokens += match.num_tokens
         if match.from_file:
             self.stats.file_hit_tokens += match.num_tokens
-        self.stats.load_seconds.append(time.perf_counter() - start)
         return True
 
     # ---- integrity ----------------------------------------------------------------------------------
     def check(self) -> None:
         """Raise unless the host slots held are exactly the tree's copies (within the host pool's bound)."""
         nodes = self.cache.nodes()
-        held_pages = self.pages.size - 1 - self.pages.available()
-        held_ends = self.ends.size - 1 - self.ends.available()
+        held_pages = self.pages.size - 1 - self.pages.available() - self.copies.held(self.pages)
+        held_ends = self.ends.size - 1 - self.ends.available() - self.copies.held(self.ends)
         tree_pages = sum(len(n.host_pages) for n in nodes if n.host_pages is not None)
         tree_ends = sum(n.host_end is not None for n in nodes)
         if (held_pages, held_ends) != (tree_pages, tree_ends):

@@ -56,6 +56,7 @@ class TreeNode:
     host_next_token: Optional[int] = None  # `next_token` of that host end
     hits: int = 0  # matches that reached through this node (write_through_selective)
     page_hashes: Optional[list] = None  # the file tier's chain hash after each page (computed when first needed)
+    loading: Optional[object] = None  # the host tier's load into its device pages or end, while in flight
 
     @property
     def usable(self) -> bool:
@@ -268,7 +269,7 @@ class RadixCache:
         """Cut `child` after its first n pages; returns the upper part (no tail or state: not a usable end)."""
         ps = self.page_size
         upper = TreeNode(child.parent, child.key[:n * ps], child.pages[:n], lock_ref=child.lock_ref,
-                         last_access=child.last_access, hits=child.hits)
+                         last_access=child.last_access, hits=child.hits, loading=child.loading)
         child.parent.children[tuple(child.key[:ps])] = upper
         child.key, child.pages, child.parent = child.key[n * ps:], child.pages[n:], upper
         if child.host_pages is not None:

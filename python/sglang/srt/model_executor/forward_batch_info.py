@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum, auto
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
@@ -63,6 +63,9 @@ class ForwardBatch:
     # A DECODE batch of one row per request in static buffers (the CUDA-graph path): the attention metadata is derived
     # on the device at capacity-static shapes, from the tensors above only (host lists are empty).
     capacity_static: bool = False
+    # Host-tier loads its requests read that are still landing (mem_cache/tier_copy.py): called before each layer i,
+    # makes the device wait for that layer's rows.
+    before_layer: Optional[Callable[[int], None]] = None
     # Set by the ModelRunner.
     req_to_token_pool: Optional["ReqToTokenPool"] = None
     attn_backend: Optional["AttentionBackend"] = None

@@ -444,6 +444,8 @@ class DeepseekV4ForCausalLM(nn.Module):
         streams = self.embed(input_ids).unsqueeze(1).repeat(1, c.hc_mult, 1)  # [T, n, D]
         partials = None  # the first hc_pre computes its own mixes
         for i, layer in enumerate(self.layers):
+            if forward_batch.before_layer is not None:  # host-tier rows of this layer still landing
+                forward_batch.before_layer(i)
             next_fn = self.layers[i + 1].hc_attn_fn if i + 1 < len(self.layers) else self.hc_head_fn
             streams, partials = layer(streams, positions, input_ids, forward_batch, partials, next_fn)
         hidden = self.norm(hc_head(streams, self.hc_head_fn, self.hc_head_scale, self.hc_head_base,
