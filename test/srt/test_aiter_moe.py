@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from sglang.srt import platform as plat
 from sglang.srt.environ import envs
 from sglang.srt.layers import aiter_ops
+from sglang.srt.layers.moe.experts import log_moe_paths
 from sglang.srt.layers.quantization.mxfp4 import Mxfp4RoutedExperts, serve_experts_with_aiter
 
 from sgl_kernel.dsv4_moe_ref import dequant_mxfp4_ref, fused_moe_mxfp4_ref
@@ -157,6 +158,8 @@ def test_aiter_serves_mxfp4_experts_in_its_layout(calls):
         assert "moe_experts" in aiter_ops.startup_line().split(";")[0]
         got = m(x, ids, w)
         assert calls == ["fused_moe"] and got.dtype == torch.bfloat16 and close(got, want)
+        assert log_moe_paths([m], torch.bfloat16) == [
+            "routed experts: AITER fused_moe (A8W4: MXFP8 activations, MXFP4 weights in its layout) in 1 layer"]
         assert (m.w13.data_ptr(), m.w13_scale.data_ptr(), m.w2.data_ptr(), m.w2_scale.data_ptr()) == storage
         add = torch.randn(x.shape).bfloat16()
         assert close(m(x, ids, w, add=add), want + add.float())

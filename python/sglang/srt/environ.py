@@ -198,6 +198,9 @@ class Envs:
         "tests only: while this file exists, the scheduler process hangs before each step (alive, reading nothing), "
         "for the --watchdog-timeout tests")
 
+    # Variables other libraries own, read here too because their value decides which kernels those libraries run
+    LIBRARY_VARIABLES = ("AITER_BF16_FP8_MOE_BOUND",)
+
     @classmethod
     def all(cls) -> list:
         return [v for v in vars(cls).values() if isinstance(v, EnvVar)]
