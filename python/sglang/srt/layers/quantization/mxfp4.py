@@ -14,7 +14,9 @@ Its parameters hold all experts of a layer: w13 [E, 2I, D/2] (w1 rows, then w3
 rows), w2 [E, D, I/2], all uint8, as the checkpoint packs them; the scale bytes (the checkpoint's [2I, D/32] and
 [D, I/32] per expert) in sgl_kernel's chunked storage where a row's groups are a multiple of 8 (w13_scale
 [E, D/256, 2I, 8], w2_scale [E, I/256, D, 8]: one decode K step's bytes of consecutive rows contiguous), else
-row-major. `load_expert` fills one expert's slice from the checkpoint's per-expert tensors. The shared expert is not
+row-major. `load_expert` fills one expert's slice from the checkpoint's per-expert tensors. On MI355X with AITER's
+A8W4 fused MoE available (`serve_experts_with_aiter`, layers/moe/aiter_moe.py) a layer's tensors are rewritten in place
+into AITER's pre-shuffled layout after loading and AITER computes it. The shared expert is not
 fused into them (a SharedExpert beside them, its linears kept FP8 too).
 """
 
@@ -67,10 +69,10 @@ class Mxfp4RoutedExperts(nn.Module):
         self.w13, self.w13_scale = param(e, 2 * i, d // 2), scales(2 * i, d // FP4_BLOCK)
         self.w2, self.w2_scale = param(e, d, i // 2), scales(d, i // FP4_BLOCK)
         self.scale_range = (256, -1)  # (min, max) scale byte loaded: the decode kernels' parity planes need it in range
-        self.aiter = None  # AITER's fused MoE (aiter_moe.AiterMoeApi) once the tensors are in its layout (use_aiter)
+        self.aiter = None  # AITER's fused MoE (aiter_ops.AiterMoeApi) once the tensors are in its layout (use_aiter)
 
     def use_aiter(self, api, dtype: torch.dtype, expert_parallel: bool) -> bool:
-        """Hand this layer to AITER's fused MoE (`api`: aiter_moe.aiter_moe_api()) where it serves it: widths
+        """Hand this layer to AITER's fused MoE (`api`: aiter_ops.aiter_moe_api()) where it serves it: widths
         multiples of 256, bf16 / fp16 activations (`dtype`), every expert here (no ids of -1: its sort has no such
         id); the tensors are then rewritten in place into its layout. Returns whether it did."""
         from sglang.srt.layers.moe import aiter_moe
