@@ -73,6 +73,22 @@ def test_moe_dequant_stages_fit_nvidia_shared_memory():
     assert fit_shared_memory(scaled, 2, False, True, 1024) == scaled
 
 
+def test_moe_dequant_stages_fit_sm100_shared_memory():
+    """On sm100 FP8 experts' prefill gate-up with fp32 activations (272 KiB at its 2 stages there) runs at 1; every
+    other launch keeps its stages (bf16 activations, the down, MXFP4 weights, decode); sm90 is unchanged."""
+    limit = 227 * 1024
+    prefill = moe_config(8192 * 6, 256, scaled_dot=False, fp8=True)
+    sm100 = fit_shared_memory(prefill, 4, True, False, limit, arch=100)
+    assert sm100.gate_up == MoeLaunch(64, 128, 4, 1, scaled_dot=False) and sm100.down == prefill.down
+    assert fit_shared_memory(prefill, 4, True, False, limit, arch=90) == prefill
+    assert fit_shared_memory(prefill, 2, True, False, limit, arch=100) == prefill
+    mxfp4 = moe_config(8192 * 6, 256, scaled_dot=False)
+    assert fit_shared_memory(mxfp4, 4, False, False, limit, arch=100) == mxfp4
+    decode = moe_config(6, 256, scaled_dot=False, fp8=True)
+    assert fit_shared_memory(decode, 4, True, False, limit, arch=100) == fit_shared_memory(decode, 4, True, False,
+                                                                                            limit, arch=90)
+
+
 RECORD = r"""
 import json, torch
 from sgl_kernel import aot_check

@@ -169,6 +169,11 @@ class Envs:
     SGLANG_USE_AITER = EnvVar("SGLANG_USE_AITER", None, _tristate,
                               "use AMD's AITER kernels where they are a drop-in swap (auto: on ROCm when `aiter` "
                               "is installed; 0: never; ignored off ROCm)")
+    AITER_BF16_FP8_MOE_BOUND = EnvVar(
+        "AITER_BF16_FP8_MOE_BOUND", 256, int,
+        "AITER's own variable (its fused MoE reads it: batches below this many rows take bf16 activations, others "
+        "MXFP8), read here too: 0, upstream's MI355X recipe value, lets AITER's A8W4 fused MoE serve the MXFP4 "
+        "experts on gfx950 (layers/moe/aiter_moe.py); any other value keeps our Triton MoE")
     SGLANG_HACK_FLASHMLA_BACKEND = EnvVar(
         "SGLANG_HACK_FLASHMLA_BACKEND", "auto",
         _choice("auto", "triton", "torch", aliases={"unified_kv_triton": "triton"}),
@@ -192,6 +197,9 @@ class Envs:
         "SGLANG_TEST_HANG_SCHEDULER_FILE", "", str,
         "tests only: while this file exists, the scheduler process hangs before each step (alive, reading nothing), "
         "for the --watchdog-timeout tests")
+
+    # Variables other libraries own, read here too because their value decides which kernels those libraries run
+    LIBRARY_VARIABLES = ("AITER_BF16_FP8_MOE_BOUND",)
 
     @classmethod
     def all(cls) -> list:

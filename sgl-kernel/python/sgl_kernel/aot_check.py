@@ -128,6 +128,7 @@ def _probes(target: AotTarget) -> dict:
         "bf16_bits": lambda dtype, device: False,
         "hip_arch": lambda device: None if target.nvidia else target.arch,
         "shared_memory_limit": lambda device: target.shared_limit if target.nvidia else None,
+        "nvidia_arch": lambda device: target.arch if target.nvidia else None,
         # On a GPU the MoE aligns small batches in one program (dsv4_moe_align's default asks topk_ids.is_cuda).
         "dsv4_moe_align": _gpu_align(sys.modules["sgl_kernel.dsv4_moe_align"], triton),
     }

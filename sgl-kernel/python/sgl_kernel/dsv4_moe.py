@@ -39,7 +39,7 @@ from sgl_kernel.dsv4_moe_planes import SCALE_MAX, SCALE_MIN, planes_down, planes
 from sgl_kernel.dsv4_moe_sums import combine_pairs
 from sgl_kernel.dsv4_mxfp4_scales import CHUNK, as_rows, chunked_empty, scale_groups
 from sgl_kernel.dsv4_pdl import pdl_supported
-from sgl_kernel.dsv4_target import lds_limit, shared_memory_limit
+from sgl_kernel.dsv4_target import lds_limit, nvidia_arch, shared_memory_limit
 
 __all__ = [
     "CHUNK", "SCALE_MAX", "SCALE_MIN", "MoeConfig", "MoeLaunch", "as_rows", "chunked_empty", "dense_config",
@@ -125,19 +125,23 @@ def hip_dequant_config(block_m: int, lds: int) -> MoeConfig:
                      MoeLaunch(128 if wide else 64, 64, 4, 2, scaled_dot=False))
 
 
-def fit_shared_memory(cfg: MoeConfig, act_bytes: int, fp8: bool, scaled: bool, limit: Optional[int]) -> MoeConfig:
+def fit_shared_memory(cfg: MoeConfig, act_bytes: int, fp8: bool, scaled: bool, limit: Optional[int],
+                      arch: Optional[int] = None) -> MoeConfig:
     """`cfg` with each in-register dequantization launch (FP8 experts, fp32 activations: not `scaled`, or a launch
     without scaled_dot) at the most stages, up to its own, whose shared memory (dequant_shared_bytes at `act_bytes`
     activations) fits `limit` bytes, an NVIDIA GPU's (dsv4_target.shared_memory_limit; None: unchanged). The NVIDIA
     tiles were measured with bf16 activations: FP8 experts' decode gate-up with fp32 activations (the oracle path)
-    takes 256 KiB at its 3 stages, past the H100's 227 KiB, and runs at 2 (160 KiB)."""
+    takes 256 KiB at its 3 stages, past the H100's 227 KiB, and runs at 2 (160 KiB). `arch`: the NVIDIA GPU's compute
+    capability x10 (dsv4_target.nvidia_arch): on sm100 FP8 experts' prefill gate-up with fp32 activations takes
+    272 KiB at its 2 stages and runs at 1 (128 KiB)."""
     if limit is None:
         return cfg
 
     def fit(launch: MoeLaunch, weight_tiles: int) -> MoeLaunch:
         if launch.planes or (scaled and launch.scaled_dot):
             return launch
-        while launch.num_stages > 1 and dequant_shared_bytes(cfg.block_m, launch, act_bytes, fp8, weight_tiles) > limit:
+        while launch.num_stages > 1 and dequant_shared_bytes(cfg.block_m, launch, act_bytes, fp8, weight_tiles,
+                                                                   arch) > limit:
             launch = dataclasses.replace(launch, num_stages=launch.num_stages - 1)
         return launch
 
@@ -276,7 +280,8 @@ def _fused_moe(x, topk_ids, topk_weights, w13, s13, w2, s2, limit: float, inter:
                                                       and planes_fit(cfg.down, inter, hidden)):
         cfg = pick(False)  # widths the planes' tiles do not divide (small test models): the scaled dot
     if config is None:
-        cfg = fit_shared_memory(cfg, x.element_size(), fp8, scaled, shared_memory_limit(x.device))
+        cfg = fit_shared_memory(cfg, x.element_size(), fp8, scaled, shared_memory_limit(x.device),
+                                nvidia_arch(x.device))
     pdl = cfg.pdl and cfg.gate_up.planes and cfg.down.planes and pdl_supported(x.device)
     rows, block_expert = dsv4_moe_align(topk_ids, num_experts, cfg.block_m, pdl=pdl)
     h = moe_gate_up(x, rows, block_expert, w13, s13, inter, top_k, limit, cfg.block_m, cfg.gate_up, fp8, pdl)

@@ -21,6 +21,8 @@ multiply-adds and per-group MMAs all lose to the scaled dot", 2026-12-02).
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
@@ -217,19 +219,24 @@ def tma_supported(device: torch.device) -> bool:
 _TMA: dict = {}
 
 
-def dequant_shared_bytes(block_m: int, launch: MoeLaunch, act_bytes: int, fp8: bool, weight_tiles: int) -> int:
+def dequant_shared_bytes(block_m: int, launch: MoeLaunch, act_bytes: int, fp8: bool, weight_tiles: int,
+                         arch: Optional[int] = None) -> int:
     """Shared memory the in-register dequantization's kernel takes on an NVIDIA GPU (`weight_tiles`: 2 for the
     gate-up, 1 for the down): the pipeliner holds num_stages - 1 copies of each K step's loads (the activation tile;
     the weight codes; FP8's 128x128 multipliers, loaded as a full fp32 tile per weight tile, the largest part; MXFP4's
     scale bytes) and the dot's weight operands sit in shared memory once, at the activations' width. Calibrated on
     sm90 compiles of the engine's tiles at 2 and 3 stages (python -m sgl_kernel.aot_check): within 1 KiB of the
     compiler's number for fp32 activations (FP8 decode gate-up 16 x 32 x 256: 256 / 160 KiB at 3 / 2 stages), 16 KiB
-    low to 32 KiB high for bf16 ones (FP8 weights)."""
+    low to 32 KiB high for bf16 ones (FP8 weights). On sm100 (`arch` 100 and up: the NVIDIA compute capability x10)
+    Triton 3.6 holds FP8's fp32 multiplier tile once more with fp32 activations: the prefill gate-up 128 x 64 x 128 at
+    2 stages took 278,560 B there (python -m sgl_kernel.aot_check --target sm100 on a GPU machine), this estimate's
+    sm90 figure plus that tile (and a 32 B barrier)."""
     n, k = launch.block_n * weight_tiles, launch.block_k
     codes = n * k if fp8 else n * k // 2 + n * k // 32
     scales = n * k * 4 if fp8 else 0
     loads = block_m * k * act_bytes + codes + scales
-    return (launch.num_stages - 1) * loads + n * k * act_bytes
+    extra = scales if arch is not None and arch >= 100 and act_bytes == 4 else 0
+    return (launch.num_stages - 1) * loads + n * k * act_bytes + extra
 
 
 def _scaled_dot_format(launch: MoeLaunch, dtype: torch.dtype, fp8: bool) -> str:

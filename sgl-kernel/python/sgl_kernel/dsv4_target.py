@@ -68,6 +68,14 @@ def _max_shared_mem(index: int) -> int:
     return int(triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"])
 
 
+def nvidia_arch(device: torch.device) -> Optional[int]:
+    """An NVIDIA GPU's compute capability x10 (90 Hopper, 100 Blackwell); None on ROCm and the CPU."""
+    if device.type != "cuda" or torch.version.hip is not None:
+        return None
+    major, minor = torch.cuda.get_device_capability(device)
+    return major * 10 + minor
+
+
 def lds_limit(device: torch.device) -> Optional[int]:
     """The LDS bytes a workgroup may use on a ROCm device (its tiles and stages must fit them); None elsewhere (the
     NVIDIA settings were sized for 227 KiB and measured)."""

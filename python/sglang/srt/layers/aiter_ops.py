@@ -20,10 +20,13 @@ AMD GPU here). The calls made, all re-exported by aiter/__init__.py:
 * `topk_gating(topk_weights [T, k] fp32, topk_indices [T, k] int32, gating_output [T, E], correction_bias [E]
   fp32, need_renorm, routed_scaling_factor, score_func="sqrtsoftplus")` (aiter/ops/topk.py; `topk_softplus` is
   its deprecated alias) fills both outputs.
+* `aiter.fused_moe.fused_moe(...)` for the MXFP4 experts (A8W4, the V4 clamp): layers/moe/aiter_moe.py.
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import logging
 from dataclasses import dataclass
 from typing import Optional
@@ -78,12 +81,14 @@ AITER_OPS = (
     AiterOp("indexer_fp4", "indexer logits FP4", "aiter/ops/triton/attention/pa_mqa_logits_mxfp4.py", False,
             "AITER not used: layout differs (pages of [values | e8m0 scales] pre-shuffled in MFMA order; ours: "
             "one row per entry, codes then scales)"),
-    AiterOp("moe_experts", "MoE experts (A8W4 / MXFP4, clamped SwiGLU)", "fused_moe (aiter/fused_moe.py, "
-            "swiglu_limit); fused_clamp_act_mul (aiter/ops/triton/fusions/fused_clamp_act_mul.py)", False,
-            "AITER not used: layout differs: fused_moe has the V4 clamp now (swiglu_limit: gate <= limit, "
-            "|up| <= limit) but takes w1 as one gate|up tensor [E, 2I, D] pre-shuffled for its kernels "
-            "(shuffle_weight, e8m0 scales in its order); our experts keep the checkpoint's w1 / w3 as our "
-            "kernels read them, and ROCm dequantizes them at load"),
+    AiterOp("moe_experts", "MoE experts (MXFP4, clamped SwiGLU)", "fused_moe (aiter/fused_moe.py: per_1x32, "
+            "Silu, swiglu_limit, gate_mode='interleave'; aiter/ops/shuffle.py's interleaved layout)", True,
+            "A8W4 (its MXFP8 activations; ours W4A16): gate <= limit, |up| <= limit as ours. Used per layer on "
+            "gfx950 for MXFP4 experts with hidden and intermediate widths multiples of 256, bf16 / fp16 activations, "
+            "no expert parallelism, when AITER_BF16_FP8_MOE_BOUND=0 (below that bound AITER takes bf16 activations "
+            "through kernels its tests do not check with the clamp) and its fused_moe takes swiglu_limit and "
+            "gate_mode; the experts' tensors are rewritten in place into its pre-shuffled layout at load "
+            "(layers/moe/aiter_moe.py)", ("fused_moe",)),
     AiterOp("mhc_triton", "mHC (Triton variant)", "fused_mhc / mhc (aiter/ops/triton/fusions/mhc.py)", False,
             "AITER not used: semantics differ (no +hc_eps on pre, log-domain Sinkhorn without eps, mixes "
             "rounded to x's dtype; ours are fp32); the HIP aiter.mhc_pre / mhc_post above match instead"),
@@ -96,11 +101,17 @@ def startup_line() -> str:
     """The per-op choice for the start-up log on ROCm: which ops run AITER's kernels, which ours."""
     if not aiter_wanted():
         return "aiter_ops=none (ours for every op)"
-    on = [op.name for op in AITER_OPS if op.used and all(_api(c) is not None for c in op.calls)]
+    on = [op.name for op in AITER_OPS if op.used and _available(op)]
     off = [op.name for op in AITER_OPS if op.name not in on]
     if not on:
         return "aiter_ops=none (ours for every op)"
     return f"aiter_ops=AITER: {', '.join(on)}; ours: {', '.join(off)}"
+
+
+def _available(op: AiterOp) -> bool:
+    if op.name == "moe_experts":  # a submodule's function, with arguments older releases lack, and a bound
+        return aiter_moe_api() is not None
+    return all(_api(c) is not None for c in op.calls)
 
 
 @dataclass
@@ -273,3 +284,31 @@ def router_topk(logits: torch.Tensor, bias: torch.Tensor, top_k: int, routed_sca
     _module().topk_gating(weights, ids, logits.float().contiguous(), bias.float().contiguous(), need_renorm=True,
                           routed_scaling_factor=routed_scaling_factor, score_func="sqrtsoftplus")
     return weights, ids.long()
+
+
+# ---- MoE experts (aiter/fused_moe.py: fused_moe, A8W4 for MXFP4 weights; layers/moe/aiter_moe.py) ------------
+@dataclass(frozen=True)
+class AiterMoeApi:
+    """The AITER names a call needs, resolved once."""
+
+    fused_moe: object
+    per_1x32: object  # aiter.QuantType.per_1x32
+    silu: object  # aiter.ActivationType.Silu
+    fp4x2: torch.dtype  # aiter.dtypes.fp4x2: the packed codes' dtype
+    e8m0: torch.dtype  # aiter.dtypes.fp8_e8m0: the scale bytes' dtype
+
+
+def aiter_moe_api() -> Optional[AiterMoeApi]:
+    """AITER's fused MoE where it serves MXFP4 experts with the clamp (layers/moe/aiter_moe.py), else None: ROCm gfx950,
+    AITER wanted and importable, a fused_moe taking swiglu_limit and gate_mode, and AITER_BF16_FP8_MOE_BOUND=0."""
+    if plat.gfx_arch() != "gfx950" or not aiter_wanted() or envs.AITER_BF16_FP8_MOE_BOUND.get() != 0:
+        return None
+    aiter = _module()
+    try:
+        fused = importlib.import_module("aiter.fused_moe").fused_moe if aiter is not None else None
+        params = inspect.signature(fused).parameters if fused is not None else {}
+        api = AiterMoeApi(fused, aiter.QuantType.per_1x32, aiter.ActivationType.Silu, aiter.dtypes.fp4x2,
+                          aiter.dtypes.fp8_e8m0)
+    except (ImportError, AttributeError, TypeError, ValueError):  # an older AITER without these names
+        return None
+    return api if "swiglu_limit" in params and "gate_mode" in params else None

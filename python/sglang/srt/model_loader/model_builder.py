@@ -23,7 +23,7 @@ from sglang.srt.distributed.sharding import (
 from sglang.srt.layers.fp32_linear import bf16_weights_supported
 from sglang.srt.layers.moe.experts import log_moe_paths, replace_routed_experts
 from sglang.srt.layers.quantization.fp8 import Fp8RoutedExperts, fp8_linears_supported, replace_fp8_linears
-from sglang.srt.layers.quantization.mxfp4 import Mxfp4RoutedExperts, mxfp4_experts_supported
+from sglang.srt.layers.quantization.mxfp4 import Mxfp4RoutedExperts, mxfp4_experts_supported, serve_experts_with_aiter
 from sglang.srt.layers.rotary import RotaryEmbedding
 from sglang.srt.model_loader.loader import (
     checkpoint_bytes, fp8_linear_names, iter_checkpoint, plan_checkpoint, quantization_of)
@@ -189,6 +189,8 @@ def load_models(args, model_path: str, config: DeepseekV4Config, dtype: torch.dt
     if draft is not None:
         draft.set_embed_and_head(models["main"].embed, models["main"].head)
     logger.info("weights on %s: %.2f GB (checkpoint %.2f GB; %s)", device.type, need / 1e9, stored / 1e9, kept)
+    if experts == "fp4" and device.type == "cuda":  # ROCm's GPUs are torch "cuda" devices
+        serve_experts_with_aiter(models.values(), dtype, args.parallel_config().ep > 1)
     log_moe_paths(models.values(), dtype)
     return LoadedModels(models["main"], draft, need, stored, (fp8, experts))
 

@@ -176,6 +176,8 @@ def log_moe_paths(models, dtype: torch.dtype) -> list:
             w = module.w1
             path = routed_path(moe_device(w), w.dtype, w.shape[2], w.shape[1])
             line = routed_line(path, w.dtype)
+        elif isinstance(module, Mxfp4RoutedExperts) and module.aiter is not None:
+            line = "routed experts: AITER fused_moe (A8W4: MXFP8 activations, MXFP4 weights in its layout)"
         elif isinstance(module, (Mxfp4RoutedExperts, Fp8RoutedExperts)):
             fp4 = isinstance(module, Mxfp4RoutedExperts)
             line = packed_line("fp4" if fp4 else "fp8", module.w13.device, dtype, module.w2.shape[1],
