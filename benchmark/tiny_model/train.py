@@ -1,0 +1,229 @@
+"""Train the tiny DeepSeek-V4 on the synthetic corpus and export it in the native hub format.
+
+    python benchmark/tiny_model/train.py --device cuda --steps 4000 --batch-size 32 --bf16 --out tiny-v4
+    python benchmark/tiny_model/train.py --device cpu --steps 300 --batch-size 8 --out /tmp/tiny-v4   # slow
+
+The main model is HF transformers' DeepseekV4ForCausalLM in train mode, the MTP layer model.MTPLayer trained on
+the next-next token (loss weight --mtp-weight, 0.3 as DeepSeek's); AdamW, linear warmup then cosine decay. Rows
+are packed documents of --seq-len tokens. Every --eval-every steps it prints greedy accuracy on held-out GSM8K-style
+and MMLU-style questions (data/, the prompts the benchmark scripts send). Writes <out>/bf16 (bf16 weights) and
+<out>/fp8 (FP8 linears, MXFP4 experts), each with config.json and the tokenizer. Deterministic per device and seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import data  # noqa: E402
+import model as tiny  # noqa: E402
+from tokenizer import DEFAULT_VOCAB, train_tokenizer  # noqa: E402
+
+from sglang.srt.configs.deepseek_v4 import DeepseekV4Config  # noqa: E402
+from sglang.srt.entrypoints.openai.encoding_dsv4 import EOS  # noqa: E402
+
+TOKENIZER_DOCS = 4000  # documents the tokenizer learns its merges from
+
+
+def build_tokenizer(seed: int, vocab_size: int = DEFAULT_VOCAB):
+    corpus = data.Corpus(seed + 1)  # its own stream, so the tokenizer does not depend on the training order
+    return train_tokenizer([corpus.document() for _ in range(TOKENIZER_DOCS)], vocab_size)
+
+
+def packed_batch(corpus: data.Corpus, tok, batch_size: int, seq_len: int) -> torch.Tensor:
+    """[batch_size, seq_len] ids: each row is whole documents back to back, the last one cut."""
+    rows = []
+    for _ in range(batch_size):
+        ids: list = []
+        while len(ids) < seq_len:
+            ids += tok.encode(corpus.document()).ids
+        rows.append(ids[:seq_len])
+    return torch.tensor(rows, dtype=torch.long)
+
+
+def forward_with_mtp(model, mtp, ids: torch.Tensor, rows: int, labels: bool = False) -> tuple:
+    """(HF output, MTP logits [B, rows, V]): the main model over `ids` and the MTP layer over rows p = 0..rows-1,
+    each carrying (Hs_p, x_{p+1}) at position p; the HF output holds the next-token loss when `labels`."""
+    seen = {}
+    hooks = [model.model.hc_head.register_forward_pre_hook(lambda m, args: seen.update(streams=args[0])),
+             model.model.layers[0].register_forward_pre_hook(lambda m, args, kw: seen.update(kw=kw), with_kwargs=True)]
+    try:
+        out = model(input_ids=ids, labels=ids if labels else None, use_cache=False)
+    finally:
+        for h in hooks:
+            h.remove()
+    kw = seen["kw"]
+    mask = kw["attention_mask"]
+    if not isinstance(mask, torch.Tensor):
+        raise RuntimeError(f"expected a tensor attention mask from the eager model, got {type(mask).__name__}")
+    # The MTP rows sit at the main rows' positions, so the main model's mask and rotary tables, cut, are theirs.
+    layer_kwargs = {
+        "position_embeddings": {k: (c[:, :rows], s[:, :rows]) for k, (c, s) in kw["position_embeddings"].items()},
+        "position_ids": kw["position_ids"][:, :rows], "attention_mask": mask[..., :rows, :rows],
+        "past_key_values": None,
+    }
+    nxt = ids[:, 1:rows + 1]
+    return out, mtp(seen["streams"][:, :rows], model.model.embed_tokens(nxt), nxt, layer_kwargs, model.lm_head)
+
+
+def losses(model, mtp, ids: torch.Tensor) -> tuple:
+    """(main next-token loss, MTP next-next-token loss) of one batch."""
+    t = ids.shape[1] - 2  # rows p = 0..S-3 have a next-next token x_{p+2}
+    out, logits = forward_with_mtp(model, mtp, ids, t, labels=True)
+    return out.loss, F.cross_entropy(logits.float().flatten(0, 1), ids[:, 2:].flatten())
+
+
+# ---- held-out greedy eval ------------------------------------------------------------------------
+@torch.no_grad()
+def greedy(model, tok, prompt: str, max_new: int, stop: tuple = ()) -> str:
+    """Greedy completion of `prompt` (full forward per token: short prompts, no cache to trust)."""
+    ids = tok.encode(prompt).ids
+    device = next(model.parameters()).device
+    new: list = []
+    for _ in range(max_new):
+        nxt = int(model(input_ids=torch.tensor([ids + new], device=device), use_cache=False).logits[0, -1].argmax())
+        if nxt == tok.token_to_id(EOS):
+            break
+        new.append(nxt)
+        text = tok.decode(new)
+        if any(s in text for s in stop):
+            break
+    text = tok.decode(new)
+    for s in stop:
+        text = text.split(s)[0]
+    return text
+
+
+@dataclasses.dataclass
+class EvalResult:
+    gsm8k: float
+    mmlu: float
+    samples: list  # (prompt tail, completion) pairs
+
+
+def evaluate(model, tok, n_gsm8k: int = 8, n_mmlu: int = 16, shots: int = 5) -> EvalResult:
+    was_training = model.training
+    model.eval()
+    try:
+        lines = data.GSM8K.load_lines(data.GSM8K_TEST)
+        prompts, questions = data.GSM8K.build_prompts(lines, 5, n_gsm8k, shots)
+        right, samples = 0, []
+        for prompt, q in zip(prompts, questions):
+            text = greedy(model, tok, prompt, 48, tuple(data.GSM8K.STOP))
+            pred = data.GSM8K.extract_answer(text)
+            right += data.GSM8K.same_number(pred, data.GSM8K.label_of(q["answer"]))
+            samples.append((q["question"][-60:], text))
+        gsm = right / max(n_gsm8k, 1)
+        right = total = 0
+        for subject in data.MMLU_SUBJECTS:
+            dev = data.MMLU.read_csv(os.path.join(data.MMLU_DIR, "dev", f"{subject}_dev.csv"))
+            test = data.MMLU.read_csv(os.path.join(data.MMLU_DIR, "test", f"{subject}_test.csv"))
+            for row in test[: n_mmlu // len(data.MMLU_SUBJECTS)]:
+                prompt = data.MMLU.subject_header(subject, dev, shots) + data.MMLU.format_example(row, False)
+                right += data.MMLU.extract_choice(greedy(model, tok, prompt, 1)) == row[5]
+                total += 1
+        return EvalResult(gsm, right / max(total, 1), samples)
+    finally:
+        model.train(was_training)
+
+
+# ---- training ------------------------------------------------------------------------------------
+def lr_at(step: int, args) -> float:
+    if step < args.warmup:
+        return args.lr * (step + 1) / args.warmup
+    frac = (step - args.warmup) / max(args.steps - args.warmup, 1)
+    return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
+
+
+def train(args) -> dict:
+    """Train per `args`; returns {"loss": [(step, main, mtp)], "eval": [(step, gsm8k, mmlu)], "config": ...}."""
+    torch.manual_seed(args.seed)
+    if args.device == "cpu":
+        torch.use_deterministic_algorithms(True)
+    tok = build_tokenizer(args.seed, args.vocab_size)
+    config = tiny.model_config(tok.get_vocab_size())
+    model, mtp = tiny.build(config, args.seed, args.device)
+    params = list(model.parameters()) + list(mtp.parameters())
+    opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
+    corpus = data.Corpus(args.seed)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.bf16 and args.device.startswith("cuda"))
+    log = {"loss": [], "eval": [], "config": config}
+    start = time.time()
+    for step in range(args.steps):
+        ids = packed_batch(corpus, tok, args.batch_size, args.seq_len).to(args.device)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, args)
+        with autocast:
+            main, nextn = losses(model, mtp, ids)
+        loss = main + args.mtp_weight * nextn
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        log["loss"].append((step, main.item(), nextn.item()))
+        if step % args.log_every == 0 or step == args.steps - 1:
+            print(f"step {step:5d}  loss {main.item():.4f}  mtp {nextn.item():.4f}  lr {lr_at(step, args):.2e}  "
+                  f"{time.time() - start:.0f}s", flush=True)
+        if args.eval_every and (step + 1) % args.eval_every == 0 or step == args.steps - 1:
+            ev = evaluate(model, tok, args.eval_gsm8k, args.eval_mmlu)
+            log["eval"].append((step, ev.gsm8k, ev.mmlu))
+            print(f"  eval @ {step + 1}: gsm8k {ev.gsm8k:.3f}  mmlu {ev.mmlu:.3f}  e.g. {ev.samples[0][1]!r}",
+                  flush=True)
+    if args.out:
+        export(args.out, model, mtp, config, tok)
+    return log
+
+
+def export(out: str, model, mtp, config: dict, tok) -> None:
+    state = tiny.native_state(model, mtp, DeepseekV4Config.from_dict(config))
+    for name, quantize in (("bf16", False), ("fp8", True)):
+        path = tiny.write_checkpoint(os.path.join(out, name), config, state, quantize, tok)
+        size = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
+        print(f"wrote {path} ({size / 1e6:.1f} MB)")
+
+
+def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    p.add_argument("--steps", type=int, default=3000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="directory for bf16/ and fp8/ checkpoints (none: not exported)")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--warmup", type=int, default=100)
+    p.add_argument("--mtp-weight", type=float, default=0.3)
+    p.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB, help="BPE merges target (before the markers)")
+    p.add_argument("--bf16", action="store_true", help="bf16 autocast on CUDA (weights and optimizer stay fp32)")
+    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--eval-every", type=int, default=250, help="0: only at the end")
+    p.add_argument("--eval-gsm8k", type=int, default=8, help="held-out GSM8K-style questions per eval")
+    p.add_argument("--eval-mmlu", type=int, default=16, help="held-out MMLU-style questions per eval")
+    p.add_argument("--log-file", default=None, help="write the loss and eval history as JSON")
+    args = p.parse_args(argv)
+    if args.steps < 1 or args.batch_size < 1 or args.seq_len < 8:
+        p.error("--steps and --batch-size must be >= 1 and --seq-len >= 8")
+    return args
+
+
+def main(argv: Optional[list] = None) -> None:
+    args = parse_args(argv)
+    log = train(args)
+    if args.log_file:
+        with open(args.log_file, "w") as f:
+            json.dump(log, f)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,198 @@
+"""The tiny trained DeepSeek-V4's pipeline (benchmark/tiny_model/): the synthetic data is deterministic and its
+held-out files are disjoint from training text; the tokenizer holds every chat marker as one id; a few training
+steps lower the loss; the exported checkpoint serves in the engine with HF transformers' greedy tokens and prompt
+logprobs (fp32), and the engine's MTP draft gives the logits the training module computes.
+
+One module-scoped trained+exported model (tokenizer from 200 documents, 6 steps of 2 x 160 tokens) and one engine;
+about 60 s on a 2-core CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "benchmark", "tiny_model"))
+
+import data  # noqa: E402
+import model as tiny  # noqa: E402
+import train  # noqa: E402
+from oracle import CHECKPOINT_ROOT, DEVICE, assert_matches_hf, greedy_run, hf_greedy, hf_prompt_logprobs  # noqa: E402
+from test_mtp import run_draft  # noqa: E402
+from tokenizer import MARKERS, SPECIAL, train_tokenizer  # noqa: E402
+
+from sglang.srt.entrypoints.openai.encoding_dsv4 import encode_messages  # noqa: E402
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode  # noqa: E402
+
+SEED = 3
+
+
+def test_data_deterministic_and_heldout_disjoint():
+    a, b = data.Corpus(SEED), data.Corpus(SEED)
+    docs = [a.document() for _ in range(300)]
+    assert docs == [b.document() for _ in range(300)]
+    assert docs != [data.Corpus(SEED + 1).document() for _ in range(300)]
+    # The files in the repository are what the generator writes.
+    for rel, text in data.heldout_files().items():
+        with open(os.path.join(data.DATA_DIR, rel), encoding="utf-8") as f:
+            assert f.read() == text, rel
+    held = data.heldout_problems()
+    assert len({p.question for p in held}) == len(held) == data.GSM8K_HELDOUT
+    for p in held:
+        assert data.GSM8K.label_of(p.answer) == p.value
+    # No training text holds a held-out question, and no training MC row is a held-out test row.
+    assert not any(p.question in doc for doc in docs for p in held[5:])
+    corpus = data.Corpus(SEED)
+    assert not any(corpus.problem().question in {p.question for p in held} for _ in range(2000))
+    test_rows = {tuple(r) for _, test in data.heldout_mmlu().values() for r in test}
+    assert not any(tuple(corpus.mmlu_row(s)) in test_rows for s in data.MMLU_SUBJECTS for _ in range(500))
+    # Every kind of text occurs.
+    joined = "".join(docs)
+    for marker in ("#### ", "\nAnswer: ", "<｜DSML｜tool_calls>", "<think>", '{"country": ', "<tool_result>"):
+        assert marker in joined, marker
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    corpus = data.Corpus(SEED)
+    return train_tokenizer([corpus.document() for _ in range(200)], vocab_size=600)
+
+
+def test_tokenizer_keeps_chat_markers(tokenizer):
+    tok = tokenizer
+    for i, s in enumerate(SPECIAL):
+        assert tok.token_to_id(s) == i
+    for m in MARKERS:
+        ids = tok.encode(m).ids
+        assert len(ids) == 1 and tok.id_to_token(ids[0]) == m, m
+    call = {"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Velk"}'}}
+    text = encode_messages([{"role": "user", "content": "Weather in Velk? 12 apples"},
+                            {"role": "assistant", "reasoning_content": "look up", "content": "",
+                             "tool_calls": [call]}], tools=data.TOOLS, thinking=True)
+    ids = tok.encode(text).ids
+    assert tok.decode(ids, skip_special_tokens=False) == text
+    # BOS / EOS are skipped on decode, the DSML and reasoning markers reach the parsers.
+    visible = tok.decode(ids)
+    assert "<｜begin▁of▁sentence｜>" not in visible and "</think>" in visible and "<｜DSML｜invoke" in visible
+    assert tok.encode("é 1234 ☃").ids and tok.decode(tok.encode("é 1234 ☃").ids) == "é 1234 ☃"
+
+
+@pytest.fixture(scope="module")
+def trained(tokenizer):
+    """(checkpoint dir of the bf16 export, losses before/after) of a model trained a few steps on one batch."""
+    torch.manual_seed(SEED)
+    config = tiny.model_config(tokenizer.get_vocab_size())
+    model, mtp = tiny.build(config, SEED)
+    ids = train.packed_batch(data.Corpus(SEED), tokenizer, 2, 160)
+    params = list(model.parameters()) + list(mtp.parameters())
+    opt = torch.optim.AdamW(params, lr=3e-3)
+    history = []
+    for _ in range(6):
+        main, nextn = train.losses(model, mtp, ids)
+        history.append((main.item(), nextn.item()))
+        opt.zero_grad()
+        (main + 0.3 * nextn).backward()
+        opt.step()
+    out = os.path.join(CHECKPOINT_ROOT, "tiny-trained")
+    train.export(out, model, mtp, config, tokenizer)
+    return os.path.join(out, "bf16"), history
+
+
+def test_training_lowers_both_losses(trained):
+    _, history = trained
+    assert history[-1][0] < history[0][0] - 0.5, history
+    assert history[-1][1] < history[0][1] - 0.5, history
+
+
+def test_exports_hub_formats(trained, tokenizer):
+    bf16 = trained[0]
+    fp8 = os.path.join(os.path.dirname(bf16), "fp8")
+    t = {}
+    for d in (bf16, fp8):
+        t[d] = {}
+        for f in os.listdir(d):
+            if f.endswith(".safetensors"):
+                t[d].update(load_file(os.path.join(d, f)))
+        with open(os.path.join(d, "tokenizer.json")) as f:
+            assert json.load(f)["model"]["vocab"] == json.loads(tokenizer.to_str())["model"]["vocab"]
+    assert t[bf16]["layers.0.attn.wq_a.weight"].dtype == torch.bfloat16
+    assert t[fp8]["layers.0.attn.wq_a.weight"].dtype == torch.float8_e4m3fn
+    assert t[fp8]["layers.0.ffn.experts.0.w1.weight"].dtype == torch.int8  # packed FP4
+    assert "mtp.0.e_proj.scale" in t[fp8]
+    assert sum(os.path.getsize(os.path.join(d, f)) for d in (bf16, fp8) for f in os.listdir(d)) < 10e6
+
+
+@pytest.fixture(scope="module")
+def served(trained):
+    import sglang
+
+    path = trained[0]
+    eng = sglang.Engine(model_path=path, device=DEVICE, dtype="float32", page_size=tiny.PAGE_SIZE, log_level="warning",
+                        max_running_requests=4, max_total_tokens=4096, speculative_algorithm="EAGLE",
+                        chunked_prefill_size=-1)
+    yield eng
+    eng.shutdown()
+
+
+@pytest.fixture(scope="module")
+def hf_reference(trained):
+    """HF transformers on the exported weights (fp32) and the training MTP module loaded from the same files."""
+    from transformers import DeepseekV4ForCausalLM
+
+    from sglang.srt.model_loader.hf_export import export_hf_checkpoint
+
+    path = trained[0]
+    hf_dir = export_hf_checkpoint(path, path + "-hf", dtype=torch.float32)
+    model = DeepseekV4ForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation="eager").eval()
+    tensors = {}
+    for f in os.listdir(path):
+        if f.endswith(".safetensors"):
+            tensors.update({k: v.float() if v.is_floating_point() else v for k, v in load_file(
+                os.path.join(path, f)).items()})
+    mtp = tiny.MTPLayer(model.config)
+    mtp.load_native(tensors)
+    return model, mtp.eval()
+
+
+def held_out_prompt(tok) -> list:
+    lines = data.GSM8K.load_lines(data.GSM8K_TEST)
+    prompts, _ = data.GSM8K.build_prompts(lines, 5, 1, 2)
+    return tok.encode(prompts[0]).ids  # 2 shots: past the window (64), so CSA / HCA entries are read
+
+
+def test_engine_matches_hf_on_trained_checkpoint(served, hf_reference, tokenizer):
+    model, _ = hf_reference
+    ids = held_out_prompt(tokenizer)
+    assert len(ids) > 2 * tiny.MODEL_CONFIG["sliding_window"]
+    with torch.no_grad():
+        tokens, token_lps = hf_greedy(model, ids, 6)
+        ref = (ids, hf_prompt_logprobs(model, ids), tokens, token_lps)
+    assert_matches_hf(greedy_run(served, ids, 6), ref)
+
+
+def test_mtp_draft_matches_training_module(served, hf_reference, tokenizer):
+    model, mtp = hf_reference
+    ids = held_out_prompt(tokenizer)[:100]
+    s = len(ids)
+    with torch.no_grad():
+        _, ref = train.forward_with_mtp(model, mtp, torch.tensor([ids]), s - 1)
+    ref = ref[0].float()
+    runner = served.model_runner
+    allocator = runner.token_allocator
+    alloc = allocator.alloc_req()
+    try:
+        full = allocator.extend(alloc, s)
+        fb = ForwardBatch.build(ForwardMode.EXTEND, ids, [alloc.req_pool_idx], [0], [s], full, runner.device,
+                                capture_hidden=True)
+        hs = runner.forward(fb).hidden_states
+        got = run_draft(runner, alloc, ids, full, hs, 0, s - 1)
+    finally:
+        allocator.free_req(alloc)
+    allocator.check_all_free()
+    assert (got - ref).abs().max().item() <= 1e-4
