@@ -87,18 +87,21 @@ def losses(model, mtp, ids: torch.Tensor) -> tuple:
 # ---- held-out greedy eval ------------------------------------------------------------------------
 @torch.no_grad()
 def greedy(model, tok, prompt: str, max_new: int, stop: tuple = ()) -> str:
-    """Greedy completion of `prompt` (full forward per token: short prompts, no cache to trust)."""
-    ids = tok.encode(prompt).ids
+    """Greedy completion of `prompt` through HF's own cache, cut at the first of `stop`."""
+    from transformers import DynamicCache
+
     device = next(model.parameters()).device
+    cache = DynamicCache(config=model.config)
+    step = torch.tensor([tok.encode(prompt).ids], device=device)
     new: list = []
     for _ in range(max_new):
-        nxt = int(model(input_ids=torch.tensor([ids + new], device=device), use_cache=False).logits[0, -1].argmax())
+        nxt = int(model(input_ids=step, past_key_values=cache, use_cache=True).logits[0, -1].argmax())
         if nxt == tok.token_to_id(EOS):
             break
         new.append(nxt)
-        text = tok.decode(new)
-        if any(s in text for s in stop):
+        if any(s in tok.decode(new) for s in stop):
             break
+        step = torch.tensor([[nxt]], device=device)
     text = tok.decode(new)
     for s in stop:
         text = text.split(s)[0]

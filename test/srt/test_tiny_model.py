@@ -3,8 +3,8 @@ held-out files are disjoint from training text; the tokenizer holds every chat m
 steps lower the loss; the exported checkpoint serves in the engine with HF transformers' greedy tokens and prompt
 logprobs (fp32), and the engine's MTP draft gives the logits the training module computes.
 
-One module-scoped trained+exported model (tokenizer from 200 documents, 6 steps of 2 x 160 tokens) and one engine;
-about 60 s on a 2-core CPU.
+One module-scoped trained+exported model (tokenizer from 200 documents, 6 steps of 2 x 160 tokens) and one engine
+(with the MTP draft); about 15 s on a 2-core CPU.
 """
 
 from __future__ import annotations
@@ -80,7 +80,30 @@ def test_tokenizer_keeps_chat_markers(tokenizer):
     # BOS / EOS are skipped on decode, the DSML and reasoning markers reach the parsers.
     visible = tok.decode(ids)
     assert "<｜begin▁of▁sentence｜>" not in visible and "</think>" in visible and "<｜DSML｜invoke" in visible
-    assert tok.encode("é 1234 ☃").ids and tok.decode(tok.encode("é 1234 ☃").ids) == "é 1234 ☃"
+    assert tok.decode(tok.encode("é 1234 ☃").ids) == "é 1234 ☃"  # byte-level: any text encodes
+    corpus = data.Corpus(SEED)
+    again = train_tokenizer([corpus.document() for _ in range(200)], vocab_size=600)
+    assert again.to_str() == tok.to_str()
+
+
+def test_training_is_deterministic_on_cpu(tokenizer):
+    """Same seed, same losses and weights, to the bit (fixed seeds, deterministic CPU ops)."""
+    def run():
+        torch.manual_seed(SEED)
+        model, mtp = tiny.build(tiny.model_config(tokenizer.get_vocab_size()), SEED)
+        ids = train.packed_batch(data.Corpus(SEED), tokenizer, 1, 48)
+        opt = torch.optim.AdamW(list(model.parameters()) + list(mtp.parameters()), lr=1e-3)
+        out = []
+        for _ in range(2):
+            main, nextn = train.losses(model, mtp, ids)
+            out.append((main.item(), nextn.item()))
+            opt.zero_grad()
+            (main + 0.3 * nextn).backward()
+            opt.step()
+        return out, model.model.layers[1].self_attn.compressor.indexer.q_b_proj.weight.detach().clone()
+
+    (losses_a, w_a), (losses_b, w_b) = run(), run()
+    assert losses_a == losses_b and torch.equal(w_a, w_b)
 
 
 @pytest.fixture(scope="module")
