@@ -178,11 +178,16 @@ def train(args) -> dict:
         if step % args.log_every == 0 or step == args.steps - 1:
             print(f"step {step:5d}  loss {main.item():.4f}  mtp {nextn.item():.4f}  lr {lr_at(step, args):.2e}  "
                   f"{time.time() - start:.0f}s", flush=True)
-        if args.eval_every and (step + 1) % args.eval_every == 0 or step == args.steps - 1:
+        out_of_time = args.max_minutes is not None and time.time() - start > 60 * args.max_minutes
+        if out_of_time:
+            print(f"stopping after step {step}: --max-minutes {args.max_minutes} reached", flush=True)
+        if args.eval_every and (step + 1) % args.eval_every == 0 or step == args.steps - 1 or out_of_time:
             ev = evaluate(model, tok, args.eval_gsm8k, args.eval_mmlu)
             log["eval"].append((step, ev.gsm8k, ev.mmlu))
             print(f"  eval @ {step + 1}: gsm8k {ev.gsm8k:.3f}  mmlu {ev.mmlu:.3f}  e.g. {ev.samples[0][1]!r}",
                   flush=True)
+        if out_of_time:
+            break
     if args.out:
         export(args.out, model, mtp, config, tok)
     return log
@@ -213,6 +218,8 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     p.add_argument("--eval-every", type=int, default=250, help="0: only at the end")
     p.add_argument("--eval-gsm8k", type=int, default=8, help="held-out GSM8K-style questions per eval")
     p.add_argument("--eval-mmlu", type=int, default=16, help="held-out MMLU-style questions per eval")
+    p.add_argument("--max-minutes", type=float, default=None,
+                   help="stop training after this long, then evaluate and export as after the last step")
     p.add_argument("--log-file", default=None, help="write the loss and eval history as JSON")
     args = p.parse_args(argv)
     if args.steps < 1 or args.batch_size < 1 or args.seq_len < 8:

@@ -42,6 +42,7 @@ def test_data_deterministic_and_heldout_disjoint():
     for rel, text in data.heldout_files().items():
         with open(os.path.join(data.DATA_DIR, rel), encoding="utf-8") as f:
             assert f.read() == text, rel
+    assert data.MMLU.list_subjects(data.MMLU_DIR) == list(data.MMLU_SUBJECTS)  # what the mmlu script will read
     held = data.heldout_problems()
     assert len({p.question for p in held}) == len(held) == data.GSM8K_HELDOUT
     for p in held:
@@ -219,3 +220,16 @@ def test_mtp_draft_matches_training_module(served, hf_reference, tokenizer):
         allocator.free_req(alloc)
     allocator.check_all_free()
     assert (got - ref).abs().max().item() <= 1e-4
+
+
+def test_train_command_stops_at_time_limit_then_evaluates_and_exports(tmp_path):
+    """The command line end to end: --max-minutes 0 stops after the first step, which is still evaluated on held-out
+    questions and exported in both formats, and the history is written."""
+    log_file = tmp_path / "log.json"
+    train.main(["--steps", "50", "--batch-size", "1", "--seq-len", "32", "--vocab-size", "400", "--max-minutes", "0",
+                "--eval-gsm8k", "1", "--eval-mmlu", "2", "--out", str(tmp_path / "out"), "--log-file", str(log_file)])
+    log = json.loads(log_file.read_text())
+    assert len(log["loss"]) == 1 and [e[0] for e in log["eval"]] == [0]
+    for name in ("bf16", "fp8"):
+        files = os.listdir(tmp_path / "out" / name)
+        assert {"config.json", "tokenizer.json", "tokenizer_config.json"} <= set(files)
