@@ -17,6 +17,8 @@ import tempfile
 import torch
 from torch import nn
 
+from tokenizer import save_tokenizer
+
 from sglang.srt.configs.deepseek_v4 import DeepseekV4Config as NativeConfig
 from sglang.srt.model_loader.checkpoint_spec import expected_tensors
 from sglang.srt.model_loader.hf_export import export_hf_checkpoint
@@ -129,8 +131,6 @@ def build(config: dict, seed: int, device: str = "cpu"):
 
 def write_checkpoint(out_dir: str, config: dict, state: dict, quantize: bool, tokenizer) -> str:
     """The native hub format of the trained weights: bf16, or FP8 linears + MXFP4 experts (`quantize`)."""
-    from tokenizer import save_tokenizer
-
     cfg = {**config, **QUANT} if quantize else config
     make_tiny_checkpoint(out_dir, cfg, quantize=quantize, dtype="bfloat16", edit=lambda name, value, draw: state[name])
     save_tokenizer(tokenizer, out_dir)  # replaces the DeepSeek tokenizer the writer copies

@@ -184,25 +184,29 @@ def hf_reference(trained):
     return model, mtp.eval()
 
 
-def held_out_prompt(tok) -> list:
+def held_out_prompt() -> str:
     lines = data.GSM8K.load_lines(data.GSM8K_TEST)
     prompts, _ = data.GSM8K.build_prompts(lines, 5, 1, 2)
-    return tok.encode(prompts[0]).ids  # 2 shots: past the window (64), so CSA / HCA entries are read
+    return prompts[0]  # 2 shots: past the window (64), so CSA / HCA entries are read
 
 
 def test_engine_matches_hf_on_trained_checkpoint(served, hf_reference, tokenizer):
     model, _ = hf_reference
-    ids = held_out_prompt(tokenizer)
+    ids = tokenizer.encode(held_out_prompt()).ids
     assert len(ids) > 2 * tiny.MODEL_CONFIG["sliding_window"]
     with torch.no_grad():
         tokens, token_lps = hf_greedy(model, ids, 6)
         ref = (ids, hf_prompt_logprobs(model, ids), tokens, token_lps)
     assert_matches_hf(greedy_run(served, ids, 6), ref)
+    # A text prompt goes through the checkpoint's own tokenizer both ways.
+    out = served.generate(prompt=held_out_prompt(), sampling_params={"temperature": 0, "max_new_tokens": 6,
+                                                                     "ignore_eos": True})
+    assert out["output_ids"] == tokens and out["text"] == tokenizer.decode(tokens)
 
 
 def test_mtp_draft_matches_training_module(served, hf_reference, tokenizer):
     model, mtp = hf_reference
-    ids = held_out_prompt(tokenizer)[:100]
+    ids = tokenizer.encode(held_out_prompt()).ids[:100]
     s = len(ids)
     with torch.no_grad():
         _, ref = train.forward_with_mtp(model, mtp, torch.tensor([ids]), s - 1)
