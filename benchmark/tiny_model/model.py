@@ -119,7 +119,10 @@ def build(config: dict, seed: int, device: str = "cpu"):
     with tempfile.TemporaryDirectory() as tmp:
         native = make_tiny_checkpoint(os.path.join(tmp, "native"), config, seed=seed, dtype="float32")
         hf = export_hf_checkpoint(native, os.path.join(tmp, "hf"), dtype=torch.float32)
-        model = DeepseekV4ForCausalLM.from_pretrained(hf, dtype=torch.float32, attn_implementation="eager")
+        # Eager attention takes the float mask the MTP rows reuse; eager experts run on any device and dtype (HF's
+        # grouped_mm path depends on the torch build and the GPU), and 8 experts keep its loop cheap.
+        model = DeepseekV4ForCausalLM.from_pretrained(hf, dtype=torch.float32, attn_implementation="eager",
+                                                      experts_implementation="eager")
         tensors = {}
         for f in sorted(os.listdir(native)):
             if f.endswith(".safetensors"):

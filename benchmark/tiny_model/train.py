@@ -1,13 +1,15 @@
 """Train the tiny DeepSeek-V4 on the synthetic corpus and export it in the native hub format.
 
-    python benchmark/tiny_model/train.py --device cuda --steps 4000 --batch-size 32 --bf16 --out tiny-v4
-    python benchmark/tiny_model/train.py --device cpu --steps 300 --batch-size 8 --out /tmp/tiny-v4   # slow
+    python benchmark/tiny_model/train.py --device cuda --steps 4000 --batch-size 32 --out tiny-v4
+    python benchmark/tiny_model/train.py --device cpu --steps 500 --batch-size 4 --seq-len 192 --max-minutes 13 --out t
 
 The main model is HF transformers' DeepseekV4ForCausalLM in train mode, the MTP layer model.MTPLayer trained on
-the next-next token (loss weight --mtp-weight, 0.3 as DeepSeek's); AdamW, linear warmup then cosine decay. Rows
-are packed documents of --seq-len tokens. Every --eval-every steps it prints greedy accuracy on held-out GSM8K-style
-and MMLU-style questions (data/, the prompts the benchmark scripts send). Writes <out>/bf16 (bf16 weights) and
-<out>/fp8 (FP8 linears, MXFP4 experts), each with config.json and the tokenizer. Deterministic per device and seed.
+the next-next token (loss weight --mtp-weight, 0.3 as DeepSeek's), the CSA layers' indexers on the attention's
+distribution over the compressed entries (--indexer-weight; dense CSA for the first --indexer-warmup steps);
+AdamW, linear warmup then cosine decay. Rows are packed documents of --seq-len tokens. Every --eval-every steps it
+prints greedy accuracy on held-out GSM8K-style and MMLU-style questions (data/, the prompts the benchmark scripts
+send). Writes <out>/bf16 (bf16 weights) and <out>/fp8 (FP8 linears, MXFP4 experts), each with config.json and
+the tokenizer. Deterministic per device and seed; --max-minutes bounds a run (it then evaluates and exports).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from sglang.srt.configs.deepseek_v4 import DeepseekV4Config  # noqa: E402
 from sglang.srt.entrypoints.openai.encoding_dsv4 import EOS  # noqa: E402
 
 TOKENIZER_DOCS = 4000  # documents the tokenizer learns its merges from
+DENSE_TOPK = 1 << 20  # an index_topk past every compressed entry: CSA attends all of them (the indexer warm-up)
 
 
 def build_tokenizer(seed: int, vocab_size: int = DEFAULT_VOCAB):
@@ -52,12 +55,22 @@ def packed_batch(corpus: data.Corpus, tok, batch_size: int, seq_len: int) -> tor
     return torch.tensor(rows, dtype=torch.long)
 
 
+def csa_layers(model) -> list:
+    return [layer for layer in model.model.layers if layer.self_attn.layer_type == "compressed_sparse_attention"]
+
+
 def forward_with_mtp(model, mtp, ids: torch.Tensor, rows: int, labels: bool = False) -> tuple:
-    """(HF output, MTP logits [B, rows, V]): the main model over `ids` and the MTP layer over rows p = 0..rows-1,
-    each carrying (Hs_p, x_{p+1}) at position p; the HF output holds the next-token loss when `labels`."""
-    seen = {}
-    hooks = [model.model.hc_head.register_forward_pre_hook(lambda m, args: seen.update(streams=args[0])),
-             model.model.layers[0].register_forward_pre_hook(lambda m, args, kw: seen.update(kw=kw), with_kwargs=True)]
+    """(HF output, MTP logits [B, rows, V], indexer loss): the main model over `ids` and the MTP layer over rows
+    p = 0..rows-1, each carrying (Hs_p, x_{p+1}) at position p; the HF output holds the next-token loss when
+    `labels`."""
+    seen, hooks = {"attn": [], "scores": []}, []
+    hooks.append(model.model.hc_head.register_forward_pre_hook(lambda m, args: seen.update(streams=args[0])))
+    hooks.append(model.model.layers[0].register_forward_pre_hook(lambda m, a, kw: seen.update(kw=kw), with_kwargs=True))
+    for layer in csa_layers(model):
+        attn = layer.self_attn
+        hooks.append(attn.register_forward_hook(lambda m, args, out: seen["attn"].append(out[1])))
+        hooks.append(attn.compressor.indexer.scorer.register_forward_hook(
+            lambda m, args, out: seen["scores"].append(out)))
     try:
         out = model(input_ids=ids, labels=ids if labels else None, use_cache=False)
     finally:
@@ -74,14 +87,43 @@ def forward_with_mtp(model, mtp, ids: torch.Tensor, rows: int, labels: bool = Fa
         "past_key_values": None,
     }
     nxt = ids[:, 1:rows + 1]
-    return out, mtp(seen["streams"][:, :rows], model.model.embed_tokens(nxt), nxt, layer_kwargs, model.lm_head)
+    logits = mtp(seen["streams"][:, :rows], model.model.embed_tokens(nxt), nxt, layer_kwargs, model.lm_head)
+    return out, logits, indexer_loss(seen["attn"], seen["scores"])
+
+
+def indexer_loss(attn_weights: list, index_scores: list) -> torch.Tensor:
+    """KL(attention || indexer) over the compressed entries each query attended, summed over the CSA layers.
+
+    The indexer only picks entries (top-k), so the language-model loss gives it no gradient; as in DeepSeek's
+    sparse attention training, its scores learn the distribution the attention heads (summed, renormalised) put on
+    the compressed entries. With top-k at least the visible entries (the dense warm-up) that is every visible entry,
+    later the selected ones only, so a pick is never reinforced just for having been picked.
+    """
+    total = attn_weights[0].new_zeros(()) if attn_weights else torch.zeros(())
+    for probs, scores in zip(attn_weights, index_scores):  # [B, H, S, S + T], [B, S, T]
+        t = scores.shape[-1]
+        p = probs[..., probs.shape[-1] - t:].detach().float().sum(1)  # [B, S, T]
+        seen = p > 0
+        rows = seen.any(-1)  # queries with at least one compressed entry attended
+        if not rows.any():
+            continue
+        p = p / p.sum(-1, keepdim=True).clamp_min(1e-30)
+        log_q = torch.log_softmax(scores.float().masked_fill(~seen, float("-inf")), dim=-1)
+        kl = torch.where(seen, p * (torch.log(p.clamp_min(1e-30)) - log_q), torch.zeros_like(p)).sum(-1)
+        total = total + kl[rows].mean()
+    return total
+
+
+def set_index_topk(model, topk: int) -> None:
+    for layer in csa_layers(model):
+        layer.self_attn.compressor.indexer.index_topk = topk
 
 
 def losses(model, mtp, ids: torch.Tensor) -> tuple:
-    """(main next-token loss, MTP next-next-token loss) of one batch."""
+    """(main next-token loss, MTP next-next-token loss, indexer loss) of one batch."""
     t = ids.shape[1] - 2  # rows p = 0..S-3 have a next-next token x_{p+2}
-    out, logits = forward_with_mtp(model, mtp, ids, t, labels=True)
-    return out.loss, F.cross_entropy(logits.float().flatten(0, 1), ids[:, 2:].flatten())
+    out, logits, index = forward_with_mtp(model, mtp, ids, t, labels=True)
+    return out.loss, F.cross_entropy(logits.float().flatten(0, 1), ids[:, 2:].flatten()), index
 
 
 # ---- held-out greedy eval ------------------------------------------------------------------------
@@ -118,6 +160,7 @@ class EvalResult:
 def evaluate(model, tok, n_gsm8k: int = 8, n_mmlu: int = 16, shots: int = 5) -> EvalResult:
     was_training = model.training
     model.eval()
+    set_index_topk(model, model.config.index_topk)  # as served, also during the dense warm-up
     try:
         lines = data.GSM8K.load_lines(data.GSM8K_TEST)
         prompts, questions = data.GSM8K.build_prompts(lines, 5, n_gsm8k, shots)
@@ -150,7 +193,8 @@ def lr_at(step: int, args) -> float:
 
 
 def train(args) -> dict:
-    """Train per `args`; returns {"loss": [(step, main, mtp)], "eval": [(step, gsm8k, mmlu)], "config": ...}."""
+    """Train per `args`; returns {"loss": [(step, main, mtp, indexer)], "eval": [(step, gsm8k, mmlu)],
+    "config": the native config}."""
     torch.manual_seed(args.seed)
     if args.device == "cpu":
         torch.use_deterministic_algorithms(True)
@@ -167,17 +211,18 @@ def train(args) -> dict:
         ids = packed_batch(corpus, tok, args.batch_size, args.seq_len).to(args.device)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, args)
+        set_index_topk(model, DENSE_TOPK if step < args.indexer_warmup else config["index_topk"])
         with autocast:
-            main, nextn = losses(model, mtp, ids)
-        loss = main + args.mtp_weight * nextn
+            main, nextn, index = losses(model, mtp, ids)
+        loss = main + args.mtp_weight * nextn + args.indexer_weight * index
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        log["loss"].append((step, main.item(), nextn.item()))
+        log["loss"].append((step, main.item(), nextn.item(), index.item()))
         if step % args.log_every == 0 or step == args.steps - 1:
-            print(f"step {step:5d}  loss {main.item():.4f}  mtp {nextn.item():.4f}  lr {lr_at(step, args):.2e}  "
-                  f"{time.time() - start:.0f}s", flush=True)
+            print(f"step {step:5d}  loss {main.item():.4f}  mtp {nextn.item():.4f}  indexer {index.item():.4f}  "
+                  f"lr {lr_at(step, args):.2e}  {time.time() - start:.0f}s", flush=True)
         out_of_time = args.max_minutes is not None and time.time() - start > 60 * args.max_minutes
         if out_of_time:
             print(f"stopping after step {step}: --max-minutes {args.max_minutes} reached", flush=True)
@@ -188,6 +233,7 @@ def train(args) -> dict:
                   flush=True)
         if out_of_time:
             break
+    set_index_topk(model, config["index_topk"])
     if args.out:
         export(args.out, model, mtp, config, tok)
     return log
@@ -212,6 +258,9 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--mtp-weight", type=float, default=0.3)
+    p.add_argument("--indexer-weight", type=float, default=0.1, help="weight of the indexer's KL loss")
+    p.add_argument("--indexer-warmup", type=int, default=200,
+                   help="first steps with dense CSA attention (every compressed entry), training the indexer on all")
     p.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB, help="BPE merges target (before the markers)")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast on CUDA (weights and optimizer stay fp32)")
     p.add_argument("--log-every", type=int, default=10)

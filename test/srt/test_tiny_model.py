@@ -9,6 +9,7 @@ One module-scoped trained+exported model (tokenizer from 200 documents, 6 steps 
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import sys
@@ -88,23 +89,32 @@ def test_tokenizer_keeps_chat_markers(tokenizer):
 
 
 def test_training_is_deterministic_on_cpu(tokenizer):
-    """Same seed, same losses and weights, to the bit (fixed seeds, deterministic CPU ops)."""
-    def run():
-        torch.manual_seed(SEED)
-        model, mtp = tiny.build(tiny.model_config(tokenizer.get_vocab_size()), SEED)
+    """Two copies of one model trained on the same batch end with the same losses and weights, to the bit (the random
+    start is the engine's seeded checkpoint; the CPU ops run deterministically)."""
+    torch.use_deterministic_algorithms(True)
+    try:
+        start = tiny.build(tiny.model_config(tokenizer.get_vocab_size()), SEED)
         ids = train.packed_batch(data.Corpus(SEED), tokenizer, 1, 48)
-        opt = torch.optim.AdamW(list(model.parameters()) + list(mtp.parameters()), lr=1e-3)
-        out = []
-        for _ in range(2):
-            main, nextn = train.losses(model, mtp, ids)
-            out.append((main.item(), nextn.item()))
-            opt.zero_grad()
-            (main + 0.3 * nextn).backward()
-            opt.step()
-        return out, model.model.layers[1].self_attn.compressor.indexer.q_b_proj.weight.detach().clone()
 
-    (losses_a, w_a), (losses_b, w_b) = run(), run()
+        def run():
+            model, mtp = copy.deepcopy(start)
+            opt = torch.optim.AdamW(list(model.parameters()) + list(mtp.parameters()), lr=1e-3)
+            out = []
+            for _ in range(2):
+                main, nextn, index = train.losses(model, mtp, ids)
+                out.append((main.item(), nextn.item(), index.item()))
+                opt.zero_grad()
+                (main + 0.3 * nextn + 0.1 * index).backward()
+                opt.step()
+            return out, model.model.layers[1].self_attn.compressor.indexer.q_b_proj.weight.detach().clone()
+
+        (losses_a, w_a), (losses_b, w_b) = run(), run()
+    finally:
+        torch.use_deterministic_algorithms(False)
     assert losses_a == losses_b and torch.equal(w_a, w_b)
+    # The indexer learns (only its KL loss reaches it: picking entries has no gradient).
+    assert losses_a[0][2] > 0
+    assert not torch.equal(w_a, start[0].model.layers[1].self_attn.compressor.indexer.q_b_proj.weight)
 
 
 @pytest.fixture(scope="module")
@@ -118,10 +128,10 @@ def trained(tokenizer):
     opt = torch.optim.AdamW(params, lr=3e-3)
     history = []
     for _ in range(6):
-        main, nextn = train.losses(model, mtp, ids)
-        history.append((main.item(), nextn.item()))
+        main, nextn, index = train.losses(model, mtp, ids)
+        history.append((main.item(), nextn.item(), index.item()))
         opt.zero_grad()
-        (main + 0.3 * nextn).backward()
+        (main + 0.3 * nextn + 0.1 * index).backward()
         opt.step()
     out = os.path.join(CHECKPOINT_ROOT, "tiny-trained")
     train.export(out, model, mtp, config, tokenizer)
@@ -209,7 +219,7 @@ def test_mtp_draft_matches_training_module(served, hf_reference, tokenizer):
     ids = tokenizer.encode(held_out_prompt()).ids[:100]
     s = len(ids)
     with torch.no_grad():
-        _, ref = train.forward_with_mtp(model, mtp, torch.tensor([ids]), s - 1)
+        _, ref, _ = train.forward_with_mtp(model, mtp, torch.tensor([ids]), s - 1)
     ref = ref[0].float()
     runner = served.model_runner
     allocator = runner.token_allocator
