@@ -36,6 +36,7 @@ from sglang.srt.configs.deepseek_v4 import DeepseekV4Config  # noqa: E402
 from sglang.srt.entrypoints.openai.encoding_dsv4 import EOS  # noqa: E402
 
 TOKENIZER_DOCS = 4000  # documents the tokenizer learns its merges from
+PAD_ID = 2  # tokenizer.SPECIAL[2]: fills a row's end, never a target
 DENSE_TOPK = 1 << 20  # an index_topk past every compressed entry: CSA attends all of them (the indexer warm-up)
 
 
@@ -45,13 +46,23 @@ def build_tokenizer(seed: int, vocab_size: int = DEFAULT_VOCAB):
 
 
 def packed_batch(corpus: data.Corpus, tok, batch_size: int, seq_len: int) -> torch.Tensor:
-    """[batch_size, seq_len] ids: each row is whole documents back to back, the last one cut."""
-    rows = []
+    """[batch_size, seq_len] ids: whole documents back to back, then PAD_ID to the end of the row. A document that
+    does not fit the rest of a row starts the next one (a cut tool-call chat would never show its call: the
+    tools block alone is most of it); only a document longer than a whole row is cut."""
+    rows, carry = [], None
     for _ in range(batch_size):
         ids: list = []
-        while len(ids) < seq_len:
-            ids += tok.encode(corpus.document()).ids
-        rows.append(ids[:seq_len])
+        while True:
+            doc, carry = (carry if carry is not None else tok.encode(corpus.document()).ids), None
+            if len(ids) + len(doc) <= seq_len:
+                ids += doc
+            elif not ids:
+                ids = doc[:seq_len]
+                break
+            else:
+                carry = doc
+                break
+        rows.append(ids + [PAD_ID] * (seq_len - len(ids)))
     return torch.tensor(rows, dtype=torch.long)
 
 
@@ -59,10 +70,10 @@ def csa_layers(model) -> list:
     return [layer for layer in model.model.layers if layer.self_attn.layer_type == "compressed_sparse_attention"]
 
 
-def forward_with_mtp(model, mtp, ids: torch.Tensor, rows: int, labels: bool = False) -> tuple:
+def forward_with_mtp(model, mtp, ids: torch.Tensor, rows: int, labels: Optional[torch.Tensor] = None) -> tuple:
     """(HF output, MTP logits [B, rows, V], indexer loss): the main model over `ids` and the MTP layer over rows
-    p = 0..rows-1, each carrying (Hs_p, x_{p+1}) at position p; the HF output holds the next-token loss when
-    `labels`."""
+    p = 0..rows-1, each carrying (Hs_p, x_{p+1}) at position p; the HF output holds the next-token loss of `labels`
+    (-100: no target) when given."""
     seen, hooks = {"attn": [], "scores": []}, []
     hooks.append(model.model.hc_head.register_forward_pre_hook(lambda m, args: seen.update(streams=args[0])))
     hooks.append(model.model.layers[0].register_forward_pre_hook(lambda m, a, kw: seen.update(kw=kw), with_kwargs=True))
@@ -72,7 +83,7 @@ def forward_with_mtp(model, mtp, ids: torch.Tensor, rows: int, labels: bool = Fa
         hooks.append(attn.compressor.indexer.scorer.register_forward_hook(
             lambda m, args, out: seen["scores"].append(out)))
     try:
-        out = model(input_ids=ids, labels=ids if labels else None, use_cache=False)
+        out = model(input_ids=ids, labels=labels, use_cache=False)
     finally:
         for h in hooks:
             h.remove()
@@ -122,8 +133,9 @@ def set_index_topk(model, topk: int) -> None:
 def losses(model, mtp, ids: torch.Tensor) -> tuple:
     """(main next-token loss, MTP next-next-token loss, indexer loss) of one batch."""
     t = ids.shape[1] - 2  # rows p = 0..S-3 have a next-next token x_{p+2}
-    out, logits, index = forward_with_mtp(model, mtp, ids, t, labels=True)
-    return out.loss, F.cross_entropy(logits.float().flatten(0, 1), ids[:, 2:].flatten()), index
+    labels = ids.masked_fill(ids == PAD_ID, -100)  # padding is never a target (it only follows real tokens)
+    out, logits, index = forward_with_mtp(model, mtp, ids, t, labels)
+    return out.loss, F.cross_entropy(logits.float().flatten(0, 1), labels[:, 2:].flatten(), ignore_index=-100), index
 
 
 # ---- held-out greedy eval ------------------------------------------------------------------------

@@ -48,7 +48,8 @@ def test_data_deterministic_and_heldout_disjoint():
     assert len({p.question for p in held}) == len(held) == data.GSM8K_HELDOUT
     for p in held:
         assert data.GSM8K.label_of(p.answer) == p.value
-    # No training text holds a held-out question, and no training MC row is a held-out test row.
+    # No training text holds a held-out question (the first 5 lines are the worked examples the gsm8k script sends,
+    # which training shows as shots too), and no training MC row is a held-out test row.
     assert not any(p.question in doc for doc in docs for p in held[5:])
     corpus = data.Corpus(SEED)
     assert not any(corpus.problem().question in {p.question for p in held} for _ in range(2000))
@@ -88,12 +89,43 @@ def test_tokenizer_keeps_chat_markers(tokenizer):
     assert again.to_str() == tok.to_str()
 
 
-def test_training_is_deterministic_on_cpu(tokenizer):
+def test_rows_hold_whole_documents(tokenizer):
+    """Training rows are whole documents in stream order, then padding: a document that does not fit starts the
+    next row instead of being cut (a cut tool-call chat would lose its call)."""
+    rows = train.packed_batch(data.Corpus(SEED), tokenizer, 4, 1200).tolist()
+    stream = data.Corpus(SEED)
+    assert any(r[-1] == train.PAD_ID for r in rows)
+    for row in rows:
+        real = row[:len(row) - next(i for i, t in enumerate(reversed(row)) if t != train.PAD_ID)]
+        assert train.PAD_ID not in real
+        docs: list = []
+        while len(docs) < len(real):
+            docs += tokenizer.encode(stream.document()).ids
+        assert docs == real
+
+
+@pytest.fixture(scope="module")
+def fresh(tokenizer):
+    """(HF model, MTP layer) at the random start; tests copy it before training it."""
+    return tiny.build(tiny.model_config(tokenizer.get_vocab_size()), SEED)
+
+
+def test_padding_is_never_a_target(fresh, tokenizer):
+    model, mtp = fresh
+    doc = tokenizer.encode(data.Corpus(SEED).document()).ids[:40]
+    with torch.no_grad():
+        alone = train.losses(model, mtp, torch.tensor([doc]))
+        padded = train.losses(model, mtp, torch.tensor([doc + [train.PAD_ID] * 12]))
+    assert abs(alone[0].item() - padded[0].item()) < 1e-5  # next token
+    assert abs(alone[1].item() - padded[1].item()) < 1e-5  # next-next token (MTP)
+
+
+def test_training_is_deterministic_on_cpu(fresh, tokenizer):
     """Two copies of one model trained on the same batch end with the same losses and weights, to the bit (the random
     start is the engine's seeded checkpoint; the CPU ops run deterministically)."""
     torch.use_deterministic_algorithms(True)
     try:
-        start = tiny.build(tiny.model_config(tokenizer.get_vocab_size()), SEED)
+        start = fresh
         ids = train.packed_batch(data.Corpus(SEED), tokenizer, 1, 48)
 
         def run():
@@ -207,7 +239,10 @@ def test_engine_matches_hf_on_trained_checkpoint(served, hf_reference, tokenizer
     with torch.no_grad():
         tokens, token_lps = hf_greedy(model, ids, 6)
         ref = (ids, hf_prompt_logprobs(model, ids), tokens, token_lps)
-    assert_matches_hf(greedy_run(served, ids, 6), ref)
+    # Prompt logprobs within 1e-4 and the same greedy tokens; the decode steps' logprobs within 2e-2: an indexer
+    # score is a sum of ReLUs, exactly 0 for several entries of a barely trained indexer, and a tie at the k-th pick
+    # is broken one way by torch.topk and another by the engine (both valid; seen: 7e-3 at one step).
+    assert_matches_hf(greedy_run(served, ids, 6), ref, decode_tol=2e-2)
     # A text prompt goes through the checkpoint's own tokenizer both ways.
     out = served.generate(prompt=held_out_prompt(), sampling_params={"temperature": 0, "max_new_tokens": 6,
                                                                      "ignore_eos": True})
