@@ -241,7 +241,8 @@ def train(args) -> dict:
         if args.eval_every and (step + 1) % args.eval_every == 0 or step == args.steps - 1 or out_of_time:
             ev = evaluate(model, tok, args.eval_gsm8k, args.eval_mmlu)
             log["eval"].append((step, ev.gsm8k, ev.mmlu))
-            print(f"  eval @ {step + 1}: gsm8k {ev.gsm8k:.3f}  mmlu {ev.mmlu:.3f}  e.g. {ev.samples[0][1]!r}",
+            print(f"  eval @ {step + 1}: gsm8k {ev.gsm8k:.3f}  mmlu {ev.mmlu:.3f}  e.g. "
+                  f"{ev.samples[0][1] if ev.samples else None!r}",
                   flush=True)
         if out_of_time:
             break
