@@ -30,7 +30,7 @@ from typing import Optional
 
 import torch
 
-from sglang.srt.disaggregation.transfer import RegisteredBuffer
+from sglang.srt.disaggregation.transfer import RegisteredBuffer, coalesce
 from sglang.srt.mem_cache.deepseek_v4_pool import CompressorState, DeepSeekV4TokenToKVPool
 
 
@@ -280,16 +280,12 @@ def pair_regions(src: list, dst: list) -> TransferPlan:
     used_src = used_dst = 0  # bytes of src[i] / dst[j] already paired
     while i < len(src) and j < len(dst):
         n = min(src[i][1] - used_src, dst[j][1] - used_dst)
-        s, d = src[i][0] + used_src, dst[j][0] + used_dst
-        if lengths and src_addrs[-1] + lengths[-1] == s and dst_addrs[-1] + lengths[-1] == d:
-            lengths[-1] += n
-        else:
-            src_addrs.append(s)
-            dst_addrs.append(d)
-            lengths.append(n)
+        src_addrs.append(src[i][0] + used_src)
+        dst_addrs.append(dst[j][0] + used_dst)
+        lengths.append(n)
         used_src, used_dst = used_src + n, used_dst + n
         if used_src == src[i][1]:
             i, used_src = i + 1, 0
         if used_dst == dst[j][1]:
             j, used_dst = j + 1, 0
-    return TransferPlan(src_addrs, dst_addrs, lengths)
+    return TransferPlan(*coalesce(src_addrs, dst_addrs, lengths))
