@@ -18,6 +18,7 @@ when it is waited for or polled, so the same ordering rules hold, and are tested
 
 from __future__ import annotations
 
+import abc
 import itertools
 from collections import deque
 from dataclasses import dataclass, field
@@ -40,7 +41,7 @@ class CopyTicket:
     done: bool = False
 
 
-class TierCopyEngine:
+class TierCopyEngine(abc.ABC):
     """Tickets in submission order and the frees they hold back. Subclasses say how a stage runs and completes."""
 
     def __init__(self) -> None:
@@ -125,14 +126,17 @@ class TierCopyEngine:
             pool.free(ids)
         ticket.releases, ticket.finishes, ticket.stages, ticket.done = [], [], [], True
 
+    @abc.abstractmethod
     def _start(self, ticket: CopyTicket) -> None:
-        raise NotImplementedError
+        """Queue the ticket's stages (CUDA: on the copy stream; CPU: nothing runs until it is waited for or polled)."""
 
+    @abc.abstractmethod
     def _finished(self, ticket: CopyTicket) -> bool:
-        raise NotImplementedError
+        """Whether every stage of the ticket has completed, without waiting."""
 
+    @abc.abstractmethod
     def _block(self, ticket: CopyTicket) -> None:
-        raise NotImplementedError
+        """Wait on the host until the ticket's stages have completed."""
 
 
 class CpuCopyEngine(TierCopyEngine):
