@@ -11,6 +11,7 @@ import multiprocessing as mp
 import os
 import signal
 import sys
+import time
 
 import pytest
 import torch
@@ -62,6 +63,25 @@ def _peer(conn) -> None:
         conn.send(bytes(target.numpy()))
 
 
+def stop_and_wait(pid: int) -> None:
+    """SIGSTOP, then wait until every thread of pid is stopped: kill() returns before a loaded machine has stopped
+    them, and a peer thread still running would answer the write the test expects to hang."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        states = []
+        for task in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{task}/stat") as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+            except FileNotFoundError:  # a thread that just exited
+                pass
+        if states and all(s in "tT" for s in states):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} did not stop within 10 s")
+
+
 class CountingEngine:
     """Forwards to the Mooncake engine, counting the calls by name."""
 
@@ -96,7 +116,7 @@ def test_mooncake_writes_into_another_process_and_fails_fast_on_a_dead_or_hung_p
         with pytest.raises(TransferError, match="source range"):
             engine.write(peer_session, [peer_base], [peer_base], [8])  # not this engine's memory
 
-        os.kill(pid, signal.SIGSTOP)  # hung: the write gives up after its timeout
+        stop_and_wait(pid)  # hung: the write gives up after its timeout
         with pytest.raises(TransferError, match="did not complete within"):
             engine.write(peer_session, src[:1], dst[:1], [256], timeout_s=1.0)
         os.kill(pid, signal.SIGKILL)  # dead: its connection is refused at once
