@@ -114,6 +114,10 @@ ENV SGLANG_USE_AITER=${INSTALL_AITER}
 ENV SGLANG_HACK_FLASHMLA_BACKEND=unified_kv_triton
 # Read by PyTorch on ROCm: route BLAS GEMMs to hipBLASLt rather than rocBLAS (the DeepSeek-V4 recipes' value).
 ENV TORCH_BLAS_PREFER_HIPBLASLT=1
+# Read by AITER's fused MoE and by this engine (the DeepSeek-V4 MI355X recipes' value): every batch takes AITER's
+# A8W4 kernels with the SwiGLU clamp, so the engine hands the MXFP4 experts to AITER on gfx950 (docs/platforms.md).
+# -e AITER_BF16_FP8_MOE_BOUND=256 (AITER's default) keeps them on the engine's Triton MoE.
+ENV AITER_BF16_FP8_MOE_BOUND=0
 # Read by the HIP runtime: kernel arguments in device memory, which shortens every launch (upstream's ROCm image).
 ENV HIP_FORCE_DEV_KERNARG=1
 # Read by the ROCm runtime (ROCr): keep scratch memory allocated between kernels instead of reclaiming it after
