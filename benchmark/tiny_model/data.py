@@ -8,7 +8,10 @@ Four kinds of text, all deterministic from a seed:
     colour and food of invented animals), in the few-shot form benchmark/mmlu/bench_sglang.py sends, plus plain
     statements of every fact;
   * chats that answer in JSON (with and without a response_format schema);
-  * DSML tool calls for three functions, and the answer after a tool result.
+  * DSML tool calls for three functions, and the answer after a tool result;
+  * arithmetic drills: lines of the sums, differences and products the word problems' worked answers use
+    ("18 + 27 = 45"), many to a document, so that the model meets each fact far more often than one word problem
+    of ~80 tokens would show it (a word problem holds one or two facts; a drill line is ~7 tokens).
 Chats are rendered by the engine's own DeepSeek-V4 encoder and completion prompts by the benchmark scripts' own
 prompt builders, so the model learns exactly the text the server sends. The held-out files (data/ beside this file)
 come from a fixed seed; training text never contains a held-out question.
@@ -129,6 +132,23 @@ def make_problem(rng: random.Random) -> Problem:
     return Problem(q, f"{work}\n#### {r}", r)
 
 
+def arithmetic_fact(rng: random.Random) -> str:
+    """One line of the arithmetic the templates' worked answers do, with their operand ranges."""
+    kind = rng.randrange(4)
+    if kind == 0:
+        a, b = rng.randint(2, 20), rng.randint(2, 20)
+        return f"{a} + {b} = {a + b}"
+    if kind == 1:
+        a = rng.randint(5, 30)
+        b = rng.randint(1, a - 1)
+        return f"{a} - {b} = {a - b}"
+    if kind == 2:
+        a, b = rng.randint(2, 9), rng.randint(2, 9)
+        return f"{a} * {b} = {a * b}"
+    a, p = rng.randint(1, 20), rng.randint(2, 5) * rng.randint(2, 9)  # the second step of "add a product"
+    return f"{a} + {p} = {a + p}"
+
+
 def heldout_problems() -> list:
     """The held-out GSM8K-style lines (distinct questions; the first 5 are the worked examples)."""
     rng, seen, out = random.Random(HELDOUT_SEED), set(), []
@@ -192,7 +212,7 @@ class Corpus:
         self.held_rows = {tuple(r) for _, test in mmlu.values() for r in test}
         self.dev = {s: dev for s, (dev, _) in mmlu.items()}
         self.kinds = [(self.gsm8k_completion, 4), (self.gsm8k_chat, 2), (self.mmlu_completion, 3),
-                      (self.facts, 1), (self.json_chat, 1), (self.tool_chat, 2)]
+                      (self.facts, 1), (self.json_chat, 1), (self.tool_chat, 2), (self.drill, 2)]
 
     def problem(self) -> Problem:
         while True:
@@ -239,6 +259,9 @@ class Corpus:
 
     def facts(self) -> str:
         return " ".join(self.rng.sample(fact_statements(), 6))
+
+    def drill(self) -> str:
+        return "\n".join(arithmetic_fact(self.rng) for _ in range(40))
 
     def json_chat(self) -> str:
         country = self.rng.choice(sorted(COUNTRIES))

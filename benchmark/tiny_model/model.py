@@ -36,7 +36,7 @@ MODEL_CONFIG = {
     "sliding_window": 64, "compress_ratios": [0, 4, 8, 4, 0], "compress_rope_theta": 160000, "rope_theta": 10000,
     "rope_scaling": TINY_CONFIG["rope_scaling"], "max_position_embeddings": 1024,
     "index_n_heads": 4, "index_head_dim": 32, "index_topk": 8,
-    "n_routed_experts": 8, "n_shared_experts": 1, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+    "n_routed_experts": 8, "n_shared_experts": 1, "num_experts_per_tok": 2, "moe_intermediate_size": 128,
     "scoring_func": "sqrtsoftplus", "topk_method": "noaux_tc", "norm_topk_prob": True, "routed_scaling_factor": 1.5,
     "num_hash_layers": 2, "swiglu_limit": 10.0, "hc_mult": 4, "hc_sinkhorn_iters": 20, "hc_eps": 1e-6,
     "rms_norm_eps": 1e-6, "num_nextn_predict_layers": 1, "hidden_act": "silu", "attention_bias": False,

@@ -9,7 +9,8 @@ distribution over the compressed entries (--indexer-weight; dense CSA for the fi
 AdamW, linear warmup then cosine decay. Rows are packed documents of --seq-len tokens. Every --eval-every steps it
 prints greedy accuracy on held-out GSM8K-style and MMLU-style questions (data/, the prompts the benchmark scripts
 send). Writes <out>/bf16 (bf16 weights) and <out>/fp8 (FP8 linears, MXFP4 experts), each with config.json and
-the tokenizer. Deterministic per device and seed; --max-minutes bounds a run (it then evaluates and exports).
+the tokenizer. Deterministic per device and seed; --max-minutes bounds a run by the clock (the learning rate then
+anneals by whichever of --steps and --max-minutes ends first; the run evaluates and exports at its end).
 """
 
 from __future__ import annotations
@@ -197,10 +198,14 @@ def evaluate(model, tok, n_gsm8k: int = 8, n_mmlu: int = 16, shots: int = 5) -> 
 
 
 # ---- training ------------------------------------------------------------------------------------
-def lr_at(step: int, args) -> float:
+def lr_at(step: int, args, elapsed_s: float = 0.0) -> float:
+    """Linear warm-up, then cosine decay to a tenth over what is left of the run: of --steps, or of --max-minutes
+    where that ends first (a run bounded by time still anneals)."""
     if step < args.warmup:
         return args.lr * (step + 1) / args.warmup
     frac = (step - args.warmup) / max(args.steps - args.warmup, 1)
+    if args.max_minutes:
+        frac = max(frac, elapsed_s / (60 * args.max_minutes))
     return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
 
 
@@ -221,8 +226,9 @@ def train(args) -> dict:
     start = time.time()
     for step in range(args.steps):
         ids = packed_batch(corpus, tok, args.batch_size, args.seq_len).to(args.device)
+        lr = lr_at(step, args, time.time() - start)
         for group in opt.param_groups:
-            group["lr"] = lr_at(step, args)
+            group["lr"] = lr
         set_index_topk(model, DENSE_TOPK if step < args.indexer_warmup else config["index_topk"])
         with autocast:
             main, nextn, index = losses(model, mtp, ids)
@@ -234,7 +240,7 @@ def train(args) -> dict:
         log["loss"].append((step, main.item(), nextn.item(), index.item()))
         if step % args.log_every == 0 or step == args.steps - 1:
             print(f"step {step:5d}  loss {main.item():.4f}  mtp {nextn.item():.4f}  indexer {index.item():.4f}  "
-                  f"lr {lr_at(step, args):.2e}  {time.time() - start:.0f}s", flush=True)
+                  f"lr {lr:.2e}  {time.time() - start:.0f}s", flush=True)
         out_of_time = args.max_minutes is not None and time.time() - start > 60 * args.max_minutes
         if out_of_time:
             print(f"stopping after step {step}: --max-minutes {args.max_minutes} reached", flush=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import sys
 
 import pytest
@@ -59,6 +60,9 @@ def test_data_deterministic_and_heldout_disjoint():
     joined = "".join(docs)
     for marker in ("#### ", "\nAnswer: ", "<｜DSML｜tool_calls>", "<think>", '{"country": ', "<tool_result>"):
         assert marker in joined, marker
+    drills = re.findall(r"^(\d+) ([-+*]) (\d+) = (\d+)$", joined, re.M)  # the arithmetic drills' lines are right
+    assert len(drills) > 100 and all(
+        {"+": int.__add__, "-": int.__sub__, "*": int.__mul__}[op](int(a), int(b)) == int(r) for a, op, b, r in drills)
 
 
 @pytest.fixture(scope="module")
@@ -269,6 +273,16 @@ def test_mtp_draft_matches_training_module(served, hf_reference, tokenizer):
         allocator.free_req(alloc)
     allocator.check_all_free()
     assert (got - ref).abs().max().item() <= 1e-4
+
+
+def test_learning_rate_anneals_by_steps_or_by_the_clock():
+    args = train.parse_args(["--steps", "1010", "--warmup", "10", "--lr", "1e-3"])
+    assert train.lr_at(4, args) == pytest.approx(5e-4)
+    assert [train.lr_at(s, args) for s in (10, 510, 1010)] == pytest.approx([1e-3, 5.5e-4, 1e-4])
+    timed = train.parse_args(["--steps", "1010", "--warmup", "10", "--lr", "1e-3", "--max-minutes", "10"])
+    assert train.lr_at(10, timed, 300.0) == pytest.approx(5.5e-4)  # half the time gone, few steps taken
+    assert train.lr_at(10, timed, 900.0) == pytest.approx(1e-4)
+    assert train.lr_at(510, timed, 60.0) == pytest.approx(5.5e-4)  # the steps end first
 
 
 def test_train_command_stops_at_time_limit_then_evaluates_and_exports(tmp_path):
