@@ -4,7 +4,8 @@ what LocalCopyTransfer does), and the decode engine (DecodeSide) continues. Gree
 top logprobs equal a co-located engine's, for prompts shorter and longer than the window and not a multiple of the
 compression ratios, with speculative decoding (the same drafts accepted: the MTP state travelled), with FP8 KV and
 FP4 indexer keys, and with a grammar; the regions hold exactly the bytes the formula of docs/disaggregation.md
-gives; a failed prefill, an abort on either side and a refused pre-allocation free every slot.
+gives; a failed prefill, an abort on either side and a refused pre-allocation free every slot, and a request aborted
+on the prefill server while its pages are being written keeps them until the write ends.
 About 45 s on one CPU core (eight engines; the grammar test, on the built-in model with the real vocabulary, 13 s)."""
 
 from __future__ import annotations
@@ -237,6 +238,69 @@ def test_failures_and_aborts_free_every_slot(plain):
     plain.prefill.finish_transfer(2004, error="peer unreachable")
     (lost,) = plain.pre.scheduler.step()
     assert lost.finished_reason.status_code == 500 and "peer unreachable" in lost.finished_reason.message
+    plain.check_free()
+
+
+def test_a_request_aborted_during_its_write_keeps_its_pages_until_the_write_ends(plain):
+    """The prefill server's manager: an abort while the request's pages are being written frees them (and fails the
+    room for the decode side) only once the write has ended, never under it."""
+    import threading
+
+    from sglang.srt.disaggregation.bootstrap import BootstrapClient, BootstrapServer
+    from sglang.srt.disaggregation.kv_state import encode_layout
+    from sglang.srt.disaggregation.messages import BootstrapInfo
+    from sglang.srt.disaggregation.prefill_manager import PrefillKVManager
+
+    class HeldWrite:
+        session_id = "held:1"
+
+        def __init__(self) -> None:
+            self.started, self.release = threading.Event(), threading.Event()
+
+        def register(self, buffers) -> None:
+            pass
+
+        def write(self, *args) -> None:
+            self.started.set()
+            self.release.wait(30)
+
+        def close(self) -> None:
+            pass
+
+    sched, backend = plain.pre.scheduler, HeldWrite()
+    server = BootstrapServer("127.0.0.1", 0)
+    client = BootstrapClient("held:2")
+    mgr = PrefillKVManager(sched, backend, server)
+    try:
+        info = BootstrapInfo("127.0.0.1", server.port, 3000)
+        assert mgr.claim_room(info.room, "w") is None
+        mgr.add(Req("w", list(PROMPTS[1]), SamplingParams.from_dict(GREEDY)), info)
+        while not mgr.waiting:
+            sched.step()
+            mgr.poll()
+        addrs = region_addresses(mgr.buffers, mgr.waiting[3000].regions)
+        client.register(info, "w", [a for a, _ in addrs], [n for _, n in addrs], encode_layout(mgr.layout))
+        while not backend.started.is_set():
+            mgr.poll()
+        # as the scheduler process routes an abort
+        assert (mgr.abort("w") if mgr.owns("w") else sched.abort_request("w")) is None
+        for _ in range(3):
+            mgr.poll()
+        assert not sched.allocator.is_all_free()  # the write still reads them
+        backend.release.set()
+        while mgr.has_pending():
+            mgr.poll()
+        (aborted,) = sched.step()
+        assert aborted.rid == "w" and aborted.finished
+        results = []
+        while not results:
+            results = client.poll()
+        assert not results[0].ok and "aborted" in results[0].error
+    finally:
+        backend.release.set()
+        mgr.close()
+        client.close()
+        sched.disagg = plain.prefill
     plain.check_free()
 
 

@@ -247,8 +247,13 @@ def test_layout_top_logprobs_and_generator_state_travel(pair):
         assert e.value.param == field
 
 
-def test_disaggregation_serves_from_one_rank():
+def test_disaggregation_runs_tensor_parallel_but_not_dp_attention():
     from sglang.srt.server_args import ServerArgs
 
-    with pytest.raises(ValueError, match="--disaggregation-mode prefill serves from one rank"):
-        ServerArgs(model_path="m", disaggregation_mode="prefill", tp_size=2).validate()
+    ServerArgs(model_path="m", disaggregation_mode="prefill", tp_size=2).validate()
+    ServerArgs(model_path="m", disaggregation_mode="decode", tp_size=4, nnodes=2, node_rank=1,
+               dist_init_addr="10.0.0.1:5000").validate()
+    with pytest.raises(ValueError, match="--disaggregation-mode decode runs tensor-parallel attention only: drop "
+                                         "--enable-dp-attention"):
+        ServerArgs(model_path="m", disaggregation_mode="decode", tp_size=2, dp_size=2,
+                   enable_dp_attention=True).validate()

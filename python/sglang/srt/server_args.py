@@ -216,10 +216,10 @@ class ServerArgs:
         if not 1 <= self.disaggregation_bootstrap_port <= 65535:
             raise ValueError(f"--disaggregation-bootstrap-port must be a port in [1, 65535], got "
                              f"{self.disaggregation_bootstrap_port}")
-        if self.disaggregation_mode != "null" and (self.tp_size > 1 or self.enable_dp_attention or self.nnodes > 1):
-            raise ValueError(f"--disaggregation-mode {self.disaggregation_mode} serves from one rank: run it without "
-                             f"--tp-size > 1, --enable-dp-attention or --nnodes > 1 (a transfer per rank is not "
-                             f"built yet)")
+        if self.disaggregation_mode != "null" and self.enable_dp_attention:
+            raise ValueError(f"--disaggregation-mode {self.disaggregation_mode} runs tensor-parallel attention only: "
+                             f"drop --enable-dp-attention (each DP group holds its own requests' KV, and a room "
+                             f"would need to name its group); --tp-size and --nnodes are supported")
         if self.disaggregation_mode == "prefill" and self.disaggregation_bootstrap_port == self.port:
             raise ValueError(f"--disaggregation-bootstrap-port {self.port} is the HTTP --port; give it another")
         self._validate_hicache()

@@ -297,9 +297,11 @@ class BootstrapClient:
         self.rooms: dict = {}  # room -> _DecodeRoom
         self._results: list = []
 
-    def register(self, info: BootstrapInfo, rid: str, dst_addrs: list, lengths: list, layout: str = "") -> None:
+    def register(self, info: BootstrapInfo, rid: str, dst_addrs: list, lengths: list, layout: str = "",
+                 rank_destinations: Optional[list] = None) -> None:
         """Ask the prefill server of `info` to write request `rid`'s state to these addresses of this server's
-        registered memory. RoomError when this server already waits on the room."""
+        registered memory (`rank_destinations`: [session_id, dst_addrs] of this server's further TP ranks).
+        RoomError when this server already waits on the room."""
         if info.room in self.rooms:
             raise RoomError(f"bootstrap_room {info.room} is already used by a request on this server; the router "
                             f"draws a fresh room for each request")
@@ -307,7 +309,8 @@ class BootstrapClient:
         peer = self.peers.get(address)
         if peer is None:
             peer = self.peers[address] = _Peer(self.ctx, address)
-        reg = RoomRegistration(info.room, rid, self.session_id, list(dst_addrs), list(lengths), layout)
+        reg = RoomRegistration(info.room, rid, self.session_id, list(dst_addrs), list(lengths), layout,
+                               list(rank_destinations or []))
         self.rooms[info.room] = _DecodeRoom(rid, address, self.clock() + self.room_timeout_s)
         self._send(peer, reg)
 

@@ -9,6 +9,11 @@ decodes from the next step, the first token already its first output) or fails i
 status the bootstrap gives (503 prefill server gone, 504 timed out, 500 prefill failed, 4xx room refused). An abort
 of a request waiting for its bytes cancels the room and frees its pages only when the room's result arrives: a write
 may still be landing in them.
+
+With --tp-size > 1 every rank pre-allocates the request alike (the ranks' schedulers run in lockstep) and the first
+rank alone holds the bootstrap client: it registers the room with the destinations on every rank (each rank's own
+buffers, exchanged once at start: ranks.RankBuffers) and hands what it hears to the other ranks, so a room is
+installed, failed or freed on all of them in the same loop (disaggregation/ranks.py).
 """
 
 from __future__ import annotations
@@ -17,13 +22,16 @@ import logging
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import Optional
 
 from sglang.srt.disaggregation.bootstrap import BootstrapClient, RoomError
 from sglang.srt.disaggregation.decode_side import DecodeSide
-from sglang.srt.disaggregation.kv_state import encode_layout, region_addresses
+from sglang.srt.disaggregation.kv_state import encode_layout
 from sglang.srt.disaggregation.messages import BootstrapInfo
 from sglang.srt.disaggregation.prefill_side import PrefillResult
+from sglang.srt.disaggregation.ranks import RankBuffers, RankReport, rank_destinations
 from sglang.srt.disaggregation.transfer import TransferQueues, TransferStats
+from sglang.srt.distributed.parallel_state import GroupCoordinator
 from sglang.srt.managers.schedule_batch import FinishReason, Req
 from sglang.srt.mem_cache.allocator import PoolExhaustedError
 
@@ -38,24 +46,35 @@ class _Queued:
 
 
 class DecodeKVManager:
-    def __init__(self, scheduler, backend, client: BootstrapClient, room_timeout_s: float) -> None:
+    def __init__(self, scheduler, backend, client: Optional[BootstrapClient], room_timeout_s: float,
+                 ranks: Optional[GroupCoordinator] = None) -> None:
         self.scheduler = scheduler
         self.side = DecodeSide(scheduler)
         self.buffers = self.side.buffers()
         self.layout = encode_layout(self.side.layout())
         self.backend = backend
         backend.register(self.buffers)
-        self.client = client
+        self.ranks = ranks or GroupCoordinator((0,), 0)
+        if (client is None) != (self.ranks.rank_in_group > 0):
+            raise ValueError("the bootstrap client runs on the first rank of a decode server, and there only")
+        self.client = client  # the first rank's only
+        # every rank's session and buffers (a collective: every rank builds its manager at the same point)
+        self.rank_buffers = self.ranks.all_gather_object(RankBuffers(backend.session_id, self.buffers))
+        self.ranks_pools_free = False  # every rank's pools free, as of the last loop's reports
         self.room_timeout_s = room_timeout_s
         self.stats = TransferStats()
         self.queue: deque = deque()  # _Queued: waiting for pool pages
         self.started: dict = {}  # room -> (rid, registration time)
 
     # ---- requests ----------------------------------------------------------------------------------------------
+    def claim_room(self, room: int, rid: str) -> None:
+        """Nothing to claim ahead of the ranks: a room in use here is refused by `add`, alike on every rank."""
+        return None
+
     def add(self, req: Req, info: BootstrapInfo) -> None:
         """Pre-allocate and register `req`'s room, or queue it for pages; ValueError (nothing held) when the request
         can never be served or its room is in use here."""
-        if info.room in self.client.rooms or info.room in self.side.rooms or any(
+        if info.room in self.started or info.room in self.side.rooms or any(
                 q.info.room == info.room for q in self.queue):
             raise RoomError(f"bootstrap_room {info.room} is already used by a request on this server; the router "
                             f"draws a fresh room for each request")
@@ -70,8 +89,10 @@ class DecodeKVManager:
 
     def _start(self, req: Req, info: BootstrapInfo) -> None:
         regions = self.side.prealloc(req, info.room)
-        addrs = region_addresses(self.buffers, regions)
-        self.client.register(info, req.rid, [a for a, _ in addrs], [n for _, n in addrs], self.layout)
+        if self.client is not None:
+            lengths, dests = rank_destinations(self.rank_buffers, regions)
+            self.client.register(info, req.rid, dests[0][1], lengths, self.layout,
+                                 rank_destinations=[[session, addrs] for session, addrs in dests[1:]])
         self.started[info.room] = (req.rid, time.perf_counter())
 
     def owns(self, rid: str) -> bool:
@@ -87,19 +108,27 @@ class DecodeKVManager:
                 q.req.finished_reason = FinishReason("abort", message="request aborted")
                 return q.req
         room = next((room for room, (r, _) in self.started.items() if r == rid), None)
-        if room is not None:
+        if room is not None and self.client is not None:
             self.client.cancel(room, "the request was aborted on the decode server")
         return None
 
     # ---- the loop ----------------------------------------------------------------------------------------------
     def poll(self) -> list:
         """Retry the queue, install or fail the rooms whose result came; returns requests that ended here without
-        reaching the scheduler (for the caller to report)."""
+        reaching the scheduler (for the caller to report). Every rank calls it once a loop (a collective): the first
+        rank's view of the deadlines and of the prefill servers is every rank's."""
         reported = []
         now = time.perf_counter()
+        report = RankReport(pools_free=self.scheduler.allocator.is_all_free())
+        if self.client is not None:
+            report.expired = [q.info.room for q in self.queue if now > q.deadline]
+            report.results = self.client.poll()
+        reports = self.ranks.all_gather_object(report)
+        self.ranks_pools_free = all(r.pools_free for r in reports)
+        expired = set(reports[0].expired)
         while self.queue:
             q = self.queue[0]
-            if now > q.deadline:
+            if q.info.room in expired:
                 self.queue.popleft()
                 q.req.finished_reason = FinishReason("abort", status_code=503, message=(
                     f"the decode server's KV pool had no room for this request within {self.room_timeout_s:g} s"))
@@ -113,7 +142,7 @@ class DecodeKVManager:
                 q.req.finished_reason = FinishReason("abort", status_code=400, message=str(e))
                 reported.append(q.req)
             self.queue.popleft()
-        for result in self.client.poll():
+        for result in reports[0].results:
             self._on_result(result, now)
         return reported
 
@@ -150,11 +179,12 @@ class DecodeKVManager:
         return 5 if self.queue else 1000
 
     def sockets(self) -> list:
-        return self.client.sockets()
+        return self.client.sockets() if self.client is not None else []
 
     def queues(self) -> TransferQueues:
         return TransferQueues("decode", waiting=len(self.queue), transferring=self.side.num_pending)
 
     def close(self) -> None:
-        self.client.close()
+        if self.client is not None:
+            self.client.close()
         self.backend.close()

@@ -94,6 +94,13 @@ class RoomRegistration:
     dst_addrs: list = field(default_factory=list)
     lengths: list = field(default_factory=list)
     layout: str = ""  # the decode server's pool layout (kv_state.encode_layout): the prefill side checks it matches
+    # a decode server of several TP ranks: [session_id, dst_addrs] of its ranks 1.. (the fields above are rank 0's),
+    # each rank's addresses paired with the same `lengths` (the ranks hold the request in the same slots)
+    rank_destinations: list = field(default_factory=list)
+
+    def destinations(self) -> list:
+        """[(session_id, dst_addrs)] of every decode rank, in rank order."""
+        return [(self.session_id, self.dst_addrs)] + [(s, a) for s, a in self.rank_destinations]
 
 
 @dataclass
@@ -156,8 +163,14 @@ def _top_logprobs(v) -> bool:
         and _is_int(p[1]) and p[1] >= 0 for p in v))
 
 
+def _rank_destinations(v) -> bool:
+    return isinstance(v, list) and len(v) <= 1024 and all(
+        isinstance(d, list) and len(d) == 2 and _CHECKS["session_id"](d[0]) and _int_list(d[1]) for d in v)
+
+
 _CHECKS.update({
     "layout": lambda v: isinstance(v, str) and len(v) <= 2**20,
+    "rank_destinations": _rank_destinations,
     "first_token_top_logprobs": _top_logprobs,
     "generator_state": lambda v: v is None or (isinstance(v, str) and len(v) <= 2**16
                                                and re.fullmatch(r"[0-9a-f]*", v) is not None),
@@ -191,6 +204,9 @@ def decode_message(data: bytes):
         msg = cls(**body)
     except TypeError as e:  # a required field missing
         raise MessageError(f"{cls.__name__}: {e}") from None
-    if isinstance(msg, RoomRegistration) and len(msg.dst_addrs) != len(msg.lengths):
-        raise MessageError(f"RoomRegistration pairs {len(msg.dst_addrs)} addresses with {len(msg.lengths)} lengths")
+    if isinstance(msg, RoomRegistration):
+        for rank, (_, addrs) in enumerate(msg.destinations()):
+            if len(addrs) != len(msg.lengths):
+                raise MessageError(f"RoomRegistration pairs {len(addrs)} addresses of decode rank {rank} with "
+                                   f"{len(msg.lengths)} lengths", "rank_destinations" if rank else "dst_addrs")
     return msg

@@ -56,6 +56,14 @@ class GroupCoordinator:
         dist.broadcast_object_list(box, src=self.ranks[src], group=self.cpu_group)
         return box[0]
 
+    def all_gather_object(self, obj) -> list:
+        """Every member's `obj`, in rank order, on every rank (pickled over gloo)."""
+        if self.world_size == 1:
+            return [obj]
+        out = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=self.cpu_group)
+        return out
+
 
 @dataclass
 class ParallelState:

@@ -88,7 +88,7 @@ class SchedulerProcess:
         self._next_group = 0  # rank 0: the DP group of the next new request (round robin)
         self._hang_file = envs.SGLANG_TEST_HANG_SCHEDULER_FILE.get()
         # prefill/decode disaggregation: this server's side of the KV transfer (None when it serves both)
-        self.kv = create_kv_manager(server_args, self.scheduler)
+        self.kv = create_kv_manager(server_args, self.scheduler, self.ranks)
         self._sent_queues = None  # the transfer queue depths last reported
         if not self.sends:
             return
@@ -135,6 +135,8 @@ class SchedulerProcess:
             self.runner.finish_dp_round()
             outputs = answers + [self._progress(req) for req in updated]
             queues = self.kv.queues() if self.kv is not None else None
+            if self.kv is not None:  # another rank's pools came free (or not) too
+                queues = (queues, self.kv.ranks_pools_free)
             moved = queues != self._sent_queues  # a room came or went without a step: the gauges and /server_info
             self._sent_queues = queues
             if (outputs or stepped or moved) and self.sends:  # every step is reported (the watchdog hears it)
@@ -150,7 +152,8 @@ class SchedulerProcess:
 
     def _receive(self, block: bool) -> list:
         """Rank 0: the messages waiting (up to 1 s for the first when idle), each with the DP group that takes it (new
-        requests round robin; the rest every group); every rank: the same list."""
+        requests round robin; the rest every group) and, for a disaggregated request, why its room is refused (the
+        first rank alone holds the bootstrap server, so it decides for all); every rank: the same list."""
         msgs = []
         if self.is_leader:
             timeout = 1000 if block else 0
@@ -163,19 +166,21 @@ class SchedulerProcess:
             while self.recv.poll(timeout):
                 timeout = 0
                 msg = self.recv.recv_pyobj()
-                group = None
+                group = refusal = None
                 if isinstance(msg, TokenizedGenerateReqInput) and self.dp.active:
                     group, self._next_group = self._next_group, (self._next_group + 1) % self.dp.dp
-                msgs.append((msg, group))
+                if isinstance(msg, TokenizedGenerateReqInput) and msg.bootstrap_room is not None and self.kv:
+                    refusal = self.kv.claim_room(msg.bootstrap_room, msg.rid)
+                msgs.append((msg, group, refusal))
         return self.ranks.broadcast_object(msgs)
 
     def _handle_messages(self, block: bool) -> list:
         answers = []
-        for msg, group in self._receive(block):
+        for msg, group, refusal in self._receive(block):
             if group is not None and group != self.dp_rank:
                 continue  # another DP group's request
             if isinstance(msg, TokenizedGenerateReqInput):
-                answer = self._add(msg)
+                answer = self._add(msg, refusal)
                 if answer is not None:
                     answers.append(answer)
             elif isinstance(msg, AbortReq):
@@ -240,11 +245,13 @@ class SchedulerProcess:
         except ValueError as e:
             return ControlOutput(msg.rid, 400, str(e))
 
-    def _add(self, msg: TokenizedGenerateReqInput):
+    def _add(self, msg: TokenizedGenerateReqInput, refusal: Optional[Exception] = None):
         req = Req(rid=msg.rid, origin_input_ids=list(msg.input_ids), sampling_params=msg.sampling_params,
                   return_logprob=msg.return_logprob, logprob_start_len=msg.logprob_start_len,
                   top_logprobs_num=msg.top_logprobs_num)
         try:
+            if refusal is not None:  # its room, refused by the first rank
+                raise refusal
             if msg.bootstrap_room is not None and self.kv is not None:
                 self.kv.add(req, BootstrapInfo(msg.bootstrap_host, msg.bootstrap_port, msg.bootstrap_room))
             else:
@@ -305,7 +312,8 @@ class SchedulerProcess:
         s = self.scheduler
         return SchedulerStats(num_running_reqs=len(s.running), num_waiting_reqs=len(s.waiting),
                               token_usage=s.allocator.token_usage(), num_generated_tokens=s.num_generated_tokens,
-                              pools_all_free=s.allocator.is_all_free(),
+                              pools_all_free=s.allocator.is_all_free() and (self.kv is None
+                                                                            or self.kv.ranks_pools_free),
                               consecutive_failed_steps=s.consecutive_failed_steps,
                               spec_accept_length=s.mean_accept_length, num_retractions=s.num_retractions,
                               new_token_ratio=s.new_token_ratio.value,
@@ -316,18 +324,19 @@ class SchedulerProcess:
                               transfer_queues=self.kv.queues() if self.kv is not None else None)
 
 
-def create_kv_manager(server_args: ServerArgs, scheduler):
+def create_kv_manager(server_args: ServerArgs, scheduler, ranks=None):
     """This server's side of prefill/decode disaggregation (disaggregation/): the transfer backend with its pools
-    registered, and the bootstrap server (prefill, on --host:--disaggregation-bootstrap-port) or client (decode);
-    None with --disaggregation-mode null."""
+    registered (one per TP rank, each its own session), and on the first rank of `ranks` (the TP group) the
+    bootstrap server (prefill, on --host:--disaggregation-bootstrap-port) or client (decode); None with
+    --disaggregation-mode null."""
     mode = server_args.disaggregation_mode
     if mode == "null":
         return None
     from sglang.srt.disaggregation.bootstrap import BootstrapClient, BootstrapServer
     from sglang.srt.disaggregation.transfer import DEFAULT_WRITE_TIMEOUT_S, create_transfer_backend
 
-    # peers reach the transfer engine at the address the HTTP server serves on; a wildcard bind names this host
-    host = None if server_args.host in ("0.0.0.0", "::", "") else server_args.host
+    host = transfer_hostname(server_args)
+    first = ranks is None or ranks.rank_in_group == 0
     backend = create_transfer_backend(server_args.disaggregation_transfer_backend, host,
                                       server_args.disaggregation_ib_device)
     room_timeout_s = envs.SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT.get()
@@ -335,19 +344,31 @@ def create_kv_manager(server_args: ServerArgs, scheduler):
         if mode == "prefill":
             from sglang.srt.disaggregation.prefill_manager import PrefillKVManager
 
-            server = BootstrapServer(server_args.host, server_args.disaggregation_bootstrap_port, room_timeout_s)
-            logger.info("prefill server: bootstrap server on %s:%d, transfer session %s", server_args.host,
-                        server.port, backend.session_id)
-            return PrefillKVManager(scheduler, backend, server)
+            server = None
+            if first:
+                server = BootstrapServer(server_args.host, server_args.disaggregation_bootstrap_port, room_timeout_s)
+                logger.info("prefill server: bootstrap server on %s:%d", server_args.host, server.port)
+            logger.info("prefill server: transfer session %s", backend.session_id)
+            return PrefillKVManager(scheduler, backend, server, ranks)
         from sglang.srt.disaggregation.decode_manager import DecodeKVManager
 
         # a cancelled room's pages stay held until the prefill side answers or any write it started has timed out
-        client = BootstrapClient(backend.session_id, room_timeout_s, cancel_grace_s=DEFAULT_WRITE_TIMEOUT_S + 5)
+        client = BootstrapClient(backend.session_id, room_timeout_s,
+                                 cancel_grace_s=DEFAULT_WRITE_TIMEOUT_S + 5) if first else None
         logger.info("decode server: transfer session %s", backend.session_id)
-        return DecodeKVManager(scheduler, backend, client, room_timeout_s)
+        return DecodeKVManager(scheduler, backend, client, room_timeout_s, ranks)
     except BaseException:
         backend.close()
         raise
+
+
+def transfer_hostname(server_args: ServerArgs):
+    """The address peers reach this rank's transfer engine at: --host, on node 0, where the HTTP server serves on
+    it; None (this host's resolved name) for a wildcard --host, and on the other nodes of --nnodes, whose ranks
+    do not run where --host names."""
+    if server_args.node_rank > 0 or server_args.host in ("0.0.0.0", "::", ""):
+        return None
+    return server_args.host
 
 
 def _exit_with_parent() -> None:
