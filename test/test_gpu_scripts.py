@@ -111,7 +111,8 @@ def test_docs_list_every_script():
         assert len(re.findall(rf"^\| `{re.escape(script)}`", docs, re.M)) == 1, script
     readme = open(os.path.join(ROOT, "benchmark", "README.md")).read()
     scripts = [os.path.relpath(p, os.path.join(ROOT, "benchmark"))
-               for sub in ("*.py", "kernels/*.py", "*/bench_sglang.py", "tiny_model/train.py")
+               for sub in ("*.py", "kernels/*.py", "*/bench_sglang.py", "tiny_model/train.py",
+                           "tiny_model/evaluate.py")
                for p in glob.glob(os.path.join(ROOT, "benchmark", sub))]
     for script in scripts:
         assert len(re.findall(rf"^\| `{re.escape(script)}`", readme, re.M)) == 1, script

@@ -285,6 +285,24 @@ def test_learning_rate_anneals_by_steps_or_by_the_clock():
     assert train.lr_at(510, timed, 60.0) == pytest.approx(5.5e-4)  # the steps end first
 
 
+def test_evaluate_command_refuses_bad_arguments_naming_them(tmp_path, capsys):
+    import evaluate
+
+    (tmp_path / "bf16").mkdir()
+    (tmp_path / "bf16" / "config.json").write_text("{}")
+    ok = evaluate.parse_args(["--checkpoint", str(tmp_path), "--formats", "bf16", "--speculative", "3-1-4"])
+    assert ok.speculative == ["3-1-4"] and ok.num_questions == 200
+    for argv, field in ((["--formats", "fp8"], "holds no checkpoint"), (["--speculative", "3-1"], "--speculative"),
+                        (["--speculative", "0-1-2"], "--speculative"), (["--num-questions", "201"], "--num-questions")):
+        with pytest.raises(SystemExit):
+            evaluate.parse_args(["--checkpoint", str(tmp_path), "--formats", "bf16", *argv])
+        assert field in capsys.readouterr().err
+    # The tool-call and JSON requests are fixed (the same questions every run) and ask what the tools answer.
+    assert evaluate.tool_requests(6) == evaluate.tool_requests(6)
+    assert evaluate.json_requests(4) == evaluate.json_requests(4)
+    assert {name for _, name, _ in evaluate.tool_requests(30)} == {t["function"]["name"] for t in data.TOOLS}
+
+
 def test_train_command_stops_at_time_limit_then_evaluates_and_exports(tmp_path):
     """The command line end to end: --max-minutes 0 stops after the first step, which is still evaluated on held-out
     questions and exported in both formats, and the history is written."""
