@@ -414,10 +414,13 @@ class HostTier:
 
     # ---- integrity ----------------------------------------------------------------------------------
     def check(self) -> None:
-        """Raise unless the host slots held are exactly the tree's copies (within the host pool's bound)."""
+        """Raise unless the host slots held are exactly the tree's copies (within the host pool's bound) and the
+        file tier's reads for waiting requests."""
         nodes = self.cache.nodes()
+        prefetched = self.files.prefetcher.reserved if self.files is not None else (lambda slots: 0)
         held_pages = self.pages.size - 1 - self.pages.available() - self.copies.held(self.pages)
         held_ends = self.ends.size - 1 - self.ends.available() - self.copies.held(self.ends)
+        held_pages, held_ends = held_pages - prefetched(self.pages), held_ends - prefetched(self.ends)
         tree_pages = sum(len(n.host_pages) for n in nodes if n.host_pages is not None)
         tree_ends = sum(n.host_end is not None for n in nodes)
         if (held_pages, held_ends) != (tree_pages, tree_ends):
