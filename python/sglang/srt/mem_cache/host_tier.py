@@ -66,7 +66,7 @@ class HostTierStats:
     file_hit_tokens: int = 0  # prompt tokens of matches the file tier made deeper (mem_cache/file_tier.py)
     bytes_to_file: int = 0
     bytes_from_file: int = 0
-    file_read_seconds: list = field(default_factory=list)  # since the last take
+    file_read_seconds: list = field(default_factory=list)  # queueing to file reads landed, since the last take
 
     def take(self) -> "HostTierStats":
         """A copy for the metrics, the latencies moved into it."""
