@@ -15,14 +15,20 @@ When files are written: whenever the host tier takes a copy (its write policy de
 is not written again), on a writer thread, so the step that made the copy does not wait for the disk. Writes go to
 a temporary name and are renamed into place, so a reader never sees a partial file. The directory is bounded
 (`max_size_gb`): the least recently used files are deleted past it.
-When files are read: a match whose path runs past what the tree holds (after a restart: all of it) looks the rest up
-page by page, and ends at the deepest end file it reaches (or at an end file of a node the tree holds without an end
-on either tier); the pages and the end are read into host slots and go on to the device as any host hit.
---hicache-storage-prefetch-policy (upstream's names; reads here happen at admission, before the prefill):
-- best_effort: makes room in the host tier only by dropping copies the device also holds (no cached prefix is lost
-  to read the files), stopping where that is not enough;
-- wait_complete: evicts the host tier's least recently used copies to read the whole match;
-- timeout: as wait_complete, but stops reading after `prefetch_timeout_base` seconds and uses the deepest end reached.
+When files are read: while a request waits in the queue, on a reader thread, never on the scheduler's
+(mem_cache/file_prefetch.py): its walk down the tree goes on past the tree's path (after a restart: all of it) page
+by page through the files, up to the deepest end file it reaches (or to an end file of a node the tree holds without
+an end on either tier); those pages and that end are read into host slots reserved for the request, join the tree as
+a host-only node once landed, and go on to the device at its admission as any host hit.
+--hicache-storage-prefetch-policy (upstream's names) says when a request waiting for reads is admitted:
+- best_effort: whenever the scheduler would anyway, with what has landed; room in the host tier is made only by
+  dropping copies the device also holds (no cached prefix is lost to read the files), the reads stopping where that
+  is not enough;
+- wait_complete: once its reads have landed; the host tier's least recently used copies are evicted to read the
+  whole match;
+- timeout: as wait_complete, but no later than `prefetch_timeout_base` seconds after it was queued (the reads stop
+  there too), with the deepest end reached.
+Reads still to come when the request is admitted or aborted are cancelled and their slots freed.
 /flush_cache leaves the files (as upstream, whose storage tier is cleared on its own); a weight update deletes this
 layout's files, whose KV the old weights computed.
 """
