@@ -1,12 +1,13 @@
 """The file tier's reads happen while a request waits, behind the scheduler (mem_cache/file_prefetch.py): with a read
 held back, the running request keeps decoding; --hicache-storage-prefetch-policy decides the waiting request's
-admission (wait_complete: once the read landed, with the file's prefix; best_effort: at once, without it; timeout:
-once its deadline passed, on a test clock, without it); its outputs equal a cold run's (no cached token) under each
-policy; a request aborted before or during its read, or admitted before it, frees every host slot it reserved. The
-restart case (a second engine on the directory) is test_hicache.py's test_file_tier_outlives_the_server.
+admission (wait_complete: once the read landed, with the file's prefix; best_effort: at once, without it, or with it
+when the read landed while the request waited for a slot; timeout: once its deadline passed, on a test clock,
+without it); its outputs equal a cold run's (no cached token) under each policy; a request aborted before or during
+its read, or admitted before it, frees every host slot it reserved. The restart case (a second engine on the
+directory) is test_hicache.py's test_file_tier_outlives_the_server.
 
 One engine for the module (a file tier on a temporary directory); the reader replaced by one that runs reads only
-when the test releases them. About 12 s of CPU time (2 cores), half of it the engine's start."""
+when the test releases them. About 10 s of wall time on 2 cores, a third of it the engine's start."""
 
 from __future__ import annotations
 
@@ -151,6 +152,27 @@ def test_running_requests_decode_while_a_read_is_held(eng, files, policy, monkey
     got = [lp for _, lp in req.input_token_logprobs]
     want = [lp for lp, _, _ in cold["meta_info"]["input_token_logprobs"] if lp is not None]
     assert len(got) == len(want) == 4 and max(abs(a - b) for a, b in zip(got, want)) <= 1e-5
+
+
+def test_best_effort_admits_with_what_landed(eng, files, monkeypatch):
+    """best_effort: a request kept waiting by the scheduler anyway (both request slots taken) whose read lands
+    meanwhile is admitted on the file's prefix, outputs as a cold run's."""
+    monkeypatch.setattr(files, "prefetch_policy", "best_effort")
+    sched, reader = eng.scheduler, files.prefetcher.reader
+    running = [_req("long", random_ids(40, seed=8), n=12), _req("short", random_ids(24, seed=9), n=2)]
+    for r in running:
+        sched.add_request(r)
+    sched.step()
+    req = _req("on-file", PROMPT)
+    sched.add_request(req)
+    sched.step()
+    assert req in sched.waiting and len(sched.running) == 2 and len(reader.jobs) == 1
+    reader.release()
+    _run(sched, running[1:])
+    sched.step()
+    assert req.alloc is not None and req.cached_tokens == 96
+    _run(sched, [req, running[0]])
+    assert req.output_ids == _cold(eng, monkeypatch, PROMPT)["output_ids"]
 
 
 def test_abort_before_or_during_the_read_frees_its_slots(eng, files, monkeypatch):

@@ -25,6 +25,7 @@ engine lands copies only when polled.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -32,6 +33,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from sglang.srt.mem_cache.radix_cache import TreeNode
+
+logger = logging.getLogger(__name__)
 
 _READER_THREADS = 2  # reads of different requests overlap; one request's are in order
 
@@ -163,6 +166,8 @@ class FilePrefetcher:
                     p.bytes_read += len(payload)
                     p.end_read = (j, found[1])
                     break
+        except Exception:  # what landed before it stays usable; the rest is a miss
+            logger.exception("file tier: a prefetch read failed")
         finally:
             with self._lock:
                 p.finished = self.clock()
