@@ -3,8 +3,8 @@ held back, the running request keeps decoding; --hicache-storage-prefetch-policy
 admission (wait_complete: once the read landed, with the file's prefix; best_effort: at once, without it, or with it
 when the read landed while the request waited for a slot; timeout: once its deadline passed, on a test clock,
 without it); its outputs equal a cold run's (no cached token) under each policy; a request aborted before or during
-its read, or admitted before it, frees every host slot it reserved. The restart case (a second engine on the
-directory) is test_hicache.py's test_file_tier_outlives_the_server.
+its read, or admitted before it, frees every host slot it reserved; a read that raises is a logged miss. The
+restart case (a second engine on the directory) is test_hicache.py's test_file_tier_outlives_the_server.
 
 One engine for the module (a file tier on a temporary directory); the reader replaced by one that runs reads only
 when the test releases them. About 10 s of wall time on 2 cores, a third of it the engine's start."""
@@ -216,3 +216,26 @@ def test_metrics_report_prefetch_latency():
     text = metrics.render().decode()
     assert 'sglang:hicache_prefetch_latency_seconds_count{model_name="m"} 3.0' in text
     assert 'sglang:hicache_bytes_total{direction="from_file",model_name="m"} 512.0' in text
+
+
+def test_failed_read_is_a_logged_miss(eng, files, monkeypatch, caplog):
+    """A read that raises (wait_complete) ends the request's wait: it is admitted without the file's prefix, the
+    failure logged, every slot it reserved freed; outputs as a cold run's."""
+    sched, reader = eng.scheduler, files.prefetcher.reader
+    tier = eng.model_runner.token_allocator.host_tier
+
+    def broken(key):
+        raise RuntimeError("disk gone")
+    monkeypatch.setattr(files.store, "get", broken)
+    req = _req("broken", PROMPT)
+    sched.add_request(req)
+    sched.step()
+    assert req in sched.waiting and len(reader.jobs) == 1
+    reader.release()
+    sched.step()
+    assert req.alloc is not None and req.cached_tokens == 0 and "a prefetch read failed" in caplog.text
+    assert not files.prefetcher.busy() and files.prefetcher.reserved(tier.pages) == 0
+    assert files.prefetcher.reserved(tier.ends) == 0 and not any(not n.pages for n in tier.cache.nodes())
+    _run(sched, [req])
+    monkeypatch.undo()
+    assert req.output_ids == _cold(eng, monkeypatch, PROMPT)["output_ids"]
