@@ -13,7 +13,8 @@ go back to the front of the queue with their generated tokens, to be re-prefille
 last) and resume exactly where they stopped; the client sees only latency. max_new_tokens is clipped to what the pool
 holds next to the prompt, so a request alone always fits and the last running request is never retracted. The
 window pool is sized for every request's live window plus one chunk. A finished, aborted or failed request returns
-every slot it held.
+every slot it held. A waiting request's prefix on the file tier is read in the background; the prefetch policy says
+whether it waits for those reads (scheduler_prefix_mixin.py).
 
 A step that raises fails only the requests that cause it: the step is undone (each request back to its checkpoint,
 the slots allocated past its computed tokens released) and the two halves of the batch run again, recursively, so a
@@ -383,7 +384,8 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerGrammarMixin, SchedulerP
 
     def _admit(self) -> None:
         """Admit waiting requests (first come, first served) while the pages left after what the running requests
-        are expected to need hold the next one's prompt and clipped max_new_tokens (schedule_policy.py)."""
+        are expected to need hold the next one's prompt and clipped max_new_tokens (schedule_policy.py); those the
+        prefetch policy keeps waiting for their file reads are passed over (scheduler_prefix_mixin.py)."""
         if not self.waiting:
             return
         if not self.running and self.in_flight is None:  # idle until now: the estimate starts afresh

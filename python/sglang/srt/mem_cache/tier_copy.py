@@ -190,7 +190,8 @@ def make_copy_engine(device) -> TierCopyEngine:
 
 class TierCopies:
     """The token allocator's side of the copies (DeepSeekV4TokenAllocator mixes it in; `host_tier` is its host tier
-    or None): the prefix cache's frees held back while copies are in flight, and requests that wait for loads."""
+    or None): the prefix cache's frees held back while copies are in flight, requests that wait for loads, and the
+    file tier's reads for waiting requests (mem_cache/file_prefetch.py)."""
 
     host_tier = None
 
