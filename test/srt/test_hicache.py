@@ -398,7 +398,7 @@ def test_prefetch_policies(tiered, plain, tmp_path):
     need = tier.shape.num_pages  # more than the device-backed copies
     for policy, loses in (("best_effort", False), ("wait_complete", True)):
         files = FileTier(tier.pool, FileTierConfig(str(tmp_path)), policy, "m")
-        assert not files._room(tier, need, 0) if policy == "best_effort" else files._room(tier, need, 0)
+        assert not files.room(tier, need, 0) if policy == "best_effort" else files.room(tier, need, 0)
         assert (host_only() < before) == loses and tier.pages.available() > free
     assert tiered.flush_cache()
     tier.files = FileTier(tier.pool, FileTierConfig(str(tmp_path)), "wait_complete", "m")

@@ -237,10 +237,10 @@ def _hicache_args(g) -> None:
                         '(default: none: those values)')
     g.add_argument("--hicache-storage-prefetch-policy", default="best_effort",
                    choices=HICACHE_STORAGE_PREFETCH_POLICIES,
-                   help="reading a match's files at admission: best_effort = making room only from host copies the "
-                        "device also holds; "
-                        "wait_complete = evicting host copies to read it all; timeout = as wait_complete, stopping "
-                        "after prefetch_timeout_base seconds")
+                   help="a waiting request's files are read in the background; it is admitted: best_effort = "
+                        "whenever the scheduler would anyway, with what landed (room only from host copies the device "
+                        "also holds); wait_complete = once its reads landed (evicting host copies to read it all); "
+                        "timeout = as wait_complete, no later than prefetch_timeout_base seconds after queueing")
 
 
 def _disaggregation_args(g) -> None:

@@ -68,6 +68,8 @@ class Req:
     cache_node: Optional[Any] = None  # the radix-cache node it reuses (locked while it runs)
     prompt_cached: bool = False  # its prefilled prompt was given to the prefix cache
     split_end: int = 0  # where its prompt leaves the cache's pages with no usable end: a chunk ends there, cached
+    prefetch: Optional[Any] = None  # its file tier reads while it waits (mem_cache/file_prefetch.FilePrefetch)
+    prefetch_started: bool = False  # its file reads were looked for since it was queued
 
     @property
     def fill_ids(self) -> list:

@@ -13,7 +13,8 @@ go back to the front of the queue with their generated tokens, to be re-prefille
 last) and resume exactly where they stopped; the client sees only latency. max_new_tokens is clipped to what the pool
 holds next to the prompt, so a request alone always fits and the last running request is never retracted. The
 window pool is sized for every request's live window plus one chunk. A finished, aborted or failed request returns
-every slot it held.
+every slot it held. A waiting request's prefix on the file tier is read in the background; the prefetch policy says
+whether it waits for those reads (scheduler_prefix_mixin.py).
 
 A step that raises fails only the requests that cause it: the step is undone (each request back to its checkpoint,
 the slots allocated past its computed tokens released) and the two halves of the batch run again, recursively, so a
@@ -37,7 +38,6 @@ still running. The worker never calls the Scheduler; the Scheduler asks the allo
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import time
 from collections import deque
@@ -53,6 +53,7 @@ from sglang.srt.managers.schedule_policy import NewTokenRatio, clip_max_new_toke
 from sglang.srt.managers.schedule_batch import FinishReason, Req, ScheduleBatch
 from sglang.srt.managers.scheduler_grammar_mixin import SchedulerGrammarMixin
 from sglang.srt.managers.scheduler_output_processor_mixin import SchedulerOutputProcessorMixin
+from sglang.srt.managers.scheduler_prefix_mixin import SchedulerPrefixMixin
 from sglang.srt.managers.scheduler_profiler import SchedulerProfiler
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.model_executor.model_runner import ModelRunner
@@ -79,7 +80,7 @@ def make_decode_worker(model_runner: ModelRunner) -> DecodeWorker:
     return EagleWorker(model_runner)
 
 
-class Scheduler(SchedulerOutputProcessorMixin, SchedulerGrammarMixin):
+class Scheduler(SchedulerOutputProcessorMixin, SchedulerGrammarMixin, SchedulerPrefixMixin):
     def __init__(self, model_runner: ModelRunner, tokenizer=None) -> None:
         self.runner = model_runner
         args = model_runner.server_args
@@ -169,6 +170,7 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerGrammarMixin):
         for req in list(self.waiting):
             if req.rid == rid:
                 self.waiting.remove(req)
+                self._drop_prefetch(req)  # its file reads cancelled, their host slots freed
                 req.finished_reason = FinishReason("abort", message="request aborted")
                 return req
         for req in self.running:
@@ -212,6 +214,7 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerGrammarMixin):
             return self._resolve(prev)  # a changed batch is planned again at the next call, from N's results
         batch = self._next_batch()
         if batch is None:
+            self.allocator.wait_for_reads()
             return []
         if self._overlappable(batch):
             self.in_flight = self._launch(batch)
@@ -381,7 +384,8 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerGrammarMixin):
 
     def _admit(self) -> None:
         """Admit waiting requests (first come, first served) while the pages left after what the running requests
-        are expected to need hold the next one's prompt and clipped max_new_tokens (schedule_policy.py)."""
+        are expected to need hold the next one's prompt and clipped max_new_tokens (schedule_policy.py); those the
+        prefetch policy keeps waiting for their file reads are passed over (scheduler_prefix_mixin.py)."""
         if not self.waiting:
             return
         if not self.running and self.in_flight is None:  # idle until now: the estimate starts afresh
@@ -389,8 +393,13 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerGrammarMixin):
         ratio, clip, draft = self.new_token_ratio.value, self.clip_max_new_tokens, self.num_draft_tokens
         budget = self.allocator.available_pages() - sum(
             self.allocator.pages_needed(r.alloc, expected_tokens(r, ratio, clip, draft)) for r in self.running)
+        self._start_prefetches()
+        reading = []  # requests the prefetch policy keeps waiting for their file reads: passed over, in order
         while self.waiting and len(self.running) < self.max_running and self.allocator.available_req_slots():
             req = self.waiting[0]
+            if self.allocator.prefetch_waits(req.prefetch):
+                reading.append(self.waiting.popleft())
+                continue
             need = self.allocator.pages_needed(None, expected_tokens(req, 1.0, clip, draft))
             if need > budget:
                 break
@@ -400,32 +409,7 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerGrammarMixin):
             self._reuse_prefix(req)
             req.admitted_time = req.admitted_time or time.perf_counter()
             self.running.append(req)
-
-    def _reuse_prefix(self, req: Req) -> None:
-        """Start the request on the longest cached prefix it may use: at least one token is left to prefill, and
-        every prompt position whose logprob it asked for is computed (its logprob needs the row before it)."""
-        cache = self.allocator.cache
-        if cache is None:
-            return
-        tokens = req.fill_ids
-        limit = len(tokens) - 1 if not req.return_logprob else min(len(tokens) - 1, req.logprob_start - 1)
-        match = self.allocator.match_prefix(tokens, limit)  # loads what it needs from the host tier
-        # The tree holds deeper pages of this prompt but no end there (the requests that computed them went on past
-        # it): end a chunk there and give the cache that end, for the requests after this one (_cache_running).
-        deep = match.path_tokens > match.num_tokens and match.path_tokens >= max(self.allocator.page_size,
-                                                                                  self.allocator.window)
-        req.split_end = match.path_tokens if deep else 0
-        if match.num_tokens == 0:
-            return
-        cache.lock(match.node)
-        req.cache_node = match.node
-        self.allocator.attach_prefix(req.alloc, match.pages, match.num_tokens, match.node)
-        restore = functools.partial(self.runner.token_to_kv_pool.restore_state, match.node.state_slot,
-                                    req.alloc.req_pool_idx, match.num_tokens)
-        self.allocator.read_after_loads(req.alloc, match.node, restore)  # now, or once the loads it reads landed
-        req.num_computed = req.draft_len = match.num_tokens  # the match's draft rows are the request's own
-        if not req.admitted_time:  # the first admission's reuse is what the client is told
-            req.cached_tokens = min(match.num_tokens, len(req.origin_input_ids))
+        self.waiting.extendleft(reversed(reading))
 
     def flush_cache(self) -> bool:
         """Empty the prefix cache; refused (False) while requests run or wait."""
@@ -557,7 +541,7 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerGrammarMixin):
         computed again by that prefill."""
         self.running.remove(req)
         self._release(req, cache=False)
-        req.num_computed, req.draft_len, req.prompt_cached = 0, 0, False
+        req.num_computed, req.draft_len, req.prompt_cached, req.prefetch_started = 0, 0, False, False
         del req.input_token_logprobs[:]
         req.num_retractions += 1
         self.num_retractions += 1
@@ -592,5 +576,6 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerGrammarMixin):
         """Return every slot of a running request (finished, aborted or failed)."""
         if req in self.running:
             self.running.remove(req)
+        self._drop_prefetch(req)  # one failed while it waited: its file reads cancelled
         if req.alloc is not None:  # only what finished normally is cached (a failed step may have left garbage)
             self._release(req, cache=req.finished and req.finished_reason.type in ("stop", "length"))

@@ -489,10 +489,12 @@ class DeepSeekV4TokenAllocator(TierCopies):
         tier.attach(self.cache)
         self.host_tier = tier
 
-    def match_prefix(self, tokens: list, limit: Optional[int] = None):
+    def match_prefix(self, tokens: list, limit: Optional[int] = None, prefetch=None):
         """The prefix cache's match (RadixCache.match_prefix), what it needs from the host tier loaded back to the
-        device first; when the device cannot take it, the deepest match on the device alone."""
+        device first; when the device cannot take it, the deepest match on the device alone. `prefetch`: the
+        request's file reads (mem_cache/file_prefetch.py), whose node is a file hit."""
         match = self.cache.match_prefix(tokens, limit)
+        match.from_file = prefetch is not None and prefetch.node is not None and match.node is prefetch.node
         if match.fallback is not None and not self.host_tier.load(self, match):
             self.cache.hit_tokens -= match.num_tokens - match.fallback.num_tokens
             match = match.fallback
@@ -528,6 +530,7 @@ class DeepSeekV4TokenAllocator(TierCopies):
         and the file tier is off from then on, since files are named for the checkpoint the server started with
         (/flush_cache leaves the files for the next server)."""
         self._drain()
+        self.settle_reads()
         if self.cache is not None:
             self.cache.reset()
         if storage and self.host_tier is not None and self.host_tier.files is not None:

@@ -15,14 +15,20 @@ When files are written: whenever the host tier takes a copy (its write policy de
 is not written again), on a writer thread, so the step that made the copy does not wait for the disk. Writes go to
 a temporary name and are renamed into place, so a reader never sees a partial file. The directory is bounded
 (`max_size_gb`): the least recently used files are deleted past it.
-When files are read: a match whose path runs past what the tree holds (after a restart: all of it) looks the rest up
-page by page, and ends at the deepest end file it reaches (or at an end file of a node the tree holds without an end
-on either tier); the pages and the end are read into host slots and go on to the device as any host hit.
---hicache-storage-prefetch-policy (upstream's names; reads here happen at admission, before the prefill):
-- best_effort: makes room in the host tier only by dropping copies the device also holds (no cached prefix is lost
-  to read the files), stopping where that is not enough;
-- wait_complete: evicts the host tier's least recently used copies to read the whole match;
-- timeout: as wait_complete, but stops reading after `prefetch_timeout_base` seconds and uses the deepest end reached.
+When files are read: while a request waits in the queue, on a reader thread, never on the scheduler's
+(mem_cache/file_prefetch.py): its walk down the tree goes on past the tree's path (after a restart: all of it) page
+by page through the files, up to the deepest end file it reaches (or to an end file of a node the tree holds without
+an end on either tier); those pages and that end are read into host slots reserved for the request, join the tree as
+a host-only node once landed, and go on to the device at its admission as any host hit.
+--hicache-storage-prefetch-policy (upstream's names) says when a request waiting for reads is admitted:
+- best_effort: whenever the scheduler would anyway, with what has landed; room in the host tier is made only by
+  dropping copies the device also holds (no cached prefix is lost to read the files), the reads stopping where that
+  is not enough;
+- wait_complete: once its reads have landed; the host tier's least recently used copies are evicted to read the
+  whole match;
+- timeout: as wait_complete, but no later than `prefetch_timeout_base` seconds after it was queued (the reads stop
+  there too), with the deepest end reached.
+Reads still to come when the request is admitted or aborted are cancelled and their slots freed.
 /flush_cache leaves the files (as upstream, whose storage tier is cleared on its own); a weight update deletes this
 layout's files, whose KV the old weights computed.
 """
@@ -36,7 +42,6 @@ import logging
 import os
 import struct
 import threading
-import time
 import zlib
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -44,7 +49,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 from sglang.srt.arg_groups.cli import HICACHE_STORAGE_PREFETCH_POLICIES as PREFETCH_POLICIES
-from sglang.srt.mem_cache.radix_cache import PrefixMatch, TreeNode
+from sglang.srt.mem_cache.file_prefetch import FilePrefetcher
+from sglang.srt.mem_cache.radix_cache import TreeNode
 
 logger = logging.getLogger(__name__)
 
@@ -264,8 +270,8 @@ class _suppress:
 
 
 class FileTier:
-    """The host tier's files: saves the host copies of nodes and ends, and reads a match's continuation back into
-    host slots (FileTier.extend)."""
+    """The host tier's files: saves the host copies of nodes and ends; a waiting request's continuation is read back
+    into host slots by the prefetcher."""
 
     def __init__(self, host_pool, config: FileTierConfig, prefetch_policy: str, model_identity: str) -> None:
         if prefetch_policy not in PREFETCH_POLICIES:
@@ -275,6 +281,7 @@ class FileTier:
         self.page_size = host_pool.device_pool.shape.page_size
         self.store = FileStore(config.storage_dir, layout_digest(host_pool, model_identity),
                                int(config.max_size_gb * 2**30))
+        self.prefetcher = FilePrefetcher(self)  # the reads, behind the scheduler while requests wait
 
     # ---- hashes -----------------------------------------------------------------------------------
     def node_hashes(self, node) -> list:
@@ -301,79 +308,13 @@ class FileTier:
                 return key, next_token
         return None
 
-    # ---- reads ------------------------------------------------------------------------------------
-    def extend(self, cache, tokens: list, limit: int, best: PrefixMatch, walk) -> PrefixMatch:
-        """A match made deeper by the files, or `best`: past the end of the tree's path (walk.node, whole, at
-        walk.pos) the pages whose files follow on, up to the deepest end file among them, read into host slots as a
-        new host-only node; else the deepest end file of a node on the path that has no end on either tier."""
-        tier, ps = cache.tier, self.page_size
-        start = time.perf_counter()
-        deeper = None
-        if walk.node is not None and walk.pos < limit:
-            parent = walk.node
-            hashes = chain_hashes(self.node_hashes(parent)[-1] if parent is not cache.root else b"",
-                                  tokens[walk.pos:limit], ps)
-            run = 0
-            while run < len(hashes) and hashes[run] in self.store:
-                run += 1
-            ends = [(j, f) for j in range(1, run + 1)
-                    if (f := self.end_file(hashes[j - 1], tokens, walk.pos + j * ps)) is not None]
-            if ends and walk.pos + ends[-1][0] * ps > best.num_tokens:
-                deeper = self._read_continuation(cache, tokens, parent, walk, hashes, ends)
-        if deeper is None and walk.file_end is not None and walk.file_end[0] > best.num_tokens:
-            pos, pages, load, node, found = walk.file_end
-            cache.lock(node)
-            try:
-                slot = self.read_end(tier, found)
-            finally:
-                cache.unlock(node)
-            if slot is not None:
-                node.host_end, node.host_next_token = slot, found[1]
-                deeper = PrefixMatch(pos, pages, node, load=load, load_end=True)
-        if deeper is None:
-            return best
-        tier.stats.file_read_seconds.append(time.perf_counter() - start)
-        deeper.from_file = True
-        return deeper
+    # ---- reads (in the background while a request waits: mem_cache/file_prefetch.py) --------------------
+    def chain_hashes(self, parent: TreeNode, tokens: list) -> list:
+        """The chain hash after each whole page of tokens following `parent` (the root: from the start)."""
+        return chain_hashes(self.node_hashes(parent)[-1] if parent.parent is not None else b"", tokens, self.page_size)
 
-    def _read_continuation(self, cache, tokens: list, parent: TreeNode, walk, hashes: list,
-                           ends: list) -> Optional[PrefixMatch]:
-        """Read the pages up to the deepest end file (fewer when the host or the deadline stops it: then the deepest
-        end they reach) and that end; the new node under `parent`, or None."""
-        tier, ps = cache.tier, self.page_size
-        cache.lock(parent)  # the path stays while the host makes room
-        try:
-            slots = self.read_pages(tier, hashes[:ends[-1][0]], self.deadline())
-            end_slot, j = None, 0
-            for j, found in reversed([e for e in ends if e[0] <= len(slots)]):
-                end_slot = self.read_end(tier, found)
-                if end_slot is not None:
-                    break
-            if end_slot is None:
-                tier.pages.free(slots)
-                return None
-            tier.pages.free(slots[j:])
-        finally:
-            cache.unlock(parent)
-        end = walk.pos + j * ps
-        node = TreeNode(parent, list(tokens[walk.pos:end]), [], last_access=walk.now,
-                        host_pages=slots[:j], host_end=end_slot, host_next_token=found[1], page_hashes=hashes[:j])
-        parent.children[tuple(tokens[walk.pos:walk.pos + ps])] = node
-        return PrefixMatch(end, list(walk.pages), node, load=walk.load + [node], load_end=True)
-
-    def read_end(self, tier, found: tuple) -> Optional[int]:
-        """A host end slot with the end file (end_file's answer) read into it, or None."""
-        if not self._room(tier, 0, 1):
-            return None
-        payload = self.store.get(found[0])
-        if payload is None or len(payload) != self.pool.end_nbytes:
-            return None
-        slot = tier.ends.alloc(1)[0]
-        self.pool.set_end_payload(slot, payload)
-        tier.stats.bytes_from_file += len(payload)
-        return slot
-
-    def _room(self, tier, pages: int, ends: int) -> bool:
+    def room(self, tier, pages: int, ends: int) -> bool:
+        """Whether the host tier has (or makes, as the policy allows) this many free page and end slots."""
         if tier.pages.available() < pages or tier.ends.available() < ends:
             tier.cache.evict_host(max(0, pages - tier.pages.available()), max(0, ends - tier.ends.available()),
                                   backed_only=self.prefetch_policy == "best_effort")
@@ -381,27 +322,10 @@ class FileTier:
             tier.copies.drain()  # what is still short may be slots held back by copies in flight
         return tier.pages.available() >= pages and tier.ends.available() >= ends
 
-    def read_pages(self, tier, hashes: list, deadline: float) -> list:
-        """Host page slots with the first of these pages' files read into them (stops at a missing or unusable file,
-        a full host tier, or the deadline)."""
-        slots = []
-        for h in hashes:
-            if time.monotonic() > deadline or not self._room(tier, 1, 0):
-                break
-            payload = self.store.get(h)
-            if payload is None or len(payload) != self.pool.page_nbytes:
-                break
-            slot = tier.pages.alloc(1)[0]
-            self.pool.set_page_payload(slot, payload)
-            tier.stats.bytes_from_file += len(payload)
-            slots.append(slot)
-        return slots
-
     def describe(self) -> str:
         return (f"file tier: {self.store.dir}, {self.store.nbytes / 2**30:.2f} of {self.config.max_size_gb:g} GiB "
                 f"held ({len(self.store.index)} files), --hicache-storage-prefetch-policy {self.prefetch_policy}")
 
-    def deadline(self) -> float:
-        return time.monotonic() + (self.config.prefetch_timeout_base if self.prefetch_policy == "timeout"
-                                   else float("inf"))
-
+    def timeout(self) -> float:
+        """Seconds a waiting request waits for its reads (the timeout policy's bound)."""
+        return self.config.prefetch_timeout_base if self.prefetch_policy == "timeout" else float("inf")

@@ -66,7 +66,7 @@ class HostTierStats:
     file_hit_tokens: int = 0  # prompt tokens of matches the file tier made deeper (mem_cache/file_tier.py)
     bytes_to_file: int = 0
     bytes_from_file: int = 0
-    file_read_seconds: list = field(default_factory=list)  # since the last take
+    file_read_seconds: list = field(default_factory=list)  # queueing to file reads landed, since the last take
 
     def take(self) -> "HostTierStats":
         """A copy for the metrics, the latencies moved into it."""
@@ -414,10 +414,13 @@ class HostTier:
 
     # ---- integrity ----------------------------------------------------------------------------------
     def check(self) -> None:
-        """Raise unless the host slots held are exactly the tree's copies (within the host pool's bound)."""
+        """Raise unless the host slots held are exactly the tree's copies (within the host pool's bound) and the
+        file tier's reads for waiting requests."""
         nodes = self.cache.nodes()
+        prefetched = self.files.prefetcher.reserved if self.files is not None else (lambda slots: 0)
         held_pages = self.pages.size - 1 - self.pages.available() - self.copies.held(self.pages)
         held_ends = self.ends.size - 1 - self.ends.available() - self.copies.held(self.ends)
+        held_pages, held_ends = held_pages - prefetched(self.pages), held_ends - prefetched(self.ends)
         tree_pages = sum(len(n.host_pages) for n in nodes if n.host_pages is not None)
         tree_ends = sum(n.host_end is not None for n in nodes)
         if (held_pages, held_ends) != (tree_pages, tree_ends):

@@ -26,8 +26,9 @@ device nodes, then host-only ones. Evicting a device leaf moves it to the host w
 else it goes with its host-only subtree; the host evicts least recently used copies, dropping host-only leaves
 whole. A match may end at an end the host holds: the allocator loads the host-only nodes of its path and the end's
 rows back to the device (`PrefixMatch.load`) or, when the device cannot take them, uses `fallback`. With the file
-tier under the host (mem_cache/file_tier.py), a match goes on past the tree's path through the files (MatchWalk
-says where the walk stopped): what they hold is read into new host-only nodes first, then loaded as any host hit.
+tier under the host (mem_cache/file_tier.py), a waiting request's walk (`walk_prefix`, which touches nothing) goes on
+past the tree's path through the files (MatchWalk says where it stopped): what they hold is read into new host-only
+nodes in the background (mem_cache/file_prefetch.py), then matched and loaded as any host hit.
 """
 
 from __future__ import annotations
@@ -72,19 +73,20 @@ class PrefixMatch:
     load: list = field(default_factory=list)  # host-only nodes of the path to load to the device first
     load_end: bool = False  # the end's tail and state are loaded from the host first
     fallback: Optional["PrefixMatch"] = None  # the deepest match on the device alone (set when a load is needed)
-    from_file: bool = False  # the file tier read some of it into the host tier first
+    from_file: bool = False  # its end is a node the file tier's prefetch read into the host tier
 
 
 @dataclass
 class MatchWalk:
-    """Where a match's walk down the tree stopped, for the file tier to go on from (FileTier.extend)."""
+    """Where a match's walk down the tree stopped, for the file tier's prefetch to go on from
+    (mem_cache/file_prefetch.py)."""
 
     node: Optional[TreeNode]  # the deepest node matched whole, its end at pos (None: the walk stopped inside one)
     pos: int
     pages: list  # device pages of the path
     load: list  # host-only nodes of the path
-    file_end: Optional[tuple] = None  # (pos, pages, load, node, end file) of the deepest node with only a file end
-    now: int = 0  # the match's access time
+    file_end: Optional[tuple] = None  # (pos, node, end file) of the deepest node with only a file end
+    limit: int = 0  # the page-aligned bound of the match
 
 
 @dataclass
@@ -114,14 +116,28 @@ class RadixCache:
     def match_prefix(self, tokens: list, limit: Optional[int] = None) -> PrefixMatch:
         """The longest reusable prefix of tokens[:limit] (limit default: all): page-aligned, ending at a usable
         node end. Counts toward the hit rate."""
+        best, device_best, _ = self._walk(tokens, limit, touch=True)
+        if best is not device_best:
+            best.fallback = device_best
+        self.queried_tokens += len(tokens)
+        self.hit_tokens += best.num_tokens
+        return best
+
+    def walk_prefix(self, tokens: list, limit: Optional[int] = None) -> tuple:
+        """(the match match_prefix would give now, where its walk stopped: MatchWalk), with nothing touched: no
+        access time, hit or counter changes (what the file tier's prefetch looks at while a request waits)."""
+        best, _, walk = self._walk(tokens, limit, touch=False)
+        return best, walk
+
+    def _walk(self, tokens: list, limit: Optional[int], touch: bool) -> tuple:
         limit = len(tokens) if limit is None else min(limit, len(tokens))
         limit -= limit % self.page_size
         node, pos, pages, load = self.root, 0, [], []
         best = device_best = PrefixMatch(0, [], None)
-        now = next(self._clock)
+        now = next(self._clock) if touch else 0
         device_pos = 0
         files = self.tier.files if self.tier is not None else None
-        walk = MatchWalk(self.root, 0, pages, load, now=now)
+        walk = MatchWalk(self.root, 0, pages, load, limit=limit)
         fits = lambda nxt: nxt is None or (pos < len(tokens) and tokens[pos] == nxt)  # noqa: E731
         while pos < limit:
             child = node.children.get(tuple(tokens[pos:pos + self.page_size]))
@@ -133,15 +149,17 @@ class RadixCache:
                 walk.node = None
                 break
             pos += n * self.page_size
-            child.last_access = now
             if child.pages:
                 pages += child.pages[:n]
                 device_pos = pos
-                child.hits += 1
-                if self.tier is not None:
-                    self.tier.on_hit(child)
             else:
                 load.append(child)
+            if touch:
+                child.last_access = now
+                if child.pages:
+                    child.hits += 1
+                    if self.tier is not None:
+                        self.tier.on_hit(child)
             if not whole:
                 walk.node = None
                 break
@@ -151,18 +169,12 @@ class RadixCache:
                 best = device_best = PrefixMatch(pos, list(pages), node)
             elif self.tier is not None and node.host_end is not None and fits(node.host_next_token):
                 best = PrefixMatch(pos, list(pages), node, load=list(load), load_end=not node.usable)
-            elif files is not None and not node.usable and node.host_end is None:
+            elif files is not None and not touch and not node.usable and node.host_end is None:
                 found = files.end_file(files.node_hashes(node)[-1], tokens, pos)
                 if found is not None:
-                    walk.file_end = (pos, list(pages), list(load), node, found)
-        if files is not None:
-            best = files.extend(self, tokens, limit, best, walk)
-        if best is not device_best:
-            best.fallback = device_best
+                    walk.file_end = (pos, node, found)
         best.path_tokens = device_best.path_tokens = device_pos
-        self.queried_tokens += len(tokens)
-        self.hit_tokens += best.num_tokens
-        return best
+        return best, device_best, walk
 
     def cached_pages(self, tokens: list) -> list:
         """The tree's pages along tokens' path (whole pages, usable end or not); no hit counted, nothing touched."""

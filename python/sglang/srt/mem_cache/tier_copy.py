@@ -190,7 +190,8 @@ def make_copy_engine(device) -> TierCopyEngine:
 
 class TierCopies:
     """The token allocator's side of the copies (DeepSeekV4TokenAllocator mixes it in; `host_tier` is its host tier
-    or None): the prefix cache's frees held back while copies are in flight, and requests that wait for loads."""
+    or None): the prefix cache's frees held back while copies are in flight, requests that wait for loads, and the
+    file tier's reads for waiting requests (mem_cache/file_prefetch.py)."""
 
     host_tier = None
 
@@ -209,12 +210,50 @@ class TierCopies:
             self.host_tier.copies.drain()
 
     def poll_copies(self) -> None:
-        """Complete the copies that have landed (their held slots go back)."""
+        """Complete the copies that have landed (their held slots go back); put the file reads that finished in the
+        tree."""
         if self.host_tier is not None:
             self.host_tier.copies.poll()
+            if self.prefetcher is not None:
+                self.prefetcher.poll(self.cache)
 
     def copies_in_flight(self) -> bool:
-        return self.host_tier is not None and self.host_tier.copies.busy()
+        """Copies still to land, or file reads of aborted requests whose slots go back once the reader stops."""
+        prefetcher = self.prefetcher
+        return self.host_tier is not None and (self.host_tier.copies.busy()
+                                               or (prefetcher is not None and bool(prefetcher.draining)))
+
+    # ---- the file tier's reads while requests wait (mem_cache/file_prefetch.py) -------------------------
+    @property
+    def prefetcher(self):
+        files = self.host_tier.files if self.host_tier is not None else None
+        return files.prefetcher if files is not None else None
+
+    def start_prefetch(self, tokens: list, limit: int):
+        """Queue the reads of the prefix the file tier holds past the tree for a waiting request (its FilePrefetch),
+        or None."""
+        return self.prefetcher.start(self.cache, tokens, limit) if self.prefetcher is not None else None
+
+    def prefetch_waits(self, prefetch) -> bool:
+        """Whether the prefetch policy keeps a waiting request out of admission for its reads."""
+        return prefetch is not None and self.prefetcher.waits(prefetch)
+
+    def drop_prefetch(self, prefetch) -> None:
+        """A request admitted (after its match) or aborted: its reads still to come cancelled, their slots freed."""
+        if prefetch is not None:
+            self.prefetcher.drop(self.cache, prefetch)
+
+    def settle_reads(self) -> None:
+        """Wait for the reader to stop on the reads of requests that left while being read, and free their slots."""
+        prefetcher = self.prefetcher
+        while prefetcher is not None and prefetcher.draining:
+            prefetcher.wait(0.01)
+            prefetcher.poll(self.cache)
+
+    def wait_for_reads(self) -> None:
+        """Nothing to run: sleep until a file read stops (briefly), rather than spin while requests wait for them."""
+        if self.prefetcher is not None and self.prefetcher.live:
+            self.prefetcher.wait(0.005)
 
     def read_after_loads(self, alloc, node, restore: Optional[Callable] = None) -> None:
         """The request `alloc` reads node's path (and `restore`s its CSA state from node's end): when loads into it are

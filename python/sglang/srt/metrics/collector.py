@@ -51,6 +51,9 @@ class MetricsCollector:
         self.hicache_load_latency = Histogram("sglang:hicache_load_latency_seconds", "time of one load of cached "
                                               "prefix state from the host tier", labels, buckets=_LATENCY_BUCKETS,
                                               registry=r)
+        self.hicache_prefetch_latency = Histogram("sglang:hicache_prefetch_latency_seconds", "time from a waiting "
+                                                  "request's queueing to its file tier reads landing in the host "
+                                                  "tier", labels, buckets=_LATENCY_BUCKETS, registry=r)
         self._hicache_seen = (0, 0, 0, 0)  # bytes to host, to device, to file, from file at the last stats
         # prefill/decode disaggregation: the KV state each server sends (prefill) or receives (decode)
         self.transfer_bytes = Counter("sglang:kv_transfer_bytes", "bytes of KV state written to decode servers",
@@ -147,6 +150,8 @@ class MetricsCollector:
         self._hicache_seen = totals
         for seconds in h.load_seconds:
             self.hicache_load_latency.labels(m).observe(seconds)
+        for seconds in h.file_read_seconds:
+            self.hicache_prefetch_latency.labels(m).observe(seconds)
 
     def observe_ttft(self, seconds: float) -> None:
         self.ttft.labels(self.model_name).observe(seconds)

@@ -1,0 +1,266 @@
+"""Reading a waiting request's prefix from the file tier in the background (mem_cache/file_tier.py).
+
+A read from the files (the disk, a CRC check, a copy into host slots) must not stall the running requests' steps, so
+it happens while the request waits in the queue, not when it is admitted:
+- when the request is queued, the scheduler walks the tree for it (RadixCache.walk_prefix: nothing touched); where
+  the walk runs past what the device and host tiers hold, the pages whose files follow on up to the deepest end file
+  among them (or the end file of a node on the path with no end on either tier) are planned, host slots reserved for
+  them (out of the tree: no other request can take or evict them; the policy says what room may be made) and the
+  node the reads hang under locked, so it stays;
+- a reader thread reads the files into those slots, pages in order, then the deepest end the landed pages reach (a
+  missing or unusable file stops the pages: a CRC failure is a miss, as for any file read); the scheduler keeps
+  stepping;
+- each step the scheduler grafts what finished: a new host-only node under the locked one (or the locked node's host
+  end), held locked until the request's admission, which then matches and loads it as any host hit. Where the tree
+  took that continuation meanwhile (another request computed it), the read is dropped;
+- --hicache-storage-prefetch-policy says when a waiting request is admitted: best_effort whenever the scheduler would
+  anyway, with what has landed; wait_complete once its reads landed; timeout as wait_complete, but no longer than
+  `prefetch_timeout_base` seconds after it was queued (the reader stops there too). A request admitted before its
+  reads landed, or aborted, cancels them: the slots of reads not started are freed at once, those of a read in
+  progress once the reader is done with them (the next step's poll), so host-tier accounting comes back to where it
+  was.
+The reader is replaceable (`FilePrefetcher.reader`): a test can hold reads back and release them, as the CPU copy
+engine lands copies only when polled.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from sglang.srt.mem_cache.radix_cache import TreeNode
+
+logger = logging.getLogger(__name__)
+
+_READER_THREADS = 2  # reads of different requests overlap; one request's are in order
+
+
+class ThreadedReader:
+    """Runs prefetch reads on a small pool of threads."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(_READER_THREADS, thread_name_prefix="hicache-file-reader")
+
+    def submit(self, job: Callable[[], None]) -> None:
+        self._pool.submit(job)
+
+
+@dataclass(eq=False)
+class FilePrefetch:
+    """One waiting request's reads. `parent`: the node they hang under (locked until the request is admitted or
+    dropped); `key` its continuation's tokens (empty: only `parent`'s end is read)."""
+
+    parent: TreeNode
+    key: list  # whole pages, up to the deepest end planned
+    hashes: list  # the chain hash of each page of key
+    slots: list  # host page slots reserved, one per hash
+    ends: list  # (pages of key before it, (end file key, next token)), deepest last
+    end_slot: int  # host end slot reserved
+    started: float
+    deadline: float  # the timeout policy's; inf otherwise
+    state: str = "queued"  # queued -> reading -> read -> landed; cancelled (from queued or reading)
+    pages_read: int = 0  # pages of key whose file landed in their slot (the reader's)
+    end_read: Optional[tuple] = None  # (pages, next token) of the end that landed in end_slot
+    bytes_read: int = 0
+    finished: Optional[float] = None  # when the reader stopped
+    node: Optional[TreeNode] = None  # what landed, grafted and locked (the request matches it at admission)
+    reserved: list = field(default_factory=list)  # (allocator, ids) still held by this prefetch
+
+    @property
+    def landed(self) -> bool:
+        """The reads are over and what they read is in the tree (or was dropped)."""
+        return self.state == "landed"
+
+
+class FilePrefetcher:
+    """The file tier's reads for waiting requests (see the module docstring). Everything but the reads themselves runs
+    on the scheduler's thread."""
+
+    def __init__(self, files) -> None:
+        self.files = files
+        self.reader = ThreadedReader()
+        self.clock = time.monotonic
+        self.live: list = []  # prefetches not yet landed nor dropped
+        self.draining: list = []  # cancelled while being read: freed once the reader stops
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()  # a read stopped since the last poll
+
+    # ---- start (scheduler thread) ---------------------------------------------------------------------
+    def start(self, cache, tokens: list, limit: int) -> Optional[FilePrefetch]:
+        """Plan, reserve and queue the reads of tokens' prefix the files hold past the tree, when they reach deeper
+        than the tree's own match; None when there is nothing to read or no room for it."""
+        files, tier, ps = self.files, cache.tier, self.files.page_size
+        best, walk = cache.walk_prefix(tokens, limit)
+        plan = None
+        if walk.node is not None and walk.pos < walk.limit:
+            parent = walk.node
+            hashes = files.chain_hashes(parent, tokens[walk.pos:walk.limit])
+            run = 0
+            while run < len(hashes) and hashes[run] in files.store:
+                run += 1
+            ends = [(j, f) for j in range(1, run + 1)
+                    if (f := files.end_file(hashes[j - 1], tokens, walk.pos + j * ps)) is not None]
+            if ends and walk.pos + ends[-1][0] * ps > best.num_tokens:
+                plan = (parent, walk.pos, hashes, ends)
+        if plan is None and walk.file_end is not None and walk.file_end[0] > best.num_tokens:
+            pos, node, found = walk.file_end
+            plan = (node, pos, [], [(0, found)])
+        if plan is None:
+            return None
+        parent, pos, hashes, ends = plan
+        cache.lock(parent)  # the path stays while the host makes room, and until the request is admitted
+        reserved = self._reserve(tier, ends)
+        if reserved is None:
+            cache.unlock(parent)
+            return None
+        slots, end_slot, ends = reserved
+        now = self.clock()
+        prefetch = FilePrefetch(parent, list(tokens[pos:pos + len(slots) * ps]), hashes[:len(slots)], slots, ends,
+                                end_slot, now, now + files.timeout())
+        prefetch.reserved = [(tier.pages, list(slots)), (tier.ends, [end_slot])]
+        self.live.append(prefetch)
+        self.reader.submit(lambda: self._read(prefetch))
+        return prefetch
+
+    def _reserve(self, tier, ends: list) -> Optional[tuple]:
+        """(page slots, end slot, the ends they reach) for the deepest end the host makes room for, or None."""
+        if not self.files.room(tier, 0, 1):
+            return None
+        end_slot = tier.ends.alloc(1)[0]
+        need = ends[-1][0]
+        if need and not self.files.room(tier, need, 0):
+            ends = [e for e in ends if e[0] <= tier.pages.available()]
+            if not ends:
+                tier.ends.free([end_slot])
+                return None
+            need = ends[-1][0]
+        return tier.pages.alloc(need) if need else [], end_slot, ends
+
+    # ---- reads (reader thread) -----------------------------------------------------------------------
+    def _read(self, p: FilePrefetch) -> None:
+        with self._lock:
+            if p.state != "queued":
+                return
+            p.state = "reading"
+        store, pool = self.files.store, self.files.pool
+        try:
+            for h, slot in zip(p.hashes, p.slots):
+                if p.state != "reading" or self.clock() > p.deadline:
+                    break
+                payload = store.get(h)
+                if payload is None or len(payload) != pool.page_nbytes:
+                    break
+                pool.set_page_payload(slot, payload)
+                p.bytes_read += len(payload)
+                p.pages_read += 1
+            for j, found in reversed([e for e in p.ends if e[0] <= p.pages_read]):
+                if p.state != "reading":
+                    break
+                payload = store.get(found[0])
+                if payload is not None and len(payload) == pool.end_nbytes:
+                    pool.set_end_payload(p.end_slot, payload)
+                    p.bytes_read += len(payload)
+                    p.end_read = (j, found[1])
+                    break
+        except Exception:  # what landed before it stays usable; the rest is a miss
+            logger.exception("file tier: a prefetch read failed")
+        finally:
+            with self._lock:
+                p.finished = self.clock()
+                if p.state == "reading":
+                    p.state = "read"
+            self._stopped.set()
+
+    # ---- landing and dropping (scheduler thread) -----------------------------------------------------
+    def poll(self, cache) -> None:
+        """Graft the reads that finished; free the slots of cancelled ones the reader is done with."""
+        self._stopped.clear()
+        with self._lock:
+            done = [p for p in self.live if p.state == "read"]
+            freed = [p for p in self.draining if p.finished is not None]
+        for p in done:
+            self.live.remove(p)
+            self._graft(cache, p)
+        for p in freed:
+            self.draining.remove(p)
+            cache.tier.stats.bytes_from_file += p.bytes_read
+            self._free(p)
+
+    def _graft(self, cache, p: FilePrefetch) -> None:
+        """Put what landed in the tree as a host copy (locked for the request), unless the tree took it meanwhile."""
+        stats, ps = cache.tier.stats, self.files.page_size
+        stats.bytes_from_file += p.bytes_read
+        stats.file_read_seconds.append(p.finished - p.started)
+        p.state = "landed"
+        if p.end_read is None:
+            self._free(p)
+            return
+        j, next_token = p.end_read
+        parent = p.parent
+        if not p.key:  # the end of a node on the path
+            if parent.host_end is None and not parent.usable:
+                parent.host_end, parent.host_next_token = p.end_slot, next_token
+                p.reserved = []
+                p.node = parent
+            self._free(p)
+            return
+        first = tuple(p.key[:ps])
+        if first in parent.children:  # the tree holds this continuation now (computed meanwhile)
+            self._free(p)
+            return
+        node = TreeNode(parent, p.key[:j * ps], [], last_access=next(cache._clock), host_pages=p.slots[:j],
+                        host_end=p.end_slot, host_next_token=next_token, page_hashes=p.hashes[:j])
+        parent.children[first] = node
+        p.reserved = [(cache.tier.pages, p.slots[j:])]
+        self._free(p)
+        cache.lock(node)  # before the parent's unlock: the shared path stays locked throughout
+        cache.unlock(parent)
+        p.node = node
+
+    def waits(self, p: Optional[FilePrefetch]) -> bool:
+        """Whether the policy keeps the request waiting for its reads."""
+        if p is None or p.landed:
+            return False
+        policy = self.files.prefetch_policy
+        return policy == "wait_complete" or (policy == "timeout" and self.clock() <= p.deadline)
+
+    def drop(self, cache, p: Optional[FilePrefetch]) -> None:
+        """The request was admitted (after matching what landed) or aborted: cancel reads still to come, free the
+        slots not in the tree, and unlock."""
+        if p is None:
+            return
+        with self._lock:
+            state = p.state
+            if state in ("queued", "reading"):
+                p.state = "cancelled"
+        if state in ("queued", "reading", "read"):
+            self.live.remove(p)
+        if state == "reading":  # the reader may be filling one of the slots: freed once it stops
+            self.draining.append(p)
+        elif state in ("read", "queued"):
+            cache.tier.stats.bytes_from_file += p.bytes_read
+            self._free(p)
+        cache.unlock(p.node if p.node is not None else p.parent)
+        p.node = None
+
+    def _free(self, p: FilePrefetch) -> None:
+        for allocator, ids in p.reserved:
+            if ids:
+                allocator.free(ids)
+        p.reserved = []
+
+    # ---- accounting ----------------------------------------------------------------------------------
+    def reserved(self, allocator) -> int:
+        """Slots of `allocator` (the host tier's pages or ends) held by prefetches, out of the tree."""
+        return sum(len(ids) for p in self.live + self.draining for a, ids in p.reserved if a is allocator)
+
+    def busy(self) -> bool:
+        return bool(self.live or self.draining)
+
+    def wait(self, timeout: float) -> None:
+        """Block until a read stops (or `timeout` seconds): an idle scheduler waiting only for reads sleeps."""
+        self._stopped.wait(timeout)
