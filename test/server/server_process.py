@@ -135,3 +135,28 @@ def launch_router(worker_urls: list, args: list, tmp_dir: str, timeout: float = 
         time.sleep(0.2)
     proc.kill()
     raise RuntimeError(f"router not ready after {timeout} s:\n{open(log_path).read()[-4000:]}")
+
+
+def launch_pd_router(prefill_url: str, bootstrap_port: int, decode_url: str, tmp_dir: str,
+                     timeout: float = 60.0) -> RouterHandle:
+    """sglang-router in its PD mode over one prefill and one decode server, once a one-token /generate through it
+    answers 200 (the decode side has reached the prefill side's bootstrap server by then)."""
+    port = free_port()
+    log_path = os.path.join(tmp_dir, f"pd-router-{port}.log")
+    cmd = [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation", "--prefill", prefill_url,
+           str(bootstrap_port), "--decode", decode_url, "--host", "127.0.0.1", "--port", str(port),
+           "--prometheus-port", str(free_port()), "--log-level", "warn"]
+    proc = subprocess.Popen(cmd, stdout=open(log_path, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    base, start = f"http://127.0.0.1:{port}", time.perf_counter()
+    while time.perf_counter() - start < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"router exited with {proc.returncode}:\n{open(log_path).read()[-4000:]}")
+        try:
+            if httpx.post(f"{base}/generate", json={"input_ids": [5], "sampling_params": {"max_new_tokens": 1}},
+                          timeout=30).status_code == 200:
+                return RouterHandle(base, proc, log_path)
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError(f"the PD router did not serve within {timeout} s:\n{open(log_path).read()[-4000:]}")

@@ -11,14 +11,12 @@ import concurrent.futures
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import httpx
 import pytest
 
-from server_process import free_port, launch
+from server_process import free_port, launch, launch_pd_router
 
 pytest.importorskip("mooncake.engine", reason="the test extra installs mooncake-transfer-engine-non-cuda")
 pytest.importorskip("sglang_router", reason="the test extra installs sglang-router")
@@ -42,28 +40,11 @@ class Cluster:
             decode = pool.submit(launch, [*COMMON, "--disaggregation-mode", "decode"], tmp, 300)
             self.refs = _reference()  # meanwhile: the co-located engine's outputs
             self.prefill, self.decode = prefill.result(), decode.result()
-        port = free_port()
-        self.router_log = open(os.path.join(tmp, "router.log"), "w")
-        self.router = subprocess.Popen(
-            [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation", "--prefill",
-             self.prefill.base_url, str(self.bootstrap_port), "--decode", self.decode.base_url, "--host", "127.0.0.1",
-             "--port", str(port), "--prometheus-port", str(free_port()), "--log-level", "warn"],
-            stdout=self.router_log, stderr=subprocess.STDOUT, start_new_session=True)
-        self.url = f"http://127.0.0.1:{port}"
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            try:
-                if httpx.post(f"{self.url}/generate", json={"input_ids": [5], "sampling_params": {
-                        "max_new_tokens": 1}}, timeout=30).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise AssertionError(f"the router did not serve:\n{open(self.router_log.name).read()}")
+        self.router = launch_pd_router(self.prefill.base_url, self.bootstrap_port, self.decode.base_url, tmp)
+        self.url = self.router.base_url
 
     def stop(self) -> None:
-        self.router.terminate()
-        self.router.wait(timeout=20)
+        self.router.stop()
         for handle in (self.prefill, self.decode):
             if handle.proc.poll() is None:
                 handle.stop()
