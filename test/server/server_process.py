@@ -113,50 +113,47 @@ class RouterHandle:
         stop_process(self.proc)
 
 
-def launch_router(worker_urls: list, args: list, tmp_dir: str, timeout: float = 60.0) -> RouterHandle:
-    """sglang-router (`python -m sglang_router.launch_router`, regular mode) over `worker_urls`, every worker
-    registered and healthy; its own Prometheus port is a free one (the default 29000 may be taken)."""
+def _router(cmd: list, log_path: str, ready, timeout: float, what: str) -> RouterHandle:
+    """Start the router command; return once ready(base_url) holds (HTTP errors count as not yet)."""
     port = free_port()
-    log_path = os.path.join(tmp_dir, f"router-{port}.log")
-    cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
-           "--prometheus-port", str(free_port()), "--log-level", "warn", "--worker-urls", *worker_urls, *args]
-    log = open(log_path, "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    cmd = [*cmd, "--host", "127.0.0.1", "--port", str(port), "--prometheus-port", str(free_port()), "--log-level",
+           "warn"]
+    proc = subprocess.Popen(cmd, stdout=open(log_path, "w"), stderr=subprocess.STDOUT, start_new_session=True)
     base, start = f"http://127.0.0.1:{port}", time.perf_counter()
     while time.perf_counter() - start < timeout:
         if proc.poll() is not None:
-            raise RuntimeError(f"router exited with {proc.returncode}:\n{open(log_path).read()[-4000:]}")
+            raise RuntimeError(f"{what} exited with {proc.returncode}:\n{open(log_path).read()[-4000:]}")
         try:
-            ready = httpx.get(f"{base}/readiness", timeout=1)
-            if ready.status_code == 200 and ready.json().get("healthy_workers") == len(worker_urls):
+            if ready(base):
                 return RouterHandle(base, proc, log_path)
         except httpx.HTTPError:
             pass
         time.sleep(0.2)
     proc.kill()
-    raise RuntimeError(f"router not ready after {timeout} s:\n{open(log_path).read()[-4000:]}")
+    raise RuntimeError(f"{what} not ready after {timeout} s:\n{open(log_path).read()[-4000:]}")
+
+
+def launch_router(worker_urls: list, args: list, tmp_dir: str, timeout: float = 60.0) -> RouterHandle:
+    """sglang-router (`python -m sglang_router.launch_router`, regular mode) over `worker_urls`, every worker
+    registered and healthy; its own Prometheus port is a free one (the default 29000 may be taken)."""
+
+    def ready(base: str) -> bool:
+        r = httpx.get(f"{base}/readiness", timeout=1)
+        return r.status_code == 200 and r.json().get("healthy_workers") == len(worker_urls)
+
+    cmd = [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *worker_urls, *args]
+    return _router(cmd, os.path.join(tmp_dir, f"router-{free_port()}.log"), ready, timeout, "router")
 
 
 def launch_pd_router(prefill_url: str, bootstrap_port: int, decode_url: str, tmp_dir: str,
                      timeout: float = 60.0) -> RouterHandle:
     """sglang-router in its PD mode over one prefill and one decode server, once a one-token /generate through it
     answers 200 (the decode side has reached the prefill side's bootstrap server by then)."""
-    port = free_port()
-    log_path = os.path.join(tmp_dir, f"pd-router-{port}.log")
+
+    def ready(base: str) -> bool:
+        return httpx.post(f"{base}/generate", json={"input_ids": [5], "sampling_params": {"max_new_tokens": 1}},
+                          timeout=30).status_code == 200
+
     cmd = [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation", "--prefill", prefill_url,
-           str(bootstrap_port), "--decode", decode_url, "--host", "127.0.0.1", "--port", str(port),
-           "--prometheus-port", str(free_port()), "--log-level", "warn"]
-    proc = subprocess.Popen(cmd, stdout=open(log_path, "w"), stderr=subprocess.STDOUT, start_new_session=True)
-    base, start = f"http://127.0.0.1:{port}", time.perf_counter()
-    while time.perf_counter() - start < timeout:
-        if proc.poll() is not None:
-            raise RuntimeError(f"router exited with {proc.returncode}:\n{open(log_path).read()[-4000:]}")
-        try:
-            if httpx.post(f"{base}/generate", json={"input_ids": [5], "sampling_params": {"max_new_tokens": 1}},
-                          timeout=30).status_code == 200:
-                return RouterHandle(base, proc, log_path)
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError(f"the PD router did not serve within {timeout} s:\n{open(log_path).read()[-4000:]}")
+           str(bootstrap_port), "--decode", decode_url]
+    return _router(cmd, os.path.join(tmp_dir, f"pd-router-{free_port()}.log"), ready, timeout, "the PD router")

@@ -89,6 +89,7 @@ class MetricsCollector:
         for direction in ("to_host", "to_device"):
             self.hicache_bytes.labels(model_name, direction)
         self.hicache_load_latency.labels(model_name)
+        self.hicache_prefetch_latency.labels(model_name)
         self._retractions_seen = 0
         self._last = None  # (time, generated tokens) of the previous stats message
 
