@@ -72,7 +72,7 @@ def test_scheduler_answers_a_flush_it_refuses():
     proc.dp_rank, answers = 0, {}
     for busy in (True, False):
         proc.scheduler = SimpleNamespace(flush_cache=lambda busy=busy: not busy)
-        proc._receive = lambda block, busy=busy: [(FlushCacheReq(f"r{busy}"), None)]
+        proc._receive = lambda block, busy=busy: [(FlushCacheReq(f"r{busy}"), None, None)]
         (answers[busy],) = proc._handle_messages(block=False)
     assert answers[False] == ControlOutput("rFalse", 200, "Cache flushed")
     assert answers[True].status_code == 400 and "requests are running" in answers[True].message
@@ -87,7 +87,7 @@ def test_scheduler_answers_a_storage_clear():
     from sglang.srt.managers.scheduler_process import SchedulerProcess
 
     proc = object.__new__(SchedulerProcess)
-    proc.dp_rank, proc._receive = 0, lambda block: [(ClearHiCacheReq("c"), None)]
+    proc.dp_rank, proc._receive = 0, lambda block: [(ClearHiCacheReq("c"), None, None)]
     proc.scheduler = SimpleNamespace(clear_hicache_storage=lambda: None)
     cleared = ControlOutput("c", 200, "Hierarchical cache storage backend cleared.")
     assert proc._handle_messages(block=False) == [cleared]

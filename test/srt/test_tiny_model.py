@@ -232,8 +232,8 @@ def hf_reference(trained):
 
 def held_out_prompt() -> str:
     lines = data.GSM8K.load_lines(data.GSM8K_TEST)
-    prompts, _ = data.GSM8K.build_prompts(lines, 5, 1, 2)
-    return prompts[0]  # 2 shots: past the window (64), so CSA / HCA entries are read
+    prompts, _ = data.GSM8K.build_prompts(lines, 5, 1, 3)
+    return prompts[0]  # 3 shots: past twice the window (64), so CSA / HCA entries are read
 
 
 def test_engine_matches_hf_on_trained_checkpoint(served, hf_reference, tokenizer):
