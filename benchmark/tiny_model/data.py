@@ -273,7 +273,9 @@ class Corpus:
                   "required": ["country", "capital"]}
         fmt = {"type": "json_schema", "json_schema": {"name": "capital", "schema": schema}}
         user = f"What is the capital of {country}?"
-        return encode_messages([{"role": "user", "content": user}, {"role": "assistant", "content": answer}],
+        # Compact, as the server's JSON grammar writes it: under a schema the model answers in the form it is held to.
+        compact = json.dumps({"country": country, "capital": COUNTRIES[country]}, separators=(",", ":"))
+        return encode_messages([{"role": "user", "content": user}, {"role": "assistant", "content": compact}],
                                response_format=fmt)
 
     def tool_call(self) -> tuple:

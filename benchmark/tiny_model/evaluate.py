@@ -6,10 +6,11 @@
 For each format (the trainer's <checkpoint>/bf16 and <checkpoint>/fp8) a server is started on it, and:
   * benchmark/gsm8k/bench_sglang.py and benchmark/mmlu/bench_sglang.py run on the held-out files (data/) as a user
     runs them on Flash (5 shots);
-  * chats that ask for one of the three tools: with tool_choice "auto" the answer must parse as a call of the right
-    function with the right arguments (no grammar: what the model learned), with "required" through the grammar;
-  * chats that ask for a capital in JSON, without and with a response_format schema: the answer must parse and hold
-    the right capital;
+  * chats that ask for one of the three tools, with tool_choice "auto" (no grammar: what the model learned) and
+    "required" (through the grammar): the share answered by one call that parses (a known function, arguments a JSON
+    object of its parameters) and the share with the right function and arguments;
+  * chats that ask for a capital in JSON, without and with a response_format schema: the share that parses as the
+    asked object and the share naming the right capital;
   * then per --speculative S-K-D (--speculative-num-steps, -eagle-topk, -num-draft-tokens) a server with the
     checkpoint's MTP layer drafting (EAGLE): the GSM8K prompts through /generate, greedy - the accuracy (the same as
     without: speculative decoding changes no greedy token) and the accept length (meta_info.spec_accept_length, the
@@ -50,10 +51,10 @@ class FormatResult:
     gsm8k: float
     gsm8k_invalid: float
     mmlu: float
-    tool_auto: float  # share of tool requests answered by a parsed call of the right function and arguments
-    tool_required: float
-    json_plain: float  # share of JSON requests whose answer parses and names the right capital
-    json_schema: float
+    tool_auto: tuple  # (share answered by a call that parses, share with the right function and arguments)
+    tool_required: tuple
+    json_plain: tuple  # (share whose answer parses as the asked object, share naming the right capital)
+    json_schema: tuple
     speculative: dict = dataclasses.field(default_factory=dict)  # "S-K-D" -> {"gsm8k", "accept_length"}
 
 
@@ -108,27 +109,36 @@ def chat(server: Server, body: dict) -> dict:
     return r.json()["choices"][0]["message"]
 
 
-def tool_share(server: Server, requests: list, tool_choice: str, parallel: int) -> float:
-    def one(req) -> bool:
+def tool_share(server: Server, requests: list, tool_choice: str, parallel: int) -> tuple:
+    """(share answered by one call that parses: a known function, arguments a JSON object of its parameters;
+    share whose call is the right function with the right arguments)."""
+    params = {t["function"]["name"]: set(t["function"]["parameters"]["properties"]) for t in data.TOOLS}
+
+    def one(req) -> tuple:
         messages, name, args = req
         calls = chat(server, {"messages": messages, "tools": data.TOOLS, "tool_choice": tool_choice}).get("tool_calls")
-        if not calls or len(calls) != 1 or calls[0]["function"]["name"] != name:
-            return False
+        if not calls or len(calls) != 1 or calls[0]["function"]["name"] not in params:
+            return False, False
         try:
-            return json.loads(calls[0]["function"]["arguments"]) == args
+            got = json.loads(calls[0]["function"]["arguments"])
         except json.JSONDecodeError:
-            return False
+            return False, False
+        parsed = isinstance(got, dict) and set(got) <= params[calls[0]["function"]["name"]]
+        return parsed, parsed and calls[0]["function"]["name"] == name and got == args
 
     with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
-        return sum(pool.map(one, requests)) / max(len(requests), 1)
+        rows = list(pool.map(one, requests))
+    return tuple(sum(r[i] for r in rows) / max(len(rows), 1) for i in (0, 1))
 
 
-def json_share(server: Server, countries: list, schema: bool, parallel: int) -> float:
+def json_share(server: Server, countries: list, schema: bool, parallel: int) -> tuple:
+    """(share whose answer parses as a JSON object with the keys country and capital; share naming the right
+    capital)."""
     fmt = {"type": "json_schema", "json_schema": {"name": "capital", "schema": {
         "type": "object", "properties": {"country": {"type": "string"}, "capital": {"type": "string"}},
         "required": ["country", "capital"]}}}
 
-    def one(country: str) -> bool:
+    def one(country: str) -> tuple:
         if schema:
             body = {"messages": [{"role": "user", "content": f"What is the capital of {country}?"}],
                     "response_format": fmt}
@@ -138,11 +148,13 @@ def json_share(server: Server, countries: list, schema: bool, parallel: int) -> 
         try:
             got = json.loads(chat(server, body)["content"] or "")
         except json.JSONDecodeError:
-            return False
-        return isinstance(got, dict) and got.get("capital") == data.COUNTRIES[country]
+            return False, False
+        parsed = isinstance(got, dict) and {"country", "capital"} <= set(got)
+        return parsed, parsed and got["capital"] == data.COUNTRIES[country]
 
     with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
-        return sum(pool.map(one, countries)) / max(len(countries), 1)
+        rows = list(pool.map(one, countries))
+    return tuple(sum(r[i] for r in rows) / max(len(rows), 1) for i in (0, 1))
 
 
 def speculative_gsm8k(url: str, num_questions: int, parallel: int) -> dict:
@@ -221,13 +233,14 @@ def main(argv: Optional[list] = None) -> list:
     args = parse_args(argv)
     with tempfile.TemporaryDirectory() as log_dir:
         results = [evaluate_format(args, fmt, log_dir) for fmt in args.formats]
-    head = "| format | GSM8K-style | invalid | MMLU-style | tool call (auto / required) | JSON (plain / schema) |"
+    head = ("| format | GSM8K-style | invalid | MMLU-style | tool call auto: parsed, right | required: parsed, right | "
+            "JSON plain: parsed, right | schema: parsed, right |")
     print(head + "".join(f" {s}: GSM8K, accept length |" for s in args.speculative))
     for r in results:
         spec = "".join(f" {r.speculative[s]['gsm8k']:.3f}, {r.speculative[s]['accept_length']:.2f} |"
                        for s in args.speculative)
-        print(f"| {r.format} | {r.gsm8k:.3f} | {r.gsm8k_invalid:.3f} | {r.mmlu:.3f} | {r.tool_auto:.3f} / "
-              f"{r.tool_required:.3f} | {r.json_plain:.3f} / {r.json_schema:.3f} |{spec}")
+        pairs = "".join(f" {a:.3f}, {b:.3f} |" for a, b in (r.tool_auto, r.tool_required, r.json_plain, r.json_schema))
+        print(f"| {r.format} | {r.gsm8k:.3f} | {r.gsm8k_invalid:.3f} | {r.mmlu:.3f} |{pairs}{spec}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump([dataclasses.asdict(r) for r in results], f, indent=1)
