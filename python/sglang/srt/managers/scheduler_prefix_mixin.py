@@ -22,13 +22,16 @@ class SchedulerPrefixMixin:
         return n if not req.return_logprob else min(n, req.logprob_start - 1)
 
     def _start_prefetches(self) -> None:
-        """Queue the file reads of waiting requests that have not looked for them yet (newly queued or retracted)."""
+        """Start the file reads of waiting requests that have not looked for them yet (newly queued or retracted: their
+        tokens are hashed behind the scheduler), and plan those whose hashes came back."""
         if self.allocator.prefetcher is None:
             return
         for req in self.waiting:
             if not req.prefetch_started:
                 req.prefetch_started = True
                 req.prefetch = self.allocator.start_prefetch(req.fill_ids, self._prefix_limit(req))
+            elif req.prefetch is not None:
+                self.allocator.advance_prefetch(req.prefetch)
 
     def _drop_prefetch(self, req: Req) -> None:
         """Cancel a request's file reads still to come and free their slots (admitted or aborted)."""

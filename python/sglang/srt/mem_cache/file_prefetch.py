@@ -3,24 +3,30 @@
 A read from the files (the disk, a CRC check, a copy into host slots) must not stall the running requests' steps, so
 it happens while the request waits in the queue, not when it is admitted:
 - when the request is queued, the scheduler walks the tree for it (RadixCache.walk_prefix: nothing touched); where
-  the walk runs past what the device and host tiers hold, the pages whose files follow on up to the deepest end file
-  among them (or the end file of a node on the path with no end on either tier) are planned, host slots reserved for
+  the walk runs past what the device and host tiers hold (and the files hold anything), the chain hashes that name
+  its files (every whole page's, and the end files' keys there) are computed on a reader thread, not on the
+  scheduler's (a long prompt's take milliseconds);
+- once they are, at the next step: the pages whose files follow on past the walk, up to the deepest end file among
+  them (or the end file of a node on the path with no end on either tier), are planned, host slots reserved for
   them (out of the tree: no other request can take or evict them; the policy says what room may be made) and the
-  node the reads hang under locked, so it stays;
+  node the reads hang under locked, so it stays. Where another waiting request's read (still live) is of the same
+  files from the same node, up to the same end or short of this request's deepest end, the request joins it
+  instead: no slots reserved, no file read twice; one that needs more looks again once that read landed, and plans
+  the rest under what it grafted;
 - a reader thread reads the files into those slots, pages in order, then the deepest end the landed pages reach (a
-  missing or unusable file stops the pages: a CRC failure is a miss, as for any file read); the scheduler keeps
-  stepping;
+  missing or unusable file stops the pages: a CRC failure is a miss, as for any file read, for every request
+  waiting on the read); the scheduler keeps stepping;
 - each step the scheduler grafts what finished: a new host-only node under the locked one (or the locked node's host
-  end), held locked until the request's admission, which then matches and loads it as any host hit. Where the tree
-  took that continuation meanwhile (another request computed it), the read is dropped;
+  end), held locked until the last request waiting on it is admitted; each matches and loads it as any host hit.
+  Where the tree took that continuation meanwhile (another request computed it), the read is dropped;
 - --hicache-storage-prefetch-policy says when a waiting request is admitted: best_effort whenever the scheduler would
   anyway, with what has landed; wait_complete once its reads landed; timeout as wait_complete, but no longer than
-  `prefetch_timeout_base` seconds after it was queued (the reader stops there too). A request admitted before its
-  reads landed, or aborted, cancels them: the slots of reads not started are freed at once, those of a read in
-  progress once the reader is done with them (the next step's poll), so host-tier accounting comes back to where it
-  was.
+  `prefetch_timeout_base` seconds after it was queued (the reader stops there too, at its latest waiter's). A request
+  admitted before its reads landed, or aborted, stops waiting on them; reads no other request waits on are
+  cancelled: the slots of reads not started are freed at once, those of a read in progress once the reader is done
+  with them (the next step's poll), so host-tier accounting comes back to where it was.
 The reader is replaceable (`FilePrefetcher.reader`): a test can hold reads back and release them, as the CPU copy
-engine lands copies only when polled.
+engine lands copies only when polled; so is where the hashing runs (`FilePrefetcher.hasher`).
 """
 
 from __future__ import annotations
@@ -50,9 +56,30 @@ class ThreadedReader:
 
 
 @dataclass(eq=False)
-class FilePrefetch:
-    """One waiting request's reads. `parent`: the node they hang under (locked until the request is admitted or
-    dropped); `key` its continuation's tokens (empty: only `parent`'s end is read)."""
+class PromptKeys:
+    """What names a waiting request's files: the chain hash after each whole page of its tokens and, per page, the keys
+    of an end file there. Computed on a reader thread (FileTier.prompt_keys), not on the scheduler's."""
+
+    tokens: list
+    pages: list = field(default_factory=list)
+    ends: list = field(default_factory=list)  # per page: (key without a next token, key with the next one or None, it)
+    done: bool = False
+
+    def end_file(self, i: int, store) -> Optional[tuple]:
+        """(key, next token) of an end file after page i that the request can use, or None."""
+        plain, with_next, next_token = self.ends[i]
+        if plain in store:
+            return plain, None
+        if with_next is not None and with_next in store:
+            return with_next, next_token
+        return None
+
+
+@dataclass(eq=False)
+class FileRead:
+    """The reads of one run of files into host slots. `parent`: the node they hang under (locked until the last
+    request waiting on them is admitted or dropped); `key` its continuation's tokens (empty: only `parent`'s end is
+    read); `waiters`: the waiting requests that wait on it (the one that planned it and those that joined it)."""
 
     parent: TreeNode
     key: list  # whole pages, up to the deepest end planned
@@ -60,15 +87,16 @@ class FilePrefetch:
     slots: list  # host page slots reserved, one per hash
     ends: list  # (pages of key before it, (end file key, next token)), deepest last
     end_slot: int  # host end slot reserved
-    started: float
-    deadline: float  # the timeout policy's; inf otherwise
+    started: float  # the first waiting request's queueing
+    deadline: float  # the timeout policy's (the latest of its waiters'); inf otherwise
+    waiters: int = 1
     state: str = "queued"  # queued -> reading -> read -> landed; cancelled (from queued or reading)
     pages_read: int = 0  # pages of key whose file landed in their slot (the reader's)
     end_read: Optional[tuple] = None  # (pages, next token) of the end that landed in end_slot
     bytes_read: int = 0
     finished: Optional[float] = None  # when the reader stopped
-    node: Optional[TreeNode] = None  # what landed, grafted and locked (the request matches it at admission)
-    reserved: list = field(default_factory=list)  # (allocator, ids) still held by this prefetch
+    node: Optional[TreeNode] = None  # what landed, grafted and locked (its waiters match it at admission)
+    reserved: list = field(default_factory=list)  # (allocator, ids) still held by this read
 
     @property
     def landed(self) -> bool:
@@ -76,55 +104,132 @@ class FilePrefetch:
         return self.state == "landed"
 
 
+@dataclass(eq=False)
+class FilePrefetch:
+    """One waiting request's side: its keys (hashed behind the scheduler), then the read it waits on: its own, or
+    another waiting request's read of the same files that it joined."""
+
+    tokens: list
+    limit: int
+    keys: PromptKeys
+    started: float
+    deadline: float  # the timeout policy's; inf otherwise
+    read: Optional[FileRead] = None
+    planned: bool = False  # its files were looked for (once its keys were computed)
+    more: bool = False  # its files go on past the read it joined: looked for again once that one landed
+
+    @property
+    def node(self) -> Optional[TreeNode]:
+        """What its reads grafted (the request's match there is a file hit)."""
+        return self.read.node if self.read is not None else None
+
+    @property
+    def landed(self) -> bool:
+        return self.planned and not self.more and (self.read is None or self.read.landed)
+
+
 class FilePrefetcher:
-    """The file tier's reads for waiting requests (see the module docstring). Everything but the reads themselves runs
-    on the scheduler's thread."""
+    """The file tier's reads for waiting requests (see the module docstring). Everything but the hashing and the reads
+    themselves runs on the scheduler's thread."""
 
     def __init__(self, files) -> None:
         self.files = files
         self.reader = ThreadedReader()
+        self.hasher = self.reader  # where a waiting request's keys are computed (a test may run them inline)
         self.clock = time.monotonic
-        self.live: list = []  # prefetches not yet landed nor dropped
+        self.live: list = []  # reads not yet landed nor dropped
         self.draining: list = []  # cancelled while being read: freed once the reader stops
+        self.hashing = 0  # requests' keys being computed
         self._lock = threading.Lock()
-        self._stopped = threading.Event()  # a read stopped since the last poll
+        self._stopped = threading.Event()  # a read or a hashing stopped since the last poll
 
     # ---- start (scheduler thread) ---------------------------------------------------------------------
     def start(self, cache, tokens: list, limit: int) -> Optional[FilePrefetch]:
-        """Plan, reserve and queue the reads of tokens' prefix the files hold past the tree, when they reach deeper
-        than the tree's own match; None when there is nothing to read or no room for it."""
-        files, tier, ps = self.files, cache.tier, self.files.page_size
+        """A request was queued: None when the files cannot hold anything of its prefix past the tree's match; else
+        its prefetch, its keys computed on a reader thread, its reads planned once they are (`advance`)."""
+        if not self.files.store.index:
+            return None
         best, walk = cache.walk_prefix(tokens, limit)
+        past_tree = walk.node is not None and walk.pos < walk.limit
+        if not past_tree and (walk.file_end is None or walk.file_end[0] <= best.num_tokens):
+            return None
+        now = self.clock()
+        p = FilePrefetch(tokens, limit, PromptKeys(tokens), now, now + self.files.timeout())
+        with self._lock:
+            self.hashing += 1
+        self.hasher.submit(lambda: self._hash(p.keys))
+        self.advance(cache, p)
+        return p
+
+    def advance(self, cache, p: FilePrefetch) -> None:
+        """Plan p's reads once its keys are computed; look again past the read it joined once that one landed, when
+        its files go on further (not when it landed short: that is a miss for every request waiting on it)."""
+        if not p.planned:
+            if p.keys.done:
+                p.planned = True
+                p.read = self._open(cache, p)
+            return
+        if p.more and p.read.landed:
+            p.more = False
+            old = p.read
+            if old.node is None or old.end_read is None or old.end_read[0] < old.ends[-1][0]:
+                return
+            new = self._open(cache, p)  # under the node that landed, locked until the old read is left
+            if new is not None:
+                p.read = new
+                self._leave(cache, old)
+
+    def _open(self, cache, p: FilePrefetch) -> Optional[FileRead]:
+        """Plan the reads of p's prefix the files hold past the tree, when they reach deeper than the tree's own
+        match: join a live read of the same files, else reserve and queue them; None when there is nothing to read
+        or no room for it."""
+        files, tier, ps, keys = self.files, cache.tier, self.files.page_size, p.keys
+        best, walk = cache.walk_prefix(p.tokens, p.limit)
         plan = None
         if walk.node is not None and walk.pos < walk.limit:
-            parent = walk.node
-            hashes = files.chain_hashes(parent, tokens[walk.pos:walk.limit])
+            first = walk.pos // ps
+            hashes = keys.pages[first:walk.limit // ps]
             run = 0
             while run < len(hashes) and hashes[run] in files.store:
                 run += 1
-            ends = [(j, f) for j in range(1, run + 1)
-                    if (f := files.end_file(hashes[j - 1], tokens, walk.pos + j * ps)) is not None]
+            ends = [(j, f) for j in range(1, run + 1) if (f := keys.end_file(first + j - 1, files.store)) is not None]
             if ends and walk.pos + ends[-1][0] * ps > best.num_tokens:
-                plan = (parent, walk.pos, hashes, ends)
+                plan = (walk.node, walk.pos, hashes, ends)
         if plan is None and walk.file_end is not None and walk.file_end[0] > best.num_tokens:
             pos, node, found = walk.file_end
             plan = (node, pos, [], [(0, found)])
         if plan is None:
             return None
         parent, pos, hashes, ends = plan
-        cache.lock(parent)  # the path stays while the host makes room, and until the request is admitted
+        joined = self._join(p, parent, hashes, ends)
+        if joined is not None:
+            return joined
+        cache.lock(parent)  # the path stays while the host makes room, and until its waiters are admitted
         reserved = self._reserve(tier, ends)
         if reserved is None:
             cache.unlock(parent)
             return None
         slots, end_slot, ends = reserved
-        now = self.clock()
-        prefetch = FilePrefetch(parent, list(tokens[pos:pos + len(slots) * ps]), hashes[:len(slots)], slots, ends,
-                                end_slot, now, now + files.timeout())
-        prefetch.reserved = [(tier.pages, list(slots)), (tier.ends, [end_slot])]
-        self.live.append(prefetch)
-        self.reader.submit(lambda: self._read(prefetch))
-        return prefetch
+        read = FileRead(parent, list(p.tokens[pos:pos + len(slots) * ps]), hashes[:len(slots)], slots, ends,
+                        end_slot, p.started, p.deadline)
+        read.reserved = [(tier.pages, list(slots)), (tier.ends, [end_slot])]
+        self.live.append(read)
+        self.reader.submit(lambda: self._read(read))
+        return read
+
+    def _join(self, p: FilePrefetch, parent, hashes: list, ends: list) -> Optional[FileRead]:
+        """A live read from the same node whose pages are the first of p's, ending at p's deepest end or short of it
+        (p looks for the rest once it landed): p waits on it rather than read the same files again."""
+        deepest = ends[-1]
+        for read in self.live:
+            n = len(read.hashes)
+            same_end = deepest == read.ends[-1]
+            if read.parent is parent and hashes[:n] == read.hashes and (same_end or (n and deepest[0] > n)):
+                read.waiters += 1
+                read.deadline = max(read.deadline, p.deadline)
+                p.more = deepest[0] > n
+                return read
+        return None
 
     def _reserve(self, tier, ends: list) -> Optional[tuple]:
         """(page slots, end slot, the ends they reach) for the deepest end the host makes room for, or None."""
@@ -140,8 +245,19 @@ class FilePrefetcher:
             need = ends[-1][0]
         return tier.pages.alloc(need) if need else [], end_slot, ends
 
-    # ---- reads (reader thread) -----------------------------------------------------------------------
-    def _read(self, p: FilePrefetch) -> None:
+    # ---- hashing and reads (reader thread) ---------------------------------------------------------------
+    def _hash(self, keys: PromptKeys) -> None:
+        try:
+            keys.pages, keys.ends = self.files.prompt_keys(keys.tokens)
+        except Exception:  # no keys: nothing of the files is read for it
+            logger.exception("file tier: hashing a prompt failed")
+        finally:
+            with self._lock:
+                keys.done = True
+                self.hashing -= 1
+            self._stopped.set()
+
+    def _read(self, p: FileRead) -> None:
         with self._lock:
             if p.state != "queued":
                 return
@@ -190,8 +306,8 @@ class FilePrefetcher:
             cache.tier.stats.bytes_from_file += p.bytes_read
             self._free(p)
 
-    def _graft(self, cache, p: FilePrefetch) -> None:
-        """Put what landed in the tree as a host copy (locked for the request), unless the tree took it meanwhile."""
+    def _graft(self, cache, p: FileRead) -> None:
+        """Put what landed in the tree as a host copy (locked for its waiters), unless the tree took it meanwhile."""
         stats, ps = cache.tier.stats, self.files.page_size
         stats.bytes_from_file += p.bytes_read
         stats.file_read_seconds.append(p.finished - p.started)
@@ -229,25 +345,34 @@ class FilePrefetcher:
         return policy == "wait_complete" or (policy == "timeout" and self.clock() <= p.deadline)
 
     def drop(self, cache, p: Optional[FilePrefetch]) -> None:
-        """The request was admitted (after matching what landed) or aborted: cancel reads still to come, free the
-        slots not in the tree, and unlock."""
+        """The request was admitted (after matching what landed) or aborted: it stops waiting on its read, which is
+        cancelled when no other request waits on it."""
         if p is None:
             return
-        with self._lock:
-            state = p.state
-            if state in ("queued", "reading"):
-                p.state = "cancelled"
-        if state in ("queued", "reading", "read"):
-            self.live.remove(p)
-        if state == "reading":  # the reader may be filling one of the slots: freed once it stops
-            self.draining.append(p)
-        elif state in ("read", "queued"):
-            cache.tier.stats.bytes_from_file += p.bytes_read
-            self._free(p)
-        cache.unlock(p.node if p.node is not None else p.parent)
-        p.node = None
+        read, p.read = p.read, None
+        if read is not None:
+            self._leave(cache, read)
 
-    def _free(self, p: FilePrefetch) -> None:
+    def _leave(self, cache, r: FileRead) -> None:
+        """One waiter less; with none left, cancel the reads still to come, free the slots not in the tree, unlock."""
+        r.waiters -= 1
+        if r.waiters:
+            return
+        with self._lock:
+            state = r.state
+            if state in ("queued", "reading"):
+                r.state = "cancelled"
+        if state in ("queued", "reading", "read"):
+            self.live.remove(r)
+        if state == "reading":  # the reader may be filling one of the slots: freed once it stops
+            self.draining.append(r)
+        elif state in ("read", "queued"):
+            cache.tier.stats.bytes_from_file += r.bytes_read
+            self._free(r)
+        cache.unlock(r.node if r.node is not None else r.parent)
+        r.node = None
+
+    def _free(self, p: FileRead) -> None:
         for allocator, ids in p.reserved:
             if ids:
                 allocator.free(ids)
@@ -255,12 +380,17 @@ class FilePrefetcher:
 
     # ---- accounting ----------------------------------------------------------------------------------
     def reserved(self, allocator) -> int:
-        """Slots of `allocator` (the host tier's pages or ends) held by prefetches, out of the tree."""
+        """Slots of `allocator` (the host tier's pages or ends) held by reads, out of the tree."""
         return sum(len(ids) for p in self.live + self.draining for a, ids in p.reserved if a is allocator)
 
     def busy(self) -> bool:
         return bool(self.live or self.draining)
 
+    def pending(self) -> bool:
+        """Keys being computed or reads to land: what an idle scheduler may wait for."""
+        return bool(self.live or self.hashing)
+
     def wait(self, timeout: float) -> None:
-        """Block until a read stops (or `timeout` seconds): an idle scheduler waiting only for reads sleeps."""
+        """Block until a read or a hashing stops (or `timeout` seconds): an idle scheduler waiting only for them
+        sleeps."""
         self._stopped.wait(timeout)

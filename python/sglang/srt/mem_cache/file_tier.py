@@ -16,10 +16,12 @@ is not written again), on a writer thread, so the step that made the copy does n
 a temporary name and are renamed into place, so a reader never sees a partial file. The directory is bounded
 (`max_size_gb`): the least recently used files are deleted past it.
 When files are read: while a request waits in the queue, on a reader thread, never on the scheduler's
-(mem_cache/file_prefetch.py): its walk down the tree goes on past the tree's path (after a restart: all of it) page
-by page through the files, up to the deepest end file it reaches (or to an end file of a node the tree holds without
-an end on either tier); those pages and that end are read into host slots reserved for the request, join the tree as
-a host-only node once landed, and go on to the device at its admission as any host hit.
+(mem_cache/file_prefetch.py): the chain hashes of its tokens are computed there too; its walk down the tree goes on
+past the tree's path (after a restart: all of it) page by page through the files, up to the deepest end file it
+reaches (or to an end file of a node the tree holds without an end on either tier); those pages and that end are
+read into host slots reserved for the request, join the tree as a host-only node once landed, and go on to the
+device at its admission as any host hit. Waiting requests that share a prefix on file share its reads: each file is
+read once, into one set of slots, and what landed serves them all.
 --hicache-storage-prefetch-policy (upstream's names) says when a request waiting for reads is admitted:
 - best_effort: whenever the scheduler would anyway, with what has landed; room in the host tier is made only by
   dropping copies the device also holds (no cached prefix is lost to read the files), the reads stopping where that
@@ -28,7 +30,8 @@ a host-only node once landed, and go on to the device at its admission as any ho
   whole match;
 - timeout: as wait_complete, but no later than `prefetch_timeout_base` seconds after it was queued (the reads stop
   there too), with the deepest end reached.
-Reads still to come when the request is admitted or aborted are cancelled and their slots freed.
+Reads still to come when the request is admitted or aborted are cancelled and their slots freed, unless another
+waiting request waits on them too.
 /flush_cache leaves the files (as upstream, whose storage tier is cleared on its own); a weight update deletes this
 layout's files, whose KV the old weights computed.
 """
@@ -309,9 +312,17 @@ class FileTier:
         return None
 
     # ---- reads (in the background while a request waits: mem_cache/file_prefetch.py) --------------------
-    def chain_hashes(self, parent: TreeNode, tokens: list) -> list:
-        """The chain hash after each whole page of tokens following `parent` (the root: from the start)."""
-        return chain_hashes(self.node_hashes(parent)[-1] if parent.parent is not None else b"", tokens, self.page_size)
+    def prompt_keys(self, tokens: list) -> tuple:
+        """What names a waiting request's files (run on a reader thread): the chain hash after each whole page of
+        tokens, and per page the keys of an end file there, (without a next token, with the token after the page or
+        None, that token)."""
+        ps = self.page_size
+        pages, ends = chain_hashes(b"", tokens, ps), []
+        for i, h in enumerate(pages):
+            pos = (i + 1) * ps
+            next_token = tokens[pos] if pos < len(tokens) else None
+            ends.append((end_key(h, None), None if next_token is None else end_key(h, next_token), next_token))
+        return pages, ends
 
     def room(self, tier, pages: int, ends: int) -> bool:
         """Whether the host tier has (or makes, as the policy allows) this many free page and end slots."""

@@ -230,9 +230,13 @@ class TierCopies:
         return files.prefetcher if files is not None else None
 
     def start_prefetch(self, tokens: list, limit: int):
-        """Queue the reads of the prefix the file tier holds past the tree for a waiting request (its FilePrefetch),
-        or None."""
+        """A request was queued: its FilePrefetch, hashing its tokens behind the scheduler, then reading (or sharing
+        another waiting request's reads of) the prefix the file tier holds past the tree; None when there is none."""
         return self.prefetcher.start(self.cache, tokens, limit) if self.prefetcher is not None else None
+
+    def advance_prefetch(self, prefetch) -> None:
+        """A waiting request's reads planned once its tokens are hashed (and again past a shared read that landed)."""
+        self.prefetcher.advance(self.cache, prefetch)
 
     def prefetch_waits(self, prefetch) -> bool:
         """Whether the prefetch policy keeps a waiting request out of admission for its reads."""
@@ -251,8 +255,9 @@ class TierCopies:
             prefetcher.poll(self.cache)
 
     def wait_for_reads(self) -> None:
-        """Nothing to run: sleep until a file read stops (briefly), rather than spin while requests wait for them."""
-        if self.prefetcher is not None and self.prefetcher.live:
+        """Nothing to run: sleep until a file read or a prompt's hashing stops (briefly), rather than spin while
+        requests wait for them."""
+        if self.prefetcher is not None and self.prefetcher.pending():
             self.prefetcher.wait(0.005)
 
     def read_after_loads(self, alloc, node, restore: Optional[Callable] = None) -> None:
