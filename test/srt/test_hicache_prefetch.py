@@ -249,26 +249,30 @@ def test_metrics_report_prefetch_latency():
 
 
 def test_failed_read_is_a_logged_miss(eng, files, monkeypatch, caplog):
-    """A read that raises (wait_complete) ends the request's wait: it is admitted without the file's prefix, the
-    failure logged, every slot it reserved freed; outputs as a cold run's."""
+    """A read that raises (wait_complete) ends the wait of both requests sharing it, tried once: they are admitted
+    without the file's prefix, the failure logged, every slot reserved freed; outputs as a cold run's."""
     sched, reader = eng.scheduler, files.prefetcher.reader
     tier = eng.model_runner.token_allocator.host_tier
+    calls = []
 
     def broken(key):
+        calls.append(key)
         raise RuntimeError("disk gone")
     monkeypatch.setattr(files.store, "get", broken)
-    req = _req("broken", PROMPT)
-    sched.add_request(req)
+    reqs = [_req("broken", PROMPT), _req("sharer", PROMPT2)]
+    for r in reqs:
+        sched.add_request(r)
     sched.step()
-    assert req in sched.waiting and len(reader.jobs) == 1
+    assert all(r in sched.waiting for r in reqs) and len(reader.jobs) == 1
     reader.release()
     sched.step()
-    assert req.alloc is not None and req.cached_tokens == 0 and "a prefetch read failed" in caplog.text
+    assert all(r.alloc is not None and r.cached_tokens == 0 for r in reqs) and len(calls) == 1
+    assert "a prefetch read failed" in caplog.text
     assert not files.prefetcher.busy() and files.prefetcher.reserved(tier.pages) == 0
     assert files.prefetcher.reserved(tier.ends) == 0 and not any(not n.pages for n in tier.cache.nodes())
-    _run(sched, [req])
+    _run(sched, reqs)
     monkeypatch.undo()
-    assert req.output_ids == _cold(eng, monkeypatch, PROMPT)["output_ids"]
+    assert reqs[0].output_ids == _cold(eng, monkeypatch, PROMPT)["output_ids"]
 
 
 def test_waiting_requests_share_the_reads_of_one_prefix(eng, files, monkeypatch):
