@@ -192,6 +192,11 @@ class Envs:
         "prefill request no decode server registered, a decode request whose prefill never completed, or one "
         "queued for decode pool pages fails after it")
 
+    SGLANG_SERVER_WARMUP_ON_CPU = EnvVar(
+        "SGLANG_SERVER_WARMUP_ON_CPU", False, _bool,
+        "run the server warm-up (managers/server_warmup.py) on CPU too, where no kernel compiles (it runs by default "
+        "on CUDA and ROCm, and --skip-server-warmup skips it everywhere)")
+
     # Test hooks
     SGLANG_TEST_HANG_SCHEDULER_FILE = EnvVar(
         "SGLANG_TEST_HANG_SCHEDULER_FILE", "", str,

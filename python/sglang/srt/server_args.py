@@ -56,6 +56,7 @@ class ServerArgs:
     cuda_graph_max_bs: Optional[int] = None  # largest captured decode batch (default: min(256, max running))
     cuda_graph_bs: Optional[list] = None  # captured batch sizes of decode steps or speculative cycles
     disable_overlap_schedule: bool = False  # read each decode step's tokens before launching the next
+    skip_server_warmup: bool = False  # report ready without the warm-up prefills (managers/server_warmup.py)
     # Shared expert run as routed expert E (weight 1 for every token); default: on for ROCm, off elsewhere
     enforce_shared_experts_fusion: bool = False
     disable_shared_experts_fusion: bool = False

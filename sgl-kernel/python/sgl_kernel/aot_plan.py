@@ -164,9 +164,16 @@ def moe_cases(m: ModelShapes, t: int, dtype, target: AotTarget):
     yield "shared swiglu_fp8", lambda: dsv4_clamped_swiglu_fp8(gate, up, 10.0)
 
 
-def attention_cases(m: ModelShapes, t: int, dtype, target: AotTarget):
-    """One request per row at decode and verify (4 rows a request there), one request per prefill chunk."""
-    reqs = t if t in DECODE_ROWS else max(1, t // 4) if t in VERIFY_ROWS else 1
+def row_phase(t: int) -> str:
+    """What the plan's row count `t` stands for: a decode batch, a verify batch or a prefill chunk."""
+    return "decode" if t in DECODE_ROWS else "verify" if t in VERIFY_ROWS else "prefill"
+
+
+def attention_cases(m: ModelShapes, t: int, dtype, target: AotTarget, phase: str = ""):
+    """One request per row at decode and verify (4 rows a request there), one request per prefill chunk. phase:
+    row_phase(t) unless given (a prefill chunk of any row count: engine/prefill warm-up plans)."""
+    phase = phase or row_phase(t)
+    reqs = t if phase == "decode" else max(1, t // 4) if phase == "verify" else 1
     slots, i64, f32 = CONTEXT * max(reqs, 1), torch.int64, torch.float32
     fp8_cache = dtype != torch.float32  # FP8 KV rows serving; the fp32 oracle keeps dense rows
     rope = m.rope_dim if fp8_cache else 0
@@ -185,13 +192,13 @@ def attention_cases(m: ModelShapes, t: int, dtype, target: AotTarget):
     hca = _ids(reqs, CONTEXT // 128, slots)
     yield "attention hca", lambda: dsv4_sparse_attention(q, cache, window, cache, hca, row_req, row_req, sink=sink,
                                                          softmax_scale=0.04, fp8_rope_dim=rope)
-    yield from _compressor_cases(m, t, reqs, dtype, fp8_cache)
+    yield from _compressor_cases(m, t, reqs, dtype, fp8_cache, phase)
     yield from _indexer_cases(m, t, reqs, dtype, fp8_cache)
-    if t in DECODE_ROWS or t in VERIFY_ROWS:
+    if phase != "prefill":
         yield from _metadata_cases(m, t, reqs)
 
 
-def _compressor_cases(m: ModelShapes, t: int, reqs: int, dtype, fp8_cache: bool):
+def _compressor_cases(m: ModelShapes, t: int, reqs: int, dtype, fp8_cache: bool, phase: str):
     f32, i64 = torch.float32, torch.int64
     kinds = (("csa", 4, True, m.head_dim, "fp8_kv" if fp8_cache else "dense", False),
              ("hca", 128, False, m.head_dim, "fp8_kv" if fp8_cache else "dense", False),
@@ -200,7 +207,7 @@ def _compressor_cases(m: ModelShapes, t: int, reqs: int, dtype, fp8_cache: bool)
         c = 2 * d if overlap else d
         ring_rows = reqs * (2 * ratio if overlap else ratio)
         ring, fresh = _e(ring_rows, 2, c, dtype=f32), _e(t, 2, c, dtype=f32)
-        n = max(1, t // ratio) if t not in DECODE_ROWS else t
+        n = max(1, t // ratio) if phase != "decode" else t
         rope = m.rope_dim if fmt == "fp8_kv" else 0
         out = _e(CONTEXT * reqs // ratio, row_width(fmt, d, rope, dtype),
                  dtype=torch.uint8 if fmt != "dense" else dtype)
@@ -213,7 +220,7 @@ def _compressor_cases(m: ModelShapes, t: int, reqs: int, dtype, fp8_cache: bool)
         yield f"compress {name}", lambda ring=ring, fresh=fresh, src=src, args=args: dsv4_compress(ring, fresh, src,
                                                                                                      **args)
         yield f"update_ring {name}", lambda ring=ring, fresh=fresh: dsv4_update_ring(ring, dst, fresh, dst)
-        if t in DECODE_ROWS or t in VERIFY_ROWS:
+        if phase != "prefill":
             boundary = _e(reqs, 2, c, dtype=f32) if overlap else None
             yield f"compress_staged {name}", lambda ring=ring, fresh=fresh, src=src, args=args, b=boundary: \
                 dsv4_compress_staged(ring, fresh, src, ring_dst=dst, ring_src=dst, boundary=b,
@@ -265,3 +272,12 @@ def plan_cases(target: AotTarget, models: tuple = ()):
                 for group in GROUPS:
                     for label, case in group(m, t, dtype, target):
                         yield f"{m.name} T={t} {str(dtype).removeprefix('torch.')} {label}", case
+
+
+def prefill_cases(m: ModelShapes, t: int, dtype, target: AotTarget):
+    """(label, thunk) for the launches of one prefill chunk of `t` rows (one request) at `m`'s shapes in `dtype`,
+    whatever `t` is (plan_cases reads decode and verify batches into some row counts)."""
+    for group in GROUPS:
+        extra = {"phase": "prefill"} if group is attention_cases else {}
+        for label, case in group(m, t, dtype, target, **extra):
+            yield f"{m.name} T={t} prefill {label}", case

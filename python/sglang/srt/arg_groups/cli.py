@@ -180,6 +180,9 @@ def _scheduling_args(g) -> None:
                    help="wait for each decode step's tokens before launching the next (default: plain decode steps "
                         "within the CUDA-graph sizes launch the next step first, so the host's bookkeeping overlaps "
                         "the device; never with speculative decoding, DP attention, penalties or a grammar)")
+    g.add_argument("--skip-server-warmup", action="store_true",
+                   help="report ready without the warm-up prefills that compile every prefill kernel variant first "
+                        "(default: they run on CUDA and ROCm, so no user's request waits for a compile)")
 
 
 def _parallel_args(g) -> None:

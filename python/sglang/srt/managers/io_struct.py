@@ -208,6 +208,7 @@ class SchedulerReady:
     pool_report: str
     effective_args: dict = field(default_factory=dict)
     stats: Optional[SchedulerStats] = None  # at start (so /server_info has them before the first step)
+    warmup_forwards: int = 0  # prefill forwards the warm-up ran before this was sent (managers/server_warmup.py)
 
 
 # ---- the wire -----------------------------------------------------------------------------------------------

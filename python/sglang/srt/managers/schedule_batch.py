@@ -70,6 +70,9 @@ class Req:
     split_end: int = 0  # where its prompt leaves the cache's pages with no usable end: a chunk ends there, cached
     prefetch: Optional[Any] = None  # its file tier reads while it waits (mem_cache/file_prefetch.FilePrefetch)
     prefetch_started: bool = False  # its file reads were looked for since it was queued
+    # False: it neither starts on a cached prefix nor gives the cache (or its host and file tiers) its pages: a
+    # throw-away request (the server's warm-up) leaves the prefix cache as it found it
+    use_prefix_cache: bool = True
 
     @property
     def fill_ids(self) -> list:

@@ -561,7 +561,7 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerGrammarMixin, SchedulerP
                 self.free_request(req)
             elif req.alloc is not None:
                 live.append(req)
-                if self.allocator.cache is None:
+                if self.allocator.cache is None or not req.use_prefix_cache:
                     continue
                 if req.split_end and req.num_computed >= req.split_end:
                     req.split_end = 0
@@ -578,4 +578,5 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerGrammarMixin, SchedulerP
             self.running.remove(req)
         self._drop_prefetch(req)  # one failed while it waited: its file reads cancelled
         if req.alloc is not None:  # only what finished normally is cached (a failed step may have left garbage)
-            self._release(req, cache=req.finished and req.finished_reason.type in ("stop", "length"))
+            self._release(req, cache=req.use_prefix_cache and req.finished
+                          and req.finished_reason.type in ("stop", "length"))

@@ -27,7 +27,7 @@ class SchedulerPrefixMixin:
         if self.allocator.prefetcher is None:
             return
         for req in self.waiting:
-            if not req.prefetch_started:
+            if not req.prefetch_started and req.use_prefix_cache:
                 req.prefetch_started = True
                 req.prefetch = self.allocator.start_prefetch(req.fill_ids, self._prefix_limit(req))
             elif req.prefetch is not None:
@@ -42,7 +42,7 @@ class SchedulerPrefixMixin:
         """Start the request on the longest cached prefix it may use (_prefix_limit), its file reads that landed
         included; those still to come are cancelled."""
         cache = self.allocator.cache
-        if cache is None:
+        if cache is None or not req.use_prefix_cache:
             return
         tokens = req.fill_ids
         # loads what it needs from the host tier
