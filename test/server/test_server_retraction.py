@@ -20,7 +20,8 @@ def test_chat_without_max_tokens_under_pressure(tmp_path):
     # 4 pages of 128 tokens; a chat without max_tokens may grow to the context (160): 2 pages, so 4 chats admitted
     # together (one page each) run out when they cross into their second page. The clip of the estimate is scaled to
     # this pool (inherited by the server process).
-    with envs.SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION.override(8):
+    # The warm-up (forced on CPU) runs before the server is ready and leaves no trace in the pools or the metrics.
+    with envs.SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION.override(8), envs.SGLANG_SERVER_WARMUP_ON_CPU.override(1):
         handle = launch(["--model-path", MODEL, "--enable-metrics", "--max-total-tokens", "512", "--page-size", "128",
                          "--max-running-requests", "8", "--chunked-prefill-size", "64", "--context-length", "160"],
                         str(tmp_path))
@@ -36,6 +37,8 @@ def test_chat_without_max_tokens_under_pressure(tmp_path):
             async with httpx.AsyncClient(base_url=handle.base_url) as client:
                 return await asyncio.gather(*(one(client, i) for i in range(4)))
 
+        info = httpx.get(f"{handle.base_url}/server_info").json()
+        assert info["warmup_forwards"] > 0 and info["scheduler_stats"]["num_generated_tokens"] == 0
         answers = asyncio.run(main())
         for i, answer in enumerate(answers):
             usage, choice = answer["usage"], answer["choices"][0]

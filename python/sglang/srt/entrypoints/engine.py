@@ -23,7 +23,6 @@ from sglang.srt.distributed.dp_attention import get_dp_attention
 from sglang.srt.managers.output_shaping import OutputState, output_text
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.managers.scheduler import Scheduler
-from sglang.srt.managers.server_warmup import run_server_warmup
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.sampling.sampling_params import SamplingParamError, SamplingParams
 from sglang.srt.server_args import LOG_LEVELS, ServerArgs
@@ -48,7 +47,7 @@ class Engine:
         logger.info("DeepSeek-V4 defaults applied: %s", ", ".join(self.server_args.applied_defaults) or "none")
         args = self.server_args
         self.tokenizer = load_tokenizer(args.tokenizer_path or resolve_model_path(args.model_path))
-        self.model_runner = self.scheduler = self._remote = self.warmup = None
+        self.model_runner = self.scheduler = self._remote = None
         if launch_subprocess:
             from sglang.srt.entrypoints.engine_subprocess import SubprocessScheduler
 
@@ -56,7 +55,6 @@ class Engine:
         else:
             self.model_runner = ModelRunner(self.server_args)
             self.scheduler = Scheduler(self.model_runner, self.tokenizer)
-            self.warmup = run_server_warmup(self.scheduler)  # as the server's scheduler process does
         self._rid = itertools.count()
 
     # ---- generation ---------------------------------------------------------------------------------

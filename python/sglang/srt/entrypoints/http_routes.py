@@ -123,6 +123,7 @@ def health_routes(tm: TokenizerManager, args: ServerArgs, metrics=None, schedule
             state["avg_spec_accept_length"] = stats["spec_accept_length"]
         return {**redact_secrets(tm.ready.effective_args), "version": __version__,
                 "max_total_num_tokens": tm.ready.max_total_tokens, "pool_report": tm.ready.pool_report,
+                "warmup_forwards": tm.ready.warmup_forwards,
                 "scheduler_stats": stats, "internal_states": [state]}
 
     @router.get("/get_load")

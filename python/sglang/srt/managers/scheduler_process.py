@@ -69,12 +69,15 @@ class SchedulerProcess:
         from sglang.srt.distributed.dp_attention import get_dp_attention
         from sglang.srt.distributed.parallel_state import get_parallel_state
         from sglang.srt.managers.scheduler import Scheduler
+        from sglang.srt.managers.server_warmup import run_server_warmup
         from sglang.srt.model_executor.model_runner import ModelRunner
         from sglang.srt.utils.hf_transformers_utils import load_tokenizer
 
         self.runner = ModelRunner(server_args)
         self.tokenizer = load_tokenizer(server_args.tokenizer_path or self.runner.model_path)
         self.scheduler = Scheduler(self.runner, self.tokenizer)
+        # Before the ready message: no kernel compiles inside a user's request (every rank runs the same prefills)
+        self.warmup = run_server_warmup(self.scheduler, after_step=self.runner.finish_dp_round)
         self.sent: dict = {}  # rid -> output tokens already sent
         self._last_log = (time.perf_counter(), 0)
         state = get_parallel_state()
@@ -108,7 +111,8 @@ class SchedulerProcess:
             model_path=r.model_path, context_length=r.server_args.context_length,
             vocab_size=r.model_config.vocab_size, max_total_tokens=r.pool_plan.max_total_tokens,
             max_running_requests=r.server_args.max_running_requests, eos_token_ids=r.model_config.eos_token_ids,
-            pool_report=r.pool_plan.format(), effective_args=dataclasses.asdict(r.server_args), stats=self._stats())
+            pool_report=r.pool_plan.format(), effective_args=dataclasses.asdict(r.server_args), stats=self._stats(),
+            warmup_forwards=self.warmup.forwards if self.warmup is not None else 0)
 
     # ---- loop -----------------------------------------------------------------------------------------
     def run_forever(self) -> None:

@@ -136,8 +136,9 @@ def _representatives(run: list) -> list:
 
 
 def warmup_enabled(server_args, device) -> bool:
-    """On unless --skip-server-warmup; on CPU only when SGLANG_SERVER_WARMUP_ON_CPU asks (nothing compiles there)."""
-    if server_args.skip_server_warmup:
+    """On unless --skip-server-warmup; on CPU only when SGLANG_SERVER_WARMUP_ON_CPU asks (nothing compiles there);
+    never on a disaggregated decode server (its prompts are prefilled by the prefill server)."""
+    if server_args.skip_server_warmup or server_args.disaggregation_mode == "decode":
         return False
     return device.type != "cpu" or envs.SGLANG_SERVER_WARMUP_ON_CPU.get()
 
