@@ -235,6 +235,27 @@ def test_speculative_sessions_identical_and_hit_from_host():
         eng.shutdown()
 
 
+def test_host_ends_kept_where_sessions_resume(tiered):
+    """Six sessions, three turns, a host tier with ends for eight: each turn leaves a new end, its session's earlier
+    end now inside the path. The host evicts those inner ends first, so every session's next turn still finds its
+    whole history (least-recently-used order alone drops the ends of sessions not yet come around again)."""
+    tier = _use_tier(tiered, "write_through", ratio=2.0)
+    assert tier.shape.num_ends == 8
+    history = [random_ids(40, seed=60 + i) for i in range(6)]
+    page = tiered.model_runner.token_allocator.page_size
+    last = [0] * len(history)
+    for turn in range(3):
+        for i, h in enumerate(history):
+            out = tiered.generate(input_ids=h, sampling_params={"temperature": 0, "max_new_tokens": 1,
+                                                                "ignore_eos": True})
+            if turn:  # the previous prompt and its output token, whole pages of them
+                assert out["meta_info"]["cached_tokens"] == (last[i] + 1) // page * page, (turn, i)
+            last[i] = len(h)
+            h += out["output_ids"] + random_ids(31, seed=70 + 10 * i + turn)
+    assert tier.stats.host_hit_tokens > 0
+    _check_and_flush(tiered)
+
+
 def test_shared_prefix_batch_selective_copy_and_load(tiered, plain):
     """write_through_selective: the shared system prompt, matched by the batch, is copied to the host; other traffic
     then evicts it from the device, and the next batch loads it back (48 cached tokens each), outputs identical."""
@@ -314,7 +335,7 @@ def test_pages_under_write_are_not_reused(tiered, monkeypatch):
     for n, want in zip(nodes, rows):
         assert not n.pages and n.host_pages is not None
         for (_, host, k), w in zip(tier.pool.page_buffers, want):
-            assert torch.equal(host[_page_rows(n.host_pages, k)].view(torch.uint8), w.view(torch.uint8))
+            assert torch.equal(host[_page_rows(n.host_pages, k)].view(torch.uint8), w.cpu().view(torch.uint8))
     _check_and_flush(tiered)
 
 

@@ -109,3 +109,21 @@ def test_lru_order():
     cache.match_prefix(seqs[0])  # touched last: evicted last
     cache.evict_pages(1)
     assert cache.match_prefix(seqs[1]).num_tokens == 0 and cache.match_prefix(seqs[0]).num_tokens == 4
+
+
+def test_ends_inside_the_tree_go_before_leaf_ends():
+    """A conversation's earlier turn leaves its end inside its path; evicting ends takes those first (least recently
+    used among them), so the leaf ends where each session resumes outlive them even when fresher."""
+    pools = Pools()
+    cache = RadixCache(PS, W, pools.callbacks())
+    turn0 = [list(range(10 * s, 10 * s + 4)) for s in range(2)]  # two sessions' first turns
+    _insert(cache, pools, turn0[0], first_page=1, first_slot=1, state=1)
+    _insert(cache, pools, turn0[1], first_page=2, first_slot=5, state=2)
+    # session 0 goes on: its first turn's end is now inside the tree, and touched later than session 1's leaf
+    _insert(cache, pools, turn0[0] + [99] * 4, first_page=3, first_slot=9, state=3, pages=[1, 3])
+    assert cache.match_prefix(turn0[0] + [0]).num_tokens == 4
+    assert cache.evict_tails(1) == W
+    assert cache.match_prefix(turn0[0] + [0]).num_tokens == 0  # the inner end went, though the freshest
+    assert cache.match_prefix(turn0[1] + [0]).num_tokens == 4
+    assert cache.match_prefix(turn0[0] + [99] * 4 + [0]).num_tokens == 8
+    _check_counters(cache)

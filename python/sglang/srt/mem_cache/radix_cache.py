@@ -387,7 +387,7 @@ class RadixCache:
         tier = self.tier
         if num_ends:
             for n in sorted((n for n in self.nodes() if n.host_end is not None and n.lock_ref == 0
-                             and (n.usable or not backed_only)), key=lambda n: n.last_access)[:num_ends]:
+                             and (n.usable or not backed_only)), key=self._end_eviction_order)[:num_ends]:
                 tier.free_host_end(n)
         if not num_pages:
             return
@@ -407,12 +407,22 @@ class RadixCache:
                     and not backed_only:
                 heapq.heappush(heap, (parent.last_access, id(parent), parent))
 
+    @staticmethod
+    def _end_eviction_order(node: TreeNode) -> tuple:
+        """Which cached end (window tail and state) goes first: ends inside the tree before those at its leaves, each
+        least recently used first. A conversation that went on left its earlier turns' ends inside its path, where
+        only a request branching at exactly that point would start; a leaf's end is where the next turn resumes.
+        Plain LRU would drop the ends of sessions not yet come around again (the old ends of the sessions just
+        served are fresher) and miss every one of them in turn. A shared prefix's end, touched by every match
+        through it, is the freshest inside the tree and goes last of those."""
+        return (0 if node.children else 1, node.last_access)
+
     def evict_tails(self, num_slots: int) -> int:
         """Free at least num_slots window slots from node ends no request reads, least recently used first (their
         pages stay; a request past a tail locks the node for its pages only); returns how many were freed."""
         freed = 0
         ends = sorted((n for n in self.nodes() if n.tail_readers == 0 and n.tail_swa is not None),
-                      key=lambda n: n.last_access)
+                      key=self._end_eviction_order)
         for node in ends:
             if freed >= num_slots:
                 break
