@@ -64,8 +64,18 @@ def run(args, name: str, pool_tokens: int, **engine_kwargs) -> dict:
                         max_total_tokens=pool_tokens, page_size=args.page_size, **engine_kwargs)
     tier = eng.model_runner.token_allocator.host_tier
     try:
+        if args.device.startswith("cuda"):
+            # The server's warm-up: every prefill launch variant compiled before the first timed turn (the offline
+            # engine does not warm up by itself), so the first run's TTFT holds no compile.
+            from sglang.srt.managers.server_warmup import run_server_warmup
+
+            rep = run_server_warmup(eng.scheduler)
+            if rep is not None:
+                print(f"{name}: warm-up {rep.forwards} forwards in {rep.seconds:.1f} s", flush=True)
+        start = time.perf_counter()
         r = run_sessions(eng, args.sessions, args.turns, args.system_tokens, args.turn_tokens)
         stats = tier.stats if tier is not None else None
+        print(f"{name}: {len(r.ttft)} turns in {time.perf_counter() - start:.1f} s", flush=True)
     finally:
         eng.shutdown()
     ttft, cached, prompt = r.ttft, r.cached_tokens, r.prompt_tokens

@@ -2,6 +2,8 @@
 
     python benchmark/bench_speculative.py [--config benchmark/configs/flash-slice-4l32e.config.json] [--steps 3]
         [--batch 1 16] [--new-tokens 64] [--quantize] [--out result.json]
+    python benchmark/bench_speculative.py --model-path benchmark/tiny_model/checkpoint/bf16 \
+        --gsm8k-data benchmark/tiny_model/data/gsm8k_test.jsonl [--batch 1 16]
 
 Writes (once, under --work-dir) the "predictable" random checkpoint of the config (test/srt/spec_checkpoint.py:
 attention outputs and expert w2 zeroed, head = shifted embedding, MTP = identity on the next token's embedding) with
@@ -9,6 +11,10 @@ scripts/make_slice_checkpoint.py's writer, so the draft's tokens are always acce
 and the speed-up is the best the engine's speculative path can give. Plain bf16 (the config's quantization stripped),
 or with --quantize the hub's formats (FP8 block linears, the MTP layer's too, and MXFP4 routed experts), drawn and
 quantized on the GPU where there is one (benchmark/configs/flash-12l256e.config.json: 45 GB, in 4 GB shards).
+
+--model-path takes a trained checkpoint as it is instead (its own MTP layer drafts), and --gsm8k-data the gsm8k
+script's 5-shot prompts from a GSM8K-format file in place of random tokens, so a learned draft sees text it can
+predict (the accept length is then the model's, not steps + 1).
 
 Per batch size: decode tokens/s plain and speculative, the speed-up, the accept length, GPU ms per plain step and per
 speculative cycle (draft steps + verify + draft extend), the cycle's cost in plain steps, the GPU-bound limit of the
@@ -64,22 +70,42 @@ def engine_ctx(path: str) -> int:
         return json.load(f)["max_position_embeddings"]
 
 
-def decode_tok_s(engine, batch: int, prompt_len: int, new_tokens: int, warmup_tokens: int) -> tuple:
-    vocab = engine.model_runner.model_config.vocab_size
-    g = torch.Generator().manual_seed(0)
-    ids = [torch.randint(2, vocab, (prompt_len,), generator=g).tolist() for _ in range(batch)]
+def gsm8k_prompts(path: str, count: int) -> list:
+    """The gsm8k script's 5-shot prompts for the first `count` questions of a GSM8K-format file."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmark", "gsm8k"))
+    import bench_sglang
+
+    lines = bench_sglang.load_lines(path)
+    if len(lines) < 5 + count:
+        raise ValueError(f"--gsm8k-data {path} holds {len(lines)} lines; {5 + count} are needed (5 shots)")
+    return bench_sglang.build_prompts(lines, 5, count)[0]
+
+
+def decode_tok_s(engine, batch: int, prompt_len: int, new_tokens: int, warmup_tokens: int,
+                 texts: Optional[list] = None) -> tuple:
+    """Decode tokens/s of one batch (prefill time subtracted), its mean accept length and tokens generated. The
+    prompts: `texts[:batch]` where given, else `batch` random prompts of `prompt_len` tokens."""
+    if texts is not None:
+        prompts = {"prompt": texts[:batch]}
+    else:
+        vocab = engine.model_runner.model_config.vocab_size
+        g = torch.Generator().manual_seed(0)
+        prompts = {"input_ids": [torch.randint(2, vocab, (prompt_len,), generator=g).tolist() for _ in range(batch)]}
     params = {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True}
-    # Warm-up at this exact shape (batch, prompt length, decode steps of this mode), so no first-use cost is timed.
-    engine.generate(input_ids=ids, sampling_params={**params, "max_new_tokens": warmup_tokens})
+    # Warm-up at this exact shape (batch, prompt length, decode steps of this mode), so no first-use cost is timed,
+    # then the prefill-only request once: it finds the prompts cached, a prefill shape of its own (a chunk after a
+    # prefix) whose first use would otherwise be timed and subtracted from the decode.
+    engine.generate(**prompts, sampling_params={**params, "max_new_tokens": warmup_tokens})
     prefill_only = {**params, "max_new_tokens": 1}
+    engine.generate(**prompts, sampling_params=prefill_only)
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     sync()
     t = time.perf_counter()
-    engine.generate(input_ids=ids, sampling_params=prefill_only)
+    engine.generate(**prompts, sampling_params=prefill_only)
     sync()
     prefill = time.perf_counter() - t
     t = time.perf_counter()
-    outs = engine.generate(input_ids=ids, sampling_params=params)
+    outs = engine.generate(**prompts, sampling_params=params)
     sync()
     total = time.perf_counter() - t
     tokens = sum(len(o["output_ids"]) for o in outs)
@@ -91,6 +117,9 @@ def decode_tok_s(engine, batch: int, prompt_len: int, new_tokens: int, warmup_to
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", default=os.path.join(ROOT, "benchmark", "configs", "flash-slice-4l32e.config.json"))
+    ap.add_argument("--model-path", help="a trained checkpoint as it is (its MTP layer drafts) instead of the "
+                    "predictable checkpoint of --config")
+    ap.add_argument("--gsm8k-data", help="GSM8K-format jsonl: timed prompts are the gsm8k script's 5-shot prompts")
     ap.add_argument("--work-dir", default="/tmp/sglang-bench-spec")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 16])
@@ -101,7 +130,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--quantize", action="store_true",
                     help="the checkpoint in the hub's formats (FP8 linears, MXFP4 experts) instead of bf16")
     ap.add_argument("--out")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.model_path and args.quantize:
+        ap.error("--quantize writes the predictable checkpoint of --config; a --model-path is used as it is stored")
+    return args
 
 
 @dataclasses.dataclass
@@ -155,7 +187,8 @@ def main() -> None:
     from sglang.bench_one_batch import WARMUP_DECODE_STEPS, profile_decode, tokens_per_step
 
     args = parse_args()
-    path = build_checkpoint(args.config, args.work_dir, args.quantize)
+    path = args.model_path or build_checkpoint(args.config, args.work_dir, args.quantize)
+    texts = gsm8k_prompts(args.gsm8k_data, max(args.batch)) if args.gsm8k_data else None
     device = "cuda" if torch.cuda.is_available() else "cpu"
     rows = []
 
@@ -168,7 +201,8 @@ def main() -> None:
     def timed(engine, spec: bool) -> None:
         for bs in args.batch:
             tok_s, accept, _ = decode_tok_s(engine, bs, args.prompt_len, args.new_tokens,
-                                            warmup_tokens=1 + WARMUP_DECODE_STEPS * tokens_per_step(engine))
+                                            warmup_tokens=1 + WARMUP_DECODE_STEPS * tokens_per_step(engine),
+                                            texts=texts)
             rows.append({"speculative": spec, "batch": bs, "decode_tok_s": tok_s, "accept_length": accept,
                          "profile": None})
 
@@ -200,13 +234,15 @@ def main() -> None:
     summary = [speed_up(*(next(r for r in rows if r["batch"] == bs and r["speculative"] == spec)
                           for spec in (False, True))) for bs in args.batch]
     print(f"speculative decoding, {args.steps} draft steps, top-1, {args.steps + 1} tokens verified"
-          f"{' (FP8 linears, MXFP4 experts)' if args.quantize else ''}:")
+          f"{' (FP8 linears, MXFP4 experts)' if args.quantize else ''}{' on ' + path if args.model_path else ''}"
+          f"{', gsm8k prompts' if texts else ''}:")
     for s in summary:
         print(s.line())
     if args.out:
         with open(args.out, "w") as f:
             name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
-            json.dump({"device": name, "config": args.config, "quantized": args.quantize, "steps": args.steps,
+            json.dump({"device": name, "config": args.config, "model_path": args.model_path,
+                       "gsm8k_data": args.gsm8k_data, "quantized": args.quantize, "steps": args.steps,
                        "rows": rows, "speed_up": [dataclasses.asdict(s) for s in summary]}, f, indent=1)
 
 

@@ -7,12 +7,16 @@ routed experts).
 
 --shard-gb streams the tensors into shards of about that size (host memory holds one shard: the 48 GB of
 benchmark/configs/flash-12l256e.config.json quantized); --device cuda draws and quantizes them on the GPU (other random
-values than the CPU's, the same formats). Benchmarks that need edited weights (benchmark/bench_speculative.py) call
+values than the CPU's, the same formats). An existing out_dir is kept (the draw is seeded): the checkpoint is written
+beside it and renamed into place, so a directory there is always whole, and a second call does not fill the disk
+with another copy. Benchmarks that need edited weights (benchmark/bench_speculative.py) call
 `write_slice_checkpoint` with an `edit`.
 """
 
 import argparse
 import json
+import os
+import shutil
 from typing import Optional
 
 from sglang.srt.model_loader.tiny_checkpoint import WeightEdit, make_tiny_checkpoint
@@ -38,4 +42,10 @@ if __name__ == "__main__":
     ap.add_argument("--shard-gb", type=float, default=None)
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
-    write_slice_checkpoint(args.config, args.out_dir, args.quantize, args.shard_gb, args.device)
+    if os.path.isdir(args.out_dir):  # only ever a whole checkpoint: written beside, then renamed into place
+        print(f"{args.out_dir} exists: kept (delete it to write it again)")
+    else:
+        partial = args.out_dir.rstrip("/") + ".partial"
+        shutil.rmtree(partial, ignore_errors=True)  # an interrupted earlier write (a full disk, a killed call)
+        write_slice_checkpoint(args.config, partial, args.quantize, args.shard_gb, args.device)
+        os.rename(partial, args.out_dir)
