@@ -11,13 +11,15 @@ import subprocess
 import sys
 
 import pytest
+import triton.language as tl
 
 from oracle import engine, random_ids
 from sglang.srt.environ import envs
 from sglang.srt.managers.server_warmup import WarmupShapes, plan_warmup, prefill_signature, run_server_warmup
 from sglang.srt.model_executor.model_runner import ModelRunner
 
-FLASH = WarmupShapes(hidden=4096, heads=64, experts=256, top_k=6, num_sms=132)  # aot_plan's Flash on an H100
+# aot_plan's Flash on an H100: bf16 compute and KV cache
+FLASH = WarmupShapes(hidden=4096, heads=64, experts=256, top_k=6, num_sms=132, attn_dot=tl.bfloat16)
 
 
 _SHAPE_KEYS = """
@@ -65,6 +67,22 @@ def test_plan_prefills_a_row_count_of_every_launch_variant():
 def test_plan_keeps_to_the_prompt_limit():
     plan = plan_warmup(FLASH, 512, 300)
     assert max(plan.prompt_lens) <= 300 and 1 in plan.prompt_lens and 16384 not in plan.prompt_lens
+
+
+def test_shapes_of_a_rank():
+    """A rank's attention heads divide by the attention TP size (DP attention keeps every head on a rank), and the
+    attention's dots follow the KV cache: 16-bit for a bf16 cache, fp16 for an FP8 cache with bf16 compute."""
+    import torch
+    from types import SimpleNamespace
+
+    config = SimpleNamespace(hidden_size=4096, num_attention_heads=64, n_routed_experts=256, num_experts_per_tok=6,
+                             head_dim=512, qk_rope_head_dim=64)
+    cpu = torch.device("cpu")
+    tp4 = WarmupShapes.of(config, 4, cpu, torch.bfloat16)
+    assert (tp4.heads, tp4.attn_dot) == (16, tl.bfloat16)
+    dp = WarmupShapes.of(config, 1, cpu, torch.bfloat16, "fp8_e4m3")
+    assert (dp.heads, dp.attn_dot) == (64, tl.float16)
+    assert prefill_signature(700, tp4) != prefill_signature(700, dp)  # 16 heads: another attention tiling
 
 
 @pytest.fixture

@@ -33,7 +33,7 @@ def dsv4_moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int, one_p
     n = topk_ids.numel()
     num_blocks = triton.cdiv(n, block_m) + min(num_experts + 1, n)
     if one_program is None:
-        one_program = topk_ids.is_cuda and n <= ALIGN_ONE_PROGRAM_PAIRS
+        one_program = topk_ids.is_cuda and one_program_sort_width(n) is not None
     if one_program:
         return _align_one_program(topk_ids, num_experts, block_m, num_blocks, pdl)
     flat = topk_ids.flatten().long()
@@ -85,6 +85,13 @@ def _align_kernel(ids_ptr, rows_ptr, bexp_ptr, pad_ptr, n, E, num_rows, num_bloc
     tl.store(bexp_ptr + row // BLOCK_M, expert.to(tl.int64), mask=valid)
 
 
+def one_program_sort_width(pairs: int) -> Optional[int]:
+    """Keys the one-program align sorts for `pairs` (expert, pair) pairs on a GPU by default (its compiled variant),
+    or None where the default is the torch path (more than ALIGN_ONE_PROGRAM_PAIRS pairs). The server's warm-up
+    plans its prompts from this."""
+    return max(16, triton.next_power_of_2(pairs)) if pairs <= ALIGN_ONE_PROGRAM_PAIRS else None
+
+
 def _align_one_program(topk_ids: torch.Tensor, num_experts: int, block_m: int, num_blocks: int,
                        pdl: bool) -> tuple:
     n, device = topk_ids.numel(), topk_ids.device
@@ -92,7 +99,7 @@ def _align_one_program(topk_ids: torch.Tensor, num_experts: int, block_m: int, n
     block_expert = torch.empty(num_blocks, dtype=torch.int64, device=device)
     ep = triton.next_power_of_2(num_experts + 2)  # bins 0..E and one past for padding lanes
     pad_before = torch.empty(ep, dtype=torch.int32, device=device)
-    p = max(16, triton.next_power_of_2(n))
+    p = max(16, triton.next_power_of_2(n))  # one_program_sort_width's, also past the default's bound
     if p > 16384 or ep * p >= 2**31:  # shared memory for the sort; keys expert * P + pair in int32
         raise ValueError(f"one_program aligns up to 16,384 pairs with expert * pairs < 2^31, got {n} pairs and "
                          f"{num_experts} experts: use one_program=False")

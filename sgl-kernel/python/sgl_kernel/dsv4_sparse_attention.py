@@ -31,7 +31,8 @@ Design (decode is the hot path: a few rows, 128 window + up to 8192 compressed k
   `num_splits` (None = `pick_num_splits`) is a runtime int: any value reuses the same compiled kernels.
 * Scores are kept in the log2 domain (scale * log2 e folded into S, exp2). Dots run in bf16 for bf16 q with a
   bf16 cache, in fp16 for an FP8 cache with bf16 / fp16 q (e4m3 * 2^e is exact in fp16 but in tiny blocks; see
-  `_dot_dtype`) and for fp16 q with an fp16 cache, else fp32 ("ieee"); softmax statistics and accumulators are fp32.
+  `attention_dot_dtype`) and for fp16 q with an fp16 cache, else fp32 ("ieee"); softmax statistics and accumulators
+  are fp32.
 * FP8 caches load the key tile as static halves [0, D/2) and [D/2, D) (the first holds only nope dims: no rope
   loads, no select), so with DV_SPLIT = 2 the value half is chosen by a branch around the whole key loop.
 
@@ -80,8 +81,8 @@ def _load_fp8_cols(rows, valid, C0: tl.constexpr, D: tl.constexpr, NCOL: tl.cons
     range inside the nope dims (D = 512: the first half) loads no rope and selects nothing.
     LOADER 0 reads the scale byte of every column (an L1 hit); 1 reads the NCOL / 64 scale bytes of each row once
     and broadcasts them over [BN, NCOL / 64, 64] (C0 is a multiple of 64).
-    fp16 dots (see _dot_dtype): e4m3 -> fp16 is one instruction per pair and the power-of-two scale multiplies in
-    fp16, exactly; fp32 dots (tests) dequantize in fp32."""
+    fp16 dots (see attention_dot_dtype): e4m3 -> fp16 is one instruction per pair and the power-of-two scale
+    multiplies in fp16, exactly; fp32 dots (tests) dequantize in fp32."""
     cols = C0 + tl.arange(0, NCOL)
     NOPE: tl.constexpr = D - ROPE
     ALL_NOPE: tl.constexpr = C0 + NCOL <= NOPE
@@ -334,6 +335,11 @@ def _sm_count(device: torch.device) -> int:
     return 132  # H200 / H100 SXM: CPU runs (the interpreter) pick the same splits as the target GPU
 
 
+def _programs(num_rows: int, num_heads: int, block_heads: int, dv_split: int) -> int:
+    """Programs of one key split: rows x head blocks x value halves."""
+    return num_rows * triton.cdiv(num_heads, block_heads) * dv_split
+
+
 def pick_num_splits(num_rows: int, num_heads: int, num_keys: int, device: torch.device, block_heads: int = 64,
                     dv_split: int = 1) -> int:
     """Key splits so that rows x head blocks x splits fills about one wave of SMs, each split >= 128 keys.
@@ -341,14 +347,24 @@ def pick_num_splits(num_rows: int, num_heads: int, num_keys: int, device: torch.
     Depends on the row count, so outputs may differ in the last bits between batch sizes; pass
     `num_splits` explicitly for batch-invariant results. The value is a runtime argument (no recompile).
     """
-    programs = num_rows * triton.cdiv(num_heads, block_heads) * dv_split
+    programs = _programs(num_rows, num_heads, block_heads, dv_split)
     sms = _sm_count(device)
     if num_keys <= MIN_KEYS_PER_SPLIT or programs >= sms:
         return 1
     return max(1, min(triton.cdiv(sms, programs), triton.cdiv(num_keys, MIN_KEYS_PER_SPLIT)))
 
 
-def _dot_dtype(q_dtype: torch.dtype, cache_dtype: torch.dtype, fp8: bool):
+def launch_variant(num_rows: int, num_heads: int, dot_dtype, num_sms: int) -> tuple:
+    """What the compiled kernels of a launch of `num_rows` rows depend on besides integer divisibility: the static
+    launch settings and whether its keys may be split (the SPLIT variant and the combine kernel: only where one
+    split's programs leave SMs idle, as pick_num_splits decides; a launch with few keys does not split either). The
+    server's warm-up plans its prompts from this."""
+    cfg = _launch_config(num_heads, dot_dtype)
+    may_split = _programs(num_rows, num_heads, cfg["BH"], cfg["DV_SPLIT"]) < num_sms
+    return tuple(sorted(cfg.items())), may_split
+
+
+def attention_dot_dtype(q_dtype: torch.dtype, cache_dtype: torch.dtype, fp8: bool):
     """(triton dtype of the tl.dot inputs, use ieee fp32) for q and the cache's key dtype.
 
     An FP8 cache with bf16 or fp16 q dots in fp16: a dequantized key (an e4m3 value, 4 significant bits, times its
@@ -390,7 +406,7 @@ def dsv4_sparse_attention(q, window_cache, window_slots, extra_cache=None, extra
     w = window_slots.shape[1]
     k = extra_slots.shape[1] if has_extra else 0
     half = triton.next_power_of_2(max(d, 64)) // 2  # the key tile is loaded as two column halves
-    dot_dtype, dot_ieee = _dot_dtype(q.dtype, window_cache.dtype, rope > 0)
+    dot_dtype, dot_ieee = attention_dot_dtype(q.dtype, window_cache.dtype, rope > 0)
     cfg = launch_config or _launch_config(h, dot_dtype)
     bh, bn, dv_split = cfg["BH"], cfg["BN"], cfg["DV_SPLIT"]
     assert dv_split in (1, 2), f"DV_SPLIT must be 1 or 2, got {dv_split}"

@@ -83,11 +83,17 @@ def limit_in(dtype: torch.dtype, limit: float) -> float:
     return struct.unpack("<f", struct.pack("<I", bits))[0]
 
 
+def swiglu_row_block(rows: int) -> int:
+    """Rows a program takes (a constexpr: one compiled variant per value): up to 16, a power of two, so decode's few
+    rows spend no lanes on masked rows. The server's warm-up plans its prompts from this."""
+    return min(16, triton.next_power_of_2(rows))
+
+
 def _launch(gate, up, h, q, s, limit: float, quant: bool) -> None:
     m, inter = gate.shape
     if not m or not inter:
         return
-    block_m = min(16, triton.next_power_of_2(m))  # decode rows: no program spends its lanes on masked rows
+    block_m = swiglu_row_block(m)
     _swiglu_kernel[(triton.cdiv(m, block_m), triton.cdiv(inter, BLOCK))](
         gate, up, h, q, s, m, inter, gate.stride(0), up.stride(0), h.stride(0), q.stride(0), s.stride(0),
         s.stride(-1), limit_in(gate.dtype, limit), BLOCK_M=block_m, QUANT=quant, LIBDEVICE=not interpreting(),

@@ -32,8 +32,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-import triton
 
+from sglang.srt.distributed.parallel_state import get_parallel_state
 from sglang.srt.environ import envs
 from sglang.srt.layers.mhc import CARRY_MAX_ROWS
 from sglang.srt.layers.moe.router import FUSED_MAX_ROWS
@@ -65,45 +65,46 @@ class WarmupReport:
 def prefill_signature(t: int, shapes: "WarmupShapes") -> tuple:
     """The launch variants a prefill chunk of `t` rows picks, as the wrappers' own launch tables give them (equal
     tuples: the same compiled kernels but for integer divisibility)."""
-    import triton.language as tl
     from sgl_kernel.dsv4_fp8_gemm import _default_config
     from sgl_kernel.dsv4_mhc import mixes_launch, post_mixes_launch
     from sgl_kernel.dsv4_moe import moe_config
-    from sgl_kernel.dsv4_moe_align import ALIGN_ONE_PROGRAM_PAIRS
+    from sgl_kernel.dsv4_moe_align import one_program_sort_width
     from sgl_kernel.dsv4_moe_gemv import GEMV_MAX_TOKENS
     from sgl_kernel.dsv4_router import router_launch
-    from sgl_kernel.dsv4_sparse_attention import _launch_config
+    from sgl_kernel.dsv4_sparse_attention import launch_variant
+    from sgl_kernel.dsv4_swiglu import swiglu_row_block
 
     pairs = t * shapes.top_k
-    attn = _launch_config(shapes.heads, tl.float16)
-    # key splits (and their combine launch) while rows x head blocks leave SMs idle
-    attn_programs = t * triton.cdiv(shapes.heads, attn["BH"]) * attn["DV_SPLIT"]
     return (t == 1, t <= FUSED_PROJ_MAX_ROWS, t <= CARRY_MAX_ROWS,
             router_launch(t, shapes.experts, shapes.hidden) if t <= FUSED_MAX_ROWS else None,
             _default_config(t, 2) if t <= SKINNY_ROWS else t >= CUBLAS_EAGER_MIN_ROWS,
             mixes_launch(t, shapes.hidden), post_mixes_launch(t, shapes.hidden) if t <= CARRY_MAX_ROWS else None,
             moe_config(pairs, shapes.experts), moe_config(pairs, shapes.experts, scaled_dot=False, planes=True),
-            t <= GEMV_MAX_TOKENS,
-            # the one-program align sorts max(16, next power of two of the pairs) keys
-            max(16, triton.next_power_of_2(pairs)) if pairs <= ALIGN_ONE_PROGRAM_PAIRS else None,
-            attn_programs < shapes.num_sms,
-            min(16, triton.next_power_of_2(t)))  # the SwiGLU's row block
+            t <= GEMV_MAX_TOKENS, one_program_sort_width(pairs),
+            launch_variant(t, shapes.heads, shapes.attn_dot, shapes.num_sms), swiglu_row_block(t))
 
 
 @dataclass(frozen=True)
 class WarmupShapes:
-    """What a rank's prefill launches depend on besides the rows: its model widths and the GPU's SM count."""
+    """What a rank's prefill launches depend on besides the rows: its model widths, its attention's dot dtype (the
+    compute and KV cache dtypes) and the GPU's SM count."""
     hidden: int
-    heads: int  # attention heads on this rank
+    heads: int  # attention heads on this rank (attention TP: DP attention keeps every head on a rank)
     experts: int
     top_k: int
     num_sms: int
+    attn_dot: object  # triton dtype of the sparse attention's dots (attention_dot_dtype)
 
     @classmethod
-    def of(cls, config, tp_size: int, device) -> "WarmupShapes":
-        from sgl_kernel.dsv4_sparse_attention import _sm_count
-        return cls(config.hidden_size, max(1, config.num_attention_heads // tp_size), config.n_routed_experts,
-                   config.num_experts_per_tok, _sm_count(device))
+    def of(cls, config, attn_tp_size: int, device, dtype, kv_cache_dtype: str = "auto") -> "WarmupShapes":
+        from sgl_kernel.dsv4_sparse_attention import _sm_count, attention_dot_dtype
+
+        from sglang.srt.mem_cache.kv_formats import make_kv_format
+
+        kv = make_kv_format(kv_cache_dtype, config.head_dim, config.qk_rope_head_dim, dtype)
+        return cls(config.hidden_size, max(1, config.num_attention_heads // attn_tp_size), config.n_routed_experts,
+                   config.num_experts_per_tok, _sm_count(device),
+                   attention_dot_dtype(dtype, kv.storage_dtype, kv.fp8_rope_dim > 0)[0])
 
 
 def plan_warmup(shapes: WarmupShapes, chunk: int, max_prompt: int) -> WarmupPlan:
@@ -153,7 +154,8 @@ def run_server_warmup(scheduler, after_step: Optional[Callable] = None) -> Optio
     start = time.perf_counter()
     pool_tokens = scheduler.allocator.total_pages() * scheduler.allocator.page_size
     max_prompt = min(scheduler.context_length, pool_tokens) - 1 - scheduler.num_draft_tokens
-    shapes = WarmupShapes.of(scheduler.config, runner.server_args.tp_size, runner.device)
+    shapes = WarmupShapes.of(scheduler.config, get_parallel_state().attn_tp.world_size, runner.device, runner.dtype,
+                             runner.server_args.kv_cache_dtype)
     plan = plan_warmup(shapes, scheduler.chunk_budget, max_prompt)
     generated = scheduler.num_generated_tokens
     forwards = 0
