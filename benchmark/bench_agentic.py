@@ -24,12 +24,25 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+import threading
+import traceback
 import statistics
 import tempfile
 import time
 
 import torch
 from bench_prefix_cache import run_sessions
+
+
+def print_stacks(title: str) -> None:
+    """Every thread's Python stack, taken under the GIL (faulthandler's unlocked dump can crash a busy process)."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    lines = [title]
+    for ident, frame in sys._current_frames().items():
+        lines.append(f"--- thread {names.get(ident, ident)}")
+        lines.extend(line.rstrip() for line in traceback.format_stack(frame))
+    print("\n".join(lines), flush=True)
 
 
 def working_set_tokens(args) -> int:
@@ -73,7 +86,15 @@ def run(args, name: str, pool_tokens: int, **engine_kwargs) -> dict:
             if rep is not None:
                 print(f"{name}: warm-up {rep.forwards} forwards in {rep.seconds:.1f} s", flush=True)
         start = time.perf_counter()
-        r = run_sessions(eng, args.sessions, args.turns, args.system_tokens, args.turn_tokens)
+        # A run that stalls prints every thread's stack (the scheduler's, the copy engine's, the file tier's readers
+        # and writers) once, so a benchmark cut off by its caller's time limit still says where it stood.
+        watchdog = threading.Timer(args.stall_seconds, print_stacks, (f"{name}: no end after {args.stall_seconds} s",))
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            r = run_sessions(eng, args.sessions, args.turns, args.system_tokens, args.turn_tokens)
+        finally:
+            watchdog.cancel()
         stats = tier.stats if tier is not None else None
         print(f"{name}: {len(r.ttft)} turns in {time.perf_counter() - start:.1f} s", flush=True)
     finally:
@@ -105,6 +126,8 @@ def main() -> None:
                     help="--hicache-ratio of the host run (x the small pool's pages and ends: every session)")
     ap.add_argument("--page-size", type=int, help="default: the engine's (256 for DeepSeek-V4)")
     ap.add_argument("--storage-dir", help="also run the file tier after a restart, in this directory")
+    ap.add_argument("--stall-seconds", type=float, default=120.0,
+                    help="print every thread's stack once if one engine's sessions take longer than this")
     ap.add_argument("--out")
     args = ap.parse_args()
     working = working_set_tokens(args)

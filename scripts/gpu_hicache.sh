@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The hierarchical prefix cache on a GPU in one call: the host/file-tier exactness tests on the GPU engine (fp32,
 # pinned host memory, CUDA graphs and overlap on), then benchmark/bench_agentic.py against the Flash slice (bf16
-# random weights): agentic sessions on a device pool holding a quarter of their working set, device-only vs host tier
-# vs an unbounded pool (and the file tier after a restart), with the pinned host <-> device copy bandwidth measured
-# in the same run.
+# random weights): 16 agentic sessions x 5 turns, each turn 2,048 new tokens over a 1,024-token shared system prompt,
+# on a device pool holding a quarter of their working set (165K tokens): device-only vs host tier vs an unbounded pool
+# (and the file tier after a restart), with the pinned host <-> device copy bandwidth measured in the same run.
 #   bash scripts/gpu_hicache.sh      Logs and JSON go to $OUT.
 # A dry run on CPU: MODEL=tiny-deepseek-v4 DEVICE=cpu TESTS=0 SESSIONS=4 TURNS=2 SYSTEM=512 TURN=128 bash scripts/gpu_hicache.sh
 source "$(dirname "$0")/gpu_env.sh"
@@ -17,6 +17,6 @@ fi
 rm -rf /tmp/w/hicache_files
 # shellcheck disable=SC2086
 TAIL=12 step "agentic sessions" python3 benchmark/bench_agentic.py --model-path $MODEL --device "${DEVICE:-cuda}" \
-  --sessions "${SESSIONS:-24}" --turns "${TURNS:-5}" --system-tokens "${SYSTEM:-8192}" --turn-tokens "${TURN:-512}" \
+  --sessions "${SESSIONS:-16}" --turns "${TURNS:-5}" --system-tokens "${SYSTEM:-1024}" --turn-tokens "${TURN:-2048}" \
   --storage-dir /tmp/w/hicache_files --out "$OUT/agentic.json"
 finish
