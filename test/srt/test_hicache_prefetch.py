@@ -6,9 +6,10 @@ without it); its outputs equal a cold run's (no cached token) under each policy;
 its read, or admitted before it, frees every host slot it reserved; a read that raises is a logged miss. Two
 requests waiting on one prefix on file share its read: each file read once, either aborted without touching the
 other's (before the read or midway through it; both aborted midway, what lands after is dropped), one needing more
-reading only the rest; under timeout each is admitted at its own deadline, the read going on for the other. A
-queued prompt is hashed on a reader thread, not the scheduler's. The restart case (a second engine on the directory)
-is test_hicache.py's test_file_tier_outlives_the_server.
+reading only the rest, one needing less stopping inside it (its end read with it, the landed node split there);
+under timeout each is admitted at its own deadline, the read going on for the other. A queued prompt is hashed on a
+reader thread, not the scheduler's. The restart case (a second engine on the directory) is test_hicache.py's
+test_file_tier_outlives_the_server.
 
 One engine for the module (a file tier on a temporary directory); the reader replaced by one that runs reads only
 when the test releases them (a store hook acts between two of its files), the hashing run where it is submitted.
@@ -358,6 +359,43 @@ def test_a_request_needing_more_reads_on_past_the_shared_read(eng, files, monkey
     _run(sched, [short, long])
     for r, ids in ((short, PROMPT), (long, LONG_PROMPT)):
         assert r.output_ids == _cold(eng, monkeypatch, ids)["output_ids"]
+
+
+@pytest.mark.parametrize("abort_short", [False, True], ids=["admitted", "short-aborted"])
+def test_a_request_needing_less_stops_inside_the_shared_read(eng, files, monkeypatch, abort_short):
+    """A request whose prefix on file ends inside another waiting request's read (96 tokens against 128, the end at
+    96 on file too) joins that read as a stop rather than read its 6 pages again: the host reserves the 8 pages and
+    the end at 128 once, and one end slot more, for the end at 96, shared by a second request stopping there. The
+    read lands as two nodes (96 and 128): each request is admitted on its whole prefix, each file read once (8 pages,
+    2 ends); outputs as cold runs'. The two stopping requests aborted before the read: the slot of the end at 96 is
+    freed once neither stops there and that file is not read; the long request is still admitted on 128. No slot
+    leaks."""
+    sched, reader, alloc = eng.scheduler, files.prefetcher.reader, eng.model_runner.token_allocator
+    tier = alloc.host_tier
+    before = _host_usage(eng)
+    reads = _count_reads(files, monkeypatch)
+    long, shorts = _req("long", LONG_PROMPT, logprob_start=132), [_req("short", PROMPT), _req("short2", PROMPT2)]
+    for r in (long, *shorts):
+        sched.add_request(r)
+        sched.step()
+    assert len(reader.jobs) == 1 and all(r.prefetch.read is long.prefetch.read for r in shorts)
+    assert files.prefetcher.reserved(tier.pages) == 8 and files.prefetcher.reserved(tier.ends) == 2
+    if abort_short:
+        for r, ends in zip(shorts, (2, 1)):  # the end at 96 stays reserved while a request stops there
+            assert sched.abort_request(r.rid) is not None
+            assert files.prefetcher.reserved(tier.pages) == 8 and files.prefetcher.reserved(tier.ends) == ends
+        shorts = []
+    reader.release()
+    sched.step()
+    assert long.cached_tokens == 128 and all(r.cached_tokens == 96 for r in shorts[:1])
+    assert all(r in sched.waiting for r in shorts[1:])  # for a request slot: the read's nodes stay locked for it
+    assert len(reads) == (9 if abort_short else 10) and set(reads.values()) == {1}
+    _run(sched, [long, *shorts])
+    assert all(r.cached_tokens == 96 for r in shorts)
+    alloc.check_all_free()
+    assert eng.flush_cache() and _host_usage(eng) == before
+    for r in (long, *shorts):
+        assert r.output_ids == _cold(eng, monkeypatch, r.origin_input_ids)["output_ids"]
 
 
 def _between_reads(files, monkeypatch, actions: dict) -> list:
