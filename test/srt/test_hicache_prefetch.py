@@ -5,15 +5,19 @@ when the read landed while the request waited for a slot; timeout: once its dead
 without it); its outputs equal a cold run's (no cached token) under each policy; a request aborted before or during
 its read, or admitted before it, frees every host slot it reserved; a read that raises is a logged miss. Two
 requests waiting on one prefix on file share its read: each file read once, either aborted without touching the
-other's, one needing more reading only the rest. A queued prompt is hashed on a reader thread, not the scheduler's.
-The restart case (a second engine on the directory) is test_hicache.py's test_file_tier_outlives_the_server.
+other's (before the read or midway through it; both aborted midway, what lands after is dropped), one needing more
+reading only the rest, one needing less stopping inside it (its end read with it, the landed node split there);
+under timeout each is admitted at its own deadline, the read going on for the other. A queued prompt is hashed on a
+reader thread, not the scheduler's. The restart case (a second engine on the directory) is test_hicache.py's
+test_file_tier_outlives_the_server.
 
 One engine for the module (a file tier on a temporary directory); the reader replaced by one that runs reads only
-when the test releases them, the hashing run where it is submitted. About 11 s of wall time on 2 cores, half of it
-the engine's start."""
+when the test releases them (a store hook acts between two of its files), the hashing run where it is submitted.
+About 8 s of wall time on 2 cores, a third of it the engine's start."""
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 from collections import Counter
@@ -354,6 +358,133 @@ def test_a_request_needing_more_reads_on_past_the_shared_read(eng, files, monkey
     assert len(reads) == 10 and set(reads.values()) == {1}  # 8 pages and 2 ends
     _run(sched, [short, long])
     for r, ids in ((short, PROMPT), (long, LONG_PROMPT)):
+        assert r.output_ids == _cold(eng, monkeypatch, ids)["output_ids"]
+
+
+@pytest.mark.parametrize("abort_short", [False, True], ids=["admitted", "short-aborted"])
+def test_a_request_needing_less_stops_inside_the_shared_read(eng, files, monkeypatch, abort_short):
+    """A request whose prefix on file ends inside another waiting request's read (96 tokens against 128, the end at
+    96 on file too) joins that read as a stop rather than read its 6 pages again: the host reserves the 8 pages and
+    the end at 128 once, and one end slot more, for the end at 96, shared by a second request stopping there. The
+    read lands as two nodes (96 and 128): each request is admitted on its whole prefix, each file read once (8 pages,
+    2 ends); outputs as cold runs'. The two stopping requests aborted before the read: the slot of the end at 96 is
+    freed once neither stops there and that file is not read; the long request is still admitted on 128. No slot
+    leaks."""
+    sched, reader, alloc = eng.scheduler, files.prefetcher.reader, eng.model_runner.token_allocator
+    tier = alloc.host_tier
+    before = _host_usage(eng)
+    reads = _count_reads(files, monkeypatch)
+    long, shorts = _req("long", LONG_PROMPT, logprob_start=132), [_req("short", PROMPT), _req("short2", PROMPT2)]
+    for r in (long, *shorts):
+        sched.add_request(r)
+        sched.step()
+    assert len(reader.jobs) == 1 and all(r.prefetch.read is long.prefetch.read for r in shorts)
+    assert files.prefetcher.reserved(tier.pages) == 8 and files.prefetcher.reserved(tier.ends) == 2
+    if abort_short:
+        for r, ends in zip(shorts, (2, 1)):  # the end at 96 stays reserved while a request stops there
+            assert sched.abort_request(r.rid) is not None
+            assert files.prefetcher.reserved(tier.pages) == 8 and files.prefetcher.reserved(tier.ends) == ends
+        shorts = []
+    reader.release()
+    sched.step()
+    assert long.cached_tokens == 128 and all(r.cached_tokens == 96 for r in shorts[:1])
+    assert all(r in sched.waiting for r in shorts[1:])  # for a request slot: the read's nodes stay locked for it
+    assert len(reads) == (9 if abort_short else 10) and set(reads.values()) == {1}
+    _run(sched, [long, *shorts])
+    assert all(r.cached_tokens == 96 for r in shorts)
+    alloc.check_all_free()
+    assert eng.flush_cache() and _host_usage(eng) == before
+    for r in (long, *shorts):
+        assert r.output_ids == _cold(eng, monkeypatch, r.origin_input_ids)["output_ids"]
+
+
+def _between_reads(files, monkeypatch, actions: dict) -> list:
+    """actions[n]() runs once n files of a read have landed, before the next one is read (the scheduler acting
+    between two of the reader's files); returns the keys read, in order."""
+    get, calls = files.store.get, []
+
+    def hooked(key):
+        action = actions.pop(len(calls), None)
+        if action is not None:
+            action()
+        calls.append(key)
+        return get(key)
+    monkeypatch.setattr(files.store, "get", hooked)
+    return calls
+
+
+@pytest.mark.parametrize("aborts", [{3: ("first",)}, {3: ("second",)}, {2: ("first",), 4: ("second",)},
+                                    {5: ("second", "first")}, {6: ("first", "second")}],
+                         ids=["first", "second", "both", "both-on-the-last-page", "both-on-the-end"])
+def test_an_abort_midway_through_a_shared_read(eng, files, monkeypatch, aborts):
+    """Two requests share a read of 6 pages and the end; some of its files land, then one request is aborted (either)
+    and the rest land: the other is admitted on the whole 96 tokens (each file read once), outputs as a cold run's,
+    and once it finished and the cache is flushed every host slot, device page, window and state slot is free. Both
+    aborted midway (apart; together while the last page is read: the end is not read then; or while the end is): the
+    reader stops after the file it was reading, whose landing (the end's too) neither grafts a node nor keeps a slot;
+    every slot is back at the next poll."""
+    sched, reader, alloc = eng.scheduler, files.prefetcher.reader, eng.model_runner.token_allocator
+    before = _host_usage(eng)
+    reqs = {"first": _req("first", PROMPT), "second": _req("second", PROMPT2)}
+    for r in reqs.values():
+        sched.add_request(r)
+    sched.step()
+    assert len(reader.jobs) == 1 and reqs["second"].prefetch.read is reqs["first"].prefetch.read
+
+    def abort(rids):
+        for rid in rids:
+            assert sched.abort_request(rid) is not None
+    calls = _between_reads(files, monkeypatch, {n: functools.partial(abort, rids) for n, rids in aborts.items()})
+    reader.release()
+    aborted = [rid for rids in aborts.values() for rid in rids]
+    if len(aborted) == 2:
+        assert len(calls) == max(aborts) + 1 and files.prefetcher.draining  # stopped after the file it was reading
+        assert _host_usage(eng)[:2] == (before[0] - 6, before[1] - 1)  # the reader had the slots: still held
+        alloc.check_all_free()
+        sched.step()  # the poll: what landed after the aborts is dropped, its slots freed
+        assert _host_usage(eng) == before and not files.prefetcher.busy() and not alloc.cache.root.children
+        return
+    other = reqs["second" if aborted == ["first"] else "first"]
+    assert other in sched.waiting and len(calls) == 7 and len(set(calls)) == 7  # 6 pages and the end, once each
+    sched.step()
+    assert other.cached_tokens == 96
+    _run(sched, [other])
+    alloc.check_all_free()
+    assert eng.flush_cache() and _host_usage(eng) == before
+    assert other.output_ids == _cold(eng, monkeypatch, other.origin_input_ids)["output_ids"]
+
+
+def test_timeout_admits_each_sharer_at_its_own_deadline(eng, files, monkeypatch):
+    """timeout: the deadline is per request (its queueing plus prefetch_timeout_base); a shared read goes on until
+    the latest of its waiters' deadlines. Of two requests sharing a held read, queued half a timeout apart, the first
+    is admitted once its deadline passed, without the file's prefix (computing it), while the read stays reserved
+    for the second; the read released then, the second is admitted on the file's 96 tokens, each file read once.
+    Outputs as cold runs'; no slot leaks."""
+    monkeypatch.setattr(files, "prefetch_policy", "timeout")
+    sched, reader, alloc = eng.scheduler, files.prefetcher.reader, eng.model_runner.token_allocator
+    base = files.config.prefetch_timeout_base
+    before = _host_usage(eng)
+    reads = _count_reads(files, monkeypatch)
+    early, late = _req("early", PROMPT), _req("late", PROMPT2)
+    sched.add_request(early)
+    sched.step()
+    CLOCK[0] = base / 2
+    sched.add_request(late)
+    sched.step()
+    assert len(reader.jobs) == 1 and late.prefetch.read is early.prefetch.read
+    assert early in sched.waiting and late in sched.waiting
+    CLOCK[0] = base * 1.25  # past early's deadline, not late's
+    sched.step()
+    assert early.alloc is not None and early.cached_tokens == 0 and late in sched.waiting
+    assert _host_usage(eng)[:2] == (before[0] - 6, before[1] - 1)  # still reserved, for late
+    reader.release()
+    sched.step()
+    assert late.alloc is not None and late.cached_tokens == 96
+    assert len(reads) == 7 and set(reads.values()) == {1}
+    _run(sched, [early, late])
+    alloc.check_all_free()
+    assert eng.flush_cache() and _host_usage(eng) == before
+    for r, ids in ((early, PROMPT), (late, PROMPT2)):
         assert r.output_ids == _cold(eng, monkeypatch, ids)["output_ids"]
 
 

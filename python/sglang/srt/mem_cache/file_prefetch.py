@@ -12,19 +12,23 @@ it happens while the request waits in the queue, not when it is admitted:
   node the reads hang under locked, so it stays. Where another waiting request's read (still live) is of the same
   files from the same node, up to the same end or short of this request's deepest end, the request joins it
   instead: no slots reserved, no file read twice; one that needs more looks again once that read landed, and plans
-  the rest under what it grafted;
-- a reader thread reads the files into those slots, pages in order, then the deepest end the landed pages reach (a
-  missing or unusable file stops the pages: a CRC failure is a miss, as for any file read, for every request
-  waiting on the read); the scheduler keeps stepping;
+  the rest under what it grafted. One whose deepest end is one the read passes (its pages the read's first) joins
+  it too, as a stop: only that end's slot reserved (once, however many requests stop there), its end file read
+  with the read's;
+- a reader thread reads the files into those slots, pages in order, then the stops' ends the landed pages reach,
+  then the deepest end they reach past those (a missing or unusable file stops the pages: a CRC failure is a miss,
+  as for any file read, for every request waiting on the read); the scheduler keeps stepping;
 - each step the scheduler grafts what finished: a new host-only node under the locked one (or the locked node's host
-  end), held locked until the last request waiting on it is admitted; each matches and loads it as any host hit.
-  Where the tree took that continuation meanwhile (another request computed it), the read is dropped;
+  end), split at each stop that landed (so a stopping request's match ends there), the deepest held locked until
+  the last request waiting on the read is admitted; each matches and loads it as any host hit. Where the tree took
+  that continuation meanwhile (another request computed it), the read is dropped;
 - --hicache-storage-prefetch-policy says when a waiting request is admitted: best_effort whenever the scheduler would
   anyway, with what has landed; wait_complete once its reads landed; timeout as wait_complete, but no longer than
   `prefetch_timeout_base` seconds after it was queued (the reader stops there too, at its latest waiter's). A request
   admitted before its reads landed, or aborted, stops waiting on them; reads no other request waits on are
   cancelled: the slots of reads not started are freed at once, those of a read in progress once the reader is done
-  with them (the next step's poll), so host-tier accounting comes back to where it was.
+  with them (the next step's poll), so host-tier accounting comes back to where it was. A stop no request waits at
+  any more is dropped (its slot freed) unless the reader already took it: its end then lands as a cached end.
 The reader is replaceable (`FilePrefetcher.reader`): a test can hold reads back and release them, as the CPU copy
 engine lands copies only when polled; so is where the hashing runs (`FilePrefetcher.hasher`).
 """
@@ -76,10 +80,24 @@ class PromptKeys:
 
 
 @dataclass(eq=False)
+class ReadStop:
+    """An end inside a read's pages that requests joining the read stop at: its file is read into its own slot and
+    the graft splits the read's node there."""
+
+    pages: int  # pages of the read's key before it
+    file: tuple  # (end file key, next token)
+    slot: int  # host end slot reserved
+    waiters: int = 1
+    landed: bool = False  # its end file is in `slot` (the reader's)
+    node: Optional[TreeNode] = None  # the grafted node ending there
+
+
+@dataclass(eq=False)
 class FileRead:
     """The reads of one run of files into host slots. `parent`: the node they hang under (locked until the last
     request waiting on them is admitted or dropped); `key` its continuation's tokens (empty: only `parent`'s end is
-    read); `waiters`: the waiting requests that wait on it (the one that planned it and those that joined it)."""
+    read); `waiters`: the waiting requests that wait on it (the one that planned it and those that joined it, stops
+    included)."""
 
     parent: TreeNode
     key: list  # whole pages, up to the deepest end planned
@@ -97,6 +115,8 @@ class FileRead:
     finished: Optional[float] = None  # when the reader stopped
     node: Optional[TreeNode] = None  # what landed, grafted and locked (its waiters match it at admission)
     reserved: list = field(default_factory=list)  # (allocator, ids) still held by this read
+    stops: list = field(default_factory=list)  # ReadStop, of requests whose deepest end the read passes
+    sealed: bool = False  # the reader took the stops to read: no stop is added or dropped any more
 
     @property
     def landed(self) -> bool:
@@ -115,13 +135,16 @@ class FilePrefetch:
     started: float
     deadline: float  # the timeout policy's; inf otherwise
     read: Optional[FileRead] = None
+    stop: Optional[ReadStop] = None  # where it stops inside the read it joined (None: at the read's deepest end)
     planned: bool = False  # its files were looked for (once its keys were computed)
     more: bool = False  # its files go on past the read it joined: looked for again once that one landed
 
     @property
     def node(self) -> Optional[TreeNode]:
         """What its reads grafted (the request's match there is a file hit)."""
-        return self.read.node if self.read is not None else None
+        if self.read is None or self.read.node is None:
+            return None
+        return self.stop.node if self.stop is not None else self.read.node
 
     @property
     def landed(self) -> bool:
@@ -201,7 +224,7 @@ class FilePrefetcher:
         if plan is None:
             return None
         parent, pos, hashes, ends = plan
-        joined = self._join(p, parent, hashes, ends)
+        joined = self._join(tier, p, parent, hashes, ends)
         if joined is not None:
             return joined
         cache.lock(parent)  # the path stays while the host makes room, and until its waiters are admitted
@@ -217,18 +240,47 @@ class FilePrefetcher:
         self.reader.submit(lambda: self._read(read))
         return read
 
-    def _join(self, p: FilePrefetch, parent, hashes: list, ends: list) -> Optional[FileRead]:
+    def _join(self, tier, p: FilePrefetch, parent, hashes: list, ends: list) -> Optional[FileRead]:
         """A live read from the same node whose pages are the first of p's, ending at p's deepest end or short of it
-        (p looks for the rest once it landed): p waits on it rather than read the same files again."""
+        (p looks for the rest once it landed), or passing p's deepest end (p stops there): p waits on it rather than
+        read the same files again."""
         deepest = ends[-1]
         for read in self.live:
-            n = len(read.hashes)
-            same_end = deepest == read.ends[-1]
-            if read.parent is parent and hashes[:n] == read.hashes and (same_end or (n and deepest[0] > n)):
-                read.waiters += 1
-                read.deadline = max(read.deadline, p.deadline)
-                p.more = deepest[0] > n
-                return read
+            if read.parent is not parent:
+                continue
+            n, j = len(read.hashes), deepest[0]
+            if hashes[:n] == read.hashes and (deepest == read.ends[-1] or (n and j > n)):
+                p.more = j > n
+            elif not (0 < j < n and hashes[:j] == read.hashes[:j] and deepest in read.ends):
+                continue
+            elif (stop := self._stop(tier, read, deepest)) is not None:
+                p.stop = stop
+            else:  # no stop there for p (see _stop): p reads its own
+                continue
+            read.waiters += 1
+            read.deadline = max(read.deadline, p.deadline)
+            return read
+        return None
+
+    def _stop(self, tier, read: FileRead, end: tuple) -> Optional[ReadStop]:
+        """The read's stop at `end` (its slot reserved when it is new), or None when the reader took the stops
+        already, the host has no room for the end, or another end is read there (a node has one end)."""
+        for stop in read.stops:
+            if stop.pages == end[0]:
+                if stop.file != end[1]:
+                    return None
+                stop.waiters += 1  # read with the others, or already taken by the reader: lands (or not) for all
+                return stop
+        if read.sealed or not self.files.room(tier, 0, 1):
+            return None
+        slot = tier.ends.alloc(1)[0]
+        stop = ReadStop(end[0], end[1], slot)
+        with self._lock:
+            if not read.sealed:
+                read.stops.append(stop)
+                read.reserved.append((tier.ends, [slot]))
+                return stop
+        tier.ends.free([slot])
         return None
 
     def _reserve(self, tier, ends: list) -> Optional[tuple]:
@@ -273,7 +325,19 @@ class FilePrefetcher:
                 pool.set_page_payload(slot, payload)
                 p.bytes_read += len(payload)
                 p.pages_read += 1
-            for j, found in reversed([e for e in p.ends if e[0] <= p.pages_read]):
+            with self._lock:
+                p.sealed = True
+                stops = sorted((s for s in p.stops if s.pages <= p.pages_read), key=lambda s: s.pages)
+            for s in stops:
+                if p.state != "reading":
+                    break
+                payload = store.get(s.file[0])
+                if payload is not None and len(payload) == pool.end_nbytes:
+                    pool.set_end_payload(s.slot, payload)
+                    p.bytes_read += len(payload)
+                    s.landed = True
+            below = max((s.pages for s in stops if s.landed), default=0)  # a stop's end there: no need to go lower
+            for j, found in reversed([e for e in p.ends if below < e[0] <= p.pages_read]):
                 if p.state != "reading":
                     break
                 payload = store.get(found[0])
@@ -286,6 +350,7 @@ class FilePrefetcher:
             logger.exception("file tier: a prefetch read failed")
         finally:
             with self._lock:
+                p.sealed = True  # a read that raised before its stops never reads them
                 p.finished = self.clock()
                 if p.state == "reading":
                     p.state = "read"
@@ -307,17 +372,21 @@ class FilePrefetcher:
             self._free(p)
 
     def _graft(self, cache, p: FileRead) -> None:
-        """Put what landed in the tree as a host copy (locked for its waiters), unless the tree took it meanwhile."""
+        """Put what landed in the tree as a host copy (locked for its waiters), one node per end that landed, unless
+        the tree took it meanwhile."""
         stats, ps = cache.tier.stats, self.files.page_size
         stats.bytes_from_file += p.bytes_read
         stats.file_read_seconds.append(p.finished - p.started)
         p.state = "landed"
-        if p.end_read is None:
+        ends = sorted(((s.pages, s.slot, s.file[1], s) for s in p.stops if s.landed), key=lambda e: e[0])
+        if p.end_read is not None:
+            ends.append((p.end_read[0], p.end_slot, p.end_read[1], None))
+        if not ends:
             self._free(p)
             return
-        j, next_token = p.end_read
         parent = p.parent
-        if not p.key:  # the end of a node on the path
+        if not p.key:  # the end of a node on the path (a read of no pages has no stops)
+            next_token = p.end_read[1]
             if parent.host_end is None and not parent.usable:
                 parent.host_end, parent.host_next_token = p.end_slot, next_token
                 p.reserved = []
@@ -328,10 +397,17 @@ class FilePrefetcher:
         if first in parent.children:  # the tree holds this continuation now (computed meanwhile)
             self._free(p)
             return
-        node = TreeNode(parent, p.key[:j * ps], [], last_access=next(cache._clock), host_pages=p.slots[:j],
-                        host_end=p.end_slot, host_next_token=next_token, page_hashes=p.hashes[:j])
-        parent.children[first] = node
-        p.reserved = [(cache.tier.pages, p.slots[j:])]
+        node, start, now = parent, 0, next(cache._clock)
+        for j, slot, next_token, stop in ends:
+            child = TreeNode(node, p.key[start * ps:j * ps], [], last_access=now, host_pages=p.slots[start:j],
+                             host_end=slot, host_next_token=next_token, page_hashes=p.hashes[start:j])
+            node.children[tuple(child.key[:ps])] = child
+            node, start = child, j
+            if stop is not None:
+                stop.node = child
+        in_tree = {slot for _, slot, _, _ in ends}
+        unused = [slot for slot in [p.end_slot] + [s.slot for s in p.stops] if slot not in in_tree]
+        p.reserved = [(cache.tier.pages, p.slots[start:]), (cache.tier.ends, unused)]
         self._free(p)
         cache.lock(node)  # before the parent's unlock: the shared path stays locked throughout
         cache.unlock(parent)
@@ -350,8 +426,21 @@ class FilePrefetcher:
         if p is None:
             return
         read, p.read = p.read, None
+        stop, p.stop = p.stop, None
+        if stop is not None:
+            self._leave_stop(cache, read, stop)
         if read is not None:
             self._leave(cache, read)
+
+    def _leave_stop(self, cache, r: FileRead, stop: ReadStop) -> None:
+        """One request less stopping there; with none left, the end is not read (unless the reader took it)."""
+        with self._lock:
+            stop.waiters -= 1
+            if stop.waiters or r.sealed:
+                return
+            r.stops.remove(stop)
+            r.reserved.remove((cache.tier.ends, [stop.slot]))
+        cache.tier.ends.free([stop.slot])
 
     def _leave(self, cache, r: FileRead) -> None:
         """One waiter less; with none left, cancel the reads still to come, free the slots not in the tree, unlock."""
