@@ -7,8 +7,9 @@ its read, or admitted before it, frees every host slot it reserved; a read that 
 requests waiting on one prefix on file share its read: each file read once, either aborted without touching the
 other's (before the read or midway through it; both aborted midway, what lands after is dropped), one needing more
 reading only the rest, one needing less stopping inside it (its end read with it, the landed node split there);
-under timeout each is admitted at its own deadline, the read going on for the other. A queued prompt is hashed on a
-reader thread, not the scheduler's. The restart case (a second engine on the directory) is test_hicache.py's
+under timeout each is admitted at its own deadline, the read going on for the other. A request whose read keeps its
+prefix's device pages locked is admitted in a pool those pages fill (mapped, not allocated again). A queued prompt is
+hashed on a reader thread, not the scheduler's. The restart case (a second engine on the directory) is test_hicache.py's
 test_file_tier_outlives_the_server.
 
 One engine for the module (a file tier on a temporary directory); the reader replaced by one that runs reads only
@@ -513,3 +514,34 @@ def test_prompt_hashing_runs_off_the_scheduler_thread(eng, files, monkeypatch):
     assert threads and threading.main_thread() not in threads
     assert all(t.name.startswith("hicache-file-reader") for t in threads)
     _run(sched, [req])
+
+
+def test_a_waiting_request_counts_its_locked_prefix_as_its_own(eng, files, monkeypatch):
+    """A read keeps its path locked while its request waits. In a pool whose free pages hold the request only with
+    that path's pages mapped (not allocated again), the request is admitted: counted as pages it needs and not as
+    pages available, it would wait for pages only its own admission frees, for ever."""
+    sched, alloc = eng.scheduler, eng.model_runner.token_allocator
+    tier = alloc.host_tier
+    with monkeypatch.context() as m:  # the device holds STORED's first 2 pages, an end at 32 that PROMPT fits
+        m.setattr(tier, "files", None)
+        eng.generate(input_ids=STORED[:33], sampling_params={"temperature": 0, "max_new_tokens": 1})
+    req = _req("tight", PROMPT)
+    sched.add_request(req)
+    sched._admit()  # its read queued from the node at 32, which stays locked: no eviction frees its pages
+    assert files.prefetcher.live and files.prefetcher.live[0].parent.lock_ref > 0
+    assert alloc.cache.evictable_pages() == 0
+    taken = alloc.pages.alloc(alloc.pages.available() - 5)  # 7 pages for 108 tokens: 2 of them mapped, 5 free
+    try:
+        files.prefetcher.reader.release()
+        for _ in range(20):
+            sched.step()
+            if req in sched.running or req.finished:
+                break
+        admitted = req in sched.running or req.finished
+        if not admitted:
+            sched.abort_request("tight")  # the module's other tests go on from a clean engine
+        assert admitted, "the request waits for its own prefix's pages"
+    finally:
+        alloc.pages.free(taken)
+    _run(sched, [req])
+    assert req.cached_tokens == 96

@@ -400,7 +400,11 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerGrammarMixin, SchedulerP
             if self.allocator.prefetch_waits(req.prefetch):
                 reading.append(self.waiting.popleft())
                 continue
-            need = self.allocator.pages_needed(None, expected_tokens(req, 1.0, clip, draft))
+            # its prefix's locked pages are in neither: mapped, not allocated, and not among the available ones (a
+            # request waiting on them, e.g. on its own file read's path in a pool they fill, would wait forever)
+            need = self.allocator.pages_needed(None, expected_tokens(req, 1.0, clip, draft)) - (
+                self.allocator.locked_prefix_pages(req.fill_ids, self._prefix_limit(req)) if req.use_prefix_cache
+                else 0)
             if need > budget:
                 break
             budget -= need

@@ -89,6 +89,10 @@ class DeepSeekV4TokenAllocator(TierCopies):
         """Free pages, plus those the prefix cache would give back."""
         return self.pages.available() + self._held(self.pages) + (self.cache.evictable_pages() if self.cache else 0)
 
+    def locked_prefix_pages(self, tokens: list, limit: int) -> int:
+        """Pages of the cached prefix a request would start on that are locked (RadixCache.locked_match_pages)."""
+        return self.cache.locked_match_pages(tokens, limit) if self.cache is not None else 0
+
     def available_window_slots(self) -> int:
         """Free window slots, plus the cache's unlocked tails and the boundary tails requests keep for it."""
         if self.cache is None:

@@ -176,6 +176,18 @@ class RadixCache:
         best.path_tokens = device_best.path_tokens = device_pos
         return best, device_best, walk
 
+    def locked_match_pages(self, tokens: list, limit: Optional[int] = None) -> int:
+        """Device pages of the match match_prefix would give now that no eviction can free (their nodes locked: by
+        running requests, or by a waiting request's file read); nothing touched. A request starting on that match
+        maps them rather than allocating, and available pages do not count them."""
+        best, _ = self.walk_prefix(tokens, limit)
+        node, locked = best.node, 0
+        while node is not None and node is not self.root:
+            if node.lock_ref > 0:
+                locked += len(node.pages)
+            node = node.parent
+        return locked
+
     def cached_pages(self, tokens: list) -> list:
         """The tree's pages along tokens' path (whole pages, usable end or not); no hit counted, nothing touched."""
         return self.path(tokens)[0]
