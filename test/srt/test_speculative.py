@@ -255,7 +255,8 @@ def test_sampling_with_penalties_runs():
 def test_decode_cycle_reads_the_device_once(monkeypatch, sampled):
     """A whole speculative cycle (draft steps, verify, acceptance for greedy and sampled requests, rollback,
     draft-extend, scheduler bookkeeping) makes exactly one device -> host read, `read_back`; any other Python-level
-    read of a tensor (.item(), .tolist(), bool(), int(), float(), index use) is recorded as a violation."""
+    read of a tensor (.item(), .tolist(), bool(), int(), float(), index use) is recorded as a violation. The
+    rollback of every request's rejected drafts is one unmapping a cycle."""
     import sglang.srt.speculative.eagle_worker as ew
     from sglang.srt.managers.scheduler import Scheduler
 
@@ -284,9 +285,15 @@ def test_decode_cycle_reads_the_device_once(monkeypatch, sampled):
 
     monkeypatch.setattr(ew, "read_back", guard.allowed(lambda x: x.tolist()))
     monkeypatch.setattr(Scheduler, "_run_speculative_cycle", cycle)
+    alloc, unmaps = eng.model_runner.token_allocator, []
+    real_unmap = alloc._unmap
+    monkeypatch.setattr(alloc, "_unmap", lambda full: unmaps.append(len(full)) or real_unmap(full))
     for _ in range(6):
         sched.step()
     assert len(cycles) == 6 and guard.reads == 6
+    # the rejected drafts' rollback: one host -> device copy and fill a cycle for every request (random weights
+    # reject most drafts)
+    assert 0 < len(unmaps) <= 6 and sum(unmaps) > len(unmaps)
     assert guard.violations == ["__bool__"], guard.violations  # only the control
     assert len(static) == (0 if sampled else 6)
     while sched.has_work():

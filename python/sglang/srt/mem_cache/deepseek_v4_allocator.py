@@ -281,16 +281,24 @@ class DeepSeekV4TokenAllocator(TierCopies):
         """Roll back to positions [0, num_tokens): rejected draft positions give their window slots back and lose
         their full-slot mapping; pages stay (they were reserved at admission). What rejected rows wrote elsewhere
         (compressed entries, staging rows) is position-addressed and rewritten before it is read again."""
-        drop = alloc.num_tokens - num_tokens
-        if drop <= 0:
-            return
-        self._unmap(self._full_slots(alloc, num_tokens, alloc.num_tokens))
-        keep = max(0, num_tokens - alloc.window_start)
-        self.swa_slots.free(alloc.window_slots[keep:])
-        del alloc.window_slots[keep:]
-        alloc.num_tokens = num_tokens
-        if not alloc.window_slots:
-            alloc.window_start = num_tokens
+        self.truncate_batch([alloc], [num_tokens])
+
+    def truncate_batch(self, allocs: list, num_tokens: list) -> None:
+        """`truncate` for each request of a speculative cycle: one host -> device copy and one fill for all of them
+        (a launch pair per request with rejected drafts cost more host time than the cycle's graph replay)."""
+        full = []
+        for alloc, n in zip(allocs, num_tokens):
+            if alloc.num_tokens <= n:
+                continue
+            full += self._full_slots(alloc, n, alloc.num_tokens)
+            keep = max(0, n - alloc.window_start)
+            self.swa_slots.free(alloc.window_slots[keep:])
+            del alloc.window_slots[keep:]
+            alloc.num_tokens = n
+            if not alloc.window_slots:
+                alloc.window_start = n
+        if full:
+            self._unmap(full)
 
     def place_prefilled(self, alloc: ReqAllocation, num_tokens: int, window_from: int) -> None:
         """Give a fresh request positions [0, num_tokens) as if it had computed them, for state computed elsewhere

@@ -181,11 +181,12 @@ class EagleWorker(DecodeWorker):
         """Steps 4-5, after the Scheduler committed the tokens and advanced num_computed past the accepted rows: roll
         each running request's target back to them and draft-extend over them (x_{p+1}: the committed tokens)."""
         k = self.num_steps
+        live = [r for r in verified.reqs if not r.finished]
+        self.allocator.truncate_batch([r.alloc for r in live], [r.num_computed for r in live])
         reqs, starts, lens, ids, rows = [], [], [], [], []
         for b, (req, c, tokens) in enumerate(zip(verified.reqs, verified.starts, verified.tokens)):
             if req.finished:
                 continue
-            self.allocator.truncate(req.alloc, req.num_computed)
             if c <= req.draft_len:  # rows c .. num_computed - 1 get the committed tokens' rows (here or in the graph)
                 req.draft_len = req.num_computed
             if verified.next_drafts is not None:  # the captured cycle draft-extended already
