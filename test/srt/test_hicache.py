@@ -236,18 +236,15 @@ def test_speculative_sessions_identical_and_hit_from_host():
 
 
 def test_host_ends_kept_where_sessions_resume(tiered):
-    """Six sessions, three turns, a host tier with ends for eight: each turn leaves a new end, its session's earlier
-    end now inside the path. The host evicts those inner ends first, so every session's next turn still finds its
-    whole history (least-recently-used order alone drops the ends of sessions not yet come around again)."""
-    tier = _use_tier(tiered, "write_through", ratio=2.0)
+    """Six chats, three turns, host ends for eight: each turn's new end leaves the last one inside the path; those go
+    first, so every next turn finds its whole history (LRU alone drops the ends of chats not yet come around)."""
+    tier, page = _use_tier(tiered, "write_through", ratio=2.0), tiered.model_runner.token_allocator.page_size
     assert tier.shape.num_ends == 8
     history = [random_ids(40, seed=60 + i) for i in range(6)]
-    page = tiered.model_runner.token_allocator.page_size
     last = [0] * len(history)
     for turn in range(3):
         for i, h in enumerate(history):
-            out = tiered.generate(input_ids=h, sampling_params={"temperature": 0, "max_new_tokens": 1,
-                                                                "ignore_eos": True})
+            out = tiered.generate(input_ids=h, sampling_params=dict(SP, max_new_tokens=1))
             if turn:  # the previous prompt and its output token, whole pages of them
                 assert out["meta_info"]["cached_tokens"] == (last[i] + 1) // page * page, (turn, i)
             last[i] = len(h)
