@@ -10,7 +10,8 @@ admitted counts its whole clipped max_new_tokens in the round that admits it (th
 Pages bound admission: one page holds a stretch of positions in every compressed pool and the indexer-key pool, so
 those are all counted at once. The window pool needs no estimate: it is sized for a full window (plus draft rows) of
 every request slot and one prefill chunk (pool_sizing.plan_pools), and prefill chunks are cut to the window slots free.
-No prefix cache exists yet; when it does, its hits are positions already present and count as held pages.
+A request's cached prefix is positions already present: where the cache holds it locked it comes off the request's
+need (Scheduler._admit); unlocked, it is among the available pages already (evictable).
 
 Retraction frees the pages a decode step needs: the requests with the fewest generated tokens go first (the least
 work lost), the longest context first among equals (they free the most). A retracted request keeps its generated
