@@ -111,19 +111,24 @@ def test_lru_order():
     assert cache.match_prefix(seqs[1]).num_tokens == 0 and cache.match_prefix(seqs[0]).num_tokens == 4
 
 
-def test_ends_inside_the_tree_go_before_leaf_ends():
-    """A conversation's earlier turn leaves its end inside its path; evicting ends takes those first (least recently
-    used among them), so the leaf ends where each session resumes outlive them even when fresher."""
+def test_ends_a_path_passes_through_go_first():
+    """A conversation's earlier turn leaves its end on the path its next turn passes through: evicting ends takes
+    those first, though fresher; then least recently used, a shared prompt's end (a branch point, where new requests
+    fork) staying while matches keep touching it, stale leaf ends going before it."""
     pools = Pools()
     cache = RadixCache(PS, W, pools.callbacks())
-    turn0 = [list(range(10 * s, 10 * s + 4)) for s in range(2)]  # two sessions' first turns
-    _insert(cache, pools, turn0[0], first_page=1, first_slot=1, state=1)
-    _insert(cache, pools, turn0[1], first_page=2, first_slot=5, state=2)
-    # session 0 goes on: its first turn's end is now inside the tree, and touched later than session 1's leaf
-    _insert(cache, pools, turn0[0] + [99] * 4, first_page=3, first_slot=9, state=3, pages=[1, 3])
-    assert cache.match_prefix(turn0[0] + [0]).num_tokens == 4
+    shared = list(range(100, 104))  # one page: a system prompt, its end where requests fork
+    _insert(cache, pools, shared, first_page=1, first_slot=1, state=1)
+    one_shot = [shared + [k] * 4 for k in (1, 2)]  # two requests' leaf ends past it
+    _insert(cache, pools, one_shot[0], first_page=2, first_slot=5, state=2, pages=[1, 2])
+    _insert(cache, pools, one_shot[1], first_page=3, first_slot=9, state=3, pages=[1, 3])
+    chat = shared + [3] * 4
+    _insert(cache, pools, chat, first_page=4, first_slot=13, state=4, pages=[1, 4])
+    _insert(cache, pools, chat + [4] * 4, first_page=5, first_slot=17, state=5, pages=[1, 4, 5])  # its next turn
+    cache.match_prefix(one_shot[1] + [0])  # touches the shared end too
     assert cache.evict_tails(1) == W
-    assert cache.match_prefix(turn0[0] + [0]).num_tokens == 0  # the inner end went, though the freshest
-    assert cache.match_prefix(turn0[1] + [0]).num_tokens == 4
-    assert cache.match_prefix(turn0[0] + [99] * 4 + [0]).num_tokens == 8
+    assert cache.match_prefix(chat + [0]).num_tokens == 4  # the turn's end went: back to the shared one
+    assert cache.match_prefix(chat + [4] * 4 + [0]).num_tokens == 12
+    assert cache.evict_tails(1) == W  # least recently used of the rest: the untouched one-shot leaf
+    assert cache.match_prefix(one_shot[0] + [0]).num_tokens == 4 and cache.match_prefix(shared + [9]).num_tokens == 4
     _check_counters(cache)

@@ -421,13 +421,13 @@ class RadixCache:
 
     @staticmethod
     def _end_eviction_order(node: TreeNode) -> tuple:
-        """Which cached end (window tail and state) goes first: ends inside the tree before those at its leaves, each
-        least recently used first. A conversation that went on left its earlier turns' ends inside its path, where
-        only a request branching at exactly that point would start; a leaf's end is where the next turn resumes.
-        Plain LRU would drop the ends of sessions not yet come around again (the old ends of the sessions just
-        served are fresher) and miss every one of them in turn. A shared prefix's end, touched by every match
-        through it, is the freshest inside the tree and goes last of those."""
-        return (0 if node.children else 1, node.last_access)
+        """Which cached end (window tail and state) goes first: ends a path merely passes through (a node with one
+        child) before the rest, each least recently used first. A conversation that went on left its earlier turns'
+        ends on its path, where only a request branching at exactly that point would start, and every match of its
+        next turn touches them: least recently used alone drops the ends of the sessions not yet come around again,
+        and each of them misses in turn. Leaf ends (where a conversation resumes) and branch points (a shared system
+        prompt's end, where new requests fork) stay least recently used."""
+        return (0 if len(node.children) == 1 else 1, node.last_access)
 
     def evict_tails(self, num_slots: int) -> int:
         """Free at least num_slots window slots from node ends no request reads, least recently used first (their
