@@ -279,7 +279,9 @@ def _copy_row(dst_ptr, dst_idx_ptr, src_ptr, src_idx_ptr, i, dst_row_stride, src
         tl.store(dst_ptr + dst * dst_row_stride + offs, v, mask=offs < WIDTH)
 
 
-@triton.jit
+# Counts only (program bounds): a prefill chunk's completed entries and staging writes depend on where it starts, so
+# specialising them (== 1, divisible by 16) would compile new variants inside requests the server's warm-up never saw.
+@triton.jit(do_not_specialize=["num_entries", "num_ring_writes", "num_bnd_writes"])
 def _dsv4_compress_kernel(ring_ptr, fresh_ptr, rows_ptr, pos_ptr, inv_freq_ptr, w_ptr, slots_ptr, out_ptr,
                           num_ring_rows, ring_row_stride, ring_gate_stride, fresh_row_stride, fresh_gate_stride,
                           out_row_stride, eps, hadamard_scale, num_entries,

@@ -13,10 +13,12 @@ last T of every run (the largest rows a variant serves), plus:
   * a prompt of two chunks, whose second chunk runs after a prefix: attention over the first chunk's compressed
     entries and the compressors' ring state carried over. A chunk after a prefix from the prefix cache runs those
     same kernels (the cache restores the same pool state); the warm-up never touches the cache.
-What this cannot reach cheaply: the divisibility classes of integers derived from both T and the prefix (compressed
-entries completed in a chunk, key counts), which vary with where a chunk starts; covering each would take one
-forward per residue. Such a variant compiles in the first request that meets it (once per server, then Triton's cache
-holds it on disk).
+What this cannot reach cheaply: integers derived from both T and the prefix, which vary with where a chunk starts,
+where a kernel specialises them. The counts among them are marked do_not_specialize (dsv4_compress's completed entries
+and staging writes, attention's key counts, the indexer's and top-k's bounds); the row strides of the indexer's
+[rows, entries] logits and entry tables are not (their divisibility by 16 lets the stores vectorise), so a chunk whose
+entry count falls in a class no warm-up prompt met compiles that variant in the first request that meets it (once per
+server, then Triton's cache holds it on disk).
 
 The prompts run through the normal forward path (Scheduler.step, chunking, the draft model's prefill under
 speculative decoding, every TP rank alike) as throw-away requests that neither read nor fill the prefix cache; the
