@@ -129,14 +129,14 @@ class RadixCache:
         best, _, walk = self._walk(tokens, limit, touch=False)
         return best, walk
 
-    def _walk(self, tokens: list, limit: Optional[int], touch: bool) -> tuple:
+    def _walk(self, tokens: list, limit: Optional[int], touch: bool, look_in_files: bool = True) -> tuple:
         limit = len(tokens) if limit is None else min(limit, len(tokens))
         limit -= limit % self.page_size
         node, pos, pages, load = self.root, 0, [], []
         best = device_best = PrefixMatch(0, [], None)
         now = next(self._clock) if touch else 0
         device_pos = 0
-        files = self.tier.files if self.tier is not None else None
+        files = self.tier.files if self.tier is not None and look_in_files else None
         walk = MatchWalk(self.root, 0, pages, load, limit=limit)
         fits = lambda nxt: nxt is None or (pos < len(tokens) and tokens[pos] == nxt)  # noqa: E731
         while pos < limit:
@@ -180,7 +180,7 @@ class RadixCache:
         """Device pages of the match match_prefix would give now that no eviction can free (their nodes locked: by
         running requests, or by a waiting request's file read); nothing touched. A request starting on that match
         maps them rather than allocating, and available pages do not count them."""
-        best, _ = self.walk_prefix(tokens, limit)
+        best, _, _ = self._walk(tokens, limit, touch=False, look_in_files=False)  # admission: no end-file hashing
         node, locked = best.node, 0
         while node is not None and node is not self.root:
             if node.lock_ref > 0:
@@ -430,8 +430,8 @@ class RadixCache:
         return (0 if len(node.children) == 1 else 1, node.last_access)
 
     def evict_tails(self, num_slots: int) -> int:
-        """Free at least num_slots window slots from node ends no request reads, least recently used first (their
-        pages stay; a request past a tail locks the node for its pages only); returns how many were freed."""
+        """Free at least num_slots window slots from node ends no request reads, in _end_eviction_order (their pages
+        stay; a request past a tail locks the node for its pages only); returns how many were freed."""
         freed = 0
         ends = sorted((n for n in self.nodes() if n.tail_readers == 0 and n.tail_swa is not None),
                       key=self._end_eviction_order)
