@@ -16,7 +16,9 @@ one profiled prefill per shape (request admission included). The decode profile 
 step and per decoder layer, and attributes them to the layers, the LM head and the rest from one more decode step run
 eagerly with a profiler range around each layer (attribute_decode); --kernel-table adds every kernel of the step by
 name. The bytes floor (sglang.srt.utils.bytes_floor) divides what a decode step must read (weights, the routed
-experts the step touched, the cache its attention reads) by the copy bandwidth measured before the engine starts.
+experts the step touched, the cache its attention reads) by the copy bandwidth measured before the engine starts;
+each prefill's rate is the model's FLOPs (sglang.srt.utils.model_flops) over its median time, on a GPU also as the
+fraction of a bf16 matmul's rate measured there too.
 
 Output: the pool plan, then one table per pass, each result once: the timed runs (printed as each finishes), the
 host phases, and the profiles, printed after every profiled pass has run so that torch.profiler's own log lines
@@ -45,6 +47,7 @@ from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.bytes_floor import BytesFloor, ExpertTouches, copy_bandwidth_gbps, decode_floor, model_bytes
 from sglang.srt.utils.graph_capture import graph_capture_region
 from sglang.srt.utils.host_phases import HostPhases, time_host_phases
+from sglang.srt.utils.model_flops import matmul_rate_tflops, prefill_flops
 from sglang.srt.utils.step_profile import (LayerKernels, StepProfile, attribute_kernels, layer_ranges, profile_steps,
                                            record_steps)
 
@@ -70,6 +73,9 @@ class BenchResult:
     prefill_profile: Optional[StepProfile] = None  # one profiled prefill (--profile-prefill)
     layer_kernels: Optional[LayerKernels] = None  # a decode step's kernels by layer (attribute_decode)
     floor: Optional[BytesFloor] = None  # the bytes floor of a decode step and the median step's fraction of it
+    prefill_gflop_per_token: Optional[float] = None  # the model's FLOPs of the prefill (model_flops), per token
+    prefill_tflops: Optional[float] = None  # those FLOPs over the median prefill
+    prefill_matmul_fraction: Optional[float] = None  # prefill_tflops over the same run's bf16 matmul rate
 
     def label(self) -> str:
         return f"batch {self.batch_size:4d} input {self.input_len:6d}"
@@ -141,10 +147,27 @@ def run_once(engine, batch_size: int, input_len: int, output_len: int, seed: int
                        batch_size / median if steps else float("nan"), prefill_latencies_s=tuple(prefills))
 
 
-def profile_prefill(engine, batch_size: int, input_len: int, seed: int) -> StepProfile:
+def profile_prefill(engine, batch_size: int, input_len: int, seed: int, kernel_table: bool = False) -> StepProfile:
     """One prefill of fresh prompts under torch.profiler (after one unprofiled warm-up); the requests finish at their
     first token. Never part of a timed pass."""
-    return profile_steps(lambda: prefill(engine, batch_size, input_len, 1, seed), 1, engine.model_runner.device)
+    return profile_steps(lambda: prefill(engine, batch_size, input_len, 1, seed), 1, engine.model_runner.device,
+                         kernel_table)
+
+
+def prefill_rate(r: BenchResult, config, matmul_tflops: Optional[float]) -> str:
+    """Fill r's prefill FLOPs figures (the model's FLOPs over the median prefill, and their fraction of the matmul
+    rate where one was measured); returns the report row."""
+    flops = prefill_flops(config, r.input_len, batch=r.batch_size)
+    r.prefill_gflop_per_token = flops.per_token / 1e9
+    r.prefill_tflops = flops.total / r.prefill_latency_s / 1e12
+    fraction = ""
+    if matmul_tflops:
+        r.prefill_matmul_fraction = r.prefill_tflops / matmul_tflops
+        fraction = f" | {r.prefill_matmul_fraction:.3f} of the matmul rate"
+    share = ", ".join(f"{k} {getattr(flops, k) / flops.total:.0%}" for k in ("linear", "experts", "attention",
+                                                                              "indexer"))
+    return (f"{r.label()} | prefill {r.prefill_gflop_per_token:.2f} GFLOP/token ({share}) | "
+            f"{r.prefill_tflops:8.1f} TFLOP/s{fraction}")
 
 
 def tokens_per_step(engine) -> int:
@@ -229,8 +252,8 @@ def parse_args() -> tuple:
     parser.add_argument("--profile-prefill", action="store_true",
                         help="profile one prefill per shape (GPU busy, launches, syncs) after the timed runs")
     parser.add_argument("--kernel-table", action="store_true",
-                        help="with the decode profile, every GPU kernel of a step by name (runs, ms, share of GPU "
-                             "time), printed and in --result-filename")
+                        help="with the decode (and --profile-prefill) profiles, every GPU kernel of a step by name "
+                             "(runs, ms, share of GPU time), printed and in --result-filename")
     parser.add_argument("--correctness-test", action="store_true", help="print completions of a few prompts")
     parser.add_argument("--result-filename", help="append one JSON line per run")
     args = parser.parse_args()
@@ -356,6 +379,7 @@ def bench(args, server_args: ServerArgs, rank: int) -> None:
     device = torch.device(server_args.device or default_device())
     copy_gbps = copy_bandwidth_gbps(device, COPY_BYTES[device.type]) if rank == 0 and device.type in COPY_BYTES \
         else None
+    matmul_tflops = matmul_rate_tflops(device) if rank == 0 else None  # a GPU's bf16 rate: the prefill's limit
     if device.type == "cuda":
         torch.cuda.empty_cache()
     engine = sglang.Engine(**dataclasses.asdict(server_args))
@@ -384,6 +408,12 @@ def bench(args, server_args: ServerArgs, rank: int) -> None:
             results.append(run_once(engine, bs, input_len, args.output_len, seed=1,
                                     prefill_repeats=args.prefill_repeats))
             report(results[-1].columns(), flush=True)  # at once: a later shape may fail
+    config = engine.model_runner.model_config
+    report("prefill by the model's FLOPs (sglang.srt.utils.model_flops; "
+           + (f"a bf16 8192^3 matmul before the engine: {matmul_tflops:.1f} TFLOP/s)" if matmul_tflops else
+              "no matmul rate off a GPU)") + ":")
+    for r in results:
+        report(prefill_rate(r, config, matmul_tflops))
     # Host phases, then profiles, only after every timed pass: once the CUDA profiler ran, CUPTI stays attached and
     # slows each launch.
     if args.profile_steps > 0:
@@ -393,7 +423,8 @@ def bench(args, server_args: ServerArgs, rank: int) -> None:
             report(f"{r.label()} | host {r.host_phases.columns()}", flush=True)
     for r in results:  # every profile first: the profiler's own log lines then come before the profile rows
         if args.profile_prefill:
-            r.prefill_profile = profile_prefill(engine, r.batch_size, r.input_len, seed=4)
+            r.prefill_profile = profile_prefill(engine, r.batch_size, r.input_len, seed=4,
+                                                kernel_table=args.kernel_table)
         if args.profile_steps > 0:
             r.profile = profile_decode(engine, r.batch_size, r.input_len, args.profile_steps, seed=2,
                                        kernel_table=args.kernel_table)

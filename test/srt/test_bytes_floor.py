@@ -221,7 +221,12 @@ def test_bench_one_batch_floor_and_kernel_table(monkeypatch, capsys, tmp_path):
         heading = printed.index(floors[0]) - 1
         assert printed[heading].startswith("bytes floor of a decode step") and "a CPU memcpy" in printed[heading]
         records = [json.loads(ln) for ln in out.read_text().splitlines()]
+        rates = [ln for ln in printed if "GFLOP/token" in ln]  # the prefill by the model's FLOPs, no rate off a GPU
+        assert len(rates) == 2 and "no matmul rate off a GPU" in printed[printed.index(rates[0]) - 1]
         for r in records:
+            assert r["prefill_tflops"] == pytest.approx(r["batch_size"] * 24 * r["prefill_gflop_per_token"] / 1e3
+                                                        / r["prefill_latency_s"])
+            assert r["prefill_matmul_fraction"] is None
             f = r["floor"]
             assert f["experts_counted"] == (profile_steps > 0) and f["copy_device"] == "cpu"
             assert f["context_len"] == 24 + 3 // 2 and f["fraction"] == pytest.approx(
