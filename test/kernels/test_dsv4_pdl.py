@@ -34,6 +34,8 @@ def test_pdl_from_sm90_on(monkeypatch, capability, expected):
     dsv4_pdl._sm90_or_later.cache_clear()
     try:
         assert pdl_supported(torch.device("cuda", 0)) is expected
+        monkeypatch.setenv("SGLANG_DSV4_PDL", "0")  # off for a profile's per-kernel times
+        assert pdl_supported(torch.device("cuda", 0)) is False
     finally:
         dsv4_pdl._sm90_or_later.cache_clear()
 

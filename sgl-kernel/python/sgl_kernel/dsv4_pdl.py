@@ -12,6 +12,11 @@ has finished. Releasing right after lets the successor's programs fill SMs as th
 no-ops in a kernel launched without PDL. The decode MoE chains its launches this way (dsv4_moe: align,
 gate-up, SwiGLU over K splits, down, combine); PDL=False compiles to the kernels without it (ROCm, the CPU
 interpreter, GPUs before sm90).
+
+A profile of PDL launches charges each kernel from the moment it is scheduled, its wait for the predecessor included,
+so a kernel's time there is mostly its neighbour's. `SGLANG_DSV4_PDL=0` launches every kernel without PDL: a profile
+then gives each kernel its own time (what a per-kernel table should be read from), and the step's time with and
+without it is what PDL saves.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ except ImportError:  # pragma: no cover - an older or non-NVIDIA Triton: pdl_sup
 def pdl_supported(device: torch.device) -> bool:
     """PDL launches: an NVIDIA GPU of sm90 or later, a Triton with griddepcontrol, not the interpreter."""
     if device.type != "cuda" or torch.version.hip is not None or gdc_wait is None or interpreting():
+        return False
+    if os.environ.get("SGLANG_DSV4_PDL", "1") == "0":  # profiling: each kernel's own time (module docstring)
         return False
     return _sm90_or_later(torch.cuda.current_device() if device.index is None else device.index)
 
