@@ -1,10 +1,10 @@
-"""Prefill/decode disaggregation end to end: a prefill server and a decode server (--disaggregation-mode, Mooncake's
-TCP transport on loopback) behind the real sglang-router in its PD mode give the greedy outputs of one co-located
-server for /generate, chat, streaming, a forced tool call and a json_schema output, all under speculative decoding
-(both servers run MTP: they must pool alike); the servers report their role and transfers; a malformed bootstrap
-room is a 400; a killed prefill server fails only the requests waiting for it (5xx) and the decode server's pools
-come back free. Three servers start in parallel (about 90 s on two busy cores); the tests then take about 60 s,
-most of it the chat test's constrained decoding on three servers."""
+"""Prefill/decode disaggregation end to end: a prefill server and a decode server (--disaggregation-mode; Mooncake's TCP
+transport on loopback, then NIXL's UCX, a cluster each) behind the real sglang-router in its PD mode give the greedy
+outputs of one co-located server for /generate, chat, streaming, a forced tool call and a json_schema output, all
+under speculative decoding (both servers run MTP: they must pool alike); the servers report their role and transfers;
+a malformed bootstrap room is a 400; a killed prefill server fails only the requests waiting for it (5xx) and the
+decode server's pools come back free. Three servers start in parallel (about 90 s on two busy cores); the tests then
+take about 60 s, most of it the chat test's constrained decoding on three servers."""
 
 from __future__ import annotations
 
@@ -19,7 +19,9 @@ import pytest
 
 from server_process import free_port, launch, launch_pd_router
 
-pytest.importorskip("mooncake.engine", reason="the test extra installs mooncake-transfer-engine-non-cuda")
+# The transfer engines both servers run, each a cluster of its own; the test extra installs both packages.
+ENGINES = {"mooncake": ("mooncake.engine", "mooncake-transfer-engine-non-cuda"),
+           "nixl": ("nixl_cu12._api", "nixl-cu12")}
 pytest.importorskip("sglang_router", reason="the test extra installs sglang-router")
 
 MODEL = "tiny-deepseek-v4"
@@ -29,15 +31,15 @@ GREEDY = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
 
 
 class Cluster:
-    def __init__(self, tmp: str) -> None:
+    def __init__(self, tmp: str, backend: str) -> None:
         self.bootstrap_port = free_port()
         self.hang_file = os.path.join(tmp, "hang-prefill")
         with concurrent.futures.ThreadPoolExecutor(3) as pool:
-            prefill = pool.submit(launch, [*COMMON, "--disaggregation-mode", "prefill", "--disaggregation-transfer-"
-                                           "backend", "mooncake", "--disaggregation-bootstrap-port",
-                                           str(self.bootstrap_port)], tmp, 240,
+            backend = ["--disaggregation-transfer-backend", backend]
+            prefill = pool.submit(launch, [*COMMON, *backend, "--disaggregation-mode", "prefill",
+                                           "--disaggregation-bootstrap-port", str(self.bootstrap_port)], tmp, 240,
                                   {"SGLANG_TEST_HANG_SCHEDULER_FILE": self.hang_file})
-            decode = pool.submit(launch, [*COMMON, "--disaggregation-mode", "decode"], tmp, 240)
+            decode = pool.submit(launch, [*COMMON, *backend, "--disaggregation-mode", "decode"], tmp, 240)
             colocated = pool.submit(launch, COMMON, tmp, 240)
             self.prefill, self.decode, self.colocated = prefill.result(), decode.result(), colocated.result()
         self.router = launch_pd_router(self.prefill.base_url, self.bootstrap_port, self.decode.base_url, tmp)
@@ -50,9 +52,11 @@ class Cluster:
                 handle.stop()
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    c = Cluster(str(tmp_path_factory.mktemp("pd")))
+@pytest.fixture(scope="module", params=sorted(ENGINES))
+def cluster(request, tmp_path_factory):
+    module, package = ENGINES[request.param]
+    pytest.importorskip(module, reason=f"the test extra installs {package}")
+    c = Cluster(str(tmp_path_factory.mktemp("pd")), request.param)
     yield c
     c.stop()
 

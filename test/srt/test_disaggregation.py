@@ -1,12 +1,13 @@
-"""Disaggregated prefill and decode in one process (CPU, fp32): a prefill engine (PrefillSide) prefills, its
-request's regions are copied into the decode engine's pools region by region (a memmove over the paired addresses,
-what LocalCopyTransfer does), and the decode engine (DecodeSide) continues. Greedy and seeded outputs, logprobs and
-top logprobs equal a co-located engine's, for prompts shorter and longer than the window and not a multiple of the
+"""Disaggregated prefill and decode in one process (CPU, fp32): a prefill engine (PrefillSide) prefills, its request's
+regions are copied into the decode engine's pools region by region (a memmove over the paired addresses, what
+LocalCopyTransfer does), and the decode engine (DecodeSide) continues. Greedy and seeded outputs, logprobs and top
+logprobs equal a co-located engine's, for prompts shorter and longer than the window and not a multiple of the
 compression ratios, with speculative decoding (the same drafts accepted: the MTP state travelled), with FP8 KV and
-FP4 indexer keys, and with a grammar; the regions hold exactly the bytes the formula of docs/disaggregation.md
-gives; a failed prefill, an abort on either side and a refused pre-allocation free every slot, and a request aborted
-on the prefill server while its pages are being written keeps them until the write ends.
-About 45 s on one CPU core (eight engines; the grammar test, on the built-in model with the real vocabulary, 13 s)."""
+FP4 indexer keys, and with a grammar; the regions hold exactly the bytes the formula of docs/disaggregation.md gives;
+a failed prefill, an abort on either side and a refused pre-allocation free every slot, and a request aborted on the
+prefill server while its pages are being written keeps them until the write ends; the regions also travel over the
+real NIXL engine (UCX in this process). About 50 s on one CPU core (eight engines; the grammar test, on the built-in
+model with the real vocabulary, 13 s)."""
 
 from __future__ import annotations
 
@@ -142,6 +143,40 @@ def test_speculative_decode_side_accepts_the_same_drafts(plain):
     params = [GREEDY, SEEDED, GREEDY]
     ref = _reference(pair.dec, PROMPTS, params, return_logprob=True)
     _assert_same(pair.run(PROMPTS, params, return_logprob=True), ref)
+
+
+class NixlPair(Pair):
+    """A Pair whose regions travel over NIXL (UCX, in this process): each side's pool buffers registered with its
+    own agent, the prefill agent writing into the decode agent's memory as the servers' transfer does."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        from sglang.srt.disaggregation.transfer import create_transfer_backend
+
+        self.src, self.dst = create_transfer_backend("nixl", "127.0.0.1"), create_transfer_backend("nixl", "127.0.0.1")
+        self.src.register(self.prefill.buffers())
+        self.dst.register(self.decode.buffers())
+        self.writes = 0
+
+    def copy(self, src: list, dst: list):
+        plan = pair_regions(region_addresses(self.prefill.buffers(), src),
+                            region_addresses(self.decode.buffers(), dst))
+        self.src.write(self.dst.session_id, plan.src_addrs, plan.dst_addrs, plan.lengths, timeout_s=60.0)
+        self.writes += 1
+        return plan
+
+
+def test_regions_travel_over_nixl_under_speculative_decoding():
+    """The real NIXL engine moves every region (KV, index keys, staging rows, the MTP draft state): the same outputs
+    and accepted drafts as a co-located engine."""
+    pytest.importorskip("nixl_cu12._api", reason="the test extra installs nixl-cu12")
+    pair = NixlPair(**SPEC)
+    params = [GREEDY, SEEDED, GREEDY]
+    ref = _reference(pair.dec, PROMPTS, params, return_logprob=True)
+    _assert_same(pair.run(PROMPTS, params, return_logprob=True), ref)
+    assert pair.writes == len(PROMPTS)
+    pair.src.close()
+    pair.dst.close()
 
 
 def test_fp8_kv_and_fp4_index_keys(plain):

@@ -1,9 +1,9 @@
 """The KV transport of prefill/decode disaggregation (disaggregation/transfer.py): a batch of (source, destination,
 length) regions written from one engine's registered torch CPU tensors into another's, in one process
-(LocalCopyTransfer) and across two processes over the Mooncake transfer engine's TCP transport; many buffers
-registered in one engine call; a write to a dead or hung peer raising TransferError within its timeout; a missing
-engine package named with the flag that needs it; bytes, latency and failures counted into /metrics. About 6 s
-(the peer process imports torch)."""
+(LocalCopyTransfer) and across two processes over the Mooncake transfer engine's TCP transport and over NIXL (UCX's
+TCP transport); many buffers registered in one engine call; a write to a dead or hung peer raising TransferError
+within its timeout; a missing engine package named with the flag that needs it; bytes, latency and failures counted
+into /metrics. About 6 s (the peer process imports torch)."""
 
 from __future__ import annotations
 
@@ -53,9 +53,9 @@ def test_local_copy_writes_regions_and_refuses_unregistered_ranges():
         a.write(b.session_id, [src[0].data_ptr()], [dst[0].data_ptr()], [8])
 
 
-def _peer(conn) -> None:
-    """A second process: a Mooncake engine over one registered 4 KiB tensor; answers with its bytes when asked."""
-    engine = MooncakeTransfer("127.0.0.1")
+def _peer(conn, backend: str = "mooncake") -> None:
+    """A second process: a transfer engine over one registered 4 KiB tensor; answers with its bytes when asked."""
+    engine = create_transfer_backend(backend, "127.0.0.1")
     target = torch.zeros(4096, dtype=torch.uint8)
     engine.register(buffers([target]))
     conn.send((engine.session_id, target.data_ptr(), os.getpid()))
@@ -130,7 +130,8 @@ def test_mooncake_writes_into_another_process_and_fails_fast_on_a_dead_or_hung_p
 
 
 def test_missing_engine_packages_name_the_flag_and_the_package(monkeypatch):
-    monkeypatch.setitem(sys.modules, "nixl._api", None)  # an import of it raises ImportError
+    for name in ("nixl._api", "nixl_cu13._api", "nixl_cu12._api"):  # an import of each raises ImportError
+        monkeypatch.setitem(sys.modules, name, None)
     with pytest.raises(TransferError, match=r"--disaggregation-transfer-backend nixl needs .*pip install nixl"):
         NixlTransfer("127.0.0.1")
     monkeypatch.setitem(sys.modules, "mooncake.engine", None)
@@ -159,3 +160,58 @@ def test_transfers_are_counted_and_reach_the_metrics():
     assert 'sglang:kv_transfers_total{model_name="m"} 3.0' in text
     assert 'sglang:kv_transfer_failures_total{model_name="m"} 1.0' in text
     assert 'sglang:kv_transfer_latency_seconds_count{model_name="m"} 3.0' in text
+
+
+@pytest.mark.parametrize("ucx_tls", [None, "tcp,self"])
+def test_nixl_writes_into_another_process_and_fails_on_a_hung_or_dead_peer(monkeypatch, ucx_tls):
+    """NIXL over UCX, the transports UCX picks on one host and TCP alone: pages out of order into a peer process, the
+    source checked against what was registered, a write to a stopped peer timing out over TCP, to a killed one
+    failing as a TransferError."""
+    pytest.importorskip("nixl_cu12._api", reason="the test extra installs nixl-cu12")
+    if ucx_tls:
+        monkeypatch.setenv("UCX_TLS", ucx_tls)  # read by each process's UCX context (the peer inherits it)
+    ctx = mp.get_context("spawn")
+    here, there = ctx.Pipe()
+    proc = ctx.Process(target=_peer, args=(there, "nixl"), daemon=True)
+    proc.start()
+    try:
+        peer_session, peer_base, pid = here.recv()
+        engine = create_transfer_backend("nixl", "127.0.0.1")
+        assert isinstance(engine, NixlTransfer)
+        pages = [torch.full((256,), i, dtype=torch.uint8) for i in range(32)]
+        engine.register(buffers(pages))
+        src = [pages[3].data_ptr(), pages[9].data_ptr(), pages[4].data_ptr() + 128]
+        dst = [peer_base + 1024, peer_base, peer_base + 2048]
+        engine.write(peer_session, src, dst, [256, 256, 128])
+        here.send("read")
+        got = here.recv()
+        assert got[1024:1280] == bytes([3]) * 256 and got[:256] == bytes([9]) * 256
+        assert got[2048:2176] == bytes([4]) * 128 and got[2176:] == bytes(4096 - 2176)
+        engine.write(peer_session, [pages[5].data_ptr()], [peer_base + 3072], [256])  # the peer is known now
+        here.send("read")
+        assert here.recv()[3072:3328] == bytes([5]) * 256
+        with pytest.raises(TransferError, match="source range"):
+            engine.write(peer_session, [peer_base], [peer_base], [8])
+
+        # A stopped peer: on one host UCX writes straight into its memory (shared memory / cross-memory attach), so
+        # the write lands without it; over UCX's TCP transport it times out (the variant run with UCX_TLS=tcp,self).
+        stop_and_wait(pid)
+        try:
+            engine.write(peer_session, [pages[6].data_ptr()], [peer_base + 3328], [256], timeout_s=2.0)
+            landed = True
+        except TransferError as e:
+            assert "did not complete within 2 s" in str(e)
+            landed = False
+        assert not (landed and ucx_tls)  # over TCP the stopped peer must receive the bytes itself
+        os.kill(pid, signal.SIGCONT)
+        if landed:
+            here.send("read")
+            assert here.recv()[3328:3584] == bytes([6]) * 256
+        os.kill(pid, signal.SIGKILL)  # dead: NIXL's disconnect error, as a TransferError
+        proc.join(10)
+        with pytest.raises(TransferError, match=f"to {peer_session} failed"):
+            engine.write(peer_session, src[:1], dst[:1], [256], timeout_s=10.0)
+        engine.close()
+    finally:
+        if proc.is_alive():
+            os.kill(proc.pid, signal.SIGKILL)

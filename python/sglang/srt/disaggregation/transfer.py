@@ -7,7 +7,8 @@ returning once every byte has landed or raising TransferError. Implementations:
 * MooncakeTransfer: the Mooncake transfer engine (PyPI mooncake-transfer-engine; the -non-cuda wheel on machines
   without CUDA), TCP by default, RDMA on the devices given to --disaggregation-ib-device. Peers find each other
   peer-to-peer ("P2PHANDSHAKE"): a session id is host:rpc_port, no metadata server.
-* NixlTransfer: NVIDIA's NIXL over UCX, where its wheel installs.
+* NixlTransfer: NVIDIA's NIXL over UCX (PyPI nixl, or one of its builds alone: nixl-cu12, nixl-cu13), host or
+  device memory; UCX's TCP transport serves machines without RDMA or a GPU.
 * LocalCopyTransfer: both sides in one process (memmove), for in-process tests and a one-process setup.
 
 Every write is bounded in time: a peer that died fails at once (its connection is refused or reset), one that hangs
@@ -257,12 +258,7 @@ class NixlTransfer:
     that listener, which is also the agent's name."""
 
     def __init__(self, hostname: Optional[str] = None, listen_port: int = 0, backends: tuple = ("UCX",)) -> None:
-        try:
-            from nixl._api import nixl_agent, nixl_agent_config
-        except ImportError as e:
-            raise TransferError(f"--disaggregation-transfer-backend nixl needs NVIDIA's NIXL: pip install nixl "
-                                f"(CUDA wheels only; on other machines use --disaggregation-transfer-backend "
-                                f"mooncake) ({e})") from None
+        nixl_agent, nixl_agent_config = _nixl_api()
         self.hostname = hostname or socket.gethostbyname(socket.gethostname())
         port = listen_port or _free_port()
         self.session_id = f"{_session_host(self.hostname)}:{port}"
@@ -298,8 +294,18 @@ class NixlTransfer:
         check_batch(src_addrs, dst_addrs, lengths)
         self._spans.check(src_addrs, lengths, "source")
         deadline = time.monotonic() + timeout_s
-        self._connect(peer_session, deadline)
         src, dst, lens = coalesce(src_addrs, dst_addrs, lengths)
+        try:
+            self._connect(peer_session, deadline)
+            self._write(peer_session, src, dst, lens, deadline, timeout_s)
+        except TransferError:
+            raise
+        except Exception as e:  # NIXL's own errors (e.g. nixlRemoteDisconnectError: the peer is gone)
+            self._peers.discard(peer_session)  # its metadata is fetched again should it come back
+            raise TransferError(f"the NIXL write of {sum(lens)} bytes to {peer_session} failed: "
+                                f"{type(e).__name__}: {e}") from None
+
+    def _write(self, peer_session: str, src: list, dst: list, lens: list, deadline: float, timeout_s: float) -> None:
         local = self._agent.get_xfer_descs([(a, n, 0) for a, n in zip(src, lens)], self._kind)
         remote = self._agent.get_xfer_descs([(a, n, 0) for a, n in zip(dst, lens)], self._kind)
         handle = self._agent.initialize_xfer("WRITE", local, remote, peer_session)
@@ -313,12 +319,35 @@ class NixlTransfer:
             if state == "ERR":
                 raise TransferError(f"the NIXL write of {sum(lens)} bytes to {peer_session} failed")
         finally:
-            self._agent.release_xfer_handle(handle)
+            try:  # a write still in flight (timed out) is cancelled here, if the backend can
+                self._agent.release_xfer_handle(handle)
+            except Exception as e:
+                logger.warning("releasing a NIXL write to %s: %s: %s", peer_session, type(e).__name__, e)
 
     def close(self) -> None:
         for descs in self._descs:
             self._agent.deregister_memory(descs)
         self._descs = []
+
+
+NIXL_MODULES = ("nixl._api", "nixl_cu13._api", "nixl_cu12._api")  # the meta package, then its builds alone
+
+
+def _nixl_api() -> tuple:
+    """(nixl_agent, nixl_agent_config) from the first NIXL module that imports: the `nixl` meta package picks its
+    build by the CUDA it finds; a build installed alone (nixl-cu12 on a machine without CUDA) is imported as such."""
+    import importlib
+
+    errors = []
+    for name in NIXL_MODULES:
+        try:
+            api = importlib.import_module(name)
+            return api.nixl_agent, api.nixl_agent_config
+        except ImportError as e:
+            errors.append(f"{name}: {e}")
+    raise TransferError(f"--disaggregation-transfer-backend nixl needs NVIDIA's NIXL: pip install nixl (or "
+                        f"nixl-cu12 / nixl-cu13 alone); or use --disaggregation-transfer-backend mooncake "
+                        f"({'; '.join(errors)})")
 
 
 def _free_port() -> int:
