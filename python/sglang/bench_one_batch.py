@@ -166,7 +166,7 @@ def prefill_rate(r: BenchResult, config, matmul_tflops: Optional[float]) -> str:
         fraction = f" | {r.prefill_matmul_fraction:.3f} of the matmul rate"
     share = ", ".join(f"{k} {getattr(flops, k) / flops.total:.0%}" for k in ("linear", "experts", "attention",
                                                                               "indexer"))
-    return (f"{r.label()} | prefill {r.prefill_gflop_per_token:.2f} GFLOP/token ({share}) | "
+    return (f"{r.label()} | model FLOPs | {r.prefill_gflop_per_token:.2f} GFLOP/token ({share}) | "
             f"{r.prefill_tflops:8.1f} TFLOP/s{fraction}")
 
 

@@ -168,9 +168,9 @@ def test_bench_one_batch_prints_profile(monkeypatch, capsys, tmp_path):
     bench_one_batch.main()
     printed = capsys.readouterr().out.splitlines()
     rows = [ln for ln in printed if ln.startswith("batch")]
-    kinds = ["| prefill ", "| host step", "| prefill profile |", "| decode profile |", "| floor |"]
+    kinds = ["| prefill ", "| model FLOPs |", "| host step", "| prefill profile |", "| decode profile |", "| floor |"]
     tables = {k: [ln for ln in rows if k in ln and (k != "| prefill " or "profile" not in ln)] for k in kinds}
-    assert sum(map(len, tables.values())) == len(rows) == 10, rows  # five tables of two shapes: each result once
+    assert sum(map(len, tables.values())) == len(rows) == 12, rows  # six tables of two shapes: each result once
     for k, lines in tables.items():
         assert [int(re.match(r"batch\s+(\d+)", ln).group(1)) for ln in lines] == [1, 2], k
         between = printed[printed.index(lines[0]) + 1:printed.index(lines[1])]
