@@ -2,9 +2,16 @@
 # flash-12l256e (Flash widths, the real 256 experts, 12 layers + MTP) on one GPU in one call: the quantized
 # checkpoint (48 GB, drawn on the GPU, streamed into 4 GB shards), the bf16 load refused before loading, the quantized
 # server's start-up log (weights vs checkpoint GB, pools, the warm-up), the first 8K prompt after start against
-# warm ones, chat requests, bench_serving and decode speed.
-#   bash scripts/gpu_flash_12l256e.sh      Logs go to $OUT.
-# A dry run on CPU: CONFIG=TINY_CONFIG_JSON DEVICE=cpu REFUSAL=0 DECODE=0 NUM_PROMPTS=4 INPUT_LEN=64 FIRST_LEN=64 bash ...
+# warm ones, chat requests, bench_serving over WORKLOADS and the static decode step at the served batch sizes.
+#   bash scripts/gpu_flash_12l256e.sh      Logs and $OUT/serving.jsonl, $OUT/decode.jsonl go to $OUT.
+# WORKLOADS: "INPUTxOUTPUT@CONCURRENCY" each (random prompts, `--random-range-ratio 1`, as many prompts as the
+# concurrency, at least 2, after 2 warm-up requests): the default is the 1,024 / 256 load at concurrency 64 (its
+# median TPOT over the static step of batch 64) and the cookbook workload, 8,192 / 1,024 at concurrency 1, 16 and 64
+# (one call of 600 s holds about two of them on a cold machine: name them, e.g. WORKLOADS="8192x1024@64").
+# DECODE_BATCHES (default "1 16 32 64"): the static decode steps (bench_one_batch, DECODE_INPUT_LEN = 1,024-token
+# prompts, graphs). A dry run on CPU (a tiny config with the real tokenizer's vocabulary, 129,280):
+#   CONFIG=TINY_CONFIG_JSON DEVICE=cpu REFUSAL=0 WORKLOADS="64x8@4" DECODE_BATCHES="1 4" DECODE_INPUT_LEN=64 \
+#   FIRST_LEN=64 bash scripts/gpu_flash_12l256e.sh
 source "$(dirname "$0")/gpu_env.sh"
 CONFIG=${CONFIG:-benchmark/configs/flash-12l256e.config.json}
 W=${W:-/tmp/w/f12}
@@ -45,6 +52,25 @@ chat() {  # chat I: one chat completion, its usage printed
     && python3 -c "import json; r = json.load(open('$OUT/chat_$1.json')); print('chat', $1, r['usage'])"
 }
 
+summary() {  # each workload's throughput, TTFT and TPOT; TPOT over the static step at its concurrency where measured
+  python3 - "$OUT" <<'PY'
+import json, os, sys
+out = sys.argv[1]
+load = lambda name: [json.loads(x) for x in open(os.path.join(out, name))] if os.path.exists(
+    os.path.join(out, name)) else []
+steps = {r["batch_size"]: r["median_decode_latency_s"] * 1e3 for r in load("decode.jsonl")}
+print("| input / output @ concurrency | completed | total tok/s | output tok/s | TTFT median ms | TPOT median ms | "
+      "TPOT / static step |")
+print("|---|---|---|---|---|---|---|")
+for r in load("serving.jsonl"):
+    c, step = r["max_concurrency"], steps.get(r["max_concurrency"])
+    ratio = f"{r['median_tpot_ms'] / step:.2f} (step {step:.2f} ms)" if step else "n/a"
+    print(f"| {r['args']['random_input_len']} / {r['args']['random_output_len']} @ {c} | {r['completed']} | "
+          f"{r['total_throughput']:.0f} | {r['output_throughput']:.0f} | {r['median_ttft_ms']:.0f} | "
+          f"{r['median_tpot_ms']:.2f} | {ratio} |")
+PY
+}
+
 TAIL=6 step "limits: copy bandwidth, bf16 matmul" python3 benchmark/kernels/run_all.py --only none
 TAIL=4 step "checkpoint" python3 scripts/make_slice_checkpoint.py "$CONFIG" "$W" --quantize --shard-gb 4 \
   --device "${DEVICE:-cuda}"
@@ -55,13 +81,20 @@ if serve $PORT "$OUT/server.txt" --model-path "$W" --max-running-requests 64 --s
   grep -E "weights on|quantization|page size|full tokens|staging|CUDA graph|warm-up" "$OUT/server.txt" | head -11
   step "first prompt after start vs warm" first_prompts
   for i in 1 2 3; do step "chat $i" chat $i; done
-  TAIL=30 step "bench_serving" python3 -m sglang.bench_serving --backend sglang --port $PORT --dataset-name random \
-    --num-prompts "${NUM_PROMPTS:-64}" --random-input-len "${INPUT_LEN:-1024}" --random-output-len 128 \
-    --random-range-ratio 1.0 --max-concurrency 32 --disable-tqdm
+  for w in ${WORKLOADS:-1024x256@64 8192x1024@1 8192x1024@16 8192x1024@64}; do
+    io=${w%@*} c=${w#*@}
+    TAIL=12 step "bench_serving $w" python3 -m sglang.bench_serving --backend sglang --port $PORT \
+      --dataset-name random --num-prompts $((c > 2 ? c : 2)) --random-input-len "${io%x*}" \
+      --random-output-len "${io#*x}" --random-range-ratio 1.0 --max-concurrency "$c" --warmup-requests 2 \
+      --disable-tqdm --output-file "$OUT/serving.jsonl"
+  done
 else
   fail "server"
 fi
 stop_server
-[ "${DECODE:-1}" = 1 ] && TAIL=6 step "decode" python3 -m sglang.bench_one_batch --model-path "$W" --input-len 1024 \
-  --output-len 32 --batch-size 1 32 --cuda-graph-bs 1 2 4 8 16 32 --profile-steps 0
+# shellcheck disable=SC2086  # DECODE_BATCHES is a list of sizes
+[ -n "${DECODE_BATCHES-1 16 32 64}" ] && TAIL=8 step "decode" python3 -m sglang.bench_one_batch --model-path "$W" \
+  --device "${DEVICE:-cuda}" --input-len "${DECODE_INPUT_LEN:-1024}" --output-len 64 --batch-size ${DECODE_BATCHES-1 16 32 64} \
+  --prefill-repeats 1 --profile-steps 0 --result-filename "$OUT/decode.jsonl"
+step "summary" summary
 finish
