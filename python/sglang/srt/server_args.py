@@ -46,6 +46,8 @@ class ServerArgs:
     enable_deepseek_v4_fp4_indexer: bool = False
     # Scheduling
     chunked_prefill_size: Optional[int] = None
+    max_prefill_tokens: int = 16384  # prompt tokens of one step over all requests (a lone request's chunk may exceed)
+    enable_mixed_chunk: bool = True  # decode rows ride along prefill chunks (off: they wait while prompts prefill)
     grammar_backend: str = "xgrammar"  # constrained decoding (json_schema / regex / ebnf); none: refused
     schedule_conservativeness: float = 1.0  # scales the new-token ratio admission reserves for running requests
     max_queued_requests: Optional[int] = None  # beyond the running slots; more get 429 (None: no bound, as upstream)
@@ -165,6 +167,8 @@ class ServerArgs:
             raise ValueError(f"--cuda-graph-bs must list positive batch sizes, got {self.cuda_graph_bs}")
         if self.chunked_prefill_size is not None and self.chunked_prefill_size == 0:
             raise ValueError("--chunked-prefill-size must be positive, or -1 to disable chunking")
+        if self.max_prefill_tokens <= 0:
+            raise ValueError(f"--max-prefill-tokens must be positive, got {self.max_prefill_tokens}")
         if self.grammar_backend not in GRAMMAR_BACKENDS:
             raise ValueError(f"--grammar-backend must be one of {GRAMMAR_BACKENDS}, got {self.grammar_backend!r}")
         if self.max_queued_requests is not None and self.max_queued_requests < 0:

@@ -164,6 +164,14 @@ def _scheduling_args(g) -> None:
                    help="store the lightning indexer's keys in FP4")
     g.add_argument("--chunked-prefill-size", metavar="N", type=int,
                    help="prompt tokens per prefill chunk, -1 for no chunking (default: 8192 GPU, 1024 CPU)")
+    g.add_argument("--max-prefill-tokens", metavar="N", type=int, default=16384,
+                   help="prompt tokens one step prefills over all its requests; the first request's chunk alone "
+                        "may be longer, up to --chunked-prefill-size")
+    g.add_argument("--enable-mixed-chunk", dest="enable_mixed_chunk", action="store_true", default=True,
+                   help="decode rows join the steps that prefill chunks (the default here; upstream's is off)")
+    g.add_argument("--disable-mixed-chunk", dest="enable_mixed_chunk", action="store_false",
+                   help="while prompts prefill, steps carry only prefill chunks and running requests wait "
+                        "(upstream's default)")
     g.add_argument("--max-queued-requests", metavar="N", type=int,
                    help="requests that may wait beyond the running ones (--max-running-requests); more are refused "
                         "with 429 and Retry-After (default: no bound)")

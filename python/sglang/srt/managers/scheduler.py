@@ -2,7 +2,9 @@
 
 Each step runs one forward. While some request still has prompt tokens to prefill, the step is a mixed EXTEND
 batch: every decoding request contributes its one row and prefill chunks fill the rest of the
---chunked-prefill-size budget, so a long prompt never stalls running decodes. Otherwise it is a DECODE batch. A
+--chunked-prefill-size budget (the requests after the first within --max-prefill-tokens), so a long prompt never
+stalls running decodes; --disable-mixed-chunk leaves the decode rows out of such steps. Otherwise it is a DECODE
+batch. A
 request with a grammar joins the queue once its grammar has compiled in worker threads (scheduler_grammar_mixin.py),
 so a large schema never stalls the others either.
 
@@ -88,6 +90,8 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerGrammarMixin, SchedulerP
         self.allocator = model_runner.token_allocator
         self.tokenizer = tokenizer  # for stop strings; None: stop strings are refused at admission
         self.chunk_budget = args.chunked_prefill_size if args.chunked_prefill_size > 0 else args.context_length
+        self.max_prefill_tokens = args.max_prefill_tokens  # a step's prompt tokens past its first request's chunk
+        self.mixed_chunk = args.enable_mixed_chunk
         self.max_running = args.max_running_requests
         self.context_length = args.context_length
         self.waiting: deque = deque()
@@ -508,8 +512,8 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerGrammarMixin, SchedulerP
     def _plan_batch(self, lag: int) -> tuple:
         """(batch or None, whether the running requests' pages and window slots allow it)."""
         decoding = [r for r in self.running if r.prefill_done]
-        if self.worker.speculative and any(not r.prefill_done for r in self.running):
-            decoding = []  # speculative cycles run on their own; prefill chunks first
+        if (self.worker.speculative or not self.mixed_chunk) and any(not r.prefill_done for r in self.running):
+            decoding = []  # speculative cycles run on their own, as decode steps without mixed chunks: prefill first
         pages = self.allocator.available_pages() - sum(
             self.allocator.pages_needed(r.alloc, r.num_computed + lag + self.decode_tokens) for r in decoding)
         if pages < 0:
@@ -520,10 +524,13 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerGrammarMixin, SchedulerP
             return None, False
         reqs, lens = list(decoding), [1] * len(decoding)
         budget = self.chunk_budget - len(decoding)
+        prefill_room = None  # --max-prefill-tokens: what the requests after the first may add
         page_bound = False  # the first prefill chunk left out was left out for want of pages
         for req in (r for r in self.running if not r.prefill_done):
             room = (len(req.alloc.pages) + pages) * self.allocator.page_size - req.num_computed
             n = min(req.prefill_len - req.num_computed, budget, window_free, room)
+            if prefill_room is not None:
+                n = min(n, prefill_room)
             if req.split_end > req.num_computed:
                 n = min(n, req.split_end - req.num_computed)
             if n <= 0:
@@ -532,6 +539,7 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerGrammarMixin, SchedulerP
             reqs.append(req)
             lens.append(n)
             budget -= n
+            prefill_room = (self.max_prefill_tokens if prefill_room is None else prefill_room) - n
             window_free -= n
             pages -= self.allocator.pages_needed(req.alloc, req.num_computed + n)
         if not reqs:
