@@ -11,7 +11,7 @@ source "$(dirname "$0")/gpu_env.sh"
   -p no:cacheprovider test/srt/test_hicache.py test/srt/test_tier_copy.py -k "not retraction"
 if [ -z "${MODEL:-}" ]; then
   TAIL=2 step "checkpoint: Flash slice" python3 scripts/make_slice_checkpoint.py \
-    benchmark/configs/flash-slice-4l32e.config.json /tmp/w/base
+    benchmark/configs/flash-slice-4l32e.config.json /tmp/w/base --device "${DEVICE:-cuda}"
   MODEL="/tmp/w/base --dtype bfloat16"
 fi
 rm -rf /tmp/w/hicache_files
