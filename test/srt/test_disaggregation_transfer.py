@@ -82,6 +82,21 @@ def stop_and_wait(pid: int) -> None:
     raise AssertionError(f"process {pid} did not stop within 10 s")
 
 
+def write_pages_out_of_order(engine, pages: list, here, peer_session: str, peer_base: int) -> tuple:
+    """Pages 3, 9 and half of 4 into the peer's 4 KiB, out of order, checked through the peer's copy; a source this
+    engine did not register refused. Returns the (sources, destinations) written."""
+    src = [pages[3].data_ptr(), pages[9].data_ptr(), pages[4].data_ptr() + 128]
+    dst = [peer_base + 1024, peer_base, peer_base + 2048]
+    engine.write(peer_session, src, dst, [256, 256, 128])
+    here.send("read")
+    got = here.recv()
+    assert got[1024:1280] == bytes([3]) * 256 and got[:256] == bytes([9]) * 256
+    assert got[2048:2176] == bytes([4]) * 128 and got[2176:3072] == bytes(3072 - 2176)
+    with pytest.raises(TransferError, match="source range"):
+        engine.write(peer_session, [peer_base], [peer_base], [8])  # not this engine's memory
+    return src, dst
+
+
 class CountingEngine:
     """Forwards to the Mooncake engine, counting the calls by name."""
 
@@ -105,16 +120,7 @@ def test_mooncake_writes_into_another_process_and_fails_fast_on_a_dead_or_hung_p
         pages = [torch.full((256,), i, dtype=torch.uint8) for i in range(32)]  # 32 "pool pages"
         engine.register(buffers(pages))
         assert engine._engine.calls == {"batch_register_memory": 1}  # one call for every buffer
-        # pages 3, 9 and half of 4 into the peer, out of order
-        src = [pages[3].data_ptr(), pages[9].data_ptr(), pages[4].data_ptr() + 128]
-        dst = [peer_base + 1024, peer_base, peer_base + 2048]
-        engine.write(peer_session, src, dst, [256, 256, 128])
-        here.send("read")
-        got = here.recv()
-        assert got[1024:1280] == bytes([3]) * 256 and got[:256] == bytes([9]) * 256
-        assert got[2048:2176] == bytes([4]) * 128 and got[2176:] == bytes(4096 - 2176)
-        with pytest.raises(TransferError, match="source range"):
-            engine.write(peer_session, [peer_base], [peer_base], [8])  # not this engine's memory
+        src, dst = write_pages_out_of_order(engine, pages, here, peer_session, peer_base)
 
         stop_and_wait(pid)  # hung: the write gives up after its timeout
         with pytest.raises(TransferError, match="did not complete within"):
@@ -180,18 +186,10 @@ def test_nixl_writes_into_another_process_and_fails_on_a_hung_or_dead_peer(monke
         assert isinstance(engine, NixlTransfer)
         pages = [torch.full((256,), i, dtype=torch.uint8) for i in range(32)]
         engine.register(buffers(pages))
-        src = [pages[3].data_ptr(), pages[9].data_ptr(), pages[4].data_ptr() + 128]
-        dst = [peer_base + 1024, peer_base, peer_base + 2048]
-        engine.write(peer_session, src, dst, [256, 256, 128])
-        here.send("read")
-        got = here.recv()
-        assert got[1024:1280] == bytes([3]) * 256 and got[:256] == bytes([9]) * 256
-        assert got[2048:2176] == bytes([4]) * 128 and got[2176:] == bytes(4096 - 2176)
+        src, dst = write_pages_out_of_order(engine, pages, here, peer_session, peer_base)
         engine.write(peer_session, [pages[5].data_ptr()], [peer_base + 3072], [256])  # the peer is known now
         here.send("read")
         assert here.recv()[3072:3328] == bytes([5]) * 256
-        with pytest.raises(TransferError, match="source range"):
-            engine.write(peer_session, [peer_base], [peer_base], [8])
 
         # A stopped peer: on one host UCX writes straight into its memory (shared memory / cross-memory attach), so
         # the write lands without it; over UCX's TCP transport it times out (the variant run with UCX_TLS=tcp,self).
