@@ -15,8 +15,10 @@ if [ -z "${MODEL:-}" ]; then
   MODEL="/tmp/w/base --dtype bfloat16"
 fi
 rm -rf /tmp/w/hicache_files
+FILES=(--storage-dir /tmp/w/hicache_files)
+[ "${FILE_TIER:-1}" = 0 ] && FILES=()  # FILE_TIER=0: no restarted engine on the file tier (a shorter call)
 # shellcheck disable=SC2086
 TAIL=12 step "agentic sessions" python3 benchmark/bench_agentic.py --model-path $MODEL --device "${DEVICE:-cuda}" \
   --sessions "${SESSIONS:-16}" --turns "${TURNS:-5}" --system-tokens "${SYSTEM:-1024}" --turn-tokens "${TURN:-2048}" \
-  --storage-dir /tmp/w/hicache_files --out "$OUT/agentic.json"
+  "${FILES[@]}" --out "$OUT/agentic.json"
 finish
