@@ -166,6 +166,24 @@ def test_degenerate_shapes(T, E):
     assert_close("kernel", case["expected"], out, 1e-5)
 
 
+@pytest.mark.parametrize("kind,layout", [("fp8", "rows"), ("fp4", "requests"), ("dense", "mixed")])
+def test_fill_invisible_false_writes_only_what_a_row_tile_sees(kind, layout):
+    """fill_invisible=False: every visible logit as before; the blocks past a row tile's visible entries keep what
+    `out` held (the kernel: 64-candidate blocks past every visible entry of a tile; the reference: past each
+    row's)."""
+    case = make_case(kind, layout, 9, 6, 64, 300, seed=12)
+    visible = case["visible"]
+    seen = torch.arange(300)[None, :] < visible[:, None]
+    for op, untouched in ((dsv4_index_logits, torch.arange(300)[None, :] >= ((visible[:, None] + 63) // 64) * 64),
+                          (dsv4_index_logits_ref, ~seen)):
+        if layout != "rows" and op is dsv4_index_logits:  # 8-row tiles: a block is written if any row sees it
+            untouched = torch.zeros_like(untouched)
+        out = run(lambda **kw: op(**kw, fill_invisible=False), case, torch.full((9, 300), 7.0))
+        assert_close(op.__name__, case["expected"].masked_fill(~seen, 0.0), out.masked_fill(~seen, 0.0), 1e-5)
+        assert (out[untouched] == 7.0).all()
+    assert untouched.any()
+
+
 def test_nothing_visible_is_all_neg_inf():
     case = make_case("fp4", "requests", 5, 4, 64, 80, seed=6)
     case["visible"] = torch.zeros(5, dtype=torch.int64)

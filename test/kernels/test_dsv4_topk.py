@@ -75,6 +75,30 @@ def test_distinct_logits_same_set_as_topk(T, E, k, layout, select):
     assert ((got >= 0).sum(1) == visible.clamp(max=k)).all()
 
 
+VISIBLE_CASES = [  # T, E, k, layout: the levels' chunks past visible not read, their survivors not written
+    (4, 5000, 32, "rows"),  # 3 levels (chunk 256)
+    (3, 70000, 3, "requests"),  # k not dividing the chunk: 274 -> 4 -> 1 chunks
+    (5, 300, 16, "rows"),
+]
+
+
+@pytest.mark.parametrize("T,E,k,layout", VISIBLE_CASES, ids=[f"T{c[0]}-E{c[1]}-k{c[2]}" for c in VISIBLE_CASES])
+def test_visible_bounds_what_is_read(T, E, k, layout):
+    """With `visible`, logits past each row's visible entries may hold anything (here NaN, +inf and values above
+    every visible one): the picks are those of the visible logits alone, as the reference's."""
+    logits, cand, row_map, visible = distinct_case(T, E, layout, seed=T + E + k)
+    visible[0] = min(E, 2 * k + 1)  # a short row: most chunks of every level past it
+    visible[-1] = E
+    hidden = torch.arange(E)[None, :] >= visible[:, None]
+    junk = torch.tensor([float("nan"), float("inf"), 1e30]).repeat(E // 3 + 1)[:E]
+    dirty = torch.where(hidden, junk[None, :].expand(T, E), logits.masked_fill(hidden, 0.0))
+    clean = logits.masked_fill(hidden, NEG_INF)
+    got = dsv4_topk_slots(dirty, cand, row_map, k, visible=visible.int())
+    assert row_sets(got) == row_sets(dsv4_topk_slots_ref(dirty, cand, row_map, k, visible=visible))
+    assert row_sets(got) == row_sets(dsv4_topk_slots_ref(clean, cand, row_map, k))
+    assert ((got >= 0).sum(1) == visible.clamp(max=k)).all()
+
+
 def test_chunk_size_is_a_function_of_k():
     assert topk_config(16)[1] == 256 and topk_config(512)[1] == 4096 and topk_config(1024)[1] == 8192
 

@@ -247,8 +247,10 @@ def _indexer_cases(m: ModelShapes, t: int, reqs: int, dtype, fp8_cache: bool):
         row_req = torch.zeros(t, dtype=torch.int64, device="meta")
         yield f"index_logits {fmt}", lambda cache=cache, cand=cand, fmt=fmt: dsv4_index_logits(
             _e(t, m.index_heads, m.index_dim, dtype=dtype), _e(t, m.index_heads, dtype=torch.float32), cache, fmt,
-            cand, row_req, row_req, _e(t, entries, dtype=torch.float32))
-    yield "topk_slots", lambda: dsv4_topk_slots(_e(t, entries, dtype=torch.float32), cand, row_req, m.index_topk)
+            cand, row_req, row_req, _e(t, entries, dtype=torch.float32), fill_invisible=False)
+    # as the engine calls them (attention/dsv4/backend_base.py): logits of the visible entries, top-k of those
+    yield "topk_slots", lambda: dsv4_topk_slots(_e(t, entries, dtype=torch.float32), cand, row_req, m.index_topk,
+                                                visible=row_req)
 
 
 def _metadata_cases(m: ModelShapes, t: int, reqs: int):

@@ -261,8 +261,9 @@ def check_index_logits_args(q, weights, key_cache, key_format, cand_slots, row_m
 
 def dsv4_index_logits_ref(q: torch.Tensor, weights: torch.Tensor, key_cache: torch.Tensor, key_format: str,
                           cand_slots: torch.Tensor, row_map: Optional[torch.Tensor], visible: torch.Tensor,
-                          out: torch.Tensor) -> torch.Tensor:
-    """out[t, e] = sum_h weights[t, h] relu(q[t, h] . key[cand_slots[row_map[t], e]]) for e < visible[t], else -inf.
+                          out: torch.Tensor, fill_invisible: bool = True) -> torch.Tensor:
+    """out[t, e] = sum_h weights[t, h] relu(q[t, h] . key[cand_slots[row_map[t], e]]) for e < visible[t], else -inf
+    (fill_invisible=False: only the visible entries written; dsv4_topk_slots_ref(visible=...) reads no others).
 
     fp32, one row at a time, so a row's logits never depend on which rows share a call (the engine's chunked
     prefill equals one pass elementwise). Each row gathers its own keys: reading row_map on the host to share them
@@ -279,14 +280,15 @@ def dsv4_index_logits_ref(q: torch.Tensor, weights: torch.Tensor, key_cache: tor
         keys = dequantize_ref(key_cache[slots.clamp(min=0).long()], key_format, D)  # [E, D] fp32
         scores = torch.einsum("hd,ed->he", q[t].float(), keys).relu()
         logits = torch.einsum("he,h->e", scores, weights[t].float())
-        out[t] = logits.masked_fill(entry >= visible[t], float("-inf"))
+        # fill_invisible=False keeps what `out` held there (a select, not a host read of visible)
+        out[t] = torch.where(entry < visible[t], logits, float("-inf") if fill_invisible else out[t])
     return out
 
 
 # ----------------------------------------------------------------------------- top-k
 
 
-def check_topk_args(logits, cand_slots, row_map, k) -> None:
+def check_topk_args(logits, cand_slots, row_map, k, visible=None) -> None:
     assert logits.dim() == 2 and logits.dtype == torch.float32, "logits: [T, E] fp32"
     assert logits.stride(1) == 1 or logits.shape[1] <= 1, "logits: last dim contiguous"
     T, E = logits.shape
@@ -296,17 +298,21 @@ def check_topk_args(logits, cand_slots, row_map, k) -> None:
     assert cand_slots.stride(1) == 1 or E <= 1, "cand_slots: last dim contiguous"
     assert row_map is None or row_map.shape == (T,), "row_map: [T] or None"
     assert row_map is not None or cand_slots.shape[0] >= T, "without row_map, cand_slots needs one row per query"
+    assert visible is None or (visible.shape == (T,) and not visible.is_floating_point()), "visible: [T] integers"
 
 
 def dsv4_topk_slots_ref(logits: torch.Tensor, cand_slots: torch.Tensor, row_map: Optional[torch.Tensor],
-                        k: int) -> torch.Tensor:
-    """[T, k] int64: slots of each row's k largest finite logits (torch.topk order), -1 padded."""
-    check_topk_args(logits, cand_slots, row_map, k)
+                        k: int, visible: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """[T, k] int64: slots of each row's k largest finite logits (torch.topk order), -1 padded; with `visible` [T]
+    only of its columns e < visible[t] (the others' logits may hold anything)."""
+    check_topk_args(logits, cand_slots, row_map, k, visible)
     T, E = logits.shape
     out = torch.full((T, k), -1, dtype=torch.int64, device=logits.device)
     if T == 0 or E == 0:
         return out
     valid = torch.isfinite(logits)
+    if visible is not None:
+        valid &= torch.arange(E, device=logits.device)[None, :] < visible.to(logits.device)[:, None]
     top = logits.masked_fill(~valid, float("-inf")).topk(min(k, E), dim=1).indices  # [T, min(k, E)]
     src = row_map if row_map is not None else torch.arange(T, device=logits.device)
     slots = cand_slots[src[:, None], top].long()

@@ -2,6 +2,7 @@
 
     out[t, e] = sum_h weights[t, h] * relu(q[t, h] . key[cand_slots[row_map[t], e]])   for e < visible[t]
     out[t, e] = -inf                                                                       otherwise
+                (left unwritten with fill_invisible=False, for dsv4_topk_slots(visible=...), which never reads it)
 
 Letters: T query rows, H (= nI) indexer heads, D (= dI) head dim, R candidate lists, E candidates per list.
 Keys are read straight from the indexer key pool in one of three row layouts (dsv4_formats_ref.py):
@@ -93,7 +94,7 @@ def _dsv4_index_logits_kernel(q_ptr, w_ptr, cache_ptr, cand_ptr, row_map_ptr, vi
                               NUM_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
                               FORMAT: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
                               E_BLOCKS: tl.constexpr, HAS_ROW_MAP: tl.constexpr, DOT_DTYPE: tl.constexpr,
-                              DOT_PRECISION: tl.constexpr, FP4_GATHER: tl.constexpr):
+                              DOT_PRECISION: tl.constexpr, FP4_GATHER: tl.constexpr, FILL: tl.constexpr):
     pid_t, pid_e = tl.program_id(0), tl.program_id(1)
     M: tl.constexpr = BLOCK_T * HEADS_PAD
     # GEMM rows m = (row of the tile, head); padded heads and rows past T load zeros.
@@ -139,10 +140,11 @@ def _dsv4_index_logits_kernel(q_ptr, w_ptr, cache_ptr, cand_ptr, row_map_ptr, vi
                 logits = tl.sum(tl.reshape(s, [BLOCK_T, HEADS_PAD, BLOCK_E]), axis=1)  # [BLOCK_T, BLOCK_E]
             logits = tl.where(e[None, :] < vis[:, None], logits, float("-inf"))
             tl.store(out_rows + e[None, :], logits, mask=mine[:, None] & (e < E)[None, :])
-        for b in range(num_vis, E_BLOCKS):
-            e = e_first + b * BLOCK_E + tl.arange(0, BLOCK_E)
-            tl.store(out_rows + e[None, :], tl.full([BLOCK_T, BLOCK_E], float("-inf"), tl.float32),
-                     mask=mine[:, None] & (e < E)[None, :])
+        if FILL:  # the blocks past every visible entry of the pass: -inf (FILL False: not written)
+            for b in range(num_vis, E_BLOCKS):
+                e = e_first + b * BLOCK_E + tl.arange(0, BLOCK_E)
+                tl.store(out_rows + e[None, :], tl.full([BLOCK_T, BLOCK_E], float("-inf"), tl.float32),
+                         mask=mine[:, None] & (e < E)[None, :])
 
 
 def _check_kernel_limits(q: torch.Tensor, key_format: str) -> None:
@@ -171,9 +173,12 @@ def _launch_config(shared_lists: bool, heads_pad: int, fp32: bool = False, lds: 
 
 def dsv4_index_logits(q: torch.Tensor, weights: torch.Tensor, key_cache: torch.Tensor, key_format: str,
                       cand_slots: torch.Tensor, row_map: Optional[torch.Tensor], visible: torch.Tensor,
-                      out: torch.Tensor, launch_config: Optional[dict] = None) -> torch.Tensor:
-    """Index logits of every (row, candidate) into the caller's `out` [T, E] fp32 (all of it written).
-    launch_config overrides `_launch_config` (benchmark sweeps)."""
+                      out: torch.Tensor, launch_config: Optional[dict] = None,
+                      fill_invisible: bool = True) -> torch.Tensor:
+    """Index logits of every (row, candidate) into the caller's `out` [T, E] fp32 (all of it written; with
+    fill_invisible=False the blocks past a row tile's visible entries are left as they were: a decode graph's lists
+    span the context capacity, so writing -inf there cost more than the logits). launch_config overrides
+    `_launch_config` (benchmark sweeps)."""
     check_index_logits_args(q, weights, key_cache, key_format, cand_slots, row_map, visible, out)
     _check_kernel_limits(q, key_format)
     T, H, D = q.shape
@@ -191,7 +196,7 @@ def dsv4_index_logits(q: torch.Tensor, weights: torch.Tensor, key_cache: torch.T
         q.stride(0), q.stride(1), weights.stride(0), key_cache.stride(0), cand_slots.stride(0), out.stride(0),
         NUM_HEADS=H, HEADS_PAD=heads_pad, HEAD_DIM=D, FORMAT=_FORMAT_ID[key_format], BLOCK_T=block_t,
         BLOCK_E=block_e, E_BLOCKS=e_blocks, HAS_ROW_MAP=row_map is not None, DOT_DTYPE=dot_dtype,
-        DOT_PRECISION=dot_precision(q.dtype, q.device), FP4_GATHER=cfg["FP4_GATHER"],
+        DOT_PRECISION=dot_precision(q.dtype, q.device), FP4_GATHER=cfg["FP4_GATHER"], FILL=fill_invisible,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return out
 

@@ -21,6 +21,12 @@ Algorithm: radix select in registers, applied level by level over chunks.
   column asc), independent of the chunking.
 
 The logits are read once from global memory; later levels read 1/8 of the previous level's input.
+
+With `visible` [T] (the indexer's visible entries per row) only columns e < visible[t] count: the rest are not read
+(their logits may hold anything: dsv4_index_logits(fill_invisible=False) leaves them unwritten), a level's input from
+a chunk of the level before that started at or past visible[t] is not read either, and a program whose whole chunk
+lies there writes nothing. A decode graph's candidate lists span the context capacity (262,144 CSA entries at 1M
+tokens) while a request sees floor(seq_len / 4): the work then follows the visible entries, not the capacity.
 """
 
 from __future__ import annotations
@@ -65,14 +71,32 @@ def _kth_key(keys, k):
     return v, K
 
 
-@triton.jit(do_not_specialize=["n", "k"])
+@triton.jit
+def _first_column(i, k, depth, CHUNK: tl.constexpr):
+    """The first logits column behind input i of a level `depth` levels after the first: input i of a level is a
+    survivor of chunk i // k of the level before, whose first input is (i // k) * CHUNK there."""
+    start = i.to(tl.int64)
+    for _ in range(depth):
+        start = (start // k) * CHUNK
+    return start
+
+
+@triton.jit(do_not_specialize=["n", "k", "depth"])
 def _topk_level_kernel(val_ptr, col_ptr, stride_in, n, k, next_val_ptr, next_col_ptr, stride_next,
-                       cand_ptr, stride_cand, row_map_ptr, out_ptr, stride_out,
+                       cand_ptr, stride_cand, row_map_ptr, out_ptr, stride_out, vis_ptr, depth,
                        CHUNK: tl.constexpr, K_PAD: tl.constexpr, HAS_COLS: tl.constexpr, IS_LAST: tl.constexpr,
-                       HAS_ROW_MAP: tl.constexpr):
+                       HAS_ROW_MAP: tl.constexpr, HAS_VIS: tl.constexpr):
+    """One (row, chunk) of the level `depth` levels after the first. With HAS_VIS an input counts only if the
+    logits column it stems from is below visible[t] (_first_column: monotonic in the input)."""
     t, c = tl.program_id(0), tl.program_id(1)
     offs = c * CHUNK + tl.arange(0, CHUNK)
     in_range = offs < n
+    if HAS_VIS:
+        vis = tl.load(vis_ptr + t).to(tl.int64)
+        in_range = in_range & (_first_column(offs, k, depth, CHUNK) < vis)
+        if not IS_LAST:
+            if _first_column(c * CHUNK, k, depth, CHUNK) >= vis:
+                return  # nothing of this chunk is visible: the next level does not read its survivors
     row_in = t.to(tl.int64) * stride_in
     vals = tl.load(val_ptr + row_in + offs, mask=in_range, other=float("-inf"))
     if HAS_COLS:
@@ -113,10 +137,12 @@ def topk_config(k: int, chunk_per_k: int = CHUNK_PER_K) -> tuple:
 
 
 def dsv4_topk_slots(logits: torch.Tensor, cand_slots: torch.Tensor, row_map: Optional[torch.Tensor],
-                    k: int, launch_config: Optional[dict] = None) -> torch.Tensor:
-    """[T, k] int64: slots of each row's k largest finite logits (column order, then -1 padding).
-    launch_config: {"CHUNK_PER_K"} overrides (benchmark sweeps)."""
-    check_topk_args(logits, cand_slots, row_map, k)
+                    k: int, launch_config: Optional[dict] = None,
+                    visible: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """[T, k] int64: slots of each row's k largest finite logits (column order, then -1 padding); with `visible`
+    [T] integers only of its columns e < visible[t] (the others not read). launch_config: {"CHUNK_PER_K"} overrides
+    (benchmark sweeps)."""
+    check_topk_args(logits, cand_slots, row_map, k, visible)
     assert k <= MAX_K, f"k must be at most {MAX_K}, got {k}"
     T, E = logits.shape
     out = torch.empty(T, k, dtype=torch.int64, device=logits.device)
@@ -126,7 +152,7 @@ def dsv4_topk_slots(logits: torch.Tensor, cand_slots: torch.Tensor, row_map: Opt
         return out.fill_(-1)
     cfg = launch_config or dict(CHUNK_PER_K=CHUNK_PER_K)
     k_pad, chunk, num_warps = topk_config(k, cfg["CHUNK_PER_K"])
-    vals, cols, n = logits, None, E
+    vals, cols, n, depth = logits, None, E, 0
     while True:
         num_chunks = triton.cdiv(n, chunk)
         last = num_chunks == 1
@@ -139,11 +165,12 @@ def dsv4_topk_slots(logits: torch.Tensor, cand_slots: torch.Tensor, row_map: Opt
             vals, cols if cols is not None else vals, vals.stride(0), n, k,
             nxt_vals if not last else vals, nxt_cols if not last else vals, nxt_vals.stride(0) if not last else 0,
             cand_slots, cand_slots.stride(0), row_map if row_map is not None else cand_slots, out, out.stride(0),
+            visible if visible is not None else out, depth,
             CHUNK=chunk, K_PAD=k_pad, HAS_COLS=cols is not None, IS_LAST=last, HAS_ROW_MAP=row_map is not None,
-            num_warps=num_warps)
+            HAS_VIS=visible is not None, num_warps=num_warps)
         if last:
             return out
-        vals, cols, n = nxt_vals, nxt_cols, num_chunks * k
+        vals, cols, n, depth = nxt_vals, nxt_cols, num_chunks * k, depth + 1
 
 
 __all__ = ["dsv4_topk_slots", "dsv4_topk_slots_ref", "topk_config"]

@@ -163,10 +163,12 @@ class DeepseekV4AttnBackendBase(AttentionBackend):
         return out
 
     def _select(self, indexer, q, weights, entry_slots, row_req, row_visible, logits) -> torch.Tensor:
-        """Index logits of the rows into `logits`, then their top-k as physical slots."""
+        """Index logits of the rows into `logits`, then their top-k as physical slots. Both see only each row's
+        visible entries: a decode graph's entry lists span the context capacity (262,144 CSA entries at 1M tokens),
+        whose invisible rest is neither written nor read."""
         self.ops.index_logits(q, weights, self.pool.index_k[indexer.layer_id], self.pool.index_format.kernel_format,
-                              entry_slots, row_req, row_visible, logits)
-        return self.ops.topk_slots(logits, entry_slots, row_req, indexer.index_topk)
+                              entry_slots, row_req, row_visible, logits, fill_invisible=False)
+        return self.ops.topk_slots(logits, entry_slots, row_req, indexer.index_topk, visible=row_visible)
 
 
 def _ring_writes_unread(plan, forward_batch) -> bool:
