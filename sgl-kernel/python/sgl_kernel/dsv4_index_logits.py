@@ -96,6 +96,14 @@ def _dsv4_index_logits_kernel(q_ptr, w_ptr, cache_ptr, cand_ptr, row_map_ptr, vi
                               E_BLOCKS: tl.constexpr, HAS_ROW_MAP: tl.constexpr, DOT_DTYPE: tl.constexpr,
                               DOT_PRECISION: tl.constexpr, FP4_GATHER: tl.constexpr, FILL: tl.constexpr):
     pid_t, pid_e = tl.program_id(0), tl.program_id(1)
+    t_idx = tl.arange(0, BLOCK_T)
+    rows = pid_t * BLOCK_T + t_idx
+    row_ok = rows < T
+    vis = tl.minimum(tl.load(vis_ptr + rows, mask=row_ok, other=0), E).to(tl.int32)  # [BLOCK_T]
+    e_first = pid_e * (E_BLOCKS * BLOCK_E)
+    if not FILL:
+        if e_first >= tl.max(vis, axis=0):
+            return  # no row of the tile sees these candidates, and nothing is written past what a row sees
     M: tl.constexpr = BLOCK_T * HEADS_PAD
     # GEMM rows m = (row of the tile, head); padded heads and rows past T load zeros.
     m = tl.arange(0, M)
@@ -106,17 +114,12 @@ def _dsv4_index_logits_kernel(q_ptr, w_ptr, cache_ptr, cand_ptr, row_map_ptr, vi
     q = tl.load(q_ptr + q_off, mask=ok_m[:, None], other=0.0).to(DOT_DTYPE)  # [M, D]
     w = tl.load(w_ptr + row_m.to(tl.int64) * stride_wt + head_m, mask=ok_m, other=0.0).to(tl.float32)  # [M]
 
-    t_idx = tl.arange(0, BLOCK_T)
-    rows = pid_t * BLOCK_T + t_idx
-    row_ok = rows < T
     if HAS_ROW_MAP:
         src = tl.load(row_map_ptr + rows, mask=row_ok, other=-1).to(tl.int32)
     else:
         src = tl.where(row_ok, rows, -1)
-    vis = tl.minimum(tl.load(vis_ptr + rows, mask=row_ok, other=0), E).to(tl.int32)  # [BLOCK_T]
     src_lo = tl.min(tl.where(row_ok, src, 2147483647), axis=0)
     num_pass = tl.where(src_lo == tl.max(src, axis=0), 1, BLOCK_T)  # one pass per row only on a mixed tile
-    e_first = pid_e * (E_BLOCKS * BLOCK_E)
     e_end = tl.minimum(e_first + E_BLOCKS * BLOCK_E, E)
     for p in range(num_pass):
         src_p = tl.where(num_pass == 1, src_lo, tl.sum(tl.where(t_idx == p, src, 0), axis=0))
