@@ -7,6 +7,12 @@ torch references (`baseline_us`).
   bytes_moved = every candidate key row read once (per request) + q read + the fp32 logits written.
 * top-k: k 512 (Flash) / 1024 (Pro) over 16K..256K candidates, batch 1 and 64, a quarter of each row masked.
   bytes_moved = the logits read once + the int64 slots written.
+* capacity (`--capacity`: these cases only): logits + top-k as a decode graph runs them, lists of a 1M-token
+  capacity (262,144 CSA entries) of which each row sees 256 (a 1K-token context) or 32,768 (128K), batch 1, 32,
+  128, fp8 keys, k 512: the engine's call (nothing written or read past a row's visible entries) against the
+  lists' whole width (-inf written there, then read: `baseline_us`). bytes_moved = the visible keys read once.
+
+    python benchmark/kernels/bench_dsv4_indexer.py [--capacity]
 """
 
 from __future__ import annotations
@@ -89,6 +95,43 @@ def _bench_topk(rows: int, width: int, k: int, device) -> BenchRow:
                     bytes_moved=float(rows * width * 4 + rows * k * 8), baseline_us=base)
 
 
+CAPACITY_WIDTH, CAPACITY_SEEN, CAPACITY_BATCHES = 262144, (256, 32768), (1, 32, 128)
+
+
+def _bench_capacity(rows: int, seen: int, device) -> BenchRow:
+    """Logits then top-k over capacity-wide lists where each row sees `seen` entries: the engine's call against
+    the whole width's."""
+    args = _logits_args("fp8", rows, CAPACITY_WIDTH, False, device)
+    args["visible"] = torch.full((rows,), seen, device=device)
+    cand, vis = args["cand_slots"], args["visible"]
+
+    def engine():
+        dsv4_index_logits(**args, fill_invisible=False)
+        dsv4_topk_slots(args["out"], cand, None, 512, visible=vis)
+
+    def whole_width():
+        dsv4_index_logits(**args)
+        dsv4_topk_slots(args["out"], cand, None, 512)
+
+    engine()
+    picked = dsv4_topk_slots(args["out"], cand, None, 512, visible=vis)
+    whole_width()
+    if not torch.equal(picked.sort(dim=1).values, dsv4_topk_slots(args["out"], cand, None, 512).sort(dim=1).values):
+        raise AssertionError(f"bs={rows} seen={seen}: the two calls picked different entries")
+    us, base = time_cuda_us(engine), time_cuda_us(whole_width)
+    return BenchRow(kernel="index_logits+topk", case=f"bs={rows} E={CAPACITY_WIDTH} seen={seen} fp8 k=512",
+                    time_us=us, bytes_moved=float(rows * seen * ROW_BYTES["fp8"]), baseline_us=base)
+
+
+def bench_capacity() -> list[BenchRow]:
+    rows = []
+    for seen in CAPACITY_SEEN:
+        for batch in CAPACITY_BATCHES:
+            rows.append(_bench_capacity(batch, seen, "cuda"))
+            torch.cuda.empty_cache()
+    return rows
+
+
 def bench() -> list[BenchRow]:
     device = "cuda"
     rows = []
@@ -106,5 +149,5 @@ def bench() -> list[BenchRow]:
 
 
 if __name__ == "__main__":
-    for r in bench():
+    for r in (bench_capacity() if "--capacity" in sys.argv[1:] else bench()):
         print(r)

@@ -247,3 +247,24 @@ def test_gpu_prefill_chunk(kind):
     dsv4_index_logits(out=out, **case)
     check_sampled_rows(case, out, [0, 1, 777, T // 2 + 2, T // 2 + 3, T // 2 + 4, T - 1])
 
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("kind", ["fp8", "fp4"])
+def test_gpu_fill_invisible_false_at_the_capacity_width(kind):
+    """A decode graph's call: 262,144-entry lists, rows seeing 256 to 4,096: the visible logits as the reference's,
+    the blocks past each row's visible entries untouched."""
+    T, E = 32, 262144
+    case = gpu_case(kind, T, E, prefill=False, seed=5)
+    case["visible"] = torch.randint(256, 4097, (T,), device="cuda")
+    out = torch.full((T, E), 7.0, device="cuda")
+    dsv4_index_logits(out=out, fill_invisible=False, **case)
+    seen = torch.arange(E, device="cuda")[None, :] < case["visible"][:, None]
+    beyond = torch.arange(E, device="cuda")[None, :] >= ((case["visible"][:, None] + 63) // 64) * 64
+    assert (out[beyond] == 7.0).all()
+    rows = [0, 7, T - 1]
+    ref = dsv4_index_logits_ref(out=torch.empty(len(rows), E, device="cuda"),
+                                **dict(case, q=case["q"][rows], weights=case["weights"][rows],
+                                       row_map=case["row_map"][rows], visible=case["visible"][rows]))
+    assert_close("visible", ref.masked_fill(~seen[rows], 0.0), out[rows].masked_fill(~seen[rows], 0.0), 2e-3)

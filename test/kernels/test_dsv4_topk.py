@@ -238,3 +238,22 @@ def test_gpu_logits_then_topk(kind):
     assert (picked.sum(1) == args["visible"].clamp(max=k)).all()
     scale = ref.masked_fill(ref == NEG_INF, 0).abs().amax(1, keepdim=True)
     assert ((ref >= kth - 1e-4 * scale) | ~picked).all()
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("T,seen", [(1, 256), (32, 256), (128, 4096), (8, 262144)])
+def test_gpu_visible_at_the_capacity_width(T, seen):
+    """A decode graph's call: 262,144-entry lists (1M tokens), each row seeing `seen` of them, the rest of the
+    logits never written (garbage from a previous use): the picks of the visible logits alone."""
+    torch.manual_seed(T + seen)
+    dev, E, k = "cuda", 262144, 512
+    visible = torch.randint(max(1, seen // 2), seen + 1, (T,), device=dev)
+    visible[0] = min(seen, k // 2)
+    clean = (torch.rand(T, E, device=dev).argsort(dim=1).float() - E / 3).masked_fill(
+        torch.arange(E, device=dev)[None, :] >= visible[:, None], NEG_INF)
+    dirty = torch.where(clean == NEG_INF, torch.full_like(clean, 1e30), clean)
+    cand = torch.randint(0, 1 << 30, (T, E), device=dev)
+    got = dsv4_topk_slots(dirty, cand, None, k, visible=visible)
+    ref = dsv4_topk_slots_ref(clean, cand, None, k)
+    assert torch.equal(torch.sort(got, dim=1).values, torch.sort(ref, dim=1).values)
