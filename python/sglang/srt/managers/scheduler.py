@@ -4,9 +4,8 @@ Each step runs one forward. While some request still has prompt tokens to prefil
 batch: every decoding request contributes its one row and prefill chunks fill the rest of the
 --chunked-prefill-size budget (the requests after the first within --max-prefill-tokens), so a long prompt never
 stalls running decodes; --disable-mixed-chunk leaves the decode rows out of such steps. Otherwise it is a DECODE
-batch. A
-request with a grammar joins the queue once its grammar has compiled in worker threads (scheduler_grammar_mixin.py),
-so a large schema never stalls the others either.
+batch. A request with a grammar joins the queue once its grammar has compiled in worker threads
+(scheduler_grammar_mixin.py), so a large schema never stalls the others either.
 
 Admission is by estimate (managers/schedule_policy.py): running requests are expected to generate a decaying share of
 their remaining max_new_tokens, so a request without max_tokens does not hold the context length. When a step cannot
