@@ -104,6 +104,21 @@ def test_odd_row_counts(t):
     _check(f"T={t} fp8 per-request", args)
 
 
+def test_empty_splits_write_and_read_no_values(monkeypatch):
+    """Splits past a row's keys (a decode graph sizes them for the context capacity) write no partial values and the
+    combine reads none: with every fresh buffer NaN, the output is the reference's."""
+    args = _inputs(5, 4, 96, 16, 200, per_request=True, seed=3)
+    args["extra_len"] = torch.tensor([0, 0, 3, 1, 200], dtype=torch.int32)
+    real = torch.empty
+
+    def poisoned(*size, **kw):
+        t = real(*size, **kw)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", poisoned)
+    _check("empty splits", args, num_splits=8)
+
+
 def test_window_only_and_bf16_cache():
     args = _inputs(t=3, h=4, d=128, w=16, k=8, cache_dtype=torch.bfloat16, seed=4)
     for key in ("extra_cache", "extra_slots"):

@@ -257,10 +257,12 @@ def _dsv4_sparse_attention_kernel(
         if dh == 0:  # both value halves computed the same statistics
             tl.store(m_part + base, m_i, mask=hmask)
             tl.store(l_part + base, l_i, mask=hmask)
+        # a split whose keys were all past the row's entries (l = 0: acc is 0) writes no values and the combine
+        # reads none: a decode graph sizes its splits for the context capacity, most of them empty at short contexts
         part = acc_part + rest.to(tl.int64) * H * D
-        _store_rows(part, heads, cols_a, hmask, D, D, acc_a)
+        _store_rows(part, heads, cols_a, hmask & (l_i > 0), D, D, acc_a)
         if DV_SPLIT == 1:
-            _store_rows(part, heads, cols_b, hmask, D, D, acc_b)
+            _store_rows(part, heads, cols_b, hmask & (l_i > 0), D, D, acc_b)
     else:
         sink = tl.load(sink_ptr + heads, mask=hmask, other=0.0).to(tl.float32) * _LOG2E
         m_all = tl.maximum(m_i, sink)
@@ -299,8 +301,11 @@ def _dsv4_attention_combine_kernel(
         idx = (t.to(tl.int64) * num_splits + s) * H + h
         m = tl.load(m_part + idx, mask=smask, other=_NEG_BIG)
         w = tl.exp2(m - m_all)
-        den += tl.sum(tl.load(l_part + idx, mask=smask, other=0.0) * w, axis=0)
-        a = tl.load(acc_part + idx[:, None] * D + cols[None, :], mask=smask[:, None] & cmask[None, :], other=0.0)
+        l = tl.load(l_part + idx, mask=smask, other=0.0)
+        den += tl.sum(l * w, axis=0)
+        # an empty split (l = 0) wrote no values: they are 0, not read
+        a = tl.load(acc_part + idx[:, None] * D + cols[None, :], mask=(smask & (l > 0))[:, None] & cmask[None, :],
+                    other=0.0)
         num += tl.sum(a * w[:, None], axis=0)
     tl.store(out_ptr + t.to(tl.int64) * stride_ot + h * stride_oh + cols, (num / den).to(out_ptr.dtype.element_ty),
              mask=cmask)
