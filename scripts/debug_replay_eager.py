@@ -96,9 +96,14 @@ def instrument(eng, rec: Recorder) -> None:
 
     def wrap(op, real):
         def wrapped(*args, **kwargs):
-            out = real(*args, **kwargs)
-            rec.record(op, args[-1] if op == "index_logits" else out)  # index_logits writes its last argument
-            return out
+            result = real(*args, **kwargs)
+            seen = result
+            if op == "index_logits":  # it writes its last argument, past a row's visible entries (args[6]) not at all
+                logits, visible = args[-1], args[6]
+                seen = logits.masked_fill(
+                    torch.arange(logits.shape[1], device=logits.device)[None, :] >= visible[:, None], float("-inf"))
+            rec.record(op, seen)
+            return result
         return wrapped
     ops = runner.attn_backend.ops
     runner.attn_backend.ops = dataclasses.replace(ops, **{op: wrap(op, getattr(ops, op)) for op in OPS})
