@@ -339,6 +339,55 @@ def test_a_request_aborted_during_its_write_keeps_its_pages_until_the_write_ends
     plain.check_free()
 
 
+def test_a_failed_rooms_pages_stay_held_while_a_late_write_may_land(plain):
+    """The decode server's manager: a room that failed after its registration (a 5xx: the prefill side's write may
+    have timed out with bytes still in flight) fails its request at once but keeps its pages from reuse for the
+    hold; a refused room (4xx: never written) frees them at once."""
+    import time
+
+    from sglang.srt.disaggregation.bootstrap import RoomResult
+    from sglang.srt.disaggregation.decode_manager import DecodeKVManager
+    from sglang.srt.disaggregation.messages import BootstrapInfo
+
+    class Quiet:
+        session_id = "quiet:1"
+
+        def __init__(self) -> None:
+            self.results = []
+
+        def register(self, *args, **kwargs) -> None:
+            pass
+
+        def poll(self) -> list:
+            results, self.results = self.results, []
+            return results
+
+        def close(self) -> None:
+            pass
+
+    sched, dec_alloc, client = plain.dec.scheduler, plain.dec.model_runner.token_allocator, Quiet()
+    mgr = DecodeKVManager(sched, Quiet(), client, room_timeout_s=30.0, late_write_hold_s=0.5)
+    try:
+        for room, rid in ((4000, "late"), (4001, "refused")):
+            mgr.add(Req(rid, list(PROMPTS[1]), SamplingParams.from_dict(GREEDY)), BootstrapInfo("h", 1, room))
+        client.results = [RoomResult(4000, "late", ok=False, status_code=504, error="write timed out"),
+                          RoomResult(4001, "refused", ok=False, status_code=400, error="layout differs")]
+        mgr.poll()
+        failed = {r.rid: r.finished_reason.status_code for r in sched.step()}
+        assert failed == {"late": 504, "refused": 400}
+        assert not dec_alloc.is_all_free() and mgr.has_pending() and len(mgr.side.held) == 1
+        assert dec_alloc.req_to_token_pool.available_size() == dec_alloc.req_to_token_pool.size - 1
+        mgr.poll()
+        assert len(mgr.side.held) == 1  # not before the hold has passed
+        time.sleep(0.6)
+        mgr.poll()
+        assert dec_alloc.is_all_free() and not mgr.has_pending()
+    finally:
+        mgr.close()
+        sched.disagg = plain.decode
+    plain.check_free()
+
+
 def test_region_pairing_cuts_and_merges():
     # source contiguous, destination in two pieces: two copies; adjacent on both sides: merged
     plan = pair_regions([(1000, 96)], [(5000, 32), (7000, 64)])

@@ -191,6 +191,11 @@ class Envs:
         "seconds a disaggregated request's two halves have to meet and finish its KV transfer (as upstream): a "
         "prefill request no decode server registered, a decode request whose prefill never completed, or one "
         "queued for decode pool pages fails after it")
+    SGLANG_DISAGGREGATION_LATE_WRITE_HOLD = EnvVar(
+        "SGLANG_DISAGGREGATION_LATE_WRITE_HOLD", 10.0, float,
+        "seconds a decode server keeps the pool pages of a request whose prefill failed after its room was "
+        "registered before reusing them: a write that timed out or was cut off may still land (bytes queued in a "
+        "socket, an engine call past its bound); the request itself fails at once")
 
     SGLANG_SERVER_WARMUP_ON_CPU = EnvVar(
         "SGLANG_SERVER_WARMUP_ON_CPU", False, _bool,

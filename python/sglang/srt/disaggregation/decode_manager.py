@@ -8,7 +8,8 @@ bootstrap_port: the destination addresses and this server's pool layout. The roo
 decodes from the next step, the first token already its first output) or fails it, freeing its pages, with the
 status the bootstrap gives (503 prefill server gone, 504 timed out, 500 prefill failed, 4xx room refused). An abort
 of a request waiting for its bytes cancels the room and frees its pages only when the room's result arrives: a write
-may still be landing in them.
+may still be landing in them. After any failure but a refusal the pages stay held a while longer
+(SGLANG_DISAGGREGATION_LATE_WRITE_HOLD) before reuse: a write that timed out may land late.
 
 With --tp-size > 1 every rank pre-allocates the request alike (the ranks' schedulers run in lockstep) and the first
 rank alone holds the bootstrap client: it registers the room with the destinations on every rank (each rank's own
@@ -47,7 +48,7 @@ class _Queued:
 
 class DecodeKVManager:
     def __init__(self, scheduler, backend, client: Optional[BootstrapClient], room_timeout_s: float,
-                 ranks: Optional[GroupCoordinator] = None) -> None:
+                 ranks: Optional[GroupCoordinator] = None, late_write_hold_s: float = 0.0) -> None:
         self.scheduler = scheduler
         self.side = DecodeSide(scheduler)
         self.buffers = self.side.buffers()
@@ -65,6 +66,8 @@ class DecodeKVManager:
         self.stats = TransferStats()
         self.queue: deque = deque()  # _Queued: waiting for pool pages
         self.started: dict = {}  # room -> (rid, registration time)
+        self.late_write_hold_s = late_write_hold_s
+        self.hold_until: deque = deque()  # when each of side.held may be reused (the first rank's clock decides)
 
     # ---- requests ----------------------------------------------------------------------------------------------
     def claim_room(self, room: int, rid: str) -> None:
@@ -123,8 +126,12 @@ class DecodeKVManager:
         if self.client is not None:
             report.expired = [q.info.room for q in self.queue if now > q.deadline]
             report.results = self.client.poll()
+            report.released = sum(1 for t in self.hold_until if t <= now)
         reports = self.ranks.all_gather_object(report)
         self.ranks_pools_free = all(r.pools_free for r in reports)
+        for _ in range(reports[0].released):
+            self.hold_until.popleft()
+        self.side.release_held(reports[0].released)
         expired = set(reports[0].expired)
         while self.queue:
             q = self.queue[0]
@@ -152,7 +159,13 @@ class DecodeKVManager:
             return
         if not result.ok:
             self.stats.num_failures += result.status_code >= 500
-            self.side.fail(result.room, result.error or "the prefill server failed the request", result.status_code)
+            # a refused room (4xx) was never written; after any other failure a write may still land: a TCP peer's
+            # bytes queued in a socket, an engine call that outlived its bound (transfer.run_bounded)
+            hold = self.late_write_hold_s > 0 and (result.status_code >= 500 or result.status_code == 499)
+            self.side.fail(result.room, result.error or "the prefill server failed the request", result.status_code,
+                           hold=hold)
+            if hold:
+                self.hold_until.append(now + self.late_write_hold_s)
             return
         top = result.first_token_top_logprobs
         first = PrefillResult(
@@ -171,11 +184,11 @@ class DecodeKVManager:
 
     # ---- what the loop and the stats read ---------------------------------------------------------------------
     def has_pending(self) -> bool:
-        return bool(self.queue or self.started)
+        return bool(self.queue or self.started or self.hold_until)
 
     def idle_wait_ms(self) -> int:
         """Queued requests retry every few ms (pages free as others finish); rooms waiting for bytes wake the loop
-        through the bootstrap sockets; a second bounds the wait for the rooms' timeouts."""
+        through the bootstrap sockets; a second bounds the wait for the rooms' timeouts and held pages."""
         return 5 if self.queue else 1000
 
     def sockets(self) -> list:

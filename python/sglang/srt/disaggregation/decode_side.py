@@ -7,13 +7,14 @@ meanwhile compiles its grammar). Once the bytes have arrived, `install(room, res
 with its prompt computed and the first token as its first output (sampling parameters, stop conditions, grammar,
 logprobs, a seeded generator and, under speculative decoding, the MTP draft state as the prefill side left them), so
 the next decode step continues it exactly as a co-located server would. `fail(room, ...)` (the prefill side died,
-timed out or failed) and an abort free every slot the room holds. Requests finished here outside a step are returned
-by the next step.
+timed out or failed) and an abort free every slot the room holds (after a failure a write may still land: those
+slots are held a while first). Requests finished here outside a step are returned by the next step.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Optional
 
@@ -45,6 +46,7 @@ class DecodeSide:
         self.draft = DraftStateBuffers.for_runner(scheduler.runner) if scheduler.worker.speculative else None
         self.rooms: dict = {}  # room -> DecodeRoom pre-allocated, not installed yet
         self.finished: list = []  # requests finished outside a step: returned by the next one
+        self.held: deque = deque()  # slots of failed rooms kept from reuse a while (fail(hold=True)), oldest first
         scheduler.disagg = self
 
     def buffers(self) -> list:
@@ -130,17 +132,27 @@ class DecodeSide:
             sched.running.append(req)
         return req
 
-    def fail(self, room: int, message: str, status_code: int = 500) -> Req:
-        """The room's prefill failed (the prefill server died, timed out or reported an error): free its slots and
-        finish the request with `status_code`."""
+    def fail(self, room: int, message: str, status_code: int = 500, hold: bool = False) -> Req:
+        """The room's prefill failed (the prefill server died, timed out or reported an error): finish the request
+        with `status_code` and free its slots, now or, with `hold` (a write may still land in its pages), when
+        `release_held` says."""
         entry = self.rooms.get(room)
         if entry is None:
             raise ValueError(f"bootstrap_room {room} is not pre-allocated on this decode server")
         req = self._drop(entry)
         req.finished_reason = FinishReason("abort", message=message, status_code=status_code)
+        if hold:
+            self.held.append(req.alloc)
+            req.alloc = None  # the scheduler forgets the request; its slots wait in `held`
         self.scheduler.free_request(req)
         self.finished.append(req)
         return req
+
+    def release_held(self, count: int) -> None:
+        """Free the slots of the `count` oldest held rooms (every rank releases alike, as the first rank's clock
+        says: decode_manager)."""
+        for _ in range(count):
+            self.scheduler.allocator.free_req(self.held.popleft())
 
     def _drop(self, entry: DecodeRoom) -> Req:
         del self.rooms[entry.room]

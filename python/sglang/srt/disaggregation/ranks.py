@@ -73,7 +73,8 @@ def rank_destinations(ranks: list, regions: list) -> tuple:
 class RankReport:
     """What one rank of a server tells the others once a loop. From the first rank only: `failed` (room, why) of
     rooms the bootstrap server ended, `ready` (RoomRegistration) of rooms whose writes start now (prefill);
-    `expired` rooms queued for pages past their deadline and `results` (RoomResult) of rooms that ended (decode).
+    `expired` rooms queued for pages past their deadline, `results` (RoomResult) of rooms that ended and `released`,
+    how many of the oldest held failed rooms' slots are free to reuse (decode).
     From every rank: `written` room -> error (None: done) of the writes from this rank that ended since its last
     report, and `pools_free` (allocator.is_all_free)."""
 
@@ -81,6 +82,7 @@ class RankReport:
     ready: list = field(default_factory=list)
     expired: list = field(default_factory=list)
     results: list = field(default_factory=list)
+    released: int = 0
     written: dict = field(default_factory=dict)
     pools_free: bool = False
 

@@ -360,7 +360,8 @@ def create_kv_manager(server_args: ServerArgs, scheduler, ranks=None):
         client = BootstrapClient(backend.session_id, room_timeout_s,
                                  cancel_grace_s=DEFAULT_WRITE_TIMEOUT_S + 5) if first else None
         logger.info("decode server: transfer session %s", backend.session_id)
-        return DecodeKVManager(scheduler, backend, client, room_timeout_s, ranks)
+        return DecodeKVManager(scheduler, backend, client, room_timeout_s, ranks,
+                               late_write_hold_s=envs.SGLANG_DISAGGREGATION_LATE_WRITE_HOLD.get())
     except BaseException:
         backend.close()
         raise
