@@ -4,12 +4,14 @@ the same token sequences:
 
 - `unbounded`: the prefix cache on a device pool that holds every session (the reference hit rate);
 - `device`: the prefix cache on the small pool alone;
-- `host`: the small pool with the host tier (--enable-hierarchical-cache, sized to hold the working set);
+- `host`: the small pool with the host tier (--enable-hierarchical-cache, sized to hold the working set), and one
+  more host run per other --io-backend / --write-policy given (named by what differs: `host-direct`, ...);
 - `file` (with --storage-dir): the host tier of `host` over a file tier, on a fresh server whose directory a first
   server filled (the file tier after a restart).
 
     python benchmark/bench_agentic.py [--model-path tiny-deepseek-v4] [--device cpu] [--sessions 16] [--turns 4]
-        [--system-tokens 384] [--turn-tokens 128] [--pool-fraction 0.25] [--storage-dir DIR] [--out result.json]
+        [--system-tokens 384] [--turn-tokens 128] [--pool-fraction 0.25] [--storage-dir DIR]
+        [--io-backend kernel direct] [--write-policy write_through write_back] [--out result.json]
     # on a GPU (Flash slice or full checkpoint; the same sizes as the prefix-cache run, scaled up):
     bash scripts/gpu_hicache.sh   # the Flash slice: 24 sessions x 5 turns, an 8192-token shared system prompt
 
@@ -128,6 +130,11 @@ def main() -> None:
     ap.add_argument("--storage-dir", help="also run the file tier after a restart, in this directory")
     ap.add_argument("--stall-seconds", type=float, default=120.0,
                     help="print every thread's stack once if one engine's sessions take longer than this")
+    ap.add_argument("--io-backend", nargs="+", default=["kernel"], choices=["kernel", "direct"],
+                    help="--hicache-io-backend of the host runs (one host run per backend and write policy)")
+    ap.add_argument("--write-policy", nargs="+", default=["write_through"],
+                    choices=["write_through", "write_back", "write_through_selective"],
+                    help="--hicache-write-policy of the host runs")
     ap.add_argument("--out")
     args = ap.parse_args()
     working = working_set_tokens(args)
@@ -139,9 +146,16 @@ def main() -> None:
     unbounded = dict(max_running_requests=args.sessions, swa_full_tokens_ratio=1.0)
     small_ends = dict(max_running_requests=max(1, args.sessions // 8))
     hicache = dict(small_ends, enable_hierarchical_cache=True, hicache_ratio=args.host_ratio,
-                   hicache_write_policy="write_through")
+                   hicache_write_policy=args.write_policy[0], hicache_io_backend=args.io_backend[0])
     rows = [run(args, "unbounded", 2 * working, **unbounded), run(args, "device", small, **small_ends),
             run(args, "host", small, **hicache)]
+    for io in args.io_backend:  # the other host runs, named by what differs from the first
+        for policy in args.write_policy:
+            if (io, policy) != (args.io_backend[0], args.write_policy[0]):
+                name = "-".join(["host", *([io] if io != args.io_backend[0] else []),
+                                 *([policy] if policy != args.write_policy[0] else [])])
+                rows.append(run(args, name, small, **dict(hicache, hicache_io_backend=io,
+                                                           hicache_write_policy=policy)))
     if args.storage_dir:
         extra = json.dumps({"storage_dir": args.storage_dir or tempfile.mkdtemp()})
         files = dict(hicache, hicache_storage_backend="file", hicache_storage_backend_extra_config=extra,
@@ -152,13 +166,14 @@ def main() -> None:
           + (f"; pinned copy bandwidth h2d {bandwidth['h2d']:.1f} GB/s, d2h {bandwidth['d2h']:.1f} GB/s"
              if bandwidth else ""))
     for r in rows:
-        print(f"{r['run']:>9}: hit rate {r['hit_rate']:.3f} (device {r['hit_rate_device']:.3f}, host "
+        print(f"{r['run']:>15}: hit rate {r['hit_rate']:.3f} (device {r['hit_rate_device']:.3f}, host "
               f"{r['hit_rate_host']:.3f}, file {r['hit_rate_file']:.3f}); TTFT median {r['ttft_median_s'] * 1e3:7.1f} "
               f"ms, mean {r['ttft_mean_s'] * 1e3:7.1f} ms; to host {r['bytes_to_host'] / 2**20:.1f} MiB, to device "
               f"{r['bytes_to_device'] / 2**20:.1f} MiB, load median {r['load_median_ms']:.2f} ms", flush=True)
-    ref, dev, host = rows[0], rows[1], rows[2]
-    print(f"host tier: hit rate {host['hit_rate'] / ref['hit_rate']:.2f} of the unbounded pool's, median TTFT "
-          f"{host['ttft_median_s'] / dev['ttft_median_s']:.2f}x the device-only cache's")
+    ref, dev = rows[0], rows[1]
+    for host in rows[2:]:
+        print(f"{host['run']}: hit rate {host['hit_rate'] / ref['hit_rate']:.2f} of the unbounded pool's, median TTFT "
+              f"{host['ttft_median_s'] / dev['ttft_median_s']:.2f}x the device-only cache's")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"args": vars(args), "working_set_tokens": working, "copy_bandwidth_gbps": bandwidth,

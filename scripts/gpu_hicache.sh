@@ -5,6 +5,7 @@
 # on a device pool holding a quarter of their working set (165K tokens): device-only vs host tier vs an unbounded pool
 # (and the file tier after a restart), with the pinned host <-> device copy bandwidth measured in the same run.
 #   bash scripts/gpu_hicache.sh      Logs and JSON go to $OUT.
+# IO_BACKENDS="kernel direct" / WRITE_POLICIES="write_through write_back": a host run for each (the first is `host`).
 # A dry run on CPU: MODEL=tiny-deepseek-v4 DEVICE=cpu TESTS=0 SESSIONS=4 TURNS=2 SYSTEM=512 TURN=128 bash scripts/gpu_hicache.sh
 source "$(dirname "$0")/gpu_env.sh"
 [ "${TESTS:-1}" = 1 ] && TAIL=3 step "GPU hierarchical-cache tests" env SGLANG_TEST_DEVICE=cuda python3 -m pytest -q \
@@ -20,5 +21,6 @@ FILES=(--storage-dir /tmp/w/hicache_files)
 # shellcheck disable=SC2086
 TAIL=12 step "agentic sessions" python3 benchmark/bench_agentic.py --model-path $MODEL --device "${DEVICE:-cuda}" \
   --sessions "${SESSIONS:-16}" --turns "${TURNS:-5}" --system-tokens "${SYSTEM:-1024}" --turn-tokens "${TURN:-2048}" \
-  "${FILES[@]}" --out "$OUT/agentic.json"
+  --io-backend ${IO_BACKENDS:-kernel} --write-policy ${WRITE_POLICIES:-write_through} "${FILES[@]}" \
+  --out "$OUT/agentic.json"
 finish

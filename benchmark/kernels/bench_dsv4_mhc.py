@@ -16,6 +16,8 @@ step pays, each kernel's launch and tail included; the pre_norm rows 20 calls a 
 for the fused op and the other path; bytes_moved = the streams (and o) read once, fn once, every output written once.
 `--carry`: hc_post writing the next sub-layer's mixes (dsv4_hc_post_mixes) followed by the next hc_pre_norm fed them
 (two launches) against dsv4_hc_post and hc_pre_norm computing its own mixes (three), per sub-layer.
+`--prefill`: hc_pre_norm_fp8 at 128 / 1,024 / 8,192 rows, each kernel's GPU time for the mixes as fp32 FMAs or as
+bf16 MMAs (SPLIT) and for the finish's warps and roles (bench_prefill).
 The same run's copy bandwidth prints first.
 """
 
@@ -192,9 +194,65 @@ def bench() -> list:
     return rows + bench_pre_norm()
 
 
+def kernel_times_us(fn, iters: int = 10) -> dict:
+    """GPU time of each kernel one fn() call launches, by name (CUDA profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    times = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            times[e.name] = times.get(e.name, 0.0) + e.time_range.elapsed_us() / iters
+    return times
+
+
+def bench_prefill(tokens=(128, 1024, 8192)) -> None:
+    """hc_pre_norm_fp8 (a decoder layer's entry) at prefill rows: each kernel's GPU time for the mixes as fp32 FMAs
+    (ieee) or bf16 MMAs (split, today's past SPLIT_MIN_ROWS) and for the finish's warps / roles, with each variant's
+    largest difference from the ieee mixes' result; bytes_moved: the streams read once, norm(u) and its codes
+    written."""
+    g = torch.Generator(device="cuda").manual_seed(3)
+    saved = mhc_kernels.SPLIT_MIN_ROWS, mhc_kernels.finish_warps, mhc_kernels.SPLIT_ROLES
+    for t in tokens:
+        streams, _, fn, scale, base = _inputs(t, g)
+        base = torch.randn(base.shape, device="cuda", generator=g)
+        w = torch.randn(D, device="cuda", generator=g).bfloat16()
+        moved = streams.numel() * 2 + t * D * 3
+
+        def call():
+            return dsv4_hc_pre_norm_fp8(streams, fn, scale, base, ITERS, EPS, EPS, w, EPS)
+
+        variants = [("ieee mixes", 1 << 30, None, True), ("split mixes", 0, None, True),
+                    ("split, finish 4 warps", 0, 4, True), ("split, finish 16 warps", 0, 16, True),
+                    ("split, one finish role", 0, None, False)]
+        ref = None
+        for name, split_min, warps, roles in variants:
+            mhc_kernels.SPLIT_MIN_ROWS, mhc_kernels.SPLIT_ROLES = split_min, roles
+            mhc_kernels.finish_warps = saved[1] if warps is None else (lambda *a, w=warps: w)
+            try:
+                got = call()
+                ref = got if ref is None else ref
+                diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(got[:3], ref[:3]))
+                times = kernel_times_us(call)
+            finally:
+                mhc_kernels.SPLIT_MIN_ROWS, mhc_kernels.finish_warps, mhc_kernels.SPLIT_ROLES = saved
+            total = sum(times.values())
+            parts = ", ".join(f"{k.split('(')[0][:28]} {v:.1f}" for k, v in sorted(times.items(), key=lambda x: -x[1]))
+            print(f"T={t:5d} {name:24s} {total:8.1f} us ({moved / total / 1e3:6.0f} GB/s of streams in, norm out) "
+                  f"max diff vs ieee {diff:.2e} | {parts}", flush=True)
+
+
 if __name__ == "__main__":
     copy = copy_bandwidth_gbps()
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {copy:.0f} GB/s (read + write)")
+    if "--prefill" in sys.argv:
+        bench_prefill()
+        sys.exit(0)
     rows = bench_pre_norm(finish=True) if "--finish" in sys.argv else bench_carry() if "--carry" in sys.argv \
         else bench()
     for r in rows:

@@ -3,7 +3,7 @@
 dsv4_hc_mix (pre / post / Sinkhorn weights from the mixes): n = 4 and n = 3 (padded to 4), 1 and 20 Sinkhorn rounds,
 partial blocks, zero rows. dsv4_hc_pre (two launches), dsv4_hc_post (one), dsv4_hc_head (two): n = 4 / 3, D = 48 / 40
 (not a power of two, a partial tile), T = 1 / 5 / 63, fp32 and bf16; more D chunks than one partial-sum step, several
-u steps and hc_post blocks; strided streams; zero tokens; no host reads and no torch compute ops (graph-capturable,
+u steps and hc_post blocks; strided streams; the mixes as bf16 MMAs (forced on); zero tokens; no host reads and no torch compute ops (graph-capturable,
 launch counts). bf16 is compared with the fp32 torch path before its rounding: the interpreter's bf16 casts
 truncate (one ulp), a GPU rounds to nearest (half an ulp). GPU (skipped without CUDA): Flash widths (n 4, D 4096,
 T 1 / 8 / 32 / 128, bf16), the layer dispatching to the kernels, and pre -> post -> head captured as a CUDA graph.
@@ -128,6 +128,42 @@ def test_pre_post_head_match_torch(n, d, t, dtype):
         torch.testing.assert_close(new, hc_post_ref(out, streams, post, comb), rtol=1e-5, atol=1e-5)
     head = _layer(t, n, d, seed=t + n, dtype=dtype, head=True)
     _check_head(new, *head[1:4])
+
+
+@pytest.mark.parametrize("t,n,d", [(17, 4, 48), (63, 3, 40)])
+def test_split_mixes_match_torch(monkeypatch, t, n, d):
+    """The mixes as bf16 MMAs (SPLIT, forced on: off by default until measured on a GPU): fn's three bf16 parts sum to
+    it exactly, so pre / post / comb / u / head agree with the fp32 torch path as the FMA dot's do (the interpreter
+    dots the parts as fp32: its bf16 dot is wrong; the GPU test runs the MMAs)."""
+    launched = []
+    real = kernels._dsv4_hc_mixes_kernel.run
+    monkeypatch.setattr(kernels._dsv4_hc_mixes_kernel, "run", lambda *a, **k: launched.append(k["SPLIT"]) or real(
+        *a, **k))
+    monkeypatch.setattr(kernels, "SPLIT_MIN_ROWS", 16)
+    streams, fn, scale, base, out = _layer(t, n, d, seed=t + d, dtype=torch.bfloat16)
+    _, post, comb = _check_pre(streams, fn, scale, base)
+    new = _check_post(out, streams, post, comb)
+    _check_head(new, *_layer(t, n, d, seed=t, dtype=torch.bfloat16, head=True)[1:4])
+    assert launched == [True, True]
+    assert not kernels.split_mixes(streams[:16]) and not kernels.split_mixes(streams.float())
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("t", [32, 128, 8192])
+def test_gpu_split_mixes_match_the_fma_dot(monkeypatch, t):
+    """Flash widths on a GPU: hc_pre_norm_fp8 with the mixes as bf16 MMAs against the FMA dot's: post and comb to fp32
+    summation order, norm(u) within a bf16 rounding, and both against the fp32 torch path."""
+    streams, fn, scale, base, _ = _layer(t, 4, 4096, seed=t + 5, dtype=torch.bfloat16, device="cuda")
+    weight = torch.randn(4096, generator=torch.Generator().manual_seed(t)).bfloat16().cuda()
+    fma = dsv4_hc_pre_norm_fp8(streams, fn, scale, base, 20, 1e-6, 1e-6, weight, 1e-5)
+    monkeypatch.setattr(kernels, "SPLIT_MIN_ROWS", 16)
+    assert kernels.split_mixes(streams)
+    mma = dsv4_hc_pre_norm_fp8(streams, fn, scale, base, 20, 1e-6, 1e-6, weight, 1e-5)
+    torch.testing.assert_close(mma[1], fma[1], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(mma[2], fma[2], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(mma[0].float(), fma[0].float(), rtol=BF16_ULP, atol=1e-5)
+    _check_pre(streams, fn, scale, base, gpu=True)
 
 
 def test_many_chunks_strided_streams(monkeypatch):
@@ -398,11 +434,12 @@ def stack(kernel, types, consts, warps):
     return list(usage(cubin))
 
 out = {}
-for t in map(int, sys.argv[1:]):
-    launch = k.mixes_launch(t, 4096)
-    out[f"mixes {t}"] = stack(k._dsv4_hc_mixes_kernel, {"s_ptr": "*bf16", "fn_ptr": "*fp32", "part_ptr": "*fp32"},
-                              dict(N=4, W=32, BLOCK_T=launch.block_t, BLOCK_D=launch.block_d, D_TILES=launch.d_tiles,
-                                   PDL=True), launch.num_warps)
+for t, split in [(int(a), False) for a in sys.argv[1:]] + [(int(a), True) for a in sys.argv[1:] if int(a) > 16]:
+    launch = k.mixes_launch(t, 4096, split=split)
+    out[f"mixes {t}{' split' if split else ''}"] = stack(
+        k._dsv4_hc_mixes_kernel, {"s_ptr": "*bf16", "fn_ptr": "*fp32", "part_ptr": "*fp32"},
+        dict(N=4, W=32, BLOCK_T=launch.block_t, BLOCK_D=launch.block_d, D_TILES=launch.d_tiles, SPLIT=split, MMA=True,
+             PDL=True), launch.num_warps)
 fp32 = {"width": "fp32", "norm_eps": "fp32", "eps": "fp32", "rms_eps": "fp32", "s_ptr": "*bf16", "u_ptr": "*bf16",
         "o_ptr": "*bf16", "out_ptr": "*bf16", "w_ptr": "*bf16", "q_ptr": "*fp8e4nv"}
 fp32.update({n: "*fp32" for n in ("part_ptr", "scale_ptr", "base_ptr", "post_ptr", "comb_ptr", "qs_ptr")})
@@ -419,11 +456,12 @@ print(json.dumps(out))
 
 
 def test_sm90_launches_do_not_spill():
-    """Compiled for sm90 on the CPU at Flash's widths (bf16 streams) as the engine launches them: no kernel keeps a
-    local-memory stack (spills). The mixes' fp32 dot runs on FMAs; at 64-token blocks it spills on 4 warps."""
+    """Compiled for sm90 on the CPU at Flash's widths (bf16 streams) as the engine launches them, and the mixes as
+    bf16 MMAs (SPLIT) past 16 rows: no kernel keeps a local-memory stack (spills). The mixes' fp32 dot runs on FMAs;
+    at 64-token blocks it spills on 4 warps; the MMAs spill with 64-column tiles."""
     from sm90_compile import SM90_PREAMBLE, compiled_facts
 
-    found = compiled_facts(SM90_PREAMBLE + _RESOURCES, "1", "32", "128", timeout=600)
+    found = compiled_facts(SM90_PREAMBLE + _RESOURCES, "1", "32", "128", "8192", timeout=600)
     print(found)  # [registers, stack bytes] per kernel
     assert all(regs <= 255 and stack == 0 for regs, stack in found.values()), found
 

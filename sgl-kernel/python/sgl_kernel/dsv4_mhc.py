@@ -53,6 +53,12 @@ POST_BLOCK_D = 256  # hc_post: columns of every stream a program
 U_BLOCK_D = 2048  # hc_pre's second launch: columns of every stream summed into u per loop step
 FINISH_BLOCK_C = 32  # hc_pre's second launch: the D chunks' partials summed per loop step
 SPLIT_ROLES = True  # hc_pre's second launch: u (and the norm) and the Sinkhorn in two programs a token, side by side
+# The mixes as bf16 MMAs (split_mixes) past this many rows of bf16 streams; None: never. Off until measured on a GPU
+# (benchmark/kernels/bench_dsv4_mhc.py --prefill; the GPU test test_gpu_split_mixes_match_the_fma_dot): at 8,192
+# prefill rows the FMA dot takes ~1.9 ms a sub-layer (15% of a flash-12l256e prefill's GPU time).
+SPLIT_MIN_ROWS = None
+SPLIT_BLOCK_D = 32  # their tiles' columns (the MMA's K) and warps: 64 columns spill (sm90, 4 or 8 warps)
+SPLIT_WARPS = 8
 
 
 @triton.jit
@@ -133,9 +139,13 @@ def dsv4_hc_mix(z: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, n: int
 @triton.jit
 def _dsv4_hc_mixes_kernel(s_ptr, fn_ptr, part_ptr, T, D, M, C, stride_st, stride_sn, stride_fn,
                           N: tl.constexpr, W: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
-                          D_TILES: tl.constexpr, PDL: tl.constexpr):
+                          D_TILES: tl.constexpr, SPLIT: tl.constexpr, MMA: tl.constexpr, PDL: tl.constexpr):
     """Program (token block, D chunk): over its D_TILES * BLOCK_D columns of every stream, the partial dot products
-    with fn's M rows and the partial sum of squares, written to part [T, C, W] (column M: the sum of squares)."""
+    with fn's M rows and the partial sum of squares, written to part [T, C, W] (column M: the sum of squares).
+    SPLIT (bf16 streams): fn's tile as three bf16 parts whose sum is it exactly (8 + 8 + 8 significand bits), each
+    dotted with the streams' bf16 tile on tensor cores with fp32 accumulation: every product is exact in fp32, as the
+    fp32 FMAs' are, at the bf16 MMA's rate (the FMA dot's layout changes per 32-column tile bound it at prefill).
+    MMA off (Triton's interpreter, whose bf16 dot is wrong): the same parts dotted as fp32, the same products."""
     pdl_enter(PDL)
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     tmask = t < T
@@ -145,16 +155,35 @@ def _dsv4_hc_mixes_kernel(s_ptr, fn_ptr, part_ptr, T, D, M, C, stride_st, stride
     fn_rows = fn_ptr + m[None, :].to(tl.int64) * stride_fn  # [1, W]
     dot = tl.zeros([BLOCK_T, W], dtype=tl.float32)
     sq = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
+    sq_rows = tl.zeros([BLOCK_T], dtype=tl.float32)  # SPLIT: summed per tile (a [BLOCK_T, BLOCK_D] sum spills)
     for i in range(D_TILES):
         d = (tl.program_id(1) * D_TILES + i) * BLOCK_D + tl.arange(0, BLOCK_D)
         dmask = d < D
         for k in tl.static_range(N):
             x = tl.load(rows + k * stride_sn + d[None, :], mask=tmask[:, None] & dmask[None, :], other=0.0)
-            x = x.to(tl.float32)
             w = tl.load(fn_rows + k * D + d[:, None], mask=dmask[:, None] & mmask[None, :], other=0.0)  # [BLOCK_D, W]
-            dot = tl.dot(x, w, dot, input_precision="ieee")  # fp32 products and sums, as torch's fp32 matmul
-            sq += x * x
-    out = tl.where(m[None, :] == M, tl.sum(sq, axis=1)[:, None], dot)
+            if SPLIT:
+                w_hi = w.to(tl.bfloat16)
+                rest = w - w_hi.to(tl.float32)  # exact in fp32, as is the rest after the middle part
+                w_mid = rest.to(tl.bfloat16)
+                w_lo = (rest - w_mid.to(tl.float32)).to(tl.bfloat16)
+                if MMA:
+                    xb = x.to(tl.bfloat16)
+                    dot = tl.dot(xb, w_hi, dot)
+                    dot = tl.dot(xb, w_mid, dot)
+                    dot = tl.dot(xb, w_lo, dot)
+                    x = x.to(tl.float32)
+                else:
+                    x = x.to(tl.bfloat16).to(tl.float32)
+                    dot = tl.dot(x, w_hi.to(tl.float32), dot, input_precision="ieee")
+                    dot = tl.dot(x, w_mid.to(tl.float32), dot, input_precision="ieee")
+                    dot = tl.dot(x, w_lo.to(tl.float32), dot, input_precision="ieee")
+                sq_rows += tl.sum(x * x, axis=1)
+            else:
+                x = x.to(tl.float32)
+                dot = tl.dot(x, w, dot, input_precision="ieee")  # fp32 products and sums, as torch's fp32 matmul
+                sq += x * x
+    out = tl.where(m[None, :] == M, (sq_rows if SPLIT else tl.sum(sq, axis=1))[:, None], dot)
     tl.store(part_ptr + (t.to(tl.int64)[:, None] * C + tl.program_id(1)) * W + m[None, :], out, mask=tmask[:, None])
 
 
@@ -332,18 +361,26 @@ class MixesLaunch:
     num_warps: int
 
 
-def mixes_launch(t: int, d: int, max_block_t: int = 64) -> MixesLaunch:
+def mixes_launch(t: int, d: int, max_block_t: int = 64, split: bool = False) -> MixesLaunch:
     """~TARGET_PROGRAMS programs: at decode (one token block) one 32-column tile each, so fn is read by every SM
-    once; with more token blocks longer chunks, which also keeps the partials small beside the streams."""
+    once; with more token blocks longer chunks, which also keeps the partials small beside the streams. `split`
+    (the bf16 MMAs): SPLIT_BLOCK_D-column tiles, SPLIT_WARPS warps."""
     block_t = 16 if t <= 16 else 32 if t <= 64 or max_block_t <= 32 else 64
-    block_d = max(16, min(32, triton.next_power_of_2(d)))  # tl.dot needs 16 at least
+    block_d = max(16, min(SPLIT_BLOCK_D if split else 32, triton.next_power_of_2(d)))  # tl.dot needs 16 at least
     tiles = triton.cdiv(d, block_d)
     chunks = max(1, min(tiles, TARGET_PROGRAMS // triton.cdiv(t, block_t)))
     if t > 16:  # two tiles a program at least: a partial row (W fp32) is then <= 1/4 of its bf16 columns
         chunks = max(1, min(chunks, tiles // 2))
     d_tiles = triton.cdiv(tiles, chunks)
     # the fp32 dot runs on FMAs: 8 warps keep 32 / 64-token blocks' operands in registers (sm90: 112 / 182, no spill)
-    return MixesLaunch(block_t, block_d, d_tiles, triton.cdiv(tiles, d_tiles), 4 if block_t <= 16 else 8)
+    warps = SPLIT_WARPS if split else 4 if block_t <= 16 else 8
+    return MixesLaunch(block_t, block_d, d_tiles, triton.cdiv(tiles, d_tiles), warps)
+
+
+def split_mixes(streams: torch.Tensor) -> bool:
+    """Whether the mixes run as bf16 MMAs (_dsv4_hc_mixes_kernel's SPLIT): bf16 streams past SPLIT_MIN_ROWS, which
+    is at least the rows whose mixes hc_post_mixes carries (those stay the FMA dot's, which the carried ones are)."""
+    return SPLIT_MIN_ROWS is not None and streams.dtype == torch.bfloat16 and streams.shape[0] > SPLIT_MIN_ROWS
 
 
 def post_mixes_launch(t: int, d: int) -> MixesLaunch:
@@ -402,13 +439,14 @@ def _collapse(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base
     width = mixes_width(rows)
     pdl = pdl_supported(dev)
     if partials is None:
-        launch = mixes_launch(t, d)
+        split = split_mixes(streams)
+        launch = mixes_launch(t, d, split=split)
         chunks = launch.chunks
         part = torch.empty(t, chunks, width, dtype=torch.float32, device=dev)
         _dsv4_hc_mixes_kernel[(triton.cdiv(t, launch.block_t), chunks)](
             streams, fn, part, t, d, rows, chunks, streams.stride(0), streams.stride(1), fn.stride(0),
-            N=n, W=width, BLOCK_T=launch.block_t, BLOCK_D=launch.block_d, D_TILES=launch.d_tiles, PDL=pdl,
-            num_warps=launch.num_warps, **pdl_launch(pdl))
+            N=n, W=width, BLOCK_T=launch.block_t, BLOCK_D=launch.block_d, D_TILES=launch.d_tiles, SPLIT=split,
+            MMA=dev.type == "cuda", PDL=pdl, num_warps=launch.num_warps, **pdl_launch(pdl))
     else:
         part, chunks = partials.part, partials.part.shape[1]
         assert partials.rows == rows and part.shape == (t, chunks, width) and part.is_contiguous(), \
