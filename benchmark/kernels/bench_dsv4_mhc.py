@@ -213,9 +213,10 @@ def kernel_times_us(fn, iters: int = 10) -> dict:
 
 def bench_prefill(tokens=(128, 1024, 8192)) -> None:
     """hc_pre_norm_fp8 (a decoder layer's entry) at prefill rows: each kernel's GPU time for the mixes as fp32 FMAs
-    (ieee) or bf16 MMAs (split, today's past SPLIT_MIN_ROWS) and for the finish's warps / roles, with each variant's
-    largest difference from the ieee mixes' result; bytes_moved: the streams read once, norm(u) and its codes
-    written."""
+    (ieee) or bf16 MMAs (split, off by default: SPLIT_MIN_ROWS) and for the finish's warps / roles, and the path
+    before the fusion (cuBLAS fp32 mixes, dsv4_hc_mix's 64-token programs for the Sinkhorn, a torch sum, the norm
+    kernel), with each variant's largest difference from the ieee mixes' result; bytes_moved: the streams read once,
+    norm(u) and its codes written."""
     g = torch.Generator(device="cuda").manual_seed(3)
     saved = mhc_kernels.SPLIT_MIN_ROWS, mhc_kernels.finish_warps, mhc_kernels.SPLIT_ROLES
     for t in tokens:
@@ -241,10 +242,23 @@ def bench_prefill(tokens=(128, 1024, 8192)) -> None:
                 times = kernel_times_us(call)
             finally:
                 mhc_kernels.SPLIT_MIN_ROWS, mhc_kernels.finish_warps, mhc_kernels.SPLIT_ROLES = saved
-            total = sum(times.values())
-            parts = ", ".join(f"{k.split('(')[0][:28]} {v:.1f}" for k, v in sorted(times.items(), key=lambda x: -x[1]))
-            print(f"T={t:5d} {name:24s} {total:8.1f} us ({moved / total / 1e3:6.0f} GB/s of streams in, norm out) "
-                  f"max diff vs ieee {diff:.2e} | {parts}", flush=True)
+            _print_prefill_row(t, name, times, moved, diff)
+
+        def unfused():  # cuBLAS fp32 mixes, the token-blocked weights kernel, a torch sum, the norm kernel
+            pre, post, comb = dsv4_hc_mix(_mixes(streams, fn, EPS), scale, base, N, ITERS, EPS)
+            u = (pre.unsqueeze(-1) * streams).sum(dim=1).to(streams.dtype)
+            return (*dsv4_rms_norm_fp8(u, w, EPS), post, comb)
+
+        got = unfused()
+        diff = max((a.float() - b.float()).abs().max().item() for a, b in zip((got[0], got[3], got[4]), ref[:3]))
+        _print_prefill_row(t, "torch mixes + mix kernel", kernel_times_us(unfused), moved, diff)
+
+
+def _print_prefill_row(t: int, name: str, times: dict, moved: float, diff: float) -> None:
+    total = sum(times.values())
+    parts = ", ".join(f"{k.split('(')[0][:28]} {v:.1f}" for k, v in sorted(times.items(), key=lambda x: -x[1]))
+    print(f"T={t:5d} {name:24s} {total:8.1f} us ({moved / total / 1e3:6.0f} GB/s of streams in, norm out) "
+          f"max diff vs ieee {diff:.2e} | {parts}", flush=True)
 
 
 if __name__ == "__main__":
