@@ -35,10 +35,10 @@ from sgl_kernel.dsv4_rmsnorm import dsv4_rms_norm, dsv4_rms_norm_fp8
 from sglang.srt.layers.mhc import _mixes, hc_head_ref, hc_post_ref
 
 try:
-    from .common import BenchRow, copy_bandwidth_gbps, time_cuda_us, time_eager_us
+    from .common import BenchRow, copy_bandwidth_gbps, kernel_times_us, time_cuda_us, time_eager_us
 except ImportError:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from common import BenchRow, copy_bandwidth_gbps, time_cuda_us, time_eager_us
+    from common import BenchRow, copy_bandwidth_gbps, kernel_times_us, time_cuda_us, time_eager_us
 
 N, D, ITERS, EPS = 4, 4096, 20, 1e-6
 TOKENS = (1, 8, 32, 128)
@@ -192,23 +192,6 @@ def bench() -> list:
                          lambda: hc_head_ref(streams, head_fn, head_scale, head_base, EPS, EPS),
                          s_bytes + head_fn.numel() * 4 + o_bytes))
     return rows + bench_pre_norm()
-
-
-def kernel_times_us(fn, iters: int = 10) -> dict:
-    """GPU time of each kernel one fn() call launches, by name (CUDA profiler)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
-    times = {}
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            times[e.name] = times.get(e.name, 0.0) + e.time_range.elapsed_us() / iters
-    return times
 
 
 def bench_prefill(tokens=(128, 1024, 8192)) -> None:

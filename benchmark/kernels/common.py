@@ -50,10 +50,9 @@ def time_eager_us(fn: Callable[[], object], iters: int = 50, warmup: int = 5) ->
     return times[len(times) // 2]
 
 
-def time_cuda_us(fn: Callable[[], object], iters: int = 20, warmup: int = 3) -> float:
-    """GPU time of one fn() call in microseconds: the sum of the device times of every kernel it launches, from the
-    CUDA profiler (CUPTI), averaged over `iters` calls. Host launch overhead and gaps are excluded, as they are when
-    serving under CUDA graphs; `time_eager_us` gives the wall time with launches."""
+def kernel_times_us(fn: Callable[[], object], iters: int = 20, warmup: int = 3) -> dict:
+    """GPU time of each kernel (or memcpy) one fn() call launches, by name, in microseconds: device times from the
+    CUDA profiler (CUPTI), averaged over `iters` calls."""
     from torch.profiler import ProfilerActivity, profile
 
     for _ in range(warmup):
@@ -63,11 +62,19 @@ def time_cuda_us(fn: Callable[[], object], iters: int = 20, warmup: int = 3) -> 
         for _ in range(iters):
             fn()
         torch.cuda.synchronize()
-    total = 0.0
+    times = {}
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA:  # a kernel or memcpy on the GPU
-            total += event.time_range.elapsed_us()
-    return total / iters if total > 0 else time_eager_us(fn, iters=iters, warmup=0)
+            times[event.name] = times.get(event.name, 0.0) + event.time_range.elapsed_us() / iters
+    return times
+
+
+def time_cuda_us(fn: Callable[[], object], iters: int = 20, warmup: int = 3) -> float:
+    """GPU time of one fn() call in microseconds: the sum of the device times of every kernel it launches
+    (kernel_times_us). Host launch overhead and gaps are excluded, as they are when serving under CUDA graphs;
+    `time_eager_us` gives the wall time with launches."""
+    total = sum(kernel_times_us(fn, iters, warmup).values())
+    return total if total > 0 else time_eager_us(fn, iters=iters, warmup=0)
 
 
 def copy_bandwidth_gbps(num_elements: int = 1 << 30) -> float:
