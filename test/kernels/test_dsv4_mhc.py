@@ -3,10 +3,11 @@
 dsv4_hc_mix (pre / post / Sinkhorn weights from the mixes): n = 4 and n = 3 (padded to 4), 1 and 20 Sinkhorn rounds,
 partial blocks, zero rows. dsv4_hc_pre (two launches), dsv4_hc_post (one), dsv4_hc_head (two): n = 4 / 3, D = 48 / 40
 (not a power of two, a partial tile), T = 1 / 5 / 63, fp32 and bf16; more D chunks than one partial-sum step, several
-u steps and hc_post blocks; strided streams; the mixes as bf16 MMAs (forced on); zero tokens; no host reads and no torch compute ops (graph-capturable,
-launch counts). bf16 is compared with the fp32 torch path before its rounding: the interpreter's bf16 casts
-truncate (one ulp), a GPU rounds to nearest (half an ulp). GPU (skipped without CUDA): Flash widths (n 4, D 4096,
-T 1 / 8 / 32 / 128, bf16), the layer dispatching to the kernels, and pre -> post -> head captured as a CUDA graph.
+u steps and hc_post blocks; strided streams; the mixes as bf16 MMAs (forced on); zero tokens; no host reads and no
+torch compute ops (graph-capturable, launch counts). bf16 is compared with the fp32 torch path before its rounding:
+the interpreter's bf16 casts truncate (one ulp), a GPU rounds to nearest (half an ulp). GPU (skipped without CUDA):
+Flash widths (n 4, D 4096, T 1 / 8 / 32 / 128, bf16), the layer dispatching to the kernels, pre -> post -> head
+captured as a CUDA graph, and the bf16-MMA mixes against the FMA dot's at 32 / 128 / 8,192 rows.
 """
 
 from __future__ import annotations
