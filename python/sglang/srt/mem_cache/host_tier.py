@@ -81,6 +81,26 @@ def _page_rows(pages: list, rows_per_page: int) -> torch.Tensor:
             + torch.arange(rows_per_page)[None, :]).flatten()
 
 
+class _Rows:
+    """The row indices of one copy, built once and shared by its buffers and stages (a load's layers): the rows of a
+    list of pages at a number of rows per page, or a list of rows, on the host or on the copy's device."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._built: dict = {}
+
+    def pages(self, pages, rows_per_page: int, on_device: bool) -> torch.Tensor:
+        return self._get(("pages", tuple(pages), rows_per_page, on_device), lambda: _page_rows(pages, rows_per_page))
+
+    def rows(self, rows, on_device: bool) -> torch.Tensor:
+        return self._get(("rows", tuple(rows), on_device), lambda: torch.tensor(rows, dtype=torch.int64))
+
+    def _get(self, key: tuple, build) -> torch.Tensor:
+        if key not in self._built:
+            self._built[key] = _to(build(), self.device) if key[-1] else build()
+        return self._built[key]
+
+
 def _to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """t on device; host -> CUDA from pinned memory, so the copy does not wait for the device."""
     if device.type != "cuda" or t.device.type == "cuda":
@@ -159,62 +179,78 @@ class HostKVPool:
 
     # ---- pages ------------------------------------------------------------------------------------
     def write_pages(self, device_pages: list, host_pages: list) -> int:
-        return sum(self._move(dev, host, _page_rows(device_pages, n), _page_rows(host_pages, n), n, to_host=True)
+        rows = _Rows(self.device)
+        return sum(self._move(dev, host, rows, device_pages, host_pages, n, to_host=True)
                    for dev, host, n in self.page_buffers)
 
-    def read_pages(self, host_pages: list, device_pages: list, layer: Optional[int] = None) -> int:
-        """Host pages to device pages: every buffer's rows, or (`layer`) that layer's."""
-        return sum(self._move(dev, host, _page_rows(device_pages, n), _page_rows(host_pages, n), n, to_host=False)
+    def read_pages(self, host_pages: list, device_pages: list, layer: Optional[int] = None,
+                   rows: Optional[_Rows] = None) -> int:
+        """Host pages to device pages: every buffer's rows, or (`layer`) that layer's; `rows`: the copy's indices."""
+        rows = rows or _Rows(self.device)
+        return sum(self._move(dev, host, rows, device_pages, host_pages, n, to_host=False)
                    for lid, (dev, host, n) in zip(self.page_layers, self.page_buffers) if layer in (None, lid))
 
     # ---- ends ---------------------------------------------------------------------------------------
     def write_end(self, tail_swa: list, state_slot: int, host_end: int) -> int:
-        swa = torch.tensor(tail_swa, dtype=torch.int64)
-        moved = sum(self._gather_scatter(host, _page_rows([host_end], n), dev, swa)
+        rows = _Rows(self.device)
+        swa = rows.rows(tail_swa, on_device=True)
+        moved = sum(self._gather_scatter(host, rows.pages([host_end], n, False), dev, swa)
                     for dev, host, n in self.end_buffers)
-        return moved + sum(self._gather_scatter(host, _page_rows([host_end], m), saved, _page_rows([state_slot], m))
+        return moved + sum(self._gather_scatter(host, rows.pages([host_end], m, False), saved,
+                                                rows.pages([state_slot], m, True))
                            for saved, host, m in self.state_buffers)
 
-    def read_end(self, host_end: int, tail_swa: list, state_slot: int, layers=None, state: bool = True) -> int:
+    def read_end(self, host_end: int, tail_swa: list, state_slot: int, layers=None, state: bool = True,
+                 rows: Optional[_Rows] = None) -> int:
         """A host end to window slots and a state slot: the window rows of every layer or of `layers`, and
-        (`state`) the CSA state rows."""
-        swa = torch.tensor(tail_swa, dtype=torch.int64)
-        moved = sum(self._gather_scatter(dev, swa, host, _page_rows([host_end], n))
+        (`state`) the CSA state rows; `rows`: the copy's indices."""
+        rows = rows or _Rows(self.device)
+        swa = rows.rows(tail_swa, on_device=True)
+        moved = sum(self._gather_scatter(dev, swa, host, rows.pages([host_end], n, False))
                     for lid, (dev, host, n) in enumerate(self.end_buffers) if layers is None or lid in layers)
         if not state:
             return moved
-        return moved + sum(self._gather_scatter(saved, _page_rows([state_slot], m), host, _page_rows([host_end], m))
+        return moved + sum(self._gather_scatter(saved, rows.pages([state_slot], m, True), host,
+                                                rows.pages([host_end], m, False))
                            for saved, host, m in self.state_buffers)
 
     def load_stages(self, moves: list, end: Optional[tuple]) -> list:
         """A load in stages, each returning the bytes it moved: first what a prefill reads before its first layer
         (the CSA state rows and the MTP layers' window rows), then each layer's rows, in layer order. `moves`:
-        (host pages, device pages) of the nodes loaded; `end`: (host end, window slots, state slot) or None."""
+        (host pages, device pages) of the nodes loaded, moved as one list; `end`: (host end, window slots, state
+        slot) or None. The stages share their row indices (built by the first that needs them)."""
+        rows = _Rows(self.device)
+        host_pages = [p for host, _ in moves for p in host]
+        device_pages = [p for _, dev in moves for p in dev]
+
         def first():
             if end is None:
                 return 0
-            return self.read_end(*end, layers=range(self.num_layers, len(self.end_buffers)))
+            return self.read_end(*end, layers=range(self.num_layers, len(self.end_buffers)), rows=rows)
 
         def layer(i):
-            moved = sum(self.read_pages(host, dev, layer=i) for host, dev in moves)
-            return moved + (self.read_end(*end, layers=(i,), state=False) if end is not None else 0)
+            moved = self.read_pages(host_pages, device_pages, layer=i, rows=rows) if host_pages else 0
+            return moved + (self.read_end(*end, layers=(i,), state=False, rows=rows) if end is not None else 0)
         return [first] + [lambda i=i: layer(i) for i in range(self.num_layers)]
 
     # ---- copies (run on the copy engine's stream: mem_cache/tier_copy.py) -------------------------------
-    def _move(self, dev: torch.Tensor, host: torch.Tensor, dev_rows: torch.Tensor, host_rows: torch.Tensor,
+    def _move(self, dev: torch.Tensor, host: torch.Tensor, rows: _Rows, device_pages: list, host_pages: list,
               rows_per_page: int, to_host: bool) -> int:
         if self.io_backend == "kernel":
+            dev_rows = rows.pages(device_pages, rows_per_page, on_device=True)
+            host_rows = rows.pages(host_pages, rows_per_page, on_device=False)
             if to_host:
                 return self._gather_scatter(host, host_rows, dev, dev_rows)
             return self._gather_scatter(dev, dev_rows, host, host_rows)
         cuda = self.device.type == "cuda"  # the host buffers are pinned: each page's copy is asynchronous
-        for i in range(0, len(dev_rows), rows_per_page):  # direct: one copy of each page's contiguous rows
-            d, h = int(dev_rows[i]), int(host_rows[i])
+        n = rows_per_page
+        for dp, hp in zip(device_pages, host_pages):  # direct: one copy of each page's contiguous rows
+            d, h = int(dp) * n, int(hp) * n
             if to_host:
-                host[h:h + rows_per_page].copy_(dev[d:d + rows_per_page], non_blocking=cuda)
+                host[h:h + n].copy_(dev[d:d + n], non_blocking=cuda)
             else:
-                dev[d:d + rows_per_page].copy_(host[h:h + rows_per_page], non_blocking=cuda)
-        return len(dev_rows) * dev[0].numel() * dev.element_size()
+                dev[d:d + n].copy_(host[h:h + n], non_blocking=cuda)
+        return len(device_pages) * n * dev[0].numel() * dev.element_size()
 
     def _gather_scatter(self, dst: torch.Tensor, dst_rows: torch.Tensor, src: torch.Tensor,
                         src_rows: torch.Tensor) -> int:
