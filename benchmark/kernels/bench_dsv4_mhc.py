@@ -196,12 +196,12 @@ def bench() -> list:
 
 def bench_prefill(tokens=(128, 1024, 8192)) -> None:
     """hc_pre_norm_fp8 (a decoder layer's entry) at prefill rows: each kernel's GPU time for the mixes as fp32 FMAs
-    (ieee) or bf16 MMAs (split, off by default: SPLIT_MIN_ROWS) and for the finish's warps / roles, and the path
+    (ieee) or bf16 MMAs (split, off by default: SPLIT_MIN_ROWS), the finish's warps / roles, its post and Sinkhorn in
+    64-token programs (FINISH_BLOCKED_MIN_ROWS, off by default), and the path
     before the fusion (cuBLAS fp32 mixes, dsv4_hc_mix's 64-token programs for the Sinkhorn, a torch sum, the norm
     kernel), with each variant's largest difference from the ieee mixes' result; bytes_moved: the streams read once,
     norm(u) and its codes written."""
     g = torch.Generator(device="cuda").manual_seed(3)
-    saved = mhc_kernels.SPLIT_MIN_ROWS, mhc_kernels.finish_warps, mhc_kernels.SPLIT_ROLES
     for t in tokens:
         streams, _, fn, scale, base = _inputs(t, g)
         base = torch.randn(base.shape, device="cuda", generator=g)
@@ -211,20 +211,26 @@ def bench_prefill(tokens=(128, 1024, 8192)) -> None:
         def call():
             return dsv4_hc_pre_norm_fp8(streams, fn, scale, base, ITERS, EPS, EPS, w, EPS)
 
-        variants = [("ieee mixes", 1 << 30, None, True), ("split mixes", 0, None, True),
-                    ("split, finish 4 warps", 0, 4, True), ("split, finish 16 warps", 0, 16, True),
-                    ("split, one finish role", 0, None, False)]
+        variants = [("ieee mixes", {}), ("split mixes", {"SPLIT_MIN_ROWS": 0}),
+                    ("split, finish 4 warps", {"SPLIT_MIN_ROWS": 0, "finish_warps": lambda *a: 4}),
+                    ("split, finish 16 warps", {"SPLIT_MIN_ROWS": 0, "finish_warps": lambda *a: 16}),
+                    ("split, one finish role", {"SPLIT_MIN_ROWS": 0, "SPLIT_ROLES": False}),
+                    ("split, blocked finish", {"SPLIT_MIN_ROWS": 0, "FINISH_BLOCKED_MIN_ROWS": 0}),
+                    ("split, blocked, 4 warps", {"SPLIT_MIN_ROWS": 0, "FINISH_BLOCKED_MIN_ROWS": 0,
+                                                 "finish_warps": lambda *a: 4})]
         ref = None
-        for name, split_min, warps, roles in variants:
-            mhc_kernels.SPLIT_MIN_ROWS, mhc_kernels.SPLIT_ROLES = split_min, roles
-            mhc_kernels.finish_warps = saved[1] if warps is None else (lambda *a, w=warps: w)
+        for name, overrides in variants:
+            saved = {k: getattr(mhc_kernels, k) for k in overrides}
+            for k, v in overrides.items():
+                setattr(mhc_kernels, k, v)
             try:
                 got = call()
                 ref = got if ref is None else ref
                 diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(got[:3], ref[:3]))
                 times = kernel_times_us(call)
             finally:
-                mhc_kernels.SPLIT_MIN_ROWS, mhc_kernels.finish_warps, mhc_kernels.SPLIT_ROLES = saved
+                for k, v in saved.items():
+                    setattr(mhc_kernels, k, v)
             _print_prefill_row(t, name, times, moved, diff)
 
         def unfused():  # cuBLAS fp32 mixes, the token-blocked weights kernel, a torch sum, the norm kernel

@@ -2,12 +2,13 @@
 
 dsv4_hc_mix (pre / post / Sinkhorn weights from the mixes): n = 4 and n = 3 (padded to 4), 1 and 20 Sinkhorn rounds,
 partial blocks, zero rows. dsv4_hc_pre (two launches), dsv4_hc_post (one), dsv4_hc_head (two): n = 4 / 3, D = 48 / 40
-(not a power of two, a partial tile), T = 1 / 5 / 63, fp32 and bf16; more D chunks than one partial-sum step, several
-u steps and hc_post blocks; strided streams; the mixes as bf16 MMAs (forced on); zero tokens; no host reads and no
-torch compute ops (graph-capturable, launch counts). bf16 is compared with the fp32 torch path before its rounding:
-the interpreter's bf16 casts truncate (one ulp), a GPU rounds to nearest (half an ulp). GPU (skipped without CUDA):
-Flash widths (n 4, D 4096, T 1 / 8 / 32 / 128, bf16), the layer dispatching to the kernels, pre -> post -> head
-captured as a CUDA graph, and the bf16-MMA mixes against the FMA dot's at 32 / 128 / 8,192 rows.
+(not a power of two, a partial tile), T = 1 / 5 / 63, fp32 and bf16; more D chunks than one partial-sum step, several u
+steps and hc_post blocks; strided streams; the mixes as bf16 MMAs and the finish's Sinkhorn in 64-token programs (both
+forced on); zero tokens; no host reads and no torch compute ops (graph-capturable, launch counts). bf16 is compared with
+the fp32 torch path before its rounding: the interpreter's bf16 casts truncate (one ulp), a GPU rounds to nearest (half
+an ulp). GPU (skipped without CUDA): Flash widths (n 4, D 4096, T 1 / 8 / 32 / 128, bf16), the layer dispatching to the
+kernels, pre -> post -> head captured as a CUDA graph, and the bf16-MMA mixes against the FMA dot's at 32 / 128 / 8,192
+rows.
 """
 
 from __future__ import annotations
@@ -147,6 +148,27 @@ def test_split_mixes_match_torch(monkeypatch, t, n, d):
     _check_head(new, *_layer(t, n, d, seed=t, dtype=torch.bfloat16, head=True)[1:4])
     assert launched == [True, True]
     assert not kernels.split_mixes(streams[:16]) and not kernels.split_mixes(streams.float())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_blocked_finish_matches_torch(monkeypatch, dtype):
+    """hc_pre's post and Sinkhorn comb in 64-token programs (forced on: off by default until measured): the same u
+    (and norm(u)) bit for bit as a finish program a token, post and comb to fp32 summation order, and both against
+    the torch path; 70 rows: a partial 64-token block."""
+    streams, fn, scale, base, _ = _layer(70, 3, 40, seed=9, dtype=dtype)
+    weight = torch.randn(40).to(dtype)
+    per_token = dsv4_hc_pre(streams, fn, scale, base, 20, 1e-6, 1e-6)
+    normed = dsv4_hc_pre_norm(streams, fn, scale, base, 20, 1e-6, 1e-6, weight, 1e-5)
+    monkeypatch.setattr(kernels, "FINISH_BLOCKED_MIN_ROWS", 16)
+    launched = []
+    real = kernels._dsv4_hc_mix_kernel.run
+    monkeypatch.setattr(kernels._dsv4_hc_mix_kernel, "run", lambda *a, **k: launched.append(1) or real(*a, **k))
+    blocked = _check_pre(streams, fn, scale, base)
+    assert launched == [1]
+    assert torch.equal(blocked[0], per_token[0])
+    for got, ref in zip(blocked[1:], per_token[1:]):
+        torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-7)
+    assert torch.equal(dsv4_hc_pre_norm(streams, fn, scale, base, 20, 1e-6, 1e-6, weight, 1e-5)[0], normed[0])
 
 
 @pytest.mark.gpu
@@ -500,3 +522,20 @@ def test_gpu_pre_norm_flash_widths_and_graph(t):
 
     assert_replays_equal(chain, chain, live, lambda seed: _layer(t, 4, 4096, seed=seed, dtype=torch.bfloat16,
                                                                   device="cuda")[:1], seeds=(200, 201))
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("t", [128, 8192])
+def test_gpu_blocked_finish_matches_per_token(monkeypatch, t):
+    """Flash widths on a GPU: the finish's post and Sinkhorn comb in 64-token programs give a finish program a
+    token's norm(u) and codes bit for bit, post and comb to fp32 summation order."""
+    streams, fn, scale, base, _ = _layer(t, 4, 4096, seed=t + 7, dtype=torch.bfloat16, device="cuda")
+    weight = torch.randn(4096, generator=torch.Generator().manual_seed(t)).bfloat16().cuda()
+    per_token = dsv4_hc_pre_norm_fp8(streams, fn, scale, base, 20, 1e-6, 1e-6, weight, 1e-5)
+    monkeypatch.setattr(kernels, "FINISH_BLOCKED_MIN_ROWS", 16)
+    blocked = dsv4_hc_pre_norm_fp8(streams, fn, scale, base, 20, 1e-6, 1e-6, weight, 1e-5)
+    for i in (0, 3, 4):
+        assert torch.equal(blocked[i], per_token[i])
+    torch.testing.assert_close(blocked[1], per_token[1], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(blocked[2], per_token[2], rtol=1e-5, atol=1e-6)

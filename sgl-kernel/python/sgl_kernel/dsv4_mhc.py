@@ -31,6 +31,9 @@ engine's own CPU paths in `sglang.srt.layers.mhc` (hc_mix_weights, hc_pre, hc_po
   launch reads: a `MixPartials` that dsv4_hc_pre / dsv4_hc_pre_norm(_fp8) / dsv4_hc_head take (`partials=`) and then
   skip their first launch. Programs (token block, D chunk) as the mixes' (fn read once per token block, spread over
   ~all SMs at decode); a sub-layer's mHC is then 2 launches instead of 3.
+
+Two prefill forms, off until measured on a GPU (SPLIT_MIN_ROWS, FINISH_BLOCKED_MIN_ROWS): the mixes as bf16 MMAs
+(_dsv4_hc_mixes_kernel's SPLIT) and hc_pre's post and Sinkhorn in dsv4_hc_mix's 64-token programs.
 """
 
 from __future__ import annotations
@@ -57,6 +60,10 @@ SPLIT_ROLES = True  # hc_pre's second launch: u (and the norm) and the Sinkhorn 
 # (benchmark/kernels/bench_dsv4_mhc.py --prefill; the GPU test test_gpu_split_mixes_match_the_fma_dot): at 8,192
 # prefill rows the FMA dot takes ~1.9 ms a sub-layer (15% of a flash-12l256e prefill's GPU time).
 SPLIT_MIN_ROWS = None
+# hc_pre's post and Sinkhorn comb in 64-token programs (dsv4_hc_mix's kernel) past this many rows, not a program a
+# token beside u's; None: never. Off until measured (bench_dsv4_mhc.py --prefill: a finish program a token, 8 warps,
+# took 2.0 ms for 8,192 rows).
+FINISH_BLOCKED_MIN_ROWS = None
 SPLIT_BLOCK_D = 32  # their tiles' columns (the MMA's K) and warps: 64 columns spill (sm90, 4 or 8 warps)
 SPLIT_WARPS = 8
 
@@ -453,15 +460,22 @@ def _collapse(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base
             f"partials must be [{t}, C, {width}] of {rows} rows, got {tuple(part.shape)} of {partials.rows}"
     block_d = triton.next_power_of_2(d) if norm is not None else min(U_BLOCK_D, triton.next_power_of_2(d))
     weight = norm.weight if norm is not None and norm.weight is not None else None
-    roles = 2 if mix and SPLIT_ROLES else 1
-    _dsv4_hc_pre_kernel[(t, roles)](
+    blocked = mix and FINISH_BLOCKED_MIN_ROWS is not None and t > FINISH_BLOCKED_MIN_ROWS
+    roles = 2 if mix and SPLIT_ROLES and not blocked else 1
+    if blocked:  # post and the Sinkhorn comb in 64-token programs (the mixes normalised in torch), not one a token
+        inv_rms = torch.rsqrt(part[:, :, rows].sum(1, keepdim=True) / (n * d) + norm_eps)
+        z = (part[:, :, :rows].sum(1) * inv_rms).contiguous()
+        _dsv4_hc_mix_kernel[(triton.cdiv(t, BLOCK_T),)](
+            z, scale.float().contiguous(), base.float().contiguous(), torch.empty_like(post), post, comb, t,
+            z.stride(0), iters, eps, N=n, NP=triton.next_power_of_2(n), BLOCK_T=BLOCK_T, num_warps=4)
+    _dsv4_hc_pre_kernel[(t, roles)](  # blocked: MIX off, the program a token does pre and u only
         part, streams, scale.float().contiguous(), base.float().contiguous(), u, post, comb,
         weight if weight is not None else u, q if quant else u, qs if quant else u, d, rows, chunks,
         streams.stride(0), streams.stride(1), u.stride(0), q.stride(0) // 8 if quant else 0,
         qs.stride(0) if quant else 0, qs.stride(1) if quant else 0, float(n * d), norm_eps, iters, eps,
         norm.eps if norm is not None else 0.0,
         N=n, NP=triton.next_power_of_2(n), W=width, BLOCK_C=min(FINISH_BLOCK_C, triton.next_power_of_2(chunks)),
-        BLOCK_D=block_d, MIX=mix, NORM=norm is not None, HAS_WEIGHT=weight is not None, QUANT=quant,
+        BLOCK_D=block_d, MIX=mix and not blocked, NORM=norm is not None, HAS_WEIGHT=weight is not None, QUANT=quant,
         FP8_MAX=fp8_max(q.dtype) if quant else 448.0, ROUND_IN_FP32=dev.type != "cuda", ROLES=roles, PDL=pdl,
         num_warps=finish_warps(block_d, n, norm is not None), **pdl_launch(pdl))
     return u, post, comb, q, qs
