@@ -462,14 +462,15 @@ def _collapse(streams: torch.Tensor, fn: torch.Tensor, scale: torch.Tensor, base
     weight = norm.weight if norm is not None and norm.weight is not None else None
     blocked = mix and FINISH_BLOCKED_MIN_ROWS is not None and t > FINISH_BLOCKED_MIN_ROWS
     roles = 2 if mix and SPLIT_ROLES and not blocked else 1
+    scale32, base32 = scale.float().contiguous(), base.float().contiguous()
     if blocked:  # post and the Sinkhorn comb in 64-token programs (the mixes normalised in torch), not one a token
         inv_rms = torch.rsqrt(part[:, :, rows].sum(1, keepdim=True) / (n * d) + norm_eps)
         z = (part[:, :, :rows].sum(1) * inv_rms).contiguous()
         _dsv4_hc_mix_kernel[(triton.cdiv(t, BLOCK_T),)](
-            z, scale.float().contiguous(), base.float().contiguous(), torch.empty_like(post), post, comb, t,
-            z.stride(0), iters, eps, N=n, NP=triton.next_power_of_2(n), BLOCK_T=BLOCK_T, num_warps=4)
+            z, scale32, base32, torch.empty_like(post), post, comb, t, z.stride(0), iters, eps, N=n,
+            NP=triton.next_power_of_2(n), BLOCK_T=BLOCK_T, num_warps=4)
     _dsv4_hc_pre_kernel[(t, roles)](  # blocked: MIX off, the program a token does pre and u only
-        part, streams, scale.float().contiguous(), base.float().contiguous(), u, post, comb,
+        part, streams, scale32, base32, u, post, comb,
         weight if weight is not None else u, q if quant else u, qs if quant else u, d, rows, chunks,
         streams.stride(0), streams.stride(1), u.stride(0), q.stride(0) // 8 if quant else 0,
         qs.stride(0) if quant else 0, qs.stride(1) if quant else 0, float(n * d), norm_eps, iters, eps,

@@ -66,8 +66,7 @@ class DecodeKVManager:
         self.stats = TransferStats()
         self.queue: deque = deque()  # _Queued: waiting for pool pages
         self.started: dict = {}  # room -> (rid, registration time)
-        self.late_write_hold_s = late_write_hold_s
-        self.hold_until: deque = deque()  # when each of side.held may be reused (the first rank's clock decides)
+        self.late_write_hold_s = late_write_hold_s  # side.held's times: the first rank's clock decides
 
     # ---- requests ----------------------------------------------------------------------------------------------
     def claim_room(self, room: int, rid: str) -> None:
@@ -126,11 +125,9 @@ class DecodeKVManager:
         if self.client is not None:
             report.expired = [q.info.room for q in self.queue if now > q.deadline]
             report.results = self.client.poll()
-            report.released = sum(1 for t in self.hold_until if t <= now)
+            report.released = sum(1 for until, _ in self.side.held if until <= now)
         reports = self.ranks.all_gather_object(report)
         self.ranks_pools_free = all(r.pools_free for r in reports)
-        for _ in range(reports[0].released):
-            self.hold_until.popleft()
         self.side.release_held(reports[0].released)
         expired = set(reports[0].expired)
         while self.queue:
@@ -163,9 +160,7 @@ class DecodeKVManager:
             # bytes queued in a socket, an engine call that outlived its bound (transfer.run_bounded)
             hold = self.late_write_hold_s > 0 and (result.status_code >= 500 or result.status_code == 499)
             self.side.fail(result.room, result.error or "the prefill server failed the request", result.status_code,
-                           hold=hold)
-            if hold:
-                self.hold_until.append(now + self.late_write_hold_s)
+                           hold_until=now + self.late_write_hold_s if hold else None)
             return
         top = result.first_token_top_logprobs
         first = PrefillResult(
@@ -184,7 +179,7 @@ class DecodeKVManager:
 
     # ---- what the loop and the stats read ---------------------------------------------------------------------
     def has_pending(self) -> bool:
-        return bool(self.queue or self.started or self.hold_until)
+        return bool(self.queue or self.started or self.side.held)
 
     def idle_wait_ms(self) -> int:
         """Queued requests retry every few ms (pages free as others finish); rooms waiting for bytes wake the loop

@@ -46,7 +46,7 @@ class DecodeSide:
         self.draft = DraftStateBuffers.for_runner(scheduler.runner) if scheduler.worker.speculative else None
         self.rooms: dict = {}  # room -> DecodeRoom pre-allocated, not installed yet
         self.finished: list = []  # requests finished outside a step: returned by the next one
-        self.held: deque = deque()  # slots of failed rooms kept from reuse a while (fail(hold=True)), oldest first
+        self.held: deque = deque()  # (until when, slots) of failed rooms kept from reuse a while, oldest first
         scheduler.disagg = self
 
     def buffers(self) -> list:
@@ -132,17 +132,17 @@ class DecodeSide:
             sched.running.append(req)
         return req
 
-    def fail(self, room: int, message: str, status_code: int = 500, hold: bool = False) -> Req:
+    def fail(self, room: int, message: str, status_code: int = 500, hold_until: Optional[float] = None) -> Req:
         """The room's prefill failed (the prefill server died, timed out or reported an error): finish the request
-        with `status_code` and free its slots, now or, with `hold` (a write may still land in its pages), when
+        with `status_code` and free its slots, now or, with `hold_until` (a write may still land in its pages), when
         `release_held` says."""
         entry = self.rooms.get(room)
         if entry is None:
             raise ValueError(f"bootstrap_room {room} is not pre-allocated on this decode server")
         req = self._drop(entry)
         req.finished_reason = FinishReason("abort", message=message, status_code=status_code)
-        if hold:
-            self.held.append(req.alloc)
+        if hold_until is not None:
+            self.held.append((hold_until, req.alloc))
             req.alloc = None  # the scheduler forgets the request; its slots wait in `held`
         self.scheduler.free_request(req)
         self.finished.append(req)
@@ -152,7 +152,7 @@ class DecodeSide:
         """Free the slots of the `count` oldest held rooms (every rank releases alike, as the first rank's clock
         says: decode_manager)."""
         for _ in range(count):
-            self.scheduler.allocator.free_req(self.held.popleft())
+            self.scheduler.allocator.free_req(self.held.popleft()[1])
 
     def _drop(self, entry: DecodeRoom) -> Req:
         del self.rooms[entry.room]
