@@ -16,8 +16,8 @@ step pays, each kernel's launch and tail included; the pre_norm rows 20 calls a 
 for the fused op and the other path; bytes_moved = the streams (and o) read once, fn once, every output written once.
 `--carry`: hc_post writing the next sub-layer's mixes (dsv4_hc_post_mixes) followed by the next hc_pre_norm fed them
 (two launches) against dsv4_hc_post and hc_pre_norm computing its own mixes (three), per sub-layer.
-`--prefill`: hc_pre_norm_fp8 at 128 / 1,024 / 8,192 rows, each kernel's GPU time for the mixes as fp32 FMAs or as
-bf16 MMAs (SPLIT) and for the finish's warps and roles (bench_prefill).
+`--prefill`: hc_pre_norm_fp8 at 128 / 1,024 / 8,192 rows, each kernel's GPU time as the engine runs it, with the
+mixes as fp32 FMAs and a finish program a token, and with the blocked finish at every size (bench_prefill).
 The same run's copy bandwidth prints first.
 """
 
@@ -195,12 +195,13 @@ def bench() -> list:
 
 
 def bench_prefill(tokens=(128, 1024, 8192)) -> None:
-    """hc_pre_norm_fp8 (a decoder layer's entry) at prefill rows: each kernel's GPU time for the mixes as fp32 FMAs
-    (ieee) or bf16 MMAs (split, off by default: SPLIT_MIN_ROWS), the finish's warps / roles, its post and Sinkhorn in
-    64-token programs (FINISH_BLOCKED_MIN_ROWS, off by default), and the path
-    before the fusion (cuBLAS fp32 mixes, dsv4_hc_mix's 64-token programs for the Sinkhorn, a torch sum, the norm
-    kernel), with each variant's largest difference from the ieee mixes' result; bytes_moved: the streams read once,
-    norm(u) and its codes written."""
+    """hc_pre_norm_fp8 (a decoder layer's entry) at prefill rows: each kernel's GPU time as the engine runs it (the
+    mixes as bf16 MMAs past SPLIT_MIN_ROWS, the post and Sinkhorn in 64-token programs past FINISH_BLOCKED_MIN_ROWS),
+    with the mixes as fp32 FMAs and a finish program a token (ieee), with the blocked finish at every size, and the
+    path before the fusion (cuBLAS fp32 mixes, dsv4_hc_mix's 64-token programs for the Sinkhorn, a torch sum, the
+    norm kernel), with each one's largest difference from the ieee mixes' result; bytes_moved: the streams read once,
+    norm(u) and its codes written. (Finish warps 4 / 16 and one finish role were within -3% / +13% / -4% of 8 warps
+    and two roles at every size: RESULTS.md "Prefill", 2026-12-07.)"""
     g = torch.Generator(device="cuda").manual_seed(3)
     for t in tokens:
         streams, _, fn, scale, base = _inputs(t, g)
@@ -211,13 +212,8 @@ def bench_prefill(tokens=(128, 1024, 8192)) -> None:
         def call():
             return dsv4_hc_pre_norm_fp8(streams, fn, scale, base, ITERS, EPS, EPS, w, EPS)
 
-        variants = [("ieee mixes", {}), ("split mixes", {"SPLIT_MIN_ROWS": 0}),
-                    ("split, finish 4 warps", {"SPLIT_MIN_ROWS": 0, "finish_warps": lambda *a: 4}),
-                    ("split, finish 16 warps", {"SPLIT_MIN_ROWS": 0, "finish_warps": lambda *a: 16}),
-                    ("split, one finish role", {"SPLIT_MIN_ROWS": 0, "SPLIT_ROLES": False}),
-                    ("split, blocked finish", {"SPLIT_MIN_ROWS": 0, "FINISH_BLOCKED_MIN_ROWS": 0}),
-                    ("split, blocked, 4 warps", {"SPLIT_MIN_ROWS": 0, "FINISH_BLOCKED_MIN_ROWS": 0,
-                                                 "finish_warps": lambda *a: 4})]
+        variants = [("ieee mixes", {"SPLIT_MIN_ROWS": None, "FINISH_BLOCKED_MIN_ROWS": None}), ("engine", {}),
+                    ("split, blocked finish", {"SPLIT_MIN_ROWS": 0, "FINISH_BLOCKED_MIN_ROWS": 0})]
         ref = None
         for name, overrides in variants:
             saved = {k: getattr(mhc_kernels, k) for k in overrides}

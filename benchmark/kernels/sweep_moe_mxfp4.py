@@ -1,10 +1,11 @@
 """Tile sweep of the fused MXFP4 MoE kernels (sgl_kernel.dsv4_moe) at DeepSeek-V4 Flash shapes on a GPU: each
 kernel (gate-up with the SwiGLU, down with the router weights) timed alone for every candidate launch, per token
-count, against the bytes-read floor of the packed experts it touches (same-run copy bandwidth). Prints the best
-launches per (kernel, tokens) and writes every row to --out; `moe_config` takes its settings from here.
+count, against the bytes-read floor of the packed experts it touches (same-run copy bandwidth) or, at prefill sizes
+(over 16 pairs an expert), the same run's bf16 matmul rate by the kernel's FLOPs. Prints the best launches per
+(kernel, tokens) and writes every row to --out; `moe_config` takes its settings from here.
 
     python benchmark/kernels/sweep_moe_mxfp4.py [--tokens 1 32 256 4096] [--budget-s 420] [--planes [--planes-only]
-        [--stages 4 5 6] [--maxnreg 168 200]] [--out r.json]
+        [--stages 4 5 6] [--maxnreg 168 200]] [--prefill-planes] [--out r.json]
 
 Candidates: tl.dot_scaled launches beside the in-register path, with the weight codes read by pointers and through TMA
 descriptors (MoeLaunch.tma: fewer registers, copies the compiler may pipeline); with --planes also the decode launches
@@ -36,7 +37,7 @@ import triton
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench_moe_mxfp4 import random_mxfp4_experts  # noqa: E402
-from common import copy_bandwidth_gbps  # noqa: E402
+from common import copy_bandwidth_gbps, matmul_tflops  # noqa: E402
 
 
 def by_pair(h: torch.Tensor, rows: torch.Tensor, pairs: int) -> torch.Tensor:
@@ -70,19 +71,38 @@ def main() -> None:
                     help="decode, with --planes: the engine's planes launches again under these register caps, first "
                          "(also at each --stages); more programs per SM where registers bound them "
                          "(benchmark/kernels/moe_registers.py --maxnreg shows the caps' spills)")
+    ap.add_argument("--prefill-planes", action="store_true",
+                    help="prefill: the parity planes' kernels at prefill blocks beside the scaled dot's default and "
+                         "wider launches (instead of the scaled-dot grid)")
     ap.add_argument("--out")
     args = ap.parse_args()
     e, d, i, k = args.experts, args.hidden, args.intermediate, args.top_k
     g = torch.Generator(device="cuda").manual_seed(0)
     w13, s13, w2, s2 = random_mxfp4_experts(e, d, i, g)
     bw = copy_bandwidth_gbps() * 1e9
-    print(f"copy bandwidth {bw / 1e9:.0f} GB/s", flush=True)
+    tflops = matmul_tflops() if any(t * k / e > 16 for t in args.tokens) else None
+    print(f"copy bandwidth {bw / 1e9:.0f} GB/s" + (f", bf16 matmul {tflops:.1f} TFLOP/s" if tflops else ""),
+          flush=True)
     t0 = time.time()
     rows_out = []
 
     def candidates(prefill: bool):
         """tl.dot_scaled launches beside the best in-register launches, so each row compares the two paths in one
         run."""
+        if prefill and args.prefill_planes:  # the parity planes at prefill blocks, the scaled dot's wider tiles
+            default = moe_config(t * k, e, tma=tma_supported(x.device))
+            yield default.block_m, default.gate_up
+            yield default.block_m, default.down
+            for bm, bn, bk, w, st in [(128, 128, 64, 8, 3), (128, 128, 128, 8, 2), (256, 64, 64, 8, 3),
+                                      (128, 128, 64, 4, 3), (128, 64, 128, 4, 3), (64, 128, 64, 4, 3),
+                                      (128, 256, 64, 8, 3)]:
+                yield bm, MoeLaunch(bn, bk, w, st)
+            for bm, bn, bk, w, st in [(128, 64, 64, 4, 3), (128, 64, 128, 4, 3), (128, 128, 64, 8, 3),
+                                      (128, 128, 64, 8, 4), (128, 128, 128, 8, 2), (128, 64, 64, 8, 4),
+                                      (256, 64, 64, 8, 3), (64, 128, 64, 4, 3), (128, 256, 64, 8, 3),
+                                      (256, 128, 64, 8, 3), (128, 64, 128, 8, 3)]:
+                yield bm, MoeLaunch(bn, bk, w, st, scaled_dot=False, planes=True)
+            return
         if prefill:
             grid = itertools.product([64, 128], [64, 128], [64, 128], [4, 8], [2, 3])
             baseline = [(128, MoeLaunch(128, 128, 8, 2, scaled_dot=False)), (128, MoeLaunch(128, 64, 4, 3,
@@ -158,6 +178,9 @@ def main() -> None:
                     ms = (triton.testing.do_bench(fn, warmup=10, rep=40) if prefill
                           else triton.testing.do_bench_cudagraph(fn, rep=40))
                     row.update(ms=ms, floor_ms=floor, fraction_of_copy_bw=floor / ms, relative_error_vs_default=err)
+                    if prefill:  # against the same run's bf16 matmul rate: the gate-up's 2I outputs, the down's D
+                        flop = 2 * t * k * d * (2 * i if kernel == "gate_up" else i)
+                        row.update(tflops=flop / ms / 1e9, fraction_of_matmul=flop / ms / 1e9 / tflops)
                 except Exception as exc:  # noqa: BLE001 - out of shared memory etc.: record and go on
                     row.update(failed=type(exc).__name__)
                 rows_out.append(row)
@@ -169,8 +192,10 @@ def main() -> None:
                     and all(r[f.name] == getattr(launch, f.name) for f in dataclasses.fields(launch))]
             base_txt = f"default {base[0]['ms'] * 1e3:.1f} us" if base else "default not measured"
             print(f"tokens {t:5d} {kernel:8s} ({touched} experts; {base_txt}); best:", flush=True)
-            for r in ok[:5]:
-                print(f"   {r['ms'] * 1e3:9.1f} us  {r['fraction_of_copy_bw']:.2f} of copy bw  bm {r['block_m']} "
+            for r in ok[:8 if prefill else 5]:
+                rate = (f"{r['fraction_of_matmul']:.3f} of the matmul rate" if prefill
+                        else f"{r['fraction_of_copy_bw']:.2f} of copy bw")
+                print(f"   {r['ms'] * 1e3:9.1f} us  {rate}  bm {r['block_m']} "
                       f"bn {r['block_n']} bk {r['block_k']} w {r['num_warps']} s {r['num_stages']} "
                       f"scaled_dot {r['scaled_dot']} tma {r['tma']} planes {r['planes']} swap {r['swap']} "
                       f"split_k {r['split_k']} maxnreg {r['maxnreg']} "

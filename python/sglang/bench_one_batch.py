@@ -329,6 +329,8 @@ def profile_report(results: list, args, device: torch.device, engine_layers: int
         lines.append(f"{kind} profile (torch.profiler, {steps} {kind} step{'s' if steps > 1 else ''} per batch):")
         for r, p in rows:
             lines.append(f"{r.label()} | {kind} profile | {cells(p)}")
+            if p.idle is not None:  # where the host fell behind the GPU
+                lines += [f"    {line}" for line in p.idle.lines()]
             unit = "ms/step" if kind == "decode" else "ms"
             if kind == "decode":
                 lines += kernel_lines(r, p, engine_layers)

@@ -269,11 +269,14 @@ def test_gpu_flash_widths_and_graph(t):
         torch.testing.assert_close(new.float(), plain.float(), rtol=BF16_ULP, atol=atol)
     _check_partials(new, partials, x["next_fn"], gpu=True)
     args = (new, x["next_fn"], x["next_scale"], x["next_base"], ITERS, EPS, EPS)
+    # past SPLIT_MIN_ROWS the ops' own mixes are bf16 MMAs, whose fp32 accumulation is coarser than the carried FMA
+    # dot's (the engine carries only up to CARRY_MAX_ROWS): two bf16 roundings and 5e-3 near 0, as test_dsv4_mhc's
+    tol = dict(rtol=2 * BF16_ULP, atol=5e-3) if kernels.split_mixes(new) else dict(rtol=BF16_ULP, atol=1e-4)
     for a, b in zip(dsv4_hc_pre_norm(*args, None, 1e-5, partials=partials), dsv4_hc_pre_norm(*args, None, 1e-5)):
-        torch.testing.assert_close(a.float(), b.float(), rtol=BF16_ULP, atol=1e-4)
+        torch.testing.assert_close(a.float(), b.float(), **tol)
     new2, head_partials = dsv4_hc_post_mixes(x["out"], new, x["post"], x["comb"], head_fn)
     torch.testing.assert_close(dsv4_hc_head(new2, head_fn, head_scale, head_base, EPS, EPS, partials=head_partials),
-                               dsv4_hc_head(new2, head_fn, head_scale, head_base, EPS, EPS), rtol=BF16_ULP, atol=1e-4)
+                               dsv4_hc_head(new2, head_fn, head_scale, head_base, EPS, EPS), **tol)
 
     live = (x["streams"].clone(), x["out"].clone())
 

@@ -93,6 +93,28 @@ def test_summary_of_a_cuda_trace():
     assert p.collective_ms_per_step == 0 and "collectives" not in text
 
 
+def test_idle_gaps_name_the_work_around_them_and_the_host_meanwhile():
+    """The GPU's idle intervals of the window (5-10, 70-140, 145-150 us): their sum is the wall time less the busy
+    time; the longest names the GPU work before and after it and the host records overlapping it, most first."""
+    p = summarize(synthetic_trace(), gpu_trace=True)
+    idle = p.idle
+    assert idle.idle_ms_per_step == pytest.approx(p.wall_ms_per_step - p.gpu_ms_per_step)
+    assert idle.gaps_per_step == 0.5  # only 70-140 reaches GAP_MIN_US
+    assert [g.ms for g in idle.largest] == pytest.approx([0.070, 0.005, 0.005])
+    first = idle.largest[0]
+    assert (first.before, first.after) == ("Memcpy DtoH (Device -> Pinned)", "Memset (Device)")
+    assert [name for name, _ in first.host] == ["ProfilerStep#1", "cuLaunchKernelEx", "cudaGraphLaunch",
+                                                "cudaStreamWaitEvent"]
+    assert first.host[0][1] == pytest.approx(0.031)
+    lines = idle.lines()
+    assert lines[0] == "GPU idle 0.040 ms/step in 0.5 gaps >= 20 us/step; largest:"
+    assert "0.070 ms after Memcpy DtoH" in lines[1] and "ProfilerStep#1 0.031" in lines[1]
+    # a gap at the window's end (the steps outlast their GPU work) names no work after it
+    tail = summarize([e for e in synthetic_trace() if e.name != "attention"], gpu_trace=True).idle
+    assert tail.largest[1].after == "" and tail.largest[1].ms == pytest.approx(0.055)
+    assert summarize([e for e in synthetic_trace() if e.activity == "user_annotation"], gpu_trace=True).idle is None
+
+
 def test_collective_kernels_are_summed():
     """NCCL's kernels (the TP all-reduce, DP attention's all-gather / reduce-scatter) get their own per-step sum."""
     trace = synthetic_trace() + [

@@ -32,8 +32,8 @@ engine's own CPU paths in `sglang.srt.layers.mhc` (hc_mix_weights, hc_pre, hc_po
   skip their first launch. Programs (token block, D chunk) as the mixes' (fn read once per token block, spread over
   ~all SMs at decode); a sub-layer's mHC is then 2 launches instead of 3.
 
-Two prefill forms, off until measured on a GPU (SPLIT_MIN_ROWS, FINISH_BLOCKED_MIN_ROWS): the mixes as bf16 MMAs
-(_dsv4_hc_mixes_kernel's SPLIT) and hc_pre's post and Sinkhorn in dsv4_hc_mix's 64-token programs.
+Past a few rows two other forms run (SPLIT_MIN_ROWS, FINISH_BLOCKED_MIN_ROWS): the mixes as bf16 MMAs
+(_dsv4_hc_mixes_kernel's SPLIT) and, at prefill sizes, hc_pre's post and Sinkhorn in dsv4_hc_mix's 64-token programs.
 """
 
 from __future__ import annotations
@@ -56,14 +56,15 @@ POST_BLOCK_D = 256  # hc_post: columns of every stream a program
 U_BLOCK_D = 2048  # hc_pre's second launch: columns of every stream summed into u per loop step
 FINISH_BLOCK_C = 32  # hc_pre's second launch: the D chunks' partials summed per loop step
 SPLIT_ROLES = True  # hc_pre's second launch: u (and the norm) and the Sinkhorn in two programs a token, side by side
-# The mixes as bf16 MMAs (split_mixes) past this many rows of bf16 streams; None: never. Off until measured on a GPU
-# (benchmark/kernels/bench_dsv4_mhc.py --prefill; the GPU test test_gpu_split_mixes_match_the_fma_dot): at 8,192
-# prefill rows the FMA dot takes ~1.9 ms a sub-layer (15% of a flash-12l256e prefill's GPU time).
-SPLIT_MIN_ROWS = None
+# The mixes as bf16 MMAs (split_mixes) past this many rows of bf16 streams; None: never. One H100 (RESULTS.md
+# "Prefill", 2026-12-07, `bench_dsv4_mhc.py --prefill`): 7.8 / 39.2 / 286 us against the FMA dot's 22.8 / 162 / 1,274
+# at 128 / 1,024 / 8,192 rows. The tensor cores' fp32 accumulation is coarser than the FMAs' (mixes within 1.6e-6 of
+# sum |x w| against 1.5e-7 at 8,192 rows); u and norm(u), rounded to bf16, keep the same largest error.
+SPLIT_MIN_ROWS = 16
 # hc_pre's post and Sinkhorn comb in 64-token programs (dsv4_hc_mix's kernel) past this many rows, not a program a
-# token beside u's; None: never. Off until measured (bench_dsv4_mhc.py --prefill: a finish program a token, 8 warps,
-# took 2.0 ms for 8,192 rows).
-FINISH_BLOCKED_MIN_ROWS = None
+# token beside u's; None: never. Same run: hc_pre 427 against 738 us at 8,192 rows, but 74 against 64 / 31 against
+# 15 us at 1,024 / 128 (the mixes' normalisation in torch, ~14 us of small kernels, outweighs it there).
+FINISH_BLOCKED_MIN_ROWS = 2048
 SPLIT_BLOCK_D = 32  # their tiles' columns (the MMA's K) and warps: 64 columns spill (sm90, 4 or 8 warps)
 SPLIT_WARPS = 8
 

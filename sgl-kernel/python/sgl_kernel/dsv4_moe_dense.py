@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl_kernel.dsv4_moe_common import MoeConfig, MoeLaunch
+from sgl_kernel.dsv4_moe_common import MoeConfig, MoeLaunch, block_and_tile, block_major_grid
 from sgl_kernel.dsv4_moe_sums import clamped_swiglu
 from sgl_kernel.dsv4_pdl import interpreting
 from sgl_kernel.dsv4_target import dot_precision
@@ -71,14 +71,14 @@ def _dense_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w1_ptr, w3_ptr, h_ptr, D, I
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREC: tl.constexpr,
                           UPCAST: tl.constexpr):
     """One block x one BLOCK_N tile of the intermediate dim, over all of D."""
-    blk = tl.program_id(0)
+    blk, tile = block_and_tile(I, BLOCK_N)
     e = tl.load(bexp_ptr + blk)
     if e < E:
         r = blk * BLOCK_M + tl.arange(0, BLOCK_M)
         pair = tl.load(rows_ptr + r)
         valid = pair >= 0
         tok = tl.where(valid, pair // TOPK, 0)
-        n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = n < I
         w1_e = w1_ptr + e.to(tl.int64) * stride_w1e
         w3_e = w3_ptr + e.to(tl.int64) * stride_w3e
@@ -100,10 +100,10 @@ def _dense_down_kernel(h_ptr, rows_ptr, bexp_ptr, w_ptr, wts_ptr, out_ptr, D, I,
                        stride_wk, stride_o, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                        PREC: tl.constexpr, UPCAST: tl.constexpr):
     """One block x one BLOCK_N tile of the outputs, over all of I: the pairs' weighted rows."""
-    blk = tl.program_id(0)
+    blk, tile = block_and_tile(D, BLOCK_N)
     e = tl.load(bexp_ptr + blk)
     r = blk * BLOCK_M + tl.arange(0, BLOCK_M)
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < D
     if e < E:
         pair = tl.load(rows_ptr + r)
@@ -134,7 +134,7 @@ def dense_gate_up(x, rows, block_expert, w1, w3, top_k: int, limit: float, block
     num_blocks, hidden = block_expert.shape[0], x.shape[1]
     num_experts, inter = w1.shape[0], w1.shape[1]
     out = torch.empty(num_blocks * block_m, inter, dtype=x.dtype, device=x.device)
-    _dense_gate_up_kernel[(num_blocks, triton.cdiv(inter, launch.block_n))](
+    _dense_gate_up_kernel[block_major_grid(num_blocks, inter, launch.block_n)](
         x, rows, block_expert, w1, w3, out, hidden, inter, top_k, num_experts, x.stride(0), *w1.stride(), *w3.stride(),
         out.stride(0), float(limit), BLOCK_M=block_m, BLOCK_N=launch.block_n, BLOCK_K=launch.block_k,
         PREC=dot_precision(x.dtype, x.device), UPCAST=_upcast(x.dtype), num_warps=launch.num_warps,
@@ -148,7 +148,7 @@ def dense_down(h, rows, block_expert, w2, weights, block_m: int, launch: MoeLaun
     num_blocks, inter = block_expert.shape[0], h.shape[1]
     num_experts, hidden = w2.shape[0], w2.shape[1]
     pairs = torch.empty(weights.numel(), hidden, dtype=torch.float32, device=h.device)
-    _dense_down_kernel[(num_blocks, triton.cdiv(hidden, launch.block_n))](
+    _dense_down_kernel[block_major_grid(num_blocks, hidden, launch.block_n)](
         h, rows, block_expert, w2, weights, pairs, hidden, inter, num_experts, h.stride(0), *w2.stride(),
         pairs.stride(0), BLOCK_M=block_m, BLOCK_N=launch.block_n, BLOCK_K=launch.block_k,
         PREC=dot_precision(h.dtype, h.device), UPCAST=_upcast(h.dtype), num_warps=launch.num_warps,

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl_kernel.dsv4_moe_common import MoeLaunch, e2m1_value
+from sgl_kernel.dsv4_moe_common import MoeLaunch, block_and_tile, block_major_grid, e2m1_value
 from sgl_kernel.dsv4_moe_sums import clamped_swiglu
 from sgl_kernel.dsv4_mxfp4_scales import scale_layout, scale_offsets
 from sgl_kernel.dsv4_target import dot_precision
@@ -101,14 +101,14 @@ def _moe_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w_ptr, w_desc, s_ptr, h_ptr, 
                         A_FMT: tl.constexpr, TMA: tl.constexpr, SCALE_CHUNKED: tl.constexpr):
     """One block x one BLOCK_N tile of the intermediate dim, over all of D (K tiles from 0: the compiler knows each
     tile's chunked scale bytes contiguous). TMA: the scaled dot's weight codes through `w_desc` (_fp4_packed)."""
-    blk = tl.program_id(0)
+    blk, tile = block_and_tile(I, BLOCK_N)
     e = tl.load(bexp_ptr + blk)
     if e < E:
         r = blk * BLOCK_M + tl.arange(0, BLOCK_M)
         pair = tl.load(rows_ptr + r)
         valid = pair >= 0
         tok = tl.where(valid, pair // TOPK, 0)
-        n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = n < I
         w_e = w_ptr + e.to(tl.int64) * stride_we
         s_e = s_ptr + e.to(tl.int64) * stride_se
@@ -118,7 +118,7 @@ def _moe_gate_up_kernel(x_ptr, rows_ptr, bexp_ptr, w_ptr, w_desc, s_ptr, h_ptr, 
         for k0 in range(0, D, BLOCK_K):
             if A_FMT != "":  # 16-bit activations, e2m1 weights: the compiler's scaled dot
                 xk = _x_rows(x_ptr, tok, valid, stride_x, k0, D, BLOCK_K)
-                first = e * 2 * I + tl.program_id(1) * BLOCK_N  # w13's gate rows of this tile, all experts' rows
+                first = e * 2 * I + tile * BLOCK_N  # w13's gate rows of this tile, all experts' rows
                 wg, sg = _fp4_packed(w_e, s_e, n, n_ok, k0, D, stride_wn, stride_sn, SCALE_CHUNKED, BLOCK_K, w_desc,
                                      first, TMA)
                 wu, su = _fp4_packed(w_e, s_e, I + n, n_ok, k0, D, stride_wn, stride_sn, SCALE_CHUNKED, BLOCK_K,
@@ -158,13 +158,13 @@ def _moe_down_kernel(h_ptr, rows_ptr, bexp_ptr, w_ptr, w_desc, s_ptr, wts_ptr, o
                      TMA: tl.constexpr, SCALE_CHUNKED: tl.constexpr):
     """One block x one BLOCK_N tile of the outputs, over all of I: the pairs' weighted rows; blocks of another rank's
     experts (E) write zeros there."""
-    blk = tl.program_id(0)
+    blk, tile = block_and_tile(D, BLOCK_N)
     e = tl.load(bexp_ptr + blk)
     if e < E:
         r = blk * BLOCK_M + tl.arange(0, BLOCK_M)
         pair = tl.load(rows_ptr + r)
         valid = pair >= 0
-        n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = n < D
         w_e = w_ptr + e.to(tl.int64) * stride_we
         s_e = s_ptr + e.to(tl.int64) * stride_se
@@ -174,7 +174,7 @@ def _moe_down_kernel(h_ptr, rows_ptr, bexp_ptr, w_ptr, w_desc, s_ptr, wts_ptr, o
             if A_FMT != "":
                 hk = _x_rows(h_ptr, r, valid, stride_h, k0, I, BLOCK_K)
                 wb, sb = _fp4_packed(w_e, s_e, n, n_ok, k0, I, stride_wn, stride_sn, SCALE_CHUNKED, BLOCK_K, w_desc,
-                                     e * D + tl.program_id(1) * BLOCK_N, TMA)
+                                     e * D + tile * BLOCK_N, TMA)
                 acc = tl.dot_scaled(hk, None, A_FMT, tl.trans(wb), sb, "e2m1", acc=acc, fast_math=True)
             elif WEIGHT_FP8:
                 hk = _x_rows(h_ptr, r, valid, stride_h, k0, I, BLOCK_K)
@@ -196,7 +196,7 @@ def _moe_down_kernel(h_ptr, rows_ptr, bexp_ptr, w_ptr, w_desc, s_ptr, wts_ptr, o
         r = blk * BLOCK_M + tl.arange(0, BLOCK_M)
         pair = tl.load(rows_ptr + r)
         valid = pair >= 0
-        n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
         out_rows = out_ptr + tl.where(valid, pair, 0).to(tl.int64)[:, None] * stride_o + n[None, :]
         tl.store(out_rows, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), mask=valid[:, None] & (n < D)[None, :])
 
@@ -269,7 +269,7 @@ def general_gate_up(x, rows, block_expert, w13, s13, inter: int, top_k: int, lim
         (scale_layout(s13), 0)
     a_fmt = _scaled_dot_format(launch, x.dtype, fp8)
     w_desc = _codes_descriptor(w13, launch) if launch.tma and a_fmt else None
-    _moe_gate_up_kernel[(num_blocks, triton.cdiv(inter, launch.block_n))](
+    _moe_gate_up_kernel[block_major_grid(num_blocks, inter, launch.block_n)](
         x, rows, block_expert, w13, w_desc, s13, out, hidden, inter, top_k, w13.shape[0], x.stride(0), w13.stride(0),
         w13.stride(1), s13_e, s13_row, out.stride(0), s13_half, float(limit), BLOCK_M=block_m, BLOCK_N=launch.block_n,
         BLOCK_K=launch.block_k, WEIGHT_FP8=fp8, PREC=dot_precision(x.dtype, x.device), A_FMT=a_fmt,
@@ -286,7 +286,7 @@ def general_down(h, rows, block_expert, w2, s2, weights, hidden: int, block_m: i
     s2_e, s2_row, chunked = (s2.stride(0), s2.stride(2), False) if fp8 else scale_layout(s2)
     a_fmt = _scaled_dot_format(launch, h.dtype, fp8)
     w_desc = _codes_descriptor(w2, launch) if launch.tma and a_fmt else None
-    _moe_down_kernel[(num_blocks, triton.cdiv(hidden, launch.block_n))](
+    _moe_down_kernel[block_major_grid(num_blocks, hidden, launch.block_n)](
         h, rows, block_expert, w2, w_desc, s2, weights, pairs, hidden, inter, w2.shape[0], h.stride(0), w2.stride(0),
         w2.stride(1), s2_e, s2_row, pairs.stride(0), BLOCK_M=block_m, BLOCK_N=launch.block_n, BLOCK_K=launch.block_k,
         WEIGHT_FP8=fp8, PREC=dot_precision(h.dtype, h.device), A_FMT=a_fmt, TMA=w_desc is not None,

@@ -17,6 +17,11 @@ kernels: the kernels the trace shows on the GPU (a CUDA graph replays many from 
 `layer_ranges()` puts a record_function range around each decoder layer and the LM head; the profiler gives each
 range a GPU twin spanning the kernels launched inside it, and `attribute_kernels()` counts the kernels in each twin.
 A graph replay launches no ranges, so the bench attributes an eager run of the graph's forward (the same kernels).
+
+Idle gaps (`idle_gaps`, StepProfile.idle): the intervals of the window where the GPU ran nothing, each with the GPU
+work before and after it and what the host was doing meanwhile (its records overlapping the gap, summed per name):
+the GPU idles only while the host is behind, so those records name the stall (a sync, a host-side loop, launches
+slower than the kernels they launch).
 """
 
 from __future__ import annotations
@@ -85,6 +90,7 @@ class StepProfile:
     top_kernels: tuple = ()
     collective_ms_per_step: Optional[float] = None  # NCCL / RCCL kernels (all-reduce, all-gather, reduce-scatter)
     kernel_table: tuple = ()  # KernelRow per short name, longest first (summarize(kernel_table=True))
+    idle: Optional["IdleReport"] = None  # the GPU's idle gaps (idle_gaps), with a GPU trace
 
     def columns(self) -> str:
         """One table cell group, n/a where nothing was measured."""
@@ -145,7 +151,72 @@ def summarize(events: list, gpu_trace: bool, kernel_table: bool = False) -> Step
     return StepProfile(n, wall_us / n / 1e3, busy_us / n / 1e3, busy_us / wall_us, kernels / n,
                        sum(map(is_launch, host)) / n, sum(map(is_sync, host)) / n,
                        tuple((name, us / n / 1e3, count / n) for name, (us, count) in top),
-                       collective_us / n / 1e3, table_of(by_name, n) if kernel_table else ())
+                       collective_us / n / 1e3, table_of(by_name, n) if kernel_table else (), idle_gaps(events))
+
+
+GAP_MIN_US = 20.0  # idle gaps counted (StepProfile.idle.gaps_per_step) from this length: below it, launch latency
+TOP_GAPS = 6  # gaps kept in IdleReport.largest
+HOST_NAMES = 4  # host records named per gap
+
+
+@dataclasses.dataclass(frozen=True)
+class IdleGap:
+    """One interval of the window where the GPU ran nothing."""
+
+    ms: float
+    before: str  # short name of the GPU work that ended last before it ("" at the window's start)
+    after: str  # of the GPU work that started it ("" at the window's end)
+    host: tuple  # (name, ms of the gap it overlaps) of the host records during it, most overlap first
+
+
+@dataclasses.dataclass(frozen=True)
+class IdleReport:
+    idle_ms_per_step: float  # the window's wall time less the GPU's busy time, per step
+    gaps_per_step: float  # gaps of GAP_MIN_US or longer, per step
+    largest: tuple  # the TOP_GAPS longest IdleGaps, longest first
+
+    def lines(self) -> list:
+        head = (f"GPU idle {self.idle_ms_per_step:.3f} ms/step in {self.gaps_per_step:.1f} gaps >= "
+                f"{GAP_MIN_US:.0f} us/step; largest:")
+        return [head] + [f"  {g.ms:8.3f} ms after {g.before[:40] or '(start)'} before {g.after[:40] or '(end)'} "
+                         f"| host: " + ", ".join(f"{name[:48]} {ms:.3f}" for name, ms in g.host)
+                         for g in self.largest]
+
+
+def idle_gaps(events: list, top: int = TOP_GAPS) -> Optional[IdleReport]:
+    """The GPU's idle gaps in the STEP_MARK window of `events` (the window of summarize()); None without GPU work."""
+    marks = [e for e in events if e.name == STEP_MARK and e.activity == HOST_RANGE]
+    if not marks:
+        raise ValueError(f"no {STEP_MARK!r} ranges in the trace: wrap each step in record_function(STEP_MARK)")
+    start, steps_end = min(m.start_us for m in marks), max(m.end_us for m in marks)
+    work = sorted((max(e.start_us, start), e.end_us, e.name) for e in events
+                  if e.activity in DEVICE_WORK and e.end_us > start)
+    if not work:
+        return None
+    gaps, busy_end, last = [], start, ""
+    for s, e, name in work:
+        if s > busy_end:
+            gaps.append((busy_end, s, last, name))
+        if e > busy_end:
+            busy_end, last = e, name
+    if steps_end > busy_end:
+        gaps.append((busy_end, steps_end, last, ""))
+    host = [e for e in events if e.activity not in DEVICE_WORK and e.activity != GPU_RANGE and e.name != STEP_MARK]
+
+    def during(a: float, b: float) -> tuple:
+        overlap: dict = {}
+        for e in host:
+            if e.start_us < b and e.end_us > a:
+                overlap[e.name] = overlap.get(e.name, 0.0) + min(b, e.end_us) - max(a, e.start_us)
+        ranked = sorted(overlap.items(), key=lambda kv: -kv[1])[:HOST_NAMES]
+        return tuple((name, us / 1e3) for name, us in ranked)
+
+    n = len(marks)
+    largest = sorted(gaps, key=lambda g: g[0] - g[1])[:top]
+    return IdleReport(sum(b - a for a, b, _, _ in gaps) / n / 1e3,
+                      sum(1 for a, b, _, _ in gaps if b - a >= GAP_MIN_US) / n,
+                      tuple(IdleGap((b - a) / 1e3, short_name(x) if x else "", short_name(y) if y else "", during(a, b))
+                            for a, b, x, y in largest))
 
 
 def short_name(name: str) -> str:
