@@ -52,6 +52,20 @@ chat() {  # chat I: one chat completion, its usage printed
     && python3 -c "import json; r = json.load(open('$OUT/chat_$1.json')); print('chat', $1, r['usage'])"
 }
 
+prefill_steps() {  # the server's "Prefill batch." lines from line $1 on: what the steps that prefilled cost
+  python3 - "$OUT/server.txt" "$1" <<'PY'
+import re, statistics, sys
+lines = open(sys.argv[1]).read().splitlines()[int(sys.argv[2]) - 1:]
+rows = [dict((k.strip(), float(v)) for k, v in re.findall(r"#?([a-z -]+): ([\d.]+)", line))
+        for line in lines if "Prefill batch." in line]
+if rows:
+    ms, tok, dec = [r["step"] for r in rows], [r["new-token"] for r in rows], [r["decode-rows"] for r in rows]
+    print(f"{len(rows)} prefilling steps: median {statistics.median(tok):.0f} prompt tokens and "
+          f"{statistics.median(dec):.0f} decode rows a step, median {statistics.median(ms):.1f} ms, max "
+          f"{max(ms):.1f} ms; {sum(tok) / sum(ms) * 1e3:.0f} prompt tok/s over their {sum(ms) / 1e3:.2f} s")
+PY
+}
+
 summary() {  # each workload's throughput, TTFT and TPOT; TPOT over the static step at its concurrency where measured
   python3 - "$OUT" <<'PY'
 import json, os, sys
@@ -82,11 +96,12 @@ if serve $PORT "$OUT/server.txt" --model-path "$W" --max-running-requests 64 --s
   step "first prompt after start vs warm" first_prompts
   for i in 1 2 3; do step "chat $i" chat $i; done
   for w in ${WORKLOADS:-1024x256@64 8192x1024@1 8192x1024@16 8192x1024@64}; do
-    io=${w%@*} c=${w#*@}
+    io=${w%@*} c=${w#*@} from=$(($(wc -l < "$OUT/server.txt") + 1))
     TAIL=12 step "bench_serving $w" python3 -m sglang.bench_serving --backend sglang --port $PORT \
       --dataset-name random --num-prompts $((c > 2 ? c : 2)) --random-input-len "${io%x*}" \
       --random-output-len "${io#*x}" --random-range-ratio 1.0 --max-concurrency "$c" --warmup-requests 2 \
       --disable-tqdm --output-file "$OUT/serving.jsonl"
+    step "prefilling steps $w" prefill_steps "$from"
   done
 else
   fail "server"

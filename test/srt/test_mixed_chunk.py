@@ -5,6 +5,9 @@ tokens (fp32 engine, greedy). About 10 s on CPU."""
 
 from __future__ import annotations
 
+import logging
+import re
+
 import pytest
 
 from oracle import engine, random_ids
@@ -58,6 +61,25 @@ def test_decode_rows_ride_along_prefill_chunks(mixed_run):
     # r0 decodes one row in every step that prefills r1's chunks (64-token budget: its row, then 63 prompt tokens)
     assert seen[arrival] == [("r0", 1), ("r1", 63)]
     assert all(("r0", 1) in step for step in seen[arrival:arrival + 3])
+
+
+def test_each_prefilling_step_logs_its_chunks_and_decode_rows(caplog):
+    """Upstream's "Prefill batch." line for every step with a prompt chunk, with the decoding rows that ride along
+    and the step's wall time."""
+    eng = engine("tiny", chunked_prefill_size=64)
+    try:
+        with caplog.at_level(logging.INFO, logger="sglang.srt.managers.batch_log"):
+            seen, _ = steps_of(eng, PROMPTS)
+    finally:
+        eng.shutdown()
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Prefill batch.")]
+    fields = [dict((k.strip(), float(v)) for k, v in re.findall(r"#?([a-z -]+): ([\d.]+)", line)) for line in lines]
+    assert fields[0]["new-seq"] == 1 and fields[0]["new-token"] == 20 and fields[0]["decode-rows"] == 0
+    arrival = next(f for f in fields if f["decode-rows"] > 0)  # r1's first chunk beside r0's row
+    assert (arrival["new-seq"], arrival["new-token"], arrival["decode-rows"]) == (1, 63, 1)
+    assert sum(f["new-token"] for f in fields) == sum(map(len, PROMPTS))
+    assert all(f["cached-token"] == 0 and f["step"] > 0 and f["running-req"] >= 1 for f in fields)
+    assert len(lines) == sum(any(n > 1 for _, n in step) for step in seen)  # every chunk here is > 1 token
 
 
 def test_without_mixed_chunks_running_requests_wait_and_outputs_are_the_same(mixed_run):

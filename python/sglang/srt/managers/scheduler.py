@@ -49,6 +49,7 @@ import torch
 
 from sglang.srt.distributed.parallel_state import get_parallel_state
 from sglang.srt.layers.sampler import PendingSample, sample_async
+from sglang.srt.managers.batch_log import PrefillBatchLog
 from sglang.srt.managers.decode_worker import DecodeWorker
 from sglang.srt.managers.schedule_policy import NewTokenRatio, clip_max_new_tokens, expected_tokens, retraction_order
 from sglang.srt.managers.schedule_batch import FinishReason, Req, ScheduleBatch
@@ -359,6 +360,7 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerGrammarMixin, SchedulerP
         """Allocate, run and sample one batch of admitted requests."""
         if self.worker.speculative and batch.forward_mode.is_decode():
             return self._run_speculative_cycle(batch.reqs)
+        started, log = time.perf_counter(), PrefillBatchLog.of(batch)
         slots = self.allocator.plan_extend([r.alloc for r in batch.reqs],
                                            [r.num_computed + n for r, n in zip(batch.reqs, batch.extend_lens)])
         if batch.forward_mode.is_decode() and self.runner.can_run_decode_graph(len(batch.reqs)):
@@ -372,6 +374,8 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerGrammarMixin, SchedulerP
         updated = self._process_results(batch, forward_batch, output, self._sample_emitting(batch, output))
         self.worker.after_extend(batch, output)  # speculative: the draft's window over the same rows, first drafts
         self.finish_step(batch.reqs)
+        if log is not None:
+            log.emit(time.perf_counter() - started, self.allocator.token_usage(), len(self.running), len(self.waiting))
         return updated
 
     def _run_speculative_cycle(self, reqs: list) -> list:
