@@ -109,6 +109,10 @@ def test_idle_gaps_name_the_work_around_them_and_the_host_meanwhile():
     lines = idle.lines()
     assert lines[0] == "GPU idle 0.040 ms/step in 0.5 gaps >= 20 us/step; largest:"
     assert "0.070 ms after Memcpy DtoH" in lines[1] and "ProfilerStep#1 0.031" in lines[1]
+    # summed by the work that ended each gap: Memset 70 us, gemm and attention 5 us each, per step of two
+    assert idle.by_next[0] == ("Memset (Device)", pytest.approx(0.035), 0.5)
+    assert sorted(name for name, _, _ in idle.by_next[1:]) == ["attention", "gemm"]
+    assert lines[-1].startswith("  idle before, by the work that ended it: Memset (Device) 0.035 ms in 0.5")
     # a gap at the window's end (the steps outlast their GPU work) names no work after it
     tail = summarize([e for e in synthetic_trace() if e.name != "attention"], gpu_trace=True).idle
     assert tail.largest[1].after == "" and tail.largest[1].ms == pytest.approx(0.055)

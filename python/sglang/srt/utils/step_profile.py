@@ -174,13 +174,17 @@ class IdleReport:
     idle_ms_per_step: float  # the window's wall time less the GPU's busy time, per step
     gaps_per_step: float  # gaps of GAP_MIN_US or longer, per step
     largest: tuple  # the TOP_GAPS longest IdleGaps, longest first
+    # (short name, idle ms per step, gaps per step) of the GPU work that ended each gap, summed per name, most idle
+    # first (TOP_GAPS of them): where many short gaps add up, the launches the host was late for
+    by_next: tuple = ()
 
     def lines(self) -> list:
         head = (f"GPU idle {self.idle_ms_per_step:.3f} ms/step in {self.gaps_per_step:.1f} gaps >= "
                 f"{GAP_MIN_US:.0f} us/step; largest:")
+        late = "; ".join(f"{name[:40] or '(end)'} {ms:.3f} ms in {count:.1f}" for name, ms, count in self.by_next)
         return [head] + [f"  {g.ms:8.3f} ms after {g.before[:40] or '(start)'} before {g.after[:40] or '(end)'} "
                          f"| host: " + ", ".join(f"{name[:48]} {ms:.3f}" for name, ms in g.host)
-                         for g in self.largest]
+                         for g in self.largest] + [f"  idle before, by the work that ended it: {late}"]
 
 
 def idle_gaps(events: list, top: int = TOP_GAPS) -> Optional[IdleReport]:
@@ -213,10 +217,17 @@ def idle_gaps(events: list, top: int = TOP_GAPS) -> Optional[IdleReport]:
 
     n = len(marks)
     largest = sorted(gaps, key=lambda g: g[0] - g[1])[:top]
+    by_next: dict = {}
+    for a, b, _, y in gaps:
+        name = short_name(y) if y else ""
+        us, count = by_next.get(name, (0.0, 0))
+        by_next[name] = (us + b - a, count + 1)
+    ranked = sorted(by_next.items(), key=lambda kv: -kv[1][0])[:top]
     return IdleReport(sum(b - a for a, b, _, _ in gaps) / n / 1e3,
                       sum(1 for a, b, _, _ in gaps if b - a >= GAP_MIN_US) / n,
                       tuple(IdleGap((b - a) / 1e3, short_name(x) if x else "", short_name(y) if y else "", during(a, b))
-                            for a, b, x, y in largest))
+                            for a, b, x, y in largest),
+                      tuple((name, us / n / 1e3, count / n) for name, (us, count) in ranked))
 
 
 def short_name(name: str) -> str:
