@@ -4,12 +4,15 @@
     python benchmark/kernels/decode_census.py --json census.json   # the same, written as JSON
     python benchmark/kernels/decode_census.py --sites 0            # totals only
     python benchmark/kernels/decode_census.py --device cuda --model-path /tmp/w/f12 --input-len 1024   # a real GPU
+    python benchmark/kernels/decode_census.py --prefill --input-len 512   # the prefill forward of one prompt instead
 
 Runs on a CPU: the engine starts under platform.simulate_platform("cuda", capability=(9, 0)), so every layer takes
 its GPU code path (platform.is_device_tensor says yes for CPU tensors; sgl_kernel's Triton kernels run in the
 interpreter) and the Triton attention backend. Then one prompt is prefilled and ONE decode step runs through the
 static decode path (what a CUDA graph captures and replays on a GPU); only that captured forward is counted: the
-page-table writes, the attention metadata of every layer, the layers, the HC head, norm and LM head.
+page-table writes, the attention metadata of every layer, the layers, the HC head, norm and LM head. `--prefill`
+counts the eager forward that prefills the prompt instead (its metadata, layers, head): every one of its launches is
+a host launch on a GPU, where a prefill is not a graph.
 
 What counts as a kernel (the rule):
 - a Triton launch: every JITFunction / interpreter `run` (one grid launch);
@@ -213,10 +216,26 @@ def _hook_layers(model, census: Census) -> list:
     return handles
 
 
+@contextlib.contextmanager
+def kept_quantized():
+    """Simulation only: a quantized checkpoint's FP8 linears and MXFP4 experts kept as on a GPU (the CPU engine
+    dequantizes them at load), their kernels interpreted: the launches a GPU's prefill of it makes."""
+    import sglang.srt.model_loader.model_builder as model_builder
+
+    saved = model_builder.fp8_linears_supported, model_builder.mxfp4_experts_supported
+    model_builder.fp8_linears_supported = model_builder.mxfp4_experts_supported = lambda device: True
+    try:
+        yield
+    finally:
+        model_builder.fp8_linears_supported, model_builder.mxfp4_experts_supported = saved
+
+
 def take_census(model_path: str = "tiny-deepseek-v4", input_len: int = 37, engine_kwargs: Optional[dict] = None,
-                step: Optional[Callable] = None, device: str = "cpu") -> Census:
+                step: Optional[Callable] = None, device: str = "cpu", prefill_forward: bool = False,
+                kept: bool = False) -> Census:
     """Start an engine on the simulated GPU (`device="cpu"`) or a real one (`"cuda"`: the checkpoint's kept formats
-    and the GPU's own dispatch), prefill one prompt of `input_len` tokens, count one decode step."""
+    and the GPU's own dispatch), prefill one prompt of `input_len` tokens, count one decode step (`prefill_forward`:
+    count the prompt's prefill forward instead)."""
     import sglang
     from sglang.bench_one_batch import prefill
     from sglang.srt.platform import simulate_platform
@@ -227,10 +246,14 @@ def take_census(model_path: str = "tiny-deepseek-v4", input_len: int = 37, engin
     census = Census()
     simulated = device == "cpu"
     with (simulate_platform("cuda", capability=(9, 0)) if simulated else contextlib.nullcontext()), \
-            (device_tensor_checks() if simulated else contextlib.nullcontext()):
+            (device_tensor_checks() if simulated else contextlib.nullcontext()), \
+            (kept_quantized() if simulated and kept else contextlib.nullcontext()):
         engine = sglang.Engine(**kwargs)
         try:
             runner = engine.model_runner
+            if prefill_forward:
+                _count_prefill(engine, census, input_len)
+                return census
             graphs = runner.graph_runner
             if graphs is None:
                 raise RuntimeError("the census counts the static decode path: start the engine with CUDA graphs on")
@@ -263,6 +286,32 @@ def take_census(model_path: str = "tiny-deepseek-v4", input_len: int = 37, engin
     return census
 
 
+def _count_prefill(engine, census: Census, input_len: int) -> None:
+    """Count the eager forward (runner.forward) that prefills one prompt of `input_len` tokens."""
+    from sglang.bench_one_batch import prefill
+
+    runner = engine.model_runner
+    real_forward = runner.forward
+
+    def counted_forward(*args, **kwargs):
+        census.active = True
+        try:
+            return real_forward(*args, **kwargs)
+        finally:
+            census.active = False
+    runner.forward = counted_forward
+    handles = _hook_layers(runner.model, census)
+    try:
+        with counting(census):
+            prefill(engine, 1, input_len, 2, seed=0)
+    finally:
+        del runner.forward
+        for h in handles:
+            h.remove()
+    while engine.scheduler.running:
+        engine.scheduler.step()
+
+
 def kinds(census: Census) -> dict:
     """kind -> the scopes of that kind, in layer order."""
     out = collections.defaultdict(list)
@@ -271,9 +320,9 @@ def kinds(census: Census) -> dict:
     return dict(out)
 
 
-def report(census: Census, sites: int = 40) -> list:
+def report(census: Census, sites: int = 40, what: str = "decode step, batch 1") -> list:
     """A row per scope, then per layer kind its kernels per layer and the call sites of its first layer."""
-    lines = [f"decode step, batch 1: {census.total} kernels ({sum(s.triton for s in census.scopes.values())} Triton)",
+    lines = [f"{what}: {census.total} kernels ({sum(s.triton for s in census.scopes.values())} Triton)",
              f"{'scope':>10} | {'kind':>9} | kernels | torch | triton | host reads"]
     for s in census.scopes.values():
         lines.append(f"{s.name:>10} | {s.kind:>9} | {s.total:7d} | {s.torch_ops:5d} | {s.triton:6d} | {s.host_reads}")
@@ -300,11 +349,15 @@ def main() -> None:
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                    help="cpu: the GPU path simulated (interpreter); cuda: a real GPU, kept quantized formats")
     p.add_argument("--max-total-tokens", type=int, default=4096)
+    p.add_argument("--prefill", action="store_true", help="count the prompt's prefill forward, not a decode step")
+    p.add_argument("--kept", action="store_true",
+                   help="cpu, a quantized checkpoint: keep its FP8 / MXFP4 weights as a GPU does (kernels interpreted)")
     args = p.parse_args()
     torch.set_num_threads(1)
     census = take_census(args.model_path, args.input_len, dict(max_total_tokens=args.max_total_tokens),
-                         device=args.device)
-    print("\n".join(report(census, args.sites)))
+                         device=args.device, prefill_forward=args.prefill, kept=args.kept)
+    what = f"prefill forward, {args.input_len} tokens" if args.prefill else "decode step, batch 1"
+    print("\n".join(report(census, args.sites, what)))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(to_json(census), f, indent=1)

@@ -129,3 +129,17 @@ def test_aot_check_plans_every_kernel_the_decode_step_launches(census):
     assert {"_dsv4_sparse_attention_kernel", "_router_kernel", "_dsv4_compressor_proj_kernel"} <= triton_kernels
     for target, kernels in planned.items():
         assert triton_kernels <= kernels, (target, sorted(triton_kernels - kernels))
+
+
+def test_prefill_census_counts_the_prompt_forward():
+    """--prefill: the eager forward that prefills one prompt, scoped by layer; past the rows whose mixes hc_post
+    carries (16) every sub-layer computes its own (the mixes, hc_pre's finish, an hc_post without the next mixes)."""
+    torch.set_num_threads(1)
+    census = dc.take_census(input_len=40, prefill_forward=True)
+    layers = [s for name, s in census.scopes.items() if name != dc.OUTSIDE]
+    assert [s.kind for s in layers] == ["SWA hash", "CSA hash", "HCA", "CSA"]
+    assert census.total == sum(s.total for s in census.scopes.values())
+    mhc = ("_dsv4_hc_mixes_kernel", "_dsv4_hc_pre_kernel", "_dsv4_hc_post_kernel", "_dsv4_hc_post_mixes_kernel")
+    for s in layers:
+        assert [_launches(s, k) for k in mhc] == [2, 2, 2, 0], s.name
+    assert dc.report(census, what="prefill forward, 40 tokens")[0].startswith("prefill forward, 40 tokens: ")
