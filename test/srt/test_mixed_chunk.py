@@ -70,9 +70,12 @@ def test_each_prefilling_step_logs_its_chunks_and_decode_rows(caplog):
     try:
         with caplog.at_level(logging.INFO, logger="sglang.srt.managers.batch_log"):
             seen, _ = steps_of(eng, PROMPTS)
+            lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Prefill batch.")]
+            eng.scheduler.log_prefill_batches = False  # a server's warm-up and its non-sending ranks
+            steps_of(eng, PROMPTS[:1])
+            assert len([r for r in caplog.records if r.getMessage().startswith("Prefill batch.")]) == len(lines)
     finally:
         eng.shutdown()
-    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Prefill batch.")]
     fields = [dict((k.strip(), float(v)) for k, v in re.findall(r"#?([a-z -]+): ([\d.]+)", line)) for line in lines]
     assert fields[0]["new-seq"] == 1 and fields[0]["new-token"] == 20 and fields[0]["decode-rows"] == 0
     arrival = next(f for f in fields if f["decode-rows"] > 0)  # r1's first chunk beside r0's row

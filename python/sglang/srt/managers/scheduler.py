@@ -114,6 +114,7 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerGrammarMixin, SchedulerP
         self.grammar_queue = self._start_grammar_queue()  # constrained requests whose grammar compiles
         self.profiler = SchedulerProfiler(rank=get_parallel_state().rank, on_cuda=self.runner.device.type == "cuda")
         self.disagg = None  # PrefillSide / DecodeSide (disaggregation/) when this server has one role of the two
+        self.log_prefill_batches = True  # batch_log; a server: its sending ranks, after warm-up
 
     # ---- requests ---------------------------------------------------------------------------------
     def add_request(self, req: Req) -> None:
@@ -360,7 +361,7 @@ class Scheduler(SchedulerOutputProcessorMixin, SchedulerGrammarMixin, SchedulerP
         """Allocate, run and sample one batch of admitted requests."""
         if self.worker.speculative and batch.forward_mode.is_decode():
             return self._run_speculative_cycle(batch.reqs)
-        started, log = time.perf_counter(), PrefillBatchLog.of(batch)
+        started, log = time.perf_counter(), PrefillBatchLog.of(batch) if self.log_prefill_batches else None
         slots = self.allocator.plan_extend([r.alloc for r in batch.reqs],
                                            [r.num_computed + n for r, n in zip(batch.reqs, batch.extend_lens)])
         if batch.forward_mode.is_decode() and self.runner.can_run_decode_graph(len(batch.reqs)):

@@ -76,6 +76,7 @@ class SchedulerProcess:
         self.runner = ModelRunner(server_args)
         self.tokenizer = load_tokenizer(server_args.tokenizer_path or self.runner.model_path)
         self.scheduler = Scheduler(self.runner, self.tokenizer)
+        self.scheduler.log_prefill_batches = False  # not the warm-up's prefills, nor every TP rank's (below)
         # Before the ready message: no kernel compiles inside a user's request (every rank runs the same prefills)
         self.warmup = run_server_warmup(self.scheduler, after_step=self.runner.finish_dp_round)
         self.sent: dict = {}  # rid -> output tokens already sent
@@ -88,6 +89,7 @@ class SchedulerProcess:
         self.codec = MessageCodec(key)
         self.is_leader = self.ranks.rank_in_group == 0  # receives and broadcasts every message
         self.sends = state.attn_tp.rank_in_group == 0  # sends its DP group's outputs
+        self.scheduler.log_prefill_batches = self.sends
         self._next_group = 0  # rank 0: the DP group of the next new request (round robin)
         self._hang_file = envs.SGLANG_TEST_HANG_SCHEDULER_FILE.get()
         # prefill/decode disaggregation: this server's side of the KV transfer (None when it serves both)
