@@ -63,6 +63,14 @@ if rows:
     print(f"{len(rows)} prefilling steps: median {statistics.median(tok):.0f} prompt tokens and "
           f"{statistics.median(dec):.0f} decode rows a step, median {statistics.median(ms):.1f} ms, max "
           f"{max(ms):.1f} ms; {sum(tok) / sum(ms) * 1e3:.0f} prompt tok/s over their {sum(ms) / 1e3:.2f} s")
+    for r in sorted(rows, key=lambda r: -r["step"])[:3]:
+        print(f"  slowest: {r['new-seq']:.0f} new sequences, {r['new-token']:.0f} prompt tokens, "
+              f"{r['decode-rows']:.0f} decode rows: {r['step']:.1f} ms")
+compiled = [line.split("after the warm-up: ", 1)[-1][:1200] for line in lines
+            if "compiled after the warm-up" in line]
+print(f"{len(compiled)} Triton kernel variants compiled after the warm-up (utils/compile_watch.py)")
+for line in compiled[:12]:
+    print("  " + line)
 PY
 }
 

@@ -48,14 +48,15 @@ def test_act_quant_matches_reference(groups, k):
     assert ((deq.view(6, -1) - x).abs() <= x.abs() * 2 ** -3 + step).all()  # 3 mantissa bits; subnormal steps
 
 
-@pytest.mark.parametrize("m", [5, 8])
+@pytest.mark.parametrize("m", [5, 8, 16, 21])
 def test_act_quant_cublas_layout(m):
-    """The layout torch._scaled_mm's blockwise recipe takes: rows padded with zeros to a multiple of 4 (multiplier 1),
-    multipliers outer-dim major; the same codes and multipliers as the plain layout."""
+    """The layout torch._scaled_mm's blockwise recipe takes: rows padded with zeros (multiplier 1) to a multiple of 16
+    (cuBLAS needs 4; 16 keeps the multipliers' stride, a kernel argument, in one compile class), multipliers outer-dim
+    major; the same codes and multipliers as the plain layout."""
     x = torch.randn(m, 2 * 256, generator=torch.Generator().manual_seed(m))
     q, s = dsv4_fp8_act_quant(x, 2)
     cq, cs = dsv4_fp8_act_quant(x, 2, cublas_layout=True)
-    rows = -(-m // 4) * 4
+    rows = -(-m // 16) * 16
     assert cq.shape == (rows, 512) and cs.shape == (rows, 4) and cs.stride() == (1, rows)
     assert torch.equal(cq[:m].view(torch.uint8), q.view(torch.uint8)) and torch.equal(cs[:m], s)
     assert not cq[m:].float().any() and bool((cs[m:] == 1).all())

@@ -70,6 +70,7 @@ class SchedulerProcess:
         from sglang.srt.distributed.parallel_state import get_parallel_state
         from sglang.srt.managers.scheduler import Scheduler
         from sglang.srt.managers.server_warmup import run_server_warmup
+        from sglang.srt.utils.compile_watch import watch_compiles
         from sglang.srt.model_executor.model_runner import ModelRunner
         from sglang.srt.utils.hf_transformers_utils import load_tokenizer
 
@@ -79,6 +80,8 @@ class SchedulerProcess:
         self.scheduler.log_prefill_batches = False  # not the warm-up's prefills, nor every TP rank's (below)
         # Before the ready message: no kernel compiles inside a user's request (every rank runs the same prefills)
         self.warmup = run_server_warmup(self.scheduler, after_step=self.runner.finish_dp_round)
+        # from here on a Triton compile stalls users' requests: each is logged (a variant the warm-up missed)
+        self.compiles = watch_compiles() if self.runner.device.type != "cpu" else None
         self.sent: dict = {}  # rid -> output tokens already sent
         self._last_log = (time.perf_counter(), 0)
         state = get_parallel_state()

@@ -140,7 +140,7 @@ _CUBLAS_OK: dict = {}
 class Fp8Activation:
     """Activation rows already quantized as the W8A8 paths take them (e4m3 per token and 128 channels, power-of-two
     multipliers: sgl_kernel's act quant) by the kernel that produced them, for the path `path`."""
-    q: torch.Tensor  # e4m3 [M (padded to a multiple of 4 for cuBLAS), K]
+    q: torch.Tensor  # e4m3 [M (padded to a multiple of 16 for cuBLAS: fp8_act_buffers), K]
     scale: torch.Tensor  # fp32 [M (padded likewise), ceil(K / 128)]: row-major for "w8a8", cuBLAS's layout else
     rows: int  # M
     dtype: torch.dtype  # the unquantized rows' dtype, the output's
