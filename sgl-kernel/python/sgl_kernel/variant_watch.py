@@ -45,9 +45,9 @@ def watching(target: AotTarget):
         fn = jit_of.get(self.fn)
         if fn is None:
             fn = jit_of[self.fn] = JITFunction(self.fn, **self.kwargs)
-        before = set(recorder.launches)
+        seen = len(recorder.launches)
         recorder.run(fn, args, dict(kwargs))
-        for key in set(recorder.launches) - before:
+        for key in list(recorder.launches)[seen:]:  # a new variant is appended (dicts keep insertion order)
             log.first_seen[key] = log.phase
             log.names[key] = self.fn.__name__
         return real(self, *args, grid=grid, warmup=warmup, **kwargs)

@@ -1,10 +1,11 @@
 """Triton kernels that compile (or load from the on-disk cache) after the server's warm-up, logged and counted.
 
 The warm-up (managers/server_warmup.py) runs the launch variants a prefill can pick, so that no user's request waits
-for a compile. Where it misses one, that request stalls for the compile (0.3-1 s a kernel on an H100) and so does
-every request decoding beside it. The watch makes such a miss visible where it happens: Triton calls its
-`jit_cache_hook` whenever a kernel's in-memory cache has no entry for a launch's variant, and the watch logs the
-kernel and the variant (its argument types with their specialisations, warps, stages) once each, as a warning.
+for a compile. Where it misses one, that request stalls for the compile, and so does every request decoding beside
+it (one H100 step of 2.4 s against a median of 0.23 s while ten variants compiled: RESULTS.md, "Serving"). The watch
+makes such a miss visible where it happens: Triton calls its `jit_cache_hook` whenever a kernel's in-memory cache has
+no entry for a launch's variant, and the watch logs the kernel and the variant (its argument types with their
+specialisations, warps, stages) once each, as a warning.
 `scripts/gpu_flash_12l256e.sh` counts those lines in the server's log.
 """
 
