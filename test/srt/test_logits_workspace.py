@@ -63,6 +63,7 @@ def test_many_chunks_equal_one_pass():
 def test_workspace_views_and_budgets():
     ws = IndexerLogitsWorkspace(4096, "cpu")
     assert ws.logits_rows_per_chunk(100) == 10 and ws.logits_rows_per_chunk(5000) == 1
+    assert ws.logits_rows_per_chunk(20) == 48  # 51 fit: multiples of 16 keep chunk starts 16-byte aligned
     a = ws.view(10, 100)
     b = ws.view(3, 50)
     assert a.data_ptr() == b.data_ptr() and ws.num_allocations == 1

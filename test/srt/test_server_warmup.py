@@ -118,3 +118,27 @@ def test_warmup_runs_its_plan_and_leaves_nothing_behind(forwards):
             == [o["output_ids"] for o in cold.generate(input_ids=ids, sampling_params=params)])
     for eng in (warm, cold):
         eng.shutdown()
+
+
+@pytest.mark.parametrize("extend_lens", [[1], [3], [4, 5], [2, 7, 1], [1, 1, 1, 1, 1]])
+def test_forward_batch_views_start_aligned(extend_lens):
+    """Every index array of a packed ForwardBatch starts 16 bytes aligned whatever the row and request counts: Triton
+    specialises pointers on it, and the warm-up runs one request a chunk (a mid-buffer row map made every chunk of an
+    even request count compile its own attention and indexer variants inside a request). Values are unchanged."""
+    import torch
+
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+
+    total = sum(extend_lens)
+    prefix = [5 * b for b in range(len(extend_lens))]
+    fb = ForwardBatch.build(ForwardMode.EXTEND, list(range(100, 100 + total)), list(range(len(extend_lens))), prefix,
+                            extend_lens, torch.arange(total), torch.device("cpu"),
+                            logprob_target_ids=list(range(total)))
+    views = [fb.input_ids, fb.positions, fb.req_pool_indices, fb.extend_seq_lens, fb.extend_start_loc, fb.row_req,
+             fb.logprob_target_ids]
+    assert all(v.data_ptr() % 16 == 0 for v in views), [v.data_ptr() % 16 for v in views]
+    assert fb.input_ids.tolist() == list(range(100, 100 + total))
+    assert fb.positions.tolist() == [p for s, n in zip(prefix, extend_lens) for p in range(s, s + n)]
+    assert fb.row_req.tolist() == [b for b, n in enumerate(extend_lens) for _ in range(n)]
+    assert fb.extend_start_loc.tolist() == [sum(extend_lens[:b]) for b in range(len(extend_lens))]
+    assert fb.extend_seq_lens.tolist() == extend_lens and fb.logprob_target_ids.tolist() == list(range(total))

@@ -2,8 +2,10 @@
 a user's request (on an H100 the first 8,192-token prompt took 3.8 s against 0.47 s warm, all of it compiles).
 
 Which prompts. Triton compiles a kernel once per launch variant: its constexprs (tiles, paths, formats), its launch
-options (warps, stages) and, for each integer argument not marked do_not_specialize, whether it is 1 or divisible by
-16. Decode is not the warm-up's business: the CUDA-graph capture runs every decode (and speculative cycle) batch size
+options (warps, stages), for each integer argument not marked do_not_specialize whether it is 1 or divisible by 16,
+and for each pointer whether its address is a multiple of 16 bytes (so every index array of a forward starts aligned,
+whatever its row and request counts: forward_batch_info._packed_views; chunks of one request then launch what chunks
+of several do). Decode is not the warm-up's business: the CUDA-graph capture runs every decode (and speculative cycle) batch size
 before this. A prefill chunk of T rows (one request, T from 1 to --chunked-prefill-size) picks its variants through
 the wrappers' launch tables, each a function of T: `prefill_signature` evaluates them (the same functions the
 wrappers call, so nothing is restated here), and the variants stay constant over runs of T. The warm-up prefills the

@@ -22,6 +22,30 @@ if TYPE_CHECKING:
     from sglang.srt.mem_cache.req_to_token_pool import ReqToTokenPool
 
 
+# int64 elements per 16 bytes. Triton specialises every pointer argument on whether its address is a multiple of 16
+# bytes, so a view starting mid-way would make the kernels reading it (the attention's and the indexer's row map,
+# the positions) a variant of their own: one the server's warm-up (one request a chunk) never ran, compiled inside
+# the first request of a chunk with an even request count (2.8 s on an H100, RESULTS.md "Serving").
+_ALIGN = 2
+
+
+def _packed_views(arrays: list, device) -> list:
+    """int64 device views of the host lists `arrays`, all from one host -> device copy, each starting 16 bytes
+    aligned (the lists padded to even lengths with zeros)."""
+    flat, lens = [], []
+    for a in arrays:
+        flat.extend(a)
+        flat.extend([0] * (-len(a) % _ALIGN))
+        lens.append(len(a))
+    # non_blocking from pageable memory: the copy is staged at once, without a stream synchronisation
+    packed = torch.tensor(flat, dtype=torch.int64).to(device, non_blocking=True)
+    views, at = [], 0
+    for n in lens:
+        views.append(packed.narrow(0, at, n))
+        at += n + (-n % _ALIGN)
+    return views
+
+
 class ForwardMode(IntEnum):
     EXTEND = auto()  # prefill, chunked prefill, prefill after a prefix hit
     DECODE = auto()  # one new token per request
@@ -91,9 +115,7 @@ class ForwardBatch:
         arrays = [input_ids, positions, req_pool_indices, extend_lens, starts, row_req]
         if logprob_target_ids is not None:
             arrays.append(logprob_target_ids)
-        # non_blocking from pageable memory: the copy is staged at once, without a stream synchronisation
-        packed = torch.tensor([v for a in arrays for v in a], dtype=torch.int64).to(device, non_blocking=True)
-        views = packed.split([len(a) for a in arrays])
+        views = _packed_views(arrays, device)
         ids_t, pos_t, pool_t, ext_t, start_t, row_req_t = views[:6]
 
         return cls(

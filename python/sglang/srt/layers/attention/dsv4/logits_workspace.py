@@ -45,8 +45,11 @@ class IndexerLogitsWorkspace:
         return torch.device(self.device).type == "cuda" and torch.cuda.is_current_stream_capturing()
 
     def logits_rows_per_chunk(self, width: int) -> int:
-        """Query rows whose fp32 logits over `width` candidates fit the block (at least 1)."""
-        return max(1, self.budget_bytes // (4 * max(width, 1)))
+        """Query rows whose fp32 logits over `width` candidates fit the block (at least 1); a multiple of 16 where
+        16 fit, so each chunk's slices of the int64 row maps start 16 bytes aligned as whole batches do (Triton
+        compiles a variant per pointer alignment: an odd chunk start would compile one inside a request)."""
+        rows = max(1, self.budget_bytes // (4 * max(width, 1)))
+        return rows - rows % 16 if rows >= 16 else rows
 
     def view(self, rows: int, width: int) -> torch.Tensor:
         """A [rows, width] fp32 view of the pooled block (rows <= logits_rows_per_chunk(width))."""
