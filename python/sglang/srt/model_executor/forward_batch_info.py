@@ -30,20 +30,18 @@ _ALIGN = 2
 
 
 def _packed_views(arrays: list, device) -> list:
-    """int64 device views of the host lists `arrays`, all from one host -> device copy, each starting 16 bytes
-    aligned (the lists padded to even lengths with zeros)."""
-    flat, lens = [], []
+    """int64 device views of the host int64 tensors `arrays`, all from one host -> device copy, each starting 16
+    bytes aligned (padded to even lengths)."""
+    at, offsets = 0, []
     for a in arrays:
-        flat.extend(a)
-        flat.extend([0] * (-len(a) % _ALIGN))
-        lens.append(len(a))
+        offsets.append(at)
+        at += a.numel() + (-a.numel() % _ALIGN)
+    packed = torch.zeros(at, dtype=torch.int64)
+    for a, o in zip(arrays, offsets):
+        packed[o:o + a.numel()] = a
     # non_blocking from pageable memory: the copy is staged at once, without a stream synchronisation
-    packed = torch.tensor(flat, dtype=torch.int64).to(device, non_blocking=True)
-    views, at = [], 0
-    for n in lens:
-        views.append(packed.narrow(0, at, n))
-        at += n + (-n % _ALIGN)
-    return views
+    packed = packed.to(device, non_blocking=True)
+    return [packed.narrow(0, o, a.numel()) for a, o in zip(arrays, offsets)]
 
 
 class ForwardMode(IntEnum):
@@ -101,20 +99,22 @@ class ForwardBatch:
               extend_lens: list, out_cache_loc: torch.Tensor, device, logprob_target_ids: Optional[list] = None,
               capture_hidden: bool = False, return_all_logits: bool = False) -> "ForwardBatch":
         """Pack a batch from host lists: `input_ids` is the flat list of new tokens of every request in order."""
-        starts, acc = [], 0
-        for n in extend_lens:
-            starts.append(acc)
-            acc += n
-        if acc != len(input_ids):
-            raise ValueError(f"{len(input_ids)} input ids for {acc} extend rows")
-        positions = [p for s, n in zip(prefix_lens, extend_lens) for p in range(s, s + n)]
-        row_req = [b for b, n in enumerate(extend_lens) for _ in range(n)]
+        total = sum(extend_lens)
+        if total != len(input_ids):
+            raise ValueError(f"{len(input_ids)} input ids for {total} extend rows")
+        # Positions and row owners by host tensor ops, not per-row Python: a prefill chunk has thousands of rows and
+        # the GPU waits for this at the start of every extend step.
+        ext = torch.tensor(extend_lens, dtype=torch.int64)
+        starts = torch.cumsum(ext, 0) - ext
+        row_req = torch.repeat_interleave(torch.arange(len(extend_lens)), ext, output_size=total)
+        positions = torch.arange(total) + (torch.tensor(prefix_lens, dtype=torch.int64) - starts)[row_req]
         seq_lens = [s + n for s, n in zip(prefix_lens, extend_lens)]
 
         # One host -> device copy for all index arrays (each a view of it), not one per array.
-        arrays = [input_ids, positions, req_pool_indices, extend_lens, starts, row_req]
+        arrays = [torch.tensor(input_ids, dtype=torch.int64), positions, torch.tensor(req_pool_indices,
+                  dtype=torch.int64), ext, starts, row_req]
         if logprob_target_ids is not None:
-            arrays.append(logprob_target_ids)
+            arrays.append(torch.tensor(logprob_target_ids, dtype=torch.int64))
         views = _packed_views(arrays, device)
         ids_t, pos_t, pool_t, ext_t, start_t, row_req_t = views[:6]
 
