@@ -5,11 +5,11 @@ Which prompts. Triton compiles a kernel once per launch variant: its constexprs 
 options (warps, stages), for each integer argument not marked do_not_specialize whether it is 1 or divisible by 16,
 and for each pointer whether its address is a multiple of 16 bytes (so every index array of a forward starts aligned,
 whatever its row and request counts: forward_batch_info._packed_views; chunks of one request then launch what chunks
-of several do). Decode is not the warm-up's business: the CUDA-graph capture runs every decode (and speculative cycle) batch size
-before this. A prefill chunk of T rows (one request, T from 1 to --chunked-prefill-size) picks its variants through
-the wrappers' launch tables, each a function of T: `prefill_signature` evaluates them (the same functions the
-wrappers call, so nothing is restated here), and the variants stay constant over runs of T. The warm-up prefills the
-last T of every run (the largest rows a variant serves), plus:
+of several do). Decode is not the warm-up's business: the CUDA-graph capture runs every decode (and speculative
+cycle) batch size before this. A prefill chunk of T rows (one request, T from 1 to --chunked-prefill-size) picks
+its variants through the wrappers' launch tables, each a function of T: `prefill_signature` evaluates them (the
+same functions the wrappers call, so nothing is restated here), and the variants stay constant over runs of T. The
+warm-up prefills the last T of every run (the largest rows a variant serves), plus:
   * T = 1 (integer arguments equal to 1 become constexprs), and within each run one T divisible by 16 and one not,
     where the run holds both (row counts and the strides that follow them are specialised on divisibility by 16);
   * a prompt of two chunks, whose second chunk runs after a prefix: attention over the first chunk's compressed
