@@ -28,6 +28,7 @@ from sglang.srt.mem_cache.allocator import PageAllocator, PoolExhaustedError
 from sglang.srt.mem_cache.radix_cache import CacheCallbacks, RadixCache, TreeNode
 from sglang.srt.mem_cache.req_to_token_pool import ReqToTokenPool
 from sglang.srt.mem_cache.tier_copy import TierCopies
+from sglang.srt.utils.host_ints import int64_tensor
 
 logger = logging.getLogger(__name__)
 
@@ -216,13 +217,13 @@ class DeepSeekV4TokenAllocator(TierCopies):
                 full += self._full_slots(alloc, start, start + n)
             return torch.tensor([rows, positions, full, swa], dtype=torch.int64)
         # A prefill chunk: a constant number of vectorised host ops, no Python loop over its tokens.
-        lens_t = torch.tensor(lens)
+        lens_t = int64_tensor(lens)
         req = torch.repeat_interleave(torch.arange(len(lens)), lens_t)  # request of each new position
-        positions = torch.tensor(starts)[req] + torch.arange(sum(lens)) - (lens_t.cumsum(0) - lens_t)[req]
-        page = torch.tensor(pages)[torch.tensor(page_offsets)[req] + positions // self.page_size
-                                   - torch.tensor(first_pages)[req]]
+        positions = int64_tensor(starts)[req] + torch.arange(sum(lens)) - (lens_t.cumsum(0) - lens_t)[req]
+        page = int64_tensor(pages)[int64_tensor(page_offsets)[req] + positions // self.page_size
+                                   - int64_tensor(first_pages)[req]]
         full = page * self.page_size + positions % self.page_size
-        return torch.stack((torch.tensor(pool_idx)[req], positions, full, torch.tensor(swa)))
+        return torch.stack((int64_tensor(pool_idx)[req], positions, full, int64_tensor(swa)))
 
     def write_slots(self, host: torch.Tensor) -> torch.Tensor:
         """Write plan_extend's positions to the page table and window map (one host -> device copy); returns their
@@ -243,8 +244,13 @@ class DeepSeekV4TokenAllocator(TierCopies):
 
     def _full_slots(self, alloc: ReqAllocation, start: int, end: int) -> list:
         """Full slots of positions [start, end) of a request, from its host page list (what extend wrote)."""
-        ps = self.page_size
-        return [alloc.pages[p // ps] * ps + p % ps for p in range(start, end)]
+        ps, out = self.page_size, []
+        while start < end:  # page by page: ranges extend in C (a released window spans thousands of positions)
+            stop = min(end, (start // ps + 1) * ps)
+            first = alloc.pages[start // ps] * ps + start % ps
+            out.extend(range(first, first + stop - start))
+            start = stop
+        return out
 
     def release_window(self, alloc: ReqAllocation, keep_from: int) -> None:
         """Free the window slots of positions < keep_from (they can no longer be in any query's window)."""
@@ -275,7 +281,7 @@ class DeepSeekV4TokenAllocator(TierCopies):
 
     def _unmap(self, full: list) -> None:
         # index_fill_, not `[full] = -1`: that copies the scalar to the device (a synchronisation)
-        self.full_to_swa.index_fill_(0, self._to_device(torch.tensor(full, dtype=torch.int64)), -1)
+        self.full_to_swa.index_fill_(0, self._to_device(int64_tensor(full)), -1)
 
     def truncate(self, alloc: ReqAllocation, num_tokens: int) -> None:
         """Roll back to positions [0, num_tokens): rejected draft positions give their window slots back and lose

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
+from sglang.srt.utils.host_ints import int64_tensor
+
 if TYPE_CHECKING:
     from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
     from sglang.srt.mem_cache.req_to_token_pool import ReqToTokenPool
@@ -104,17 +106,16 @@ class ForwardBatch:
             raise ValueError(f"{len(input_ids)} input ids for {total} extend rows")
         # Positions and row owners by host tensor ops, not per-row Python: a prefill chunk has thousands of rows and
         # the GPU waits for this at the start of every extend step.
-        ext = torch.tensor(extend_lens, dtype=torch.int64)
+        ext = int64_tensor(extend_lens)
         starts = torch.cumsum(ext, 0) - ext
         row_req = torch.repeat_interleave(torch.arange(len(extend_lens)), ext, output_size=total)
-        positions = torch.arange(total) + (torch.tensor(prefix_lens, dtype=torch.int64) - starts)[row_req]
+        positions = torch.arange(total) + (int64_tensor(prefix_lens) - starts)[row_req]
         seq_lens = [s + n for s, n in zip(prefix_lens, extend_lens)]
 
         # One host -> device copy for all index arrays (each a view of it), not one per array.
-        arrays = [torch.tensor(input_ids, dtype=torch.int64), positions, torch.tensor(req_pool_indices,
-                  dtype=torch.int64), ext, starts, row_req]
+        arrays = [int64_tensor(input_ids), positions, int64_tensor(req_pool_indices), ext, starts, row_req]
         if logprob_target_ids is not None:
-            arrays.append(torch.tensor(logprob_target_ids, dtype=torch.int64))
+            arrays.append(int64_tensor(logprob_target_ids))
         views = _packed_views(arrays, device)
         ids_t, pos_t, pool_t, ext_t, start_t, row_req_t = views[:6]
 
