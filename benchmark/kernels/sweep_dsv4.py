@@ -1,7 +1,8 @@
 """Launch-config sweep of the DeepSeek-V4 attention kernels on the GPU (the data behind each `_launch_config`).
 
 For every candidate tiling: check it against the torch reference on one case, then time it (CUDA profiler GPU time)
-on decode shapes of DeepSeek-V4-Flash. Also measures, in the same run, the two ceilings the kernels are judged
+on decode shapes of DeepSeek-V4-Flash (`--only attention-prefill`: the attention on 8,192-row prefill
+chunks). Also measures, in the same run, the two ceilings the kernels are judged
 against: the device copy bandwidth and the bf16 matrix-multiply rate (the sparse attention is compute-bound at
 H = 64, D = 512: 4 H D = 131 kflop per 584-byte FP8 key row, about the H200's ridge point).
 
@@ -36,20 +37,29 @@ ATTN_CONFIGS = [dict(BH=64, BN=bn, DV_SPLIT=dv, LOADER=ld, num_warps=w, num_stag
     (64, 2, 1, 8, 2))]
 ATTN_CASES = [("csa", 1, 65536), ("csa", 8, 65536), ("csa", 32, 65536), ("csa", 128, 65536), ("hca", 8, 1 << 20),
               ("hca", 128, 65536)]
+# Prefill: one 8,192-token chunk's rows (each its own top-k list; HCA rows share their request's entries), with the
+# cache in bf16 (the engine's default) and FP8, and the tilings with more value columns a program or more stages that
+# the decode cases' register pressure ruled out.
+ATTN_PREFILL_CASES = [("csa", 8192, 8192), ("hca", 8192, 8192)]
+ATTN_PREFILL_CONFIGS = ATTN_CONFIGS + [dict(BH=64, BN=bn, DV_SPLIT=dv, LOADER=1, num_warps=w, num_stages=s)
+                                       for bn, dv, w, s in ((64, 2, 4, 1), (64, 2, 8, 1), (32, 1, 8, 1), (16, 1, 8, 1),
+                                                            (32, 2, 4, 3))]
 
 
-def sweep_attention(tflops: float) -> list:
+def sweep_attention(tflops: float, prefill: bool = False, fp8: bool = True) -> list:
+    """Each tiling checked against the reference on one small case, then timed on the decode cases (or the prefill
+    ones) with an FP8 (or bf16) cache."""
     rows = []
-    check, _ = attention_args("csa", 8, 65536, True, "cuda")
+    check, _ = attention_args("csa", 8, 65536, fp8, "cuda")
     ref = dsv4_sparse_attention_ref(**check).float()
-    cases = [(c, *attention_args(*c, True, "cuda")) for c in ATTN_CASES]
-    for cfg in ATTN_CONFIGS:
+    cases = [(c, *attention_args(*c, fp8, "cuda")) for c in (ATTN_PREFILL_CASES if prefill else ATTN_CASES)]
+    for cfg in ATTN_PREFILL_CONFIGS if prefill else ATTN_CONFIGS:
         try:
             err = 0.0
             for splits in (1, 4):
                 out = dsv4_sparse_attention(**check, num_splits=splits, launch_config=cfg).float()
                 err = max(err, (out - ref).abs().max().item())
-            row = dict(config=cfg, max_abs_err=err, cases={})
+            row = dict(config=cfg, kv="fp8" if fp8 else "bf16", max_abs_err=err, cases={})
             for (layer, bs, ctx), args, keys in cases:
                 out = torch.empty_like(args["q"])
                 us = time_cuda_us(lambda: dsv4_sparse_attention(**args, out=out, launch_config=cfg))
@@ -61,7 +71,7 @@ def sweep_attention(tflops: float) -> list:
             if os.environ.get("SWEEP_TTGIR"):
                 with open(os.environ["SWEEP_TTGIR"], "a") as f:
                     f.write(f"// ===== {cfg}\n" + kernels[-1].asm.get("ttgir", ""))
-            print("attention", cfg, "regs/spills", row["regs_spills"], f"err={err:.3g}",
+            print("attention", row["kv"], cfg, "regs/spills", row["regs_spills"], f"err={err:.3g}",
                   " ".join(f"{k}:{v['us']:.1f}us/{v['frac_mm']:.2f}" for k, v in row["cases"].items()), flush=True)
         except Exception:  # a tiling that does not compile on this GPU: record and go on
             rows.append(dict(config=cfg, error=traceback.format_exc(limit=2)))
@@ -146,7 +156,9 @@ def sweep_topk() -> list:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="sweep_dsv4.json")
-    ap.add_argument("--only", default="attention,indexer,topk")
+    ap.add_argument("--only", default="attention,indexer,topk",
+                    help="comma-separated: attention, indexer, topk, attention-prefill (8,192-row chunks, bf16 and "
+                         "FP8 caches; not in the default)")
     a = ap.parse_args()
     only = set(a.only.split(","))
     copy = copy_bandwidth_gbps()
@@ -157,6 +169,9 @@ def main() -> None:
         res["topk"] = sweep_topk()
     if "attention" in only:
         res["attention"] = sweep_attention(tflops)
+    if "attention-prefill" in only:
+        res["attention_prefill"] = sweep_attention(tflops, prefill=True, fp8=False) + sweep_attention(
+            tflops, prefill=True, fp8=True)
     if "indexer" in only:
         res["indexer"] = sweep_indexer(copy, tflops)
     with open(a.out, "w") as f:
