@@ -23,6 +23,11 @@ for r in rows:
           f"{r['prefill_throughput_tok_s']:.0f} tok/s, {r['prefill_gflop_per_token']:.2f} GFLOP/token, "
           f"{r['prefill_tflops']:.1f} TFLOP/s = {fmt(r['prefill_matmul_fraction'], '.3f')} of the matmul rate | "
           f"GPU busy {fmt(p.get('gpu_busy'), '.2f')}")
+    h = r.get("prefill_host_phases")
+    if h:  # host work before the first kernel of the prefill's forwards, and the whole prefill's host phases
+        print(f"    host ms: allocate {h['allocate_ms']:.2f} + batch {h['batch_ms']:.2f} + metadata "
+              f"{h['metadata_ms']:.2f} before the first kernel; forward {h['forward_ms']:.2f}, wait {h['wait_ms']:.2f}, "
+              f"other {h['other_ms']:.2f} of {h['step_ms']:.2f}")
 long = [r for r in rows if r["input_len"] == int(sys.argv[2]) and r["batch_size"] == 1]
 base = [r for r in rows if r["input_len"] == 8192 and r["batch_size"] == 1]
 if long and base:

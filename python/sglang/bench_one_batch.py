@@ -12,7 +12,8 @@ reported as the median with the range, since single prefills of one build spread
 separate pass, --profile-steps decode steps are timed by host phase (sglang.srt.utils.host_phases), and in a last
 pass run under torch.profiler for the GPU-busy fraction, kernel launches and host syncs per step
 (sglang.srt.utils.step_profile; on CPU, where there is no GPU trace, the wall time only); --profile-prefill adds
-one profiled prefill per shape (request admission included). The decode profile counts the kernels the GPU ran per
+PREFILL_HOST_REPEATS prefills per shape timed by host phase and one profiled prefill per shape (request admission
+included). The decode profile counts the kernels the GPU ran per
 step and per decoder layer, and attributes them to the layers, the LM head and the rest from one more decode step run
 eagerly with a profiler range around each layer (attribute_decode); --kernel-table adds every kernel of the step by
 name. The bytes floor (sglang.srt.utils.bytes_floor) divides what a decode step must read (weights, the routed
@@ -52,6 +53,7 @@ from sglang.srt.utils.step_profile import (LayerKernels, StepProfile, attribute_
                                            record_steps)
 
 WARMUP_DECODE_STEPS = 4
+PREFILL_HOST_REPEATS = 3  # prefills timed by host phase per shape (--profile-prefill)
 # The copy that measures the bandwidth of the bytes floor: two 2 GiB buffers on a GPU; on a CPU a 256 MiB memcpy
 # (past the caches, and short on a shared machine).
 COPY_BYTES = {"cuda": 2 << 30, "cpu": 256 << 20}
@@ -69,6 +71,7 @@ class BenchResult:
     decode_throughput_tok_s: float
     profile: Optional[StepProfile] = None  # from a separate profiled pass (--profile-steps)
     host_phases: Optional[HostPhases] = None  # host time by phase, from a separate pass before any profile
+    prefill_host_phases: Optional[HostPhases] = None  # the same for a prefill (--profile-prefill)
     prefill_latencies_s: tuple = ()  # every timed prefill (--prefill-repeats); prefill_latency_s is their median
     prefill_profile: Optional[StepProfile] = None  # one profiled prefill (--profile-prefill)
     layer_kernels: Optional[LayerKernels] = None  # a decode step's kernels by layer (attribute_decode)
@@ -423,6 +426,13 @@ def bench(args, server_args: ServerArgs, rank: int) -> None:
         for r in results:
             r.host_phases = host_phases(engine, r.batch_size, r.input_len, args.profile_steps, seed=3)
             report(f"{r.label()} | host {r.host_phases.columns()}", flush=True)
+    if args.profile_prefill:
+        report(f"host time of a prefill by phase (mean of {PREFILL_HOST_REPEATS} prefills of fresh prompts per batch, "
+               "a pass of their own; allocate, batch and metadata come before its first kernel):")
+        for r in results:
+            r.prefill_host_phases = time_host_phases(
+                engine.scheduler, PREFILL_HOST_REPEATS, lambda: prefill(engine, r.batch_size, r.input_len, 1, seed=6))
+            report(f"{r.label()} | host prefill {r.prefill_host_phases.columns()}", flush=True)
     for r in results:  # every profile first: the profiler's own log lines then come before the profile rows
         if args.profile_prefill:
             r.prefill_profile = profile_prefill(engine, r.batch_size, r.input_len, seed=4,

@@ -194,15 +194,18 @@ def test_bench_one_batch_prints_profile(monkeypatch, capsys, tmp_path):
     bench_one_batch.main()
     printed = capsys.readouterr().out.splitlines()
     rows = [ln for ln in printed if ln.startswith("batch")]
-    kinds = ["| prefill ", "| model FLOPs |", "| host step", "| prefill profile |", "| decode profile |", "| floor |"]
+    kinds = ["| prefill ", "| model FLOPs |", "| host step", "| host prefill step", "| prefill profile |",
+             "| decode profile |", "| floor |"]
     tables = {k: [ln for ln in rows if k in ln and (k != "| prefill " or "profile" not in ln)] for k in kinds}
-    assert sum(map(len, tables.values())) == len(rows) == 12, rows  # six tables of two shapes: each result once
+    assert sum(map(len, tables.values())) == len(rows) == 14, rows  # seven tables of two shapes: each result once
     for k, lines in tables.items():
         assert [int(re.match(r"batch\s+(\d+)", ln).group(1)) for ln in lines] == [1, 2], k
         between = printed[printed.index(lines[0]) + 1:printed.index(lines[1])]
         assert all(ln.startswith("    ") for ln in between), (k, between)  # only a row's top kernels
     assert all("2 runs)" in ln and "decode median" in ln for ln in tables["| prefill "])
-    assert all(p in tables["| host step"][0] for p in ("allocate", "forward", "sample", "wait", "finish", "other"))
+    for k in ("| host step", "| host prefill step"):
+        assert all(p in tables[k][0] for p in ("allocate", "batch", "metadata", "forward", "sample", "wait", "finish",
+                                               "other"))
     gpu = torch.cuda.is_available()
     for ln in tables["| prefill profile |"] + tables["| decode profile |"]:
         assert "wall ms/step" in ln and all((c in ln) == gpu for c in COLUMNS[1:]), ln
@@ -213,9 +216,12 @@ def test_bench_one_batch_prints_profile(monkeypatch, capsys, tmp_path):
     records = [json.loads(ln) for ln in out.read_text().splitlines()]
     assert [r["batch_size"] for r in records] == [1, 2]
     for r in records:
-        phases = r["host_phases"]
-        parts = sum(phases[k] for k in ("allocate_ms", "forward_ms", "sample_ms", "wait_ms", "finish_ms", "other_ms"))
-        assert phases["forward_ms"] > 0 and parts == pytest.approx(phases["step_ms"], rel=1e-6)
+        for phases in (r["host_phases"], r["prefill_host_phases"]):
+            parts = sum(phases[k] for k in ("allocate_ms", "batch_ms", "metadata_ms", "forward_ms", "sample_ms",
+                                            "wait_ms", "finish_ms", "other_ms"))
+            assert phases["forward_ms"] > 0 and parts == pytest.approx(phases["step_ms"], rel=1e-6)
+        prefill = r["prefill_host_phases"]  # an eager extend: its batch and metadata are built on the host
+        assert prefill["allocate_ms"] > 0 and prefill["batch_ms"] > 0 and prefill["metadata_ms"] > 0
         assert r["median_decode_latency_s"] > 0 and r["profile"]["steps"] == 2
         assert r["profile"]["wall_ms_per_step"] > 0
         assert len(r["prefill_latencies_s"]) == 2 and r["prefill_profile"]["steps"] == 1
