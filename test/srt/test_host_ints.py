@@ -1,4 +1,4 @@
-"""utils/host_ints.int64_tensor: the same tensor as torch.tensor(values, dtype=torch.int64), from a faster conversion."""
+"""utils/host_ints.int64_tensor: the tensor torch.tensor(values, dtype=torch.int64) gives, from a faster conversion."""
 
 import pytest
 import torch
